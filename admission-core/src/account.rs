@@ -1,0 +1,256 @@
+//! The [`Account`] contract: what every limit must answer, and the few types it answers with.
+//!
+//! An account answers questions about amounts and moves its own counters; it never parks anyone.
+//! Waiting belongs to the monitor alone, which asks every account of a demand under one exclusion
+//! (Reed and Kanodia's simultaneous P: a blocking acquire on any one limit would be a wait inside
+//! the very exclusion that taking several limits at once needs).
+
+use std::error::Error;
+use std::fmt;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::amount::Amount;
+use crate::clock::{Instant, WakeFn};
+
+/// How an account gets its capacity back.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Replenishment {
+    /// Capacity returns when the job gives it back ([`Grant::release`](crate::Grant::release)):
+    /// connection pools, concurrency permits.
+    Release,
+    /// Capacity returns as time passes (rate windows, token buckets). A release gives nothing back;
+    /// only a rollback does.
+    Time,
+}
+
+/// What kind of limit an account is: a short, stable, machine-readable name.
+///
+/// The families of this project use the constants; a third party may name its own with
+/// [`Category::custom`].
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Serialize)]
+#[serde(transparent)]
+pub struct Category(&'static str);
+
+impl Category {
+    /// The memory pressure gate.
+    pub const MEMORY: Category = Category("memory");
+    /// A clocked token bucket.
+    pub const TOKEN_BUCKET: Category = Category("token_bucket");
+    /// A sliding-log rate window with a circuit breaker.
+    pub const ELASTIC_WINDOW: Category = Category("elastic_window");
+    /// A counting gate (a semaphore of permits).
+    pub const SEMAPHORE: Category = Category("semaphore");
+    /// A fixed-window rate limiter.
+    pub const FIXED_WINDOW: Category = Category("fixed_window");
+
+    /// A category of the caller's own.
+    pub const fn custom(name: &'static str) -> Category {
+        Category(name)
+    }
+
+    /// The category's name.
+    pub const fn as_str(&self) -> &'static str {
+        self.0
+    }
+}
+
+impl fmt::Debug for Category {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl fmt::Display for Category {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+/// An account's "never": the asking amount can never fit, or the account refuses everyone now.
+///
+/// The message is meant for whoever chose the demand, possibly a model choosing tools, so it says
+/// what was asked, what the limit is and what to do instead. The monitor adds the account's name.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct Refusal {
+    message: String,
+    #[source]
+    cause: Option<Arc<dyn Error + Send + Sync + 'static>>,
+}
+
+impl Refusal {
+    /// A refusal with a readable message.
+    pub fn new(message: impl Into<String>) -> Refusal {
+        Refusal {
+            message: message.into(),
+            cause: None,
+        }
+    }
+
+    /// Attaches the underlying error (an upstream failure, a bug in the account).
+    pub fn with_cause(mut self, cause: impl Error + Send + Sync + 'static) -> Refusal {
+        self.cause = Some(Arc::new(cause));
+        self
+    }
+
+    /// The readable message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+/// A point-in-time status record of one account: serializable, with a one-line summary.
+///
+/// Each family ships its own record (see `admission-events`); the trait is what the monitor and
+/// dashboards need of any of them.
+pub trait AccountStatus: erased_serde::Serialize + fmt::Debug + Send + Sync {
+    /// The account's name.
+    fn name(&self) -> &str;
+    /// The account's category.
+    fn category(&self) -> Category;
+    /// `None` when nominal, else a short word such as `blocked`, `probing`, `throttle:2.0x`.
+    fn indicator(&self) -> Option<String> {
+        None
+    }
+    /// One line naming the numbers, for logs.
+    fn summary(&self) -> String;
+}
+
+erased_serde::serialize_trait_object!(AccountStatus);
+
+/// A limit that a demand can draw from.
+///
+/// An account answers about amounts and moves counters; **it never blocks**. The monitor calls
+/// every method below while holding its own lock, so each must return promptly and must not call
+/// back into the monitor.
+///
+/// Two kinds of "no" are kept apart, as governor's `check_n` does:
+/// - `Ok(false)`: not now. `mine` fits the configuration but not the present level together with
+///   `reserved_ahead`; the job waits.
+/// - `Err(Refusal)`: never. `mine` exceeds what the account can ever hold, or the account is
+///   refusing everyone (an open circuit). The job is refused at once instead of parking forever.
+///
+/// `reserved_ahead` is the amount that the head of the line asks of this account; a waiter behind
+/// the head must fit with it set aside (EASY backfilling's head reservation). It is
+/// [`Amount::ZERO`] for the head itself and for any waiter when the head does not use this account.
+///
+/// The test-kit's contract suite (`admission_testkit::contract`) checks every rule here against any
+/// implementation in a few lines.
+pub trait Account: Send + Sync + 'static {
+    /// A stable name; events and wait times are keyed by it.
+    fn name(&self) -> &str;
+
+    /// What kind of limit this is.
+    fn category(&self) -> Category;
+
+    /// How capacity comes back. Deliberately without a default: every account must say.
+    fn replenishment(&self) -> Replenishment;
+
+    /// Whether `mine` fits now with `reserved_ahead` set aside. Changes nothing.
+    fn fits(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal>;
+
+    /// The same check and the debit of `mine` in one step under the account's own lock.
+    ///
+    /// On `Ok(true)` the account has been debited by exactly `mine`; otherwise nothing changed.
+    fn try_take(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal>;
+
+    /// Credits `amount` back: at release for [`Replenishment::Release`] accounts, at rollback and
+    /// as compensation for every account. A give that grows capacity calls the wake slot.
+    fn give(&self, amount: Amount);
+
+    /// The instant at which `fits` would turn true from the passage of time alone.
+    ///
+    /// `None` means only an event (a give, a capacity change) can change the answer; an instant
+    /// in the past means now. Accounts that replenish on release answer `None`.
+    fn earliest_fit(&self, mine: Amount, reserved_ahead: Amount) -> Option<Instant>;
+
+    /// A status record read at this instant.
+    fn status(&self) -> Box<dyn AccountStatus>;
+
+    /// `None` when nominal, else a short word (`blocked`, `probing`, `throttle:<n>x`).
+    fn status_indicator(&self) -> Option<String> {
+        None
+    }
+
+    /// Installs (`Some`) or clears (`None`) the one callback this account calls whenever its
+    /// capacity grows. The monitor installs its wake-up here; a later install replaces an earlier
+    /// one. [`WakeSlot`] implements the slot for you.
+    fn on_capacity_change(&self, wake: Option<WakeFn>);
+}
+
+impl fmt::Debug for dyn Account {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Account")
+            .field("name", &self.name())
+            .field("category", &self.category())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A shared handle to any account: what a [`Demand`](crate::Demand) holds.
+pub type AccountRef = Arc<dyn Account>;
+
+/// The one wake slot an account holds for the monitor.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// use admission_core::WakeSlot;
+///
+/// let slot = WakeSlot::new();
+/// let calls = Arc::new(AtomicUsize::new(0));
+/// let seen = calls.clone();
+/// slot.install(Some(Arc::new(move || { seen.fetch_add(1, Ordering::SeqCst); })));
+/// slot.notify();
+/// slot.install(None);
+/// slot.notify();
+/// assert_eq!(calls.load(Ordering::SeqCst), 1);
+/// ```
+#[derive(Default)]
+pub struct WakeSlot {
+    /// The installed callback; cloned out before it is called, so it never runs under this lock.
+    wake: parking_lot::Mutex<Option<WakeFn>>,
+}
+
+impl WakeSlot {
+    /// An empty slot.
+    pub fn new() -> WakeSlot {
+        WakeSlot::default()
+    }
+
+    /// Installs or clears the callback.
+    pub fn install(&self, wake: Option<WakeFn>) {
+        *self.wake.lock() = wake;
+    }
+
+    /// True when a callback is installed.
+    pub fn is_installed(&self) -> bool {
+        self.wake.lock().is_some()
+    }
+
+    /// Calls the callback, if any. Safe to call while holding the account's own lock.
+    pub fn notify(&self) {
+        let wake = self.wake.lock().clone();
+        if let Some(wake) = wake {
+            wake();
+        }
+    }
+}
+
+impl fmt::Debug for WakeSlot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WakeSlot")
+            .field("installed", &self.is_installed())
+            .finish()
+    }
+}
+
+/// The address of an account, for identity comparisons (two handles to one account are equal).
+pub(crate) fn account_key(account: &AccountRef) -> usize {
+    Arc::as_ptr(account) as *const () as usize
+}

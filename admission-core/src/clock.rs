@@ -1,0 +1,167 @@
+//! Time, read in exactly one place.
+//!
+//! Everything in admission that needs "now" asks a [`Clock`]. [`SystemClock`] is the only code that
+//! reads the operating system's monotonic clock; tests inject the test-kit's fake clock, whose
+//! `advance()` moves every holder at once and wakes a monitor parked on a deadline (the shape of
+//! governor's `FakeRelativeClock`).
+//!
+//! Instants are nanoseconds on the clock's own scale. All arithmetic saturates: a deadline far in
+//! the future is clamped to [`Instant::MAX`], never an overflow panic.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// A callback that wakes whoever installed it. It must be cheap and must never block: it is called
+/// from inside accounts and clocks, possibly while they hold their own locks.
+pub type WakeFn = Arc<dyn Fn() + Send + Sync>;
+
+/// A point on a [`Clock`]'s monotonic scale, in nanoseconds since the clock's origin.
+///
+/// Unlike [`std::time::Instant`], every operation saturates instead of panicking.
+#[derive(Copy, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Instant(u64);
+
+impl Instant {
+    /// The clock's origin.
+    pub const ZERO: Instant = Instant(0);
+    /// The latest representable instant (about 584 years after the origin); "never" in practice.
+    pub const MAX: Instant = Instant(u64::MAX);
+
+    /// The instant `nanos` nanoseconds after the origin.
+    pub const fn from_nanos(nanos: u64) -> Instant {
+        Instant(nanos)
+    }
+
+    /// Nanoseconds since the origin.
+    pub const fn as_nanos(self) -> u64 {
+        self.0
+    }
+
+    /// `self + duration`, clamped to [`Instant::MAX`].
+    pub fn saturating_add(self, duration: Duration) -> Instant {
+        let nanos = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        Instant(self.0.saturating_add(nanos))
+    }
+
+    /// `self - duration`, clamped to [`Instant::ZERO`].
+    pub fn saturating_sub(self, duration: Duration) -> Instant {
+        let nanos = u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX);
+        Instant(self.0.saturating_sub(nanos))
+    }
+
+    /// The time from `earlier` to `self`, or zero when `earlier` is later.
+    pub fn saturating_duration_since(self, earlier: Instant) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+}
+
+impl fmt::Debug for Instant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Instant({:?})", Duration::from_nanos(self.0))
+    }
+}
+
+/// A monotonic source of [`Instant`]s.
+///
+/// Implementations are cheap to call and never go backwards. Besides `now`, a clock tells a
+/// sleeping thread how long to wait in real time for a deadline ([`Clock::real_wait`]) and lets a
+/// sleeper register to be woken when the clock jumps ([`Clock::subscribe`]); together these let
+/// the monitor sleep until a computed deadline on the system clock and be woken by `advance()` on
+/// a fake one, with no polling on either.
+pub trait Clock: Send + Sync + fmt::Debug + 'static {
+    /// The current instant.
+    fn now(&self) -> Instant;
+
+    /// How long a thread should sleep in real time before this clock can read `deadline`.
+    ///
+    /// `Some(Duration::ZERO)` means the deadline has passed. `None` means real time does not move
+    /// this clock: sleep until woken through [`Clock::subscribe`]. The default suits any clock
+    /// that runs at real speed.
+    fn real_wait(&self, deadline: Instant) -> Option<Duration> {
+        Some(deadline.saturating_duration_since(self.now()))
+    }
+
+    /// Registers `wake` to be called whenever the clock moves other than by real time passing.
+    ///
+    /// Clocks that only follow real time ignore it (the default). Implementations hold the
+    /// callback weakly, so a subscriber that is dropped is forgotten.
+    fn subscribe(&self, wake: &WakeFn) {
+        let _ = wake;
+    }
+}
+
+impl<C: Clock + ?Sized> Clock for Arc<C> {
+    fn now(&self) -> Instant {
+        (**self).now()
+    }
+    fn real_wait(&self, deadline: Instant) -> Option<Duration> {
+        (**self).real_wait(deadline)
+    }
+    fn subscribe(&self, wake: &WakeFn) {
+        (**self).subscribe(wake)
+    }
+}
+
+/// The operating system's monotonic clock; its origin is the moment it was created.
+#[derive(Debug, Clone, Copy)]
+pub struct SystemClock {
+    origin: std::time::Instant,
+}
+
+impl SystemClock {
+    /// A clock whose origin is now.
+    pub fn new() -> SystemClock {
+        SystemClock {
+            origin: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        SystemClock::new()
+    }
+}
+
+impl Clock for SystemClock {
+    fn now(&self) -> Instant {
+        let nanos = self.origin.elapsed().as_nanos();
+        Instant(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instant_arithmetic_saturates_instead_of_panicking() {
+        assert_eq!(Instant::MAX.saturating_add(Duration::from_secs(1)), Instant::MAX);
+        assert_eq!(Instant::ZERO.saturating_add(Duration::MAX), Instant::MAX);
+        assert_eq!(Instant::from_nanos(5).saturating_sub(Duration::from_nanos(9)), Instant::ZERO);
+        assert_eq!(
+            Instant::from_nanos(5).saturating_duration_since(Instant::from_nanos(9)),
+            Duration::ZERO
+        );
+        assert_eq!(
+            Instant::from_nanos(1_500).saturating_duration_since(Instant::from_nanos(500)),
+            Duration::from_nanos(1_000)
+        );
+    }
+
+    #[test]
+    fn system_clock_never_goes_backwards() {
+        let clock = SystemClock::new();
+        let mut last = clock.now();
+        for _ in 0..1_000 {
+            let now = clock.now();
+            assert!(now >= last);
+            last = now;
+        }
+        assert_eq!(clock.real_wait(Instant::ZERO), Some(Duration::ZERO));
+    }
+}

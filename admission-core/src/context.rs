@@ -1,0 +1,147 @@
+//! [`JobContext`]: who is asking, and the switch that withdraws them.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering as StdOrdering};
+
+use serde::Serialize;
+
+use crate::sync::{AtomicBool, Mutex, Ordering};
+
+static NEXT_JOB_ID: AtomicU64 = AtomicU64::new(1);
+
+/// What every event says about the job: its identity, copied cheaply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct JobSnapshot {
+    /// A process-unique id.
+    pub id: u64,
+    /// A human name ("summarize chapter 3").
+    pub name: Arc<str>,
+    /// The workflow the job belongs to, if any.
+    pub workflow: Option<Arc<str>>,
+    /// The tenant the job runs for, if any.
+    pub tenant: Option<Arc<str>>,
+}
+
+type Listener = Box<dyn FnOnce() + Send>;
+
+struct Inner {
+    snapshot: JobSnapshot,
+    cancelled: AtomicBool,
+    /// Callbacks run once by `cancel()`; each admission in progress registers one.
+    listeners: Mutex<Listeners>,
+}
+
+#[derive(Default)]
+struct Listeners {
+    next_key: u64,
+    entries: Vec<(u64, Listener)>,
+}
+
+/// A job's identity and cancellation switch, shared by clones.
+///
+/// Cancelling withdraws every admission the job is waiting in, at once, with
+/// [`AdmitError::Cancelled`](crate::AdmitError::Cancelled); later admissions with the same context
+/// are refused the same way. A cancelled head stops reserving for itself.
+///
+/// # Examples
+///
+/// ```
+/// use admission_core::JobContext;
+///
+/// let ctx = JobContext::new("summarize").with_workflow("nightly").with_tenant("acme");
+/// assert_eq!(&*ctx.snapshot().name, "summarize");
+/// assert!(!ctx.is_cancelled());
+/// ctx.clone().cancel();
+/// assert!(ctx.is_cancelled());
+/// ```
+#[derive(Clone)]
+pub struct JobContext {
+    inner: Arc<Inner>,
+}
+
+impl JobContext {
+    /// A context with a fresh id and the given name.
+    pub fn new(name: impl Into<Arc<str>>) -> JobContext {
+        JobContext::from_snapshot(JobSnapshot {
+            id: NEXT_JOB_ID.fetch_add(1, StdOrdering::Relaxed),
+            name: name.into(),
+            workflow: None,
+            tenant: None,
+        })
+    }
+
+    fn from_snapshot(snapshot: JobSnapshot) -> JobContext {
+        JobContext {
+            inner: Arc::new(Inner {
+                snapshot,
+                cancelled: AtomicBool::new(false),
+                listeners: Mutex::new(Listeners::default()),
+            }),
+        }
+    }
+
+    /// The same job in a workflow. Call before sharing the context.
+    pub fn with_workflow(self, workflow: impl Into<Arc<str>>) -> JobContext {
+        let mut snapshot = self.inner.snapshot.clone();
+        snapshot.workflow = Some(workflow.into());
+        JobContext::from_snapshot(snapshot)
+    }
+
+    /// The same job for a tenant. Call before sharing the context.
+    pub fn with_tenant(self, tenant: impl Into<Arc<str>>) -> JobContext {
+        let mut snapshot = self.inner.snapshot.clone();
+        snapshot.tenant = Some(tenant.into());
+        JobContext::from_snapshot(snapshot)
+    }
+
+    /// The job's identity.
+    pub fn snapshot(&self) -> &JobSnapshot {
+        &self.inner.snapshot
+    }
+
+    /// The job's id.
+    pub fn id(&self) -> u64 {
+        self.inner.snapshot.id
+    }
+
+    /// True once [`cancel`](JobContext::cancel) has been called.
+    pub fn is_cancelled(&self) -> bool {
+        self.inner.cancelled.load(Ordering::Acquire)
+    }
+
+    /// Cancels the job: every admission it waits in leaves at once. Idempotent.
+    pub fn cancel(&self) {
+        self.inner.cancelled.store(true, Ordering::Release);
+        let listeners = std::mem::take(&mut self.inner.listeners.lock().entries);
+        for (_, listener) in listeners {
+            listener();
+        }
+    }
+
+    /// Registers `listener` to run on cancellation. `None` if already cancelled (nothing kept).
+    pub(crate) fn on_cancel(&self, listener: Listener) -> Option<u64> {
+        let mut listeners = self.inner.listeners.lock();
+        if self.is_cancelled() {
+            return None;
+        }
+        let key = listeners.next_key;
+        listeners.next_key += 1;
+        listeners.entries.push((key, listener));
+        Some(key)
+    }
+
+    /// Forgets a listener that is no longer needed.
+    pub(crate) fn forget(&self, key: u64) {
+        self.inner.listeners.lock().entries.retain(|(k, _)| *k != key);
+    }
+}
+
+impl fmt::Debug for JobContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JobContext")
+            .field("snapshot", &self.inner.snapshot)
+            .field("cancelled", &self.is_cancelled())
+            .finish()
+    }
+}

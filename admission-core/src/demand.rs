@@ -1,0 +1,123 @@
+//! [`Demand`]: everything one job needs, declared up front and granted as one.
+
+use std::fmt;
+
+use crate::account::{AccountRef, account_key};
+use crate::amount::Amount;
+
+/// One account of a demand and the amount asked of it.
+#[derive(Clone)]
+pub struct Entry {
+    account: AccountRef,
+    amount: Amount,
+}
+
+impl Entry {
+    /// The account drawn from.
+    pub fn account(&self) -> &AccountRef {
+        &self.account
+    }
+
+    /// The amount asked of it.
+    pub fn amount(&self) -> Amount {
+        self.amount
+    }
+}
+
+impl fmt::Debug for Entry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Entry")
+            .field("account", &self.account.name())
+            .field("amount", &self.amount)
+            .finish()
+    }
+}
+
+/// Everything a job needs: amounts on accounts, granted whole or not at all.
+///
+/// Adding to an account the demand already names merges the amounts (two handles to the same
+/// account are the same entry); entries keep the order in which their account was first added.
+/// A demand with no entries is an orchestrator's: it still takes its place in the line but never
+/// meets the gate.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use admission_core::{Amount, Demand};
+/// use admission_testkit::reference::{Meter, Permits};
+///
+/// let http = Arc::new(Permits::new("http", 8));
+/// let tokens = Arc::new(Meter::per_second("model", 1_000, 1_000));
+/// let demand = Demand::new()
+///     .with(http.clone(), Amount::ONE)
+///     .with(tokens, Amount::units(400))
+///     .with(http, Amount::ONE);
+/// assert_eq!(demand.len(), 2);
+/// assert_eq!(demand.entries()[0].amount(), Amount::units(2));
+/// ```
+#[derive(Clone, Default)]
+pub struct Demand {
+    entries: Vec<Entry>,
+}
+
+impl Demand {
+    /// An empty demand (an orchestrator's, until something is added).
+    pub fn new() -> Demand {
+        Demand::default()
+    }
+
+    /// Adds `amount` on `account`, merging into the entry for that account if there is one.
+    pub fn add(&mut self, account: AccountRef, amount: Amount) -> &mut Demand {
+        let key = account_key(&account);
+        match self
+            .entries
+            .iter_mut()
+            .find(|e| account_key(&e.account) == key)
+        {
+            Some(entry) => entry.amount += amount,
+            None => self.entries.push(Entry { account, amount }),
+        }
+        self
+    }
+
+    /// [`Demand::add`] by value, for building a demand in one expression.
+    pub fn with(mut self, account: AccountRef, amount: Amount) -> Demand {
+        self.add(account, amount);
+        self
+    }
+
+    /// The entries, in first-add order.
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// True for an orchestrator's demand: nothing on any account.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The number of distinct accounts.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The amount asked of `account`, zero when the demand does not name it.
+    pub fn amount_on(&self, account: &AccountRef) -> Amount {
+        let key = account_key(account);
+        self.entries
+            .iter()
+            .find(|e| account_key(&e.account) == key)
+            .map_or(Amount::ZERO, |e| e.amount)
+    }
+
+    pub(crate) fn into_entries(self) -> Vec<Entry> {
+        self.entries
+    }
+}
+
+impl fmt::Debug for Demand {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.entries.iter()).finish()
+    }
+}

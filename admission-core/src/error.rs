@@ -1,0 +1,89 @@
+//! The typed errors of admission: "not now" never appears here, only outcomes a caller must handle.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::account::Refusal;
+use crate::event::RejectReason;
+
+/// Why an admission did not produce a grant.
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdmitError {
+    /// An account can never grant this demand (it exceeds the account's configuration, or the
+    /// account refuses everyone now). Correct the demand or pick another resource.
+    #[error("account `{account}` refused the demand: {refusal}")]
+    Refused {
+        /// The refusing account's name.
+        account: String,
+        /// The account's own words.
+        #[source]
+        refusal: Refusal,
+    },
+    /// The job was cancelled through its context while asking or waiting.
+    #[error("job {job} was cancelled after waiting {waited:?}")]
+    Cancelled {
+        /// The job's id.
+        job: u64,
+        /// How long it had waited.
+        waited: Duration,
+    },
+    /// The deadline passed before the whole demand could be granted.
+    #[error("job {job} timed out after waiting {waited:?} (its timeout was {timeout:?})")]
+    TimedOut {
+        /// The job's id.
+        job: u64,
+        /// How long it waited.
+        waited: Duration,
+        /// The timeout it asked with.
+        timeout: Duration,
+    },
+    /// The monitor was stopped; nothing is admitted any more.
+    #[error("admission is shut down")]
+    Shutdown,
+    /// An account panicked while asked about this demand; the account is at fault, not the job.
+    #[error("account `{account}` panicked while asked about job {job}: {panic}")]
+    Aborted {
+        /// The panicking account's name.
+        account: String,
+        /// The job's id.
+        job: u64,
+        /// The panic's message.
+        panic: String,
+    },
+    /// A defect inside the monitor closed admission; every waiter and every later admit fails so.
+    #[error("admission is closed: {cause}")]
+    Closed {
+        /// What closed it.
+        cause: Arc<str>,
+    },
+}
+
+impl AdmitError {
+    /// The event reason this error is reported with.
+    pub fn reason(&self) -> RejectReason {
+        match self {
+            AdmitError::Refused { .. } => RejectReason::CircuitBlocked,
+            AdmitError::Cancelled { .. } => RejectReason::Cancelled,
+            AdmitError::TimedOut { .. } => RejectReason::TimedOut,
+            AdmitError::Shutdown => RejectReason::Shutdown,
+            AdmitError::Aborted { .. } => RejectReason::Aborted,
+            AdmitError::Closed { .. } => RejectReason::Closed,
+        }
+    }
+}
+
+/// `start()` was called on a monitor whose evaluator already runs (or ran).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The evaluator was started before.
+    #[error("the admission monitor was already started")]
+    AlreadyStarted,
+    /// The monitor was stopped; a stopped monitor does not start again.
+    #[error("the admission monitor was stopped and cannot start again")]
+    Stopped,
+    /// The operating system refused the evaluator thread.
+    #[error("could not spawn the evaluator thread: {0}")]
+    Spawn(String),
+}

@@ -1,0 +1,59 @@
+//! The gate slot: one distinguished limit that every demand with entries meets before any account.
+//!
+//! The memory pressure gate fills it (see `admission-accounts`). Unlike an account, a gate has no
+//! amounts: it decides who may leave the line now, from what it measures and from how many
+//! waiters it is already holding, and it hears of each grant it let through and of each completion.
+
+use std::fmt;
+
+use crate::clock::{Instant, WakeFn};
+
+/// Where the asking waiter stands, as the gate sees it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct GateView {
+    /// True when the asker is the head of the line (or arrives to an empty line).
+    pub head: bool,
+    /// How many waiters the gate is holding right now, the asker excluded.
+    pub held: usize,
+    /// The instant the monitor read at the start of this attempt.
+    pub now: Instant,
+}
+
+/// The gate's answer.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum GateAnswer {
+    /// The asker may proceed to the accounts.
+    Pass,
+    /// The asker waits; `until` is when the gate's answer may change by time alone (`None`: only
+    /// an event such as a completion can change it).
+    Hold {
+        /// The instant to re-ask at.
+        until: Option<Instant>,
+    },
+}
+
+/// A limit consulted before every account, at every attempt, for every demand with entries.
+///
+/// # Panics
+///
+/// A gate is part of the monitor: a panic inside it is a defect that closes admission.
+pub trait Gate: Send + Sync + 'static {
+    /// The gate's name; it keys the wait time of a job held here.
+    fn name(&self) -> &str;
+    /// May this waiter pass now? Changes nothing.
+    fn check(&self, view: GateView) -> GateAnswer;
+    /// A waiter the gate passed was granted its whole demand.
+    fn passed(&self, view: GateView);
+    /// A grant with entries was settled (released or rolled back): a job completed.
+    fn completed(&self);
+    /// Installs or clears the callback that wakes the monitor when the gate's answer may change.
+    fn on_change(&self, wake: Option<WakeFn>);
+}
+
+impl fmt::Debug for dyn Gate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Gate")
+            .field("name", &self.name())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,135 @@
+//! [`Grant`]: the RAII value a job holds while it uses what admission gave it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::account::Replenishment;
+use crate::context::JobContext;
+use crate::demand::Entry;
+use crate::monitor::Shared;
+
+/// Everything one job was granted, returned when the grant is released, rolled back or dropped.
+///
+/// A grant is settled once: the first of [`release`](Grant::release),
+/// [`rollback`](Grant::rollback) or the drop does the work and the rest do nothing. Like tokio's
+/// `SemaphorePermit`, dropping a grant is releasing it.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use admission_core::{Amount, Demand, JobContext, Monitor};
+/// use admission_testkit::reference::Permits;
+///
+/// let monitor = Monitor::new();
+/// let http = Arc::new(Permits::new("http", 2));
+/// let demand = Demand::new().with(http.clone(), Amount::ONE);
+/// let mut grant = monitor.admit_blocking(demand, &JobContext::new("job"), None)?;
+/// assert_eq!(http.available(), 1);
+/// grant.release();
+/// grant.release(); // settled once: a no-op
+/// assert_eq!(http.available(), 2);
+/// # Ok::<(), admission_core::AdmitError>(())
+/// ```
+pub struct Grant {
+    entries: Vec<Entry>,
+    shared: Arc<Shared>,
+    ctx: JobContext,
+    wall_wait: Duration,
+    wait_times: BTreeMap<String, Duration>,
+    settled: bool,
+}
+
+impl Grant {
+    pub(crate) fn new(
+        entries: Vec<Entry>,
+        shared: Arc<Shared>,
+        ctx: JobContext,
+        wall_wait: Duration,
+        wait_times: BTreeMap<String, Duration>,
+    ) -> Grant {
+        Grant {
+            entries,
+            shared,
+            ctx,
+            wall_wait,
+            wait_times,
+            settled: false,
+        }
+    }
+
+    /// Returns what the job held: the amounts on [`Replenishment::Release`] accounts. Metered
+    /// ([`Replenishment::Time`]) debits stay spent: the call they paid for happened.
+    pub fn release(&mut self) {
+        self.settle(false);
+    }
+
+    /// Returns everything, metered debits included: the work the grant paid for did not happen.
+    pub fn rollback(&mut self) {
+        self.settle(true);
+    }
+
+    fn settle(&mut self, everything: bool) {
+        if std::mem::replace(&mut self.settled, true) {
+            return;
+        }
+        for entry in &self.entries {
+            if everything || entry.account().replenishment() == Replenishment::Release {
+                entry.account().give(entry.amount());
+            }
+        }
+        self.shared.settled(&self.entries, &self.ctx, everything);
+    }
+
+    /// True once released or rolled back.
+    pub fn is_settled(&self) -> bool {
+        self.settled
+    }
+
+    /// From asking to granted, on the monitor's clock; zero for an immediate grant.
+    pub fn wall_wait(&self) -> Duration {
+        self.wall_wait
+    }
+
+    /// How long each account (or the gate) that held the job kept it, keyed by name.
+    ///
+    /// Empty for an immediate grant. The accounts overlap in time, so the values do not add up
+    /// to [`wall_wait`](Grant::wall_wait).
+    pub fn wait_times(&self) -> &BTreeMap<String, Duration> {
+        &self.wait_times
+    }
+
+    /// What was granted, in the demand's order.
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// True for an orchestrator's grant (nothing on any account).
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The job the grant belongs to.
+    pub fn context(&self) -> &JobContext {
+        &self.ctx
+    }
+}
+
+impl Drop for Grant {
+    fn drop(&mut self) {
+        self.settle(false);
+    }
+}
+
+impl fmt::Debug for Grant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Grant")
+            .field("job", &self.ctx.id())
+            .field("entries", &self.entries)
+            .field("wall_wait", &self.wall_wait)
+            .field("settled", &self.settled)
+            .finish()
+    }
+}

@@ -1,0 +1,253 @@
+//! [`Monitor`]: one line, one evaluator, whole demands or nothing.
+//!
+//! A job asks for its whole [`Demand`] at once (Havender's second way of avoiding deadlock: ask
+//! for everything together and proceed only when all of it is granted). The demand is granted in
+//! one critical section under the monitor lock, or the job waits in one FIFO line holding nothing.
+//! The line's condition, "does the head's demand fit?", is re-evaluated by one evaluator thread on
+//! every event that moves a counter (Hoare's conditional wait, made affordable by putting the
+//! line itself in the monitor's state), and on the earliest instant the clock could change an
+//! answer. See `pass.rs` for the head reservation.
+
+mod admit;
+mod cell;
+mod doorbell;
+mod pass;
+mod shared;
+
+#[cfg(all(test, admission_loom))]
+mod loom_models;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use admit::Admit;
+pub(crate) use shared::Shared;
+
+use crate::clock::{Clock, SystemClock};
+use crate::context::JobContext;
+use crate::demand::Demand;
+use crate::error::{AdmitError, StartError};
+use crate::event::EventSink;
+use crate::gate::Gate;
+use crate::grant::Grant;
+use crate::sync::{Ordering, thread};
+
+/// Stops the monitor when the last [`Monitor`] handle is dropped.
+struct Owner(Arc<Shared>);
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
+
+/// The admission monitor: grants whole demands, in one fair line, woken by events and deadlines.
+///
+/// Handles are cheap to clone and share one monitor. Dropping the last handle stops it, as
+/// [`stop`](Monitor::stop) does. Grants and pending admissions keep the internals alive but not
+/// the evaluator.
+///
+/// # Fairness
+///
+/// One FIFO line with head reservation (EASY backfilling): the head is never overtaken; a waiter
+/// behind it is granted only if it fits with the head's amounts set aside on every account they
+/// share, and never takes from a [`Time`](crate::Replenishment::Time) account the head is short
+/// on. A demand disjoint from what the head lacks passes at the first pass after it arrives. A
+/// demand that fits when the line is empty is granted inline by the caller.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use admission_core::{Amount, Demand, JobContext, Monitor};
+/// use admission_testkit::reference::{Meter, Permits};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let monitor = Monitor::new();
+/// monitor.start()?;
+/// let http = Arc::new(Permits::new("http", 16));
+/// let model = Arc::new(Meter::per_second("model-tokens", 10_000, 10_000));
+///
+/// let demand = Demand::new()
+///     .with(http.clone(), Amount::ONE)
+///     .with(model.clone(), Amount::units(1_500));
+/// let grant = monitor.admit_blocking(demand, &JobContext::new("summarize"), None)?;
+/// assert_eq!(http.available(), 15);
+/// drop(grant); // the HTTP permit comes back; the tokens stay spent
+/// assert_eq!(http.available(), 16);
+/// monitor.stop();
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Monitor {
+    shared: Arc<Shared>,
+    _owner: Arc<Owner>,
+}
+
+/// Configures a [`Monitor`]: its clock, its event sink and its gate.
+#[derive(Default)]
+pub struct MonitorBuilder {
+    clock: Option<Arc<dyn Clock>>,
+    sink: Option<Arc<dyn EventSink>>,
+    gate: Option<Arc<dyn Gate>>,
+}
+
+impl MonitorBuilder {
+    /// The clock every deadline is read on (default: [`SystemClock`]).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> MonitorBuilder {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Where events go (default: nowhere, and then no event is ever built).
+    pub fn sink(mut self, sink: Arc<dyn EventSink>) -> MonitorBuilder {
+        self.sink = Some(sink);
+        self
+    }
+
+    /// The gate every demand with entries meets before any account (default: none).
+    pub fn gate(mut self, gate: Arc<dyn Gate>) -> MonitorBuilder {
+        self.gate = Some(gate);
+        self
+    }
+
+    /// Builds the monitor. It grants inline at once; call [`Monitor::start`] before anyone may
+    /// have to wait.
+    pub fn build(self) -> Monitor {
+        let clock = self
+            .clock
+            .unwrap_or_else(|| Arc::new(SystemClock::new()) as Arc<dyn Clock>);
+        let shared = Shared::new(clock, self.gate, self.sink);
+        shared.clock.subscribe(&shared.kick);
+        Monitor {
+            _owner: Arc::new(Owner(shared.clone())),
+            shared,
+        }
+    }
+}
+
+impl Monitor {
+    /// A monitor on the system clock, with no sink and no gate. Not started.
+    pub fn new() -> Monitor {
+        Monitor::builder().build()
+    }
+
+    /// A builder for a monitor with a clock, a sink or a gate.
+    pub fn builder() -> MonitorBuilder {
+        MonitorBuilder::default()
+    }
+
+    /// Starts the one evaluator thread.
+    ///
+    /// # Errors
+    ///
+    /// [`StartError::AlreadyStarted`] on a second call, [`StartError::Stopped`] after
+    /// [`stop`](Monitor::stop), [`StartError::Spawn`] if the thread cannot be created.
+    pub fn start(&self) -> Result<(), StartError> {
+        let mut st = self.shared.state.lock();
+        if !matches!(st.phase, shared::Phase::Open) {
+            return Err(StartError::Stopped);
+        }
+        if st.started {
+            return Err(StartError::AlreadyStarted);
+        }
+        let shared = self.shared.clone();
+        let handle = thread::spawn("admission-evaluator", move || shared.run_evaluator())
+            .map_err(|e| StartError::Spawn(e.to_string()))?;
+        let id = handle.thread().id();
+        st.started = true;
+        st.evaluator = Some((handle, id));
+        Ok(())
+    }
+
+    /// Stops admission: every parked waiter is refused with [`AdmitError::Shutdown`], every wake
+    /// slot this monitor installed is cleared, the evaluator is joined, and every later admit is
+    /// refused the same way. Idempotent. Grants already given stay valid and release normally.
+    pub fn stop(&self) {
+        self.shared.stop();
+    }
+
+    /// How many waiters are parked in the line now.
+    pub fn queue_size(&self) -> usize {
+        self.shared.bell.parked.load(Ordering::SeqCst)
+    }
+
+    /// Installs or removes the event sink.
+    pub fn set_sink(&self, sink: Option<Arc<dyn EventSink>>) {
+        self.shared.set_sink(sink);
+    }
+
+    /// The monitor's clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.shared.clock
+    }
+
+    /// Asks for `demand` on behalf of `ctx`, waiting at most `timeout` (on the monitor's clock).
+    ///
+    /// The returned future is runtime-agnostic: it is woken through its `Waker`, so it runs
+    /// under tokio, async-std or any executor.
+    ///
+    /// # Errors
+    ///
+    /// The future resolves to [`AdmitError::Refused`] at once when an account can never grant the
+    /// demand, [`AdmitError::Cancelled`] when `ctx` is cancelled, [`AdmitError::TimedOut`] when
+    /// the timeout passes, [`AdmitError::Shutdown`] or [`AdmitError::Closed`] when admission ends,
+    /// and [`AdmitError::Aborted`] when an account panics.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future withdraws the waiter; a grant that landed concurrently is rolled back.
+    ///
+    /// # Panics
+    ///
+    /// Polling the future again after it completed panics, as most futures do.
+    pub fn admit(&self, demand: Demand, ctx: &JobContext, timeout: Option<Duration>) -> Admit {
+        Admit::new(self.shared.clone(), demand, ctx.clone(), timeout)
+    }
+
+    /// Runs one evaluation pass on the calling thread and returns the instant the evaluator would
+    /// sleep until. The evaluator does this by itself; this exists for benchmarks and for tests
+    /// of a monitor that was never started.
+    #[doc(hidden)]
+    pub fn evaluate_once(&self) -> Option<crate::Instant> {
+        let mut out = self.shared.outbox();
+        let wake = self.shared.pass(&mut out);
+        self.shared.deliver(out);
+        wake
+    }
+
+    /// [`admit`](Monitor::admit), parking the calling thread instead of a task.
+    ///
+    /// Blocking and async waiters stand in the same line. The blocking call's cancellation token
+    /// is its context: [`JobContext::cancel`] from another thread withdraws it at once.
+    ///
+    /// # Errors
+    ///
+    /// As for [`admit`](Monitor::admit).
+    pub fn admit_blocking(
+        &self,
+        demand: Demand,
+        ctx: &JobContext,
+        timeout: Option<Duration>,
+    ) -> Result<Grant, AdmitError> {
+        admit::admit_blocking(&self.shared, demand, ctx, timeout)
+    }
+}
+
+impl Default for Monitor {
+    fn default() -> Self {
+        Monitor::new()
+    }
+}
+
+impl fmt::Debug for Monitor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Monitor")
+            .field("queue_size", &self.queue_size())
+            .field("clock", &self.shared.clock)
+            .field("gate", &self.shared.gate)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,372 @@
+//! The evaluator: one thread that walks the line whenever something may have changed.
+//!
+//! A pass reads the clock once and asks every waiter in arrival order. The first waiter not
+//! granted is the head; every waiter behind it is asked with the head's amounts set aside on each
+//! account they share (EASY backfilling, Lifka 1995), so the head is never overtaken while
+//! disjoint demands flow past it. Two sharper rules follow from what a head waits for:
+//! - while the head is short on a [`Replenishment::Time`] account, nobody behind it takes from
+//!   that account (every unit taken would postpone the head's grant by as much);
+//! - while the gate holds the head, every waiter with entries is held by the gate too, with the
+//!   head's deadline, so the next wake-up starts again from the head.
+//!
+//! The pass ends with the earliest instant at which time alone could change an answer (an
+//! account's `earliest_fit`, the gate's hold, a waiter's deadline); the evaluator sleeps until
+//! then or until the doorbell rings. There is no periodic timer.
+
+use std::collections::BTreeMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::account::{Replenishment, account_key};
+use crate::amount::Amount;
+use crate::clock::Instant;
+use crate::error::AdmitError;
+use crate::event::{EventEntry, EventKind};
+use crate::gate::{GateAnswer, GateView};
+use crate::grant::Grant;
+use crate::sync::Ordering;
+
+use super::shared::{
+    GATE_KEY, Outbox, Phase, Shared, Waiter, entry_events, guarded, guarded_plain, panic_message,
+};
+
+/// The shortest sleep after a pass whose computed wake-up was already due.
+const MIN_RECHECK: Duration = Duration::from_millis(1);
+
+/// What the head of the line asks for, as the waiters behind it must respect.
+#[derive(Default)]
+struct Head {
+    /// The head's amount on each account it names (by account key).
+    amounts: Vec<(usize, Amount)>,
+    /// `Time` accounts the head is short on: nobody behind takes from them.
+    short_time: Vec<usize>,
+    /// `Some(until)` while the gate holds the head.
+    gate_hold: Option<Option<Instant>>,
+}
+
+impl Head {
+    fn reserved(&self, key: usize) -> Amount {
+        self.amounts
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map_or(Amount::ZERO, |(_, a)| *a)
+    }
+}
+
+/// One attempt's result.
+enum Attempt {
+    Granted,
+    /// Short on these entries (indices into the demand; `None` for the gate), re-ask at `wake`.
+    Held {
+        short: Vec<Option<usize>>,
+        wake: Option<Instant>,
+    },
+    Refused(AdmitError),
+}
+
+fn later(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    // `None` is "only an event": it dominates, since time alone will not help.
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        _ => None,
+    }
+}
+
+fn earlier(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, None) => a,
+        (None, b) => b,
+    }
+}
+
+impl Shared {
+    /// The evaluator thread's body.
+    pub(crate) fn run_evaluator(self: Arc<Shared>) {
+        loop {
+            self.bell.answer();
+            let mut out = self.outbox();
+            let wake = match catch_unwind(AssertUnwindSafe(|| self.pass(&mut out))) {
+                Ok(wake) => wake,
+                Err(panic) => {
+                    let cause = format!("a pass failed: {}", panic_message(&*panic));
+                    let mut st = self.state.lock();
+                    self.close_locked(&mut st, &mut out, cause);
+                    None
+                }
+            };
+            self.deliver(out);
+            if !self.is_open() {
+                return;
+            }
+            self.bell.sleep(&*self.clock, wake);
+        }
+    }
+
+    /// One pass over the line. Returns the instant to wake at, `None` to sleep until rung.
+    pub(crate) fn pass(self: &Arc<Shared>, out: &mut Outbox) -> Option<Instant> {
+        let now = self.clock.now();
+        let mut st = self.state.lock();
+        if !matches!(st.phase, Phase::Open) || st.queue.is_empty() {
+            return None;
+        }
+        let mut wake: Option<Instant> = None;
+        let mut head: Option<Head> = None;
+        let mut leaving: Vec<u64> = Vec::new();
+        let mut on_gate = st.queue.values().filter(|w| w.on_gate).count();
+        let total = st.queue.len();
+
+        for (&seq, w) in st.queue.iter_mut() {
+            // Leavers first: a cancelled job stops reserving, a late one times out.
+            if w.ctx.is_cancelled() {
+                let error = AdmitError::Cancelled {
+                    job: w.ctx.id(),
+                    waited: now.saturating_duration_since(w.asked_at),
+                };
+                self.leave(out, w, Err(error), &mut on_gate);
+                leaving.push(seq);
+                continue;
+            }
+            if let (Some(deadline), Some(timeout)) = (w.deadline, w.timeout) {
+                if deadline <= now {
+                    let error = AdmitError::TimedOut {
+                        job: w.ctx.id(),
+                        waited: now.saturating_duration_since(w.asked_at),
+                        timeout,
+                    };
+                    self.leave(out, w, Err(error), &mut on_gate);
+                    leaving.push(seq);
+                    continue;
+                }
+                wake = earlier(wake, Some(deadline));
+            }
+
+            let is_head = head.is_none();
+            let view = GateView {
+                head: is_head,
+                held: on_gate - usize::from(w.on_gate),
+                now,
+            };
+            match self.attempt(w, head.as_ref(), view) {
+                Attempt::Granted => {
+                    let remaining = total - leaving.len() - 1;
+                    self.grant_waiter(out, w, now, remaining, &mut on_gate);
+                    leaving.push(seq);
+                }
+                Attempt::Refused(error) => {
+                    self.leave(out, w, Err(error), &mut on_gate);
+                    leaving.push(seq);
+                }
+                Attempt::Held { short, wake: at } => {
+                    let gate_held = short.contains(&None);
+                    if gate_held != w.on_gate {
+                        w.on_gate = gate_held;
+                        if gate_held {
+                            on_gate += 1;
+                        } else {
+                            on_gate -= 1;
+                        }
+                    }
+                    self.note_held(out, w, &short, now);
+                    if is_head {
+                        let mut h = Head {
+                            amounts: w
+                                .demand
+                                .entries()
+                                .iter()
+                                .map(|e| (account_key(e.account()), e.amount()))
+                                .collect(),
+                            ..Head::default()
+                        };
+                        for idx in short.iter().flatten() {
+                            let account = w.demand.entries()[*idx].account();
+                            if account.replenishment() == Replenishment::Time {
+                                h.short_time.push(account_key(account));
+                            }
+                        }
+                        if gate_held {
+                            h.gate_hold = Some(at);
+                        }
+                        head = Some(h);
+                    }
+                    wake = earlier(wake, at);
+                }
+            }
+        }
+        for seq in leaving {
+            st.queue.remove(&seq);
+        }
+        self.bell.parked.store(st.queue.len(), Ordering::SeqCst);
+        if st.queue.is_empty() {
+            return None;
+        }
+        // An instant in the past means "now"; an account that keeps answering so while refusing
+        // must not spin the evaluator, so such a wake-up is re-asked a millisecond later.
+        wake.map(|at| at.max(now.saturating_add(MIN_RECHECK)))
+    }
+
+    /// Asks the gate and every account about waiter `w`, and takes its whole demand if it fits.
+    fn attempt(&self, w: &Waiter, head: Option<&Head>, view: GateView) -> Attempt {
+        let demand = &w.demand;
+        if demand.is_empty() {
+            return Attempt::Granted;
+        }
+        if let Some(gate) = &self.gate {
+            if let Some(Head {
+                gate_hold: Some(until),
+                ..
+            }) = head
+            {
+                return Attempt::Held {
+                    short: vec![None],
+                    wake: *until,
+                };
+            }
+            if let GateAnswer::Hold { until } = gate.check(view) {
+                return Attempt::Held {
+                    short: vec![None],
+                    wake: until,
+                };
+            }
+        }
+        let reserved = |key: usize| head.map_or(Amount::ZERO, |h| h.reserved(key));
+        let sharp = |key: usize| head.is_some_and(|h| h.short_time.contains(&key));
+
+        let mut short = Vec::new();
+        let mut wake = Some(Instant::ZERO);
+        for (i, entry) in demand.entries().iter().enumerate() {
+            let account = entry.account();
+            let key = account_key(account);
+            if sharp(key) {
+                // The head's own deadline on this account covers this waiter's wake-up.
+                short.push(Some(i));
+                wake = None;
+                continue;
+            }
+            match guarded(account, &w.ctx, || account.fits(entry.amount(), reserved(key))) {
+                Ok(true) => {}
+                Ok(false) => {
+                    short.push(Some(i));
+                    let at = match guarded_plain(account, &w.ctx, || {
+                        account.earliest_fit(entry.amount(), reserved(key))
+                    }) {
+                        Ok(at) => at,
+                        Err(error) => return Attempt::Refused(error),
+                    };
+                    wake = later(wake, at);
+                }
+                Err(error) => return Attempt::Refused(error),
+            }
+        }
+        if !short.is_empty() {
+            return Attempt::Held { short, wake };
+        }
+        let entries = demand.entries();
+        for (i, entry) in entries.iter().enumerate() {
+            let account = entry.account();
+            let key = account_key(account);
+            let taken = guarded(account, &w.ctx, || account.try_take(entry.amount(), reserved(key)));
+            if taken.as_ref().is_ok_and(|t| *t) {
+                continue;
+            }
+            // A partial take is compensated inside the pass.
+            for done in &entries[..i] {
+                done.account().give(done.amount());
+            }
+            return match taken {
+                Err(error) => Attempt::Refused(error),
+                _ => {
+                    let at = guarded_plain(account, &w.ctx, || {
+                        account.earliest_fit(entry.amount(), reserved(key))
+                    })
+                    .unwrap_or(None);
+                    Attempt::Held {
+                        short: vec![Some(i)],
+                        wake: at,
+                    }
+                }
+            };
+        }
+        if let Some(gate) = &self.gate {
+            gate.passed(view);
+        }
+        Attempt::Granted
+    }
+
+    /// Reports the accounts a waiter is newly short on and stamps when each started holding it.
+    fn note_held(&self, out: &mut Outbox, w: &mut Waiter, short: &[Option<usize>], now: Instant) {
+        for s in short {
+            let (key, name, entry) = match s {
+                None => {
+                    let gate = self.gate.as_ref().map_or("gate", |g| g.name()).to_owned();
+                    (GATE_KEY, gate, None)
+                }
+                Some(i) => {
+                    let e = &w.demand.entries()[*i];
+                    (account_key(e.account()), e.account().name().to_owned(), Some(e))
+                }
+            };
+            if w.held.iter().any(|(k, _, _)| *k == key) {
+                continue;
+            }
+            w.held.push((key, name.clone(), now));
+            out.push_event(|| {
+                let entries = match entry {
+                    Some(e) => vec![EventEntry {
+                        account: name,
+                        category: e.account().category(),
+                        amount: e.amount(),
+                    }],
+                    None => vec![EventEntry {
+                        account: name,
+                        category: crate::Category::MEMORY,
+                        amount: Amount::ZERO,
+                    }],
+                };
+                self.event(EventKind::Held, &w.ctx, entries)
+            });
+        }
+    }
+
+    fn grant_waiter(self: &Arc<Shared>, out: &mut Outbox, w: &mut Waiter, now: Instant, remaining: usize, on_gate: &mut usize) {
+        let wall_wait = now.saturating_duration_since(w.asked_at);
+        let wait_times: BTreeMap<String, Duration> = w
+            .held
+            .iter()
+            .map(|(_, name, since)| (name.clone(), now.saturating_duration_since(*since)))
+            .collect();
+        out.push_event(|| {
+            self.event(
+                EventKind::GrantedFromHold {
+                    wait: wall_wait,
+                    waiters: remaining,
+                },
+                &w.ctx,
+                entry_events(w.demand.entries()),
+            )
+        });
+        let demand = std::mem::take(&mut w.demand);
+        let grant = Grant::new(
+            demand.into_entries(),
+            self.clone(),
+            w.ctx.clone(),
+            wall_wait,
+            wait_times,
+        );
+        if w.on_gate {
+            *on_gate -= 1;
+        }
+        self.finish(out, &w.cell, Ok(grant));
+    }
+
+    fn leave(&self, out: &mut Outbox, w: &mut Waiter, outcome: Result<Grant, AdmitError>, on_gate: &mut usize) {
+        if let Err(error) = &outcome {
+            self.reject_event(out, &w.ctx, &w.demand, error);
+        }
+        if w.on_gate {
+            *on_gate -= 1;
+        }
+        self.finish(out, &w.cell, outcome);
+    }
+}

@@ -1,0 +1,543 @@
+//! The monitor's shared state: the line, the lifecycle, and every transition a job can make.
+//!
+//! Everything here that touches the line runs under the one monitor lock (`Shared::state`).
+//! Events are collected while the lock is held and emitted after it is released, and parked
+//! waiters are woken after it too (see [`Outbox`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use crate::account::{Account, AccountRef, account_key};
+use crate::clock::{Clock, Instant, WakeFn};
+use crate::context::JobContext;
+use crate::demand::Demand;
+use crate::error::AdmitError;
+use crate::event::{Event, EventEntry, EventKind, EventSink};
+use crate::gate::{Gate, GateAnswer, GateView};
+use crate::grant::Grant;
+use crate::sync::{Mutex, Ordering, thread};
+
+use super::cell::{Cell, Outcome};
+use super::doorbell::Doorbell;
+
+/// Where the monitor is in its life.
+#[derive(Clone, Debug)]
+pub(crate) enum Phase {
+    Open,
+    Stopped,
+    Closed(Arc<str>),
+}
+
+/// A job parked in the line.
+pub(crate) struct Waiter {
+    pub(crate) demand: Demand,
+    pub(crate) ctx: JobContext,
+    pub(crate) asked_at: Instant,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) cell: Arc<Cell>,
+    /// The accounts (by key; [`GATE_KEY`] for the gate) this waiter has been held on, with their
+    /// names and the instant each first held it. Feeds `Held` events and `Grant::wait_times`.
+    pub(crate) held: Vec<(usize, String, Instant)>,
+    /// True while the gate is what holds this waiter.
+    pub(crate) on_gate: bool,
+}
+
+/// The key under which the gate appears in a waiter's `held` list.
+pub(crate) const GATE_KEY: usize = usize::MAX;
+
+/// Everything under the monitor lock.
+pub(crate) struct State {
+    pub(crate) phase: Phase,
+    /// The line, in arrival order (the key is the arrival sequence number).
+    pub(crate) queue: BTreeMap<u64, Waiter>,
+    pub(crate) next_seq: u64,
+    pub(crate) started: bool,
+    pub(crate) evaluator: Option<(thread::JoinHandle<()>, thread::ThreadId)>,
+    /// Accounts whose wake slot holds our doorbell, so `stop` can clear them.
+    pub(crate) watched: HashMap<usize, Weak<dyn Account>>,
+}
+
+/// What a critical section leaves to do once the lock is released.
+pub(crate) struct Outbox {
+    /// `None` when no sink is installed: then no event is ever built.
+    pub(crate) events: Option<Vec<Event>>,
+    pub(crate) wake: Vec<Arc<Cell>>,
+}
+
+impl Outbox {
+    pub(crate) fn push_event(&mut self, build: impl FnOnce() -> Event) {
+        if let Some(events) = &mut self.events {
+            events.push(build());
+        }
+    }
+}
+
+pub(crate) struct Shared {
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) gate: Option<Arc<dyn Gate>>,
+    /// The monitor lock. Only touched through `lock()`; never held while waking or emitting.
+    pub(crate) state: Mutex<State>,
+    pub(crate) bell: Arc<Doorbell>,
+    /// The callback installed in accounts' wake slots, the gate and the clock.
+    pub(crate) kick: WakeFn,
+    sink: parking_lot::RwLock<Option<Arc<dyn EventSink>>>,
+    has_sink: std::sync::atomic::AtomicBool,
+}
+
+pub(crate) enum Begin {
+    Done(Outcome),
+    Parked { seq: u64, cell: Arc<Cell> },
+}
+
+pub(crate) fn entry_events(demand_entries: &[crate::demand::Entry]) -> Vec<EventEntry> {
+    demand_entries
+        .iter()
+        .map(|e| EventEntry {
+            account: e.account().name().to_owned(),
+            category: e.account().category(),
+            amount: e.amount(),
+        })
+        .collect()
+}
+
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_owned()
+    }
+}
+
+impl Shared {
+    pub(crate) fn new(
+        clock: Arc<dyn Clock>,
+        gate: Option<Arc<dyn Gate>>,
+        sink: Option<Arc<dyn EventSink>>,
+    ) -> Arc<Shared> {
+        let bell = Arc::new(Doorbell::new());
+        let for_kick = bell.clone();
+        let kick: WakeFn = Arc::new(move || for_kick.ring_if_waiting());
+        if let Some(gate) = &gate {
+            gate.on_change(Some(kick.clone()));
+        }
+        Arc::new(Shared {
+            clock,
+            gate,
+            state: Mutex::new(State {
+                phase: Phase::Open,
+                queue: BTreeMap::new(),
+                next_seq: 0,
+                started: false,
+                evaluator: None,
+                watched: HashMap::new(),
+            }),
+            bell,
+            kick,
+            has_sink: std::sync::atomic::AtomicBool::new(sink.is_some()),
+            sink: parking_lot::RwLock::new(sink),
+        })
+    }
+
+    pub(crate) fn outbox(&self) -> Outbox {
+        let events = self
+            .has_sink
+            .load(std::sync::atomic::Ordering::Acquire)
+            .then(Vec::new);
+        Outbox {
+            events,
+            wake: Vec::new(),
+        }
+    }
+
+    pub(crate) fn set_sink(&self, sink: Option<Arc<dyn EventSink>>) {
+        let mut slot = self.sink.write();
+        self.has_sink
+            .store(sink.is_some(), std::sync::atomic::Ordering::Release);
+        *slot = sink;
+    }
+
+    /// Emits the outbox's events, then wakes its waiters. Called with no lock held.
+    pub(crate) fn deliver(&self, outbox: Outbox) {
+        if let Some(events) = outbox.events
+            && !events.is_empty() {
+                self.emit(&events);
+            }
+        for cell in outbox.wake {
+            cell.wake();
+        }
+    }
+
+    fn emit(&self, events: &[Event]) {
+        let Some(sink) = self.sink.read().clone() else {
+            return;
+        };
+        for event in events {
+            let failure = match catch_unwind(AssertUnwindSafe(|| sink.emit(event))) {
+                Ok(Ok(())) => continue,
+                Ok(Err(e)) => e.to_string(),
+                Err(panic) => format!("the sink panicked: {}", panic_message(&*panic)),
+            };
+            let mut slot = self.sink.write();
+            if slot.as_ref().is_some_and(|s| Arc::ptr_eq(s, &sink)) {
+                *slot = None;
+                self.has_sink
+                    .store(false, std::sync::atomic::Ordering::Release);
+            }
+            tracing::warn!(%failure, "admission dropped its event sink");
+            return;
+        }
+    }
+
+    pub(crate) fn event(&self, kind: EventKind, ctx: &JobContext, entries: Vec<EventEntry>) -> Event {
+        Event {
+            kind,
+            at: self.clock.now(),
+            job: ctx.snapshot().clone(),
+            entries,
+        }
+    }
+
+    /// Fills a waiter's cell with `outcome` and schedules its wake-up.
+    pub(crate) fn finish(&self, out: &mut Outbox, cell: &Arc<Cell>, outcome: Outcome) {
+        if let Err(Ok(mut grant)) = cell.fill(outcome) {
+            // Unreachable by construction (a waiter leaves the line when it is filled); if it
+            // ever happened, the grant must not leak.
+            grant.rollback();
+        }
+        out.wake.push(cell.clone());
+    }
+
+    /// Rejects with `error`, reporting it as an event.
+    pub(crate) fn reject_event(&self, out: &mut Outbox, ctx: &JobContext, demand: &Demand, error: &AdmitError) {
+        out.push_event(|| {
+            self.event(
+                EventKind::Rejected {
+                    reason: error.reason(),
+                    message: error.to_string(),
+                },
+                ctx,
+                entry_events(demand.entries()),
+            )
+        });
+    }
+
+    fn phase_error(phase: &Phase) -> Option<AdmitError> {
+        match phase {
+            Phase::Open => None,
+            Phase::Stopped => Some(AdmitError::Shutdown),
+            Phase::Closed(cause) => Some(AdmitError::Closed {
+                cause: cause.clone(),
+            }),
+        }
+    }
+
+    /// Asks for `demand`: grants it inline when the line is empty and it fits, parks it otherwise.
+    pub(crate) fn begin(
+        self: &Arc<Shared>,
+        demand: Demand,
+        ctx: &JobContext,
+        timeout: Option<Duration>,
+    ) -> Begin {
+        let mut out = self.outbox();
+        let begun = self.begin_locked(demand, ctx, timeout, &mut out);
+        self.deliver(out);
+        match begun {
+            Begin::Done(outcome) => Begin::Done(outcome),
+            Begin::Parked { seq, cell } => {
+                self.bell.ring();
+                Begin::Parked { seq, cell }
+            }
+        }
+    }
+
+    fn begin_locked(
+        self: &Arc<Shared>,
+        demand: Demand,
+        ctx: &JobContext,
+        timeout: Option<Duration>,
+        out: &mut Outbox,
+    ) -> Begin {
+        let now = self.clock.now();
+        if ctx.is_cancelled() {
+            let error = AdmitError::Cancelled {
+                job: ctx.id(),
+                waited: Duration::ZERO,
+            };
+            self.reject_event(out, ctx, &demand, &error);
+            return Begin::Done(Err(error));
+        }
+        let mut st = self.state.lock();
+        if let Some(error) = Self::phase_error(&st.phase) {
+            drop(st);
+            self.reject_event(out, ctx, &demand, &error);
+            return Begin::Done(Err(error));
+        }
+        if st.queue.is_empty() {
+            let view = GateView {
+                head: true,
+                held: 0,
+                now,
+            };
+            match catch_unwind(AssertUnwindSafe(|| self.take_now(&demand, ctx, view))) {
+                Ok(Ok(true)) => {
+                    drop(st);
+                    out.push_event(|| {
+                        self.event(EventKind::GrantedImmediate, ctx, entry_events(demand.entries()))
+                    });
+                    let grant = Grant::new(
+                        demand.into_entries(),
+                        self.clone(),
+                        ctx.clone(),
+                        Duration::ZERO,
+                        BTreeMap::new(),
+                    );
+                    return Begin::Done(Ok(grant));
+                }
+                Ok(Ok(false)) => {}
+                Ok(Err(error)) => {
+                    drop(st);
+                    self.reject_event(out, ctx, &demand, &error);
+                    return Begin::Done(Err(error));
+                }
+                Err(panic) => {
+                    // Only the gate can panic out of `take_now` (accounts are guarded): a defect.
+                    let cause = format!("the gate panicked: {}", panic_message(&*panic));
+                    let error = self.close_locked(&mut st, out, cause);
+                    drop(st);
+                    self.reject_event(out, ctx, &demand, &error);
+                    return Begin::Done(Err(error));
+                }
+            }
+        }
+        let deadline = timeout.map(|t| now.saturating_add(t));
+        if let (Some(deadline), Some(timeout)) = (deadline, timeout)
+            && deadline <= now {
+                drop(st);
+                let error = AdmitError::TimedOut {
+                    job: ctx.id(),
+                    waited: Duration::ZERO,
+                    timeout,
+                };
+                self.reject_event(out, ctx, &demand, &error);
+                return Begin::Done(Err(error));
+            }
+        for entry in demand.entries() {
+            self.watch(&mut st, entry.account());
+        }
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        let cell = Arc::new(Cell::new());
+        st.queue.insert(
+            seq,
+            Waiter {
+                demand,
+                ctx: ctx.clone(),
+                asked_at: now,
+                timeout,
+                deadline,
+                cell: cell.clone(),
+                held: Vec::new(),
+                on_gate: false,
+            },
+        );
+        self.bell.parked.store(st.queue.len(), Ordering::SeqCst);
+        Begin::Parked { seq, cell }
+    }
+
+    /// The fast path: gate, then every account's `try_take` with nothing reserved, compensating a
+    /// partial take. `Ok(false)` is "not now". Account panics are refusals of this job; a gate
+    /// panic unwinds to the caller.
+    fn take_now(&self, demand: &Demand, ctx: &JobContext, view: GateView) -> Result<bool, AdmitError> {
+        if demand.is_empty() {
+            return Ok(true);
+        }
+        if let Some(gate) = &self.gate
+            && let GateAnswer::Hold { .. } = gate.check(view) {
+                return Ok(false);
+            }
+        let entries = demand.entries();
+        for (i, entry) in entries.iter().enumerate() {
+            let taken = guarded(entry.account(), ctx, || {
+                entry.account().try_take(entry.amount(), crate::Amount::ZERO)
+            });
+            match taken {
+                Ok(true) => {}
+                other => {
+                    for done in &entries[..i] {
+                        done.account().give(done.amount());
+                    }
+                    return other;
+                }
+            }
+        }
+        if let Some(gate) = &self.gate {
+            gate.passed(view);
+        }
+        Ok(true)
+    }
+
+    /// Installs the doorbell in `account`'s wake slot, once per account.
+    fn watch(&self, st: &mut State, account: &AccountRef) {
+        let key = account_key(account);
+        if st.watched.contains_key(&key) {
+            return;
+        }
+        if st.watched.len() >= 64 && st.watched.len().is_power_of_two() {
+            st.watched.retain(|_, weak| weak.strong_count() > 0);
+        }
+        account.on_capacity_change(Some(self.kick.clone()));
+        st.watched.insert(key, Arc::downgrade(account));
+    }
+
+    /// Withdraws waiter `seq` because its context was cancelled.
+    pub(crate) fn cancel_waiter(&self, seq: u64) {
+        let mut out = self.outbox();
+        {
+            let mut st = self.state.lock();
+            if let Some(w) = st.queue.remove(&seq) {
+                self.bell.parked.store(st.queue.len(), Ordering::SeqCst);
+                let error = AdmitError::Cancelled {
+                    job: w.ctx.id(),
+                    waited: self.clock.now().saturating_duration_since(w.asked_at),
+                };
+                self.reject_event(&mut out, &w.ctx, &w.demand, &error);
+                self.finish(&mut out, &w.cell, Err(error));
+            }
+        }
+        self.deliver(out);
+        self.bell.ring();
+    }
+
+    /// Withdraws waiter `seq` because its admit was abandoned (the future dropped). Returns false
+    /// when the waiter had already left the line, i.e. its outcome is in its cell.
+    pub(crate) fn withdraw(&self, seq: u64) -> bool {
+        let mut out = self.outbox();
+        let removed = {
+            let mut st = self.state.lock();
+            match st.queue.remove(&seq) {
+                Some(w) => {
+                    self.bell.parked.store(st.queue.len(), Ordering::SeqCst);
+                    let error = AdmitError::Cancelled {
+                        job: w.ctx.id(),
+                        waited: self.clock.now().saturating_duration_since(w.asked_at),
+                    };
+                    self.reject_event(&mut out, &w.ctx, &w.demand, &error);
+                    true
+                }
+                None => false,
+            }
+        };
+        self.deliver(out);
+        if removed {
+            self.bell.ring();
+        }
+        removed
+    }
+
+    /// After a grant was settled: tell the gate, wake the evaluator if anyone waits, report.
+    pub(crate) fn settled(&self, entries: &[crate::demand::Entry], ctx: &JobContext, rolled_back: bool) {
+        if !entries.is_empty()
+            && let Some(gate) = &self.gate {
+                gate.completed();
+            }
+        self.bell.ring_if_waiting();
+        if self.has_sink.load(std::sync::atomic::Ordering::Acquire) {
+            let event = self.event(EventKind::Released { rolled_back }, ctx, entry_events(entries));
+            self.emit(std::slice::from_ref(&event));
+        }
+    }
+
+    /// Refuses every waiter with `error_for` and empties the line. Under the monitor lock.
+    fn drain_locked(&self, st: &mut State, out: &mut Outbox, error: &AdmitError) {
+        let queue = std::mem::take(&mut st.queue);
+        self.bell.parked.store(0, Ordering::SeqCst);
+        for (_, w) in queue {
+            self.reject_event(out, &w.ctx, &w.demand, error);
+            self.finish(out, &w.cell, Err(error.clone()));
+        }
+    }
+
+    fn unwatch_locked(&self, st: &mut State) {
+        for (_, weak) in st.watched.drain() {
+            if let Some(account) = weak.upgrade() {
+                account.on_capacity_change(None);
+            }
+        }
+    }
+
+    /// Closes admission for good because of a defect; every waiter fails with the cause.
+    pub(crate) fn close_locked(&self, st: &mut State, out: &mut Outbox, cause: String) -> AdmitError {
+        if let Some(error) = Self::phase_error(&st.phase) {
+            return error;
+        }
+        tracing::error!(%cause, "admission closed by a defect");
+        let cause: Arc<str> = Arc::from(cause);
+        st.phase = Phase::Closed(cause.clone());
+        let error = AdmitError::Closed { cause };
+        self.drain_locked(st, out, &error);
+        self.unwatch_locked(st);
+        error
+    }
+
+    /// Stops admission: refuses every waiter, clears every wake slot, joins the evaluator.
+    pub(crate) fn stop(&self) {
+        let mut out = self.outbox();
+        let evaluator = {
+            let mut st = self.state.lock();
+            if matches!(st.phase, Phase::Open) {
+                st.phase = Phase::Stopped;
+                self.drain_locked(&mut st, &mut out, &AdmitError::Shutdown);
+            }
+            self.unwatch_locked(&mut st);
+            st.evaluator.take()
+        };
+        if let Some(gate) = &self.gate {
+            gate.on_change(None);
+        }
+        self.bell.ring();
+        self.deliver(out);
+        if let Some((handle, id)) = evaluator
+            && thread::current().id() != id {
+                let _ = handle.join();
+            }
+    }
+
+    pub(crate) fn is_open(&self) -> bool {
+        matches!(self.state.lock().phase, Phase::Open)
+    }
+}
+
+/// Calls into an account, turning a panic into [`AdmitError::Aborted`] and a refusal into
+/// [`AdmitError::Refused`].
+pub(crate) fn guarded<T>(
+    account: &AccountRef,
+    ctx: &JobContext,
+    call: impl FnOnce() -> Result<T, crate::Refusal>,
+) -> Result<T, AdmitError> {
+    match catch_unwind(AssertUnwindSafe(call)) {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(refusal)) => Err(AdmitError::Refused {
+            account: account.name().to_owned(),
+            refusal,
+        }),
+        Err(panic) => Err(AdmitError::Aborted {
+            account: account.name().to_owned(),
+            job: ctx.id(),
+            panic: panic_message(&*panic),
+        }),
+    }
+}
+
+/// [`guarded`] for calls that cannot refuse.
+pub(crate) fn guarded_plain<T>(
+    account: &AccountRef,
+    ctx: &JobContext,
+    call: impl FnOnce() -> T,
+) -> Result<T, AdmitError> {
+    guarded(account, ctx, || Ok(call()))
+}

@@ -1,0 +1,122 @@
+//! The synchronization primitives the monitor uses, switched to loom's under `--cfg admission_loom`.
+//!
+//! The monitor never names `parking_lot` or `std::thread` directly: it goes through this shim, so the
+//! loom models in `monitor/loom_models.rs` explore the very code that ships. Accounts keep their own
+//! leaf locks (they never wait while holding one), which loom does not need to see.
+
+#[cfg(not(admission_loom))]
+mod imp {
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
+    use std::time::Duration;
+
+    /// A mutex without poisoning.
+    #[derive(Debug, Default)]
+    pub(crate) struct Mutex<T>(parking_lot::Mutex<T>);
+    pub(crate) type MutexGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
+
+    impl<T> Mutex<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Self(parking_lot::Mutex::new(value))
+        }
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+            self.0.lock()
+        }
+    }
+
+    /// A condition variable paired with [`Mutex`].
+    #[derive(Debug, Default)]
+    pub(crate) struct Condvar(parking_lot::Condvar);
+
+    impl Condvar {
+        pub(crate) fn new() -> Self {
+            Self(parking_lot::Condvar::new())
+        }
+        pub(crate) fn wait<'a, T>(&self, mut guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+            self.0.wait(&mut guard);
+            guard
+        }
+        pub(crate) fn wait_for<'a, T>(
+            &self,
+            mut guard: MutexGuard<'a, T>,
+            timeout: Duration,
+        ) -> MutexGuard<'a, T> {
+            self.0.wait_for(&mut guard, timeout);
+            guard
+        }
+        pub(crate) fn notify_one(&self) {
+            self.0.notify_one();
+        }
+        pub(crate) fn notify_all(&self) {
+            self.0.notify_all();
+        }
+    }
+
+    pub(crate) mod thread {
+        pub(crate) use std::thread::{JoinHandle, ThreadId, current};
+
+        pub(crate) fn spawn<F>(name: &str, f: F) -> std::io::Result<JoinHandle<()>>
+        where
+            F: FnOnce() + Send + 'static,
+        {
+            std::thread::Builder::new().name(name.to_owned()).spawn(f)
+        }
+    }
+}
+
+#[cfg(admission_loom)]
+mod imp {
+    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
+    use std::time::Duration;
+
+    #[derive(Debug)]
+    pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
+    pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
+
+    impl<T> Mutex<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Self(loom::sync::Mutex::new(value))
+        }
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+            self.0.lock().unwrap_or_else(|e| e.into_inner())
+        }
+    }
+
+    #[derive(Debug)]
+    pub(crate) struct Condvar(loom::sync::Condvar);
+
+    impl Condvar {
+        pub(crate) fn new() -> Self {
+            Self(loom::sync::Condvar::new())
+        }
+        pub(crate) fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
+            self.0.wait(guard).unwrap_or_else(|e| e.into_inner())
+        }
+        /// Loom has no timed waits; the models never depend on a deadline.
+        pub(crate) fn wait_for<'a, T>(
+            &self,
+            guard: MutexGuard<'a, T>,
+            _timeout: Duration,
+        ) -> MutexGuard<'a, T> {
+            self.wait(guard)
+        }
+        pub(crate) fn notify_one(&self) {
+            self.0.notify_one();
+        }
+        pub(crate) fn notify_all(&self) {
+            self.0.notify_all();
+        }
+    }
+
+    pub(crate) mod thread {
+        pub(crate) use loom::thread::{JoinHandle, ThreadId, current};
+
+        pub(crate) fn spawn<F>(_name: &str, f: F) -> std::io::Result<JoinHandle<()>>
+        where
+            F: FnOnce() + Send + 'static,
+        {
+            Ok(loom::thread::spawn(f))
+        }
+    }
+}
+
+pub(crate) use imp::*;

@@ -1,0 +1,288 @@
+//! Two small reference accounts, one of each [`Replenishment`]: the core's own tests, the docs and
+//! the contract suite's self-test run on them.
+//!
+//! They are deliberately plain (a counter under a lock), so a test failure points at the monitor,
+//! not at them; the production families live in `admission-accounts`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use admission_core::{
+    Account, AccountStatus, Amount, Category, Clock, Instant, Refusal, Replenishment, SystemClock,
+    WakeFn, WakeSlot,
+};
+use parking_lot::Mutex;
+use serde::Serialize;
+
+/// The status record of a reference account.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ReferenceStatus {
+    /// The account's name.
+    pub name: String,
+    /// Its category.
+    pub category: Category,
+    /// The most it can hold.
+    pub capacity: u64,
+    /// What is available now.
+    pub available: u64,
+}
+
+impl AccountStatus for ReferenceStatus {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn category(&self) -> Category {
+        self.category
+    }
+    fn summary(&self) -> String {
+        format!(
+            "{} [{}]: {} of {} available",
+            self.name, self.category, self.available, self.capacity
+        )
+    }
+}
+
+/// A counting gate of `capacity` permits that come back on release ([`Replenishment::Release`]).
+///
+/// Reads only the primary dimension of an amount.
+#[derive(Debug)]
+pub struct Permits {
+    name: String,
+    capacity: u64,
+    /// Permits taken and not given back.
+    in_use: Mutex<u64>,
+    wake: WakeSlot,
+}
+
+impl Permits {
+    /// A gate named `name` with `capacity` permits, all free.
+    pub fn new(name: impl Into<String>, capacity: u64) -> Permits {
+        Permits {
+            name: name.into(),
+            capacity,
+            in_use: Mutex::new(0),
+            wake: WakeSlot::new(),
+        }
+    }
+
+    /// Permits free now.
+    pub fn available(&self) -> u64 {
+        self.capacity - *self.in_use.lock()
+    }
+
+    /// Permits taken now.
+    pub fn in_use(&self) -> u64 {
+        *self.in_use.lock()
+    }
+
+    /// The configured capacity.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// True while the monitor's wake-up is installed here.
+    pub fn is_watched(&self) -> bool {
+        self.wake.is_installed()
+    }
+
+    fn check(&self, in_use: u64, mine: Amount, reserved: Amount) -> Result<bool, Refusal> {
+        let mine = mine.primary();
+        if mine > self.capacity {
+            return Err(Refusal::new(format!(
+                "`{}` has {} permits in all; a demand of {mine} can never fit",
+                self.name, self.capacity
+            )));
+        }
+        let free = self.capacity - in_use;
+        Ok(mine.saturating_add(reserved.primary()) <= free)
+    }
+}
+
+impl Account for Permits {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn category(&self) -> Category {
+        Category::SEMAPHORE
+    }
+    fn replenishment(&self) -> Replenishment {
+        Replenishment::Release
+    }
+    fn fits(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
+        self.check(*self.in_use.lock(), mine, reserved_ahead)
+    }
+    fn try_take(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
+        let mut in_use = self.in_use.lock();
+        let fits = self.check(*in_use, mine, reserved_ahead)?;
+        if fits {
+            *in_use += mine.primary();
+        }
+        Ok(fits)
+    }
+    fn give(&self, amount: Amount) {
+        {
+            let mut in_use = self.in_use.lock();
+            *in_use = in_use.saturating_sub(amount.primary());
+        }
+        if amount.primary() > 0 {
+            self.wake.notify();
+        }
+    }
+    fn earliest_fit(&self, _mine: Amount, _reserved_ahead: Amount) -> Option<Instant> {
+        None
+    }
+    fn status(&self) -> Box<dyn AccountStatus> {
+        Box::new(ReferenceStatus {
+            name: self.name.clone(),
+            category: Category::SEMAPHORE,
+            capacity: self.capacity,
+            available: self.available(),
+        })
+    }
+    fn on_capacity_change(&self, wake: Option<WakeFn>) {
+        self.wake.install(wake);
+    }
+}
+
+const NANOS_PER_SECOND: u128 = 1_000_000_000;
+
+/// A clocked bucket of `capacity` units refilled at `per_second` units a second
+/// ([`Replenishment::Time`]): the level at any instant is the stored level plus what the rate
+/// produced since it was last read, capped at the capacity. No refill thread.
+///
+/// Reads only the primary dimension of an amount.
+#[derive(Debug)]
+pub struct Meter {
+    name: String,
+    capacity: u64,
+    per_second: u64,
+    clock: Arc<dyn Clock>,
+    /// The level in billionths of a unit, and the instant it was last brought up to date.
+    level: Mutex<(u128, Instant)>,
+    wake: WakeSlot,
+}
+
+impl Meter {
+    /// A full meter on `clock`. A zero rate never refills.
+    pub fn new(name: impl Into<String>, capacity: u64, per_second: u64, clock: Arc<dyn Clock>) -> Meter {
+        let now = clock.now();
+        Meter {
+            name: name.into(),
+            capacity,
+            per_second,
+            clock,
+            level: Mutex::new((u128::from(capacity) * NANOS_PER_SECOND, now)),
+            wake: WakeSlot::new(),
+        }
+    }
+
+    /// A full meter on the system clock.
+    pub fn per_second(name: impl Into<String>, capacity: u64, per_second: u64) -> Meter {
+        Meter::new(name, capacity, per_second, Arc::new(SystemClock::new()))
+    }
+
+    /// Whole units available now.
+    pub fn level(&self) -> u64 {
+        let mut level = self.level.lock();
+        self.refill(&mut level);
+        u64::try_from(level.0 / NANOS_PER_SECOND).unwrap_or(u64::MAX)
+    }
+
+    /// True while the monitor's wake-up is installed here.
+    pub fn is_watched(&self) -> bool {
+        self.wake.is_installed()
+    }
+
+    fn cap(&self) -> u128 {
+        u128::from(self.capacity) * NANOS_PER_SECOND
+    }
+
+    fn refill(&self, level: &mut (u128, Instant)) {
+        let now = self.clock.now();
+        let elapsed = now.saturating_duration_since(level.1).as_nanos();
+        level.0 = level
+            .0
+            .saturating_add(elapsed.saturating_mul(u128::from(self.per_second)))
+            .min(self.cap());
+        level.1 = level.1.max(now);
+    }
+
+    fn check(&self, level: u128, mine: Amount, reserved: Amount) -> Result<bool, Refusal> {
+        if mine.primary() > self.capacity {
+            return Err(Refusal::new(format!(
+                "`{}` holds at most {} units; a demand of {} can never fit",
+                self.name,
+                self.capacity,
+                mine.primary()
+            )));
+        }
+        let want = u128::from(mine.primary().saturating_add(reserved.primary())) * NANOS_PER_SECOND;
+        Ok(want <= level)
+    }
+}
+
+impl Account for Meter {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn category(&self) -> Category {
+        Category::TOKEN_BUCKET
+    }
+    fn replenishment(&self) -> Replenishment {
+        Replenishment::Time
+    }
+    fn fits(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
+        let mut level = self.level.lock();
+        self.refill(&mut level);
+        self.check(level.0, mine, reserved_ahead)
+    }
+    fn try_take(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
+        let mut level = self.level.lock();
+        self.refill(&mut level);
+        let fits = self.check(level.0, mine, reserved_ahead)?;
+        if fits {
+            level.0 -= u128::from(mine.primary()) * NANOS_PER_SECOND;
+        }
+        Ok(fits)
+    }
+    fn give(&self, amount: Amount) {
+        {
+            let mut level = self.level.lock();
+            self.refill(&mut level);
+            level.0 = level
+                .0
+                .saturating_add(u128::from(amount.primary()) * NANOS_PER_SECOND)
+                .min(self.cap());
+        }
+        if amount.primary() > 0 {
+            self.wake.notify();
+        }
+    }
+    fn earliest_fit(&self, mine: Amount, reserved_ahead: Amount) -> Option<Instant> {
+        let mut level = self.level.lock();
+        self.refill(&mut level);
+        let want = u128::from(mine.primary().saturating_add(reserved_ahead.primary())) * NANOS_PER_SECOND;
+        if want <= level.0 {
+            return Some(level.1);
+        }
+        if self.per_second == 0 || want > self.cap() {
+            return None;
+        }
+        let deficit = want - level.0;
+        let nanos = deficit.div_ceil(u128::from(self.per_second));
+        Some(level.1.saturating_add(Duration::from_nanos(
+            u64::try_from(nanos).unwrap_or(u64::MAX),
+        )))
+    }
+    fn status(&self) -> Box<dyn AccountStatus> {
+        Box::new(ReferenceStatus {
+            name: self.name.clone(),
+            category: Category::TOKEN_BUCKET,
+            capacity: self.capacity,
+            available: self.level(),
+        })
+    }
+    fn on_capacity_change(&self, wake: Option<WakeFn>) {
+        self.wake.install(wake);
+    }
+}
