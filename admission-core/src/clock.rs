@@ -140,9 +140,15 @@ mod tests {
 
     #[test]
     fn instant_arithmetic_saturates_instead_of_panicking() {
-        assert_eq!(Instant::MAX.saturating_add(Duration::from_secs(1)), Instant::MAX);
+        assert_eq!(
+            Instant::MAX.saturating_add(Duration::from_secs(1)),
+            Instant::MAX
+        );
         assert_eq!(Instant::ZERO.saturating_add(Duration::MAX), Instant::MAX);
-        assert_eq!(Instant::from_nanos(5).saturating_sub(Duration::from_nanos(9)), Instant::ZERO);
+        assert_eq!(
+            Instant::from_nanos(5).saturating_sub(Duration::from_nanos(9)),
+            Instant::ZERO
+        );
         assert_eq!(
             Instant::from_nanos(5).saturating_duration_since(Instant::from_nanos(9)),
             Duration::ZERO

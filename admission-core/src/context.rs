@@ -133,7 +133,11 @@ impl JobContext {
 
     /// Forgets a listener that is no longer needed.
     pub(crate) fn forget(&self, key: u64) {
-        self.inner.listeners.lock().entries.retain(|(k, _)| *k != key);
+        self.inner
+            .listeners
+            .lock()
+            .entries
+            .retain(|(k, _)| *k != key);
     }
 }
 

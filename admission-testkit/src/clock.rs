@@ -104,7 +104,9 @@ impl Clock for FakeClock {
 
 impl fmt::Debug for FakeClock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("FakeClock").field("now", &self.now()).finish()
+        f.debug_struct("FakeClock")
+            .field("now", &self.now())
+            .finish()
     }
 }
 

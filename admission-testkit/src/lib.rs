@@ -1,16 +1,21 @@
 //! The test-kit every admission account and monitor test uses.
 //!
 //! - [`FakeClock`]: time that moves only on `advance()`, waking monitors parked on deadlines.
-//! - [`reference`]: two small accounts, one [`Release`](admission_core::Replenishment::Release)
-//!   and one [`Time`](admission_core::Replenishment::Time).
-//! - `contract`: the account contract suite, plain functions any implementation runs in a few lines.
-//! - `monitor`: helpers for monitor tests (waiters on threads and tasks, waiting for a queue size).
-//! - `strategies`: proptest strategies for random demands over random accounts.
+//! - [`reference`](mod@reference): two small accounts, one
+//!   [`Release`](admission_core::Replenishment::Release) and one
+//!   [`Time`](admission_core::Replenishment::Time).
+//! - [`contract`]: the account contract suite, one plain function per rule of
+//!   [`Account`](admission_core::Account); any implementation runs all of them with
+//!   [`contract::run_all`] and a factory of fresh [`contract::Subject`]s.
+//! - [`monitor`]: helpers for monitor tests (waiters on threads and tasks, waiting for a queue size).
+//! - [`strategies`]: proptest strategies for random demands over random accounts.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod clock;
+pub mod contract;
 pub mod monitor;
 pub mod reference;
+pub mod strategies;
 
 pub use clock::FakeClock;

@@ -22,7 +22,10 @@ pub fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
     let started = std::time::Instant::now();
     let mut spins = 0u32;
     while !condition() {
-        assert!(started.elapsed() < PATIENCE, "timed out waiting until {what}");
+        assert!(
+            started.elapsed() < PATIENCE,
+            "timed out waiting until {what}"
+        );
         spins = spins.saturating_add(1);
         if spins < 1_000 {
             thread::yield_now();
@@ -39,9 +42,10 @@ pub fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
 ///
 /// After [`PATIENCE`] without that count.
 pub fn wait_for_queue(monitor: &Monitor, n: usize) {
-    wait_until(&format!("the line holds {n} (it holds {})", monitor.queue_size()), || {
-        monitor.queue_size() == n
-    });
+    wait_until(
+        &format!("the line holds {n} (it holds {})", monitor.queue_size()),
+        || monitor.queue_size() == n,
+    );
 }
 
 /// A waiter running `admit_blocking` on its own thread.

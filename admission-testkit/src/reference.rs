@@ -164,7 +164,12 @@ pub struct Meter {
 
 impl Meter {
     /// A full meter on `clock`. A zero rate never refills.
-    pub fn new(name: impl Into<String>, capacity: u64, per_second: u64, clock: Arc<dyn Clock>) -> Meter {
+    pub fn new(
+        name: impl Into<String>,
+        capacity: u64,
+        per_second: u64,
+        clock: Arc<dyn Clock>,
+    ) -> Meter {
         let now = clock.now();
         Meter {
             name: name.into(),
@@ -261,7 +266,8 @@ impl Account for Meter {
     fn earliest_fit(&self, mine: Amount, reserved_ahead: Amount) -> Option<Instant> {
         let mut level = self.level.lock();
         self.refill(&mut level);
-        let want = u128::from(mine.primary().saturating_add(reserved_ahead.primary())) * NANOS_PER_SECOND;
+        let want =
+            u128::from(mine.primary().saturating_add(reserved_ahead.primary())) * NANOS_PER_SECOND;
         if want <= level.0 {
             return Some(level.1);
         }

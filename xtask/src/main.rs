@@ -1,1 +1,204 @@
-fn main() {}
+//! `cargo xtask`: the workspace's one entry point for checks. `cargo xtask ci` runs everything CI
+//! runs, in the order CI runs it; `.ci/run` only installs the tools and then calls it.
+//!
+//! Every step is a cargo command run from the workspace root with `$CARGO`; its command line is
+//! echoed as `==> [i/n] name: command`, it is timed, and the first failure stops the run with a
+//! message naming the step. A summary of the steps' times follows, and a successful run that ran
+//! tests ends with the single line `xtask: N passed, 0 failed`, which CI's log reader looks for.
+//! Dependencies stay few: `anyhow` and the standard library.
+
+mod count;
+mod services;
+mod step;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+use anyhow::{Context, Result, bail};
+
+use step::{Step, Workspace};
+
+const USAGE: &str = "\
+usage: cargo xtask <command> [args]
+
+commands:
+  ci                       everything CI runs, in order, stopping at the first failure:
+                             1 fmt        cargo fmt --all -- --check
+                             2 clippy     cargo clippy --workspace --all-targets -- -D warnings
+                             3 tests      cargo nextest run --workspace --no-fail-fast
+                                          (cargo test --workspace --all-targets without nextest)
+                             4 doc tests  cargo test --workspace --doc
+                             5 loom       cargo test -p admission-core --lib --release -- loom
+                                          with RUSTFLAGS='--cfg admission_loom',
+                                          LOOM_MAX_PREEMPTIONS=2 (unless set), CARGO_TARGET_DIR=target/loom
+  test                     steps 3 and 4
+  loom                     step 5
+  bench [args...]          cargo bench --workspace [args...]
+  with-services -- CMD...  run CMD with Redis and PostgreSQL up (ADMISSION_REDIS_URL, ADMISSION_PG_URL)
+  help                     this text
+
+The test steps run with the services listed in xtask/src/services.rs (REQUIRED) up; none today.";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args) {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("xtask: error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: &[String]) -> Result<ExitCode> {
+    let (command, rest) = match args.split_first() {
+        Some((command, rest)) => (command.as_str(), rest),
+        None => ("help", &[][..]),
+    };
+    let takes_no_args = |name: &str| -> Result<()> {
+        if rest.is_empty() {
+            Ok(())
+        } else {
+            bail!("`{name}` takes no arguments, got {rest:?}")
+        }
+    };
+    let ws = Workspace::locate()?;
+    match command {
+        "ci" => {
+            takes_no_args("ci")?;
+            let mut steps = vec![
+                Step::cargo("fmt", &["fmt", "--all", "--", "--check"]),
+                Step::cargo(
+                    "clippy",
+                    &[
+                        "clippy",
+                        "--workspace",
+                        "--all-targets",
+                        "--",
+                        "-D",
+                        "warnings",
+                    ],
+                ),
+            ];
+            steps.extend(test_steps(&ws));
+            steps.push(loom_step()?);
+            run_plan(&ws, &steps)
+        }
+        "test" => {
+            takes_no_args("test")?;
+            run_plan(&ws, &test_steps(&ws))
+        }
+        "loom" => {
+            takes_no_args("loom")?;
+            run_plan(&ws, &[loom_step()?])
+        }
+        "bench" => {
+            let bench = Step::cargo("bench", &["bench", "--workspace"]).args(rest.iter().cloned());
+            run_plan(&ws, &[bench])
+        }
+        "with-services" => with_services(&ws, rest),
+        "help" | "-h" | "--help" => {
+            println!("{USAGE}");
+            Ok(ExitCode::SUCCESS)
+        }
+        other => {
+            eprintln!("xtask: unknown command `{other}`\n\n{USAGE}");
+            Ok(ExitCode::from(2))
+        }
+    }
+}
+
+/// Runs `steps`; a plan that ran tests ends with the line CI's log reader looks for.
+fn run_plan(ws: &Workspace, steps: &[Step]) -> Result<ExitCode> {
+    let report = step::run_plan(ws, steps)?;
+    if report.ran_tests {
+        println!("xtask: {} passed, 0 failed", report.passed);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Tests (nextest when available, which skips doc tests) and then doc tests, with services up.
+fn test_steps(ws: &Workspace) -> Vec<Step> {
+    let tests = if ws.has_nextest() {
+        Step::cargo(
+            "tests",
+            &["nextest", "run", "--workspace", "--no-fail-fast"],
+        )
+    } else {
+        Step::cargo("tests", &["test", "--workspace", "--all-targets"])
+    };
+    vec![
+        tests.counting_tests().with_services(),
+        Step::cargo("doc tests", &["test", "--workspace", "--doc"])
+            .counting_tests()
+            .with_services(),
+    ]
+}
+
+/// The loom models in `admission-core/src/monitor/loom_models.rs`, built in their own target dir
+/// because the extra `--cfg` would otherwise rebuild the normal one. Zero matching tests pass.
+fn loom_step() -> Result<Step> {
+    let rustflags = match std::env::var("RUSTFLAGS") {
+        Ok(flags) if !flags.trim().is_empty() => format!("{flags} --cfg admission_loom"),
+        _ => "--cfg admission_loom".to_string(),
+    };
+    let preemptions = std::env::var("LOOM_MAX_PREEMPTIONS").unwrap_or_else(|_| "2".to_string());
+    let target_dir = match std::env::var_os("CARGO_TARGET_DIR") {
+        // Cargo reads a relative CARGO_TARGET_DIR against the current directory; the steps run
+        // from the workspace root, so make it absolute first.
+        Some(dir) => absolute(Path::new(&dir))?
+            .join("loom")
+            .to_string_lossy()
+            .into_owned(),
+        None => "target/loom".to_string(),
+    };
+    Ok(Step::cargo(
+        "loom",
+        &[
+            "test",
+            "-p",
+            "admission-core",
+            "--lib",
+            "--release",
+            "--",
+            "loom",
+        ],
+    )
+    .env("RUSTFLAGS", rustflags)
+    .env("LOOM_MAX_PREEMPTIONS", preemptions)
+    .env("CARGO_TARGET_DIR", target_dir)
+    .counting_tests())
+}
+
+fn absolute(path: &Path) -> Result<PathBuf> {
+    std::path::absolute(path).with_context(|| format!("could not resolve {}", path.display()))
+}
+
+/// `cargo xtask with-services -- CMD ARGS...`: every known service up around one command, which
+/// runs from the current directory with the services' URLs in its environment.
+fn with_services(ws: &Workspace, args: &[String]) -> Result<ExitCode> {
+    let args = args.strip_prefix(&["--".to_string()]).unwrap_or(args);
+    let Some((program, program_args)) = args.split_first() else {
+        bail!("usage: cargo xtask with-services -- CMD [ARGS...]");
+    };
+    let running = services::start(services::ALL)?;
+    let program: OsString = if program == "cargo" {
+        ws.cargo.clone()
+    } else {
+        program.into()
+    };
+    let status = Command::new(&program)
+        .args(program_args)
+        .envs(running.env())
+        .status()
+        .with_context(|| format!("could not run {program:?}"));
+    running.stop()?;
+    let status = status?;
+    println!("==> with-services: {program:?} exited with {status}");
+    Ok(match status.code() {
+        Some(0) => ExitCode::SUCCESS,
+        Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        None => ExitCode::FAILURE,
+    })
+}

@@ -28,7 +28,8 @@ use crate::grant::Grant;
 use crate::sync::Ordering;
 
 use super::shared::{
-    GATE_KEY, Outbox, Phase, Shared, Waiter, entry_events, guarded, guarded_plain, panic_message,
+    GATE_KEY, Hold, Outbox, Phase, Shared, Waiter, entry_events, guarded, guarded_plain,
+    panic_message,
 };
 
 /// The shortest sleep after a pass whose computed wake-up was already due.
@@ -203,7 +204,13 @@ impl Shared {
         }
         // An instant in the past means "now"; an account that keeps answering so while refusing
         // must not spin the evaluator, so such a wake-up is re-asked a millisecond later.
-        wake.map(|at| at.max(now.saturating_add(MIN_RECHECK)))
+        wake.map(|at| {
+            if at <= now {
+                now.saturating_add(MIN_RECHECK)
+            } else {
+                at
+            }
+        })
     }
 
     /// Asks the gate and every account about waiter `w`, and takes its whole demand if it fits.
@@ -244,7 +251,9 @@ impl Shared {
                 wake = None;
                 continue;
             }
-            match guarded(account, &w.ctx, || account.fits(entry.amount(), reserved(key))) {
+            match guarded(account, &w.ctx, || {
+                account.fits(entry.amount(), reserved(key))
+            }) {
                 Ok(true) => {}
                 Ok(false) => {
                     short.push(Some(i));
@@ -266,7 +275,9 @@ impl Shared {
         for (i, entry) in entries.iter().enumerate() {
             let account = entry.account();
             let key = account_key(account);
-            let taken = guarded(account, &w.ctx, || account.try_take(entry.amount(), reserved(key)));
+            let taken = guarded(account, &w.ctx, || {
+                account.try_take(entry.amount(), reserved(key))
+            });
             if taken.as_ref().is_ok_and(|t| *t) {
                 continue;
             }
@@ -296,6 +307,21 @@ impl Shared {
 
     /// Reports the accounts a waiter is newly short on and stamps when each started holding it.
     fn note_held(&self, out: &mut Outbox, w: &mut Waiter, short: &[Option<usize>], now: Instant) {
+        let gate_only = short == [None];
+        if !gate_only {
+            // Every account was asked: those no longer short stopped holding the waiter now.
+            for hold in &mut w.held {
+                let still = short.iter().any(|s| match s {
+                    None => hold.key == GATE_KEY,
+                    Some(i) => account_key(w.demand.entries()[*i].account()) == hold.key,
+                });
+                if still {
+                    hold.until = None;
+                } else if hold.until.is_none() {
+                    hold.until = Some(now);
+                }
+            }
+        }
         for s in short {
             let (key, name, entry) = match s {
                 None => {
@@ -304,13 +330,23 @@ impl Shared {
                 }
                 Some(i) => {
                     let e = &w.demand.entries()[*i];
-                    (account_key(e.account()), e.account().name().to_owned(), Some(e))
+                    (
+                        account_key(e.account()),
+                        e.account().name().to_owned(),
+                        Some(e),
+                    )
                 }
             };
-            if w.held.iter().any(|(k, _, _)| *k == key) {
+            if let Some(hold) = w.held.iter_mut().find(|h| h.key == key) {
+                hold.until = None;
                 continue;
             }
-            w.held.push((key, name.clone(), now));
+            w.held.push(Hold {
+                key,
+                name: name.clone(),
+                since: now,
+                until: None,
+            });
             out.push_event(|| {
                 let entries = match entry {
                     Some(e) => vec![EventEntry {
@@ -329,12 +365,22 @@ impl Shared {
         }
     }
 
-    fn grant_waiter(self: &Arc<Shared>, out: &mut Outbox, w: &mut Waiter, now: Instant, remaining: usize, on_gate: &mut usize) {
+    fn grant_waiter(
+        self: &Arc<Shared>,
+        out: &mut Outbox,
+        w: &mut Waiter,
+        now: Instant,
+        remaining: usize,
+        on_gate: &mut usize,
+    ) {
         let wall_wait = now.saturating_duration_since(w.asked_at);
         let wait_times: BTreeMap<String, Duration> = w
             .held
             .iter()
-            .map(|(_, name, since)| (name.clone(), now.saturating_duration_since(*since)))
+            .map(|h| {
+                let until = h.until.unwrap_or(now);
+                (h.name.clone(), until.saturating_duration_since(h.since))
+            })
             .collect();
         out.push_event(|| {
             self.event(
@@ -360,7 +406,13 @@ impl Shared {
         self.finish(out, &w.cell, Ok(grant));
     }
 
-    fn leave(&self, out: &mut Outbox, w: &mut Waiter, outcome: Result<Grant, AdmitError>, on_gate: &mut usize) {
+    fn leave(
+        &self,
+        out: &mut Outbox,
+        w: &mut Waiter,
+        outcome: Result<Grant, AdmitError>,
+        on_gate: &mut usize,
+    ) {
         if let Err(error) = &outcome {
             self.reject_event(out, &w.ctx, &w.demand, error);
         }

@@ -38,11 +38,21 @@ pub(crate) struct Waiter {
     pub(crate) timeout: Option<Duration>,
     pub(crate) deadline: Option<Instant>,
     pub(crate) cell: Arc<Cell>,
-    /// The accounts (by key; [`GATE_KEY`] for the gate) this waiter has been held on, with their
-    /// names and the instant each first held it. Feeds `Held` events and `Grant::wait_times`.
-    pub(crate) held: Vec<(usize, String, Instant)>,
+    /// The accounts (by key; [`GATE_KEY`] for the gate) this waiter has been held on. Feeds
+    /// `Held` events and `Grant::wait_times`.
+    pub(crate) held: Vec<Hold>,
     /// True while the gate is what holds this waiter.
     pub(crate) on_gate: bool,
+}
+
+/// One account's hold on a waiter.
+pub(crate) struct Hold {
+    pub(crate) key: usize,
+    pub(crate) name: String,
+    /// When the account first refused the waiter.
+    pub(crate) since: Instant,
+    /// When it last stopped refusing (`None` while it still refuses).
+    pub(crate) until: Option<Instant>,
 }
 
 /// The key under which the gate appears in a waiter's `held` list.
@@ -164,9 +174,10 @@ impl Shared {
     /// Emits the outbox's events, then wakes its waiters. Called with no lock held.
     pub(crate) fn deliver(&self, outbox: Outbox) {
         if let Some(events) = outbox.events
-            && !events.is_empty() {
-                self.emit(&events);
-            }
+            && !events.is_empty()
+        {
+            self.emit(&events);
+        }
         for cell in outbox.wake {
             cell.wake();
         }
@@ -193,7 +204,12 @@ impl Shared {
         }
     }
 
-    pub(crate) fn event(&self, kind: EventKind, ctx: &JobContext, entries: Vec<EventEntry>) -> Event {
+    pub(crate) fn event(
+        &self,
+        kind: EventKind,
+        ctx: &JobContext,
+        entries: Vec<EventEntry>,
+    ) -> Event {
         Event {
             kind,
             at: self.clock.now(),
@@ -213,7 +229,13 @@ impl Shared {
     }
 
     /// Rejects with `error`, reporting it as an event.
-    pub(crate) fn reject_event(&self, out: &mut Outbox, ctx: &JobContext, demand: &Demand, error: &AdmitError) {
+    pub(crate) fn reject_event(
+        &self,
+        out: &mut Outbox,
+        ctx: &JobContext,
+        demand: &Demand,
+        error: &AdmitError,
+    ) {
         out.push_event(|| {
             self.event(
                 EventKind::Rejected {
@@ -287,7 +309,11 @@ impl Shared {
                 Ok(Ok(true)) => {
                     drop(st);
                     out.push_event(|| {
-                        self.event(EventKind::GrantedImmediate, ctx, entry_events(demand.entries()))
+                        self.event(
+                            EventKind::GrantedImmediate,
+                            ctx,
+                            entry_events(demand.entries()),
+                        )
                     });
                     let grant = Grant::new(
                         demand.into_entries(),
@@ -316,16 +342,17 @@ impl Shared {
         }
         let deadline = timeout.map(|t| now.saturating_add(t));
         if let (Some(deadline), Some(timeout)) = (deadline, timeout)
-            && deadline <= now {
-                drop(st);
-                let error = AdmitError::TimedOut {
-                    job: ctx.id(),
-                    waited: Duration::ZERO,
-                    timeout,
-                };
-                self.reject_event(out, ctx, &demand, &error);
-                return Begin::Done(Err(error));
-            }
+            && deadline <= now
+        {
+            drop(st);
+            let error = AdmitError::TimedOut {
+                job: ctx.id(),
+                waited: Duration::ZERO,
+                timeout,
+            };
+            self.reject_event(out, ctx, &demand, &error);
+            return Begin::Done(Err(error));
+        }
         for entry in demand.entries() {
             self.watch(&mut st, entry.account());
         }
@@ -352,18 +379,26 @@ impl Shared {
     /// The fast path: gate, then every account's `try_take` with nothing reserved, compensating a
     /// partial take. `Ok(false)` is "not now". Account panics are refusals of this job; a gate
     /// panic unwinds to the caller.
-    fn take_now(&self, demand: &Demand, ctx: &JobContext, view: GateView) -> Result<bool, AdmitError> {
+    fn take_now(
+        &self,
+        demand: &Demand,
+        ctx: &JobContext,
+        view: GateView,
+    ) -> Result<bool, AdmitError> {
         if demand.is_empty() {
             return Ok(true);
         }
         if let Some(gate) = &self.gate
-            && let GateAnswer::Hold { .. } = gate.check(view) {
-                return Ok(false);
-            }
+            && let GateAnswer::Hold { .. } = gate.check(view)
+        {
+            return Ok(false);
+        }
         let entries = demand.entries();
         for (i, entry) in entries.iter().enumerate() {
             let taken = guarded(entry.account(), ctx, || {
-                entry.account().try_take(entry.amount(), crate::Amount::ZERO)
+                entry
+                    .account()
+                    .try_take(entry.amount(), crate::Amount::ZERO)
             });
             match taken {
                 Ok(true) => {}
@@ -440,14 +475,24 @@ impl Shared {
     }
 
     /// After a grant was settled: tell the gate, wake the evaluator if anyone waits, report.
-    pub(crate) fn settled(&self, entries: &[crate::demand::Entry], ctx: &JobContext, rolled_back: bool) {
+    pub(crate) fn settled(
+        &self,
+        entries: &[crate::demand::Entry],
+        ctx: &JobContext,
+        rolled_back: bool,
+    ) {
         if !entries.is_empty()
-            && let Some(gate) = &self.gate {
-                gate.completed();
-            }
+            && let Some(gate) = &self.gate
+        {
+            gate.completed();
+        }
         self.bell.ring_if_waiting();
         if self.has_sink.load(std::sync::atomic::Ordering::Acquire) {
-            let event = self.event(EventKind::Released { rolled_back }, ctx, entry_events(entries));
+            let event = self.event(
+                EventKind::Released { rolled_back },
+                ctx,
+                entry_events(entries),
+            );
             self.emit(std::slice::from_ref(&event));
         }
     }
@@ -471,7 +516,12 @@ impl Shared {
     }
 
     /// Closes admission for good because of a defect; every waiter fails with the cause.
-    pub(crate) fn close_locked(&self, st: &mut State, out: &mut Outbox, cause: String) -> AdmitError {
+    pub(crate) fn close_locked(
+        &self,
+        st: &mut State,
+        out: &mut Outbox,
+        cause: String,
+    ) -> AdmitError {
         if let Some(error) = Self::phase_error(&st.phase) {
             return error;
         }
@@ -502,9 +552,10 @@ impl Shared {
         self.bell.ring();
         self.deliver(out);
         if let Some((handle, id)) = evaluator
-            && thread::current().id() != id {
-                let _ = handle.join();
-            }
+            && thread::current().id() != id
+        {
+            let _ = handle.join();
+        }
     }
 
     pub(crate) fn is_open(&self) -> bool {

@@ -1,0 +1,199 @@
+//! Loom models of the monitor's races (run by `cargo xtask loom`, under `--cfg admission_loom`).
+//!
+//! Each model runs the real monitor, evaluator thread included, on loom's scheduler, which tries
+//! every interleaving of its synchronization points up to a preemption bound:
+//! (a) a fast path racing a give, (b) an abandoned or cancelled waiter racing its grant,
+//! (c) `stop` racing an admit.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use loom::thread;
+use parking_lot::Mutex as LeafMutex;
+
+use crate::{
+    Account, AccountStatus, AdmitError, Amount, Category, Demand, Instant, JobContext, Monitor,
+    Refusal, Replenishment, WakeFn, WakeSlot,
+};
+
+/// A counting gate whose counter loom does not need to see: it is a leaf lock, never held
+/// across a loom synchronization point.
+struct Gate {
+    free: LeafMutex<u64>,
+    wake: WakeSlot,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct GateStatus {
+    free: u64,
+}
+
+impl AccountStatus for GateStatus {
+    fn name(&self) -> &str {
+        "gate"
+    }
+    fn category(&self) -> Category {
+        Category::SEMAPHORE
+    }
+    fn summary(&self) -> String {
+        format!("gate: {} free", self.free)
+    }
+}
+
+impl Gate {
+    fn new(free: u64) -> Arc<Gate> {
+        Arc::new(Gate {
+            free: LeafMutex::new(free),
+            wake: WakeSlot::new(),
+        })
+    }
+    fn free(&self) -> u64 {
+        *self.free.lock()
+    }
+}
+
+impl Account for Gate {
+    fn name(&self) -> &str {
+        "gate"
+    }
+    fn category(&self) -> Category {
+        Category::SEMAPHORE
+    }
+    fn replenishment(&self) -> Replenishment {
+        Replenishment::Release
+    }
+    fn fits(&self, mine: Amount, reserved: Amount) -> Result<bool, Refusal> {
+        Ok(mine.primary() + reserved.primary() <= *self.free.lock())
+    }
+    fn try_take(&self, mine: Amount, reserved: Amount) -> Result<bool, Refusal> {
+        let mut free = self.free.lock();
+        if mine.primary() + reserved.primary() <= *free {
+            *free -= mine.primary();
+            return Ok(true);
+        }
+        Ok(false)
+    }
+    fn give(&self, amount: Amount) {
+        *self.free.lock() += amount.primary();
+        self.wake.notify();
+    }
+    fn earliest_fit(&self, _mine: Amount, _reserved: Amount) -> Option<Instant> {
+        None
+    }
+    fn status(&self) -> Box<dyn AccountStatus> {
+        Box::new(GateStatus { free: self.free() })
+    }
+    fn on_capacity_change(&self, wake: Option<WakeFn>) {
+        self.wake.install(wake);
+    }
+}
+
+fn one(gate: &Arc<Gate>) -> Demand {
+    Demand::new().with(gate.clone(), Amount::ONE)
+}
+
+#[test]
+fn loom_fast_path_racing_a_give_never_loses_the_wake_up() {
+    loom::model(|| {
+        let monitor = Monitor::new();
+        monitor.start().unwrap();
+        let gate = Gate::new(1);
+        let held = monitor
+            .admit_blocking(one(&gate), &JobContext::new("holder"), None)
+            .unwrap();
+
+        let (m, g) = (monitor.clone(), gate.clone());
+        let asker =
+            thread::spawn(move || m.admit_blocking(one(&g), &JobContext::new("asker"), None));
+        let giver = thread::spawn(move || drop(held));
+
+        giver.join().unwrap();
+        let grant = asker
+            .join()
+            .unwrap()
+            .expect("the asker is granted once the give lands");
+        assert_eq!(gate.free(), 0);
+        drop(grant);
+        assert_eq!(gate.free(), 1);
+        monitor.stop();
+    });
+}
+
+#[test]
+fn loom_an_abandoned_admit_racing_its_grant_keeps_nothing() {
+    loom::model(|| {
+        let monitor = Monitor::new();
+        monitor.start().unwrap();
+        let gate = Gate::new(1);
+        let held = monitor
+            .admit_blocking(one(&gate), &JobContext::new("holder"), None)
+            .unwrap();
+
+        let (m, g) = (monitor.clone(), gate.clone());
+        let asker = thread::spawn(move || {
+            let mut admit = Box::pin(m.admit(one(&g), &JobContext::new("asker"), None));
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            match admit.as_mut().poll(&mut cx) {
+                std::task::Poll::Ready(outcome) => drop(outcome),
+                std::task::Poll::Pending => drop(admit),
+            }
+        });
+        drop(held);
+        asker.join().unwrap();
+        monitor.stop();
+        assert_eq!(gate.free(), 1, "an abandoned admit kept a permit");
+        assert_eq!(monitor.queue_size(), 0);
+    });
+}
+
+#[test]
+fn loom_a_cancelled_waiter_racing_its_grant_keeps_nothing() {
+    loom::model(|| {
+        let monitor = Monitor::new();
+        monitor.start().unwrap();
+        let gate = Gate::new(1);
+        let held = monitor
+            .admit_blocking(one(&gate), &JobContext::new("holder"), None)
+            .unwrap();
+        let ctx = JobContext::new("asker");
+
+        let (m, g, c) = (monitor.clone(), gate.clone(), ctx.clone());
+        let asker = thread::spawn(move || match m.admit_blocking(one(&g), &c, None) {
+            Ok(grant) => drop(grant),
+            Err(AdmitError::Cancelled { .. }) => {}
+            Err(other) => panic!("unexpected {other}"),
+        });
+        let canceller = thread::spawn(move || ctx.cancel());
+        drop(held);
+        asker.join().unwrap();
+        canceller.join().unwrap();
+        monitor.stop();
+        assert_eq!(gate.free(), 1, "a cancelled waiter kept a permit");
+        assert_eq!(monitor.queue_size(), 0);
+    });
+}
+
+#[test]
+fn loom_stop_racing_an_admit_refuses_it_and_leaves_nothing_parked() {
+    loom::model(|| {
+        let monitor = Monitor::new();
+        monitor.start().unwrap();
+        let gate = Gate::new(1);
+        let held = monitor
+            .admit_blocking(one(&gate), &JobContext::new("holder"), None)
+            .unwrap();
+
+        let (m, g) = (monitor.clone(), gate.clone());
+        let asker =
+            thread::spawn(move || m.admit_blocking(one(&g), &JobContext::new("asker"), None));
+        monitor.stop();
+        let outcome = asker.join().unwrap();
+        assert!(
+            matches!(outcome, Err(AdmitError::Shutdown)),
+            "got {outcome:?}"
+        );
+        assert_eq!(monitor.queue_size(), 0);
+        drop(held);
+        assert_eq!(gate.free(), 1);
+    });
+}

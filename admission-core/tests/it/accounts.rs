@@ -1,0 +1,136 @@
+//! Test accounts with behaviour the reference accounts do not have: panics, refusals, a Time
+//! account that ignores reservations, and call counters.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use admission_core::{
+    Account, AccountStatus, Amount, Category, Instant, Refusal, Replenishment, WakeFn, WakeSlot,
+};
+use admission_testkit::reference::ReferenceStatus;
+use parking_lot::Mutex;
+
+/// A `Time` account of `capacity` slots that never refill by themselves and that, unlike a fair
+/// account, ignores `reserved_ahead`: only the monitor's sharp rule keeps a waiter behind a short
+/// head from taking its slots.
+pub(crate) struct GreedyWindow {
+    pub(crate) free: Mutex<u64>,
+    pub(crate) capacity: u64,
+    pub(crate) refill_at: Instant,
+    wake: WakeSlot,
+}
+
+impl GreedyWindow {
+    pub(crate) fn new(capacity: u64, free: u64, refill_at: Instant) -> GreedyWindow {
+        GreedyWindow {
+            free: Mutex::new(free),
+            capacity,
+            refill_at,
+            wake: WakeSlot::new(),
+        }
+    }
+}
+
+impl Account for GreedyWindow {
+    fn name(&self) -> &str {
+        "greedy"
+    }
+    fn category(&self) -> Category {
+        Category::ELASTIC_WINDOW
+    }
+    fn replenishment(&self) -> Replenishment {
+        Replenishment::Time
+    }
+    fn fits(&self, mine: Amount, _reserved: Amount) -> Result<bool, Refusal> {
+        Ok(mine.primary() <= *self.free.lock())
+    }
+    fn try_take(&self, mine: Amount, _reserved: Amount) -> Result<bool, Refusal> {
+        let mut free = self.free.lock();
+        if mine.primary() <= *free {
+            *free -= mine.primary();
+            return Ok(true);
+        }
+        Ok(false)
+    }
+    fn give(&self, amount: Amount) {
+        *self.free.lock() += amount.primary();
+        self.wake.notify();
+    }
+    fn earliest_fit(&self, _mine: Amount, _reserved: Amount) -> Option<Instant> {
+        Some(self.refill_at)
+    }
+    fn status(&self) -> Box<dyn AccountStatus> {
+        Box::new(ReferenceStatus {
+            name: "greedy".into(),
+            category: Category::ELASTIC_WINDOW,
+            capacity: self.capacity,
+            available: *self.free.lock(),
+        })
+    }
+    fn on_capacity_change(&self, wake: Option<WakeFn>) {
+        self.wake.install(wake);
+    }
+}
+
+/// An account that refuses everyone with a message, or panics, when told to; otherwise it
+/// always fits. Counts every question it is asked.
+pub(crate) struct Moody {
+    pub(crate) name: &'static str,
+    pub(crate) refuse: AtomicBool,
+    pub(crate) panic: AtomicBool,
+    pub(crate) asked: AtomicUsize,
+    wake: WakeSlot,
+}
+
+impl Moody {
+    pub(crate) fn new(name: &'static str) -> Moody {
+        Moody {
+            name,
+            refuse: AtomicBool::new(false),
+            panic: AtomicBool::new(false),
+            asked: AtomicUsize::new(0),
+            wake: WakeSlot::new(),
+        }
+    }
+
+    fn answer(&self) -> Result<bool, Refusal> {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        assert!(!self.panic.load(Ordering::SeqCst), "moody account exploded");
+        if self.refuse.load(Ordering::SeqCst) {
+            return Err(Refusal::new("circuit open for 30 s; pick another tool"));
+        }
+        Ok(true)
+    }
+}
+
+impl Account for Moody {
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn category(&self) -> Category {
+        Category::custom("moody")
+    }
+    fn replenishment(&self) -> Replenishment {
+        Replenishment::Release
+    }
+    fn fits(&self, _mine: Amount, _reserved: Amount) -> Result<bool, Refusal> {
+        self.answer()
+    }
+    fn try_take(&self, _mine: Amount, _reserved: Amount) -> Result<bool, Refusal> {
+        self.answer()
+    }
+    fn give(&self, _amount: Amount) {}
+    fn earliest_fit(&self, _mine: Amount, _reserved: Amount) -> Option<Instant> {
+        None
+    }
+    fn status(&self) -> Box<dyn AccountStatus> {
+        Box::new(ReferenceStatus {
+            name: self.name.into(),
+            category: Category::custom("moody"),
+            capacity: 1,
+            available: 1,
+        })
+    }
+    fn on_capacity_change(&self, wake: Option<WakeFn>) {
+        self.wake.install(wake);
+    }
+}

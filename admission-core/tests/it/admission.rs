@@ -1,0 +1,463 @@
+//! The monitor's rules ("The monitor" in the statement of record).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use admission_core::{AdmitError, Amount, Demand, Instant, JobContext, Monitor, StartError};
+use admission_testkit::FakeClock;
+use admission_testkit::monitor::{
+    poll_once, spawn_task_waiter, spawn_thread_waiter, wait_for_queue,
+};
+
+use super::accounts::{GreedyWindow, Moody};
+use super::{demand, meter, on, permits, recorded};
+
+fn job(name: &str) -> JobContext {
+    JobContext::new(name)
+}
+
+#[test]
+fn a_second_start_is_refused() {
+    let monitor = Monitor::new();
+    assert_eq!(monitor.start(), Ok(()));
+    assert_eq!(monitor.start(), Err(StartError::AlreadyStarted));
+    monitor.stop();
+    assert_eq!(monitor.start(), Err(StartError::Stopped));
+}
+
+#[test]
+fn a_demand_that_fits_an_empty_line_is_granted_inline_by_the_caller() {
+    // Never started: only the caller's own thread can grant.
+    let monitor = Monitor::new();
+    let http = permits("http", 2);
+    let grant = monitor
+        .admit_blocking(demand(&[(on(&http), 2)]), &job("a"), None)
+        .unwrap();
+    assert_eq!(http.available(), 0);
+    assert_eq!(grant.wall_wait(), Duration::ZERO);
+    assert!(grant.wait_times().is_empty());
+    assert_eq!(monitor.queue_size(), 0);
+}
+
+#[test]
+fn the_whole_demand_is_granted_or_the_job_waits_holding_nothing() {
+    let monitor = Monitor::new();
+    let http = permits("http", 2);
+    let db = permits("db", 1);
+    let blocker = monitor
+        .admit_blocking(demand(&[(on(&db), 1)]), &job("blocker"), None)
+        .unwrap();
+
+    let mut waiting = monitor.admit(demand(&[(on(&http), 1), (on(&db), 1)]), &job("w"), None);
+    assert!(poll_once(&mut waiting).is_none());
+    assert_eq!(monitor.queue_size(), 1);
+    assert_eq!(http.available(), 2, "a waiter holds nothing");
+
+    drop(blocker);
+    monitor.evaluate_once();
+    let grant = poll_once(&mut waiting).expect("granted").unwrap();
+    assert_eq!((http.available(), db.available()), (1, 0));
+    assert_eq!(monitor.queue_size(), 0);
+    drop(grant);
+    assert_eq!((http.available(), db.available()), (2, 1));
+}
+
+#[test]
+fn the_head_is_never_overtaken_and_one_give_cascades_in_arrival_order() {
+    let (monitor, _clock, recorder) = recorded();
+    let gate = permits("gate", 4);
+    let blocker = monitor
+        .admit_blocking(demand(&[(on(&gate), 3)]), &job("blocker"), None)
+        .unwrap();
+
+    let head = job("head");
+    let small = job("small");
+    let mut w1 = monitor.admit(demand(&[(on(&gate), 3)]), &head, None);
+    let mut w2 = monitor.admit(demand(&[(on(&gate), 1)]), &small, None);
+    assert!(poll_once(&mut w1).is_none());
+    assert!(poll_once(&mut w2).is_none());
+
+    // One permit is free and `small` needs one, but the head's three are set aside.
+    monitor.evaluate_once();
+    assert!(poll_once(&mut w2).is_none(), "the head was overtaken");
+    assert_eq!(gate.available(), 1);
+
+    drop(blocker);
+    monitor.evaluate_once();
+    let g1 = poll_once(&mut w1).unwrap().unwrap();
+    let g2 = poll_once(&mut w2).unwrap().unwrap();
+    assert_eq!(gate.available(), 0);
+    let granted: Vec<u64> = recorder
+        .events()
+        .iter()
+        .filter(|e| e.kind.as_str() == "granted_from_hold")
+        .map(|e| e.job.id)
+        .collect();
+    assert_eq!(granted, vec![head.id(), small.id()]);
+    drop((g1, g2));
+}
+
+#[test]
+fn a_demand_disjoint_from_the_heads_short_accounts_passes_at_the_first_pass() {
+    let monitor = Monitor::new();
+    let a = permits("a", 1);
+    let b = permits("b", 1);
+    let _held = monitor
+        .admit_blocking(demand(&[(on(&a), 1)]), &job("holder"), None)
+        .unwrap();
+    let mut head = monitor.admit(demand(&[(on(&a), 1)]), &job("head"), None);
+    let mut other = monitor.admit(demand(&[(on(&b), 1)]), &job("other"), None);
+    assert!(poll_once(&mut head).is_none());
+    assert!(
+        poll_once(&mut other).is_none(),
+        "the line was not empty: it queues"
+    );
+
+    monitor.evaluate_once();
+    assert!(poll_once(&mut other).unwrap().is_ok());
+    assert!(poll_once(&mut head).is_none());
+    assert_eq!(monitor.queue_size(), 1);
+}
+
+#[test]
+fn nothing_behind_a_head_short_on_a_time_account_takes_from_it() {
+    let clock = FakeClock::new();
+    let monitor = Monitor::builder().clock(clock.shared()).build();
+    // One slot free of two, and the window ignores reservations: only the sharp rule protects
+    // the head.
+    let window = Arc::new(GreedyWindow::new(2, 1, Instant::from_nanos(5_000)));
+    let mut head = monitor.admit(demand(&[(on(&window), 2)]), &job("head"), None);
+    let mut behind = monitor.admit(demand(&[(on(&window), 1)]), &job("behind"), None);
+    assert!(poll_once(&mut head).is_none());
+    assert!(poll_once(&mut behind).is_none());
+    let wake = monitor.evaluate_once();
+    assert!(
+        poll_once(&mut behind).is_none(),
+        "took from the head's short Time account"
+    );
+    assert_eq!(*window.free.lock(), 1);
+    assert_eq!(wake, Some(Instant::from_nanos(5_000)));
+}
+
+#[test]
+fn an_account_refusal_refuses_that_waiter_only() {
+    let monitor = Monitor::new();
+    let gate = permits("gate", 3);
+    match monitor.admit_blocking(demand(&[(on(&gate), 5)]), &job("big"), None) {
+        Err(AdmitError::Refused { account, refusal }) => {
+            assert_eq!(account, "gate");
+            assert_eq!(
+                refusal.message(),
+                "`gate` has 3 permits in all; a demand of 5 can never fit"
+            );
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+
+    let _held = monitor
+        .admit_blocking(demand(&[(on(&gate), 3)]), &job("holder"), None)
+        .unwrap();
+    let mut head = monitor.admit(demand(&[(on(&gate), 1)]), &job("head"), None);
+    let moody = Arc::new(Moody::new("moody"));
+    moody.refuse.store(true, Ordering::SeqCst);
+    let mut refused = monitor.admit(demand(&[(on(&moody), 1)]), &job("refused"), None);
+    assert!(poll_once(&mut head).is_none());
+    assert!(poll_once(&mut refused).is_none());
+    monitor.evaluate_once();
+    let error = poll_once(&mut refused).unwrap().unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "account `moody` refused the demand: circuit open for 30 s; pick another tool"
+    );
+    assert!(poll_once(&mut head).is_none());
+    assert_eq!(monitor.queue_size(), 1);
+}
+
+#[test]
+fn a_panicking_account_aborts_that_waiter_only_and_admission_goes_on() {
+    let monitor = Monitor::new();
+    let moody = Arc::new(Moody::new("moody"));
+    let gate = permits("gate", 1);
+    moody.panic.store(true, Ordering::SeqCst);
+    let ctx = job("victim");
+    match monitor.admit_blocking(demand(&[(on(&gate), 1), (on(&moody), 1)]), &ctx, None) {
+        Err(AdmitError::Aborted {
+            account,
+            job,
+            panic,
+        }) => {
+            assert_eq!(account, "moody");
+            assert_eq!(job, ctx.id());
+            assert_eq!(panic, "moody account exploded");
+        }
+        other => panic!("expected an abort, got {other:?}"),
+    }
+    assert_eq!(gate.available(), 1, "the partial take was compensated");
+    assert!(
+        monitor
+            .admit_blocking(demand(&[(on(&gate), 1)]), &job("next"), None)
+            .is_ok()
+    );
+}
+
+#[test]
+fn the_evaluator_wakes_at_the_computed_deadline_and_not_before() {
+    let clock = FakeClock::new();
+    let monitor = Monitor::builder().clock(clock.shared()).build();
+    monitor.start().unwrap();
+    let tokens = meter("tokens", 10, 10, &clock);
+    let _spent = monitor
+        .admit_blocking(demand(&[(on(&tokens), 10)]), &job("spender"), None)
+        .unwrap();
+
+    let waiter = spawn_thread_waiter(&monitor, demand(&[(on(&tokens), 5)]), job("w"), None);
+    wait_for_queue(&monitor, 1);
+    clock.advance(Duration::from_millis(499));
+    assert_eq!(tokens.level(), 4, "4.99 tokens: not yet");
+    clock.advance(Duration::from_millis(1));
+    let grant = waiter.outcome().unwrap();
+    assert_eq!(grant.wall_wait(), Duration::from_millis(500));
+    assert_eq!(tokens.level(), 0);
+    assert_eq!(monitor.queue_size(), 0);
+    monitor.stop();
+}
+
+#[test]
+fn a_give_wakes_a_parked_thread_and_a_parked_task() {
+    let monitor = Monitor::new();
+    monitor.start().unwrap();
+    let gate = permits("gate", 1);
+    let held = monitor
+        .admit_blocking(demand(&[(on(&gate), 1)]), &job("holder"), None)
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let thread = spawn_thread_waiter(&monitor, demand(&[(on(&gate), 1)]), job("thread"), None);
+        wait_for_queue(&monitor, 1);
+        let task = spawn_task_waiter(&monitor, demand(&[(on(&gate), 1)]), job("task"), None);
+        tokio::task::yield_now().await;
+        wait_for_queue(&monitor, 2);
+
+        drop(held);
+        let first = tokio::task::spawn_blocking(move || thread.outcome())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            monitor.queue_size(),
+            1,
+            "blocking and async waiters share one line"
+        );
+        drop(first);
+        let second = task.outcome().await.unwrap().unwrap();
+        assert_eq!(gate.available(), 0);
+        drop(second);
+    });
+    assert_eq!(gate.available(), 1);
+    monitor.stop();
+}
+
+#[test]
+fn stop_refuses_every_waiter_clears_every_wake_slot_and_every_later_admit() {
+    let monitor = Monitor::new();
+    monitor.start().unwrap();
+    let gate = permits("gate", 1);
+    let _held = monitor
+        .admit_blocking(demand(&[(on(&gate), 1)]), &job("holder"), None)
+        .unwrap();
+    let a = spawn_thread_waiter(&monitor, demand(&[(on(&gate), 1)]), job("a"), None);
+    wait_for_queue(&monitor, 1);
+    let b = spawn_thread_waiter(&monitor, demand(&[(on(&gate), 1)]), job("b"), None);
+    wait_for_queue(&monitor, 2);
+    assert!(gate.is_watched());
+
+    monitor.stop();
+    assert!(matches!(a.outcome(), Err(AdmitError::Shutdown)));
+    assert!(matches!(b.outcome(), Err(AdmitError::Shutdown)));
+    assert!(!gate.is_watched());
+    assert_eq!(monitor.queue_size(), 0);
+    assert!(matches!(
+        monitor.admit_blocking(Demand::new(), &job("late"), None),
+        Err(AdmitError::Shutdown)
+    ));
+}
+
+#[test]
+fn cancelling_the_context_withdraws_the_waiter_at_once() {
+    let monitor = Monitor::new();
+    // Not started: nothing but the cancellation itself can answer the waiter.
+    let gate = permits("gate", 1);
+    let _held = monitor
+        .admit_blocking(demand(&[(on(&gate), 1)]), &job("holder"), None)
+        .unwrap();
+    let ctx = job("cancelled");
+    let waiter = spawn_thread_waiter(&monitor, demand(&[(on(&gate), 1)]), ctx.clone(), None);
+    wait_for_queue(&monitor, 1);
+    ctx.cancel();
+    assert!(matches!(waiter.outcome(), Err(AdmitError::Cancelled { job, .. }) if job == ctx.id()));
+    assert_eq!(monitor.queue_size(), 0);
+    assert!(matches!(
+        monitor.admit_blocking(Demand::new(), &ctx, None),
+        Err(AdmitError::Cancelled { .. })
+    ));
+}
+
+#[test]
+fn a_cancelled_head_stops_reserving() {
+    let monitor = Monitor::new();
+    let gate = permits("gate", 4);
+    let _held = monitor
+        .admit_blocking(demand(&[(on(&gate), 3)]), &job("holder"), None)
+        .unwrap();
+    let head = job("head");
+    let mut w1 = monitor.admit(demand(&[(on(&gate), 3)]), &head, None);
+    let mut w2 = monitor.admit(demand(&[(on(&gate), 1)]), &job("behind"), None);
+    assert!(poll_once(&mut w1).is_none());
+    assert!(poll_once(&mut w2).is_none());
+    monitor.evaluate_once();
+    assert!(poll_once(&mut w2).is_none());
+
+    head.cancel();
+    assert!(matches!(
+        poll_once(&mut w1),
+        Some(Err(AdmitError::Cancelled { .. }))
+    ));
+    monitor.evaluate_once();
+    assert!(poll_once(&mut w2).unwrap().is_ok());
+}
+
+#[test]
+fn dropping_a_pending_admit_withdraws_the_waiter() {
+    let monitor = Monitor::new();
+    let gate = permits("gate", 1);
+    let _held = monitor
+        .admit_blocking(demand(&[(on(&gate), 1)]), &job("holder"), None)
+        .unwrap();
+    let mut pending = monitor.admit(demand(&[(on(&gate), 1)]), &job("gone"), None);
+    assert!(poll_once(&mut pending).is_none());
+    assert_eq!(monitor.queue_size(), 1);
+    drop(pending);
+    assert_eq!(monitor.queue_size(), 0);
+}
+
+#[test]
+fn a_grant_that_landed_as_the_admit_was_dropped_is_rolled_back_in_full() {
+    let clock = FakeClock::new();
+    let monitor = Monitor::builder().clock(clock.shared()).build();
+    let gate = permits("gate", 1);
+    let tokens = meter("tokens", 100, 1, &clock);
+    let held = monitor
+        .admit_blocking(demand(&[(on(&gate), 1)]), &job("holder"), None)
+        .unwrap();
+    let mut pending = monitor.admit(
+        demand(&[(on(&gate), 1), (on(&tokens), 40)]),
+        &job("late"),
+        None,
+    );
+    assert!(poll_once(&mut pending).is_none());
+    drop(held);
+    monitor.evaluate_once(); // the grant lands in the abandoned admit's slot
+    assert_eq!((gate.available(), tokens.level()), (0, 60));
+    drop(pending);
+    assert_eq!(
+        (gate.available(), tokens.level()),
+        (1, 100),
+        "an abandoned admit kept a permit"
+    );
+}
+
+#[test]
+fn a_deadline_refuses_the_waiter_with_timed_out() {
+    let clock = FakeClock::new();
+    let monitor = Monitor::builder().clock(clock.shared()).build();
+    monitor.start().unwrap();
+    let gate = permits("gate", 1);
+    let _held = monitor
+        .admit_blocking(demand(&[(on(&gate), 1)]), &job("holder"), None)
+        .unwrap();
+    let ctx = job("impatient");
+    let waiter = spawn_thread_waiter(
+        &monitor,
+        demand(&[(on(&gate), 1)]),
+        ctx.clone(),
+        Some(Duration::from_secs(2)),
+    );
+    wait_for_queue(&monitor, 1);
+    clock.advance(Duration::from_secs(2));
+    match waiter.outcome() {
+        Err(AdmitError::TimedOut {
+            job,
+            waited,
+            timeout,
+        }) => {
+            assert_eq!(job, ctx.id());
+            assert_eq!(waited, Duration::from_secs(2));
+            assert_eq!(timeout, Duration::from_secs(2));
+        }
+        other => panic!("expected a time-out, got {other:?}"),
+    }
+    assert!(matches!(
+        monitor.admit_blocking(
+            demand(&[(on(&gate), 1)]),
+            &job("zero"),
+            Some(Duration::ZERO)
+        ),
+        Err(AdmitError::TimedOut {
+            waited: Duration::ZERO,
+            ..
+        })
+    ));
+    monitor.stop();
+}
+
+#[test]
+fn an_empty_demand_is_an_orchestrators_and_is_granted_without_accounts() {
+    let monitor = Monitor::new();
+    let grant = monitor
+        .admit_blocking(Demand::new(), &job("orchestrator"), None)
+        .unwrap();
+    assert!(grant.is_empty());
+}
+
+#[test]
+fn a_pass_over_ten_thousand_parked_waiters_grants_them_all_in_order() {
+    let monitor = Monitor::new();
+    let gate = permits("gate", 10_000);
+    let held = monitor
+        .admit_blocking(demand(&[(on(&gate), 10_000)]), &job("holder"), None)
+        .unwrap();
+    let mut waiters: Vec<_> = (0..10_000)
+        .map(|i| monitor.admit(demand(&[(on(&gate), 1)]), &job(&format!("w{i}")), None))
+        .collect();
+    for w in &mut waiters {
+        assert!(poll_once(w).is_none());
+    }
+    assert_eq!(monitor.queue_size(), 10_000);
+    monitor.evaluate_once();
+    assert_eq!(monitor.queue_size(), 10_000, "nothing was free");
+    drop(held);
+    monitor.evaluate_once();
+    assert_eq!(monitor.queue_size(), 0);
+    let grants: Vec<_> = waiters
+        .iter_mut()
+        .map(|w| poll_once(w).unwrap().unwrap())
+        .collect();
+    assert_eq!(gate.available(), 0);
+    drop(grants);
+    assert_eq!(gate.available(), 10_000);
+}
+
+#[test]
+fn admit_amounts_merge_on_one_account() {
+    let monitor = Monitor::new();
+    let gate = permits("gate", 5);
+    let mut d = Demand::new();
+    d.add(on(&gate), Amount::units(2))
+        .add(on(&gate), Amount::units(3));
+    let grant = monitor.admit_blocking(d, &job("merged"), None).unwrap();
+    assert_eq!(gate.available(), 0);
+    drop(grant);
+}

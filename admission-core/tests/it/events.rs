@@ -1,0 +1,303 @@
+//! The event vocabulary as the monitor emits it ("Events" in the statement of record).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use admission_core::event::{EventKind, RejectReason, SinkError};
+use admission_core::{AdmitError, Event, EventSink, JobContext, Monitor};
+use admission_events::Recorder;
+use admission_testkit::monitor::poll_once;
+
+use super::accounts::Moody;
+use super::{demand, meter, on, permits, recorded};
+
+#[test]
+fn a_fast_path_emits_granted_immediate_and_nothing_else() {
+    let (monitor, _clock, recorder) = recorded();
+    let http = permits("http", 1);
+    let grant = monitor
+        .admit_blocking(demand(&[(on(&http), 1)]), &JobContext::new("fast"), None)
+        .unwrap();
+    assert_eq!(recorder.kinds(), ["granted_immediate"]);
+    drop(grant);
+    assert_eq!(recorder.kinds(), ["granted_immediate", "released"]);
+    assert_eq!(
+        recorder.events()[1].kind,
+        EventKind::Released { rolled_back: false }
+    );
+}
+
+#[test]
+fn a_slow_path_emits_held_once_per_short_account_then_granted_from_hold() {
+    let (monitor, clock, recorder) = recorded();
+    let http = permits("http", 1);
+    let tokens = meter("tokens", 10, 1, &clock);
+    let held = monitor
+        .admit_blocking(
+            demand(&[(on(&http), 1), (on(&tokens), 10)]),
+            &JobContext::new("first"),
+            None,
+        )
+        .unwrap();
+    recorder.clear();
+
+    let ctx = JobContext::new("slow");
+    let mut w = monitor.admit(demand(&[(on(&http), 1), (on(&tokens), 3)]), &ctx, None);
+    assert!(poll_once(&mut w).is_none());
+    monitor.evaluate_once();
+    monitor.evaluate_once(); // held again on both: no new events
+    clock.advance(Duration::from_secs(3));
+    drop(held);
+    monitor.evaluate_once();
+    assert!(poll_once(&mut w).unwrap().is_ok());
+
+    let events: Vec<Event> = recorder
+        .events()
+        .into_iter()
+        .filter(|e| e.kind.as_str() != "released")
+        .collect();
+    let summary: Vec<(&str, Vec<&str>)> = events
+        .iter()
+        .map(|e| {
+            (
+                e.kind.as_str(),
+                e.entries.iter().map(|x| x.account.as_str()).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("held", vec!["http"]),
+            ("held", vec!["tokens"]),
+            ("granted_from_hold", vec!["http", "tokens"]),
+        ]
+    );
+    assert_eq!(
+        events[2].kind,
+        EventKind::GrantedFromHold {
+            wait: Duration::from_secs(3),
+            waiters: 0
+        }
+    );
+    assert!(events.iter().all(|e| e.job == *ctx.snapshot()));
+}
+
+#[test]
+fn n_slow_path_waiters_on_one_account_make_exactly_2n_balanced_transitions() {
+    const N: usize = 50;
+    let (monitor, _clock, recorder) = recorded();
+    let gate = permits("gate", N as u64);
+    let held = monitor
+        .admit_blocking(
+            demand(&[(on(&gate), N as u64)]),
+            &JobContext::new("holder"),
+            None,
+        )
+        .unwrap();
+    recorder.clear();
+    let mut waiters: Vec<_> = (0..N)
+        .map(|i| {
+            monitor.admit(
+                demand(&[(on(&gate), 1)]),
+                &JobContext::new(format!("w{i}")),
+                None,
+            )
+        })
+        .collect();
+    for w in &mut waiters {
+        assert!(poll_once(w).is_none());
+    }
+    monitor.evaluate_once();
+    drop(held);
+    monitor.evaluate_once();
+    let grants: Vec<_> = waiters
+        .iter_mut()
+        .map(|w| poll_once(w).unwrap().unwrap())
+        .collect();
+    assert_eq!(grants.len(), N);
+    assert_eq!(recorder.count("held"), N);
+    assert_eq!(recorder.count("granted_from_hold"), N);
+    assert_eq!(recorder.count("released"), 1, "the holder's release");
+    assert_eq!(recorder.len(), 2 * N + 1);
+    let after: Vec<usize> = recorder
+        .events()
+        .iter()
+        .filter_map(|e| match e.kind {
+            EventKind::GrantedFromHold { waiters, .. } => Some(waiters),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        after,
+        (0..N).rev().collect::<Vec<_>>(),
+        "the line drains to zero"
+    );
+}
+
+fn reasons(recorder: &Recorder) -> Vec<RejectReason> {
+    recorder
+        .events()
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::Rejected { reason, .. } => Some(*reason),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn rejections_carry_their_reason() {
+    let (monitor, clock, recorder) = recorded();
+    let gate = permits("gate", 1);
+    let moody = Arc::new(Moody::new("moody"));
+
+    // circuit_blocked: an account's refusal
+    moody.refuse.store(true, Ordering::SeqCst);
+    assert!(
+        monitor
+            .admit_blocking(demand(&[(on(&moody), 1)]), &JobContext::new("a"), None)
+            .is_err()
+    );
+    moody.refuse.store(false, Ordering::SeqCst);
+    // aborted: an account's panic
+    moody.panic.store(true, Ordering::SeqCst);
+    assert!(
+        monitor
+            .admit_blocking(demand(&[(on(&moody), 1)]), &JobContext::new("b"), None)
+            .is_err()
+    );
+    moody.panic.store(false, Ordering::SeqCst);
+
+    let _held = monitor
+        .admit_blocking(demand(&[(on(&gate), 1)]), &JobContext::new("holder"), None)
+        .unwrap();
+    // cancelled: through the context
+    let ctx = JobContext::new("c");
+    let mut c = monitor.admit(demand(&[(on(&gate), 1)]), &ctx, None);
+    assert!(poll_once(&mut c).is_none());
+    ctx.cancel();
+    // cancelled: an abandoned admit
+    let mut d = monitor.admit(demand(&[(on(&gate), 1)]), &JobContext::new("d"), None);
+    assert!(poll_once(&mut d).is_none());
+    drop(d);
+    // timed_out
+    let mut e = monitor.admit(
+        demand(&[(on(&gate), 1)]),
+        &JobContext::new("e"),
+        Some(Duration::from_secs(1)),
+    );
+    assert!(poll_once(&mut e).is_none());
+    clock.advance(Duration::from_secs(1));
+    monitor.evaluate_once();
+    assert!(matches!(
+        poll_once(&mut e),
+        Some(Err(AdmitError::TimedOut { .. }))
+    ));
+    // shutdown
+    let mut f = monitor.admit(demand(&[(on(&gate), 1)]), &JobContext::new("f"), None);
+    assert!(poll_once(&mut f).is_none());
+    monitor.stop();
+
+    assert_eq!(
+        reasons(&recorder),
+        [
+            RejectReason::CircuitBlocked,
+            RejectReason::Aborted,
+            RejectReason::Cancelled,
+            RejectReason::Cancelled,
+            RejectReason::TimedOut,
+            RejectReason::Shutdown,
+        ]
+    );
+    let first = &recorder.events()[0];
+    assert_eq!(
+        first.kind,
+        EventKind::Rejected {
+            reason: RejectReason::CircuitBlocked,
+            message: "account `moody` refused the demand: circuit open for 30 s; pick another tool"
+                .into()
+        }
+    );
+}
+
+#[test]
+fn every_event_carries_the_jobs_snapshot() {
+    let (monitor, _clock, recorder) = recorded();
+    let gate = permits("gate", 1);
+    let ctx = JobContext::new("agent-7")
+        .with_workflow("nightly")
+        .with_tenant("acme");
+    let mut g = monitor
+        .admit_blocking(demand(&[(on(&gate), 1)]), &ctx, None)
+        .unwrap();
+    g.rollback();
+    let events = recorder.events();
+    assert_eq!(events.len(), 2);
+    for e in &events {
+        assert_eq!(e.job, *ctx.snapshot());
+        assert_eq!(e.job.workflow.as_deref(), Some("nightly"));
+        assert_eq!(e.job.tenant.as_deref(), Some("acme"));
+    }
+    assert_eq!(events[1].kind, EventKind::Released { rolled_back: true });
+}
+
+struct Exploding(AtomicUsize);
+
+impl EventSink for Exploding {
+    fn emit(&self, _event: &Event) -> Result<(), SinkError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        panic!("sink exploded");
+    }
+}
+
+struct Failing(AtomicUsize);
+
+impl EventSink for Failing {
+    fn emit(&self, _event: &Event) -> Result<(), SinkError> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Err(SinkError("disk full".into()))
+    }
+}
+
+#[test]
+fn a_sink_that_panics_or_fails_is_dropped_and_admission_never_hears_of_it() {
+    let gate = permits("gate", 1);
+    let exploding = Arc::new(Exploding(AtomicUsize::new(0)));
+    let monitor = Monitor::builder().sink(exploding.clone()).build();
+    for _ in 0..3 {
+        let grant = monitor.admit_blocking(demand(&[(on(&gate), 1)]), &JobContext::new("j"), None);
+        assert!(grant.is_ok());
+    }
+    assert_eq!(
+        exploding.0.load(Ordering::SeqCst),
+        1,
+        "dropped after its first failure"
+    );
+
+    let failing = Arc::new(Failing(AtomicUsize::new(0)));
+    monitor.set_sink(Some(failing.clone()));
+    for _ in 0..3 {
+        assert!(
+            monitor
+                .admit_blocking(demand(&[(on(&gate), 1)]), &JobContext::new("j"), None)
+                .is_ok()
+        );
+    }
+    assert_eq!(failing.0.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn with_no_sink_no_event_is_built() {
+    // Nothing to observe directly but that admission works and nothing is recorded anywhere:
+    // a recorder installed afterwards sees only what happens after it.
+    let (monitor, _clock, recorder) = recorded();
+    monitor.set_sink(None);
+    let gate = permits("gate", 1);
+    drop(monitor.admit_blocking(demand(&[(on(&gate), 1)]), &JobContext::new("unseen"), None));
+    monitor.set_sink(Some(recorder.clone()));
+    drop(monitor.admit_blocking(demand(&[(on(&gate), 1)]), &JobContext::new("seen"), None));
+    assert_eq!(recorder.kinds(), ["granted_immediate", "released"]);
+    assert!(recorder.events().iter().all(|e| &*e.job.name == "seen"));
+}

@@ -1,0 +1,159 @@
+//! `Demand` and `Grant` ("Demand and Grant" in the statement of record).
+
+use std::time::Duration;
+
+use admission_core::{Amount, Demand, JobContext, Monitor, Replenishment};
+use admission_testkit::FakeClock;
+use admission_testkit::monitor::poll_once;
+
+use super::{demand, meter, on, permits};
+
+#[test]
+fn add_merges_into_the_entry_for_the_same_account_and_keeps_first_add_order() {
+    let clock = FakeClock::new();
+    let a = permits("a", 10);
+    let b = meter("b", 1_000, 10, &clock);
+    let mut d = Demand::new();
+    d.add(on(&a), Amount::units(1))
+        .add(on(&b), Amount::pair(300, 1))
+        .add(on(&a), Amount::units(2))
+        .add(on(&b), Amount::pair(200, 1));
+    let names: Vec<&str> = d.entries().iter().map(|e| e.account().name()).collect();
+    assert_eq!(names, ["a", "b"]);
+    assert_eq!(d.entries()[0].amount(), Amount::units(3));
+    assert_eq!(d.entries()[1].amount(), Amount::pair(500, 2));
+    assert_eq!(d.amount_on(&on(&b)), Amount::pair(500, 2));
+    assert_eq!(d.amount_on(&on(&permits("c", 1))), Amount::ZERO);
+    assert_eq!(d.len(), 2);
+}
+
+#[test]
+fn an_orchestrators_demand_and_grant_are_empty() {
+    assert!(Demand::new().is_empty());
+    let grant = Monitor::new()
+        .admit_blocking(Demand::new(), &JobContext::new("o"), None)
+        .unwrap();
+    assert!(grant.is_empty());
+    assert!(grant.entries().is_empty());
+}
+
+#[test]
+fn release_returns_release_accounts_and_keeps_metered_debits_spent() {
+    let clock = FakeClock::new();
+    let monitor = Monitor::builder().clock(clock.shared()).build();
+    let http = permits("http", 2);
+    let tokens = meter("tokens", 1_000, 1, &clock);
+    assert_eq!(
+        admission_core::Account::replenishment(&*tokens),
+        Replenishment::Time
+    );
+    let mut grant = monitor
+        .admit_blocking(
+            demand(&[(on(&http), 1), (on(&tokens), 400)]),
+            &JobContext::new("j"),
+            None,
+        )
+        .unwrap();
+    grant.release();
+    assert_eq!((http.available(), tokens.level()), (2, 600));
+    grant.rollback();
+    assert_eq!(
+        (http.available(), tokens.level()),
+        (2, 600),
+        "settled once: rollback after release is a no-op"
+    );
+}
+
+#[test]
+fn rollback_returns_everything_and_a_second_settle_is_a_no_op() {
+    let clock = FakeClock::new();
+    let monitor = Monitor::builder().clock(clock.shared()).build();
+    let http = permits("http", 2);
+    let tokens = meter("tokens", 1_000, 1, &clock);
+    let mut grant = monitor
+        .admit_blocking(
+            demand(&[(on(&http), 1), (on(&tokens), 400)]),
+            &JobContext::new("j"),
+            None,
+        )
+        .unwrap();
+    assert!(!grant.is_settled());
+    grant.rollback();
+    assert!(grant.is_settled());
+    assert_eq!((http.available(), tokens.level()), (2, 1_000));
+    grant.rollback();
+    grant.release();
+    drop(grant);
+    assert_eq!((http.available(), tokens.level()), (2, 1_000));
+}
+
+#[test]
+fn dropping_a_grant_releases_it() {
+    let monitor = Monitor::new();
+    let http = permits("http", 1);
+    let grant = monitor
+        .admit_blocking(demand(&[(on(&http), 1)]), &JobContext::new("j"), None)
+        .unwrap();
+    assert_eq!(http.available(), 0);
+    drop(grant);
+    assert_eq!(http.available(), 1);
+}
+
+#[test]
+fn wall_wait_is_asking_to_granted_and_wait_times_are_per_account_holding_time() {
+    let clock = FakeClock::new();
+    let monitor = Monitor::builder().clock(clock.shared()).build();
+    let http = permits("http", 1);
+    let tokens = meter("tokens", 100, 10, &clock);
+    let held = monitor
+        .admit_blocking(demand(&[(on(&http), 1)]), &JobContext::new("holder"), None)
+        .unwrap();
+    let spent = monitor
+        .admit_blocking(
+            demand(&[(on(&tokens), 100)]),
+            &JobContext::new("spender"),
+            None,
+        )
+        .unwrap();
+    drop(spent);
+
+    let mut w = monitor.admit(
+        demand(&[(on(&http), 1), (on(&tokens), 50)]),
+        &JobContext::new("w"),
+        None,
+    );
+    assert!(poll_once(&mut w).is_none());
+    monitor.evaluate_once(); // t = 0: short on both
+    clock.advance(Duration::from_secs(5)); // 50 tokens back; http still held
+    monitor.evaluate_once();
+    clock.advance(Duration::from_secs(2));
+    drop(held);
+    monitor.evaluate_once(); // t = 7 s: granted
+    let grant = poll_once(&mut w).unwrap().unwrap();
+    assert_eq!(grant.wall_wait(), Duration::from_secs(7));
+    let times: Vec<(&str, Duration)> = grant
+        .wait_times()
+        .iter()
+        .map(|(k, v)| (k.as_str(), *v))
+        .collect();
+    // The tokens stopped holding the job at 5 s, the connection at 7 s; they overlap, so they do
+    // not add up to the wall wait.
+    assert_eq!(
+        times,
+        [
+            ("http", Duration::from_secs(7)),
+            ("tokens", Duration::from_secs(5))
+        ]
+    );
+}
+
+#[test]
+fn an_immediate_grant_has_no_wait_times() {
+    let monitor = Monitor::new();
+    let http = permits("http", 1);
+    let grant = monitor
+        .admit_blocking(demand(&[(on(&http), 1)]), &JobContext::new("j"), None)
+        .unwrap();
+    assert!(grant.wait_times().is_empty());
+    assert_eq!(grant.wall_wait(), Duration::ZERO);
+}

@@ -1,0 +1,182 @@
+//! The sinks installed on a real [`Monitor`]: what a job's passage records, and a failing sink
+//! that admission never notices.
+
+use std::io;
+use std::sync::Arc;
+
+use admission_core::{
+    Account, AccountStatus, Amount, Category, Demand, Instant, JobContext, Monitor, Refusal,
+    Replenishment, WakeFn, WakeSlot,
+};
+use admission_events::{
+    EventKind, EventSink, Fanout, JsonLinesSink, Recorder, SemaphoreStatus, amount_of,
+};
+use parking_lot::Mutex;
+
+/// The smallest counting account: `capacity` permits returned on release.
+struct Counter {
+    capacity: u64,
+    /// Permits taken and not given back.
+    in_use: Mutex<u64>,
+    wake: WakeSlot,
+}
+
+impl Counter {
+    fn new(capacity: u64) -> Arc<Counter> {
+        Arc::new(Counter {
+            capacity,
+            in_use: Mutex::new(0),
+            wake: WakeSlot::new(),
+        })
+    }
+
+    fn in_use(&self) -> u64 {
+        *self.in_use.lock()
+    }
+
+    fn check(&self, in_use: u64, mine: Amount, reserved: Amount) -> Result<bool, Refusal> {
+        if mine.primary() > self.capacity {
+            return Err(Refusal::new("more permits than exist"));
+        }
+        Ok(mine.primary() + reserved.primary() + in_use <= self.capacity)
+    }
+}
+
+impl Account for Counter {
+    fn name(&self) -> &str {
+        "counter"
+    }
+    fn category(&self) -> Category {
+        Category::SEMAPHORE
+    }
+    fn replenishment(&self) -> Replenishment {
+        Replenishment::Release
+    }
+    fn fits(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
+        self.check(*self.in_use.lock(), mine, reserved_ahead)
+    }
+    fn try_take(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
+        let mut in_use = self.in_use.lock();
+        let fits = self.check(*in_use, mine, reserved_ahead)?;
+        if fits {
+            *in_use += mine.primary();
+        }
+        Ok(fits)
+    }
+    fn give(&self, amount: Amount) {
+        {
+            let mut in_use = self.in_use.lock();
+            *in_use = in_use.saturating_sub(amount.primary());
+        }
+        self.wake.notify();
+    }
+    fn earliest_fit(&self, _: Amount, _: Amount) -> Option<Instant> {
+        None
+    }
+    fn status(&self) -> Box<dyn AccountStatus> {
+        Box::new(SemaphoreStatus {
+            name: "counter".into(),
+            max_concurrent: self.capacity,
+            available_permits: self.capacity - self.in_use(),
+            last_activity: None,
+        })
+    }
+    fn on_capacity_change(&self, wake: Option<WakeFn>) {
+        self.wake.install(wake);
+    }
+}
+
+/// A writer that fails every write.
+struct Broken;
+
+impl io::Write for Broken {
+    fn write(&mut self, _: &[u8]) -> io::Result<usize> {
+        Err(io::Error::other("disk full"))
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_fast_path_grant_records_granted_immediate_then_released() {
+    let recorder = Arc::new(Recorder::new());
+    let monitor = Monitor::builder().sink(recorder.clone()).build();
+    let counter = Counter::new(2);
+    let ctx = JobContext::new("j");
+
+    let demand = Demand::new().with(counter.clone(), Amount::ONE);
+    let grant = monitor.admit_blocking(demand, &ctx, None).unwrap();
+    assert_eq!(counter.in_use(), 1);
+    drop(grant);
+    assert_eq!(counter.in_use(), 0);
+
+    assert_eq!(recorder.kinds(), ["granted_immediate", "released"]);
+    let events = recorder.for_job(ctx.id());
+    assert_eq!(events.len(), 2);
+    assert_eq!(&*events[0].job.name, "j");
+    assert_eq!(events[0].entries[0].account, "counter");
+    assert_eq!(events[0].entries[0].category, Category::SEMAPHORE);
+    assert_eq!(amount_of(&events[0]), 1);
+    assert_eq!(events[1].kind, EventKind::Released { rolled_back: false });
+}
+
+#[test]
+fn a_refusal_records_a_circuit_blocked_rejection() {
+    let recorder = Arc::new(Recorder::new());
+    let monitor = Monitor::builder().sink(recorder.clone()).build();
+    let counter = Counter::new(2);
+
+    let demand = Demand::new().with(counter.clone(), Amount::units(3));
+    assert!(
+        monitor
+            .admit_blocking(demand, &JobContext::new("too big"), None)
+            .is_err()
+    );
+
+    assert_eq!(recorder.kinds(), ["rejected"]);
+    assert_eq!(recorder.count("rejected"), 1);
+}
+
+#[test]
+fn a_failing_sink_is_dropped_and_admission_goes_on() {
+    let monitor = Monitor::builder()
+        .sink(Arc::new(JsonLinesSink::new(Broken)))
+        .build();
+    let counter = Counter::new(1);
+
+    for _ in 0..3 {
+        let demand = Demand::new().with(counter.clone(), Amount::ONE);
+        let grant = monitor.admit_blocking(demand, &JobContext::new("j"), None);
+        assert!(grant.is_ok());
+    }
+    assert_eq!(counter.in_use(), 0);
+}
+
+#[test]
+fn a_fanout_keeps_recording_after_a_member_fails() {
+    let recorder = Arc::new(Recorder::new());
+    let fanout = Fanout::new()
+        .with(Arc::new(JsonLinesSink::new(Broken)) as Arc<dyn EventSink>)
+        .with(recorder.clone());
+    let monitor = Monitor::builder().sink(Arc::new(fanout)).build();
+    let counter = Counter::new(1);
+
+    for _ in 0..2 {
+        let demand = Demand::new().with(counter.clone(), Amount::ONE);
+        drop(
+            monitor
+                .admit_blocking(demand, &JobContext::new("j"), None)
+                .unwrap(),
+        );
+    }
+    assert_eq!(
+        recorder.kinds(),
+        [
+            "granted_immediate",
+            "released",
+            "granted_immediate",
+            "released"
+        ]
+    );
+}

@@ -1,0 +1,11 @@
+//! The test-kit's integration tests: one binary, one module per part of the kit.
+//!
+//! - `reference_accounts`: both reference accounts pass every rule of the contract suite.
+//! - `self_test`: a deliberately flawed account makes the matching rule fail, so the suite can
+//!   fail at all.
+//! - `strategies`: the proptest strategies keep their promises (bounds, distinct accounts,
+//!   orchestrators).
+
+mod reference_accounts;
+mod self_test;
+mod strategies;

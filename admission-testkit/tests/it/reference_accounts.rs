@@ -1,0 +1,142 @@
+//! The reference accounts pass the whole account contract suite, rule by rule, in several shapes.
+
+use std::sync::Arc;
+
+use admission_core::Amount;
+use admission_testkit::FakeClock;
+use admission_testkit::contract::{self, Subject};
+use admission_testkit::reference::{Meter, Permits};
+
+/// Ten permits asked two at a time.
+fn permits_in_pairs() -> Subject {
+    Subject::release(Arc::new(Permits::new("pool", 10)), Amount::units(2), 5)
+        .with_never_fits(Amount::units(11))
+}
+
+/// A single permit: every take drains it.
+fn one_permit() -> Subject {
+    Subject::release(Arc::new(Permits::new("single", 1)), Amount::ONE, 1)
+        .with_never_fits(Amount::units(2))
+}
+
+/// Eleven permits asked two at a time: one permit is always left over.
+fn permits_with_a_remainder() -> Subject {
+    Subject::release(Arc::new(Permits::new("odd", 11)), Amount::units(2), 5)
+        .with_never_fits(Amount::units(12))
+}
+
+/// A meter of six units refilling two a second, asked three at a time.
+fn meter_in_threes() -> Subject {
+    let clock = FakeClock::new();
+    let meter = Meter::new("model", 6, 2, clock.shared());
+    Subject::time(Arc::new(meter), clock, Amount::units(3), 2).with_never_fits(Amount::units(7))
+}
+
+/// A meter of five units refilling one a second, asked one at a time.
+fn slow_meter() -> Subject {
+    let clock = FakeClock::new();
+    let meter = Meter::new("slow", 5, 1, clock.shared());
+    Subject::time(Arc::new(meter), clock, Amount::ONE, 5).with_never_fits(Amount::units(6))
+}
+
+/// A meter whose rate is far above its capacity: it refills within nanoseconds.
+fn fast_meter() -> Subject {
+    let clock = FakeClock::new();
+    let meter = Meter::new("fast", 3, 1_000_000_000, clock.shared());
+    Subject::time(Arc::new(meter), clock, Amount::ONE, 3)
+}
+
+/// One test per rule of the suite for one subject factory.
+macro_rules! every_rule {
+    ($module:ident, $make:ident) => {
+        mod $module {
+            use admission_testkit::contract;
+
+            #[test]
+            fn never_blocks() {
+                contract::never_blocks(&super::$make);
+            }
+            #[test]
+            fn refuses_never_fitting_amount_with_err() {
+                contract::refuses_never_fitting_amount_with_err(&super::$make);
+            }
+            #[test]
+            fn answers_false_not_err_when_only_the_reservation_is_in_the_way() {
+                contract::answers_false_not_err_when_only_the_reservation_is_in_the_way(
+                    &super::$make,
+                );
+            }
+            #[test]
+            fn try_take_debits_exactly_what_fits_reports() {
+                contract::try_take_debits_exactly_what_fits_reports(&super::$make);
+            }
+            #[test]
+            fn try_take_is_atomic_against_concurrent_takers() {
+                contract::try_take_is_atomic_against_concurrent_takers(&super::$make);
+            }
+            #[test]
+            fn never_overdrawn_under_concurrent_takes_and_gives() {
+                contract::never_overdrawn_under_concurrent_takes_and_gives(&super::$make);
+            }
+            #[test]
+            fn give_credits_back() {
+                contract::give_credits_back(&super::$make);
+            }
+            #[test]
+            fn earliest_fit_semantics() {
+                contract::earliest_fit_semantics(&super::$make);
+            }
+            #[test]
+            fn replenishment_is_declared() {
+                contract::replenishment_is_declared(&super::$make);
+            }
+            #[test]
+            fn status_has_a_one_line_summary() {
+                contract::status_has_a_one_line_summary(&super::$make);
+            }
+            #[test]
+            fn wake_slot_is_called_when_capacity_grows_and_cleared_by_none() {
+                contract::wake_slot_is_called_when_capacity_grows_and_cleared_by_none(
+                    &super::$make,
+                );
+            }
+            #[test]
+            fn a_later_wake_replaces_an_earlier_one() {
+                contract::a_later_wake_replaces_an_earlier_one(&super::$make);
+            }
+        }
+    };
+}
+
+every_rule!(permits, permits_in_pairs);
+every_rule!(meter, meter_in_threes);
+
+#[test]
+fn the_rule_macro_names_every_rule_of_the_suite() {
+    // `every_rule!` lists twelve rules by hand; a rule added to the suite must be added there.
+    assert_eq!(contract::RULES.len(), 12);
+    let mut names: Vec<&str> = contract::RULES.iter().map(|(name, _)| *name).collect();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), contract::RULES.len(), "rule names repeat");
+}
+
+#[test]
+fn a_single_permit_passes_the_whole_suite() {
+    contract::run_all(one_permit);
+}
+
+#[test]
+fn permits_with_a_remainder_pass_the_whole_suite() {
+    contract::run_all(permits_with_a_remainder);
+}
+
+#[test]
+fn a_slow_meter_passes_the_whole_suite() {
+    contract::run_all(slow_meter);
+}
+
+#[test]
+fn a_meter_without_a_declared_bound_passes_the_whole_suite() {
+    contract::run_all(fast_meter);
+}
