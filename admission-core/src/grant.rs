@@ -33,6 +33,7 @@ use crate::monitor::Shared;
 /// assert_eq!(http.available(), 2);
 /// # Ok::<(), admission_core::AdmitError>(())
 /// ```
+#[must_use = "dropping a grant releases it at once"]
 pub struct Grant {
     entries: Vec<Entry>,
     shared: Arc<Shared>,

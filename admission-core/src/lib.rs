@@ -24,6 +24,11 @@ mod grant;
 mod monitor;
 mod sync;
 
+/// The README's example, compiled and run as a doc test so it stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
+
 pub use account::{Account, AccountRef, AccountStatus, Category, Refusal, Replenishment, WakeSlot};
 pub use amount::Amount;
 pub use clock::{Clock, Instant, SystemClock, WakeFn};

@@ -1,14 +1,27 @@
 //! Reading test counts out of the harnesses' own summary lines.
 //!
-//! Two formats are understood, one line at a time:
+//! Two formats are understood, one line at a time, and a step reads only its own harness's:
 //!
-//! - libtest (`cargo test`, doc tests included), once per test binary:
+//! - [`Format::Libtest`] (`cargo test`, doc tests included), once per test binary:
 //!   `test result: ok. 12 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.01s`
-//! - cargo-nextest, once per run:
+//! - [`Format::Nextest`], once per run:
 //!   `Summary [   1.234s] 42 tests run: 42 passed, 3 skipped`
+//!
+//! Keeping them apart matters: nextest runs each test through libtest and, for a failing or
+//! retried test, prints that test's captured output, `test result:` line included; counting it
+//! too would count the test twice.
 //!
 //! Colours are stripped before matching, so the counts survive `CARGO_TERM_COLOR=always`. Any other
 //! line is ignored; a step whose output holds no such line simply has no count.
+
+/// Which harness's summary lines a step's output is read for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// `cargo test`: one `test result:` line per test binary.
+    Libtest,
+    /// `cargo nextest run`: one `Summary [...]` line per run.
+    Nextest,
+}
 
 /// The passed and failed tests read from one step's output.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -22,10 +35,14 @@ pub(crate) struct Tally {
 }
 
 impl Tally {
-    /// Adds the counts of `line` if it is a libtest or nextest summary line.
-    pub(crate) fn observe(&mut self, line: &str) {
+    /// Adds the counts of `line` if it is a summary line of `format`.
+    pub(crate) fn observe(&mut self, format: Format, line: &str) {
         let line = strip_ansi(line);
-        if let Some((passed, failed)) = libtest_result(&line).or_else(|| nextest_summary(&line)) {
+        let counts = match format {
+            Format::Libtest => libtest_result(&line),
+            Format::Nextest => nextest_summary(&line),
+        };
+        if let Some((passed, failed)) = counts {
             self.passed += passed;
             self.failed += failed;
             self.lines += 1;
@@ -93,65 +110,103 @@ pub(crate) fn strip_ansi(line: &str) -> String {
 mod tests {
     use super::*;
 
-    fn tally(lines: &[&str]) -> Tally {
+    fn tally(format: Format, lines: &[&str]) -> Tally {
         let mut tally = Tally::default();
         for line in lines {
-            tally.observe(line);
+            tally.observe(format, line);
         }
         tally
     }
 
     #[test]
     fn libtest_lines_are_summed_over_binaries() {
-        let t = tally(&[
-            "running 3 tests",
-            "test result: ok. 3 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s",
-            "",
-            "test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 5 filtered out; finished in 0.00s",
-            "test result: FAILED. 12 passed; 2 failed; 1 ignored; 0 measured; 0 filtered out; finished in 1.50s",
-        ]);
+        let t = tally(
+            Format::Libtest,
+            &[
+                "running 3 tests",
+                "test result: ok. 3 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s",
+                "",
+                "test result: ok. 0 passed; 0 failed; 0 ignored; 0 measured; 5 filtered out; finished in 0.00s",
+                "test result: FAILED. 12 passed; 2 failed; 1 ignored; 0 measured; 0 filtered out; finished in 1.50s",
+            ],
+        );
         assert_eq!((t.passed, t.failed, t.lines), (15, 2, 3));
     }
 
     #[test]
     fn nextest_summary_without_failures_counts_zero_failed() {
-        let t = tally(&[
-            "    Starting 42 tests across 5 binaries (1 test skipped)",
-            "     Summary [   1.234s] 42 tests run: 42 passed, 1 skipped",
-        ]);
+        let t = tally(
+            Format::Nextest,
+            &[
+                "    Starting 42 tests across 5 binaries (1 test skipped)",
+                "     Summary [   1.234s] 42 tests run: 42 passed, 1 skipped",
+            ],
+        );
         assert_eq!((t.passed, t.failed, t.lines), (42, 0, 1));
     }
 
     #[test]
     fn nextest_summary_with_failures_and_flaky_tests() {
-        let t = tally(&[
-            "     Summary [   0.010s] 10 tests run: 7 passed (1 flaky), 3 failed, 0 skipped",
-        ]);
+        let t = tally(
+            Format::Nextest,
+            &["     Summary [   0.010s] 10 tests run: 7 passed (1 flaky), 3 failed, 0 skipped"],
+        );
         assert_eq!((t.passed, t.failed, t.lines), (7, 3, 1));
     }
 
     #[test]
     fn nextest_single_test_run() {
-        let t = tally(&["     Summary [   0.003s] 1 test run: 1 passed, 0 skipped"]);
+        let t = tally(
+            Format::Nextest,
+            &["     Summary [   0.003s] 1 test run: 1 passed, 0 skipped"],
+        );
         assert_eq!((t.passed, t.failed, t.lines), (1, 0, 1));
     }
 
     #[test]
     fn coloured_lines_are_read_after_stripping() {
-        let t = tally(&[
-            "\u{1b}[32;1m     Summary\u{1b}[0m [   1.000s] \u{1b}[1m4\u{1b}[0m tests run: \u{1b}[1m4\u{1b}[0m \u{1b}[32;1mpassed\u{1b}[0m, \u{1b}[1m0\u{1b}[0m \u{1b}[33;1mskipped\u{1b}[0m",
-        ]);
+        let t = tally(
+            Format::Nextest,
+            &[
+                "\u{1b}[32;1m     Summary\u{1b}[0m [   1.000s] \u{1b}[1m4\u{1b}[0m tests run: \u{1b}[1m4\u{1b}[0m \u{1b}[32;1mpassed\u{1b}[0m, \u{1b}[1m0\u{1b}[0m \u{1b}[33;1mskipped\u{1b}[0m",
+            ],
+        );
         assert_eq!((t.passed, t.failed, t.lines), (4, 0, 1));
     }
 
     #[test]
     fn other_lines_are_ignored() {
-        let t = tally(&[
+        let lines = [
             "test monitor::tests::head_is_never_overtaken ... ok",
             "   Compiling admission-core v0.1.0",
             "Summary of the design: 3 passed reviews",
             "error: test failed, to rerun pass `-p admission-core --lib`",
-        ]);
+        ];
+        for format in [Format::Libtest, Format::Nextest] {
+            let t = tally(format, &lines);
+            assert_eq!((t.passed, t.failed, t.lines), (0, 0, 0));
+        }
+    }
+
+    #[test]
+    fn nextest_step_ignores_the_libtest_lines_of_captured_output() {
+        let t = tally(
+            Format::Nextest,
+            &[
+                "        FAIL [   0.078s] ( 28/106) admission-core::it events::one",
+                "    test result: FAILED. 0 passed; 1 failed; 0 ignored; 0 measured; 36 filtered out",
+                "     Summary [   2.000s] 106 tests run: 105 passed, 1 failed, 0 skipped",
+            ],
+        );
+        assert_eq!((t.passed, t.failed, t.lines), (105, 1, 1));
+    }
+
+    #[test]
+    fn libtest_step_ignores_nextest_lines() {
+        let t = tally(
+            Format::Libtest,
+            &["     Summary [   1.000s] 3 tests run: 3 passed, 0 skipped"],
+        );
         assert_eq!((t.passed, t.failed, t.lines), (0, 0, 0));
     }
 

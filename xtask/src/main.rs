@@ -17,6 +17,7 @@ use std::process::{Command, ExitCode};
 
 use anyhow::{Context, Result, bail};
 
+use count::Format;
 use step::{Step, Workspace};
 
 const USAGE: &str = "\
@@ -168,7 +169,7 @@ fn loom_step() -> Result<Step> {
     .env("RUSTFLAGS", rustflags)
     .env("LOOM_MAX_PREEMPTIONS", preemptions)
     .env("CARGO_TARGET_DIR", target_dir)
-    .counting_tests())
+    .counting_tests(Format::Libtest))
 }
 
 fn absolute(path: &Path) -> Result<PathBuf> {

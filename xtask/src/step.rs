@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 
-use crate::count::Tally;
+use crate::count::{Format, Tally};
 use crate::services;
 
 /// Where cargo runs and which cargo it is.
@@ -63,8 +63,8 @@ pub(crate) struct Step {
     pub(crate) args: Vec<String>,
     /// Extra environment variables, shown before the command.
     pub(crate) env: Vec<(&'static str, String)>,
-    /// Tee the output and count the tests it reports.
-    pub(crate) counts_tests: bool,
+    /// Tee the output and count the tests it reports in this harness's format.
+    pub(crate) counts_tests: Option<Format>,
     /// Run with the required services up.
     pub(crate) services: bool,
 }
@@ -76,14 +76,14 @@ impl Step {
             name,
             args: args.iter().map(|a| a.to_string()).collect(),
             env: Vec::new(),
-            counts_tests: false,
+            counts_tests: None,
             services: false,
         }
     }
 
-    /// Marks the step as one that runs tests: its output is teed and counted.
-    pub(crate) fn counting_tests(mut self) -> Self {
-        self.counts_tests = true;
+    /// Marks the step as one that runs tests: its output is teed and counted as `format`.
+    pub(crate) fn counting_tests(mut self, format: Format) -> Self {
+        self.counts_tests = Some(format);
         self
     }
 
@@ -133,10 +133,10 @@ impl Step {
             cmd.env(key, value);
         }
         let spawn_error = || format!("could not start `{}`", self.display());
-        if !self.counts_tests {
+        let Some(format) = self.counts_tests else {
             let status = cmd.status().with_context(spawn_error)?;
             return Ok((status, Tally::default()));
-        }
+        };
 
         // Keep cargo's colours when a person is watching; the counter strips them.
         if io::stdout().is_terminal() && std::env::var_os("CARGO_TERM_COLOR").is_none() {
@@ -149,8 +149,8 @@ impl Step {
             .with_context(spawn_error)?;
         let stdout = child.stdout.take().context("child stdout")?;
         let stderr = child.stderr.take().context("child stderr")?;
-        let out = thread::spawn(move || tee(stdout, io::stdout()));
-        let err = thread::spawn(move || tee(stderr, io::stderr()));
+        let out = thread::spawn(move || tee(format, stdout, io::stdout()));
+        let err = thread::spawn(move || tee(format, stderr, io::stderr()));
         let status = child.wait().with_context(spawn_error)?;
         let mut tally = out.join().expect("stdout tee panicked");
         tally.add(err.join().expect("stderr tee panicked"));
@@ -159,7 +159,7 @@ impl Step {
 }
 
 /// Copies `from` to `to` line by line as it arrives, counting the tests reported on the way.
-fn tee(from: impl Read, mut to: impl Write) -> Tally {
+fn tee(format: Format, from: impl Read, mut to: impl Write) -> Tally {
     let mut reader = BufReader::new(from);
     let mut tally = Tally::default();
     let mut line = Vec::new();
@@ -169,7 +169,7 @@ fn tee(from: impl Read, mut to: impl Write) -> Tally {
             Ok(0) | Err(_) => break,
             Ok(_) => {
                 let _ = to.write_all(&line).and_then(|()| to.flush());
-                tally.observe(&String::from_utf8_lossy(&line));
+                tally.observe(format, &String::from_utf8_lossy(&line));
             }
         }
     }
@@ -218,7 +218,7 @@ pub(crate) fn run_plan(ws: &Workspace, steps: &[Step]) -> Result<Report> {
             .filter_map(|o| o.tally)
             .map(|t| t.passed)
             .sum(),
-        ran_tests: steps.iter().any(|s| s.counts_tests),
+        ran_tests: steps.iter().any(|s| s.counts_tests.is_some()),
     })
 }
 
@@ -259,7 +259,7 @@ fn run_steps(ws: &Workspace, steps: &[Step], outcomes: &mut Vec<Outcome>) -> Res
                 step.name
             );
         }
-        if step.counts_tests && tally.is_none() {
+        if step.counts_tests.is_some() && tally.is_none() {
             println!(
                 "==> {}: no test counts found in the output; not counted",
                 step.name
@@ -344,7 +344,7 @@ mod tests {
     fn tee_copies_every_byte_and_counts() {
         let input = "running 1 test\ntest result: ok. 1 passed; 0 failed; 0 ignored\nno newline";
         let mut copy = Vec::new();
-        let tally = tee(input.as_bytes(), &mut copy);
+        let tally = tee(Format::Libtest, input.as_bytes(), &mut copy);
         assert_eq!(copy, input.as_bytes());
         assert_eq!((tally.passed, tally.failed, tally.lines), (1, 0, 1));
     }

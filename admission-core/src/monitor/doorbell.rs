@@ -5,10 +5,13 @@
 //! none is lost. `ring_if_waiting` skips the ring when no one is parked, so an account's give on an
 //! idle monitor costs an atomic load, not a thread wake-up.
 //!
-//! Why the skip is safe: a parker publishes `parked > 0` (SeqCst) and only then rings, and the pass
-//! it causes re-reads every account. A giver credits its account, then issues a SeqCst fence, then
-//! reads `parked`. Either the giver sees the parker (and rings), or the fence orders the credit
-//! before the parker's publication, and the pass after it sees the credit: Dekker's pattern.
+//! Why the skip is safe: a parker publishes `parked > 0` under the monitor lock and then rings,
+//! and the pass it causes asks every account of its demand, each under the account's own lock. A
+//! giver credits its account under that same lock and only then reads `parked`. If the pass asked
+//! the account before the credit, the account's lock orders the parker's publication before the
+//! giver's read, so the giver sees the waiter and rings; otherwise the pass saw the credit. The
+//! SeqCst fence covers accounts built on atomics instead of a lock (Dekker's pattern). The loom
+//! model `loom_fast_path_racing_a_give_never_loses_the_wake_up` checks this edge.
 
 use std::time::Duration;
 

@@ -9,17 +9,17 @@ use std::future::Future;
 use std::sync::Arc;
 
 use loom::thread;
-use parking_lot::Mutex as LeafMutex;
 
 use crate::{
     Account, AccountStatus, AdmitError, Amount, Category, Demand, Instant, JobContext, Monitor,
     Refusal, Replenishment, WakeFn, WakeSlot,
 };
 
-/// A counting gate whose counter loom does not need to see: it is a leaf lock, never held
-/// across a loom synchronization point.
+/// A counting gate whose counter sits under a loom-visible lock: a real account's lock is what
+/// orders a give after the pass that found it short (the doorbell's skip relies on that edge, see
+/// `doorbell.rs`), so the model must see it too.
 struct Gate {
-    free: LeafMutex<u64>,
+    free: crate::sync::Mutex<u64>,
     wake: WakeSlot,
 }
 
@@ -43,7 +43,7 @@ impl AccountStatus for GateStatus {
 impl Gate {
     fn new(free: u64) -> Arc<Gate> {
         Arc::new(Gate {
-            free: LeafMutex::new(free),
+            free: crate::sync::Mutex::new(free),
             wake: WakeSlot::new(),
         })
     }

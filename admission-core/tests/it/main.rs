@@ -49,3 +49,15 @@ pub(crate) fn recorded() -> (Monitor, FakeClock, Arc<Recorder>) {
         .build();
     (monitor, clock, recorder)
 }
+
+#[test]
+fn the_public_handles_are_send_and_sync() {
+    fn send_sync<T: Send + Sync>() {}
+    fn send<T: Send>() {}
+    send_sync::<Monitor>();
+    send_sync::<admission_core::Grant>();
+    send_sync::<Demand>();
+    send_sync::<admission_core::JobContext>();
+    send_sync::<admission_core::AdmitError>();
+    send::<admission_core::Admit>();
+}

@@ -127,7 +127,7 @@ proptest! {
         };
         for release in &s.steps {
             if *release {
-                if !grants.is_empty() { grants.remove(0); }
+                if !grants.is_empty() { drop(grants.remove(0)); }
             } else {
                 clock.advance(Duration::from_secs(1));
             }
