@@ -32,7 +32,7 @@ commands:
                              4 doc tests  cargo test --workspace --doc
                              5 loom       cargo test -p admission-core --lib --release -- loom
                                           with RUSTFLAGS='--cfg admission_loom',
-                                          LOOM_MAX_PREEMPTIONS=2 (unless set), CARGO_TARGET_DIR=target/loom
+                                          LOOM_MAX_PREEMPTIONS=3 (unless set), CARGO_TARGET_DIR=target/loom
   test                     steps 3 and 4
   loom                     step 5
   bench [args...]          cargo bench --workspace [args...]
@@ -122,18 +122,16 @@ fn run_plan(ws: &Workspace, steps: &[Step]) -> Result<ExitCode> {
 /// Tests (nextest when available, which skips doc tests) and then doc tests, with services up.
 fn test_steps(ws: &Workspace) -> Vec<Step> {
     let tests = if ws.has_nextest() {
-        Step::cargo(
-            "tests",
-            &["nextest", "run", "--workspace", "--no-fail-fast"],
-        )
+        let args = ["nextest", "run", "--workspace", "--no-fail-fast"];
+        Step::cargo("tests", &args).counting_tests(Format::Nextest)
     } else {
-        Step::cargo("tests", &["test", "--workspace", "--all-targets"])
+        let args = ["test", "--workspace", "--all-targets"];
+        Step::cargo("tests", &args).counting_tests(Format::Libtest)
     };
+    let doc_tests = Step::cargo("doc tests", &["test", "--workspace", "--doc"]);
     vec![
-        tests.counting_tests().with_services(),
-        Step::cargo("doc tests", &["test", "--workspace", "--doc"])
-            .counting_tests()
-            .with_services(),
+        tests.with_services(),
+        doc_tests.counting_tests(Format::Libtest).with_services(),
     ]
 }
 
@@ -144,7 +142,7 @@ fn loom_step() -> Result<Step> {
         Ok(flags) if !flags.trim().is_empty() => format!("{flags} --cfg admission_loom"),
         _ => "--cfg admission_loom".to_string(),
     };
-    let preemptions = std::env::var("LOOM_MAX_PREEMPTIONS").unwrap_or_else(|_| "2".to_string());
+    let preemptions = std::env::var("LOOM_MAX_PREEMPTIONS").unwrap_or_else(|_| "3".to_string());
     let target_dir = match std::env::var_os("CARGO_TARGET_DIR") {
         // Cargo reads a relative CARGO_TARGET_DIR against the current directory; the steps run
         // from the workspace root, so make it absolute first.

@@ -152,7 +152,7 @@ impl Shared {
             match self.attempt(w, head.as_ref(), view) {
                 Attempt::Granted => {
                     let remaining = total - leaving.len() - 1;
-                    self.grant_waiter(out, w, now, remaining, &mut on_gate);
+                    self.grant_waiter(out, w, remaining, &mut on_gate);
                     leaving.push(seq);
                 }
                 Attempt::Refused(error) => {
@@ -369,10 +369,12 @@ impl Shared {
         self: &Arc<Shared>,
         out: &mut Outbox,
         w: &mut Waiter,
-        now: Instant,
         remaining: usize,
         on_gate: &mut usize,
     ) {
+        // Accounts read the clock when asked, which may be later than the pass's start: the
+        // grant's instant is read now, so a wait is never reported shorter than it was.
+        let now = self.clock.now();
         let wall_wait = now.saturating_duration_since(w.asked_at);
         let wait_times: BTreeMap<String, Duration> = w
             .held
