@@ -179,6 +179,46 @@ pub trait Account: Send + Sync + 'static {
     /// capacity grows. The monitor installs its wake-up here; a later install replaces an earlier
     /// one. [`WakeSlot`] implements the slot for you.
     fn on_capacity_change(&self, wake: Option<WakeFn>);
+
+    /// A capability this account stands for, if any (the HTTP connection gate provides
+    /// [`Capability::HTTP_CONNECTION`]).
+    fn provides(&self) -> Option<Capability> {
+        None
+    }
+
+    /// A capability that must be provided by another account of the same demand (a provider's
+    /// rate window requires [`Capability::HTTP_CONNECTION`]: a call cannot be made without a
+    /// connection). A demand that lacks it is refused at once with
+    /// [`AdmitError::Unmet`](crate::AdmitError::Unmet).
+    fn requires(&self) -> Option<Capability> {
+        None
+    }
+}
+
+/// Something an account stands for, so that another account can require it in the same demand.
+#[derive(Copy, Clone, PartialEq, Eq, Hash, Debug, Serialize)]
+#[serde(transparent)]
+pub struct Capability(&'static str);
+
+impl Capability {
+    /// A connection to an upstream over HTTP.
+    pub const HTTP_CONNECTION: Capability = Capability("http_connection");
+
+    /// A capability of the caller's own.
+    pub const fn custom(name: &'static str) -> Capability {
+        Capability(name)
+    }
+
+    /// Its name.
+    pub const fn as_str(&self) -> &'static str {
+        self.0
+    }
+}
+
+impl fmt::Display for Capability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
 }
 
 impl fmt::Debug for dyn Account {

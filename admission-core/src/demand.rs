@@ -4,6 +4,7 @@ use std::fmt;
 
 use crate::account::{AccountRef, account_key};
 use crate::amount::Amount;
+use crate::error::AdmitError;
 
 /// One account of a demand and the amount asked of it.
 #[derive(Clone)]
@@ -109,6 +110,29 @@ impl Demand {
             .iter()
             .find(|e| account_key(&e.account) == key)
             .map_or(Amount::ZERO, |e| e.amount)
+    }
+
+    /// Checks that every capability an account requires is provided by another account here.
+    ///
+    /// # Errors
+    ///
+    /// [`AdmitError::Unmet`] naming the first account whose requirement is not met.
+    pub fn check_requirements(&self) -> Result<(), AdmitError> {
+        for entry in &self.entries {
+            if let Some(requires) = entry.account.requires() {
+                let met = self
+                    .entries
+                    .iter()
+                    .any(|other| other.account.provides() == Some(requires));
+                if !met {
+                    return Err(AdmitError::Unmet {
+                        account: entry.account.name().to_owned(),
+                        requires,
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn into_entries(self) -> Vec<Entry> {

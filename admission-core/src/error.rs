@@ -38,6 +38,17 @@ pub enum AdmitError {
         /// The timeout it asked with.
         timeout: Duration,
     },
+    /// An account of the demand requires a capability that no other account of it provides
+    /// (a rate window without the HTTP connection gate). Add the missing account to the demand.
+    #[error(
+        "account `{account}` requires a `{requires}` in the same demand, and none of its accounts provides one"
+    )]
+    Unmet {
+        /// The requiring account's name.
+        account: String,
+        /// What it requires.
+        requires: crate::Capability,
+    },
     /// The monitor was stopped; nothing is admitted any more.
     #[error("admission is shut down")]
     Shutdown,
@@ -63,7 +74,7 @@ impl AdmitError {
     /// The event reason this error is reported with.
     pub fn reason(&self) -> RejectReason {
         match self {
-            AdmitError::Refused { .. } => RejectReason::CircuitBlocked,
+            AdmitError::Refused { .. } | AdmitError::Unmet { .. } => RejectReason::CircuitBlocked,
             AdmitError::Cancelled { .. } => RejectReason::Cancelled,
             AdmitError::TimedOut { .. } => RejectReason::TimedOut,
             AdmitError::Shutdown => RejectReason::Shutdown,

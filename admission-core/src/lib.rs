@@ -29,7 +29,9 @@ mod sync;
 #[doc = include_str!("../../README.md")]
 struct ReadmeDoctests;
 
-pub use account::{Account, AccountRef, AccountStatus, Category, Refusal, Replenishment, WakeSlot};
+pub use account::{
+    Account, AccountRef, AccountStatus, Capability, Category, Refusal, Replenishment, WakeSlot,
+};
 pub use amount::Amount;
 pub use clock::{Clock, Instant, SystemClock, WakeFn};
 pub use context::{JobContext, JobSnapshot};

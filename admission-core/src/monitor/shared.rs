@@ -292,6 +292,10 @@ impl Shared {
             self.reject_event(out, ctx, &demand, &error);
             return Begin::Done(Err(error));
         }
+        if let Err(error) = demand.check_requirements() {
+            self.reject_event(out, ctx, &demand, &error);
+            return Begin::Done(Err(error));
+        }
         let mut st = self.state.lock();
         if let Some(error) = Self::phase_error(&st.phase) {
             drop(st);

@@ -4,7 +4,8 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use admission_core::{
-    Account, AccountStatus, Amount, Category, Instant, Refusal, Replenishment, WakeFn, WakeSlot,
+    Account, AccountStatus, Amount, Capability, Category, Instant, Refusal, Replenishment, WakeFn,
+    WakeSlot,
 };
 use admission_testkit::reference::ReferenceStatus;
 use parking_lot::Mutex;
@@ -78,6 +79,8 @@ pub(crate) struct Moody {
     pub(crate) refuse: AtomicBool,
     pub(crate) panic: AtomicBool,
     pub(crate) asked: AtomicUsize,
+    pub(crate) provides: Option<Capability>,
+    pub(crate) requires: Option<Capability>,
     wake: WakeSlot,
 }
 
@@ -88,6 +91,8 @@ impl Moody {
             refuse: AtomicBool::new(false),
             panic: AtomicBool::new(false),
             asked: AtomicUsize::new(0),
+            provides: None,
+            requires: None,
             wake: WakeSlot::new(),
         }
     }
@@ -132,5 +137,11 @@ impl Account for Moody {
     }
     fn on_capacity_change(&self, wake: Option<WakeFn>) {
         self.wake.install(wake);
+    }
+    fn provides(&self) -> Option<Capability> {
+        self.provides
+    }
+    fn requires(&self) -> Option<Capability> {
+        self.requires
     }
 }

@@ -461,3 +461,37 @@ fn admit_amounts_merge_on_one_account() {
     assert_eq!(gate.available(), 0);
     drop(grant);
 }
+
+#[test]
+fn a_demand_missing_a_required_capability_is_refused_at_once() {
+    use admission_core::Capability;
+    let monitor = Monitor::new();
+    let mut window = Moody::new("window");
+    window.requires = Some(Capability::HTTP_CONNECTION);
+    let window = Arc::new(window);
+    let mut http = Moody::new("http");
+    http.provides = Some(Capability::HTTP_CONNECTION);
+    let http = Arc::new(http);
+
+    let error = monitor
+        .admit_blocking(demand(&[(on(&window), 1)]), &job("alone"), None)
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "account `window` requires a `http_connection` in the same demand, and none of its accounts provides one"
+    );
+    assert_eq!(
+        window.asked.load(Ordering::SeqCst),
+        0,
+        "refused before any account was asked"
+    );
+    assert!(
+        monitor
+            .admit_blocking(
+                demand(&[(on(&window), 1), (on(&http), 1)]),
+                &job("paired"),
+                None
+            )
+            .is_ok()
+    );
+}

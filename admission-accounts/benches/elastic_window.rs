@@ -1,0 +1,2 @@
+//! elastic_window benches (in progress)
+fn main() {}

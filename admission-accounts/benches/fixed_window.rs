@@ -1,0 +1,2 @@
+//! fixed_window benches (in progress)
+fn main() {}

@@ -1,0 +1,2 @@
+//! gate_and_bucket benches (in progress)
+fn main() {}

@@ -1,0 +1,1 @@
+//! counting_gate (in progress)

@@ -1,0 +1,1 @@
+//! elastic_window (in progress)

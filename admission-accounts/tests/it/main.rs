@@ -1,0 +1,8 @@
+//! The account families' integration tests: one binary, one module per family, plus a monitor
+//! scenario that mixes all four in one demand.
+
+mod counting_gate;
+mod elastic_window;
+mod fixed_window;
+mod mixed;
+mod token_bucket;

@@ -1,0 +1,1 @@
+//! A monitor scenario mixing all four families (written once the families exist).
