@@ -1,2 +1,149 @@
-//! gate_and_bucket benches (in progress)
-fn main() {}
+//! Criterion benches of the counting gate and the token bucket, run beside `governor`'s
+//! `check_n` (a direct rate limiter with a quota nothing can exhaust) as the baseline.
+//!
+//! - `single_thread`: `try_take` + `give` of one unit, `try_take` alone, and the same pair on a
+//!   frozen fake clock (the account's own cost without the OS clock read); `governor/check_n`.
+//! - `two_threads`: two threads doing the same on one shared account; the time is per operation
+//!   of one thread while the other competes.
+//!
+//! Budgets are so large that no bench drains them, so every take succeeds. Runs are kept short
+//! (about a second of measurement per bench); `BENCHMARKS.md` records a run and the ratios.
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use admission_accounts::counting_gate::CountingGate;
+use admission_accounts::token_bucket::{TokenBucket, TokenBucketConfig};
+use admission_core::{Account, Amount};
+use admission_testkit::FakeClock;
+use criterion::{Criterion, criterion_group, criterion_main};
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+
+/// A budget no bench can spend: tokens and requests per minute, permits.
+const HUGE: u64 = 1 << 50;
+/// One call: one token and one request (the gate reads only the first).
+const ONE_CALL: Amount = Amount::pair(1, 1);
+
+fn gate() -> CountingGate {
+    CountingGate::new("bench", HUGE).expect("a positive capacity")
+}
+
+fn bucket() -> TokenBucket {
+    TokenBucket::on_system_clock("bench", TokenBucketConfig::new(HUGE, HUGE)).expect("budgets")
+}
+
+fn governor() -> DefaultDirectRateLimiter {
+    RateLimiter::direct(Quota::per_second(NonZeroU32::MAX).allow_burst(NonZeroU32::MAX))
+}
+
+fn take_give(account: &dyn Account) {
+    let taken = account.try_take(black_box(ONE_CALL), Amount::ZERO);
+    assert!(matches!(taken, Ok(true)), "the bench budget never runs out");
+    account.give(black_box(ONE_CALL));
+}
+
+fn take_only(account: &dyn Account) {
+    let taken = account.try_take(black_box(ONE_CALL), Amount::ZERO);
+    assert!(matches!(taken, Ok(true)), "the bench budget never runs out");
+}
+
+fn check_n(limiter: &DefaultDirectRateLimiter) {
+    let one = NonZeroU32::MIN;
+    let checked = limiter.check_n(black_box(one));
+    assert!(
+        matches!(checked, Ok(Ok(()))),
+        "the bench quota never runs out"
+    );
+}
+
+fn single_thread(c: &mut Criterion) {
+    let mut group = c.benchmark_group("single_thread");
+    let gate = gate();
+    group.bench_function("counting_gate/take_give", |b| b.iter(|| take_give(&gate)));
+    let gate_only = self::gate();
+    group.bench_function("counting_gate/take_only", |b| {
+        b.iter(|| take_only(&gate_only))
+    });
+    let frozen = self::gate().with_clock(FakeClock::new().shared());
+    group.bench_function("counting_gate/take_give_frozen_clock", |b| {
+        b.iter(|| take_give(&frozen))
+    });
+
+    let bucket = bucket();
+    group.bench_function("token_bucket/take_give", |b| b.iter(|| take_give(&bucket)));
+    let bucket_only = self::bucket();
+    group.bench_function("token_bucket/take_only", |b| {
+        b.iter(|| take_only(&bucket_only))
+    });
+    let frozen = TokenBucket::new(
+        "bench",
+        TokenBucketConfig::new(HUGE, HUGE),
+        FakeClock::new().shared(),
+    )
+    .expect("budgets");
+    group.bench_function("token_bucket/take_give_frozen_clock", |b| {
+        b.iter(|| take_give(&frozen))
+    });
+
+    let limiter = governor();
+    group.bench_function("governor/check_n", |b| b.iter(|| check_n(&limiter)));
+    group.finish();
+}
+
+/// Runs `op` `iters` times on each of two threads started together; the elapsed wall time of the
+/// slower thread, so the reported time is per operation of one thread under contention.
+fn on_two_threads<T: Send + Sync + 'static>(shared: &Arc<T>, iters: u64, op: fn(&T)) -> Duration {
+    let start = Arc::new(Barrier::new(2));
+    let other = {
+        let (shared, start) = (shared.clone(), start.clone());
+        thread::spawn(move || {
+            start.wait();
+            let began = Instant::now();
+            for _ in 0..iters {
+                op(&shared);
+            }
+            began.elapsed()
+        })
+    };
+    start.wait();
+    let began = Instant::now();
+    for _ in 0..iters {
+        op(shared);
+    }
+    let mine = began.elapsed();
+    mine.max(other.join().expect("the bench thread does not panic"))
+}
+
+fn two_threads(c: &mut Criterion) {
+    let mut group = c.benchmark_group("two_threads");
+    let gate = Arc::new(gate());
+    group.bench_function("counting_gate/take_give", |b| {
+        b.iter_custom(|iters| on_two_threads(&gate, iters, |g| take_give(g)))
+    });
+    let bucket = Arc::new(bucket());
+    group.bench_function("token_bucket/take_give", |b| {
+        b.iter_custom(|iters| on_two_threads(&bucket, iters, |t| take_give(t)))
+    });
+    let limiter = Arc::new(governor());
+    group.bench_function("governor/check_n", |b| {
+        b.iter_custom(|iters| on_two_threads(&limiter, iters, check_n))
+    });
+    group.finish();
+}
+
+fn short() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(40)
+}
+
+criterion_group! {
+    name = benches;
+    config = short();
+    targets = single_thread, two_threads
+}
+criterion_main!(benches);

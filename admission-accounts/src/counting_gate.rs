@@ -1,1 +1,294 @@
-//! counting_gate (in progress)
+//! [`CountingGate`]: a fixed number of permits, taken at admission and handed back at release.
+//!
+//! This is the semaphore of the family: the limit on HTTP connections to one upstream, on calls a
+//! model serves at once, on database connections. Time gives nothing back
+//! ([`Replenishment::Release`]); only a [`give`](Account::give) does, and every give calls the
+//! monitor's wake slot so the next waiter is looked at.
+//!
+//! The permit count is one atomic word moved by compare-and-swap, so a check and its debit are a
+//! single step without a lock (as in tokio's `batch_semaphore`, minus the waiter queue, which here
+//! belongs to the monitor).
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use admission_core::{
+    Account, AccountStatus, Amount, Capability, Category, Clock, Instant, Refusal, Replenishment,
+    SystemClock, WakeFn, WakeSlot,
+};
+use admission_events::SemaphoreStatus;
+
+use crate::ConfigError;
+
+/// The family name used in configuration errors.
+const LIMITER: &str = "counting gate";
+
+/// Stored in `last_activity` while nothing was ever taken or given.
+const NO_ACTIVITY: u64 = 0;
+
+/// A counting semaphore of `capacity` permits, as an [`Account`].
+///
+/// Reads only the primary dimension of an [`Amount`]. A demand for more permits than the gate
+/// has is refused at once with a [`Refusal`] naming the gate, the demand and the capacity, on
+/// [`fits`](Account::fits) and on [`try_take`](Account::try_take) alike; anything smaller is
+/// granted as soon as enough permits are free. [`earliest_fit`](Account::earliest_fit) is always
+/// `None`: only a give can free a permit.
+///
+/// Every successful take and every give stamps the last-activity instant, read from the gate's
+/// [`Clock`] (the system clock unless [`with_clock`](CountingGate::with_clock) says otherwise).
+///
+/// # Fairness
+///
+/// The gate itself is not a queue: a `try_take` either debits now or answers "not now". Order
+/// among waiters is the monitor's business (one line, head reservation).
+///
+/// # Cancel safety
+///
+/// Nothing here waits, so there is nothing to cancel; a refused `try_take` changes nothing.
+///
+/// # Panics
+///
+/// Never. Counts saturate; a give of more than is in use empties the gate's tally instead of
+/// underflowing.
+///
+/// # Examples
+///
+/// ```
+/// use admission_accounts::counting_gate::CountingGate;
+/// use admission_core::{Account, Amount, Capability};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let http = CountingGate::http(2)?;
+/// assert_eq!(http.provides(), Some(Capability::HTTP_CONNECTION));
+///
+/// assert!(http.try_take(Amount::ONE, Amount::ZERO)?);
+/// assert!(http.try_take(Amount::ONE, Amount::ZERO)?);
+/// assert!(!http.try_take(Amount::ONE, Amount::ZERO)?); // not now: both permits are out
+/// assert!(http.fits(Amount::units(3), Amount::ZERO).is_err()); // never: the gate has two
+/// http.give(Amount::ONE);
+/// assert_eq!((http.available(), http.in_use()), (1, 1));
+///
+/// let refused = CountingGate::new("db", 0).unwrap_err();
+/// assert_eq!(refused.field, "capacity");
+/// # Ok(())
+/// # }
+/// ```
+pub struct CountingGate {
+    /// The name events and statuses carry.
+    name: String,
+    /// How many permits exist; positive, fixed at construction.
+    capacity: u64,
+    /// Permits held now. Changed only by compare-and-swap (take) and `fetch_update` (give);
+    /// never above `capacity`.
+    in_use: AtomicU64,
+    /// The last take or give as nanoseconds on `clock`, plus one; `NO_ACTIVITY` (0) until the
+    /// first. Written only when the new reading is later than the stored one (see `stamp`).
+    last_activity: AtomicU64,
+    /// Where the last-activity stamp is read.
+    clock: Arc<dyn Clock>,
+    /// What the gate stands for in a demand (the HTTP gate provides an HTTP connection).
+    capability: Option<Capability>,
+    /// The monitor's wake-up, called after every give.
+    wake: WakeSlot,
+}
+
+impl CountingGate {
+    /// A gate named `name` with `capacity` permits, all free, on the system clock.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the field `capacity` when it is zero.
+    pub fn new(name: impl Into<String>, capacity: u64) -> Result<CountingGate, ConfigError> {
+        if capacity == 0 {
+            return Err(ConfigError::new(
+                LIMITER,
+                "capacity",
+                "must be positive, was 0 (a gate without permits would refuse everyone)",
+            ));
+        }
+        Ok(CountingGate {
+            name: name.into(),
+            capacity,
+            in_use: AtomicU64::new(0),
+            last_activity: AtomicU64::new(NO_ACTIVITY),
+            clock: Arc::new(SystemClock::new()),
+            capability: None,
+            wake: WakeSlot::new(),
+        })
+    }
+
+    /// The HTTP connection gate: named `http`, `capacity` permits, providing
+    /// [`Capability::HTTP_CONNECTION`] to the demands it sits in.
+    ///
+    /// # Errors
+    ///
+    /// As [`CountingGate::new`].
+    pub fn http(capacity: u64) -> Result<CountingGate, ConfigError> {
+        Ok(CountingGate::new("http", capacity)?.with_capability(Capability::HTTP_CONNECTION))
+    }
+
+    /// The same gate reading its last-activity stamp from `clock`.
+    ///
+    /// Pass the monitor's clock (`monitor.clock().clone()`) to have stamps on the monitor's scale;
+    /// the default system clock counts from the gate's own creation.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> CountingGate {
+        self.clock = clock;
+        self
+    }
+
+    /// The same gate standing for `capability` ([`Account::provides`]).
+    pub fn with_capability(mut self, capability: Capability) -> CountingGate {
+        self.capability = Some(capability);
+        self
+    }
+
+    /// The gate's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How many permits exist.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Permits free now.
+    pub fn available(&self) -> u64 {
+        self.capacity.saturating_sub(self.in_use())
+    }
+
+    /// Permits held now.
+    pub fn in_use(&self) -> u64 {
+        self.in_use.load(Ordering::Acquire)
+    }
+
+    /// The instant of the last take or give, `None` before the first.
+    pub fn last_activity(&self) -> Option<Instant> {
+        match self.last_activity.load(Ordering::Acquire) {
+            NO_ACTIVITY => None,
+            stamp => Some(Instant::from_nanos(stamp - 1)),
+        }
+    }
+
+    /// The status record, typed (what [`Account::status`] boxes).
+    pub fn semaphore_status(&self) -> SemaphoreStatus {
+        SemaphoreStatus {
+            name: self.name.clone(),
+            max_concurrent: self.capacity,
+            available_permits: self.available(),
+            last_activity: self.last_activity(),
+        }
+    }
+
+    /// "Never" for a demand larger than the gate.
+    fn check_bound(&self, mine: u64) -> Result<(), Refusal> {
+        if mine > self.capacity {
+            return Err(Refusal::new(format!(
+                "`{}` has {} permits in all; a demand of {mine} can never fit (ask for at most {})",
+                self.name, self.capacity, self.capacity
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether `want` permits (the asking demand plus the reservation) are free besides `in_use`.
+    fn room(&self, in_use: u64, want: u64) -> bool {
+        want <= self.capacity.saturating_sub(in_use)
+    }
+
+    /// Records now as the last activity.
+    ///
+    /// A load and a store rather than a read-modify-write: this sits on every take and give, and
+    /// a locked instruction here costs as much as the take itself. Two stamps racing may land in
+    /// either order, so the stamp is the instant of one of the latest operations, never older
+    /// than any operation that finished before the racing ones began.
+    fn stamp(&self) {
+        let now = self.clock.now().as_nanos().saturating_add(1);
+        if now > self.last_activity.load(Ordering::Relaxed) {
+            self.last_activity.store(now, Ordering::Release);
+        }
+    }
+}
+
+impl Account for CountingGate {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn category(&self) -> Category {
+        Category::SEMAPHORE
+    }
+
+    fn replenishment(&self) -> Replenishment {
+        Replenishment::Release
+    }
+
+    fn fits(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
+        let mine = mine.primary();
+        self.check_bound(mine)?;
+        let want = mine.saturating_add(reserved_ahead.primary());
+        Ok(self.room(self.in_use(), want))
+    }
+
+    fn try_take(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
+        let mine = mine.primary();
+        self.check_bound(mine)?;
+        let want = mine.saturating_add(reserved_ahead.primary());
+        let taken = self
+            .in_use
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |in_use| {
+                self.room(in_use, want).then(|| in_use.saturating_add(mine))
+            })
+            .is_ok();
+        if taken {
+            self.stamp();
+        }
+        Ok(taken)
+    }
+
+    fn give(&self, amount: Amount) {
+        let back = amount.primary();
+        if back > 0 {
+            let _ = self
+                .in_use
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |in_use| {
+                    Some(in_use.saturating_sub(back))
+                });
+        }
+        self.stamp();
+        if back > 0 {
+            self.wake.notify();
+        }
+    }
+
+    fn earliest_fit(&self, _mine: Amount, _reserved_ahead: Amount) -> Option<Instant> {
+        None
+    }
+
+    fn status(&self) -> Box<dyn AccountStatus> {
+        Box::new(self.semaphore_status())
+    }
+
+    fn on_capacity_change(&self, wake: Option<WakeFn>) {
+        self.wake.install(wake);
+    }
+
+    fn provides(&self) -> Option<Capability> {
+        self.capability
+    }
+}
+
+impl fmt::Debug for CountingGate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CountingGate")
+            .field("name", &self.name)
+            .field("capacity", &self.capacity)
+            .field("in_use", &self.in_use())
+            .field("last_activity", &self.last_activity())
+            .field("capability", &self.capability)
+            .field("clock", &self.clock)
+            .field("wake", &self.wake)
+            .finish()
+    }
+}

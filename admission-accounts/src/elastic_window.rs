@@ -1,1 +1,935 @@
-//! elastic_window (in progress)
+//! [`ElasticWindow`]: a sliding-log rate window that stretches under pressure, with a circuit
+//! breaker that refuses everyone while its upstream is down.
+//!
+//! The window admits `max_requests` requests in any stretch of `base_window` (a sliding log: one
+//! stamp per request, counted while it is younger than the window). Each time the upstream
+//! pushes back, the throttle rises by 1.0 and the window stretches to
+//! `base_window x (1 + throttle)`, so the same number of requests is spread over more time;
+//! successes bring it back down. When the upstream keeps failing although the throttle is at its
+//! cap, the circuit breaker (Nygard's closed / open / half-open machine) opens: every caller is
+//! refused at once with a message a model choosing tools can act on, until a cooldown has passed
+//! and a single probe request, taken by the head of the line, has reported back.
+//!
+//! Submodules: `log` (the stamps, run-length encoded), `throttle` (the stretch, in exact
+//! thousandths), `circuit` (the breaker's states) and `config` ([`ElasticWindowConfig`]).
+
+mod circuit;
+mod config;
+mod log;
+mod throttle;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use admission_core::{
+    Account, AccountStatus, Amount, Capability, Category, Clock, Instant, Refusal, Replenishment,
+    SystemClock, WakeFn, WakeSlot,
+};
+use admission_events::ElasticWindowStatus;
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::ConfigError;
+
+use circuit::{Circuit, Pass};
+use log::Log;
+use throttle::Throttle;
+
+pub use admission_events::CircuitState;
+pub use config::ElasticWindowConfig;
+
+/// How long after the last pressure signal every success takes 0.5 off the throttle instead of
+/// 0.2 per round of successes: five minutes.
+pub const FAST_RECOVERY_AFTER: Duration = throttle::FAST_RECOVERY_AFTER;
+
+/// The failure text [`ElasticWindow::record_pressure`] records.
+pub const PRESSURE_TEXT: &str = "rate limited by the upstream";
+
+/// The most characters of an upstream's failure text kept (and quoted in refusals).
+pub const FAILURE_TEXT_LIMIT: usize = 200;
+
+/// A sliding-log rate window with an adaptive throttle and a circuit breaker, as an [`Account`].
+///
+/// Reads only the primary dimension of an [`Amount`], as a number of requests. Capacity comes
+/// back with time ([`Replenishment::Time`]): a request counts while its stamp is inside the
+/// effective window, and a [`give`](Account::give) (a rollback) drops the newest stamps.
+///
+/// - **Window.** `fits(mine, reserved)` holds when the requests inside the effective window plus
+///   `mine` plus `reserved` are at most `max_requests`. A demand above `max_requests` is refused
+///   outright. [`earliest_fit`](Account::earliest_fit) is the instant the k-th oldest stamp
+///   leaves the window, k being the shortfall.
+/// - **Throttle.** [`record_failure`](ElasticWindow::record_failure),
+///   [`record_pressure`](ElasticWindow::record_pressure) and
+///   [`record_advisory_pressure`](ElasticWindow::record_advisory_pressure) add 1.0, up to the
+///   configured cap (9.0 by default). [`record_success`](ElasticWindow::record_success) takes 0.2
+///   off every `successes_per_decrease` successes (3 by default), or 0.5 off every success once
+///   [`FAST_RECOVERY_AFTER`] has passed without pressure; never below zero. A relaxation calls
+///   the monitor's wake slot; a tightening does not (a deadline computed under the shorter window
+///   is merely re-asked early).
+/// - **Circuit.** `failures_at_max_to_block` consecutive failures (3 by default), each arriving
+///   with the throttle already at its cap, open the circuit for `initial_cooldown`. While the
+///   cooldown runs, every caller gets an `Err(Refusal)` naming the window, its nominal rate, the
+///   cooldown left and the upstream's last failure, and telling it to use another tool. Then the
+///   head of the line (the caller asking with `reserved_ahead` zero) may take one probe through
+///   [`try_take`](Account::try_take), subject to room in the window; everyone else is refused as
+///   though the probe were already out, and so is everyone while it is out. A success closes the
+///   circuit; a failure re-opens it with the cooldown doubled (kept within
+///   `[initial_cooldown, max_cooldown]`); a give while probing (the probe rolled back, no
+///   verdict) returns to blocked with the same cooldown, already over; a probe with no verdict
+///   after `probe_timeout` returns to blocked the same way. Opening calls the wake slot, so
+///   waiters parked on the window hear their refusal at once instead of at their deadline.
+///
+/// Any success or failure while probing is taken as the probe's verdict, and any give while
+/// probing as its refund: the window cannot tell one request from another.
+///
+/// Every window requires [`Capability::HTTP_CONNECTION`] in the same demand: a call to an
+/// upstream needs a connection, so the monitor refuses a demand that names a window without an
+/// HTTP connection gate ([`AdmitError::Unmet`](admission_core::AdmitError::Unmet)).
+///
+/// The name is the caller's to give (usually the upstream or tool the window guards); there is no
+/// default derived from a type name.
+///
+/// All time is read from the one injected [`Clock`]: stamps, cooldowns, the probe's expiry and
+/// the recovery interval.
+///
+/// # Fairness
+///
+/// The window is not a queue: `try_take` debits now or answers "not now". Order among waiters is
+/// the monitor's (one line, head reservation); the probe goes to whoever asks as the head.
+///
+/// # Cancel safety
+///
+/// Nothing here waits, so there is nothing to cancel; a refused `try_take` changes nothing.
+///
+/// # Panics
+///
+/// Never. Counts and instants saturate; a give of more than is held empties the log; a window
+/// longer than `u64::MAX` nanoseconds (about 584 years) counts as exactly that long.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use admission_accounts::elastic_window::{CircuitState, ElasticWindow, ElasticWindowConfig};
+/// use admission_core::{Account, Amount, Instant};
+/// use admission_testkit::FakeClock;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let clock = FakeClock::new();
+/// let search = ElasticWindow::new("search", ElasticWindowConfig::new(2, Duration::from_secs(10)))?
+///     .with_clock(clock.shared());
+///
+/// assert!(search.try_take(Amount::ONE, Amount::ZERO)?);
+/// clock.advance(Duration::from_secs(4));
+/// assert!(search.try_take(Amount::ONE, Amount::ZERO)?);
+/// assert!(!search.try_take(Amount::ONE, Amount::ZERO)?); // not now: two in the last 10 s
+/// let ten_s = Instant::from_nanos(10_000_000_000);
+/// assert_eq!(search.earliest_fit(Amount::ONE, Amount::ZERO), Some(ten_s));
+/// assert!(search.fits(Amount::units(3), Amount::ZERO).is_err()); // never: two per window
+///
+/// search.record_pressure(); // the upstream pushed back: the window now spans 20 s
+/// assert_eq!(search.effective_window(), Duration::from_secs(20));
+/// assert_eq!(search.status_indicator().as_deref(), Some("throttle:2.0x"));
+/// assert_eq!(search.circuit_state(), CircuitState::Healthy);
+/// # Ok(())
+/// # }
+/// ```
+pub struct ElasticWindow {
+    /// The name events, statuses and refusals carry.
+    name: String,
+    /// The configuration, validated at construction and never changed.
+    config: ElasticWindowConfig,
+    /// `config.base_window` in nanoseconds, saturated to `u64::MAX`.
+    base: u64,
+    /// The window at the throttle's cap, in nanoseconds: stamps older than this can never count
+    /// again and are forgotten.
+    widest: u64,
+    /// `config.resolved_probe_timeout()`.
+    probe_timeout: Duration,
+    /// The one clock every instant is read from.
+    clock: Arc<dyn Clock>,
+    /// Everything that changes; see [`State`].
+    state: Mutex<State>,
+    /// The monitor's wake-up: called after the lock is released, when capacity grows (a give, a
+    /// relaxation, the circuit closing) and when the circuit opens.
+    wake: WakeSlot,
+}
+
+/// The window's moving parts, all behind one lock so a check and its debit are one step.
+#[derive(Debug)]
+struct State {
+    /// The latest instant any caller brought in; only ever raised, so time under this lock never
+    /// goes back even when callers read the clock in a different order than they lock.
+    now: Instant,
+    /// The stamps; never more than `max_requests` requests, none older than `widest`.
+    log: Log,
+    /// The throttle; within `[0, max_throttle]`.
+    throttle: Throttle,
+    /// The effective window in nanoseconds: the base window stretched by `1 + throttle`
+    /// (saturated). Recomputed by [`State::restretch`] after every move of the throttle, so the
+    /// hot path never multiplies.
+    window: u64,
+    /// The breaker.
+    circuit: Circuit,
+    /// The upstream's last failure text, tidied and cut to [`FAILURE_TEXT_LIMIT`] characters.
+    last_failure: Option<String>,
+}
+
+impl State {
+    /// Nothing taken, throttle zero, healthy, for a base window of `base` nanoseconds.
+    fn fresh(config: &ElasticWindowConfig, base: u64) -> State {
+        State {
+            now: Instant::ZERO,
+            log: Log::new(),
+            throttle: Throttle::new(config.max_throttle),
+            window: base,
+            circuit: Circuit::new(config.initial_cooldown),
+            last_failure: None,
+        }
+    }
+
+    /// Brings `window` in line with the throttle after it moved.
+    fn restretch(&mut self, base: u64) {
+        self.window = Throttle::stretch(base, self.throttle.milli());
+    }
+}
+
+/// What a check found, when it found no refusal.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fit {
+    /// Fits; `probe` when taking it would claim the circuit's one probe.
+    Yes { probe: bool },
+    /// Not now.
+    No,
+}
+
+impl ElasticWindow {
+    /// A window named `name` built from `config`, with nothing taken, on the system clock.
+    ///
+    /// # Errors
+    ///
+    /// The [`ConfigError`] of [`ElasticWindowConfig::validate`]: the first field that cannot
+    /// work, named, with the value seen.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
+    ///
+    /// let search = ElasticWindow::new("search", ElasticWindowConfig::new(60, Duration::from_secs(60)));
+    /// assert!(search.is_ok());
+    ///
+    /// let config = ElasticWindowConfig::new(60, Duration::from_secs(60)).with_max_throttle(-1.0);
+    /// let refused = ElasticWindow::new("search", config).unwrap_err();
+    /// assert_eq!(refused.field, "max_throttle");
+    /// ```
+    pub fn new(
+        name: impl Into<String>,
+        config: ElasticWindowConfig,
+    ) -> Result<ElasticWindow, ConfigError> {
+        config.validate()?;
+        let base = nanos(config.base_window);
+        let widest = Throttle::stretch(base, Throttle::new(config.max_throttle).max_milli());
+        Ok(ElasticWindow {
+            name: name.into(),
+            base,
+            widest,
+            probe_timeout: config.resolved_probe_timeout(),
+            clock: Arc::new(SystemClock::new()),
+            state: Mutex::new(State::fresh(&config, base)),
+            config,
+            wake: WakeSlot::new(),
+        })
+    }
+
+    /// The same window reading `clock`, started afresh (no stamps, no throttle, healthy).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
+    /// use admission_core::{Account, Amount};
+    /// use admission_testkit::FakeClock;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let clock = FakeClock::new();
+    /// let search = ElasticWindow::new("search", ElasticWindowConfig::new(1, Duration::from_secs(1)))?
+    ///     .with_clock(clock.shared());
+    /// assert!(search.try_take(Amount::ONE, Amount::ZERO)?);
+    /// clock.advance(Duration::from_secs(1)); // the stamp leaves the window
+    /// assert!(search.try_take(Amount::ONE, Amount::ZERO)?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> ElasticWindow {
+        self.clock = clock;
+        self.state = Mutex::new(State::fresh(&self.config, self.base));
+        self
+    }
+
+    /// The window's name.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
+    ///
+    /// let w = ElasticWindow::new("search", ElasticWindowConfig::new(5, Duration::from_secs(1))).unwrap();
+    /// assert_eq!(w.name(), "search");
+    /// ```
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The configuration the window was built from.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
+    ///
+    /// let w = ElasticWindow::new("search", ElasticWindowConfig::new(5, Duration::from_secs(1))).unwrap();
+    /// assert_eq!(w.config().max_requests, 5);
+    /// ```
+    pub fn config(&self) -> &ElasticWindowConfig {
+        &self.config
+    }
+
+    /// Requests counted by the effective window now.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
+    /// use admission_core::{Account, Amount};
+    /// use admission_testkit::FakeClock;
+    ///
+    /// let clock = FakeClock::new();
+    /// let w = ElasticWindow::new("search", ElasticWindowConfig::new(5, Duration::from_secs(1)))
+    ///     .unwrap()
+    ///     .with_clock(clock.shared());
+    /// w.try_take(Amount::units(3), Amount::ZERO).unwrap();
+    /// assert_eq!(w.in_use(), 3);
+    /// clock.advance(Duration::from_secs(1));
+    /// assert_eq!(w.in_use(), 0);
+    /// ```
+    pub fn in_use(&self) -> u64 {
+        let (st, now) = self.lock_now();
+        st.log.in_use(now, st.window)
+    }
+
+    /// The effective window now: the base window times `1 + throttle`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
+    ///
+    /// let w = ElasticWindow::new("search", ElasticWindowConfig::new(5, Duration::from_secs(10))).unwrap();
+    /// w.record_advisory_pressure();
+    /// assert_eq!(w.effective_window(), Duration::from_secs(20));
+    /// ```
+    pub fn effective_window(&self) -> Duration {
+        let (st, _) = self.lock_now();
+        Duration::from_nanos(st.window)
+    }
+
+    /// The throttle now, between 0 and the configured maximum.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
+    ///
+    /// let w = ElasticWindow::new("search", ElasticWindowConfig::new(5, Duration::from_secs(10))).unwrap();
+    /// w.record_pressure();
+    /// w.record_pressure();
+    /// assert_eq!(w.throttle(), 2.0);
+    /// for _ in 0..3 {
+    ///     w.record_success();
+    /// }
+    /// assert_eq!(w.throttle(), 1.8);
+    /// ```
+    pub fn throttle(&self) -> f64 {
+        let (st, _) = self.lock_now();
+        milli_to_f64(st.throttle.milli())
+    }
+
+    /// The circuit breaker's state now.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission_accounts::elastic_window::{CircuitState, ElasticWindow, ElasticWindowConfig};
+    ///
+    /// let config = ElasticWindowConfig::new(5, Duration::from_secs(10)).with_max_throttle(0.0);
+    /// let w = ElasticWindow::new("search", config).unwrap();
+    /// for _ in 0..3 {
+    ///     w.record_failure("HTTP 503");
+    /// }
+    /// assert_eq!(w.circuit_state(), CircuitState::Blocked);
+    /// ```
+    pub fn circuit_state(&self) -> CircuitState {
+        let (st, _) = self.lock_now();
+        st.circuit.state()
+    }
+
+    /// Time left before a blocked circuit offers its probe; zero unless blocked.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
+    /// use admission_testkit::FakeClock;
+    ///
+    /// let clock = FakeClock::new();
+    /// let config = ElasticWindowConfig::new(5, Duration::from_secs(10)).with_max_throttle(0.0);
+    /// let w = ElasticWindow::new("search", config).unwrap().with_clock(clock.shared());
+    /// assert_eq!(w.cooldown_remaining(), Duration::ZERO);
+    /// for _ in 0..3 {
+    ///     w.record_failure("HTTP 503");
+    /// }
+    /// clock.advance(Duration::from_secs(10));
+    /// assert_eq!(w.cooldown_remaining(), Duration::from_secs(20));
+    /// ```
+    pub fn cooldown_remaining(&self) -> Duration {
+        let (st, now) = self.lock_now();
+        st.circuit.cooldown_remaining(now)
+    }
+
+    /// The cooldown the circuit blocked with last: the initial cooldown until a probe fails, then
+    /// doubled per failed probe up to the maximum, and back to the initial one when the circuit
+    /// closes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
+    ///
+    /// let w = ElasticWindow::new("search", ElasticWindowConfig::new(5, Duration::from_secs(10))).unwrap();
+    /// assert_eq!(w.cooldown(), Duration::from_secs(30));
+    /// ```
+    pub fn cooldown(&self) -> Duration {
+        let (st, _) = self.lock_now();
+        st.circuit.cooldown()
+    }
+
+    /// The upstream's last failure text as recorded (tidied, at most [`FAILURE_TEXT_LIMIT`]
+    /// characters); `None` before the first failure.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
+    ///
+    /// let w = ElasticWindow::new("search", ElasticWindowConfig::new(5, Duration::from_secs(10))).unwrap();
+    /// assert_eq!(w.last_failure(), None);
+    /// w.record_failure("HTTP 502\n  Bad Gateway");
+    /// assert_eq!(w.last_failure().as_deref(), Some("HTTP 502 Bad Gateway"));
+    /// ```
+    pub fn last_failure(&self) -> Option<String> {
+        self.state.lock().last_failure.clone()
+    }
+
+    /// How many times the circuit has opened since the window was built (from healthy, or again
+    /// after a failed probe).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
+    ///
+    /// let config = ElasticWindowConfig::new(5, Duration::from_secs(10)).with_max_throttle(0.0);
+    /// let w = ElasticWindow::new("search", config).unwrap();
+    /// for _ in 0..10 {
+    ///     w.record_failure("HTTP 503"); // once open, more failures change nothing
+    /// }
+    /// assert_eq!(w.circuit_openings(), 1);
+    /// ```
+    pub fn circuit_openings(&self) -> u64 {
+        self.state.lock().circuit.openings()
+    }
+
+    /// The upstream answered a request: the failure streak ends, the throttle relaxes by its
+    /// rule, and a probe's success closes the circuit. Calls the wake slot when the throttle went
+    /// down or the circuit closed.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig, FAST_RECOVERY_AFTER};
+    /// use admission_testkit::FakeClock;
+    ///
+    /// let clock = FakeClock::new();
+    /// let w = ElasticWindow::new("search", ElasticWindowConfig::new(5, Duration::from_secs(10)))
+    ///     .unwrap()
+    ///     .with_clock(clock.shared());
+    /// w.record_pressure();
+    /// w.record_success();
+    /// w.record_success();
+    /// assert_eq!(w.throttle(), 1.0); // a round is three successes
+    /// w.record_success();
+    /// assert_eq!(w.throttle(), 0.8);
+    /// clock.advance(FAST_RECOVERY_AFTER);
+    /// w.record_success();
+    /// assert_eq!(w.throttle(), 0.3); // long after the pressure, every success takes 0.5
+    /// ```
+    pub fn record_success(&self) {
+        let (mut st, now) = self.lock_now();
+        let relaxed = st.throttle.relax(now, self.config.successes_per_decrease);
+        st.restretch(self.base);
+        let closed = st.circuit.succeed(self.config.initial_cooldown);
+        let throttle = st.throttle.milli();
+        drop(st);
+        if closed {
+            tracing::info!(limiter = %self.name, "elastic window circuit closed: the probe succeeded");
+        }
+        if relaxed {
+            tracing::debug!(limiter = %self.name, throttle = milli_to_f64(throttle), "elastic window relaxed");
+        }
+        if relaxed || closed {
+            self.wake.notify();
+        }
+    }
+
+    /// The upstream failed a request with `description` (its status line, its error message):
+    /// the throttle rises by 1.0, the text is kept for refusals, and the failure counts toward
+    /// opening the circuit when the throttle already stood at its cap. While probing, this is the
+    /// probe's failure: the circuit re-opens with the cooldown doubled.
+    ///
+    /// The text is tidied (runs of whitespace become one space) and cut to
+    /// [`FAILURE_TEXT_LIMIT`] characters, so an upstream's whole error page never ends up in a
+    /// refusal. Opening the circuit calls the wake slot, so parked waiters are refused at once.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission_accounts::elastic_window::{CircuitState, ElasticWindow, ElasticWindowConfig};
+    ///
+    /// let config = ElasticWindowConfig::new(5, Duration::from_secs(10)).with_max_throttle(1.0);
+    /// let w = ElasticWindow::new("search", config).unwrap();
+    /// w.record_failure("HTTP 503"); // brings the throttle to its cap: not yet "at" it
+    /// w.record_failure("HTTP 503");
+    /// w.record_failure("HTTP 503");
+    /// assert_eq!(w.circuit_state(), CircuitState::Healthy);
+    /// w.record_failure("HTTP 503 Service Unavailable");
+    /// assert_eq!(w.circuit_state(), CircuitState::Blocked);
+    /// ```
+    pub fn record_failure(&self, description: &str) {
+        let text = tidy(description);
+        let (mut st, now) = self.lock_now();
+        let at_max = st.throttle.at_max();
+        st.throttle.press(now);
+        st.restretch(self.base);
+        st.last_failure = Some(text.clone());
+        let opened = st.circuit.fail(
+            now,
+            at_max,
+            self.config.failures_at_max_to_block,
+            self.config.initial_cooldown,
+            self.config.max_cooldown,
+        );
+        let cooldown = st.circuit.cooldown();
+        drop(st);
+        if opened {
+            tracing::warn!(
+                limiter = %self.name,
+                cooldown = ?cooldown,
+                last_failure = %text,
+                "elastic window circuit opened: refusing every call until the cooldown ends"
+            );
+            self.wake.notify();
+        }
+    }
+
+    /// The upstream pushed back without saying more (an HTTP 429): the same as
+    /// [`record_failure`](ElasticWindow::record_failure) with the text [`PRESSURE_TEXT`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig, PRESSURE_TEXT};
+    ///
+    /// let w = ElasticWindow::new("search", ElasticWindowConfig::new(5, Duration::from_secs(10))).unwrap();
+    /// w.record_pressure();
+    /// assert_eq!(w.throttle(), 1.0);
+    /// assert_eq!(w.last_failure().as_deref(), Some(PRESSURE_TEXT));
+    /// ```
+    pub fn record_pressure(&self) {
+        self.record_failure(PRESSURE_TEXT);
+    }
+
+    /// A hint to slow down that is not a failure (a low remaining-quota header): the throttle
+    /// rises by 1.0, up to its cap, and nothing else changes. It never counts toward opening the
+    /// circuit and never calls the wake slot.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission_accounts::elastic_window::{CircuitState, ElasticWindow, ElasticWindowConfig};
+    ///
+    /// let config = ElasticWindowConfig::new(5, Duration::from_secs(10)).with_max_throttle(2.0);
+    /// let w = ElasticWindow::new("search", config).unwrap();
+    /// for _ in 0..10 {
+    ///     w.record_advisory_pressure();
+    /// }
+    /// assert_eq!(w.throttle(), 2.0);
+    /// assert_eq!(w.circuit_state(), CircuitState::Healthy);
+    /// ```
+    pub fn record_advisory_pressure(&self) {
+        let (mut st, now) = self.lock_now();
+        st.throttle.press(now);
+        st.restretch(self.base);
+    }
+
+    /// The status record read now, typed (what [`Account::status`] boxes).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission_accounts::elastic_window::{CircuitState, ElasticWindow, ElasticWindowConfig};
+    /// use admission_core::{Account, Amount};
+    ///
+    /// let w = ElasticWindow::new("search", ElasticWindowConfig::new(5, Duration::from_secs(10))).unwrap();
+    /// w.try_take(Amount::units(2), Amount::ZERO).unwrap();
+    /// let status = w.status_record();
+    /// assert_eq!((status.in_use, status.max_requests), (2, 5));
+    /// assert_eq!(status.circuit, CircuitState::Healthy);
+    /// ```
+    pub fn status_record(&self) -> ElasticWindowStatus {
+        let (st, now) = self.lock_now();
+        let window = st.window;
+        ElasticWindowStatus {
+            name: self.name.clone(),
+            max_requests: self.config.max_requests,
+            base_window: self.config.base_window,
+            effective_window: Duration::from_nanos(window),
+            in_use: st.log.in_use(now, window),
+            throttle: milli_to_f64(st.throttle.milli()),
+            circuit: st.circuit.state(),
+            cooldown_remaining: st.circuit.cooldown_remaining(now),
+        }
+    }
+
+    /// Reads the clock, then locks the state and brings it up to that instant: time under the
+    /// lock never goes back, a probe past its timeout is given up, and stamps no window can
+    /// count any more are forgotten.
+    fn lock_now(&self) -> (MutexGuard<'_, State>, Instant) {
+        let read = self.clock.now();
+        let mut st = self.state.lock();
+        let now = read.max(st.now);
+        st.now = now;
+        if st.circuit.expire_probe(now) {
+            tracing::debug!(limiter = %self.name, "elastic window probe expired without a verdict");
+        }
+        st.log.expire(now, self.widest);
+        (st, now)
+    }
+
+    /// The breaker's word and the window's room for `mine` with `reserved` set aside.
+    fn check(
+        &self,
+        st: &State,
+        now: Instant,
+        mine: Amount,
+        reserved: Amount,
+    ) -> Result<Fit, Refusal> {
+        let probe = match st.circuit.pass(now, reserved.is_zero()) {
+            Pass::Open => false,
+            Pass::Probe => true,
+            Pass::Cooling(left) => return Err(self.blocked_refusal(st, left)),
+            Pass::ProbeOut => return Err(self.probe_refusal(st)),
+        };
+        let want = st
+            .log
+            .in_use(now, st.window)
+            .saturating_add(mine.primary())
+            .saturating_add(reserved.primary());
+        Ok(if want <= self.config.max_requests {
+            Fit::Yes { probe }
+        } else {
+            Fit::No
+        })
+    }
+
+    /// `mine` above `max_requests` can never fit.
+    fn never_fits(&self, mine: Amount) -> Result<(), Refusal> {
+        let asked = mine.primary();
+        let max = self.config.max_requests;
+        if asked <= max {
+            return Ok(());
+        }
+        Err(Refusal::new(format!(
+            "The rate limiter `{}` allows at most {}; a demand of {asked} requests can never \
+             fit. Ask for at most {max} requests at a time.",
+            self.name,
+            self.rate()
+        )))
+    }
+
+    /// The refusal while the cooldown runs.
+    fn blocked_refusal(&self, st: &State, left: Duration) -> Refusal {
+        Refusal::new(format!(
+            "The rate limiter `{}` ({}) is refusing every call for another {}: its upstream \
+             kept failing, so its circuit breaker is open. The upstream's last failure: {}. Do \
+             not wait for this tool; pick another tool to continue.",
+            self.name,
+            self.rate(),
+            remaining(left),
+            last_failure_text(st)
+        ))
+    }
+
+    /// The refusal while the probe is out, or is the head's to take.
+    fn probe_refusal(&self, st: &State) -> Refusal {
+        Refusal::new(format!(
+            "The rate limiter `{}` ({}) is refusing every call while a single trial call checks \
+             whether its upstream has recovered: its upstream kept failing, so its circuit \
+             breaker is open. The upstream's last failure: {}. Do not wait for this tool; pick \
+             another tool to continue.",
+            self.name,
+            self.rate(),
+            last_failure_text(st)
+        ))
+    }
+
+    /// The nominal rate: "60 requests per 60 s".
+    fn rate(&self) -> String {
+        let max = self.config.max_requests;
+        let unit = if max == 1 { "request" } else { "requests" };
+        format!("{max} {unit} per {}", span(self.config.base_window))
+    }
+}
+
+impl Account for ElasticWindow {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn category(&self) -> Category {
+        Category::ELASTIC_WINDOW
+    }
+
+    /// Always [`Replenishment::Time`]: a request keeps counting after the call that made it has
+    /// finished, until its stamp leaves the window.
+    fn replenishment(&self) -> Replenishment {
+        Replenishment::Time
+    }
+
+    /// Whether `mine` requests fit the effective window now with `reserved_ahead` set aside.
+    /// `Err` when `mine` exceeds `max_requests` or the circuit refuses this caller.
+    fn fits(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
+        self.never_fits(mine)?;
+        let (st, now) = self.lock_now();
+        Ok(self.check(&st, now, mine, reserved_ahead)? != Fit::No)
+    }
+
+    /// The same check and, when it fits, `mine` stamps at now; the head of the line takes the
+    /// circuit's probe here when the cooldown is over.
+    fn try_take(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
+        self.never_fits(mine)?;
+        let (mut st, now) = self.lock_now();
+        let Fit::Yes { probe } = self.check(&st, now, mine, reserved_ahead)? else {
+            return Ok(false);
+        };
+        st.log.push(now, mine.primary(), self.config.max_requests);
+        if probe {
+            st.circuit.claim_probe(now, self.probe_timeout);
+            drop(st);
+            tracing::info!(limiter = %self.name, "elastic window probe sent: the circuit is half open");
+        }
+        Ok(true)
+    }
+
+    /// Drops the newest `amount` stamps (the oldest, which deadlines read, stay). While probing,
+    /// this is the probe rolled back without a verdict: the circuit returns to blocked, its
+    /// cooldown kept. Calls the wake slot when anything changed.
+    fn give(&self, amount: Amount) {
+        let n = amount.primary();
+        if n == 0 {
+            return;
+        }
+        // No clock read: dropping the newest stamps needs no time, and a refund reverts a probe
+        // to the same blocked state its expiry would.
+        let mut st = self.state.lock();
+        let dropped = st.log.drop_newest(n);
+        let reverted = st.circuit.refund();
+        drop(st);
+        if reverted {
+            tracing::debug!(limiter = %self.name, "elastic window probe refunded without a verdict");
+        }
+        if dropped > 0 || reverted {
+            self.wake.notify();
+        }
+    }
+
+    /// The instant the k-th oldest stamp inside the window leaves it, k being the shortfall;
+    /// no earlier than the end of a running cooldown (or a probe's expiry) for the head.
+    /// `None` when time alone cannot help: `mine` plus `reserved_ahead` exceed `max_requests`,
+    /// or the circuit refuses this caller whatever the time.
+    fn earliest_fit(&self, mine: Amount, reserved_ahead: Amount) -> Option<Instant> {
+        let max = self.config.max_requests;
+        let (asked, reserved) = (mine.primary(), reserved_ahead.primary());
+        if asked.saturating_add(reserved) > max {
+            return None;
+        }
+        let (st, now) = self.lock_now();
+        let head = reserved_ahead.is_zero();
+        let circuit_at = match st.circuit.pass(now, head) {
+            Pass::Open | Pass::Probe => now,
+            Pass::Cooling(_) | Pass::ProbeOut if head => st.circuit.head_passes_at(),
+            Pass::Cooling(_) | Pass::ProbeOut => return None,
+        };
+        let window = st.window;
+        let want = st
+            .log
+            .in_use(now, window)
+            .saturating_add(asked)
+            .saturating_add(reserved);
+        let window_at = match want.checked_sub(max) {
+            None | Some(0) => now,
+            Some(short) => st.log.kth_leaves(now, window, short)?,
+        };
+        Some(window_at.max(circuit_at))
+    }
+
+    fn status(&self) -> Box<dyn AccountStatus> {
+        Box::new(self.status_record())
+    }
+
+    /// `blocked` or `probing` while the circuit is not healthy, else `throttle:<1 + throttle>x`
+    /// with one decimal while throttled, else `None`: what the status record's indicator says.
+    fn status_indicator(&self) -> Option<String> {
+        let (st, _) = self.lock_now();
+        match st.circuit.state() {
+            CircuitState::Healthy => {
+                let milli = st.throttle.milli();
+                (milli > 0).then(|| format!("throttle:{:.1}x", 1.0 + milli_to_f64(milli)))
+            }
+            state => Some(state.as_str().to_owned()),
+        }
+    }
+
+    fn on_capacity_change(&self, wake: Option<WakeFn>) {
+        self.wake.install(wake);
+    }
+
+    /// Always [`Capability::HTTP_CONNECTION`]: a call to the upstream needs a connection.
+    fn requires(&self) -> Option<Capability> {
+        Some(Capability::HTTP_CONNECTION)
+    }
+}
+
+impl fmt::Debug for ElasticWindow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ElasticWindow")
+            .field("name", &self.name)
+            .field("config", &self.config)
+            .field("clock", &self.clock)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A duration in nanoseconds, saturated to `u64::MAX`.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Thousandths as a number.
+fn milli_to_f64(milli: u64) -> f64 {
+    milli as f64 / throttle::MILLI as f64
+}
+
+/// The last failure for a refusal.
+fn last_failure_text(st: &State) -> &str {
+    st.last_failure.as_deref().unwrap_or("not described")
+}
+
+/// A configured duration written exactly in the largest unit that divides it: `60 s`,
+/// `250 ms`, `15 µs`, `7 ns`.
+fn span(d: Duration) -> String {
+    let n = d.as_nanos();
+    if n == 0 {
+        "0 s".to_owned()
+    } else if n.is_multiple_of(1_000_000_000) {
+        format!("{} s", n / 1_000_000_000)
+    } else if n.is_multiple_of(1_000_000) {
+        format!("{} ms", n / 1_000_000)
+    } else if n.is_multiple_of(1_000) {
+        format!("{} µs", n / 1_000)
+    } else {
+        format!("{n} ns")
+    }
+}
+
+/// Time left, rounded up: whole seconds from one second on (`30 s`), else whole milliseconds
+/// (`250 ms`, at least `1 ms`).
+fn remaining(d: Duration) -> String {
+    let n = d.as_nanos();
+    if n >= 1_000_000_000 {
+        format!("{} s", n.div_ceil(1_000_000_000))
+    } else {
+        format!("{} ms", n.div_ceil(1_000_000).max(1))
+    }
+}
+
+/// An upstream's failure text, fit for a one-line refusal: whitespace runs become one space,
+/// and the text is cut to [`FAILURE_TEXT_LIMIT`] characters, `...` marking a cut.
+fn tidy(text: &str) -> String {
+    let mut out = String::new();
+    for (i, word) in text.split_whitespace().enumerate() {
+        if i > 0 {
+            out.push(' ');
+        }
+        out.push_str(word);
+    }
+    if out.chars().count() > FAILURE_TEXT_LIMIT {
+        let mut cut: String = out.chars().take(FAILURE_TEXT_LIMIT).collect();
+        cut.push_str("...");
+        cut
+    } else {
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_are_written_for_a_reader() {
+        assert_eq!(span(Duration::from_secs(60)), "60 s");
+        assert_eq!(span(Duration::from_millis(1_500)), "1500 ms");
+        assert_eq!(span(Duration::from_micros(15)), "15 µs");
+        assert_eq!(span(Duration::from_nanos(7)), "7 ns");
+        assert_eq!(remaining(Duration::from_millis(29_001)), "30 s");
+        assert_eq!(remaining(Duration::from_nanos(1)), "1 ms");
+        assert_eq!(remaining(Duration::from_micros(250_500)), "251 ms");
+    }
+
+    #[test]
+    fn failure_text_is_tidied_and_cut() {
+        assert_eq!(tidy("  HTTP 502\n\tBad   Gateway "), "HTTP 502 Bad Gateway");
+        let long = "é".repeat(FAILURE_TEXT_LIMIT + 5);
+        let cut = tidy(&long);
+        assert_eq!(cut.chars().count(), FAILURE_TEXT_LIMIT + 3);
+        assert!(cut.ends_with("..."));
+    }
+}

@@ -1,1 +1,577 @@
-//! token_bucket (in progress)
+//! [`TokenBucket`]: a model's tokens and requests per minute, clocked, with an adaptive throttle.
+//!
+//! The bucket is the Generic Cell Rate Algorithm's continuous form: no thread refills it. Each
+//! time it is read, the level becomes the stored level plus what the rate produced since the last
+//! read, capped at the budget, and the instant a shortfall closes is computed rather than polled
+//! for ([`Account::earliest_fit`]), so the monitor sleeps exactly until then. The check and the
+//! debit happen under one lock at the moment of the grant, which is also the moment the call is
+//! sent, so the local level charges the same minute the provider's quota does.
+//!
+//! An [`Amount`] asks two things of a bucket: dimension 0 is tokens, dimension 1 is requests
+//! (`Amount::pair(tokens, 1)` for one call). Both refill continuously at their per-minute rate
+//! and both must be there for a take; the later of the two decides the deadline.
+//!
+//! Levels are integers (see `level.rs`); the throttle is counted in tenths (see `throttle.rs`).
+
+mod level;
+mod throttle;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use admission_core::{
+    Account, AccountStatus, Amount, Category, Clock, Instant, Refusal, Replenishment, SystemClock,
+    WakeFn, WakeSlot,
+};
+use admission_events::TokenBucketStatus;
+use parking_lot::Mutex;
+
+use crate::ConfigError;
+use level::Level;
+use throttle::Throttle;
+
+/// The family name used in configuration errors.
+const LIMITER: &str = "token bucket";
+
+/// The throttle added by one backpressure increment ([`TokenBucket::record_429`] is one).
+pub const THROTTLE_STEP: f64 = throttle::STEP_TENTHS as f64 / 10.0;
+/// The most the throttle reaches: refills then run at a tenth of the configured rate.
+pub const MAX_THROTTLE: f64 = throttle::MAX_TENTHS as f64 / 10.0;
+/// The throttle taken off by every [`SUCCESSES_PER_RELIEF`]th success.
+pub const SUCCESS_RELIEF: f64 = throttle::RELIEF_TENTHS as f64 / 10.0;
+/// How many successes, while backpressure is recent, take [`SUCCESS_RELIEF`] off.
+pub const SUCCESSES_PER_RELIEF: u32 = throttle::SUCCESSES_PER_RELIEF;
+/// The throttle taken off by every success once [`QUIET_PERIOD`] has passed without backpressure.
+pub const QUIET_RELIEF: f64 = throttle::QUIET_RELIEF_TENTHS as f64 / 10.0;
+/// How long without backpressure before every success relieves by [`QUIET_RELIEF`].
+pub const QUIET_PERIOD: Duration = throttle::QUIET_PERIOD;
+
+/// A token bucket's limits: its token budget and its request budget, both per minute.
+///
+/// The bucket holds at most one minute's worth of each, and refills each continuously at its
+/// rate. Both must be positive ([`TokenBucketConfig::validate`]).
+///
+/// # Examples
+///
+/// ```
+/// use admission_accounts::token_bucket::TokenBucketConfig;
+///
+/// let config = TokenBucketConfig::new(90_000, 60);
+/// assert!(config.validate().is_ok());
+/// let refused = TokenBucketConfig::new(90_000, 0).validate().unwrap_err();
+/// assert_eq!(refused.field, "requests_per_minute");
+/// ```
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TokenBucketConfig {
+    /// Tokens per minute: the budget (the most the bucket holds) and the refill rate.
+    pub tokens_per_minute: u64,
+    /// Requests per minute: the request budget and its refill rate.
+    pub requests_per_minute: u64,
+}
+
+impl TokenBucketConfig {
+    /// A configuration of `tokens_per_minute` and `requests_per_minute`.
+    pub const fn new(tokens_per_minute: u64, requests_per_minute: u64) -> TokenBucketConfig {
+        TokenBucketConfig {
+            tokens_per_minute,
+            requests_per_minute,
+        }
+    }
+
+    /// Checks that both budgets are positive.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming `tokens_per_minute` or `requests_per_minute`, whichever is zero
+    /// (the first if both are).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (field, value) in [
+            ("tokens_per_minute", self.tokens_per_minute),
+            ("requests_per_minute", self.requests_per_minute),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::new(
+                    LIMITER,
+                    field,
+                    "must be positive, was 0 (the bucket would never hold a call)",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Everything that moves, kept together under the bucket's one lock.
+#[derive(Debug)]
+struct State {
+    /// The budgets; changed only by `set_config`, which settles the levels first.
+    config: TokenBucketConfig,
+    /// Tokens available as of `settled_at`; never above `config.tokens_per_minute` tokens.
+    tokens: Level,
+    /// Requests available as of `settled_at`; never above `config.requests_per_minute`.
+    requests: Level,
+    /// The instant the levels were last brought up to date; never goes backwards.
+    settled_at: Instant,
+    /// The adaptive throttle. Changed only after the levels are settled at the old rate, so
+    /// time already passed is credited at the rate that was in force.
+    throttle: Throttle,
+}
+
+impl State {
+    /// Brings both levels up to `now` at the configured rates, stretched by the throttle.
+    fn settle(&mut self, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.settled_at).as_nanos();
+        let elapsed = u64::try_from(elapsed).unwrap_or(u64::MAX);
+        let TokenBucketConfig {
+            tokens_per_minute: tpm,
+            requests_per_minute: rpm,
+        } = self.config;
+        let tenths = self.throttle.tenths();
+        self.tokens.refill(elapsed, tpm, tenths, tpm);
+        self.requests.refill(elapsed, rpm, tenths, rpm);
+        self.settled_at = self.settled_at.max(now);
+    }
+
+    /// True when `want` (tokens, requests) is available now.
+    fn holds(&self, want: Amount) -> bool {
+        self.tokens.holds(want.get(TOKENS)) && self.requests.holds(want.get(REQUESTS))
+    }
+
+    /// True when `want` is more than the budgets could ever hold.
+    fn exceeds_budget(&self, want: Amount) -> bool {
+        want.get(TOKENS) > self.config.tokens_per_minute
+            || want.get(REQUESTS) > self.config.requests_per_minute
+    }
+
+    /// A throttle change: the pending fractions counted in the old divisor are dropped.
+    fn throttle_changed(&mut self) {
+        self.tokens.forget_fraction();
+        self.requests.forget_fraction();
+    }
+}
+
+/// The dimension of an [`Amount`] that counts tokens.
+pub const TOKENS: usize = 0;
+/// The dimension of an [`Amount`] that counts requests.
+pub const REQUESTS: usize = 1;
+
+/// A clocked token bucket of tokens and requests per minute, as an [`Account`].
+///
+/// # The level
+///
+/// Each dimension (tokens in [`TOKENS`], requests in [`REQUESTS`]) starts full at its
+/// per-minute budget and refills continuously at `budget / minute / (1 + throttle)`. The level is
+/// computed from the clock whenever the bucket is asked; nothing runs in between. Levels are kept
+/// in integer fractions of a token, so no rounding accumulates: 100 tokens short at 6,000 a
+/// minute is a wait of exactly one second, one request short at 2 a minute exactly thirty.
+///
+/// # Never, not now
+///
+/// A demand for more tokens than the budget or more requests than the per-minute budget can
+/// never fit and is refused with a [`Refusal`]. That is judged against the budgets in force at
+/// each check, so lowering a budget under an amount already waiting refuses it at the next check.
+/// Dimensions 2 and 3 of an amount are ignored.
+///
+/// # Adaptive throttle
+///
+/// Rate-limit signals from the upstream slow the refill: [`record_429`](TokenBucket::record_429)
+/// and [`record_backpressure`](TokenBucket::record_backpressure) raise the throttle by
+/// [`THROTTLE_STEP`] per increment up to [`MAX_THROTTLE`];
+/// [`record_success`](TokenBucket::record_success) lowers it ([`SUCCESS_RELIEF`] every
+/// [`SUCCESSES_PER_RELIEF`] successes, or [`QUIET_RELIEF`] per success once [`QUIET_PERIOD`] has
+/// passed without backpressure). Lowering calls the wake slot; raising never does: a deadline
+/// computed at the faster rate merely has the monitor look again a little early.
+///
+/// # Fairness
+///
+/// The bucket is not a queue: a `try_take` debits now or answers "not now". The monitor's one
+/// line decides who is asked first, and `reserved_ahead` keeps the head's amount aside.
+///
+/// # Cancel safety
+///
+/// Nothing here waits. A refused `try_take` changes nothing; [`give`](Account::give) is the
+/// rollback path and credits at once.
+///
+/// # Panics
+///
+/// Never: all arithmetic saturates, whatever the amounts, budgets or clock readings.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use admission_accounts::token_bucket::{TokenBucket, TokenBucketConfig};
+/// use admission_core::{Account, Amount, Instant};
+/// use admission_testkit::FakeClock;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let clock = FakeClock::new();
+/// let bucket = TokenBucket::new("gpt", TokenBucketConfig::new(6_000, 60), clock.shared())?;
+///
+/// let call = Amount::pair(5_900, 1); // 5,900 tokens and one request
+/// assert!(bucket.try_take(call, Amount::ZERO)?);
+/// assert_eq!(bucket.level(), 100);
+///
+/// // 200 more tokens are 100 short: at 6,000 a minute that is one second.
+/// let next = Amount::pair(200, 1);
+/// assert!(!bucket.fits(next, Amount::ZERO)?);
+/// assert_eq!(bucket.earliest_fit(next, Amount::ZERO), Some(Instant::from_nanos(1_000_000_000)));
+///
+/// // Two 429s double the wait.
+/// bucket.record_429();
+/// bucket.record_429();
+/// assert_eq!(bucket.status_indicator().as_deref(), Some("throttle:2.0x"));
+/// assert_eq!(bucket.earliest_fit(next, Amount::ZERO), Some(Instant::from_nanos(2_000_000_000)));
+///
+/// clock.advance(Duration::from_secs(2));
+/// assert!(bucket.try_take(next, Amount::ZERO)?);
+///
+/// // More than a minute's budget is never granted.
+/// assert!(bucket.fits(Amount::pair(6_001, 1), Amount::ZERO).is_err());
+/// # Ok(())
+/// # }
+/// ```
+pub struct TokenBucket {
+    /// The name events and statuses carry (usually the model's).
+    name: String,
+    /// The only source of time.
+    clock: Arc<dyn Clock>,
+    /// Levels, budgets and throttle: only touched under this lock, so a check and its debit, or
+    /// a budget change and its clamp, are each one step.
+    state: Mutex<State>,
+    /// The monitor's wake-up: called on a give, a relaxed throttle and a budget that grew.
+    wake: WakeSlot,
+}
+
+impl TokenBucket {
+    /// A full bucket named `name` with `config`'s budgets, reading time from `clock`.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] when a budget is zero ([`TokenBucketConfig::validate`]).
+    pub fn new(
+        name: impl Into<String>,
+        config: TokenBucketConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<TokenBucket, ConfigError> {
+        config.validate()?;
+        let now = clock.now();
+        Ok(TokenBucket {
+            name: name.into(),
+            clock,
+            state: Mutex::new(State {
+                config,
+                tokens: Level::full(config.tokens_per_minute),
+                requests: Level::full(config.requests_per_minute),
+                settled_at: now,
+                throttle: Throttle::default(),
+            }),
+            wake: WakeSlot::new(),
+        })
+    }
+
+    /// A full bucket on the operating system's clock, counting from now.
+    ///
+    /// The bucket only compares its own readings, so its clock need not be the monitor's; a
+    /// deadline from [`Account::earliest_fit`] is on this clock's scale, though, so a bucket that
+    /// sits in a monitor's demands should share the monitor's clock ([`TokenBucket::new`] with
+    /// `monitor.clock().clone()`).
+    ///
+    /// # Errors
+    ///
+    /// As [`TokenBucket::new`].
+    pub fn on_system_clock(
+        name: impl Into<String>,
+        config: TokenBucketConfig,
+    ) -> Result<TokenBucket, ConfigError> {
+        TokenBucket::new(name, config, Arc::new(SystemClock::new()))
+    }
+
+    /// The bucket's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The budgets in force.
+    pub fn config(&self) -> TokenBucketConfig {
+        self.state.lock().config
+    }
+
+    /// Whole tokens available now, read from the clock.
+    pub fn level(&self) -> u64 {
+        self.settled().tokens.whole()
+    }
+
+    /// Whole request slots available now, read from the clock.
+    pub fn requests_available(&self) -> u64 {
+        self.settled().requests.whole()
+    }
+
+    /// The adaptive throttle: zero when healthy; refills run at the configured rate divided by
+    /// `1 + throttle`.
+    pub fn throttle(&self) -> f64 {
+        self.state.lock().throttle.value()
+    }
+
+    /// Replaces the budgets in place.
+    ///
+    /// The levels are first brought up to now at the old rates; a budget that shrank lowers its
+    /// level to the new budget; the throttle is kept. When either budget grew the wake slot is
+    /// called, so the monitor recomputes its deadlines at the faster rate. The same budgets again
+    /// change nothing and call nothing.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] when a budget is zero; the bucket is then left as it was.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission_accounts::token_bucket::{TokenBucket, TokenBucketConfig};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let bucket = TokenBucket::on_system_clock("gpt", TokenBucketConfig::new(10_000, 60))?;
+    /// bucket.set_config(TokenBucketConfig::new(4_000, 60))?;
+    /// assert_eq!(bucket.level(), 4_000);
+    /// assert!(bucket.set_config(TokenBucketConfig::new(0, 60)).is_err());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn set_config(&self, config: TokenBucketConfig) -> Result<(), ConfigError> {
+        config.validate()?;
+        let now = self.clock.now();
+        let grew = {
+            let mut state = self.state.lock();
+            let old = state.config;
+            if old == config {
+                return Ok(());
+            }
+            state.settle(now);
+            state.config = config;
+            state.tokens.clamp(config.tokens_per_minute);
+            state.requests.clamp(config.requests_per_minute);
+            config.tokens_per_minute > old.tokens_per_minute
+                || config.requests_per_minute > old.requests_per_minute
+        };
+        if grew {
+            self.wake.notify();
+        }
+        Ok(())
+    }
+
+    /// The upstream answered 429 (too many requests): one backpressure increment,
+    /// [`THROTTLE_STEP`] more throttle. Never calls the wake slot.
+    pub fn record_429(&self) {
+        self.record_backpressure(1);
+    }
+
+    /// The upstream asked the fleet to yield with weight `increments`: the throttle rises by
+    /// `increments` x [`THROTTLE_STEP`], up to [`MAX_THROTTLE`].
+    ///
+    /// The caller weighs the signal by how hard it asks: say 3 for an explicit overload status,
+    /// 1 for a 429, and 0 for a plain server error, which says nothing about load. Zero is no
+    /// signal at all: it changes nothing and does not restart the quiet period. Any positive
+    /// weight restarts both the quiet period and the count of successes towards the next
+    /// relief. Never calls the wake slot.
+    pub fn record_backpressure(&self, increments: u32) {
+        if increments == 0 {
+            return;
+        }
+        let now = self.clock.now();
+        let mut state = self.state.lock();
+        state.settle(now);
+        if state.throttle.tighten(increments, now) {
+            state.throttle_changed();
+        }
+    }
+
+    /// A call succeeded: relieves the throttle by the rule in the type's docs.
+    ///
+    /// On a healthy bucket (throttle zero) this does nothing. While backpressure is recent,
+    /// every [`SUCCESSES_PER_RELIEF`]th success takes [`SUCCESS_RELIEF`] off; once
+    /// [`QUIET_PERIOD`] has passed since the last backpressure, every success takes
+    /// [`QUIET_RELIEF`] off; never below zero. Each relief calls the wake slot.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission_accounts::token_bucket::{TokenBucket, TokenBucketConfig};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let bucket = TokenBucket::on_system_clock("gpt", TokenBucketConfig::new(10_000, 60))?;
+    /// bucket.record_backpressure(3); // an overload signal, weighted 3
+    /// assert_eq!(bucket.throttle(), 1.5);
+    /// for _ in 0..3 {
+    ///     bucket.record_success();
+    /// }
+    /// assert_eq!(bucket.throttle(), 1.3);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn record_success(&self) {
+        let now = self.clock.now();
+        let relaxed = {
+            let mut state = self.state.lock();
+            if state.throttle.tenths() == 0 {
+                return;
+            }
+            state.settle(now);
+            let relaxed = state.throttle.relieve(now);
+            if relaxed {
+                state.throttle_changed();
+            }
+            relaxed
+        };
+        if relaxed {
+            self.wake.notify();
+        }
+    }
+
+    /// The status record, typed (what [`Account::status`] boxes), with the levels read from the
+    /// clock at this instant.
+    pub fn token_status(&self) -> TokenBucketStatus {
+        let state = self.settled();
+        TokenBucketStatus {
+            name: self.name.clone(),
+            capacity: state.config.tokens_per_minute,
+            level: state.tokens.whole(),
+            requests_per_minute: state.config.requests_per_minute,
+            requests_available: state.requests.whole(),
+            throttle: state.throttle.value(),
+        }
+    }
+
+    /// The state, locked and brought up to now.
+    ///
+    /// The clock is read before the lock is taken, to keep the critical section short; a reading
+    /// that another thread has already overtaken settles nothing (the levels never go back).
+    fn settled(&self) -> parking_lot::MutexGuard<'_, State> {
+        let now = self.clock.now();
+        let mut state = self.state.lock();
+        state.settle(now);
+        state
+    }
+
+    /// "Never" for an amount beyond the budgets in force.
+    fn check_bound(&self, state: &State, mine: Amount) -> Result<(), Refusal> {
+        if !state.exceeds_budget(mine) {
+            return Ok(());
+        }
+        let TokenBucketConfig {
+            tokens_per_minute,
+            requests_per_minute,
+        } = state.config;
+        Err(Refusal::new(format!(
+            "`{}` allows {tokens_per_minute} tokens and {requests_per_minute} requests per \
+             minute; a demand of {} tokens and {} requests can never fit: split it into smaller \
+             calls or use a model with a larger budget",
+            self.name,
+            mine.get(TOKENS),
+            mine.get(REQUESTS),
+        )))
+    }
+}
+
+impl Account for TokenBucket {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn category(&self) -> Category {
+        Category::TOKEN_BUCKET
+    }
+
+    fn replenishment(&self) -> Replenishment {
+        Replenishment::Time
+    }
+
+    fn fits(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
+        let state = self.settled();
+        self.check_bound(&state, mine)?;
+        Ok(state.holds(mine.saturating_add(reserved_ahead)))
+    }
+
+    fn try_take(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
+        let mut state = self.settled();
+        self.check_bound(&state, mine)?;
+        if !state.holds(mine.saturating_add(reserved_ahead)) {
+            return Ok(false);
+        }
+        state.tokens.take(mine.get(TOKENS));
+        state.requests.take(mine.get(REQUESTS));
+        Ok(true)
+    }
+
+    fn give(&self, amount: Amount) {
+        let (tokens, requests) = (amount.get(TOKENS), amount.get(REQUESTS));
+        if tokens == 0 && requests == 0 {
+            return;
+        }
+        {
+            // No clock read: a refill capped at the budget and a credit capped at the budget
+            // commute (both end at min(level + refill + credit, budget)), so the credit can land
+            // on the stored level and the next read adds the refill.
+            let mut state = self.state.lock();
+            let config = state.config;
+            state.tokens.give(tokens, config.tokens_per_minute);
+            state.requests.give(requests, config.requests_per_minute);
+        }
+        self.wake.notify();
+    }
+
+    fn earliest_fit(&self, mine: Amount, reserved_ahead: Amount) -> Option<Instant> {
+        let state = self.settled();
+        let want = mine.saturating_add(reserved_ahead);
+        if state.exceeds_budget(want) {
+            // Time alone never makes room for more than a full bucket.
+            return None;
+        }
+        let TokenBucketConfig {
+            tokens_per_minute,
+            requests_per_minute,
+        } = state.config;
+        let tenths = state.throttle.tenths();
+        let wait = state
+            .tokens
+            .nanos_until(want.get(TOKENS), tokens_per_minute, tenths)
+            .max(
+                state
+                    .requests
+                    .nanos_until(want.get(REQUESTS), requests_per_minute, tenths),
+            );
+        Some(state.settled_at.saturating_add(Duration::from_nanos(wait)))
+    }
+
+    fn status(&self) -> Box<dyn AccountStatus> {
+        Box::new(self.token_status())
+    }
+
+    fn status_indicator(&self) -> Option<String> {
+        self.state.lock().throttle.indicator()
+    }
+
+    fn on_capacity_change(&self, wake: Option<WakeFn>) {
+        self.wake.install(wake);
+    }
+}
+
+impl fmt::Debug for TokenBucket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("TokenBucket");
+        d.field("name", &self.name);
+        // `try_lock`: formatting must never wait, nor deadlock inside a caller holding the lock.
+        match self.state.try_lock() {
+            Some(state) => d
+                .field("config", &state.config)
+                .field("tokens", &state.tokens.whole())
+                .field("requests", &state.requests.whole())
+                .field("settled_at", &state.settled_at)
+                .field("throttle", &state.throttle.value()),
+            None => d.field("state", &format_args!("<locked>")),
+        };
+        d.field("clock", &self.clock)
+            .field("wake", &self.wake)
+            .finish()
+    }
+}

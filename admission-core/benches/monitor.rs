@@ -389,7 +389,7 @@ impl EventSink for HeldSeen {
     }
 }
 
-/// Parks nothing; spins for [`SETTLE`] so the threads that just parked are asleep, not spinning.
+/// Spins the bench thread for [`SETTLE`], so the threads that just parked sleep on an idle core.
 fn settle() {
     let started = Instant::now();
     while started.elapsed() < SETTLE {

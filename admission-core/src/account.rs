@@ -253,7 +253,7 @@ pub type AccountRef = Arc<dyn Account>;
 /// ```
 #[derive(Default)]
 pub struct WakeSlot {
-    /// The installed callback; cloned out before it is called, so it never runs under this lock.
+    /// The installed callback; it runs under this lock and must never touch the slot itself.
     wake: parking_lot::Mutex<Option<WakeFn>>,
 }
 
@@ -274,9 +274,11 @@ impl WakeSlot {
     }
 
     /// Calls the callback, if any. Safe to call while holding the account's own lock.
+    ///
+    /// The callback runs under the slot's own short lock (no reference count is taken on the
+    /// hot path of every give), so it must not install into this same slot.
     pub fn notify(&self) {
-        let wake = self.wake.lock().clone();
-        if let Some(wake) = wake {
+        if let Some(wake) = &*self.wake.lock() {
             wake();
         }
     }

@@ -9,7 +9,7 @@
 //! the future is clamped to [`Instant::MAX`], never an overflow panic.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -106,31 +106,39 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
     }
 }
 
-/// The operating system's monotonic clock; its origin is the moment it was created.
-#[derive(Debug, Clone, Copy)]
+/// The machine's monotonic clock, read through `quanta` (the CPU's invariant time-stamp counter
+/// where it is reliable, the operating system's monotonic clock elsewhere; governor's default
+/// clock does the same).
+///
+/// Every `SystemClock` in the process shares one origin, taken the first time any of them is
+/// created, so instants from an account's clock and from the monitor's clock are on one scale.
+#[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock {
-    origin: std::time::Instant,
+    _private: (),
+}
+
+/// The process-wide reading source and its origin in scaled nanoseconds.
+fn source() -> &'static (quanta::Clock, u64) {
+    static SOURCE: OnceLock<(quanta::Clock, u64)> = OnceLock::new();
+    SOURCE.get_or_init(|| {
+        let clock = quanta::Clock::new();
+        let origin = clock.delta_as_nanos(0, clock.raw());
+        (clock, origin)
+    })
 }
 
 impl SystemClock {
-    /// A clock whose origin is now.
+    /// The process's system clock.
     pub fn new() -> SystemClock {
-        SystemClock {
-            origin: std::time::Instant::now(),
-        }
-    }
-}
-
-impl Default for SystemClock {
-    fn default() -> Self {
-        SystemClock::new()
+        let _ = source();
+        SystemClock { _private: () }
     }
 }
 
 impl Clock for SystemClock {
     fn now(&self) -> Instant {
-        let nanos = self.origin.elapsed().as_nanos();
-        Instant(u64::try_from(nanos).unwrap_or(u64::MAX))
+        let (clock, origin) = source();
+        Instant(clock.delta_as_nanos(0, clock.raw()).saturating_sub(*origin))
     }
 }
 
@@ -169,5 +177,24 @@ mod tests {
             last = now;
         }
         assert_eq!(clock.real_wait(Instant::ZERO), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn every_system_clock_shares_one_origin_and_follows_real_time() {
+        let first = SystemClock::new();
+        let started = std::time::Instant::now();
+        let a = first.now();
+        // Real time is the point of this test: the system clock must follow it.
+        while started.elapsed() < Duration::from_millis(20) {
+            std::hint::spin_loop();
+        }
+        let later = SystemClock::new();
+        let b = later.now();
+        let elapsed = b.saturating_duration_since(a);
+        assert!(
+            elapsed >= Duration::from_millis(19),
+            "a clock made later starts at its own zero: {elapsed:?}"
+        );
+        assert!(elapsed < Duration::from_secs(5), "{elapsed:?}");
     }
 }

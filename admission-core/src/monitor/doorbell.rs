@@ -46,10 +46,15 @@ impl Doorbell {
 
     /// Rings only if someone is parked (see the module docs for why this loses no wake-up).
     pub(crate) fn ring_if_waiting(&self) {
-        fence(Ordering::SeqCst);
-        if self.parked.load(Ordering::SeqCst) > 0 {
+        if self.someone_waiting() {
             self.ring();
         }
+    }
+
+    /// True if a waiter is parked, read after the caller's give (see the module docs).
+    pub(crate) fn someone_waiting(&self) -> bool {
+        fence(Ordering::SeqCst);
+        self.parked.load(Ordering::SeqCst) > 0
     }
 
     /// Clears the flag before a pass; a ring after this causes another pass.

@@ -88,20 +88,26 @@ impl Shared {
         loop {
             self.bell.answer();
             let mut out = self.outbox();
-            let wake = match catch_unwind(AssertUnwindSafe(|| self.pass(&mut out))) {
-                Ok(wake) => wake,
-                Err(panic) => {
-                    let cause = format!("a pass failed: {}", panic_message(&*panic));
-                    let mut st = self.state.lock();
-                    self.close_locked(&mut st, &mut out, cause);
-                    None
-                }
-            };
+            let wake = self.pass_guarded(&mut out);
             self.deliver(out);
             if !self.is_open() {
                 return;
             }
             self.bell.sleep(&*self.clock, wake);
+        }
+    }
+
+    /// [`Shared::pass`], closing admission if the pass fails: a panic outside the accounts (which
+    /// are guarded one by one) is a defect in the monitor or its gate.
+    pub(crate) fn pass_guarded(self: &Arc<Shared>, out: &mut Outbox) -> Option<Instant> {
+        match catch_unwind(AssertUnwindSafe(|| self.pass(out))) {
+            Ok(wake) => wake,
+            Err(panic) => {
+                let cause = format!("a pass failed: {}", panic_message(&*panic));
+                let mut st = self.state.lock();
+                self.close_locked(&mut st, out, cause);
+                None
+            }
         }
     }
 

@@ -75,6 +75,8 @@ pub(crate) struct Outbox {
     /// `None` when no sink is installed: then no event is ever built.
     pub(crate) events: Option<Vec<Event>>,
     pub(crate) wake: Vec<Arc<Cell>>,
+    /// Grants to roll back once the lock is released.
+    pub(crate) discard: Vec<Grant>,
 }
 
 impl Outbox {
@@ -161,6 +163,7 @@ impl Shared {
         Outbox {
             events,
             wake: Vec::new(),
+            discard: Vec::new(),
         }
     }
 
@@ -180,6 +183,9 @@ impl Shared {
         }
         for cell in outbox.wake {
             cell.wake();
+        }
+        for mut grant in outbox.discard {
+            grant.rollback();
         }
     }
 
@@ -220,10 +226,10 @@ impl Shared {
 
     /// Fills a waiter's cell with `outcome` and schedules its wake-up.
     pub(crate) fn finish(&self, out: &mut Outbox, cell: &Arc<Cell>, outcome: Outcome) {
-        if let Err(Ok(mut grant)) = cell.fill(outcome) {
+        if let Err(Ok(grant)) = cell.fill(outcome) {
             // Unreachable by construction (a waiter leaves the line when it is filled); if it
-            // ever happened, the grant must not leak.
-            grant.rollback();
+            // ever happened, the grant must not leak. It is rolled back once the lock is free.
+            out.discard.push(grant);
         }
         out.wake.push(cell.clone());
     }
@@ -486,7 +492,7 @@ impl Shared {
 
     /// After a grant was settled: tell the gate, wake the evaluator if anyone waits, report.
     pub(crate) fn settled(
-        &self,
+        self: &Arc<Shared>,
         entries: &[crate::demand::Entry],
         ctx: &JobContext,
         rolled_back: bool,
@@ -496,7 +502,6 @@ impl Shared {
         {
             gate.completed();
         }
-        self.bell.ring_if_waiting();
         if self.has_sink.load(std::sync::atomic::Ordering::Acquire) {
             let event = self.event(
                 EventKind::Released { rolled_back },
@@ -505,6 +510,25 @@ impl Shared {
             );
             self.emit(std::slice::from_ref(&event));
         }
+        // Hand-off: the giver grants whoever can go now on its own thread, rather than waking
+        // the evaluator and leaving the waiter two context switches away (tokio's semaphore hands
+        // a released permit over the same way).
+        // An orchestrator's empty grant gives nothing back and completes nothing: no pass.
+        if !entries.is_empty() && self.bell.someone_waiting() {
+            self.evaluate_here();
+        }
+    }
+
+    /// Runs one pass on the calling thread, then makes sure the evaluator adopts any deadline
+    /// the pass computed.
+    pub(crate) fn evaluate_here(self: &Arc<Shared>) -> Option<Instant> {
+        let mut out = self.outbox();
+        let wake = self.pass_guarded(&mut out);
+        self.deliver(out);
+        if wake.is_some() {
+            self.bell.ring();
+        }
+        wake
     }
 
     /// Refuses every waiter with `error_for` and empties the line. Under the monitor lock.
