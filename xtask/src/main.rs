@@ -32,7 +32,7 @@ commands:
                              4 doc tests  cargo test --workspace --doc
                              5 loom       cargo test -p admission-core --lib --release -- loom
                                           with RUSTFLAGS='--cfg admission_loom',
-                                          LOOM_MAX_PREEMPTIONS=3 (unless set), CARGO_TARGET_DIR=target/loom
+                                          LOOM_MAX_PREEMPTIONS=2 (unless set), CARGO_TARGET_DIR=target/loom
   test                     steps 3 and 4
   loom                     step 5
   bench [args...]          cargo bench --workspace [args...]
@@ -142,7 +142,7 @@ fn loom_step() -> Result<Step> {
         Ok(flags) if !flags.trim().is_empty() => format!("{flags} --cfg admission_loom"),
         _ => "--cfg admission_loom".to_string(),
     };
-    let preemptions = std::env::var("LOOM_MAX_PREEMPTIONS").unwrap_or_else(|_| "3".to_string());
+    let preemptions = std::env::var("LOOM_MAX_PREEMPTIONS").unwrap_or_else(|_| "2".to_string());
     let target_dir = match std::env::var_os("CARGO_TARGET_DIR") {
         // Cargo reads a relative CARGO_TARGET_DIR against the current directory; the steps run
         // from the workspace root, so make it absolute first.
