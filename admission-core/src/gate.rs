@@ -17,6 +17,11 @@ pub struct GateView {
     pub held: usize,
     /// The instant the monitor read at the start of this attempt.
     pub now: Instant,
+    /// True when the gate held this asker at its previous attempt: it is on the gate's own line.
+    pub on_gate: bool,
+    /// True when an account, not the gate, held this asker at its previous attempt: the gate
+    /// let it through before, and releasing it is that account's business.
+    pub elsewhere: bool,
 }
 
 /// The gate's answer.
@@ -48,6 +53,11 @@ pub trait Gate: Send + Sync + 'static {
     fn completed(&self);
     /// Installs or clears the callback that wakes the monitor when the gate's answer may change.
     fn on_change(&self, wake: Option<WakeFn>);
+    /// How many waiters the gate holds once a pass, a withdrawal or a stop has settled the line
+    /// (zero when the line empties); it feeds a gate's status. The default ignores it.
+    fn holding(&self, count: usize) {
+        let _ = count;
+    }
 }
 
 impl fmt::Debug for dyn Gate {

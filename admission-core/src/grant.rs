@@ -76,11 +76,15 @@ impl Grant {
         if std::mem::replace(&mut self.settled, true) {
             return;
         }
-        for entry in &self.entries {
-            if everything || entry.account().replenishment() == Replenishment::Release {
-                entry.account().give(entry.amount());
+        // The pass `settled` runs covers every waiter these gives could free, so the accounts'
+        // own wake-ups stay quiet meanwhile instead of waking the evaluator for nothing.
+        crate::monitor::handing_off(|| {
+            for entry in &self.entries {
+                if everything || entry.account().replenishment() == Replenishment::Release {
+                    entry.account().give(entry.amount());
+                }
             }
-        }
+        });
         self.shared.settled(&self.entries, &self.ctx, everything);
     }
 

@@ -22,6 +22,7 @@ pub mod event;
 mod gate;
 mod grant;
 mod monitor;
+mod probe;
 mod sync;
 
 /// The README's example, compiled and run as a doc test so it stays true.
@@ -41,3 +42,4 @@ pub use event::{Event, EventKind, EventSink, RejectReason};
 pub use gate::{Gate, GateAnswer, GateView};
 pub use grant::Grant;
 pub use monitor::{Admit, Monitor, MonitorBuilder};
+pub use probe::{MemoryProbe, MemoryReading, ProbeError};

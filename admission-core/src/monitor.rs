@@ -3,10 +3,12 @@
 //! A job asks for its whole [`Demand`] at once (Havender's second way of avoiding deadlock: ask
 //! for everything together and proceed only when all of it is granted). The demand is granted in
 //! one critical section under the monitor lock, or the job waits in one FIFO line holding nothing.
-//! The line's condition, "does the head's demand fit?", is re-evaluated by one evaluator thread on
-//! every event that moves a counter (Hoare's conditional wait, made affordable by putting the
-//! line itself in the monitor's state), and on the earliest instant the clock could change an
-//! answer. See `pass.rs` for the head reservation.
+//! The line's condition, "does the head's demand fit?", is re-evaluated on every event that moves a
+//! counter (Hoare's conditional wait, made affordable by putting the line itself in the monitor's
+//! state): by the releasing thread itself when a grant is given back (a direct hand-off), and
+//! otherwise by the one evaluator thread, which also wakes at the earliest instant the clock could
+//! change an answer. Every pass runs under the monitor lock, whoever runs it. See `pass.rs` for
+//! the head reservation.
 
 mod admit;
 mod cell;
@@ -22,6 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use admit::Admit;
+pub(crate) use doorbell::handing_off;
 pub(crate) use shared::Shared;
 
 use crate::clock::{Clock, SystemClock};

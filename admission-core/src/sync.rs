@@ -51,6 +51,8 @@ mod imp {
         }
     }
 
+    pub(crate) use std::thread_local;
+
     pub(crate) mod thread {
         pub(crate) use std::thread::{JoinHandle, ThreadId, current};
 
@@ -106,6 +108,8 @@ mod imp {
             self.0.notify_all();
         }
     }
+
+    pub(crate) use loom::thread_local;
 
     pub(crate) mod thread {
         pub(crate) use loom::thread::{JoinHandle, ThreadId, current};

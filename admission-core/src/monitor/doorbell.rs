@@ -13,10 +13,31 @@
 //! SeqCst fence covers accounts built on atomics instead of a lock (Dekker's pattern). The loom
 //! model `loom_fast_path_racing_a_give_never_loses_the_wake_up` checks this edge.
 
+use std::cell::Cell;
 use std::time::Duration;
 
 use crate::clock::{Clock, Instant};
-use crate::sync::{AtomicBool, AtomicUsize, Condvar, Mutex, Ordering, fence};
+use crate::sync::{AtomicBool, AtomicUsize, Condvar, Mutex, Ordering, fence, thread_local};
+
+thread_local! {
+    /// True while this thread gives back a grant's amounts: the pass it runs right after covers
+    /// every waiter, so the accounts' own wake-ups need not also wake the evaluator.
+    static HANDING_OFF: Cell<bool> = Cell::new(false);
+}
+
+/// Runs `give_back` with the accounts' wake-ups muted on this thread (the caller runs a pass
+/// right after). The flag is restored even if an account panics.
+pub(crate) fn handing_off(give_back: impl FnOnce()) {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let previous = self.0;
+            HANDING_OFF.with(|h| h.set(previous));
+        }
+    }
+    let _restore = Restore(HANDING_OFF.with(|h| h.replace(true)));
+    give_back();
+}
 
 pub(crate) struct Doorbell {
     /// How many waiters are parked in the line; written only under the monitor lock.
@@ -44,8 +65,12 @@ impl Doorbell {
         }
     }
 
-    /// Rings only if someone is parked (see the module docs for why this loses no wake-up).
+    /// Rings only if someone is parked (see the module docs for why this loses no wake-up), and
+    /// not while this thread is handing a grant back (it runs the pass itself).
     pub(crate) fn ring_if_waiting(&self) {
+        if HANDING_OFF.with(|h| h.get()) {
+            return;
+        }
         if self.someone_waiting() {
             self.ring();
         }

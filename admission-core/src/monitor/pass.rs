@@ -115,7 +115,13 @@ impl Shared {
     pub(crate) fn pass(self: &Arc<Shared>, out: &mut Outbox) -> Option<Instant> {
         let now = self.clock.now();
         let mut st = self.state.lock();
-        if !matches!(st.phase, Phase::Open) || st.queue.is_empty() {
+        if !matches!(st.phase, Phase::Open) {
+            return None;
+        }
+        if st.queue.is_empty() {
+            if let Some(gate) = &self.gate {
+                gate.holding(0);
+            }
             return None;
         }
         let mut wake: Option<Instant> = None;
@@ -150,10 +156,18 @@ impl Shared {
             }
 
             let is_head = head.is_none();
+            // Only a gate reads where the waiter was held last; without one this costs nothing.
+            let elsewhere = self.gate.is_some()
+                && !w.on_gate
+                && w.held
+                    .iter()
+                    .any(|h| h.key != GATE_KEY && h.until.is_none());
             let view = GateView {
                 head: is_head,
                 held: on_gate - usize::from(w.on_gate),
                 now,
+                on_gate: w.on_gate,
+                elsewhere,
             };
             match self.attempt(w, head.as_ref(), view) {
                 Attempt::Granted => {
@@ -203,6 +217,9 @@ impl Shared {
         }
         for seq in leaving {
             st.queue.remove(&seq);
+        }
+        if let Some(gate) = &self.gate {
+            gate.holding(on_gate);
         }
         self.bell.parked.store(st.queue.len(), Ordering::SeqCst);
         if st.queue.is_empty() {

@@ -319,6 +319,8 @@ impl Shared {
                 } else {
                     Instant::ZERO
                 },
+                on_gate: false,
+                elsewhere: false,
             };
             match catch_unwind(AssertUnwindSafe(|| self.take_now(&demand, ctx, view))) {
                 Ok(Ok(true)) => {
@@ -452,6 +454,9 @@ impl Shared {
             let mut st = self.state.lock();
             if let Some(w) = st.queue.remove(&seq) {
                 self.bell.parked.store(st.queue.len(), Ordering::SeqCst);
+                if w.on_gate {
+                    self.tell_gate_holding(&st);
+                }
                 let error = AdmitError::Cancelled {
                     job: w.ctx.id(),
                     waited: self.clock.now().saturating_duration_since(w.asked_at),
@@ -473,6 +478,9 @@ impl Shared {
             match st.queue.remove(&seq) {
                 Some(w) => {
                     self.bell.parked.store(st.queue.len(), Ordering::SeqCst);
+                    if w.on_gate {
+                        self.tell_gate_holding(&st);
+                    }
                     let error = AdmitError::Cancelled {
                         job: w.ctx.id(),
                         waited: self.clock.now().saturating_duration_since(w.asked_at),
@@ -531,6 +539,13 @@ impl Shared {
         wake
     }
 
+    /// Tells the gate how many waiters it holds after one left the line. Under the monitor lock.
+    fn tell_gate_holding(&self, st: &State) {
+        if let Some(gate) = &self.gate {
+            gate.holding(st.queue.values().filter(|w| w.on_gate).count());
+        }
+    }
+
     /// Refuses every waiter with `error_for` and empties the line. Under the monitor lock.
     fn drain_locked(&self, st: &mut State, out: &mut Outbox, error: &AdmitError) {
         let queue = std::mem::take(&mut st.queue);
@@ -581,6 +596,7 @@ impl Shared {
             st.evaluator.take()
         };
         if let Some(gate) = &self.gate {
+            gate.holding(0);
             gate.on_change(None);
         }
         self.bell.ring();
