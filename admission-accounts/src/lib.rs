@@ -15,10 +15,12 @@ mod config;
 pub mod counting_gate;
 pub mod elastic_window;
 pub mod fixed_window;
+pub mod memory_gate;
 pub mod token_bucket;
 
 pub use config::ConfigError;
 pub use counting_gate::CountingGate;
 pub use elastic_window::ElasticWindow;
 pub use fixed_window::FixedWindow;
+pub use memory_gate::MemoryGate;
 pub use token_bucket::TokenBucket;

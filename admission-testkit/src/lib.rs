@@ -15,7 +15,9 @@
 mod clock;
 pub mod contract;
 pub mod monitor;
+mod probe;
 pub mod reference;
 pub mod strategies;
 
 pub use clock::FakeClock;
+pub use probe::FakeProbe;

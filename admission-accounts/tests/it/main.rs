@@ -4,5 +4,6 @@
 mod counting_gate;
 mod elastic_window;
 mod fixed_window;
+mod memory_gate;
 mod mixed;
 mod token_bucket;

@@ -308,6 +308,9 @@ impl Shared {
             self.reject_event(out, ctx, &demand, &error);
             return Begin::Done(Err(error));
         }
+        // True when the waiter about to park is behind the gate: the gate held it on the fast
+        // path, or the head of the line is held on the gate (the sharp rule, applied at arrival).
+        let mut gate_held = false;
         if st.queue.is_empty() {
             // The fast path reads the clock only for a gate: an uncontended admit makes no
             // system call.
@@ -322,7 +325,9 @@ impl Shared {
                 on_gate: false,
                 elsewhere: false,
             };
-            match catch_unwind(AssertUnwindSafe(|| self.take_now(&demand, ctx, view))) {
+            match catch_unwind(AssertUnwindSafe(|| {
+                self.take_now(&demand, ctx, view, &mut gate_held)
+            })) {
                 Ok(Ok(true)) => {
                     drop(st);
                     out.push_event(|| {
@@ -371,6 +376,9 @@ impl Shared {
             self.reject_event(out, ctx, &demand, &error);
             return Begin::Done(Err(error));
         }
+        if self.gate.is_some() && !demand.is_empty() && !gate_held {
+            gate_held = st.queue.values().next().is_some_and(|head| head.on_gate);
+        }
         for entry in demand.entries() {
             self.watch(&mut st, entry.account());
         }
@@ -387,7 +395,7 @@ impl Shared {
                 deadline,
                 cell: cell.clone(),
                 held: Vec::new(),
-                on_gate: false,
+                on_gate: gate_held,
             },
         );
         self.bell.parked.store(st.queue.len(), Ordering::SeqCst);
@@ -395,13 +403,14 @@ impl Shared {
     }
 
     /// The fast path: gate, then every account's `try_take` with nothing reserved, compensating a
-    /// partial take. `Ok(false)` is "not now". Account panics are refusals of this job; a gate
-    /// panic unwinds to the caller.
+    /// partial take. `Ok(false)` is "not now", with `gate_held` set when the gate said so. Account
+    /// panics are refusals of this job; a gate panic unwinds to the caller.
     fn take_now(
         &self,
         demand: &Demand,
         ctx: &JobContext,
         view: GateView,
+        gate_held: &mut bool,
     ) -> Result<bool, AdmitError> {
         if demand.is_empty() {
             return Ok(true);
@@ -409,6 +418,7 @@ impl Shared {
         if let Some(gate) = &self.gate
             && let GateAnswer::Hold { .. } = gate.check(view)
         {
+            *gate_held = true;
             return Ok(false);
         }
         let entries = demand.entries();

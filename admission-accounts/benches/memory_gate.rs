@@ -1,0 +1,78 @@
+//! Criterion bench of what the memory gate adds to an uncontended admit: admit and release of a
+//! one-entry demand on a monitor without a gate, beside the same with a GREEN [`MemoryGate`]
+//! reading the test-kit's fake probe (the gate's own cost), and with the real resident-set probe
+//! (the gate plus one read of `/proc/self/status` per admit, since every uncontended admit is a
+//! fresh instant on the system clock), and with that probe's readings reused for 5 ms.
+//!
+//! Read the medians as a difference: the gate's row minus `no_gate` is what the gate adds.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
+
+use admission_accounts::MemoryGate;
+use admission_accounts::memory_gate::ResidentSetProbe;
+use admission_core::{AccountRef, Amount, Demand, JobContext, Monitor};
+use admission_testkit::FakeProbe;
+use admission_testkit::reference::Permits;
+use criterion::{Criterion, criterion_group, criterion_main};
+
+/// Permits nobody can exhaust.
+const PLENTY: u64 = 1_000_000;
+
+fn admit_release(monitor: &Monitor, demand: &Demand, job: &JobContext) {
+    let grant = monitor.admit_blocking(demand.clone(), job, None);
+    drop(black_box(grant.expect("the bench pool never runs out")));
+}
+
+fn uncontended_gate(c: &mut Criterion) {
+    let pool: AccountRef = Arc::new(Permits::new("pool", PLENTY));
+    let demand = Demand::new().with(pool, Amount::ONE);
+    let job = JobContext::new("bench");
+
+    let plain = Monitor::new();
+    let probe = FakeProbe::new();
+    probe.set_percent(50);
+    let green = Monitor::builder()
+        .gate(Arc::new(MemoryGate::new(probe)))
+        .build();
+    let real = Monitor::builder()
+        .gate(Arc::new(MemoryGate::new(ResidentSetProbe::new(1 << 40))))
+        .build();
+
+    let aged = Monitor::builder()
+        .gate(Arc::new(
+            MemoryGate::new(ResidentSetProbe::new(1 << 40))
+                .with_max_reading_age(Duration::from_millis(5)),
+        ))
+        .build();
+
+    let mut group = c.benchmark_group("memory_gate_uncontended_one_limit");
+    group.bench_function("no_gate", |b| {
+        b.iter(|| admit_release(&plain, &demand, &job))
+    });
+    group.bench_function("gate_green_fake_probe", |b| {
+        b.iter(|| admit_release(&green, &demand, &job))
+    });
+    group.bench_function("gate_green_resident_set_probe", |b| {
+        b.iter(|| admit_release(&real, &demand, &job))
+    });
+    group.bench_function("gate_green_resident_set_probe_5ms_age", |b| {
+        b.iter(|| admit_release(&aged, &demand, &job))
+    });
+    group.finish();
+}
+
+fn short() -> Criterion {
+    Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(40)
+}
+
+criterion_group! {
+    name = benches;
+    config = short();
+    targets = uncontended_gate
+}
+criterion_main!(benches);

@@ -1,0 +1,754 @@
+//! The memory pressure gate: its rule value by value on the fake probe, then inside a real
+//! monitor on the fake clock, then the real probes on this machine.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use admission_accounts::MemoryGate;
+use admission_accounts::memory_gate::{
+    CgroupV2Probe, Growth, Latch, LatchChange, MAX_CURVE, MAX_PENALTY, MAX_WAIT, MIN_SPACING,
+    RECHECK, ResidentSetProbe, curve, next_penalty, wait,
+};
+use admission_core::{
+    Account, AccountRef, AccountStatus, Admit, AdmitError, Amount, Category, Demand, Gate,
+    GateAnswer, GateView, Grant, Instant, JobContext, MemoryProbe, Monitor, WakeFn,
+};
+use admission_events::MemoryZone;
+use admission_testkit::monitor::{poll_once, spawn_thread_waiter, wait_for_queue};
+use admission_testkit::reference::Permits;
+use admission_testkit::{FakeClock, FakeProbe};
+
+const fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn at(millis: u64) -> Instant {
+    Instant::ZERO.saturating_add(ms(millis))
+}
+
+/// A view of a waiter asking at `millis` while memory holds `held` others.
+fn view(millis: u64, held: usize, on_gate: bool) -> GateView {
+    GateView {
+        head: true,
+        held,
+        now: at(millis),
+        on_gate,
+        elsewhere: false,
+    }
+}
+
+fn lone(millis: u64) -> GateView {
+    view(millis, 0, false)
+}
+
+fn gate_at(percent: u64) -> (Arc<MemoryGate>, FakeProbe) {
+    let probe = FakeProbe::new();
+    probe.set_percent(percent);
+    (Arc::new(MemoryGate::new(probe.clone())), probe)
+}
+
+fn hold_until(millis: u64) -> GateAnswer {
+    GateAnswer::Hold {
+        until: Some(at(millis)),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The rule, value by value.
+
+#[test]
+fn the_latch_sets_at_95_and_clears_only_below_90() {
+    let mut latch = Latch::default();
+    assert_eq!(latch.update(94.9), None);
+    assert_eq!(latch.update(95.0), Some(LatchChange::Set));
+    assert_eq!(latch.update(93.0), None, "93 % keeps it set");
+    assert_eq!(latch.update(90.0), None, "90 % is not below 90 %");
+    assert!(latch.is_set());
+    assert_eq!(latch.update(89.9), Some(LatchChange::Cleared));
+    assert_eq!(latch.update(94.0), None);
+    assert!(!latch.is_set());
+}
+
+#[test]
+fn while_latched_nothing_passes_and_the_gate_asks_again_every_two_seconds() {
+    let (gate, probe) = gate_at(94);
+    assert_eq!(gate.check(lone(0)), GateAnswer::Pass);
+    probe.set_percent(95);
+    assert_eq!(gate.check(lone(1)), hold_until(2_001));
+    assert_eq!(RECHECK, Duration::from_secs(2));
+    assert_eq!(gate.status().zone, MemoryZone::Critical);
+    probe.set_percent(93);
+    assert_eq!(gate.check(view(2_001, 3, true)), hold_until(4_001));
+    probe.set_percent(90);
+    assert_eq!(gate.check(lone(4_001)), hold_until(6_001));
+    probe.set_percent(89);
+    assert_eq!(gate.check(lone(6_001)), GateAnswer::Pass);
+    assert_eq!(gate.status().zone, MemoryZone::Green);
+}
+
+#[test]
+fn the_curve_runs_from_50_ms_at_80_percent_to_30_s_at_95_percent() {
+    assert_eq!(curve(50.0), MIN_SPACING);
+    assert_eq!(curve(80.0), ms(50));
+    assert_eq!(curve(81.0), ms(50), "30 s x (1/15)^3 is under 50 ms");
+    assert_eq!(curve(85.0), Duration::from_nanos(1_111_111_111));
+    assert_eq!(curve(90.0), Duration::from_nanos(8_888_888_889));
+    assert_eq!(curve(95.0), Duration::from_secs(30));
+    assert_eq!(curve(99.0), MAX_CURVE);
+}
+
+#[test]
+fn the_wait_is_curve_times_penalty_capped_at_one_hour() {
+    assert_eq!(wait(Duration::from_secs(1), 64.0), Duration::from_secs(64));
+    assert_eq!(wait(ms(50), 4_096.0), Duration::from_nanos(204_800_000_000));
+    assert_eq!(wait(Duration::from_secs(30), 4_096.0), MAX_WAIT);
+    assert_eq!(MAX_WAIT, Duration::from_secs(3_600));
+}
+
+/// Sets the floor to `floor` (a fall onto it from one point above) and releases once.
+fn release_at_floor(growth: &mut Growth, floor: f64) -> f64 {
+    growth.observe(floor + 1.0);
+    growth.observe(floor);
+    assert_eq!(growth.floor(), floor);
+    growth.release()
+}
+
+#[test]
+fn rising_readings_never_move_the_floor_and_a_fall_sets_it() {
+    let mut growth = Growth::default();
+    growth.observe(80.0);
+    growth.observe(85.0);
+    growth.observe(91.0);
+    assert_eq!(growth.floor(), 80.0);
+    growth.observe(84.0);
+    assert_eq!(growth.floor(), 84.0);
+    growth.observe(86.0);
+    assert_eq!(growth.floor(), 84.0);
+}
+
+#[test]
+fn floors_80_83_86_give_64_and_on_to_89_gives_4096() {
+    let mut growth = Growth::default();
+    assert_eq!(release_at_floor(&mut growth, 80.0), 1.0);
+    assert_eq!(release_at_floor(&mut growth, 83.0), 1.0);
+    assert_eq!(release_at_floor(&mut growth, 86.0), 64.0);
+    assert_eq!(release_at_floor(&mut growth, 89.0), 4_096.0);
+}
+
+#[test]
+fn a_floor_from_80_to_92_in_one_release_gives_4096_at_once() {
+    let mut growth = Growth::default();
+    assert_eq!(release_at_floor(&mut growth, 80.0), 1.0);
+    assert_eq!(release_at_floor(&mut growth, 80.0), 1.0);
+    assert_eq!(release_at_floor(&mut growth, 92.0), 4_096.0);
+}
+
+#[test]
+fn a_floor_that_holds_keeps_the_penalty_and_a_17_point_fall_resets_it_from_any_state() {
+    let mut growth = Growth::default();
+    for floor in [70.0, 70.0, 80.0, 90.0, 95.0] {
+        release_at_floor(&mut growth, floor);
+    }
+    assert_eq!(growth.penalty(), MAX_PENALTY, "20 + 15 points saturate");
+    assert_eq!(release_at_floor(&mut growth, 95.0), MAX_PENALTY);
+    assert_eq!(release_at_floor(&mut growth, 78.0), 1.0, "17 points down");
+    assert_eq!(next_penalty(MAX_PENALTY, -17.0), 1.0);
+    assert_eq!(next_penalty(64.0, -17.0), 1.0);
+    assert_eq!(next_penalty(64.0, 0.0), 64.0);
+    assert_eq!(next_penalty(1.0, 20.0), MAX_PENALTY);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The gate on its own.
+
+#[test]
+fn a_lone_arrival_is_never_spaced_below_the_latch() {
+    let (gate, probe) = gate_at(94);
+    for t in 0..5u64 {
+        assert_eq!(gate.check(lone(t)), GateAnswer::Pass);
+        gate.passed(lone(t));
+    }
+    probe.set_percent(99);
+    assert_eq!(gate.check(lone(10)), hold_until(2_010));
+}
+
+#[test]
+fn memorys_line_drains_one_per_spacing_and_a_closed_delay_passes() {
+    let (gate, _probe) = gate_at(85);
+    gate.holding(3);
+    // The first job off memory's line goes at once (nothing was released before).
+    assert_eq!(gate.check(view(0, 2, true)), GateAnswer::Pass);
+    gate.passed(view(0, 2, true));
+    // The next waits for the curve at 85 %, and is told the instant, never "only an event".
+    let spaced = GateAnswer::Hold {
+        until: Some(Instant::from_nanos(1_111_111_111)),
+    };
+    assert_eq!(gate.check(view(0, 1, true)), spaced);
+    assert_eq!(gate.check(view(1_111, 1, true)), spaced);
+    assert_eq!(gate.check(view(1_112, 1, true)), GateAnswer::Pass);
+    assert_eq!(gate.status().zone, MemoryZone::Draining);
+}
+
+#[test]
+fn a_long_spacing_is_rechecked_every_two_seconds_at_the_level_as_it_is_now() {
+    let (gate, probe) = gate_at(90);
+    gate.holding(2);
+    gate.passed(view(0, 1, true));
+    // 8.9 s at 90 %: the gate still asks to be asked again in 2 s.
+    assert_eq!(gate.check(view(1, 1, true)), hold_until(2_001));
+    // Memory fell meanwhile: at the re-check the curve is 50 ms, long past.
+    probe.set_percent(60);
+    assert_eq!(gate.check(view(2_001, 1, true)), GateAnswer::Pass);
+}
+
+#[test]
+fn one_completion_releases_at_most_one_job_and_completions_do_not_accumulate() {
+    let (gate, _probe) = gate_at(94);
+    gate.holding(3);
+    gate.passed(view(0, 2, true));
+    assert!(matches!(
+        gate.check(view(1, 2, true)),
+        GateAnswer::Hold { .. }
+    ));
+    gate.completed();
+    gate.completed();
+    assert_eq!(gate.check(view(2, 2, true)), GateAnswer::Pass);
+    gate.passed(view(2, 2, true));
+    assert!(
+        matches!(gate.check(view(3, 1, true)), GateAnswer::Hold { .. }),
+        "the second completion was not saved up"
+    );
+}
+
+#[test]
+fn a_completion_while_memory_holds_nobody_is_forgotten() {
+    let (gate, _probe) = gate_at(94);
+    gate.passed(view(0, 1, true));
+    gate.holding(0);
+    gate.completed();
+    gate.holding(2);
+    assert!(matches!(
+        gate.check(view(1, 1, true)),
+        GateAnswer::Hold { .. }
+    ));
+}
+
+#[test]
+fn a_waiter_an_account_holds_is_that_accounts_to_release_whatever_the_reading_below_the_latch() {
+    let (gate, _probe) = gate_at(94);
+    gate.holding(3);
+    gate.passed(view(0, 2, true));
+    let elsewhere = GateView {
+        elsewhere: true,
+        ..view(1, 3, false)
+    };
+    assert_eq!(gate.check(elsewhere), GateAnswer::Pass);
+    gate.passed(elsewhere);
+    assert_eq!(
+        gate.check(view(2, 2, true)),
+        hold_until(2_002),
+        "its grant is not a release from memory's line: the spacing still runs from 0"
+    );
+}
+
+#[test]
+fn the_probe_is_read_once_per_instant() {
+    let (gate, probe) = gate_at(50);
+    for held in 0..10 {
+        gate.check(view(7, held, held > 0));
+    }
+    assert_eq!(probe.reads(), 1);
+    gate.check(lone(8));
+    assert_eq!(probe.reads(), 2);
+}
+
+#[test]
+fn a_reading_is_reused_for_its_configured_age_and_no_longer() {
+    let probe = FakeProbe::new();
+    probe.set_percent(50);
+    let gate = MemoryGate::new(probe.clone()).with_max_reading_age(ms(10));
+    gate.check(lone(0));
+    probe.set_percent(99);
+    assert_eq!(
+        gate.check(lone(9)),
+        GateAnswer::Pass,
+        "the 50 % reading still counts"
+    );
+    assert_eq!(probe.reads(), 1);
+    assert_eq!(gate.check(lone(10)), hold_until(2_010));
+    assert_eq!(probe.reads(), 2);
+}
+
+#[test]
+fn a_failing_probe_makes_the_gate_stand_aside_until_it_reads_again() {
+    let (gate, probe) = gate_at(99);
+    assert!(matches!(gate.check(lone(0)), GateAnswer::Hold { .. }));
+    probe.fail(true);
+    assert_eq!(gate.check(view(1, 4, true)), GateAnswer::Pass);
+    assert_eq!(
+        gate.status().zone,
+        MemoryZone::Critical,
+        "the latch is kept"
+    );
+    probe.fail(false);
+    assert!(matches!(gate.check(lone(2)), GateAnswer::Hold { .. }));
+}
+
+#[test]
+fn once_stopped_it_lets_everyone_through_and_wakes_the_monitor() {
+    let (gate, _probe) = gate_at(99);
+    let woken = Arc::new(AtomicUsize::new(0));
+    let seen = woken.clone();
+    let wake: WakeFn = Arc::new(move || {
+        seen.fetch_add(1, Ordering::SeqCst);
+    });
+    gate.on_change(Some(wake));
+    assert!(matches!(gate.check(lone(0)), GateAnswer::Hold { .. }));
+    gate.stop();
+    assert!(gate.is_stopped());
+    assert_eq!(woken.load(Ordering::SeqCst), 1);
+    assert_eq!(gate.check(view(1, 9, true)), GateAnswer::Pass);
+}
+
+#[test]
+fn the_status_names_its_zone_numbers_and_category() {
+    let (gate, probe) = gate_at(85);
+    gate.check(lone(0));
+    let status = gate.status();
+    assert_eq!(status.zone, MemoryZone::Green);
+    assert_eq!(status.category(), Category::MEMORY);
+    assert_eq!(status.used_bytes, 85 * FakeProbe::GB);
+    assert_eq!(status.limit_bytes, FakeProbe::DEFAULT_LIMIT);
+    assert_eq!(status.floor_percent, 85.0);
+    assert_eq!(status.penalty, 1.0);
+    gate.holding(2);
+    assert_eq!(gate.status().zone, MemoryZone::Draining);
+    assert_eq!(gate.status().line, 2);
+    probe.set_percent(97);
+    gate.check(lone(1));
+    assert_eq!(gate.status().zone, MemoryZone::Critical);
+    assert_eq!(gate.name(), "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inside a real monitor, on the fake clock.
+
+struct Rig {
+    clock: FakeClock,
+    probe: FakeProbe,
+    gate: Arc<MemoryGate>,
+    monitor: Monitor,
+    pool: Arc<Permits>,
+}
+
+fn rig(percent: u64, permits: u64) -> Rig {
+    let clock = FakeClock::new();
+    let (gate, probe) = gate_at(percent);
+    let monitor = Monitor::builder()
+        .clock(clock.shared())
+        .gate(gate.clone())
+        .build();
+    Rig {
+        clock,
+        probe,
+        gate,
+        monitor,
+        pool: Arc::new(Permits::new("pool", permits)),
+    }
+}
+
+impl Rig {
+    fn job(&self) -> Demand {
+        let pool: AccountRef = self.pool.clone();
+        Demand::new().with(pool, Amount::ONE)
+    }
+
+    fn park(&self, name: &str) -> Admit {
+        let mut admit = self.monitor.admit(self.job(), &JobContext::new(name), None);
+        assert!(
+            poll_once(&mut admit).is_none(),
+            "{name} was granted at once"
+        );
+        admit
+    }
+
+    /// Which of `line` are granted now (by index), their grants kept in `grants`.
+    fn granted(&self, line: &mut [Option<Admit>], grants: &mut Vec<(usize, Grant)>) -> Vec<usize> {
+        let mut now = Vec::new();
+        for (i, slot) in line.iter_mut().enumerate() {
+            if let Some(admit) = slot
+                && let Some(outcome) = poll_once(admit)
+            {
+                grants.push((i, outcome.expect("granted")));
+                *slot = None;
+                now.push(i);
+            }
+        }
+        now
+    }
+}
+
+#[test]
+fn fifo_is_preserved_through_the_drain_one_release_per_spacing() {
+    let rig = rig(96, 100);
+    let mut line: Vec<Option<Admit>> = (0..5).map(|i| Some(rig.park(&format!("j{i}")))).collect();
+    let mut grants = Vec::new();
+    assert_eq!(rig.monitor.evaluate_once(), Some(at(2_000)));
+    assert!(rig.granted(&mut line, &mut grants).is_empty());
+    assert_eq!(rig.gate.status().zone, MemoryZone::Critical);
+    assert_eq!(rig.gate.status().line, 5);
+
+    rig.probe.set_percent(85);
+    rig.clock.advance(ms(2_000));
+    let wake = rig.monitor.evaluate_once();
+    assert_eq!(rig.granted(&mut line, &mut grants), [0]);
+    assert_eq!(wake, Some(at(2_000).saturating_add(curve(85.0))));
+    assert_eq!(rig.gate.status().zone, MemoryZone::Draining);
+    for next in 1..5 {
+        rig.clock.advance(ms(1_000));
+        rig.monitor.evaluate_once();
+        assert!(rig.granted(&mut line, &mut grants).is_empty(), "early");
+        rig.clock.advance_to(wake_of(&rig));
+        rig.monitor.evaluate_once();
+        assert_eq!(rig.granted(&mut line, &mut grants), [next]);
+    }
+    assert_eq!(rig.gate.status().zone, MemoryZone::Green);
+    assert_eq!(rig.pool.in_use(), 5);
+    drop(grants);
+    assert_eq!(rig.pool.in_use(), 0);
+}
+
+#[test]
+fn jobs_that_arrive_behind_a_head_memory_holds_join_memorys_line_before_any_pass() {
+    let rig = rig(96, 100);
+    let mut line: Vec<Option<Admit>> = (0..3).map(|i| Some(rig.park(&format!("j{i}")))).collect();
+    let mut grants = Vec::new();
+    // No pass ran while latched: only the first job ever met the gate.
+    rig.probe.set_percent(85);
+    rig.clock.advance(ms(2_000));
+    rig.monitor.evaluate_once();
+    assert_eq!(
+        rig.granted(&mut line, &mut grants),
+        [0],
+        "not all three at once"
+    );
+    rig.clock.advance(curve(85.0));
+    rig.monitor.evaluate_once();
+    assert_eq!(rig.granted(&mut line, &mut grants), [1]);
+}
+
+/// The instant the monitor would wake at now (one pass, which grants nobody early).
+fn wake_of(rig: &Rig) -> Instant {
+    rig.monitor.evaluate_once().expect("a deadline is pending")
+}
+
+#[test]
+fn a_completion_releases_the_next_job_before_its_spacing_runs_out() {
+    let rig = rig(96, 100);
+    let mut line: Vec<Option<Admit>> = (0..3).map(|i| Some(rig.park(&format!("j{i}")))).collect();
+    let mut grants = Vec::new();
+    rig.monitor.evaluate_once();
+    rig.probe.set_percent(89);
+    rig.clock.advance(ms(2_000));
+    rig.monitor.evaluate_once();
+    assert_eq!(rig.granted(&mut line, &mut grants), [0]);
+    // Dropping the grant hands off: its pass sees the completion and releases exactly one.
+    let (_, first) = grants.pop().expect("one grant");
+    drop(first);
+    assert_eq!(rig.granted(&mut line, &mut grants), [1]);
+    rig.monitor.evaluate_once();
+    assert!(rig.granted(&mut line, &mut grants).is_empty());
+}
+
+#[test]
+fn a_collection_mid_delay_is_seen_at_the_two_second_recheck() {
+    let rig = rig(97, 100);
+    let mut line: Vec<Option<Admit>> = (0..2).map(|i| Some(rig.park(&format!("j{i}")))).collect();
+    let mut grants = Vec::new();
+    assert_eq!(rig.monitor.evaluate_once(), Some(at(2_000)));
+    rig.clock.advance(ms(1_000));
+    rig.probe.set_percent(40); // a collection: nobody announces it
+    rig.clock.advance(ms(1_000));
+    let wake = rig.monitor.evaluate_once();
+    assert_eq!(rig.granted(&mut line, &mut grants), [0]);
+    assert_eq!(wake, Some(at(2_050)));
+    rig.clock.advance(ms(50));
+    rig.monitor.evaluate_once();
+    assert_eq!(rig.granted(&mut line, &mut grants), [1]);
+}
+
+#[test]
+fn a_started_monitor_with_a_full_line_grants_when_the_clock_passes_the_delay() {
+    let rig = rig(96, 100);
+    rig.monitor.start().unwrap();
+    let waiters: Vec<_> = (0..3)
+        .map(|i| {
+            let w = spawn_thread_waiter(
+                &rig.monitor,
+                rig.job(),
+                JobContext::new(format!("j{i}")),
+                None,
+            );
+            wait_for_queue(&rig.monitor, i + 1);
+            w
+        })
+        .collect();
+    rig.probe.set_percent(85);
+    rig.clock.advance(ms(2_000));
+    wait_for_queue(&rig.monitor, 2);
+    rig.clock.advance(ms(1_200));
+    wait_for_queue(&rig.monitor, 1);
+    rig.clock.advance(ms(1_200));
+    wait_for_queue(&rig.monitor, 0);
+    let grants: Vec<Grant> = waiters.into_iter().map(|w| w.outcome().unwrap()).collect();
+    assert_eq!(rig.pool.in_use(), 3);
+    drop(grants);
+    assert_eq!(rig.pool.in_use(), 0);
+    rig.monitor.stop();
+}
+
+#[test]
+fn a_line_held_on_an_account_is_released_by_that_account_not_by_memory() {
+    let rig = rig(96, 1);
+    let free = Arc::new(Permits::new("free", 100));
+    // Someone outside admission holds the pool's only permit.
+    assert_eq!(
+        rig.pool.try_take(Amount::ONE, Amount::ZERO).ok(),
+        Some(true)
+    );
+    let free_job = || {
+        let account: AccountRef = free.clone();
+        Demand::new().with(account, Amount::ONE)
+    };
+    let mut on_pool = rig.park("on-pool");
+    let mut a = rig.monitor.admit(free_job(), &JobContext::new("a"), None);
+    let mut b = rig.monitor.admit(free_job(), &JobContext::new("b"), None);
+    assert!(poll_once(&mut a).is_none() && poll_once(&mut b).is_none());
+    rig.monitor.evaluate_once();
+    assert_eq!(rig.gate.status().line, 3);
+    rig.probe.set_percent(85);
+    rig.clock.advance(ms(2_000));
+    rig.monitor.evaluate_once();
+    // The pool's job left memory's line and waits on the pool; `a` went; `b` is spaced.
+    assert!(poll_once(&mut on_pool).is_none());
+    let a = poll_once(&mut a).expect("a released").unwrap();
+    assert!(poll_once(&mut b).is_none());
+    assert_eq!(rig.gate.status().line, 1);
+    // The pool frees up mid-spacing: its job goes at once, memory's spacing notwithstanding.
+    rig.pool.give(Amount::ONE);
+    rig.monitor.evaluate_once();
+    let on_pool = poll_once(&mut on_pool)
+        .expect("the pool released it")
+        .unwrap();
+    assert!(poll_once(&mut b).is_none(), "b still waits for its spacing");
+    rig.clock.advance(curve(85.0));
+    rig.monitor.evaluate_once();
+    assert!(poll_once(&mut b).expect("spacing served").is_ok());
+    drop((a, on_pool));
+    assert_eq!(rig.pool.in_use(), 0);
+}
+
+#[test]
+fn cancelling_or_stopping_mid_drain_leaves_nothing_hanging() {
+    let rig = rig(96, 100);
+    let contexts: Vec<JobContext> = (0..4).map(|i| JobContext::new(format!("j{i}"))).collect();
+    let mut line: Vec<Admit> = contexts
+        .iter()
+        .map(|ctx| {
+            let mut admit = rig.monitor.admit(rig.job(), ctx, None);
+            assert!(poll_once(&mut admit).is_none());
+            admit
+        })
+        .collect();
+    rig.monitor.evaluate_once();
+    rig.probe.set_percent(85);
+    rig.clock.advance(ms(2_000));
+    rig.monitor.evaluate_once();
+    let first = poll_once(&mut line[0]).unwrap().unwrap();
+    assert_eq!(rig.gate.status().line, 3);
+
+    contexts[1].cancel();
+    assert!(matches!(
+        poll_once(&mut line[1]),
+        Some(Err(AdmitError::Cancelled { .. }))
+    ));
+    assert_eq!(rig.gate.status().line, 2);
+    drop(line.pop()); // an abandoned admit withdraws its waiter
+    assert_eq!(rig.gate.status().line, 1);
+    assert_eq!(rig.monitor.queue_size(), 1);
+
+    rig.monitor.stop();
+    assert!(matches!(
+        poll_once(&mut line[2]),
+        Some(Err(AdmitError::Shutdown))
+    ));
+    assert_eq!(rig.gate.status().line, 0);
+    assert_eq!(rig.gate.status().zone, MemoryZone::Green);
+    drop(first);
+    assert_eq!(rig.pool.in_use(), 0);
+    assert!(matches!(
+        rig.monitor
+            .admit_blocking(rig.job(), &JobContext::new("late"), None),
+        Err(AdmitError::Shutdown)
+    ));
+}
+
+#[test]
+fn an_empty_demand_never_meets_the_gate() {
+    let rig = rig(99, 1);
+    let reads = rig.probe.reads();
+    let grant = rig
+        .monitor
+        .admit_blocking(Demand::new(), &JobContext::new("orchestrator"), None)
+        .expect("an orchestrator is never held by memory");
+    assert!(grant.is_empty());
+    assert_eq!(rig.probe.reads(), reads);
+}
+
+/// A small deterministic generator (xorshift64*), so a failure replays exactly.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+#[test]
+fn a_hundred_and_fifty_random_jobs_under_random_readings_are_all_granted_and_nothing_leaks() {
+    for seed in [1u64, 7, 42, 2026] {
+        let rig = rig(50, 6);
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let mut line: Vec<Option<Admit>> = Vec::new();
+        let mut grants: Vec<(usize, Grant)> = Vec::new();
+        let mut granted = 0usize;
+        let mut steps = 0u32;
+        while granted < 150 {
+            steps += 1;
+            assert!(steps < 20_000, "seed {seed}: stuck with {granted} granted");
+            let late = steps > 2_000; // then memory calms down and everything must drain
+            match rng.below(6) {
+                0 | 1 if line.len() < 150 => {
+                    let i = line.len();
+                    let mut admit =
+                        rig.monitor
+                            .admit(rig.job(), &JobContext::new(format!("j{i}")), None);
+                    match poll_once(&mut admit) {
+                        Some(outcome) => {
+                            grants.push((i, outcome.expect("granted")));
+                            line.push(None);
+                        }
+                        None => line.push(Some(admit)),
+                    }
+                }
+                2 => {
+                    let percent = if late { 50 } else { 60 + rng.below(40) };
+                    rig.probe.set_percent(percent);
+                }
+                3 if !grants.is_empty() => {
+                    let k = rng.below(grants.len() as u64) as usize;
+                    drop(grants.swap_remove(k));
+                }
+                _ => {
+                    rig.clock.advance(ms(rng.below(2_500)));
+                    rig.monitor.evaluate_once();
+                }
+            }
+            if late {
+                rig.probe.set_percent(50);
+            }
+            rig.granted(&mut line, &mut grants);
+            granted = line.len() - line.iter().filter(|s| s.is_some()).count();
+            assert!(rig.pool.in_use() <= 6);
+            assert_eq!(rig.pool.in_use() as usize, grants.len(), "seed {seed}");
+        }
+        drop(grants);
+        assert_eq!(rig.pool.in_use(), 0, "seed {seed}: a permit leaked");
+        assert_eq!(rig.monitor.queue_size(), 0);
+        assert_eq!(rig.gate.status().line, 0);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The real probes.
+
+#[test]
+fn the_resident_set_probe_reads_this_process() {
+    let probe = ResidentSetProbe::new(1 << 40);
+    match probe.read() {
+        Ok(reading) => {
+            assert!(reading.used > 0, "{reading:?}");
+            assert_eq!(reading.limit, 1 << 40);
+        }
+        Err(why) if !cfg!(target_os = "linux") => {
+            eprintln!("skipped: no /proc here: {why}");
+        }
+        Err(why) => panic!("{why}"),
+    }
+}
+
+#[test]
+fn the_cgroup_probe_reads_this_process_where_there_is_a_cgroup_v2_limit() {
+    let probe = match CgroupV2Probe::detect() {
+        Ok(probe) => probe,
+        Err(why) => {
+            eprintln!("skipped: this machine has no cgroup v2 memory controller: {why}");
+            return;
+        }
+    };
+    match probe.read() {
+        Ok(reading) => {
+            assert!(reading.used > 0 && reading.limit > 0, "{reading:?}");
+        }
+        Err(why) => {
+            assert!(why.to_string().contains(&probe.dir().display().to_string()));
+            eprintln!("skipped: the cgroup has no usable limit: {why}");
+        }
+    }
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("admission-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn the_cgroup_probe_reads_current_against_max_and_names_a_missing_limit() {
+    let dir = scratch("cgroup");
+    std::fs::write(dir.join("memory.current"), "1048576\n").unwrap();
+    std::fs::write(dir.join("memory.max"), "4194304\n").unwrap();
+    let probe = CgroupV2Probe::at(&dir);
+    let reading = probe.read().unwrap();
+    assert_eq!((reading.used, reading.limit), (1_048_576, 4_194_304));
+    std::fs::write(dir.join("memory.max"), "max\n").unwrap();
+    let error = probe.read().unwrap_err().to_string();
+    assert!(error.contains("no memory limit"), "{error}");
+    assert!(error.contains("memory.max"), "{error}");
+    std::fs::remove_dir_all(&dir).unwrap();
+    let error = probe.read().unwrap_err().to_string();
+    assert!(error.contains("memory.current"), "{error}");
+}
+
+#[test]
+fn the_resident_set_probe_reads_vmrss_in_kilobytes() {
+    let dir = scratch("status");
+    let path = dir.join("status");
+    std::fs::write(&path, "Name:\tx\nVmRSS:\t   2048 kB\nThreads:\t1\n").unwrap();
+    let reading = ResidentSetProbe::at(&path, 10_000_000).read().unwrap();
+    assert_eq!((reading.used, reading.limit), (2_097_152, 10_000_000));
+    std::fs::write(&path, "Name:\tx\n").unwrap();
+    let error = ResidentSetProbe::at(&path, 1)
+        .read()
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("VmRSS"), "{error}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
