@@ -59,6 +59,15 @@ impl Drop for Owner {
 /// on. A demand disjoint from what the head lacks passes at the first pass after it arrives. A
 /// demand that fits when the line is empty is granted inline by the caller.
 ///
+/// # The gate
+///
+/// A monitor may carry one [`Gate`] (the memory pressure gate in practice). Every demand with
+/// entries meets it before any account, on the fast path and at every pass; an orchestrator's
+/// empty demand never does. While the gate holds the head of the line, every waiter with entries
+/// is held by the gate too, with the head's deadline, and the next pass starts again from the
+/// head, so the gate releases its line in arrival order. A waiter that an account holds is that
+/// account's to release. The gate hears of each grant it let through and of each completion.
+///
 /// # Examples
 ///
 /// ```
