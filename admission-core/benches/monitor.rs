@@ -400,8 +400,8 @@ fn settle() {
 /// Waits until the evaluator has finished the pass that first held the new waiter.
 ///
 /// That pass reports `Held` to [`HeldSeen`], unless it began before the sink was installed: a
-/// pass decides at its start whether to build events, and a release can ring the doorbell twice
-/// (from the account's wake slot, then as the grant settles), so a stray pass may be in flight.
+/// pass decides at its start whether to build events, and a pass started by an earlier event may
+/// still be in flight.
 /// Then the waiter is parked and its first pass long over once [`HELD_PATIENCE`] has passed.
 fn wait_held(monitor: &Monitor, seen: &HeldSeen) {
     let started = Instant::now();
@@ -922,7 +922,7 @@ fn give_to_running(c: &mut Criterion) {
         });
         drop(peer);
         let mut hop = MonitorToWaker::new();
-        group.bench_function(format!("ours_release_to_evaluator_wake_{shape}"), |b| {
+        group.bench_function(format!("ours_release_to_waker_{shape}"), |b| {
             b.iter_custom(|n| time_hand_offs(&mut hop, n, idle))
         });
         drop(hop);
