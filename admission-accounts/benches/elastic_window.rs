@@ -63,6 +63,19 @@ fn single_thread(c: &mut Criterion) {
     group.bench_function("elastic_window/take_give_frozen_clock", |b| {
         b.iter(|| take_give(&frozen))
     });
+    // A take alone leaves its stamp: a one-millisecond window keeps the log short (stamps older
+    // than the widest window, ten milliseconds at the default throttle cap, are pruned).
+    let short = ElasticWindow::new(
+        "bench",
+        ElasticWindowConfig::new(HUGE, Duration::from_millis(1)),
+    )
+    .expect("a valid configuration");
+    group.bench_function("elastic_window/take_only", |b| {
+        b.iter(|| {
+            let taken = short.try_take(black_box(Amount::ONE), Amount::ZERO);
+            assert!(matches!(taken, Ok(true)), "the bench window never fills");
+        })
+    });
     let limiter = governor();
     group.bench_function("governor/check_n", |b| b.iter(|| check_n(&limiter)));
     group.finish();
