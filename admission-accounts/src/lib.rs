@@ -16,6 +16,7 @@ pub mod counting_gate;
 pub mod elastic_window;
 pub mod fixed_window;
 pub mod memory_gate;
+pub mod rate_limit_info;
 pub mod token_bucket;
 
 pub use config::ConfigError;
@@ -23,4 +24,5 @@ pub use counting_gate::CountingGate;
 pub use elastic_window::ElasticWindow;
 pub use fixed_window::FixedWindow;
 pub use memory_gate::MemoryGate;
+pub use rate_limit_info::RateLimitInfo;
 pub use token_bucket::TokenBucket;

@@ -6,4 +6,5 @@ mod elastic_window;
 mod fixed_window;
 mod memory_gate;
 mod mixed;
+mod rate_limit_info;
 mod token_bucket;

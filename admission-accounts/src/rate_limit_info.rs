@@ -1,0 +1,347 @@
+//! What a provider says about its rate limits: [`RateLimitInfo`], read from the response headers
+//! providers send (the OpenAI-style `x-ratelimit-*` family with `retry-after`, and the
+//! `anthropic-ratelimit-*` family), or built for a limit that was hit with nothing more known.
+//!
+//! Header names are matched without regard to case. Values that cannot be read leave their field
+//! `None` (and are logged at debug); reading never panics, whatever bytes arrive.
+
+mod parse;
+
+use std::time::{Duration, SystemTime};
+
+use http::HeaderMap;
+use serde::Serialize;
+
+pub use parse::{ResetParseError, parse_int, parse_reset, parse_retry_after};
+
+/// How long [`RateLimitInfo::rate_limited`] asks a caller to wait when nothing more is known.
+pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// The dimension of a provider's limit that a reading is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum LimitKind {
+    /// Requests per window.
+    Requests,
+    /// Tokens per window, input and output together.
+    Tokens,
+    /// Input (prompt) tokens per window.
+    InputTokens,
+    /// Output (completion) tokens per window.
+    OutputTokens,
+    /// Not known; also what a missing or unrecognised kind reads as.
+    #[default]
+    Unknown,
+}
+
+impl LimitKind {
+    /// Reads a kind by name (`requests`, `tokens`, `input_tokens` or `input-tokens`,
+    /// `output_tokens` or `output-tokens`, any case); a missing or unrecognised name is
+    /// [`LimitKind::Unknown`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission_accounts::rate_limit_info::LimitKind;
+    ///
+    /// assert_eq!(LimitKind::from_name(Some("Input-Tokens")), LimitKind::InputTokens);
+    /// assert_eq!(LimitKind::from_name(None), LimitKind::Unknown);
+    /// ```
+    pub fn from_name(name: Option<&str>) -> Self {
+        let Some(name) = name else {
+            return Self::Unknown;
+        };
+        match name.trim().to_ascii_lowercase().replace('-', "_").as_str() {
+            "requests" => Self::Requests,
+            "tokens" => Self::Tokens,
+            "input_tokens" => Self::InputTokens,
+            "output_tokens" => Self::OutputTokens,
+            _ => Self::Unknown,
+        }
+    }
+}
+
+/// One reading of a model's rate limits at a provider.
+///
+/// Either a capacity reading taken from response headers ([`from_headers`](Self::from_headers),
+/// [`from_pairs`](Self::from_pairs)), which is not rate limited and carries only what the
+/// headers said, or the record of a limit that was hit ([`rate_limited`](Self::rate_limited)).
+/// Every limit, remaining count and reset is `None` when the provider did not send it; the
+/// per-minute accessors read those absent limits as zero.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use admission_accounts::RateLimitInfo;
+/// use admission_accounts::rate_limit_info::LimitKind;
+///
+/// let info = RateLimitInfo::from_pairs(
+///     "gpt-4o",
+///     [
+///         ("x-ratelimit-limit-requests", "500"),
+///         ("x-ratelimit-remaining-requests", "499"),
+///         ("X-RateLimit-Limit-Tokens", "30000"),
+///         ("x-ratelimit-reset-tokens", "6m0s"),
+///     ],
+/// );
+/// assert!(!info.rate_limited);
+/// assert_eq!(info.requests_per_minute(), 500);
+/// assert_eq!(info.request_remaining, Some(499));
+/// assert_eq!(info.tokens_per_minute(), 30_000);
+/// assert_eq!(info.token_reset, Some(Duration::from_secs(360)));
+/// assert_eq!(info.retry_after, None);
+///
+/// let hit = RateLimitInfo::rate_limited("gpt-4o");
+/// assert!(hit.rate_limited);
+/// assert_eq!(hit.kind, LimitKind::Unknown);
+/// assert_eq!(hit.retry_after, Some(Duration::from_secs(60)));
+/// assert_eq!(hit.tokens_per_minute(), 0);
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct RateLimitInfo {
+    /// The model the reading is about.
+    pub model: String,
+    /// Which limit the reading is about: for a header reading, the first dimension found
+    /// exhausted (remaining zero) in the order requests, tokens, input tokens, output tokens;
+    /// otherwise [`LimitKind::Unknown`].
+    pub kind: LimitKind,
+    /// Whether a limit was hit (the provider refused the call).
+    pub rate_limited: bool,
+    /// Requests allowed per window.
+    pub request_limit: Option<u64>,
+    /// Requests left in the current window.
+    pub request_remaining: Option<u64>,
+    /// Time until the request limit resets.
+    pub request_reset: Option<Duration>,
+    /// Tokens allowed per window.
+    pub token_limit: Option<u64>,
+    /// Tokens left in the current window.
+    pub token_remaining: Option<u64>,
+    /// Time until the token limit resets.
+    pub token_reset: Option<Duration>,
+    /// Input tokens allowed per window.
+    pub input_token_limit: Option<u64>,
+    /// Input tokens left in the current window.
+    pub input_token_remaining: Option<u64>,
+    /// Time until the input-token limit resets.
+    pub input_token_reset: Option<Duration>,
+    /// Output tokens allowed per window.
+    pub output_token_limit: Option<u64>,
+    /// Output tokens left in the current window.
+    pub output_token_remaining: Option<u64>,
+    /// Time until the output-token limit resets.
+    pub output_token_reset: Option<Duration>,
+    /// How long the provider asks the caller to wait before retrying.
+    pub retry_after: Option<Duration>,
+}
+
+impl RateLimitInfo {
+    /// The record of a limit that was hit when nothing more is known: no limits, nothing
+    /// remaining, a retry-after of [`DEFAULT_RETRY_AFTER`] (60 s) and kind
+    /// [`LimitKind::Unknown`].
+    pub fn rate_limited(model: impl Into<String>) -> Self {
+        Self {
+            rate_limited: true,
+            retry_after: Some(DEFAULT_RETRY_AFTER),
+            ..Self::empty(model.into())
+        }
+    }
+
+    /// A capacity reading from response headers, with resets given as instants measured from
+    /// the system clock's now. See [`from_pairs_at`](Self::from_pairs_at).
+    pub fn from_headers(model: impl Into<String>, headers: &HeaderMap) -> Self {
+        Self::from_headers_at(model, headers, SystemTime::now())
+    }
+
+    /// A capacity reading from response headers, with resets given as instants measured from
+    /// `now`. Header values that are not visible ASCII are skipped. See
+    /// [`from_pairs_at`](Self::from_pairs_at).
+    pub fn from_headers_at(model: impl Into<String>, headers: &HeaderMap, now: SystemTime) -> Self {
+        let pairs = headers
+            .iter()
+            .filter_map(|(name, value)| Some((name.as_str(), value.to_str().ok()?)));
+        Self::from_pairs_at(model, pairs, now)
+    }
+
+    /// A capacity reading from plain name/value pairs, with resets given as instants measured
+    /// from the system clock's now. See [`from_pairs_at`](Self::from_pairs_at).
+    pub fn from_pairs<'a>(
+        model: impl Into<String>,
+        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Self {
+        Self::from_pairs_at(model, pairs, SystemTime::now())
+    }
+
+    /// A capacity reading from plain name/value pairs: not rate limited, and every field `None`
+    /// unless its header is present and readable.
+    ///
+    /// Names are matched case-insensitively; when a name repeats, the last readable value wins.
+    /// Read headers:
+    /// - `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`;
+    /// - `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}`;
+    /// - `retry-after` in whole seconds (an HTTP-date is not supported and leaves it `None`).
+    ///
+    /// Resets are read by [`parse_reset`], an RFC 3339 instant counting from `now`.
+    pub fn from_pairs_at<'a>(
+        model: impl Into<String>,
+        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+        now: SystemTime,
+    ) -> Self {
+        let mut info = Self::empty(model.into());
+        for (name, value) in pairs {
+            info.read(&name.to_ascii_lowercase(), value, now);
+        }
+        info.kind = info.exhausted_kind();
+        info
+    }
+
+    /// Requests per minute: the request limit, zero when absent.
+    pub fn requests_per_minute(&self) -> u64 {
+        self.request_limit.unwrap_or(0)
+    }
+
+    /// Tokens per minute: the token limit, zero when absent.
+    pub fn tokens_per_minute(&self) -> u64 {
+        self.token_limit.unwrap_or(0)
+    }
+
+    /// Input tokens per minute: the input-token limit, zero when absent.
+    pub fn input_tokens_per_minute(&self) -> u64 {
+        self.input_token_limit.unwrap_or(0)
+    }
+
+    /// Output tokens per minute: the output-token limit, zero when absent.
+    pub fn output_tokens_per_minute(&self) -> u64 {
+        self.output_token_limit.unwrap_or(0)
+    }
+
+    /// A reading of `model` that knows nothing.
+    fn empty(model: String) -> Self {
+        Self {
+            model,
+            kind: LimitKind::Unknown,
+            rate_limited: false,
+            request_limit: None,
+            request_remaining: None,
+            request_reset: None,
+            token_limit: None,
+            token_remaining: None,
+            token_reset: None,
+            input_token_limit: None,
+            input_token_remaining: None,
+            input_token_reset: None,
+            output_token_limit: None,
+            output_token_remaining: None,
+            output_token_reset: None,
+            retry_after: None,
+        }
+    }
+
+    /// Applies one header, `name` already lowercase; unknown names are ignored.
+    fn read(&mut self, name: &str, value: &str, now: SystemTime) {
+        if name == "retry-after" {
+            set(&mut self.retry_after, parse_retry_after(Some(value)));
+            return;
+        }
+        let Some((kind, field)) = split_name(name) else {
+            return;
+        };
+        let (limit, remaining, reset) = match kind {
+            LimitKind::Requests => (
+                &mut self.request_limit,
+                &mut self.request_remaining,
+                &mut self.request_reset,
+            ),
+            LimitKind::Tokens => (
+                &mut self.token_limit,
+                &mut self.token_remaining,
+                &mut self.token_reset,
+            ),
+            LimitKind::InputTokens => (
+                &mut self.input_token_limit,
+                &mut self.input_token_remaining,
+                &mut self.input_token_reset,
+            ),
+            LimitKind::OutputTokens => (
+                &mut self.output_token_limit,
+                &mut self.output_token_remaining,
+                &mut self.output_token_reset,
+            ),
+            LimitKind::Unknown => return,
+        };
+        match field {
+            Field::Limit => set(limit, parse_int(Some(value))),
+            Field::Remaining => set(remaining, parse_int(Some(value))),
+            Field::Reset => match parse_reset(value, now) {
+                Ok(duration) => *reset = Some(duration),
+                Err(error) => {
+                    tracing::debug!(model = %self.model, header = name, %error, "unreadable rate-limit reset")
+                }
+            },
+        }
+    }
+
+    /// The first dimension with nothing remaining, or unknown.
+    fn exhausted_kind(&self) -> LimitKind {
+        [
+            (self.request_remaining, LimitKind::Requests),
+            (self.token_remaining, LimitKind::Tokens),
+            (self.input_token_remaining, LimitKind::InputTokens),
+            (self.output_token_remaining, LimitKind::OutputTokens),
+        ]
+        .into_iter()
+        .find(|&(remaining, _)| remaining == Some(0))
+        .map_or(LimitKind::Unknown, |(_, kind)| kind)
+    }
+}
+
+/// Which of a dimension's three numbers a header carries.
+#[derive(Clone, Copy)]
+enum Field {
+    Limit,
+    Remaining,
+    Reset,
+}
+
+/// Splits a lowercase header name of either family into its dimension and field.
+fn split_name(name: &str) -> Option<(LimitKind, Field)> {
+    if let Some(rest) = name.strip_prefix("x-ratelimit-") {
+        let (field, dimension) = rest.split_once('-')?;
+        let kind = match dimension {
+            "requests" => LimitKind::Requests,
+            "tokens" => LimitKind::Tokens,
+            _ => return None,
+        };
+        return Some((kind, field_named(field)?));
+    }
+    let rest = name.strip_prefix("anthropic-ratelimit-")?;
+    let (dimension, field) = rest.rsplit_once('-')?;
+    let kind = match dimension {
+        "requests" => LimitKind::Requests,
+        "tokens" => LimitKind::Tokens,
+        "input-tokens" => LimitKind::InputTokens,
+        "output-tokens" => LimitKind::OutputTokens,
+        _ => return None,
+    };
+    Some((kind, field_named(field)?))
+}
+
+/// The field a header name's `limit`, `remaining` or `reset` part names.
+fn field_named(field: &str) -> Option<Field> {
+    match field {
+        "limit" => Some(Field::Limit),
+        "remaining" => Some(Field::Remaining),
+        "reset" => Some(Field::Reset),
+        _ => None,
+    }
+}
+
+/// Stores a readable value, keeping the previous one when the new value is unreadable.
+fn set<T>(slot: &mut Option<T>, value: Option<T>) {
+    if value.is_some() {
+        *slot = value;
+    }
+}

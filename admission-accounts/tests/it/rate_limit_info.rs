@@ -1,0 +1,369 @@
+//! Rate-limit headers: the rate-limited record, capacity readings from the OpenAI-style and
+//! Anthropic-style header families (as pairs and as an `http::HeaderMap`), every reset form, bad
+//! values, and property tests showing the parsers never panic on any input.
+
+use std::time::{Duration, SystemTime};
+
+use admission_accounts::RateLimitInfo;
+use admission_accounts::rate_limit_info::{
+    LimitKind, ResetParseError, parse_int, parse_reset, parse_retry_after,
+};
+use http::{HeaderMap, HeaderName, HeaderValue};
+use proptest::prelude::{any, prop_assert, prop_assert_eq, proptest};
+
+/// 2026-01-01T00:00:00Z.
+fn fixed_now() -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600)
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+#[test]
+fn rate_limited_knows_only_that_a_limit_was_hit() {
+    let info = RateLimitInfo::rate_limited("gpt-4o");
+    assert_eq!(info.model, "gpt-4o");
+    assert!(info.rate_limited);
+    assert_eq!(info.kind, LimitKind::Unknown);
+    assert_eq!(info.retry_after, Some(secs(60)));
+    assert_eq!(info.request_limit, None);
+    assert_eq!(info.request_remaining, None);
+    assert_eq!(info.token_limit, None);
+    assert_eq!(info.token_remaining, None);
+    assert_eq!(info.input_token_limit, None);
+    assert_eq!(info.output_token_remaining, None);
+    assert_eq!(info.request_reset, None);
+    assert_eq!(info.token_reset, None);
+    assert_eq!(info.requests_per_minute(), 0);
+    assert_eq!(info.tokens_per_minute(), 0);
+}
+
+#[test]
+fn openai_headers_are_a_capacity_reading() {
+    let info = RateLimitInfo::from_pairs_at(
+        "gpt-4o",
+        [
+            ("x-ratelimit-limit-requests", "500"),
+            ("x-ratelimit-remaining-requests", "499"),
+            ("x-ratelimit-reset-requests", "120ms"),
+            ("x-ratelimit-limit-tokens", "30000"),
+            ("x-ratelimit-remaining-tokens", "29500"),
+            ("x-ratelimit-reset-tokens", "1s"),
+            ("content-type", "application/json"),
+        ],
+        fixed_now(),
+    );
+    assert!(!info.rate_limited);
+    assert_eq!(info.model, "gpt-4o");
+    assert_eq!(info.kind, LimitKind::Unknown);
+    assert_eq!(info.request_limit, Some(500));
+    assert_eq!(info.request_remaining, Some(499));
+    assert_eq!(info.request_reset, Some(Duration::from_millis(120)));
+    assert_eq!(info.token_limit, Some(30_000));
+    assert_eq!(info.token_remaining, Some(29_500));
+    assert_eq!(info.token_reset, Some(secs(1)));
+    assert_eq!(info.retry_after, None);
+    assert_eq!(info.input_token_limit, None);
+    assert_eq!(info.output_token_limit, None);
+    assert_eq!(info.requests_per_minute(), 500);
+    assert_eq!(info.tokens_per_minute(), 30_000);
+}
+
+#[test]
+fn anthropic_headers_are_a_capacity_reading() {
+    let info = RateLimitInfo::from_pairs_at(
+        "claude-sonnet",
+        [
+            ("anthropic-ratelimit-requests-limit", "50"),
+            ("anthropic-ratelimit-requests-remaining", "49"),
+            ("anthropic-ratelimit-requests-reset", "2026-01-01T00:01:00Z"),
+            ("anthropic-ratelimit-tokens-limit", "90000"),
+            ("anthropic-ratelimit-tokens-remaining", "0"),
+            ("anthropic-ratelimit-tokens-reset", "2026-01-01T00:00:30Z"),
+            ("anthropic-ratelimit-input-tokens-limit", "80000"),
+            ("anthropic-ratelimit-input-tokens-remaining", "79000"),
+            (
+                "anthropic-ratelimit-input-tokens-reset",
+                "2026-01-01T00:00:01Z",
+            ),
+            ("anthropic-ratelimit-output-tokens-limit", "16000"),
+            ("anthropic-ratelimit-output-tokens-remaining", "15000"),
+            (
+                "anthropic-ratelimit-output-tokens-reset",
+                "2025-12-31T23:59:00Z",
+            ),
+            ("retry-after", "30"),
+        ],
+        fixed_now(),
+    );
+    assert!(!info.rate_limited);
+    assert_eq!(info.kind, LimitKind::Tokens);
+    assert_eq!(info.request_limit, Some(50));
+    assert_eq!(info.request_remaining, Some(49));
+    assert_eq!(info.request_reset, Some(secs(60)));
+    assert_eq!(info.token_limit, Some(90_000));
+    assert_eq!(info.token_remaining, Some(0));
+    assert_eq!(info.token_reset, Some(secs(30)));
+    assert_eq!(info.input_token_limit, Some(80_000));
+    assert_eq!(info.input_token_remaining, Some(79_000));
+    assert_eq!(info.input_token_reset, Some(secs(1)));
+    assert_eq!(info.output_token_limit, Some(16_000));
+    assert_eq!(info.output_token_remaining, Some(15_000));
+    assert_eq!(info.output_token_reset, Some(Duration::ZERO));
+    assert_eq!(info.retry_after, Some(secs(30)));
+    assert_eq!(info.requests_per_minute(), 50);
+    assert_eq!(info.tokens_per_minute(), 90_000);
+    assert_eq!(info.input_tokens_per_minute(), 80_000);
+    assert_eq!(info.output_tokens_per_minute(), 16_000);
+}
+
+#[test]
+fn header_names_match_without_regard_to_case() {
+    let info = RateLimitInfo::from_pairs(
+        "m",
+        [
+            ("X-RateLimit-Limit-Requests", "7"),
+            ("ANTHROPIC-RATELIMIT-TOKENS-REMAINING", "8"),
+            ("Retry-After", "9"),
+        ],
+    );
+    assert_eq!(info.request_limit, Some(7));
+    assert_eq!(info.token_remaining, Some(8));
+    assert_eq!(info.retry_after, Some(secs(9)));
+}
+
+#[test]
+fn a_header_map_reads_like_pairs() {
+    let mut headers = HeaderMap::new();
+    headers.insert("x-ratelimit-limit-tokens", HeaderValue::from_static("1000"));
+    headers.insert("X-RATELIMIT-RESET-TOKENS", HeaderValue::from_static("6m0s"));
+    headers.insert(
+        "anthropic-ratelimit-requests-remaining",
+        HeaderValue::from_static(" 0 "),
+    );
+    headers.insert(
+        "x-ratelimit-remaining-tokens",
+        HeaderValue::from_bytes(b"\xff12").unwrap_or_else(|_| HeaderValue::from_static("")),
+    );
+    let info = RateLimitInfo::from_headers_at("m", &headers, fixed_now());
+    assert!(!info.rate_limited);
+    assert_eq!(info.token_limit, Some(1000));
+    assert_eq!(info.token_reset, Some(secs(360)));
+    assert_eq!(info.request_remaining, Some(0));
+    assert_eq!(info.kind, LimitKind::Requests);
+    assert_eq!(info.token_remaining, None);
+    assert_eq!(info.request_limit, None);
+    assert_eq!(info.retry_after, None);
+    assert_eq!(RateLimitInfo::from_headers("m", &headers), info);
+}
+
+#[test]
+fn every_reset_form_parses() {
+    let now = fixed_now();
+    assert_eq!(parse_reset("1s", now), Ok(secs(1)));
+    assert_eq!(parse_reset("6m0s", now), Ok(secs(360)));
+    assert_eq!(parse_reset("20ms", now), Ok(Duration::from_millis(20)));
+    assert_eq!(
+        parse_reset("1h2m3.5s", now),
+        Ok(Duration::from_millis(3_723_500))
+    );
+    assert_eq!(parse_reset("250us", now), Ok(Duration::from_micros(250)));
+    assert_eq!(parse_reset("7ns", now), Ok(Duration::from_nanos(7)));
+    assert_eq!(parse_reset("0.5", now), Ok(Duration::from_millis(500)));
+    assert_eq!(parse_reset("30", now), Ok(secs(30)));
+    assert_eq!(parse_reset(" 30 ", now), Ok(secs(30)));
+    assert_eq!(parse_reset("2026-01-01T00:01:00Z", now), Ok(secs(60)));
+    assert_eq!(
+        parse_reset("2026-01-01T00:00:00.250Z", now),
+        Ok(Duration::from_millis(250))
+    );
+    assert_eq!(parse_reset("2025-12-31T23:00:00Z", now), Ok(Duration::ZERO));
+}
+
+#[test]
+fn unreadable_resets_say_why() {
+    let now = fixed_now();
+    let cases = [
+        (
+            "",
+            ResetParseError::Empty {
+                value: String::new(),
+            },
+        ),
+        (
+            "   ",
+            ResetParseError::Empty {
+                value: "   ".into(),
+            },
+        ),
+        (
+            "-1s",
+            ResetParseError::Negative {
+                value: "-1s".into(),
+            },
+        ),
+        (
+            "soon",
+            ResetParseError::Malformed {
+                value: "soon".into(),
+            },
+        ),
+        ("5x", ResetParseError::Malformed { value: "5x".into() }),
+        (
+            "1.2.3s",
+            ResetParseError::Malformed {
+                value: "1.2.3s".into(),
+            },
+        ),
+        ("s", ResetParseError::Malformed { value: "s".into() }),
+        (
+            "2026-13-45T00:00:00Z",
+            ResetParseError::Malformed {
+                value: "2026-13-45T00:00:00Z".into(),
+            },
+        ),
+        (
+            "99999999999999999999999999h",
+            ResetParseError::Overflow {
+                value: "99999999999999999999999999h".into(),
+            },
+        ),
+        (
+            "999999999999999999999999999999999999999999",
+            ResetParseError::Overflow {
+                value: "999999999999999999999999999999999999999999".into(),
+            },
+        ),
+    ];
+    for (value, expected) in cases {
+        assert_eq!(parse_reset(value, now), Err(expected), "{value:?}");
+    }
+    let message = parse_reset("soon", now).map_err(|e| e.to_string());
+    assert_eq!(
+        message,
+        Err("reset value \"soon\" is neither a duration (\"6m0s\"), a number of seconds, nor an RFC 3339 instant".into())
+    );
+}
+
+#[test]
+fn integers_trim_and_answer_none_for_anything_else() {
+    assert_eq!(parse_int(Some("42")), Some(42));
+    assert_eq!(parse_int(Some("  42\t")), Some(42));
+    assert_eq!(parse_int(Some("18446744073709551615")), Some(u64::MAX));
+    assert_eq!(parse_int(None), None);
+    assert_eq!(parse_int(Some("")), None);
+    assert_eq!(parse_int(Some("abc")), None);
+    assert_eq!(parse_int(Some("-1")), None);
+    assert_eq!(parse_int(Some("1.5")), None);
+    assert_eq!(parse_int(Some("18446744073709551616")), None);
+}
+
+#[test]
+fn retry_after_reads_seconds_and_not_http_dates() {
+    assert_eq!(parse_retry_after(Some(" 20 ")), Some(secs(20)));
+    assert_eq!(
+        parse_retry_after(Some("Wed, 21 Oct 2015 07:28:00 GMT")),
+        None
+    );
+    assert_eq!(parse_retry_after(None), None);
+}
+
+#[test]
+fn bad_values_leave_fields_none() {
+    let info = RateLimitInfo::from_pairs_at(
+        "m",
+        [
+            ("x-ratelimit-limit-requests", "lots"),
+            ("x-ratelimit-remaining-tokens", "-3"),
+            ("x-ratelimit-reset-tokens", "eventually"),
+            ("anthropic-ratelimit-bogus-limit", "5"),
+            ("x-ratelimit-limit-bogus", "5"),
+            ("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT"),
+        ],
+        fixed_now(),
+    );
+    assert_eq!(info, RateLimitInfo::from_pairs_at("m", [], fixed_now()));
+    assert_eq!(info.request_limit, None);
+    assert_eq!(info.token_remaining, None);
+    assert_eq!(info.token_reset, None);
+    assert_eq!(info.retry_after, None);
+    assert_eq!(info.kind, LimitKind::Unknown);
+}
+
+#[test]
+fn per_minute_fields_read_zero_when_absent() {
+    let info = RateLimitInfo::from_pairs("m", [("x-ratelimit-limit-tokens", "100")]);
+    assert_eq!(info.requests_per_minute(), 0);
+    assert_eq!(info.tokens_per_minute(), 100);
+    assert_eq!(info.input_tokens_per_minute(), 0);
+    assert_eq!(info.output_tokens_per_minute(), 0);
+}
+
+#[test]
+fn a_missing_kind_reads_as_unknown() {
+    assert_eq!(LimitKind::default(), LimitKind::Unknown);
+    assert_eq!(LimitKind::from_name(None), LimitKind::Unknown);
+    assert_eq!(LimitKind::from_name(Some("bananas")), LimitKind::Unknown);
+    assert_eq!(LimitKind::from_name(Some("REQUESTS")), LimitKind::Requests);
+    assert_eq!(
+        LimitKind::from_name(Some("output-tokens")),
+        LimitKind::OutputTokens
+    );
+}
+
+#[test]
+fn a_reading_serializes_with_snake_case_kind() {
+    let json = serde_json::to_value(RateLimitInfo::rate_limited("m")).map_err(|e| e.to_string());
+    let json = json
+        .as_ref()
+        .map(|v| (v["kind"].clone(), v["rate_limited"].clone()));
+    assert_eq!(
+        json,
+        Ok((serde_json::json!("unknown"), serde_json::json!(true)))
+    );
+}
+
+const NAMES: [&str; 8] = [
+    "x-ratelimit-limit-requests",
+    "x-ratelimit-remaining-tokens",
+    "x-ratelimit-reset-tokens",
+    "retry-after",
+    "anthropic-ratelimit-requests-reset",
+    "anthropic-ratelimit-input-tokens-limit",
+    "anthropic-ratelimit-output-tokens-remaining",
+    "anthropic-ratelimit-tokens-reset",
+];
+
+proptest! {
+    #[test]
+    fn parsers_never_panic_on_any_string(value in any::<String>(), offset in any::<u32>()) {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(u64::from(offset));
+        let _ = parse_int(Some(&value));
+        let _ = parse_retry_after(Some(&value));
+        if let Err(error) = parse_reset(&value, now) {
+            let quoted = format!("{value:?}");
+            prop_assert!(error.to_string().contains(&quoted));
+        }
+        let pairs: Vec<(&str, &str)> = NAMES.iter().map(|name| (*name, value.as_str())).collect();
+        let info = RateLimitInfo::from_pairs_at("m", pairs, now);
+        prop_assert!(!info.rate_limited);
+    }
+
+    #[test]
+    fn parsers_never_panic_on_duration_like_strings(value in "[0-9.hmsun -]{0,24}") {
+        let _ = parse_reset(&value, fixed_now());
+    }
+
+    #[test]
+    fn header_maps_never_panic_on_any_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+        let mut headers = HeaderMap::new();
+        if let Ok(value) = HeaderValue::from_bytes(&bytes) {
+            for name in NAMES {
+                headers.insert(HeaderName::from_static(name), value.clone());
+            }
+        }
+        let info = RateLimitInfo::from_headers_at("m", &headers, fixed_now());
+        prop_assert_eq!(info.model, "m");
+    }
+}
