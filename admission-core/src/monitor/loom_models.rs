@@ -92,15 +92,22 @@ fn one(gate: &Arc<Gate>) -> Demand {
     Demand::new().with(gate.clone(), Amount::ONE)
 }
 
+/// A started monitor and a one-permit gate whose permit a first job holds: every model races
+/// something against that permit's release.
+fn started_with_its_one_permit_held() -> (Monitor, Arc<Gate>, crate::Grant) {
+    let monitor = Monitor::new();
+    monitor.start().unwrap();
+    let gate = Gate::new(1);
+    let held = monitor
+        .admit_blocking(one(&gate), &JobContext::new("holder"), None)
+        .unwrap();
+    (monitor, gate, held)
+}
+
 #[test]
 fn loom_fast_path_racing_a_give_never_loses_the_wake_up() {
     loom::model(|| {
-        let monitor = Monitor::new();
-        monitor.start().unwrap();
-        let gate = Gate::new(1);
-        let held = monitor
-            .admit_blocking(one(&gate), &JobContext::new("holder"), None)
-            .unwrap();
+        let (monitor, gate, held) = started_with_its_one_permit_held();
 
         let (m, g) = (monitor.clone(), gate.clone());
         let asker =
@@ -122,12 +129,7 @@ fn loom_fast_path_racing_a_give_never_loses_the_wake_up() {
 #[test]
 fn loom_an_abandoned_admit_racing_its_grant_keeps_nothing() {
     loom::model(|| {
-        let monitor = Monitor::new();
-        monitor.start().unwrap();
-        let gate = Gate::new(1);
-        let held = monitor
-            .admit_blocking(one(&gate), &JobContext::new("holder"), None)
-            .unwrap();
+        let (monitor, gate, held) = started_with_its_one_permit_held();
 
         let (m, g) = (monitor.clone(), gate.clone());
         let asker = thread::spawn(move || {
@@ -149,12 +151,7 @@ fn loom_an_abandoned_admit_racing_its_grant_keeps_nothing() {
 #[test]
 fn loom_a_cancelled_waiter_racing_its_grant_keeps_nothing() {
     loom::model(|| {
-        let monitor = Monitor::new();
-        monitor.start().unwrap();
-        let gate = Gate::new(1);
-        let held = monitor
-            .admit_blocking(one(&gate), &JobContext::new("holder"), None)
-            .unwrap();
+        let (monitor, gate, held) = started_with_its_one_permit_held();
         let ctx = JobContext::new("asker");
 
         let (m, g, c) = (monitor.clone(), gate.clone(), ctx.clone());
@@ -176,12 +173,7 @@ fn loom_a_cancelled_waiter_racing_its_grant_keeps_nothing() {
 #[test]
 fn loom_stop_racing_an_admit_refuses_it_and_leaves_nothing_parked() {
     loom::model(|| {
-        let monitor = Monitor::new();
-        monitor.start().unwrap();
-        let gate = Gate::new(1);
-        let held = monitor
-            .admit_blocking(one(&gate), &JobContext::new("holder"), None)
-            .unwrap();
+        let (monitor, gate, held) = started_with_its_one_permit_held();
 
         let (m, g) = (monitor.clone(), gate.clone());
         let asker =
