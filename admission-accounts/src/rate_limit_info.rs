@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use http::HeaderMap;
 use serde::Serialize;
 
-pub use parse::{ResetParseError, parse_int, parse_reset, parse_retry_after};
+pub use parse::{ResetParseError, parse_int, parse_reset, parse_retry_after, parse_retry_after_at};
 
 /// How long [`RateLimitInfo::rate_limited`] asks a caller to wait when nothing more is known.
 pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(60);
@@ -182,7 +182,7 @@ impl RateLimitInfo {
     /// Read headers:
     /// - `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`;
     /// - `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}`;
-    /// - `retry-after` in whole seconds (an HTTP-date is not supported and leaves it `None`).
+    /// - `retry-after` in whole seconds or as an HTTP-date (measured from `now`).
     ///
     /// Resets are read by [`parse_reset`], an RFC 3339 instant counting from `now`.
     pub fn from_pairs_at<'a>(
@@ -218,6 +218,85 @@ impl RateLimitInfo {
         self.output_token_limit.unwrap_or(0)
     }
 
+    /// One line naming what the reading knows, for logs: the model, whether it was rate
+    /// limited, the kind, each limit as `remaining/limit` (`?` where unknown) with its reset, and
+    /// the retry-after. Dimensions with nothing known are left out.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission_accounts::RateLimitInfo;
+    ///
+    /// let info = RateLimitInfo::from_pairs("gpt-4o", [
+    ///     ("x-ratelimit-limit-tokens", "30000"),
+    ///     ("x-ratelimit-remaining-tokens", "0"),
+    ///     ("x-ratelimit-reset-tokens", "6m0s"),
+    /// ]);
+    /// assert_eq!(info.summary(), "gpt-4o capacity kind=tokens tokens=0/30000 reset 360s");
+    /// assert_eq!(
+    ///     RateLimitInfo::rate_limited("gpt-4o").summary(),
+    ///     "gpt-4o rate limited kind=unknown retry-after 60s"
+    /// );
+    /// ```
+    pub fn summary(&self) -> String {
+        use std::fmt::Write as _;
+        let mut line = format!(
+            "{} {} kind={}",
+            self.model,
+            if self.rate_limited {
+                "rate limited"
+            } else {
+                "capacity"
+            },
+            match self.kind {
+                LimitKind::Requests => "requests",
+                LimitKind::Tokens => "tokens",
+                LimitKind::InputTokens => "input_tokens",
+                LimitKind::OutputTokens => "output_tokens",
+                LimitKind::Unknown => "unknown",
+            }
+        );
+        let known = |value: Option<u64>| value.map_or_else(|| "?".to_owned(), |v| v.to_string());
+        for (name, limit, remaining, reset) in [
+            (
+                "requests",
+                self.request_limit,
+                self.request_remaining,
+                self.request_reset,
+            ),
+            (
+                "tokens",
+                self.token_limit,
+                self.token_remaining,
+                self.token_reset,
+            ),
+            (
+                "input_tokens",
+                self.input_token_limit,
+                self.input_token_remaining,
+                self.input_token_reset,
+            ),
+            (
+                "output_tokens",
+                self.output_token_limit,
+                self.output_token_remaining,
+                self.output_token_reset,
+            ),
+        ] {
+            if limit.is_none() && remaining.is_none() && reset.is_none() {
+                continue;
+            }
+            let _ = write!(line, " {name}={}/{}", known(remaining), known(limit));
+            if let Some(reset) = reset {
+                let _ = write!(line, " reset {}s", reset.as_secs_f64());
+            }
+        }
+        if let Some(retry) = self.retry_after {
+            let _ = write!(line, " retry-after {}s", retry.as_secs_f64());
+        }
+        line
+    }
+
     /// A reading of `model` that knows nothing.
     fn empty(model: String) -> Self {
         Self {
@@ -243,7 +322,10 @@ impl RateLimitInfo {
     /// Applies one header, `name` already lowercase; unknown names are ignored.
     fn read(&mut self, name: &str, value: &str, now: SystemTime) {
         if name == "retry-after" {
-            set(&mut self.retry_after, parse_retry_after(Some(value)));
+            set(
+                &mut self.retry_after,
+                parse_retry_after_at(Some(value), now),
+            );
             return;
         }
         let Some((kind, field)) = split_name(name) else {

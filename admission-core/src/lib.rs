@@ -25,11 +25,6 @@ mod monitor;
 mod probe;
 mod sync;
 
-/// The README's example, compiled and run as a doc test so it stays true.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-struct ReadmeDoctests;
-
 pub use account::{
     Account, AccountRef, AccountStatus, Capability, Category, Refusal, Replenishment, WakeSlot,
 };

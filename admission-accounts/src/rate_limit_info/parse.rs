@@ -66,8 +66,8 @@ pub fn parse_int(value: Option<&str>) -> Option<u64> {
 /// - a Go-style duration, one or more number-unit pairs with units `h`, `m`, `s`, `ms`, `us`
 ///   (or `µs`) and `ns`, numbers possibly fractional: `1s`, `6m0s`, `20ms`, `1h2m3.5s`;
 /// - a bare number of seconds, integer or decimal: `30`, `0.5`;
-/// - an RFC 3339 instant in UTC (`2026-01-01T00:01:00Z`, as read by
-///   [`humantime::parse_rfc3339_weak`]): the answer is the time from `now` to it, zero when the
+/// - an RFC 3339 instant, in UTC or with a numeric offset (`2026-01-01T00:01:00Z`,
+///   `2026-01-01T01:01:00+01:00`): the answer is the time from `now` to it, zero when the
 ///   instant has already passed.
 ///
 /// # Errors
@@ -99,7 +99,7 @@ pub fn parse_reset(value: &str, now: SystemTime) -> Result<Duration, ResetParseE
         decimal_nanos(unsigned, NANOS_PER_SEC)
     } else if let Some(nanos) = go_duration_nanos(unsigned) {
         nanos
-    } else if let Ok(instant) = humantime::parse_rfc3339_weak(trimmed) {
+    } else if let Some(instant) = rfc3339_instant(trimmed) {
         return Ok(instant.duration_since(now).unwrap_or(Duration::ZERO));
     } else {
         return Err(ResetParseError::Malformed { value: owned() });
@@ -109,10 +109,8 @@ pub fn parse_reset(value: &str, now: SystemTime) -> Result<Duration, ResetParseE
         .ok_or_else(|| ResetParseError::Overflow { value: owned() })
 }
 
-/// Reads a `retry-after` value given in whole seconds.
-///
-/// The HTTP-date form (`Wed, 21 Oct 2015 07:28:00 GMT`) is not supported and answers `None`, as
-/// does anything else that is not a non-negative integer.
+/// Reads a `retry-after` value given in whole seconds, measuring an HTTP-date form from the
+/// system clock's now. See [`parse_retry_after_at`].
 ///
 /// # Examples
 ///
@@ -121,10 +119,74 @@ pub fn parse_reset(value: &str, now: SystemTime) -> Result<Duration, ResetParseE
 /// use admission_accounts::rate_limit_info::parse_retry_after;
 ///
 /// assert_eq!(parse_retry_after(Some("20")), Some(Duration::from_secs(20)));
-/// assert_eq!(parse_retry_after(Some("Wed, 21 Oct 2015 07:28:00 GMT")), None);
+/// assert_eq!(parse_retry_after(Some("soon")), None);
 /// ```
 pub fn parse_retry_after(value: Option<&str>) -> Option<Duration> {
-    parse_int(value).map(Duration::from_secs)
+    parse_retry_after_at(value, SystemTime::now())
+}
+
+/// Reads a `retry-after` value: whole seconds (`20`), or an HTTP-date
+/// (`Wed, 21 Oct 2015 07:28:00 GMT`, read by [`httpdate`]) answered as the time from `now` to
+/// it, zero when it has passed. Anything else, and a missing value, answers `None`.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use admission_accounts::rate_limit_info::parse_retry_after_at;
+///
+/// let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_445_412_470); // 07:27:50 GMT
+/// assert_eq!(
+///     parse_retry_after_at(Some("Wed, 21 Oct 2015 07:28:00 GMT"), now),
+///     Some(Duration::from_secs(10))
+/// );
+/// assert_eq!(parse_retry_after_at(Some(" 20 "), now), Some(Duration::from_secs(20)));
+/// assert_eq!(parse_retry_after_at(Some("-1"), now), None);
+/// ```
+pub fn parse_retry_after_at(value: Option<&str>, now: SystemTime) -> Option<Duration> {
+    let value = value?;
+    if let Some(seconds) = parse_int(Some(value)) {
+        return Some(Duration::from_secs(seconds));
+    }
+    let instant = httpdate::parse_http_date(value.trim()).ok()?;
+    Some(instant.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// An RFC 3339 instant, in UTC (`Z`) or with a numeric offset (`+02:00`, `-05:30`).
+///
+/// `humantime` reads the UTC form; an offset is taken off by hand (the local time minus the
+/// offset is UTC) so that no calendar crate is needed.
+fn rfc3339_instant(value: &str) -> Option<SystemTime> {
+    if let Ok(instant) = humantime::parse_rfc3339_weak(value) {
+        return Some(instant);
+    }
+    // `...T12:00:00+02:00`: the offset is the last six bytes, after the time part.
+    let split = value.len().checked_sub(6)?;
+    let (local, offset) = (value.get(..split)?, value.get(split..)?);
+    if !local.contains(['T', 't', ' ']) {
+        return None;
+    }
+    let bytes = offset.as_bytes();
+    let sign = match bytes[0] {
+        b'+' => 1i64,
+        b'-' => -1i64,
+        _ => return None,
+    };
+    if bytes[3] != b':' || ![1, 2, 4, 5].iter().all(|&i| bytes[i].is_ascii_digit()) {
+        return None;
+    }
+    let digit = |i: usize| i64::from(bytes[i] - b'0');
+    let (hours, minutes) = (digit(1) * 10 + digit(2), digit(4) * 10 + digit(5));
+    if hours > 23 || minutes > 59 {
+        return None;
+    }
+    let local = humantime::parse_rfc3339_weak(&format!("{local}Z")).ok()?;
+    let shift = Duration::from_secs(u64::try_from((hours * 60 + minutes) * 60).ok()?);
+    if sign > 0 {
+        local.checked_sub(shift)
+    } else {
+        local.checked_add(shift)
+    }
 }
 
 /// True for `digits`, `digits.digits`, `digits.` or `.digits`.

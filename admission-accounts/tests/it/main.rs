@@ -6,5 +6,8 @@ mod elastic_window;
 mod fixed_window;
 mod memory_gate;
 mod mixed;
+mod model_spec;
+mod provider;
 mod rate_limit_info;
+mod spend;
 mod token_bucket;

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use admission_accounts::RateLimitInfo;
 use admission_accounts::rate_limit_info::{
-    LimitKind, ResetParseError, parse_int, parse_reset, parse_retry_after,
+    LimitKind, ResetParseError, parse_int, parse_reset, parse_retry_after, parse_retry_after_at,
 };
 use http::{HeaderMap, HeaderName, HeaderValue};
 use proptest::prelude::{any, prop_assert, prop_assert_eq, proptest};
@@ -260,13 +260,55 @@ fn integers_trim_and_answer_none_for_anything_else() {
 }
 
 #[test]
-fn retry_after_reads_seconds_and_not_http_dates() {
+fn retry_after_reads_seconds_and_http_dates() {
     assert_eq!(parse_retry_after(Some(" 20 ")), Some(secs(20)));
-    assert_eq!(
-        parse_retry_after(Some("Wed, 21 Oct 2015 07:28:00 GMT")),
-        None
-    );
     assert_eq!(parse_retry_after(None), None);
+    assert_eq!(parse_retry_after(Some("soon")), None);
+    assert_eq!(parse_retry_after(Some("-5")), None);
+    // fixed_now() is 2026-01-01T00:00:00Z.
+    assert_eq!(
+        parse_retry_after_at(Some("Thu, 01 Jan 2026 00:01:30 GMT"), fixed_now()),
+        Some(secs(90))
+    );
+    // A date already passed: retry now.
+    assert_eq!(
+        parse_retry_after_at(Some("Wed, 21 Oct 2015 07:28:00 GMT"), fixed_now()),
+        Some(Duration::ZERO)
+    );
+    let info = RateLimitInfo::from_pairs_at(
+        "m",
+        [("Retry-After", "Thu, 01 Jan 2026 00:00:07 GMT")],
+        fixed_now(),
+    );
+    assert_eq!(info.retry_after, Some(secs(7)));
+}
+
+#[test]
+fn resets_read_rfc3339_offsets() {
+    let now = fixed_now(); // 2026-01-01T00:00:00Z
+    assert_eq!(parse_reset("2026-01-01T01:00:30+01:00", now), Ok(secs(30)));
+    assert_eq!(parse_reset("2025-12-31T19:31:00-04:30", now), Ok(secs(60)));
+    assert_eq!(parse_reset("2026-01-01T00:00:45+00:00", now), Ok(secs(45)));
+    assert_eq!(
+        parse_reset("2026-01-01T00:00:45.5Z", now),
+        Ok(Duration::from_millis(45_500))
+    );
+    // Passed already: zero.
+    assert_eq!(
+        parse_reset("2026-01-01T00:00:00+05:00", now),
+        Ok(Duration::ZERO)
+    );
+    for bad in [
+        "2026-01-01T01:00:30+25:00",
+        "2026-01-01T01:00:30+01-00",
+        "2026-01-01+01:00",
+    ] {
+        assert_eq!(
+            parse_reset(bad, now),
+            Err(ResetParseError::Malformed { value: bad.into() }),
+            "{bad}"
+        );
+    }
 }
 
 #[test]
@@ -279,7 +321,7 @@ fn bad_values_leave_fields_none() {
             ("x-ratelimit-reset-tokens", "eventually"),
             ("anthropic-ratelimit-bogus-limit", "5"),
             ("x-ratelimit-limit-bogus", "5"),
-            ("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT"),
+            ("retry-after", "in a while"),
         ],
         fixed_now(),
     );
@@ -341,6 +383,7 @@ proptest! {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(u64::from(offset));
         let _ = parse_int(Some(&value));
         let _ = parse_retry_after(Some(&value));
+        let _ = parse_retry_after_at(Some(&value), now);
         if let Err(error) = parse_reset(&value, now) {
             let quoted = format!("{value:?}");
             prop_assert!(error.to_string().contains(&quoted));

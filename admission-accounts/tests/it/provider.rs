@@ -1,0 +1,516 @@
+//! The provider layer: one limiter per spec and per type, `update_limits`, the registry facade,
+//! a call's whole demand through a real monitor, and feedback from the upstream's answers.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::Duration;
+
+use admission_accounts::model_spec::{ModelCatalog, ModelSpec};
+use admission_accounts::provider::{
+    HttpGate, LimiterFactory, LimitsUpdate, ProviderError, Registry,
+};
+use admission_accounts::spend::Money;
+use admission_accounts::{CountingGate, RateLimitInfo};
+use admission_core::{Account, AdmitError, Amount, Instant, JobContext, Monitor};
+use admission_testkit::FakeClock;
+use admission_testkit::monitor::poll_once;
+
+const SECOND: u64 = 1_000_000_000;
+
+fn sonnet() -> ModelSpec {
+    ModelSpec::new("sonnet", "claude-sonnet-4-5", 60_000)
+        .with_requests_per_minute(30)
+        .with_max_concurrent(2)
+        .with_prices(3_000_000, 15_000_000)
+}
+
+fn haiku() -> ModelSpec {
+    ModelSpec::new("haiku", "claude-haiku-4-5", 90_000)
+}
+
+fn search() -> ModelSpec {
+    ModelSpec::new("search", "search-v1", 1_000_000).with_window(2, Duration::from_secs(10))
+}
+
+fn registry(clock: &FakeClock) -> Registry {
+    let registry = Registry::new(clock.shared())
+        .with_http_connections(3)
+        .unwrap();
+    for spec in [sonnet(), haiku(), search()] {
+        registry.register(spec).unwrap();
+    }
+    registry
+}
+
+#[test]
+fn one_bucket_per_spec_id_seeded_from_its_budgets() {
+    let clock = FakeClock::new();
+    let factory = LimiterFactory::new(clock.shared());
+    let bucket = factory.bucket(&sonnet()).unwrap();
+    assert!(Arc::ptr_eq(&bucket, &factory.bucket(&sonnet()).unwrap()));
+    assert_eq!(bucket.name(), "sonnet");
+    assert_eq!(bucket.config().tokens_per_minute, 60_000);
+    assert_eq!(bucket.config().requests_per_minute, 30);
+    assert_eq!(bucket.level(), 60_000);
+    // No published rpm: tpm / 1000.
+    assert_eq!(
+        factory
+            .bucket(&haiku())
+            .unwrap()
+            .config()
+            .requests_per_minute,
+        90
+    );
+}
+
+#[test]
+fn endpoint_variants_of_one_wire_model_keep_separate_buckets() {
+    let clock = FakeClock::new();
+    let factory = LimiterFactory::new(clock.shared());
+    let us = ModelSpec::new("gpt-4o", "gpt-4o", 30_000);
+    let eu = ModelSpec::new("gpt-4o-eu", "gpt-4o", 10_000);
+    let (a, b) = (factory.bucket(&us).unwrap(), factory.bucket(&eu).unwrap());
+    assert!(!Arc::ptr_eq(&a, &b));
+    assert!(a.try_take(Amount::pair(30_000, 1), Amount::ZERO).unwrap());
+    assert_eq!((a.level(), b.level()), (0, 10_000));
+}
+
+#[test]
+fn an_invalid_spec_builds_nothing() {
+    let clock = FakeClock::new();
+    let factory = LimiterFactory::new(clock.shared());
+    let error = factory
+        .bucket(&ModelSpec::new("bad", "x", 0))
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "model spec `bad`: `tokens_per_minute` must be positive, was 0"
+    );
+    assert!(factory.existing_bucket("bad").is_none());
+    assert!(factory.status().is_empty());
+}
+
+#[test]
+fn a_model_gate_per_spec_that_declares_max_concurrent() {
+    let clock = FakeClock::new();
+    let factory = LimiterFactory::new(clock.shared());
+    let gate = factory.gate(&sonnet()).unwrap();
+    assert!(Arc::ptr_eq(&gate, &factory.gate(&sonnet()).unwrap()));
+    assert_eq!(gate.name(), "sonnet:concurrency");
+    assert_eq!(gate.capacity(), 2);
+
+    let refused = factory.gate(&haiku()).map(|_| ()).unwrap_err();
+    assert_eq!(
+        refused,
+        ProviderError::NoModelGate {
+            model: "haiku".into()
+        }
+    );
+    assert_eq!(
+        refused.to_string(),
+        "model spec `haiku` declares no max_concurrent, so it has no model gate (its account is its token bucket)"
+    );
+}
+
+#[test]
+fn one_shared_instance_per_type() {
+    #[derive(Default)]
+    struct Counted;
+    static BUILT: AtomicUsize = AtomicUsize::new(0);
+    #[derive(Default)]
+    struct Other(#[allow(dead_code)] u8);
+
+    let clock = FakeClock::new();
+    let factory = Arc::new(LimiterFactory::new(clock.shared()));
+    let start = Arc::new(Barrier::new(8));
+    let handles: Vec<_> = (0..8)
+        .map(|_| {
+            let (factory, start) = (factory.clone(), start.clone());
+            thread::spawn(move || {
+                start.wait();
+                BUILT.fetch_add(1, Ordering::Relaxed);
+                factory.shared::<Counted>()
+            })
+        })
+        .collect();
+    let all: Vec<Arc<Counted>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(all.iter().all(|one| Arc::ptr_eq(one, &all[0])));
+    assert_eq!(BUILT.load(Ordering::Relaxed), 8);
+
+    let http = factory.shared::<HttpGate>();
+    assert!(Arc::ptr_eq(&http, &factory.shared::<HttpGate>()));
+    assert_eq!(http.capacity(), HttpGate::DEFAULT_CAPACITY);
+    let _ = factory.shared::<Other>();
+
+    // Installing a second instance of a type answers the one already there.
+    let second = Arc::new(HttpGate::new(5, clock.shared()).unwrap());
+    let kept = factory.insert_shared(second).unwrap_err();
+    assert!(Arc::ptr_eq(&kept, &http));
+}
+
+#[test]
+fn update_limits_applies_in_place_and_keeps_the_throttle() {
+    let clock = FakeClock::new();
+    let factory = LimiterFactory::new(clock.shared());
+    let bucket = factory.bucket(&sonnet()).unwrap();
+    assert!(
+        bucket
+            .try_take(Amount::pair(10_000, 1), Amount::ZERO)
+            .unwrap()
+    );
+    bucket.record_429();
+    bucket.record_429();
+    assert_eq!(bucket.throttle(), 1.0);
+
+    assert_eq!(
+        factory.update_limits("sonnet", 40_000, 20),
+        LimitsUpdate::Applied
+    );
+    assert!(Arc::ptr_eq(
+        &bucket,
+        &factory.existing_bucket("sonnet").unwrap()
+    ));
+    assert_eq!(bucket.config().tokens_per_minute, 40_000);
+    assert_eq!(bucket.config().requests_per_minute, 20);
+    assert_eq!(
+        bucket.level(),
+        40_000,
+        "50,000 left, clamped to the new budget"
+    );
+    assert_eq!(bucket.throttle(), 1.0, "the adaptive state is kept");
+}
+
+#[test]
+fn update_limits_creates_a_missing_bucket_and_ignores_zero() {
+    let clock = FakeClock::new();
+    let factory = LimiterFactory::new(clock.shared());
+    assert_eq!(
+        factory.update_limits("new", 12_000, 6),
+        LimitsUpdate::Created
+    );
+    let created = factory.existing_bucket("new").unwrap();
+    assert_eq!(
+        (created.config().tokens_per_minute, created.level()),
+        (12_000, 12_000)
+    );
+    for (tpm, rpm) in [(0, 6), (12_000, 0), (0, 0)] {
+        assert_eq!(
+            factory.update_limits("new", tpm, rpm),
+            LimitsUpdate::Ignored
+        );
+        assert_eq!(
+            factory.update_limits("absent", tpm, rpm),
+            LimitsUpdate::Ignored
+        );
+    }
+    assert_eq!(created.config().tokens_per_minute, 12_000);
+    assert!(factory.existing_bucket("absent").is_none());
+}
+
+#[test]
+fn the_registry_names_what_is_registered_when_a_model_is_unknown() {
+    let clock = FakeClock::new();
+    let registry = registry(&clock);
+    let error = registry.demand_for("opus", 10, 10).map(|_| ()).unwrap_err();
+    assert_eq!(
+        error,
+        ProviderError::UnknownModel {
+            model: "opus".into(),
+            known: vec!["haiku".into(), "search".into(), "sonnet".into()],
+        }
+    );
+    assert_eq!(
+        error.to_string(),
+        "no model spec `opus` is registered (registered: haiku, search, sonnet)"
+    );
+    let empty = Registry::new(clock.shared());
+    assert_eq!(
+        empty.bucket("x").map(|_| ()).unwrap_err().to_string(),
+        "no model spec `x` is registered (registered: none)"
+    );
+}
+
+#[test]
+fn the_registry_serves_the_factory_s_instances() {
+    let clock = FakeClock::new();
+    let registry = registry(&clock);
+    assert!(Arc::ptr_eq(
+        &registry.bucket("sonnet").unwrap(),
+        &registry.factory().bucket(&sonnet()).unwrap()
+    ));
+    assert!(Arc::ptr_eq(&registry.http(), &registry.http()));
+    assert_eq!(registry.http().capacity(), 3);
+    assert_eq!(registry.spec("sonnet").unwrap(), sonnet());
+    assert_eq!(registry.models(), ["haiku", "search", "sonnet"]);
+    assert!(registry.window("haiku").unwrap().is_none());
+    assert_eq!(
+        registry.window("search").unwrap().unwrap().name(),
+        "search:window"
+    );
+    assert_eq!(
+        registry.price("sonnet", 1_000, 1_000).unwrap(),
+        Money::from_micros(18_000)
+    );
+}
+
+#[test]
+fn a_catalog_registers_all_or_nothing() {
+    let clock = FakeClock::new();
+    let registry = Registry::new(clock.shared());
+    let good = ModelCatalog {
+        models: vec![sonnet(), haiku()],
+    };
+    registry.register_catalog(&good).unwrap();
+    assert_eq!(registry.models(), ["haiku", "sonnet"]);
+    let bad = ModelCatalog {
+        models: vec![search(), ModelSpec::new("zero", "z", 0)],
+    };
+    assert!(registry.register_catalog(&bad).is_err());
+    assert_eq!(
+        registry.models(),
+        ["haiku", "sonnet"],
+        "nothing of it registered"
+    );
+    assert!(registry.register(ModelSpec::new("", "z", 5)).is_err());
+}
+
+#[test]
+fn demand_for_builds_the_whole_call() {
+    let clock = FakeClock::new();
+    let registry = registry(&clock);
+
+    let call = registry.demand_for("sonnet", 1_200, 800).unwrap();
+    assert_eq!(call.model, "sonnet");
+    assert_eq!(call.wire_model, "claude-sonnet-4-5");
+    assert_eq!(call.tokens, 2_000);
+    assert_eq!(call.price, Money::from_micros(3_600 + 12_000));
+    let entries: Vec<(String, Amount)> = call
+        .demand
+        .entries()
+        .iter()
+        .map(|e| (e.account().name().to_owned(), e.amount()))
+        .collect();
+    assert_eq!(
+        entries,
+        [
+            ("http".to_owned(), Amount::ONE),
+            ("sonnet".to_owned(), Amount::pair(2_000, 1)),
+            ("sonnet:concurrency".to_owned(), Amount::ONE),
+        ]
+    );
+
+    // No gate, no window: the HTTP connection and the bucket only.
+    let plain = registry.demand_for("haiku", 10, 20).unwrap();
+    assert_eq!(plain.demand.len(), 2);
+    assert_eq!(plain.price, Money::ZERO);
+    // A window: its call is part of the demand.
+    let windowed = registry.demand_for("search", 10, 0).unwrap();
+    let names: Vec<&str> = windowed
+        .demand
+        .entries()
+        .iter()
+        .map(|e| e.account().name())
+        .collect();
+    assert_eq!(names, ["http", "search", "search:window"]);
+    // The demand satisfies the window's HTTP requirement.
+    assert!(windowed.demand.check_requirements().is_ok());
+    // Saturates rather than overflowing.
+    assert_eq!(
+        registry.demand_for("haiku", u64::MAX, 5).unwrap().tokens,
+        u64::MAX
+    );
+}
+
+#[test]
+fn a_call_is_granted_whole_and_its_tokens_stay_spent() {
+    let clock = FakeClock::new();
+    let registry = registry(&clock);
+    let monitor = Monitor::builder().clock(clock.shared()).build();
+    let bucket = registry.bucket("sonnet").unwrap();
+    let gate = registry.gate("sonnet").unwrap();
+
+    let call = |n: &str| {
+        let demand = registry.demand_for("sonnet", 20_000, 5_000).unwrap().demand;
+        monitor.admit(demand, &JobContext::new(n.to_owned()), None)
+    };
+    let first = poll_once(&mut call("a")).unwrap().unwrap();
+    let second = poll_once(&mut call("b")).unwrap().unwrap();
+    assert_eq!(
+        (registry.http().in_use(), gate.in_use(), bucket.level()),
+        (2, 2, 10_000)
+    );
+
+    // The model gate is full: the third waits holding nothing, though tokens would not fit
+    // either (25,000 asked, 10,000 left).
+    let mut third = call("c");
+    assert!(poll_once(&mut third).is_none());
+    assert_eq!(registry.http().in_use(), 2);
+
+    drop(first);
+    assert_eq!((registry.http().in_use(), gate.in_use()), (1, 1));
+    // The gate is free again; tokens are short by 15,000 at 60,000 a minute: 15 s.
+    assert_eq!(
+        monitor.evaluate_once(),
+        Some(Instant::from_nanos(15 * SECOND))
+    );
+    clock.advance(Duration::from_secs(15));
+    monitor.evaluate_once();
+    let third = poll_once(&mut third).expect("granted at 15 s").unwrap();
+    assert_eq!(
+        (registry.http().in_use(), gate.in_use(), bucket.level()),
+        (2, 2, 0)
+    );
+    drop((second, third));
+    assert_eq!((registry.http().in_use(), gate.in_use()), (0, 0));
+    assert_eq!(bucket.level(), 0, "the tokens stay spent");
+}
+
+#[test]
+fn a_call_larger_than_the_budget_is_refused_at_once() {
+    let clock = FakeClock::new();
+    let registry = registry(&clock);
+    let monitor = Monitor::builder().clock(clock.shared()).build();
+    let call = registry.demand_for("sonnet", 50_000, 10_001).unwrap();
+    let outcome = monitor.admit_blocking(call.demand, &JobContext::new("huge"), None);
+    assert!(
+        matches!(outcome, Err(AdmitError::Refused { .. })),
+        "{outcome:?}"
+    );
+    assert_eq!(registry.http().in_use(), 0);
+    assert_eq!(registry.bucket("sonnet").unwrap().level(), 60_000);
+}
+
+#[test]
+fn feedback_reaches_the_bucket_and_the_window() {
+    let clock = FakeClock::new();
+    let registry = registry(&clock);
+    // Build the limiters first: feedback touches only what exists.
+    registry.demand_for("search", 1, 1).unwrap();
+    registry.demand_for("sonnet", 1, 1).unwrap();
+    let (bucket, window) = (
+        registry.bucket("search").unwrap(),
+        registry.window("search").unwrap().unwrap(),
+    );
+
+    registry.on_rate_limit_error("search", &RateLimitInfo::rate_limited("search"));
+    assert_eq!(bucket.throttle(), 0.5, "a 429 is one increment");
+    assert_eq!(window.throttle(), 1.0);
+    assert_eq!(
+        bucket.config().tokens_per_minute,
+        1_000_000,
+        "a bare 429 carries no ceilings"
+    );
+
+    registry.on_overload("search", "529 overloaded");
+    assert_eq!(bucket.throttle(), 2.0, "an overload is three increments");
+    assert_eq!(window.throttle(), 2.0);
+    assert_eq!(window.last_failure().as_deref(), Some("529 overloaded"));
+
+    for _ in 0..3 {
+        registry.on_success("search");
+    }
+    assert_eq!(bucket.throttle(), 1.8);
+    assert_eq!(window.throttle(), 1.8);
+
+    // Feedback on a model without limiters changes nothing and does not panic.
+    registry.on_success("unknown");
+    registry.on_rate_limit_error("unknown", &RateLimitInfo::rate_limited("unknown"));
+    assert!(registry.factory().existing_bucket("unknown").is_none());
+}
+
+#[test]
+fn a_429_with_ceilings_and_a_capacity_reading_update_the_limits() {
+    let clock = FakeClock::new();
+    let registry = registry(&clock);
+    let bucket = registry.bucket("sonnet").unwrap();
+
+    let limited = RateLimitInfo::from_pairs(
+        "sonnet",
+        [
+            ("x-ratelimit-limit-tokens", "40000"),
+            ("x-ratelimit-limit-requests", "20"),
+            ("x-ratelimit-remaining-tokens", "0"),
+            ("retry-after", "7"),
+        ],
+    );
+    registry.on_rate_limit_error("sonnet", &limited);
+    assert_eq!(bucket.throttle(), 0.5);
+    assert_eq!(
+        (
+            bucket.config().tokens_per_minute,
+            bucket.config().requests_per_minute
+        ),
+        (40_000, 20)
+    );
+
+    let reading = RateLimitInfo::from_pairs(
+        "sonnet",
+        [
+            ("anthropic-ratelimit-tokens-limit", "80000"),
+            ("anthropic-ratelimit-requests-limit", "50"),
+        ],
+    );
+    assert_eq!(registry.observe(&reading), LimitsUpdate::Applied);
+    assert_eq!(bucket.config().tokens_per_minute, 80_000);
+    assert_eq!(bucket.throttle(), 0.5, "the adaptive state is kept");
+
+    // Only tokens known: not a pair, ignored.
+    let half = RateLimitInfo::from_pairs("sonnet", [("x-ratelimit-limit-tokens", "1")]);
+    assert_eq!(registry.observe(&half), LimitsUpdate::Ignored);
+    // A reading about a model without a spec creates its bucket.
+    let other = RateLimitInfo::from_pairs(
+        "gpt-4o",
+        [
+            ("x-ratelimit-limit-tokens", "30000"),
+            ("x-ratelimit-limit-requests", "500"),
+        ],
+    );
+    assert_eq!(registry.observe(&other), LimitsUpdate::Created);
+    assert_eq!(registry.bucket("gpt-4o").unwrap().level(), 30_000);
+}
+
+#[test]
+fn status_covers_everything_and_clear_empties_it() {
+    let clock = FakeClock::new();
+    let registry = registry(&clock);
+    for model in ["sonnet", "search", "haiku"] {
+        registry.demand_for(model, 1, 1).unwrap();
+    }
+    let names: Vec<String> = registry
+        .status()
+        .iter()
+        .map(|s| s.name().to_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "http",
+            "haiku",
+            "search",
+            "search:window",
+            "sonnet",
+            "sonnet:concurrency"
+        ]
+    );
+    let old = registry.bucket("sonnet").unwrap();
+
+    registry.clear();
+    assert!(registry.models().is_empty());
+    assert!(registry.factory().status().is_empty());
+    assert!(registry.bucket("sonnet").is_err());
+    assert_eq!(registry.http().capacity(), HttpGate::DEFAULT_CAPACITY);
+    registry.register(sonnet()).unwrap();
+    assert!(!Arc::ptr_eq(&old, &registry.bucket("sonnet").unwrap()));
+}
+
+#[test]
+fn the_provider_types_are_send_and_sync() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Registry>();
+    send_sync::<LimiterFactory>();
+    send_sync::<HttpGate>();
+    send_sync::<ProviderError>();
+    send_sync::<CountingGate>();
+}
