@@ -686,28 +686,34 @@ impl ElasticWindow {
 
     /// The refusal while the cooldown runs.
     fn blocked_refusal(&self, st: &State, left: Duration) -> Refusal {
-        Refusal::new(format!(
-            "The rate limiter `{}` ({}) is refusing every call for another {}: its upstream \
+        Refusal::temporary(
+            format!(
+                "The rate limiter `{}` ({}) is refusing every call for another {}: its upstream \
              kept failing, so its circuit breaker is open. The upstream's last failure: {}. Do \
              not wait for this tool; pick another tool to continue.",
-            self.name,
-            self.rate(),
-            remaining(left),
-            last_failure_text(st)
-        ))
+                self.name,
+                self.rate(),
+                remaining(left),
+                last_failure_text(st)
+            ),
+            left,
+        )
     }
 
     /// The refusal while the probe is out, or is the head's to take.
     fn probe_refusal(&self, st: &State) -> Refusal {
-        Refusal::new(format!(
-            "The rate limiter `{}` ({}) is refusing every call while a single trial call checks \
+        Refusal::temporary(
+            format!(
+                "The rate limiter `{}` ({}) is refusing every call while a single trial call checks \
              whether its upstream has recovered: its upstream kept failing, so its circuit \
              breaker is open. The upstream's last failure: {}. Do not wait for this tool; pick \
              another tool to continue.",
-            self.name,
-            self.rate(),
-            last_failure_text(st)
-        ))
+                self.name,
+                self.rate(),
+                last_failure_text(st)
+            ),
+            self.probe_timeout,
+        )
     }
 
     /// The nominal rate: "60 requests per 60 s".

@@ -150,6 +150,30 @@ impl RateLimitInfo {
         }
     }
 
+    /// The same reading, marked as a limit that was hit: for the headers of a 429 answer. The
+    /// limits and resets read from the headers stay; a missing retry-after becomes
+    /// [`DEFAULT_RETRY_AFTER`] (60 s), as for [`rate_limited`](Self::rate_limited).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission_accounts::RateLimitInfo;
+    ///
+    /// let hit = RateLimitInfo::from_pairs("gpt-4o", [
+    ///     ("x-ratelimit-limit-tokens", "30000"),
+    ///     ("x-ratelimit-remaining-tokens", "0"),
+    /// ]).into_rate_limited();
+    /// assert!(hit.rate_limited);
+    /// assert_eq!(hit.tokens_per_minute(), 30_000);
+    /// assert_eq!(hit.retry_after, Some(Duration::from_secs(60)));
+    /// ```
+    pub fn into_rate_limited(mut self) -> Self {
+        self.rate_limited = true;
+        self.retry_after.get_or_insert(DEFAULT_RETRY_AFTER);
+        self
+    }
+
     /// A capacity reading from response headers, with resets given as instants measured from
     /// the system clock's now. See [`from_pairs_at`](Self::from_pairs_at).
     pub fn from_headers(model: impl Into<String>, headers: &HeaderMap) -> Self {

@@ -8,6 +8,7 @@
 use std::error::Error;
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Serialize;
 
@@ -79,15 +80,52 @@ pub struct Refusal {
     message: String,
     #[source]
     cause: Option<Arc<dyn Error + Send + Sync + 'static>>,
+    retry_after: Option<Duration>,
 }
 
 impl Refusal {
-    /// A refusal with a readable message.
+    /// A refusal with a readable message: the demand can never fit this account as configured.
     pub fn new(message: impl Into<String>) -> Refusal {
         Refusal {
             message: message.into(),
             cause: None,
+            retry_after: None,
         }
+    }
+
+    /// A refusal that holds for now only: the account refuses everyone (a circuit breaker's
+    /// cooldown) and expects to accept again in about `retry_after`. The job is still refused
+    /// rather than parked: waiting in the line behind an outage would hold the line for nothing,
+    /// so the caller decides whether to retry later or go elsewhere.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission_core::Refusal;
+    ///
+    /// let open = Refusal::temporary("upstream down", Duration::from_secs(30));
+    /// assert!(!open.is_permanent());
+    /// assert_eq!(open.retry_after(), Some(Duration::from_secs(30)));
+    /// assert!(Refusal::new("never fits").is_permanent());
+    /// ```
+    pub fn temporary(message: impl Into<String>, retry_after: Duration) -> Refusal {
+        Refusal {
+            retry_after: Some(retry_after),
+            ..Refusal::new(message)
+        }
+    }
+
+    /// For a [`temporary`](Refusal::temporary) refusal, when the account expects to accept
+    /// again; `None` for a demand that can never fit.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// True for a demand that can never fit as the account is configured; false for a
+    /// [`temporary`](Refusal::temporary) refusal.
+    pub fn is_permanent(&self) -> bool {
+        self.retry_after.is_none()
     }
 
     /// Attaches the underlying error (an upstream failure, a bug in the account).

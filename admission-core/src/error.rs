@@ -71,6 +71,15 @@ pub enum AdmitError {
 }
 
 impl AdmitError {
+    /// For a refusal that holds for now only ([`Refusal::temporary`], an open circuit), when
+    /// the account expects to accept again; `None` for every other error.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            AdmitError::Refused { refusal, .. } => refusal.retry_after(),
+            _ => None,
+        }
+    }
+
     /// The event reason this error is reported with.
     pub fn reason(&self) -> RejectReason {
         match self {

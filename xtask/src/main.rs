@@ -5,8 +5,9 @@
 //! echoed as `==> [i/n] name: command`, it is timed, and the first failure stops the run with a
 //! message naming the step. A summary of the steps' times follows, and a successful run that ran
 //! tests ends with the single line `xtask: N passed, 0 failed`, which CI's log reader looks for.
-//! Dependencies stay few: `anyhow` and the standard library.
+//! Dependencies stay few: `anyhow`, `serde_json` (to read bench results) and the standard library.
 
+mod bench;
 mod count;
 mod services;
 mod step;
@@ -30,12 +31,18 @@ commands:
                              3 tests      cargo nextest run --workspace --no-fail-fast
                                           (cargo test --workspace --all-targets without nextest)
                              4 doc tests  cargo test --workspace --doc
-                             5 loom       cargo test -p admission-core --lib --release -- loom
+                             5 benches    cargo bench --workspace --no-run (compiled, not run)
+                             6 agents     cargo run --release --example agents -- --time-scale 300 --check
+                             7 loom       cargo test -p admission-core --lib --release -- loom
                                           with RUSTFLAGS='--cfg admission_loom',
                                           LOOM_MAX_PREEMPTIONS=2 (unless set), CARGO_TARGET_DIR=target/loom
   test                     steps 3 and 4
-  loom                     step 5
-  bench [args...]          cargo bench --workspace [args...]
+  loom                     step 7
+  bench [--all] [--report-only] [args...]
+                           the side-by-side benchmarks: cargo bench -p admission-benches [args...]
+                           (--all: cargo bench --workspace [args...]), then rewrites the table
+                           between the side-by-side markers in BENCHMARKS.md from
+                           target/criterion and target/side-by-side (--report-only: no run)
   with-services -- CMD...  run CMD with Redis and PostgreSQL up (ADMISSION_REDIS_URL, ADMISSION_PG_URL)
   help                     this text
 
@@ -83,6 +90,11 @@ fn run(args: &[String]) -> Result<ExitCode> {
                 ),
             ];
             steps.extend(test_steps(&ws));
+            steps.push(Step::cargo(
+                "benches",
+                &["bench", "--workspace", "--no-run"],
+            ));
+            steps.push(Step::cargo("agents", AGENTS_CHECK));
             steps.push(loom_step()?);
             run_plan(&ws, &steps)
         }
@@ -94,10 +106,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
             takes_no_args("loom")?;
             run_plan(&ws, &[loom_step()?])
         }
-        "bench" => {
-            let bench = Step::cargo("bench", &["bench", "--workspace"]).args(rest.iter().cloned());
-            run_plan(&ws, &[bench])
-        }
+        "bench" => bench::run(&ws, rest),
         "with-services" => with_services(&ws, rest),
         "help" | "-h" | "--help" => {
             println!("{USAGE}");
@@ -109,6 +118,20 @@ fn run(args: &[String]) -> Result<ExitCode> {
         }
     }
 }
+
+/// The agents example, run short (400 agents, one simulated minute per 0.2 s, about 3 s) with
+/// `--check`: it fails unless nothing went over capacity, every job finished and nothing was held
+/// afterwards. Release, like the benches it shares its build with.
+const AGENTS_CHECK: &[&str] = &[
+    "run",
+    "--release",
+    "--example",
+    "agents",
+    "--",
+    "--time-scale",
+    "300",
+    "--check",
+];
 
 /// Runs `steps`; a plan that ran tests ends with the line CI's log reader looks for.
 fn run_plan(ws: &Workspace, steps: &[Step]) -> Result<ExitCode> {

@@ -488,6 +488,21 @@ fn while_the_cooldown_runs_everyone_is_refused_with_a_readable_message() {
 }
 
 #[test]
+fn an_open_circuit_refuses_for_now_and_an_oversized_demand_for_good() {
+    let clock = FakeClock::new();
+    let w = breakable(&clock);
+    let oversized = w.fits(Amount::units(61), Amount::ZERO).unwrap_err();
+    assert!(oversized.is_permanent());
+    assert_eq!(oversized.retry_after(), None);
+
+    open(&w, "HTTP 503");
+    clock.advance(Duration::from_millis(12_300));
+    let blocked = w.fits(Amount::ONE, Amount::ZERO).unwrap_err();
+    assert!(!blocked.is_permanent());
+    assert_eq!(blocked.retry_after(), Some(Duration::from_millis(17_700)));
+}
+
+#[test]
 fn cooldown_remaining_is_zero_unless_blocked() {
     let clock = FakeClock::new();
     let w = breakable(&clock);
@@ -1046,6 +1061,11 @@ fn inside_a_monitor_an_open_circuit_refuses_a_parked_waiter_with_circuit_blocked
                 upstream's last failure: HTTP 503 Service Unavailable. Do not wait for this \
                 tool; pick another tool to continue.";
     assert_eq!(refusal.message(), text);
+    assert_eq!(
+        refusal.retry_after(),
+        Some(secs(30)),
+        "the whole cooldown is ahead"
+    );
     let events = recorder.for_job(id);
     let last = events.last().expect("events for the parked job");
     assert_eq!(

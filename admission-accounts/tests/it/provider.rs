@@ -514,3 +514,49 @@ fn the_provider_types_are_send_and_sync() {
     send_sync::<ProviderError>();
     send_sync::<CountingGate>();
 }
+
+/// A `MakeWriter` target that appends to a shared buffer.
+#[derive(Clone, Default)]
+struct Captured(Arc<parking_lot::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_429_logs_the_upstream_s_reading_at_warn() {
+    let clock = FakeClock::new();
+    let registry = registry(&clock);
+    registry.bucket("sonnet").unwrap();
+    let out = Captured::default();
+    let writer = out.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .without_time()
+        .finish();
+    let info = RateLimitInfo::from_pairs(
+        "sonnet",
+        [
+            ("x-ratelimit-limit-tokens", "40000"),
+            ("x-ratelimit-remaining-tokens", "0"),
+            ("retry-after", "7"),
+        ],
+    );
+    tracing::subscriber::with_default(subscriber, || {
+        registry.on_rate_limit_error("sonnet", &info);
+    });
+    let logged = String::from_utf8(out.0.lock().clone()).unwrap();
+    assert_eq!(
+        logged.trim_end(),
+        " WARN admission_accounts::provider: upstream rate limited a call model=\"sonnet\" \
+         reading=sonnet capacity kind=tokens tokens=0/40000 retry-after 7s"
+    );
+}

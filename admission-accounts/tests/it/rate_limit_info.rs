@@ -410,3 +410,23 @@ proptest! {
         prop_assert_eq!(info.model, "m");
     }
 }
+
+#[test]
+fn a_429_s_headers_read_as_rate_limited_keeping_what_they_say() {
+    let hit = RateLimitInfo::from_pairs_at(
+        "m",
+        [
+            ("x-ratelimit-limit-requests", "500"),
+            ("x-ratelimit-remaining-requests", "0"),
+            ("retry-after", "7"),
+        ],
+        fixed_now(),
+    )
+    .into_rate_limited();
+    assert!(hit.rate_limited);
+    assert_eq!(hit.kind, LimitKind::Requests);
+    assert_eq!(hit.request_limit, Some(500));
+    assert_eq!(hit.retry_after, Some(secs(7)), "a retry-after read is kept");
+    let bare = RateLimitInfo::from_pairs_at("m", [], fixed_now()).into_rate_limited();
+    assert_eq!(bare, RateLimitInfo::rate_limited("m"));
+}

@@ -58,9 +58,9 @@ impl Head {
 /// One attempt's result.
 enum Attempt {
     Granted,
-    /// Short on these entries (indices into the demand; `None` for the gate), re-ask at `wake`.
+    /// Short on the entries [`Shared::attempt`] left in its `short` buffer (indices into the
+    /// demand; `None` for the gate); re-ask at `wake`.
     Held {
-        short: Vec<Option<usize>>,
         wake: Option<Instant>,
     },
     Refused(AdmitError),
@@ -129,6 +129,9 @@ impl Shared {
         let mut leaving: Vec<u64> = Vec::new();
         let mut on_gate = st.queue.values().filter(|w| w.on_gate).count();
         let total = st.queue.len();
+        // One buffer for every waiter's short list: a pass over a long line allocates nothing
+        // per waiter that is still held.
+        let mut short: Vec<Option<usize>> = Vec::new();
 
         for (&seq, w) in st.queue.iter_mut() {
             // Leavers first: a cancelled job stops reserving, a late one times out.
@@ -169,7 +172,7 @@ impl Shared {
                 on_gate: w.on_gate,
                 elsewhere,
             };
-            match self.attempt(w, head.as_ref(), view) {
+            match self.attempt(w, head.as_ref(), view, &mut short) {
                 Attempt::Granted => {
                     let remaining = total - leaving.len() - 1;
                     self.grant_waiter(out, w, remaining, &mut on_gate);
@@ -179,7 +182,7 @@ impl Shared {
                     self.leave(out, w, Err(error), &mut on_gate);
                     leaving.push(seq);
                 }
-                Attempt::Held { short, wake: at } => {
+                Attempt::Held { wake: at } => {
                     let gate_held = short.contains(&None);
                     if gate_held != w.on_gate {
                         w.on_gate = gate_held;
@@ -237,7 +240,14 @@ impl Shared {
     }
 
     /// Asks the gate and every account about waiter `w`, and takes its whole demand if it fits.
-    fn attempt(&self, w: &Waiter, head: Option<&Head>, view: GateView) -> Attempt {
+    fn attempt(
+        &self,
+        w: &Waiter,
+        head: Option<&Head>,
+        view: GateView,
+        short: &mut Vec<Option<usize>>,
+    ) -> Attempt {
+        short.clear();
         let demand = &w.demand;
         if demand.is_empty() {
             return Attempt::Granted;
@@ -248,22 +258,17 @@ impl Shared {
                 ..
             }) = head
             {
-                return Attempt::Held {
-                    short: vec![None],
-                    wake: *until,
-                };
+                short.push(None);
+                return Attempt::Held { wake: *until };
             }
             if let GateAnswer::Hold { until } = gate.check(view) {
-                return Attempt::Held {
-                    short: vec![None],
-                    wake: until,
-                };
+                short.push(None);
+                return Attempt::Held { wake: until };
             }
         }
         let reserved = |key: usize| head.map_or(Amount::ZERO, |h| h.reserved(key));
         let sharp = |key: usize| head.is_some_and(|h| h.short_time.contains(&key));
 
-        let mut short = Vec::new();
         let mut wake = Some(Instant::ZERO);
         for (i, entry) in demand.entries().iter().enumerate() {
             let account = entry.account();
@@ -292,7 +297,7 @@ impl Shared {
             }
         }
         if !short.is_empty() {
-            return Attempt::Held { short, wake };
+            return Attempt::Held { wake };
         }
         let entries = demand.entries();
         for (i, entry) in entries.iter().enumerate() {
@@ -315,10 +320,8 @@ impl Shared {
                         account.earliest_fit(entry.amount(), reserved(key))
                     })
                     .unwrap_or(None);
-                    Attempt::Held {
-                        short: vec![Some(i)],
-                        wake: at,
-                    }
+                    short.push(Some(i));
+                    Attempt::Held { wake: at }
                 }
             };
         }
@@ -346,24 +349,17 @@ impl Shared {
             }
         }
         for s in short {
-            let (key, name, entry) = match s {
-                None => {
-                    let gate = self.gate.as_ref().map_or("gate", |g| g.name()).to_owned();
-                    (GATE_KEY, gate, None)
-                }
-                Some(i) => {
-                    let e = &w.demand.entries()[*i];
-                    (
-                        account_key(e.account()),
-                        e.account().name().to_owned(),
-                        Some(e),
-                    )
-                }
-            };
+            let entry = s.map(|i| &w.demand.entries()[i]);
+            let key = entry.map_or(GATE_KEY, |e| account_key(e.account()));
             if let Some(hold) = w.held.iter_mut().find(|h| h.key == key) {
                 hold.until = None;
                 continue;
             }
+            // Newly short: only now is the name worth a copy.
+            let name = match entry {
+                Some(e) => e.account().name().to_owned(),
+                None => self.gate.as_ref().map_or("gate", |g| g.name()).to_owned(),
+            };
             w.held.push(Hold {
                 key,
                 name: name.clone(),

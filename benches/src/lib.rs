@@ -1,0 +1,133 @@
+//! Benchmarks of admission side by side with the crates people use today; see `benches/` and
+//! BENCHMARKS.md.
+//!
+//! Two bench targets, both run by `cargo bench -p admission-benches`:
+//!
+//! - `side_by_side` (criterion): the single-limit take, the semaphore (uncontended and with 64
+//!   contending tasks), three limits at once, and one evaluator pass over 10,000 parked waiters.
+//!   Criterion writes its estimates under `target/criterion/`.
+//! - `scarce_and_wakes` (its own harness): the quota a chain of limiters leaks, goodput under a
+//!   scarce model, and wake-up latencies as percentiles. It writes one small JSON file per part
+//!   under `target/side-by-side/` with [`Results`].
+//!
+//! `cargo xtask bench` runs both and rewrites the side-by-side table in BENCHMARKS.md from those
+//! files. This library holds only what both sides of that exchange agree on, with no dependency.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+/// The directory the custom harness writes its results to: `$CARGO_TARGET_DIR/side-by-side`, or
+/// `target/side-by-side` at the workspace root.
+pub fn results_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .map_or_else(|| PathBuf::from("target"), |root| root.join("target"))
+        });
+    target.join("side-by-side")
+}
+
+/// One part's results: a flat JSON object of numbers and short texts, written to
+/// `<results_dir>/<part>.json`.
+#[derive(Debug)]
+pub struct Results {
+    part: String,
+    fields: Vec<(String, Field)>,
+}
+
+#[derive(Debug)]
+enum Field {
+    Number(f64),
+    Text(String),
+}
+
+impl Results {
+    /// An empty record for `part` (the file's stem).
+    pub fn new(part: &str) -> Results {
+        Results {
+            part: part.to_owned(),
+            fields: Vec::new(),
+        }
+    }
+
+    /// Adds a number (non-finite values are written as `null`).
+    pub fn number(mut self, key: &str, value: f64) -> Results {
+        self.fields.push((key.to_owned(), Field::Number(value)));
+        self
+    }
+
+    /// Adds a text.
+    pub fn text(mut self, key: &str, value: &str) -> Results {
+        self.fields
+            .push((key.to_owned(), Field::Text(value.to_owned())));
+        self
+    }
+
+    /// The record as a JSON object, one field a line.
+    pub fn to_json(&self) -> String {
+        let mut out = String::from("{\n");
+        for (i, (key, field)) in self.fields.iter().enumerate() {
+            let value = match field {
+                Field::Number(n) if n.is_finite() => format!("{n}"),
+                Field::Number(_) => "null".to_owned(),
+                Field::Text(t) => quote(t),
+            };
+            let comma = if i + 1 < self.fields.len() { "," } else { "" };
+            let _ = writeln!(out, "  {}: {value}{comma}", quote(key));
+        }
+        out.push_str("}\n");
+        out
+    }
+
+    /// Writes the record to `<results_dir>/<part>.json` and returns the path.
+    ///
+    /// # Errors
+    ///
+    /// When the directory cannot be created or the file cannot be written.
+    pub fn write(&self) -> std::io::Result<PathBuf> {
+        let dir = results_dir();
+        std::fs::create_dir_all(&dir)?;
+        let path = dir.join(format!("{}.json", self.part));
+        std::fs::write(&path, self.to_json())?;
+        Ok(path)
+    }
+}
+
+/// A JSON string literal.
+fn quote(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_are_a_flat_json_object() {
+        let json = Results::new("x")
+            .number("a", 1.5)
+            .number("b", f64::NAN)
+            .text("c", "say \"hi\"\n")
+            .to_json();
+        assert_eq!(
+            json,
+            "{\n  \"a\": 1.5,\n  \"b\": null,\n  \"c\": \"say \\\"hi\\\"\\n\"\n}\n"
+        );
+    }
+}

@@ -1,0 +1,229 @@
+//! The monitor strategy: every step asks for its whole demand in one admission.
+//!
+//! An agent's step is one [`Demand`](admission_core::Demand) — HTTP connection, the model's
+//! tokens and one request, the model gate and window where the catalog has them, and sometimes a
+//! database connection and a search call — admitted by the one [`Monitor`] or not at all. A job
+//! that cannot have everything waits in the monitor's line holding *nothing*, so a model-b call
+//! never waits behind a connection that a model-a call holds while it waits for tokens.
+//!
+//! Most agents are tokio tasks awaiting [`Monitor::admit`]; some run on blocking threads and call
+//! [`Monitor::admit_blocking`]. Both stand in the same line. Every admission carries a timeout,
+//! and a cancelled [`JobContext`] (Ctrl-C) withdraws a waiter at once.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use admission_core::{AdmitError, Grant, JobContext, Monitor};
+
+use crate::provider_sim::Response;
+use crate::stats::{Holding, JobOutcome, add_duration};
+use crate::workload::{JobPlan, StepPlan};
+use crate::world::{Next, World};
+
+/// What an admission error means for the job.
+enum Failure {
+    /// End the job with this outcome.
+    End(JobOutcome),
+    /// An account refuses everyone for now (the model's window has its circuit open): wait about
+    /// this long and try again.
+    CircuitOpen(Duration),
+}
+
+fn classify(error: AdmitError) -> Failure {
+    match error {
+        AdmitError::TimedOut { .. } => Failure::End(JobOutcome::TimedOut),
+        AdmitError::Cancelled { .. } | AdmitError::Shutdown => Failure::End(JobOutcome::Cancelled),
+        AdmitError::Refused { ref refusal, .. } if !refusal.is_permanent() => {
+            Failure::CircuitOpen(error.retry_after().unwrap_or_default())
+        }
+        other => Failure::End(JobOutcome::Failed(other.to_string())),
+    }
+}
+
+/// What happened to one admitted attempt, once its grant is given back.
+enum Attempt {
+    Next(Next),
+    Fail(JobOutcome),
+}
+
+/// The part of an attempt between the grant and the call's answer, the same for both APIs:
+/// record the wait, enter the gauges, send the call. Returns the answer and the holding.
+fn start_call<'w>(
+    world: &'w World,
+    job: &JobPlan,
+    step_index: usize,
+    attempt: u32,
+    step: &StepPlan,
+    grant: &Grant,
+) -> Result<(Response, Holding<'w>, Duration), JobOutcome> {
+    world.metrics.record_wait(job.model, grant.wall_wait());
+    let granted_at = world.now();
+    let holding = world
+        .metrics
+        .hold(grant.entries().iter().map(|e| e.account().name()));
+    match world.call(job, step_index, attempt, step) {
+        Ok(response) => Ok((response, holding, granted_at)),
+        Err(error) => Err(JobOutcome::Failed(format!("{error:#}"))),
+    }
+}
+
+/// Runs one agent as a tokio task.
+pub async fn run_job(world: Arc<World>, monitor: Monitor, job: Arc<JobPlan>, ctx: JobContext) {
+    let outcome = job_steps(&world, &monitor, &job, &ctx).await;
+    world.metrics.job_ended(job.model, &outcome, world.now());
+}
+
+async fn job_steps(
+    world: &World,
+    monitor: &Monitor,
+    job: &JobPlan,
+    ctx: &JobContext,
+) -> JobOutcome {
+    let clock = &world.clock;
+    if world.stop.sleep(clock.to_real(job.start_after)).await {
+        return JobOutcome::Cancelled;
+    }
+    for (index, step) in job.steps.iter().enumerate() {
+        let mut attempt = 0;
+        loop {
+            let demand = match world.step_demand(job, step) {
+                Ok(demand) => demand,
+                Err(error) => return JobOutcome::Failed(format!("{error:#}")),
+            };
+            let timeout = Some(world.settings.admit_timeout);
+            let next = match monitor.admit(demand, ctx, timeout).await {
+                Ok(grant) => match attempt_call(world, job, index, attempt, step, grant).await {
+                    Attempt::Next(next) => next,
+                    Attempt::Fail(outcome) => return outcome,
+                },
+                Err(error) => match classify(error) {
+                    Failure::End(outcome) => return outcome,
+                    Failure::CircuitOpen(retry_after) => {
+                        count_circuit(world, job);
+                        Next::Retry(world.circuit_backoff(retry_after))
+                    }
+                },
+            };
+            match next {
+                Next::Done => break,
+                Next::Retry(after) => {
+                    attempt += 1;
+                    if attempt > world.settings.retries {
+                        return JobOutcome::GaveUp;
+                    }
+                    world.metrics.retries.fetch_add(1, Ordering::Relaxed);
+                    if world.stop.sleep(clock.to_real(after)).await {
+                        return JobOutcome::Cancelled;
+                    }
+                }
+            }
+        }
+    }
+    JobOutcome::Completed
+}
+
+async fn attempt_call(
+    world: &World,
+    job: &JobPlan,
+    index: usize,
+    attempt: u32,
+    step: &StepPlan,
+    grant: Grant,
+) -> Attempt {
+    let (response, holding, granted_at) = match start_call(world, job, index, attempt, step, &grant)
+    {
+        Ok(started) => started,
+        Err(outcome) => return Attempt::Fail(outcome),
+    };
+    world.clock.sleep(response.latency).await;
+    let next = world.feedback(job.model, &response, attempt);
+    if next == Next::Done {
+        world.clock.sleep(step.tool_time).await;
+    }
+    drop(response);
+    holding.leave();
+    add_duration(
+        &world.metrics.http_held_ns,
+        world.now().saturating_sub(granted_at),
+    );
+    drop(grant); // the connection, the gate slot and the database connection come back
+    Attempt::Next(next)
+}
+
+fn count_circuit(world: &World, job: &JobPlan) {
+    if let Some(tally) = world.metrics.model(job.model) {
+        tally.circuit_refusals.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Runs one agent on a blocking thread, admitting with [`Monitor::admit_blocking`].
+pub fn run_job_blocking(world: Arc<World>, monitor: Monitor, job: Arc<JobPlan>, ctx: JobContext) {
+    let outcome = job_steps_blocking(&world, &monitor, &job, &ctx);
+    world.metrics.job_ended(job.model, &outcome, world.now());
+}
+
+fn job_steps_blocking(
+    world: &World,
+    monitor: &Monitor,
+    job: &JobPlan,
+    ctx: &JobContext,
+) -> JobOutcome {
+    let clock = &world.clock;
+    if world.stop.sleep_blocking(clock.to_real(job.start_after)) {
+        return JobOutcome::Cancelled;
+    }
+    for (index, step) in job.steps.iter().enumerate() {
+        let mut attempt = 0;
+        loop {
+            let demand = match world.step_demand(job, step) {
+                Ok(demand) => demand,
+                Err(error) => return JobOutcome::Failed(format!("{error:#}")),
+            };
+            let timeout = Some(world.settings.admit_timeout);
+            let next = match monitor.admit_blocking(demand, ctx, timeout) {
+                Ok(grant) => {
+                    let (response, holding, granted_at) =
+                        match start_call(world, job, index, attempt, step, &grant) {
+                            Ok(started) => started,
+                            Err(outcome) => return outcome,
+                        };
+                    std::thread::sleep(clock.to_real(response.latency));
+                    let next = world.feedback(job.model, &response, attempt);
+                    if next == Next::Done {
+                        std::thread::sleep(clock.to_real(step.tool_time));
+                    }
+                    drop(response);
+                    holding.leave();
+                    add_duration(
+                        &world.metrics.http_held_ns,
+                        world.now().saturating_sub(granted_at),
+                    );
+                    drop(grant);
+                    next
+                }
+                Err(error) => match classify(error) {
+                    Failure::End(outcome) => return outcome,
+                    Failure::CircuitOpen(retry_after) => {
+                        count_circuit(world, job);
+                        Next::Retry(world.circuit_backoff(retry_after))
+                    }
+                },
+            };
+            match next {
+                Next::Done => break,
+                Next::Retry(after) => {
+                    attempt += 1;
+                    if attempt > world.settings.retries {
+                        return JobOutcome::GaveUp;
+                    }
+                    world.metrics.retries.fetch_add(1, Ordering::Relaxed);
+                    if world.stop.sleep_blocking(clock.to_real(after)) {
+                        return JobOutcome::Cancelled;
+                    }
+                }
+            }
+        }
+    }
+    JobOutcome::Completed
+}

@@ -1,0 +1,274 @@
+//! An agent fleet on one admission monitor: the README's first command.
+//!
+//! ```text
+//! cargo run --release --example agents                                  # 400 agents, ~20 s
+//! cargo run --release --example agents -- --strategy hold-and-wait      # both designs, side by side
+//! cargo run --release --example agents -- --jobs 40 --time-scale 600 --check   # CI's short run
+//! ```
+//!
+//! Hundreds of LLM agents run in one process. Each step of an agent asks for everything the step
+//! needs as one demand — an HTTP connection, the model's tokens and one request (charged prompt +
+//! declared `max_tokens`, as providers count), the model's concurrency slot and sliding window
+//! where the catalog declares them, and sometimes a database connection and a call of an external
+//! search API's fixed window — built by the provider layer's `Registry::demand_for` from
+//! `models.toml`. The monitor grants it whole, or the step waits in one FIFO line holding nothing.
+//!
+//! The upstream is simulated (`provider_sim.rs`) and stricter than the catalog: the first
+//! responses' rate-limit headers correct the local buckets (`Registry::observe`), 429s and 529s
+//! raise each bucket's adaptive throttle (`on_rate_limit_error`, `on_overload`) and successes
+//! relax it (`on_success`), so the fleet converges on what the provider really allows, including
+//! when a neighbour starts sharing the quota.
+//!
+//! Time is simulated: one [`clock::ScaledClock`] drives the monitor, every limiter and the
+//! provider, with `--time-scale` simulated seconds per real second (60 by default: a simulated
+//! minute, the unit every budget is written in, takes one real second). Waits, spans and
+//! tokens-per-minute in the summary are simulated.
+//!
+//! `--strategy hold-and-wait` runs the same seed twice, once on the monitor and once as the
+//! chain of single-limit waits services write today (`chain.rs`), and prints both summaries and
+//! a side-by-side table. Files land in `target/agents/`: `events.jsonl` (every monitor event),
+//! `timeline-<strategy>.svg` and `summary.json`.
+//!
+//! Every wait has a deadline (`--admit-timeout`, `--run-timeout`); Ctrl-C cancels every job
+//! through its `JobContext`, stops the monitor and still prints the summary.
+
+mod chain;
+mod clock;
+mod events;
+mod fleet;
+mod progress;
+mod provider_sim;
+mod report;
+mod rng;
+mod run;
+mod stats;
+mod stop;
+mod timeline;
+mod workload;
+mod world;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use admission_accounts::model_spec::ModelCatalog;
+use anyhow::Context as _;
+use clap::{Parser, ValueEnum, value_parser};
+
+use crate::report::RunSummary;
+use crate::run::{Input, Strategy};
+use crate::stop::Stop;
+use crate::workload::WorkloadConfig;
+use crate::world::Settings;
+
+/// The fleet's model catalog.
+const CATALOG: &str = include_str!("models.toml");
+
+/// Which way the agents take their limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum StrategyArg {
+    /// One admission of each step's whole demand.
+    Monitor,
+    /// The monitor run, then the same workload taking limits one by one while holding each;
+    /// prints both summaries side by side.
+    HoldAndWait,
+    /// The same as hold-and-wait: both runs, compared.
+    Both,
+}
+
+/// Hundreds of LLM agents sharing HTTP connections, model token budgets, a database and a search
+/// API through one admission monitor, against a simulated provider with its own limits.
+#[derive(Debug, Parser)]
+#[command(name = "agents", version)]
+struct Args {
+    /// Agents to run.
+    #[arg(long, default_value_t = 400, value_parser = value_parser!(u32).range(1..=100_000))]
+    jobs: u32,
+
+    /// Steps per agent (default: 2 to 5, drawn per agent).
+    #[arg(long, value_parser = value_parser!(u32).range(1..=50))]
+    steps: Option<u32>,
+
+    /// Simulated seconds per real second: 60 makes a simulated minute last one real second.
+    #[arg(long, default_value_t = 60, value_parser = value_parser!(u32).range(1..=10_000))]
+    time_scale: u32,
+
+    /// How agents take their limits.
+    #[arg(long, value_enum, default_value_t = StrategyArg::Monitor)]
+    strategy: StrategyArg,
+
+    /// Seed of the workload and of the provider's draws.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+
+    /// Agents in a hundred that run on blocking threads with `admit_blocking`.
+    #[arg(long, default_value_t = 10, value_parser = value_parser!(u8).range(0..=100))]
+    blocking_percent: u8,
+
+    /// HTTP connections to the provider.
+    #[arg(long, default_value_t = 32, value_parser = value_parser!(u64).range(1..=100_000))]
+    http: u64,
+
+    /// Database connections.
+    #[arg(long, default_value_t = 8, value_parser = value_parser!(u64).range(1..=100_000))]
+    db: u64,
+
+    /// Search API calls allowed per simulated minute (a fixed window).
+    #[arg(long, default_value_t = 40, value_parser = value_parser!(u64).range(1..=1_000_000))]
+    search_per_minute: u64,
+
+    /// Retries of a step after a 429, a 529 or an open circuit.
+    #[arg(long, default_value_t = 5, value_parser = value_parser!(u32).range(0..=50))]
+    retries: u32,
+
+    /// How long one admission may wait, in simulated seconds.
+    #[arg(long, default_value_t = 1_800, value_parser = value_parser!(u64).range(1..=604_800))]
+    admit_timeout: u64,
+
+    /// The most real seconds one run may take before its jobs are cancelled.
+    #[arg(long, default_value_t = 300, value_parser = value_parser!(u64).range(1..=86_400))]
+    run_timeout: u64,
+
+    /// Where the events file, the timelines and summary.json go [default: <target>/agents].
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
+
+    /// Exit non-zero unless nothing went over capacity, every job ended with no cancellation or
+    /// failure (and, under the monitor, no timeout), and nothing was still held or parked
+    /// afterwards.
+    #[arg(long)]
+    check: bool,
+
+    /// Also write the summary as JSON to this path.
+    #[arg(long)]
+    json_summary: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run_all(&args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Runs the strategies asked for; `Ok(false)` when `--check` found a problem.
+fn run_all(args: &Args) -> anyhow::Result<bool> {
+    let catalog =
+        ModelCatalog::from_toml(CATALOG).context("reading examples/agents/models.toml")?;
+    let plan: Vec<_> = workload::plan(&WorkloadConfig {
+        jobs: args.jobs as usize,
+        steps: args.steps,
+        blocking_percent: args.blocking_percent,
+        seed: args.seed,
+    })
+    .into_iter()
+    .map(Arc::new)
+    .collect();
+    let out_dir = args.out_dir.clone().unwrap_or_else(default_out_dir);
+    std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let strategies: &[Strategy] = match args.strategy {
+        StrategyArg::Monitor => &[Strategy::Monitor],
+        StrategyArg::HoldAndWait | StrategyArg::Both => &[Strategy::Monitor, Strategy::HoldAndWait],
+    };
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let summaries = runtime.block_on(async {
+        let interrupt = Arc::new(Stop::new());
+        let listener = tokio::spawn(listen_for_ctrl_c(interrupt.clone()));
+        let input = Input {
+            catalog: &catalog,
+            plan: &plan,
+            settings: Settings {
+                time_scale: args.time_scale,
+                http_connections: args.http,
+                db_connections: args.db,
+                search_per_minute: args.search_per_minute,
+                admit_timeout: Duration::from_secs(args.admit_timeout),
+                retries: args.retries,
+                seed: args.seed,
+            },
+            out_dir: &out_dir,
+            interrupt: interrupt.clone(),
+            run_timeout: Duration::from_secs(args.run_timeout),
+        };
+        let mut summaries = Vec::new();
+        for &strategy in strategies {
+            if interrupt.is_triggered() {
+                break;
+            }
+            let summary = run::run(strategy, &input).await?;
+            say(&summary.render());
+            summaries.push(summary);
+        }
+        listener.abort();
+        anyhow::Ok(summaries)
+    })?;
+    // Blocking agents that ignored a cancellation must not keep the process alive.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+
+    if let [monitor, chain] = summaries.as_slice() {
+        say(&report::side_by_side(monitor, chain));
+    }
+    let json = serde_json::to_string_pretty(&summaries).context("serialising the summary")?;
+    let summary_path = out_dir.join("summary.json");
+    for path in std::iter::once(&summary_path).chain(args.json_summary.as_ref()) {
+        std::fs::write(path, &json).with_context(|| format!("writing {}", path.display()))?;
+        say(&format!("wrote {}", path.display()));
+    }
+
+    if !args.check {
+        return Ok(true);
+    }
+    let problems: Vec<String> = summaries.iter().flat_map(RunSummary::problems).collect();
+    if summaries.len() != strategies.len() {
+        say("check: FAILED: the run was interrupted before every strategy ran");
+        return Ok(false);
+    }
+    if problems.is_empty() {
+        say("check: passed (nothing over capacity, every job finished, nothing held afterwards)");
+        Ok(true)
+    } else {
+        for problem in &problems {
+            say(&format!("check: FAILED: {problem}"));
+        }
+        Ok(false)
+    }
+}
+
+/// Prints a line to stdout; a closed stdout (`| head`) loses the text instead of panicking.
+pub fn say(text: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout().lock(), "{text}");
+}
+
+/// The first Ctrl-C stops the run cleanly (the summary is still printed); a second exits at once.
+async fn listen_for_ctrl_c(interrupt: Arc<Stop>) {
+    if tokio::signal::ctrl_c().await.is_err() {
+        return;
+    }
+    eprintln!("\nCtrl-C: cancelling every agent (press again to quit at once)");
+    interrupt.trigger("Ctrl-C");
+    if tokio::signal::ctrl_c().await.is_ok() {
+        std::process::exit(130);
+    }
+}
+
+/// `$CARGO_TARGET_DIR/agents`, or `target/agents` at the workspace root.
+fn default_out_dir() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+            manifest.parent().unwrap_or(manifest).join("target")
+        });
+    target.join("agents")
+}

@@ -1,0 +1,232 @@
+//! [`World`]: everything one run shares — the scaled clock, the provider layer's [`Registry`]
+//! built from the catalog, the database gate, the search API's fixed window, the simulated
+//! provider and the counters — and the steps both strategies take the same way: building a
+//! step's demand, making the call, and feeding the answer back to the registry.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use admission_accounts::model_spec::ModelCatalog;
+use admission_accounts::provider::Registry;
+use admission_accounts::{CountingGate, FixedWindow};
+use admission_core::{Amount, Clock, Demand};
+use anyhow::Context as _;
+
+use crate::clock::ScaledClock;
+use crate::provider_sim::{Provider, Request, Response, Status};
+use crate::rng;
+use crate::stats::{Gauge, Metrics};
+use crate::stop::Stop;
+use crate::workload::{JobPlan, StepPlan};
+
+/// The name of the database gate.
+pub const DB: &str = "db";
+/// The name of the search API's fixed window.
+pub const SEARCH: &str = "search-api";
+/// The name of the provider layer's HTTP gate.
+pub const HTTP: &str = "http";
+
+/// The knobs of a run that the command line sets.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Simulated seconds per real second.
+    pub time_scale: u32,
+    /// HTTP connections to the provider.
+    pub http_connections: u64,
+    /// Database connections.
+    pub db_connections: u64,
+    /// Search API calls per simulated minute.
+    pub search_per_minute: u64,
+    /// How long one admission may wait, in simulated time.
+    pub admit_timeout: Duration,
+    /// Retries of one step after a 429, a 529 or an open circuit.
+    pub retries: u32,
+    /// The seed of the workload and of the provider's draws.
+    pub seed: u64,
+}
+
+/// What a job does after a call's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// The call ran; on to the next step.
+    Done,
+    /// Try the step again after this much simulated time, holding nothing.
+    Retry(Duration),
+}
+
+/// Everything one run shares.
+pub struct World {
+    /// The command line's knobs.
+    pub settings: Settings,
+    /// The run's simulated time.
+    pub clock: Arc<ScaledClock>,
+    /// The provider layer: buckets, model gates, windows, the HTTP gate.
+    pub registry: Registry,
+    /// The simulated upstream.
+    pub provider: Provider,
+    /// The database gate.
+    pub db: Arc<CountingGate>,
+    /// The search API's fixed window (an account too).
+    pub search: Arc<FixedWindow>,
+    /// The counters.
+    pub metrics: Metrics,
+    /// Ends the run early.
+    pub stop: Arc<Stop>,
+}
+
+impl World {
+    /// A fresh world: new clock (simulated time zero now), new limiters, a new provider.
+    ///
+    /// # Errors
+    ///
+    /// When the catalog or a setting is refused by the limiters.
+    pub fn new(
+        catalog: &ModelCatalog,
+        plan: &[Arc<JobPlan>],
+        settings: Settings,
+        stop: Arc<Stop>,
+    ) -> anyhow::Result<World> {
+        let clock = ScaledClock::new(settings.time_scale);
+        let shared: Arc<dyn Clock> = clock.clone();
+        let registry = Registry::new(shared.clone())
+            .with_http_connections(settings.http_connections)
+            .context("building the HTTP gate")?;
+        registry
+            .register_catalog(catalog)
+            .context("registering the model catalog")?;
+        for job in plan {
+            registry
+                .spec(job.model)
+                .context("the workload names a model the catalog lacks")?;
+        }
+        let db = Arc::new(
+            CountingGate::new(DB, settings.db_connections)
+                .context("building the database gate")?
+                .with_clock(shared.clone()),
+        );
+        let search = Arc::new(
+            FixedWindow::of(SEARCH, settings.search_per_minute, Duration::from_secs(60))
+                .context("building the search API's window")?
+                .with_clock(shared),
+        );
+        let mut gauges = vec![Gauge::new(HTTP), Gauge::new(DB)];
+        for spec in &catalog.models {
+            if spec.max_concurrent.is_some() {
+                gauges.push(Gauge::new(format!("{}:concurrency", spec.id)));
+            }
+        }
+        let metrics = Metrics::new(
+            plan.len() as u64,
+            catalog.models.iter().map(|m| m.id.as_str()),
+            gauges,
+        );
+        Ok(World {
+            provider: Provider::new(catalog, clock.clone(), settings.seed),
+            settings,
+            clock,
+            registry,
+            db,
+            search,
+            metrics,
+            stop,
+        })
+    }
+
+    /// Simulated time since the run began.
+    pub fn now(&self) -> Duration {
+        self.clock.elapsed()
+    }
+
+    /// One step's whole demand: the model call from [`Registry::demand_for`] (HTTP connection,
+    /// tokens and a request, the model gate and window where the catalog has them), plus a
+    /// database connection and a search call when the step needs them.
+    ///
+    /// # Errors
+    ///
+    /// When the model is not registered.
+    pub fn step_demand(&self, job: &JobPlan, step: &StepPlan) -> anyhow::Result<Demand> {
+        let call = self
+            .registry
+            .demand_for(job.model, step.input_tokens, step.max_output_tokens)
+            .with_context(|| format!("building the demand of {}", job.name))?;
+        let mut demand = call.demand;
+        if step.uses_db {
+            demand.add(self.db.clone(), Amount::ONE);
+        }
+        if step.uses_search {
+            demand.add(self.search.clone(), Amount::ONE);
+        }
+        Ok(demand)
+    }
+
+    /// Sends one step's call to the provider.
+    ///
+    /// # Errors
+    ///
+    /// When the provider does not serve the model (a bug in the example).
+    pub fn call(
+        &self,
+        job: &JobPlan,
+        step_index: usize,
+        attempt: u32,
+        step: &StepPlan,
+    ) -> anyhow::Result<Response> {
+        self.provider.call(&Request {
+            model: job.model,
+            input_tokens: step.input_tokens,
+            max_output_tokens: step.max_output_tokens,
+            output_tokens: step.output_tokens,
+            key: rng::hash(job.index as u64, &[step_index as u64, u64::from(attempt)]),
+        })
+    }
+
+    /// Feeds an answer back to the provider layer and says what the job does next.
+    ///
+    /// - 200: `on_success` (relieves the throttle) and `observe` (the headers' ceilings become
+    ///   the bucket's budgets);
+    /// - 429: `on_rate_limit_error` with the headers (one throttle step, the ceilings applied),
+    ///   then retry after the `retry-after`;
+    /// - 529: `on_overload` (three throttle steps, a failure on the model's window), then retry
+    ///   after an exponential backoff.
+    pub fn feedback(&self, model: &str, response: &Response, attempt: u32) -> Next {
+        let tally = self.metrics.model(model);
+        match response.status {
+            Status::Ok => {
+                self.registry.on_success(model);
+                self.registry.observe(&response.rate_limit_info(model));
+                if let Some(t) = tally {
+                    t.calls_ok.fetch_add(1, Ordering::Relaxed);
+                }
+                Next::Done
+            }
+            Status::RateLimited => {
+                // A 429's headers: what the provider says, marked as a limit that was hit.
+                let info = response.rate_limit_info(model).into_rate_limited();
+                self.registry.on_rate_limit_error(model, &info);
+                if let Some(t) = tally {
+                    t.rate_limited.fetch_add(1, Ordering::Relaxed);
+                }
+                Next::Retry(info.retry_after.unwrap_or(Duration::from_secs(1)))
+            }
+            Status::Overloaded => {
+                self.registry.on_overload(model, "529 overloaded");
+                if let Some(t) = tally {
+                    t.overloaded.fetch_add(1, Ordering::Relaxed);
+                }
+                Next::Retry(backoff(attempt))
+            }
+        }
+    }
+
+    /// The wait after an open circuit refused a step: what the refusal says is left of the
+    /// cooldown, kept between 1 s and 1 min (simulated).
+    pub fn circuit_backoff(&self, retry_after: Duration) -> Duration {
+        retry_after.clamp(Duration::from_secs(1), Duration::from_secs(60))
+    }
+}
+
+/// 1, 2, 4, 8, 16 simulated seconds, then 16 again.
+fn backoff(attempt: u32) -> Duration {
+    Duration::from_secs(1 << attempt.min(4))
+}
