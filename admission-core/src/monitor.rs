@@ -225,7 +225,7 @@ impl Monitor {
     #[doc(hidden)]
     pub fn evaluate_once(&self) -> Option<crate::Instant> {
         let mut out = self.shared.outbox();
-        let wake = self.shared.pass_guarded(&mut out);
+        let wake = self.shared.pass_guarded(&mut out, pass::Scope::Full);
         self.shared.deliver(out);
         wake
     }

@@ -59,7 +59,7 @@ pub(crate) fn admit_blocking(
 ) -> Outcome {
     match shared.begin(demand, ctx, timeout) {
         Begin::Done(outcome) => outcome,
-        Begin::Parked { seq, cell } => {
+        Begin::Parked { seq, cell, .. } => {
             let mut ticket = Ticket::park(shared, seq, cell, ctx);
             let outcome = ticket.cell.wait();
             ticket.done();
@@ -128,7 +128,7 @@ impl Future for Admit {
             };
             match this.shared.begin(demand, &ctx, timeout) {
                 Begin::Done(outcome) => return Poll::Ready(outcome),
-                Begin::Parked { seq, cell } => {
+                Begin::Parked { seq, cell, .. } => {
                     this.state = State::Waiting(Ticket::park(&this.shared, seq, cell, &ctx));
                 }
             }

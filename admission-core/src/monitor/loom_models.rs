@@ -2,8 +2,8 @@
 //!
 //! Each model runs the real monitor, evaluator thread included, on loom's scheduler, which tries
 //! every interleaving of its synchronization points up to a preemption bound:
-//! (a) a fast path racing a give, (b) an abandoned or cancelled waiter racing its grant,
-//! (c) `stop` racing an admit.
+//! (a) a fast path racing a give, (b) an arrival asked at the line's tail racing a give,
+//! (c) an abandoned or cancelled waiter racing its grant, (d) `stop` racing an admit.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -123,6 +123,36 @@ fn loom_fast_path_racing_a_give_never_loses_the_wake_up() {
         drop(grant);
         assert_eq!(gate.free(), 1);
         monitor.stop();
+    });
+}
+
+#[test]
+fn loom_an_arrival_behind_a_head_racing_a_give_never_loses_the_wake_up() {
+    loom::model(|| {
+        let (monitor, gate, held) = started_with_its_one_permit_held();
+        // A head that stays short for the whole model, so the asker joins a line that exists
+        // and is asked on arrival rather than by a pass.
+        let never = Gate::new(0);
+        let mut head = Box::pin(monitor.admit(one(&never), &JobContext::new("head"), None));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(head.as_mut().poll(&mut cx).is_pending());
+
+        let (m, g) = (monitor.clone(), gate.clone());
+        let asker =
+            thread::spawn(move || m.admit_blocking(one(&g), &JobContext::new("asker"), None));
+        let giver = thread::spawn(move || drop(held));
+
+        giver.join().unwrap();
+        let grant = asker
+            .join()
+            .unwrap()
+            .expect("the asker is granted once the give lands");
+        assert_eq!(gate.free(), 0);
+        drop(grant);
+        drop(head);
+        monitor.stop();
+        assert_eq!(gate.free(), 1);
+        assert_eq!(monitor.queue_size(), 0);
     });
 }
 

@@ -4,21 +4,29 @@
 //! granted is the head; every waiter behind it is asked with the head's amounts set aside on each
 //! account they share (EASY backfilling, Lifka 1995), so the head is never overtaken while
 //! disjoint demands flow past it. Two sharper rules follow from what a head waits for:
-//! - while the head is short on a [`Replenishment::Time`] account, nobody behind it takes from
-//!   that account (every unit taken would postpone the head's grant by as much);
+//! - while the head is short on an account, nobody behind it takes from that account, and nobody
+//!   behind it is even asked about it. For an account that sets the head's amounts aside, as the
+//!   contract requires, that is its own answer (what is free is less than the head's amount, so
+//!   less than the head's and anyone's together), so the rule only spares a long line the asking.
+//!   On a [`Replenishment::Time`](crate::Replenishment::Time) account it matters beyond that: every unit taken would
+//!   postpone the head's grant by as much, so even an account that ignores reservations must not
+//!   be drawn from, and the head's own deadline covers every follower's wake-up;
 //! - while the gate holds the head, every waiter with entries is held by the gate too, with the
 //!   head's deadline, so the next wake-up starts again from the head.
 //!
 //! The pass ends with the earliest instant at which time alone could change an answer (an
 //! account's `earliest_fit`, the gate's hold, a waiter's deadline); the evaluator sleeps until
 //! then or until the doorbell rings. There is no periodic timer.
+//!
+//! An arrival at a line that already exists is asked by [`Shared::arrive`] the way a pass would
+//! ask it at the tail, so joining a long line costs one ask rather than a pass over everyone.
 
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::account::{Replenishment, account_key};
+use crate::account::account_key;
 use crate::amount::Amount;
 use crate::clock::Instant;
 use crate::error::AdmitError;
@@ -35,13 +43,25 @@ use super::shared::{
 /// The shortest sleep after a pass whose computed wake-up was already due.
 const MIN_RECHECK: Duration = Duration::from_millis(1);
 
+/// What a pass is for.
+#[derive(Clone, Copy)]
+pub(crate) enum Scope<'a> {
+    /// Ask everyone: the evaluator's passes, and any pass that must see the whole line.
+    Full,
+    /// A grant gave these entries back, on the giver's thread. The pass may stop early: once the
+    /// head is short on every account the pass has touched (given back here, or named by a
+    /// waiter that left the line in it), everyone further back either needs one of them, and is
+    /// held by the head's claim on it, or needs none, and would answer as at its last ask.
+    Released(&'a [crate::demand::Entry]),
+}
+
 /// What the head of the line asks for, as the waiters behind it must respect.
 #[derive(Default)]
 struct Head {
     /// The head's amount on each account it names (by account key).
     amounts: Vec<(usize, Amount)>,
-    /// `Time` accounts the head is short on: nobody behind takes from them.
-    short_time: Vec<usize>,
+    /// Accounts the head is short on: nobody behind is asked about them or takes from them.
+    short: Vec<usize>,
     /// `Some(until)` while the gate holds the head.
     gate_hold: Option<Option<Instant>>,
 }
@@ -52,6 +72,63 @@ impl Head {
             .iter()
             .find(|(k, _)| *k == key)
             .map_or(Amount::ZERO, |(_, a)| *a)
+    }
+}
+
+/// What [`Shared::arrive`] made of a newcomer.
+pub(crate) enum Arrival {
+    /// Granted on arrival (its demand does not touch what the head needs).
+    Granted(Grant),
+    /// Held; `due` is the earliest instant time alone could change that (its accounts' or its
+    /// own deadline), `None` when only an event can.
+    Held {
+        due: Option<Instant>,
+    },
+    Refused(AdmitError),
+    /// Not asked: the head could go now, so a pass is due; park and ring for it.
+    Deferred,
+}
+
+impl Head {
+    /// The head of the line as a pass would find it now: `w`'s amounts, and the accounts it is
+    /// short on, each asked afresh (an account consumed outside the monitor may have drained
+    /// since the last pass). `None` when `w` is short on nothing: a pass is due that
+    /// will grant it, after which another waiter is the head, so the caller leaves the asking
+    /// to that pass.
+    fn now_of(w: &Waiter) -> Option<Head> {
+        let mut head = Head {
+            amounts: Vec::with_capacity(w.demand.len()),
+            ..Head::default()
+        };
+        let mut short = false;
+        for entry in w.demand.entries() {
+            let account = entry.account();
+            let key = account_key(account);
+            head.amounts.push((key, entry.amount()));
+            // A refusal or a panic is the pass's to report; here it only means "not granted".
+            if !matches!(
+                guarded(account, &w.ctx, || account
+                    .fits(entry.amount(), Amount::ZERO)),
+                Ok(true)
+            ) {
+                short = true;
+                head.short.push(key);
+            }
+        }
+        short.then_some(head)
+    }
+}
+
+/// Adds the accounts of `w`, which leaves the line in this pass, to the pass's `touched` set:
+/// what it reserved or asked for is no longer set aside.
+fn touch(touched: &mut Option<Vec<usize>>, w: &Waiter) {
+    if let Some(touched) = touched {
+        for entry in w.demand.entries() {
+            let key = account_key(entry.account());
+            if !touched.contains(&key) {
+                touched.push(key);
+            }
+        }
     }
 }
 
@@ -88,7 +165,7 @@ impl Shared {
         loop {
             self.bell.answer();
             let mut out = self.outbox();
-            let wake = self.pass_guarded(&mut out);
+            let wake = self.pass_guarded(&mut out, Scope::Full);
             self.deliver(out);
             if !self.is_open() {
                 return;
@@ -99,8 +176,12 @@ impl Shared {
 
     /// [`Shared::pass`], closing admission if the pass fails: a panic outside the accounts (which
     /// are guarded one by one) is a defect in the monitor or its gate.
-    pub(crate) fn pass_guarded(self: &Arc<Shared>, out: &mut Outbox) -> Option<Instant> {
-        match catch_unwind(AssertUnwindSafe(|| self.pass(out))) {
+    pub(crate) fn pass_guarded(
+        self: &Arc<Shared>,
+        out: &mut Outbox,
+        scope: Scope<'_>,
+    ) -> Option<Instant> {
+        match catch_unwind(AssertUnwindSafe(|| self.pass(out, scope))) {
             Ok(wake) => wake,
             Err(panic) => {
                 let cause = format!("a pass failed: {}", panic_message(&*panic));
@@ -111,8 +192,9 @@ impl Shared {
         }
     }
 
-    /// One pass over the line. Returns the instant to wake at, `None` to sleep until rung.
-    pub(crate) fn pass(self: &Arc<Shared>, out: &mut Outbox) -> Option<Instant> {
+    /// One pass over the line. Returns the instant to wake at, `None` to sleep until rung (for
+    /// a pass that stopped early, only a wake-up earlier than the one already planned).
+    pub(crate) fn pass(self: &Arc<Shared>, out: &mut Outbox, scope: Scope<'_>) -> Option<Instant> {
         let now = self.clock.now();
         let mut st = self.state.lock();
         if !matches!(st.phase, Phase::Open) {
@@ -122,12 +204,26 @@ impl Shared {
             if let Some(gate) = &self.gate {
                 gate.holding(0);
             }
+            st.planned_wake = None;
             return None;
         }
+        // The accounts whose answers may have changed since the last ask, tracked only when the
+        // pass may stop early (a release, and no gate, whose drain reads the whole line).
+        let mut touched: Option<Vec<usize>> = match scope {
+            Scope::Released(entries) if self.gate.is_none() => {
+                Some(entries.iter().map(|e| account_key(e.account())).collect())
+            }
+            _ => None,
+        };
+        let mut stopped_early = false;
         let mut wake: Option<Instant> = None;
         let mut head: Option<Head> = None;
         let mut leaving: Vec<u64> = Vec::new();
-        let mut on_gate = st.queue.values().filter(|w| w.on_gate).count();
+        // Only a gate needs the count (and counting reads the whole line).
+        let mut on_gate = match self.gate {
+            Some(_) => st.queue.values().filter(|w| w.on_gate).count(),
+            None => 0,
+        };
         let total = st.queue.len();
         // One buffer for every waiter's short list: a pass over a long line allocates nothing
         // per waiter that is still held.
@@ -140,6 +236,7 @@ impl Shared {
                     job: w.ctx.id(),
                     waited: now.saturating_duration_since(w.asked_at),
                 };
+                touch(&mut touched, w);
                 self.leave(out, w, Err(error), &mut on_gate);
                 leaving.push(seq);
                 continue;
@@ -151,6 +248,7 @@ impl Shared {
                         waited: now.saturating_duration_since(w.asked_at),
                         timeout,
                     };
+                    touch(&mut touched, w);
                     self.leave(out, w, Err(error), &mut on_gate);
                     leaving.push(seq);
                     continue;
@@ -174,11 +272,13 @@ impl Shared {
             };
             match self.attempt(w, head.as_ref(), view, &mut short) {
                 Attempt::Granted => {
+                    touch(&mut touched, w);
                     let remaining = total - leaving.len() - 1;
                     self.grant_waiter(out, w, remaining, &mut on_gate);
                     leaving.push(seq);
                 }
                 Attempt::Refused(error) => {
+                    touch(&mut touched, w);
                     self.leave(out, w, Err(error), &mut on_gate);
                     leaving.push(seq);
                 }
@@ -204,10 +304,8 @@ impl Shared {
                             ..Head::default()
                         };
                         for idx in short.iter().flatten() {
-                            let account = w.demand.entries()[*idx].account();
-                            if account.replenishment() == Replenishment::Time {
-                                h.short_time.push(account_key(account));
-                            }
+                            h.short
+                                .push(account_key(w.demand.entries()[*idx].account()));
                         }
                         if gate_held {
                             h.gate_hold = Some(at);
@@ -215,6 +313,12 @@ impl Shared {
                         head = Some(h);
                     }
                     wake = earlier(wake, at);
+                    if let (Some(touched), Some(head)) = (&touched, &head)
+                        && touched.iter().all(|key| head.short.contains(key))
+                    {
+                        stopped_early = true;
+                        break;
+                    }
                 }
             }
         }
@@ -226,17 +330,84 @@ impl Shared {
         }
         self.bell.parked.store(st.queue.len(), Ordering::SeqCst);
         if st.queue.is_empty() {
+            st.planned_wake = None;
             return None;
         }
         // An instant in the past means "now"; an account that keeps answering so while refusing
         // must not spin the evaluator, so such a wake-up is re-asked a millisecond later.
-        wake.map(|at| {
+        let wake = wake.map(|at| {
             if at <= now {
                 now.saturating_add(MIN_RECHECK)
             } else {
                 at
             }
-        })
+        });
+        if stopped_early {
+            // The waiters not asked keep the wake-up planned for them; only an earlier one from
+            // the waiters asked here is news for the evaluator.
+            let planned = st.planned_wake;
+            st.planned_wake = earlier(planned, wake);
+            return wake.filter(|at| planned.is_none_or(|planned| *at < planned));
+        }
+        st.planned_wake = wake;
+        wake
+    }
+
+    /// Asks for newcomer `w`, joining the non-empty line `st.queue` of a monitor without a gate,
+    /// what a pass would ask at the line's tail: every account, with the head's amounts set
+    /// aside and the head's short `Time` accounts untouchable. Granted, it never joins the line;
+    /// held, its `Held` events are out and the caller parks it. Under the monitor lock.
+    ///
+    /// Nothing earlier in the line needs asking again: since the last pass, every change that
+    /// could grant an earlier waiter (a give, a relaxed limit) runs or rings for a pass of its
+    /// own, and the head's reservation keeps this newcomer from taking what the head waits for.
+    pub(crate) fn arrive(
+        self: &Arc<Shared>,
+        st: &super::shared::State,
+        w: &mut Waiter,
+        out: &mut Outbox,
+        now: Instant,
+    ) -> Arrival {
+        let Some(first) = st.queue.values().next() else {
+            unreachable!("`arrive` is only asked for a line that exists")
+        };
+        let Some(head) = Head::now_of(first) else {
+            return Arrival::Deferred;
+        };
+        let view = GateView {
+            head: false,
+            held: 0,
+            now,
+            on_gate: false,
+            elsewhere: false,
+        };
+        let mut short = Vec::new();
+        match self.attempt(w, Some(&head), view, &mut short) {
+            Attempt::Granted => {
+                out.push_event(|| {
+                    self.event(
+                        EventKind::GrantedImmediate,
+                        &w.ctx,
+                        entry_events(w.demand.entries()),
+                    )
+                });
+                let demand = std::mem::take(&mut w.demand);
+                Arrival::Granted(Grant::new(
+                    demand.into_entries(),
+                    self.clone(),
+                    w.ctx.clone(),
+                    Duration::ZERO,
+                    BTreeMap::new(),
+                ))
+            }
+            Attempt::Refused(error) => Arrival::Refused(error),
+            Attempt::Held { wake } => {
+                self.note_held(out, w, &short, now);
+                Arrival::Held {
+                    due: earlier(wake, w.deadline),
+                }
+            }
+        }
     }
 
     /// Asks the gate and every account about waiter `w`, and takes its whole demand if it fits.
@@ -267,14 +438,15 @@ impl Shared {
             }
         }
         let reserved = |key: usize| head.map_or(Amount::ZERO, |h| h.reserved(key));
-        let sharp = |key: usize| head.is_some_and(|h| h.short_time.contains(&key));
+        let sharp = |key: usize| head.is_some_and(|h| h.short.contains(&key));
 
         let mut wake = Some(Instant::ZERO);
         for (i, entry) in demand.entries().iter().enumerate() {
             let account = entry.account();
             let key = account_key(account);
             if sharp(key) {
-                // The head's own deadline on this account covers this waiter's wake-up.
+                // The head's own deadline on this account (or the event it waits for) covers
+                // this waiter's wake-up.
                 short.push(Some(i));
                 wake = None;
                 continue;
@@ -355,26 +527,21 @@ impl Shared {
                 hold.until = None;
                 continue;
             }
-            // Newly short: only now is the name worth a copy.
-            let name = match entry {
-                Some(e) => e.account().name().to_owned(),
-                None => self.gate.as_ref().map_or("gate", |g| g.name()).to_owned(),
-            };
             w.held.push(Hold {
                 key,
-                name: name.clone(),
+                entry: *s,
                 since: now,
                 until: None,
             });
             out.push_event(|| {
                 let entries = match entry {
                     Some(e) => vec![EventEntry {
-                        account: name,
+                        account: e.account().name().to_owned(),
                         category: e.account().category(),
                         amount: e.amount(),
                     }],
                     None => vec![EventEntry {
-                        account: name,
+                        account: self.gate_name().to_owned(),
                         category: crate::Category::MEMORY,
                         amount: Amount::ZERO,
                     }],
@@ -400,7 +567,11 @@ impl Shared {
             .iter()
             .map(|h| {
                 let until = h.until.unwrap_or(now);
-                (h.name.clone(), until.saturating_duration_since(h.since))
+                let name = match h.entry {
+                    Some(i) => w.demand.entries()[i].account().name(),
+                    None => self.gate_name(),
+                };
+                (name.to_owned(), until.saturating_duration_since(h.since))
             })
             .collect();
         out.push_event(|| {

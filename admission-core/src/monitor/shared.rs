@@ -5,6 +5,7 @@
 //! waiters are woken after it too (see [`Outbox`]).
 
 use std::collections::{BTreeMap, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -17,10 +18,11 @@ use crate::error::AdmitError;
 use crate::event::{Event, EventEntry, EventKind, EventSink};
 use crate::gate::{Gate, GateAnswer, GateView};
 use crate::grant::Grant;
-use crate::sync::{Mutex, Ordering, thread};
+use crate::sync::{MonitorLock, Ordering, thread};
 
 use super::cell::{Cell, Outcome};
 use super::doorbell::Doorbell;
+use super::pass::{Arrival, Scope};
 
 /// Where the monitor is in its life.
 #[derive(Clone, Debug)]
@@ -48,7 +50,9 @@ pub(crate) struct Waiter {
 /// One account's hold on a waiter.
 pub(crate) struct Hold {
     pub(crate) key: usize,
-    pub(crate) name: String,
+    /// The held entry's index in the waiter's demand; `None` for the gate. (Names are looked up
+    /// only when a grant reports its waits, so holding costs no copy.)
+    pub(crate) entry: Option<usize>,
     /// When the account first refused the waiter.
     pub(crate) since: Instant,
     /// When it last stopped refusing (`None` while it still refuses).
@@ -57,6 +61,44 @@ pub(crate) struct Hold {
 
 /// The key under which the gate appears in a waiter's `held` list.
 pub(crate) const GATE_KEY: usize = usize::MAX;
+
+/// A value on cache lines of its own. The monitor lock is taken by every thread that admits or
+/// releases; next to the `Arc`'s reference counts (which every `Admit` and `Grant` moves) the two
+/// would bounce one line between cores twice as often.
+#[repr(align(128))]
+pub(crate) struct OwnLine<T>(pub(crate) T);
+
+impl<T> std::ops::Deref for OwnLine<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+/// The hasher of the `watched` map, whose keys are account addresses: one multiply (Fibonacci
+/// hashing, high bits first) is hash enough, and the lookup runs on every admit that parks.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*byte)).wrapping_mul(FIBONACCI);
+        }
+    }
+
+    fn write_usize(&mut self, address: usize) {
+        self.0 = (address as u64).wrapping_mul(FIBONACCI);
+    }
+}
+
+/// 2^64 divided by the golden ratio.
+const FIBONACCI: u64 = 0x9E37_79B9_7F4A_7C15;
 
 /// Everything under the monitor lock.
 pub(crate) struct State {
@@ -67,7 +109,11 @@ pub(crate) struct State {
     pub(crate) started: bool,
     pub(crate) evaluator: Option<(thread::JoinHandle<()>, thread::ThreadId)>,
     /// Accounts whose wake slot holds our doorbell, so `stop` can clear them.
-    pub(crate) watched: HashMap<usize, Weak<dyn Account>>,
+    pub(crate) watched: HashMap<usize, Weak<dyn Account>, BuildHasherDefault<AddressHasher>>,
+    /// The wake-up the latest pass computed (`None`: only an event helps). Some pass runs by
+    /// then: the evaluator sleeps until it, or was rung to adopt it. An arrival whose own
+    /// deadline is no earlier need not ring.
+    pub(crate) planned_wake: Option<Instant>,
 }
 
 /// What a critical section leaves to do once the lock is released.
@@ -91,7 +137,7 @@ pub(crate) struct Shared {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) gate: Option<Arc<dyn Gate>>,
     /// The monitor lock. Only touched through `lock()`; never held while waking or emitting.
-    pub(crate) state: Mutex<State>,
+    pub(crate) state: OwnLine<MonitorLock<State>>,
     pub(crate) bell: Arc<Doorbell>,
     /// The callback installed in accounts' wake slots, the gate and the clock.
     pub(crate) kick: WakeFn,
@@ -101,7 +147,13 @@ pub(crate) struct Shared {
 
 pub(crate) enum Begin {
     Done(Outcome),
-    Parked { seq: u64, cell: Arc<Cell> },
+    Parked {
+        seq: u64,
+        cell: Arc<Cell>,
+        /// True when the evaluator must run a pass for this waiter (its first ask, or a
+        /// deadline earlier than any pass already planned).
+        ring: bool,
+    },
 }
 
 pub(crate) fn entry_events(demand_entries: &[crate::demand::Entry]) -> Vec<EventEntry> {
@@ -140,14 +192,15 @@ impl Shared {
         Arc::new(Shared {
             clock,
             gate,
-            state: Mutex::new(State {
+            state: OwnLine(MonitorLock::new(State {
                 phase: Phase::Open,
                 queue: BTreeMap::new(),
                 next_seq: 0,
                 started: false,
                 evaluator: None,
-                watched: HashMap::new(),
-            }),
+                watched: HashMap::default(),
+                planned_wake: None,
+            })),
             bell,
             kick,
             has_sink: std::sync::atomic::AtomicBool::new(sink.is_some()),
@@ -276,9 +329,11 @@ impl Shared {
         self.deliver(out);
         match begun {
             Begin::Done(outcome) => Begin::Done(outcome),
-            Begin::Parked { seq, cell } => {
-                self.bell.ring();
-                Begin::Parked { seq, cell }
+            Begin::Parked { seq, cell, ring } => {
+                if ring {
+                    self.bell.ring();
+                }
+                Begin::Parked { seq, cell, ring }
             }
         }
     }
@@ -382,24 +437,50 @@ impl Shared {
         for entry in demand.entries() {
             self.watch(&mut st, entry.account());
         }
+        let cell = Arc::new(Cell::new());
+        let mut waiter = Waiter {
+            demand,
+            ctx: ctx.clone(),
+            asked_at: now,
+            timeout,
+            deadline,
+            cell: cell.clone(),
+            held: Vec::new(),
+            on_gate: gate_held,
+        };
+        // Joining a line that is already there: ask for this waiter as the next pass would at
+        // the line's tail, so an arrival costs one ask, not a pass over everyone (nothing
+        // earlier in the line changed; anything that did rings for a pass of its own). With a
+        // gate, or as the first in line, the evaluator asks.
+        let mut ring = true;
+        if self.gate.is_none() && !st.queue.is_empty() {
+            match self.arrive(&st, &mut waiter, out, now) {
+                Arrival::Granted(grant) => {
+                    drop(st);
+                    return Begin::Done(Ok(grant));
+                }
+                Arrival::Refused(error) => {
+                    drop(st);
+                    self.reject_event(out, ctx, &waiter.demand, &error);
+                    return Begin::Done(Err(error));
+                }
+                // The head could go now: whatever made it so (a give, a relaxed limit, time, its
+                // own first ask) runs or rings for a pass, which will ask this waiter too.
+                Arrival::Deferred => ring = false,
+                Arrival::Held { due } => {
+                    ring = match (due, st.planned_wake) {
+                        (None, _) => false,
+                        (Some(due), Some(planned)) => due < planned,
+                        (Some(_), None) => true,
+                    };
+                }
+            }
+        }
         let seq = st.next_seq;
         st.next_seq += 1;
-        let cell = Arc::new(Cell::new());
-        st.queue.insert(
-            seq,
-            Waiter {
-                demand,
-                ctx: ctx.clone(),
-                asked_at: now,
-                timeout,
-                deadline,
-                cell: cell.clone(),
-                held: Vec::new(),
-                on_gate: gate_held,
-            },
-        );
+        st.queue.insert(seq, waiter);
         self.bell.parked.store(st.queue.len(), Ordering::SeqCst);
-        Begin::Parked { seq, cell }
+        Begin::Parked { seq, cell, ring }
     }
 
     /// The fast path: gate, then every account's `try_take` with nothing reserved, compensating a
@@ -533,20 +614,25 @@ impl Shared {
         // a released permit over the same way).
         // An orchestrator's empty grant gives nothing back and completes nothing: no pass.
         if !entries.is_empty() && self.bell.someone_waiting() {
-            self.evaluate_here();
+            self.evaluate_here(Scope::Released(entries));
         }
     }
 
     /// Runs one pass on the calling thread, then makes sure the evaluator adopts any deadline
     /// the pass computed.
-    pub(crate) fn evaluate_here(self: &Arc<Shared>) -> Option<Instant> {
+    pub(crate) fn evaluate_here(self: &Arc<Shared>, scope: Scope<'_>) -> Option<Instant> {
         let mut out = self.outbox();
-        let wake = self.pass_guarded(&mut out);
+        let wake = self.pass_guarded(&mut out, scope);
         self.deliver(out);
         if wake.is_some() {
             self.bell.ring();
         }
         wake
+    }
+
+    /// The gate's name, as holds and events report it.
+    pub(crate) fn gate_name(&self) -> &str {
+        self.gate.as_ref().map_or("gate", |g| g.name())
     }
 
     /// Tells the gate how many waiters it holds after one left the line. Under the monitor lock.

@@ -99,7 +99,7 @@ fn the_head_is_never_overtaken_and_one_give_cascades_in_arrival_order() {
 }
 
 #[test]
-fn a_demand_disjoint_from_the_heads_short_accounts_passes_at_the_first_pass() {
+fn a_demand_disjoint_from_the_heads_short_accounts_passes_on_arrival() {
     let monitor = Monitor::new();
     let a = permits("a", 1);
     let b = permits("b", 1);
@@ -107,17 +107,20 @@ fn a_demand_disjoint_from_the_heads_short_accounts_passes_at_the_first_pass() {
         .admit_blocking(demand(&[(on(&a), 1)]), &job("holder"), None)
         .unwrap();
     let mut head = monitor.admit(demand(&[(on(&a), 1)]), &job("head"), None);
+    assert!(poll_once(&mut head).is_none());
+    // The line is not empty, so the newcomer is asked as the line's tail, with the head's
+    // amounts set aside: nothing it needs is the head's, so it goes at once.
     let mut other = monitor.admit(demand(&[(on(&b), 1)]), &job("other"), None);
-    assert!(poll_once(&mut head).is_none());
-    assert!(
-        poll_once(&mut other).is_none(),
-        "the line was not empty: it queues"
-    );
-
-    monitor.evaluate_once();
-    assert!(poll_once(&mut other).unwrap().is_ok());
-    assert!(poll_once(&mut head).is_none());
+    let _granted = poll_once(&mut other).expect("granted on arrival").unwrap();
+    assert_eq!(b.available(), 0);
     assert_eq!(monitor.queue_size(), 1);
+
+    // One that does need the head's account waits behind it, though nothing else does.
+    let mut behind = monitor.admit(demand(&[(on(&a), 1)]), &job("behind"), None);
+    assert!(poll_once(&mut behind).is_none());
+    assert_eq!(monitor.queue_size(), 2);
+    monitor.evaluate_once();
+    assert!(poll_once(&mut head).is_none());
 }
 
 #[test]
@@ -163,13 +166,13 @@ fn an_account_refusal_refuses_that_waiter_only() {
     moody.refuse.store(true, Ordering::SeqCst);
     let mut refused = monitor.admit(demand(&[(on(&moody), 1)]), &job("refused"), None);
     assert!(poll_once(&mut head).is_none());
-    assert!(poll_once(&mut refused).is_none());
-    monitor.evaluate_once();
+    // Asked on arrival, as the line's tail: refused then and there.
     let error = poll_once(&mut refused).unwrap().unwrap_err();
     assert_eq!(
         error.to_string(),
         "account `moody` refused the demand: circuit open for 30 s; pick another tool"
     );
+    monitor.evaluate_once();
     assert!(poll_once(&mut head).is_none());
     assert_eq!(monitor.queue_size(), 1);
 }
@@ -494,4 +497,44 @@ fn a_demand_missing_a_required_capability_is_refused_at_once() {
             )
             .is_ok()
     );
+}
+
+#[test]
+fn a_release_s_pass_stops_at_a_head_short_on_what_was_given_back_and_only_there() {
+    let monitor = Monitor::new();
+    let a = permits("a", 2);
+    let b = permits("b", 1);
+    let on_a = monitor
+        .admit_blocking(demand(&[(on(&a), 2)]), &job("holds a"), None)
+        .unwrap();
+    let on_b = monitor
+        .admit_blocking(demand(&[(on(&b), 1)]), &job("holds b"), None)
+        .unwrap();
+    let mut head = monitor.admit(demand(&[(on(&a), 2)]), &job("head"), None);
+    assert!(poll_once(&mut head).is_none());
+    let mut behind_on_a = monitor.admit(demand(&[(on(&a), 1)]), &job("behind on a"), None);
+    assert!(poll_once(&mut behind_on_a).is_none());
+    let mut behind_on_b = monitor.admit(demand(&[(on(&b), 1)]), &job("behind on b"), None);
+    assert!(poll_once(&mut behind_on_b).is_none());
+    assert_eq!(monitor.queue_size(), 3);
+
+    // `b` comes back: the head is not short on `b`, so the release's pass goes on past it and
+    // grants the waiter that needs only `b`.
+    drop(on_b);
+    let _b = poll_once(&mut behind_on_b)
+        .expect("granted by the release's own pass")
+        .unwrap();
+    assert_eq!(b.available(), 0);
+
+    // `a` comes back, both permits: the head goes, and the waiter behind it on `a` stays (the
+    // head took everything).
+    drop(on_a);
+    let head = poll_once(&mut head).expect("the head is granted").unwrap();
+    assert!(poll_once(&mut behind_on_a).is_none());
+    assert_eq!((a.available(), monitor.queue_size()), (0, 1));
+    drop(head);
+    let _a = poll_once(&mut behind_on_a)
+        .expect("granted once the head gives back")
+        .unwrap();
+    assert_eq!((a.available(), monitor.queue_size()), (1, 0));
 }
