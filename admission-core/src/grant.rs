@@ -39,7 +39,9 @@ pub struct Grant {
     shared: Arc<Shared>,
     ctx: JobContext,
     wall_wait: Duration,
-    wait_times: BTreeMap<String, Duration>,
+    /// Per holding account: its entry's index (`None` for the gate) and how long it held the
+    /// job. Names are looked up only when asked for, outside the monitor lock.
+    waits: Vec<(Option<usize>, Duration)>,
     settled: bool,
 }
 
@@ -49,14 +51,14 @@ impl Grant {
         shared: Arc<Shared>,
         ctx: JobContext,
         wall_wait: Duration,
-        wait_times: BTreeMap<String, Duration>,
+        waits: Vec<(Option<usize>, Duration)>,
     ) -> Grant {
         Grant {
             entries,
             shared,
             ctx,
             wall_wait,
-            wait_times,
+            waits,
             settled: false,
         }
     }
@@ -102,8 +104,17 @@ impl Grant {
     ///
     /// Empty for an immediate grant. The accounts overlap in time, so the values do not add up
     /// to [`wall_wait`](Grant::wall_wait).
-    pub fn wait_times(&self) -> &BTreeMap<String, Duration> {
-        &self.wait_times
+    pub fn wait_times(&self) -> BTreeMap<String, Duration> {
+        self.waits
+            .iter()
+            .map(|(entry, wait)| {
+                let name = match entry {
+                    Some(i) => self.entries[*i].account().name(),
+                    None => self.shared.gate_name(),
+                };
+                (name.to_owned(), *wait)
+            })
+            .collect()
     }
 
     /// What was granted, in the demand's order.

@@ -98,11 +98,8 @@ fn a_demand_over_all_four_families_is_granted_whole_when_its_last_short_account_
     f.monitor.evaluate_once();
     let grant = poll_once(&mut third).unwrap().unwrap();
     assert_eq!(grant.wall_wait(), Duration::from_secs(10));
-    let waits: Vec<(&str, Duration)> = grant
-        .wait_times()
-        .iter()
-        .map(|(k, v)| (k.as_str(), *v))
-        .collect();
+    let wait_times = grant.wait_times();
+    let waits: Vec<(&str, Duration)> = wait_times.iter().map(|(k, v)| (k.as_str(), *v)).collect();
     assert_eq!(
         waits,
         [

@@ -8,9 +8,10 @@
 //!   behind it is even asked about it. For an account that sets the head's amounts aside, as the
 //!   contract requires, that is its own answer (what is free is less than the head's amount, so
 //!   less than the head's and anyone's together), so the rule only spares a long line the asking.
-//!   On a [`Replenishment::Time`](crate::Replenishment::Time) account it matters beyond that: every unit taken would
-//!   postpone the head's grant by as much, so even an account that ignores reservations must not
-//!   be drawn from, and the head's own deadline covers every follower's wake-up;
+//!   On a [`Time`](crate::Replenishment::Time) account it matters beyond that: every unit
+//!   taken would postpone the head's grant by as much, so even an account that ignores
+//!   reservations must not be drawn from, and the head's own deadline covers every follower's
+//!   wake-up;
 //! - while the gate holds the head, every waiter with entries is held by the gate too, with the
 //!   head's deadline, so the next wake-up starts again from the head.
 //!
@@ -21,7 +22,6 @@
 //! An arrival at a line that already exists is asked by [`Shared::arrive`] the way a pass would
 //! ask it at the tail, so joining a long line costs one ask rather than a pass over everyone.
 
-use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::Duration;
@@ -397,7 +397,7 @@ impl Shared {
                     self.clone(),
                     w.ctx.clone(),
                     Duration::ZERO,
-                    BTreeMap::new(),
+                    Vec::new(),
                 ))
             }
             Attempt::Refused(error) => Arrival::Refused(error),
@@ -562,16 +562,12 @@ impl Shared {
         // grant's instant is read now, so a wait is never reported shorter than it was.
         let now = self.clock.now();
         let wall_wait = now.saturating_duration_since(w.asked_at);
-        let wait_times: BTreeMap<String, Duration> = w
+        let waits: Vec<(Option<usize>, Duration)> = w
             .held
             .iter()
             .map(|h| {
                 let until = h.until.unwrap_or(now);
-                let name = match h.entry {
-                    Some(i) => w.demand.entries()[i].account().name(),
-                    None => self.gate_name(),
-                };
-                (name.to_owned(), until.saturating_duration_since(h.since))
+                (h.entry, until.saturating_duration_since(h.since))
             })
             .collect();
         out.push_event(|| {
@@ -590,7 +586,7 @@ impl Shared {
             self.clone(),
             w.ctx.clone(),
             wall_wait,
-            wait_times,
+            waits,
         );
         if w.on_gate {
             *on_gate -= 1;

@@ -397,7 +397,7 @@ impl Shared {
                         self.clone(),
                         ctx.clone(),
                         Duration::ZERO,
-                        BTreeMap::new(),
+                        Vec::new(),
                     );
                     return Begin::Done(Ok(grant));
                 }

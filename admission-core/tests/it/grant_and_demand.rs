@@ -131,11 +131,8 @@ fn wall_wait_is_asking_to_granted_and_wait_times_are_per_account_holding_time() 
     monitor.evaluate_once(); // t = 7 s: granted
     let grant = poll_once(&mut w).unwrap().unwrap();
     assert_eq!(grant.wall_wait(), Duration::from_secs(7));
-    let times: Vec<(&str, Duration)> = grant
-        .wait_times()
-        .iter()
-        .map(|(k, v)| (k.as_str(), *v))
-        .collect();
+    let wait_times = grant.wait_times();
+    let times: Vec<(&str, Duration)> = wait_times.iter().map(|(k, v)| (k.as_str(), *v)).collect();
     // The tokens stopped holding the job at 5 s, the connection at 7 s; they overlap, so they do
     // not add up to the wall wait.
     assert_eq!(
