@@ -80,7 +80,7 @@ impl Grant {
         }
         // The pass `settled` runs covers every waiter these gives could free, so the accounts'
         // own wake-ups stay quiet meanwhile instead of waking the evaluator for nothing.
-        crate::monitor::handing_off(|| {
+        crate::monitor::handing_off(&self.shared.bell, || {
             for entry in &self.entries {
                 if everything || entry.account().replenishment() == Replenishment::Release {
                     entry.account().give(entry.amount());

@@ -20,24 +20,26 @@ use crate::clock::{Clock, Instant};
 use crate::sync::{AtomicBool, AtomicUsize, Condvar, Mutex, Ordering, fence, thread_local};
 
 thread_local! {
-    /// True while this thread gives back a grant's amounts: the pass it runs right after covers
-    /// every waiter, so the accounts' own wake-ups need not also wake the evaluator.
+    /// The doorbell (by address; 0 for none) of the monitor whose grant this thread is giving
+    /// back: the pass that monitor runs right after covers every one of its waiters, so the
+    /// accounts' wake-ups need not also wake its evaluator. Another monitor's doorbell, rung by
+    /// an account the two share, is not muted.
     // Not `const`-initialized: loom's `thread_local!` does not accept that form.
     #[allow(clippy::missing_const_for_thread_local)]
-    static HANDING_OFF: Cell<bool> = Cell::new(false);
+    static HANDING_OFF: Cell<usize> = Cell::new(0);
 }
 
-/// Runs `give_back` with the accounts' wake-ups muted on this thread (the caller runs a pass
-/// right after). The flag is restored even if an account panics.
-pub(crate) fn handing_off(give_back: impl FnOnce()) {
-    struct Restore(bool);
+/// Runs `give_back` with `bell`'s wake-ups muted on this thread (the caller runs a pass of that
+/// monitor right after). The previous value is restored even if an account panics.
+pub(crate) fn handing_off(bell: &Doorbell, give_back: impl FnOnce()) {
+    struct Restore(usize);
     impl Drop for Restore {
         fn drop(&mut self) {
             let previous = self.0;
             HANDING_OFF.with(|h| h.set(previous));
         }
     }
-    let _restore = Restore(HANDING_OFF.with(|h| h.replace(true)));
+    let _restore = Restore(HANDING_OFF.with(|h| h.replace(bell.identity())));
     give_back();
 }
 
@@ -67,10 +69,16 @@ impl Doorbell {
         }
     }
 
+    /// This doorbell's identity for [`handing_off`]: its address.
+    fn identity(&self) -> usize {
+        std::ptr::from_ref(self) as usize
+    }
+
     /// Rings only if someone is parked (see the module docs for why this loses no wake-up), and
-    /// not while this thread is handing a grant back (it runs the pass itself).
+    /// not while this thread is handing back a grant of this same monitor (it runs the pass
+    /// itself).
     pub(crate) fn ring_if_waiting(&self) {
-        if HANDING_OFF.with(|h| h.get()) {
+        if HANDING_OFF.with(|h| h.get()) == self.identity() {
             return;
         }
         if self.someone_waiting() {

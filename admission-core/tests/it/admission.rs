@@ -538,3 +538,37 @@ fn a_release_s_pass_stops_at_a_head_short_on_what_was_given_back_and_only_there(
         .unwrap();
     assert_eq!((a.available(), monitor.queue_size()), (1, 0));
 }
+
+#[test]
+fn a_release_in_one_monitor_wakes_a_waiter_of_another_on_a_shared_account() {
+    // One account in two monitors' demands: the release is handed off in the first monitor,
+    // and the second, whose doorbell the account rings, must still hear of it.
+    let first = Monitor::new();
+    let recorder = Arc::new(admission_events::Recorder::new());
+    let second = Monitor::builder().sink(recorder.clone()).build();
+    first.start().unwrap();
+    second.start().unwrap();
+    let shared = permits("shared", 1);
+    let held = first
+        .admit_blocking(demand(&[(on(&shared), 1)]), &job("holder"), None)
+        .unwrap();
+    let waiter = spawn_thread_waiter(
+        &second,
+        demand(&[(on(&shared), 1)]),
+        job("waiter"),
+        Some(Duration::from_secs(10)),
+    );
+    // The evaluator's pass has held it (and gone back to sleep with nothing to wait for).
+    admission_testkit::monitor::wait_until("the waiter is held", || {
+        recorder.kinds().contains(&"held")
+    });
+    drop(held);
+    let granted = waiter
+        .outcome()
+        .expect("woken by the other monitor's release");
+    assert_eq!(shared.available(), 0);
+    drop(granted);
+    assert_eq!(shared.available(), 1);
+    first.stop();
+    second.stop();
+}
