@@ -5,13 +5,16 @@
 //! none is lost. `ring_if_waiting` skips the ring when no one is parked, so an account's give on an
 //! idle monitor costs an atomic load, not a thread wake-up.
 //!
-//! Why the skip is safe: a parker publishes `parked > 0` under the monitor lock and then rings,
-//! and the pass it causes asks every account of its demand, each under the account's own lock. A
-//! giver credits its account under that same lock and only then reads `parked`. If the pass asked
-//! the account before the credit, the account's lock orders the parker's publication before the
-//! giver's read, so the giver sees the waiter and rings; otherwise the pass saw the credit. The
-//! SeqCst fence covers accounts built on atomics instead of a lock (Dekker's pattern). The loom
-//! model `loom_fast_path_racing_a_give_never_loses_the_wake_up` checks this edge.
+//! Why the skip is safe: a parker publishes `parked > 0` under the monitor lock and only then is
+//! its demand asked of every account, each under the account's own lock: by the parker itself
+//! (an arrival, asked as the line's tail) or by the pass its ring causes. A giver credits its
+//! account under that same lock and only then reads `parked`. If the ask came before the credit,
+//! the account's lock orders the parker's publication before the giver's read, so the giver sees
+//! the waiter and runs or rings for a pass; otherwise the ask saw the credit. The SeqCst fence
+//! covers accounts built on atomics instead of a lock (Dekker's pattern). The loom models
+//! `loom_fast_path_racing_a_give_never_loses_the_wake_up` and
+//! `loom_an_arrival_behind_a_head_racing_a_give_never_loses_the_wake_up` check this edge (the
+//! first fails, as a deadlock, if an arrival publishes after its ask).
 
 use std::cell::Cell;
 use std::time::Duration;

@@ -353,10 +353,12 @@ impl Shared {
         wake
     }
 
-    /// Asks for newcomer `w`, joining the non-empty line `st.queue` of a monitor without a gate,
-    /// what a pass would ask at the line's tail: every account, with the head's amounts set
-    /// aside and the head's short `Time` accounts untouchable. Granted, it never joins the line;
-    /// held, its `Held` events are out and the caller parks it. Under the monitor lock.
+    /// Asks for newcomer `w`, joining the line `st.queue` of a monitor without a gate, what a
+    /// pass would ask at the line's tail: every account, with the head's amounts set aside and
+    /// the accounts the head is short on untouchable (first in line, it is the head). Granted, it
+    /// never joins the line; held, its `Held` events are out and the caller parks it. Under the
+    /// monitor lock, with `parked` already counting `w` (see `doorbell.rs`: the ask must follow
+    /// the publication for a concurrent give to find someone waiting).
     ///
     /// Nothing earlier in the line needs asking again: since the last pass, every change that
     /// could grant an earlier waiter (a give, a relaxed limit) runs or rings for a pass of its
@@ -368,21 +370,23 @@ impl Shared {
         out: &mut Outbox,
         now: Instant,
     ) -> Arrival {
-        let Some(first) = st.queue.values().next() else {
-            unreachable!("`arrive` is only asked for a line that exists")
-        };
-        let Some(head) = Head::now_of(first) else {
-            return Arrival::Deferred;
+        // Behind a line, the head as it stands now; first in line, nobody's amounts to respect.
+        let head = match st.queue.values().next() {
+            Some(first) => match Head::now_of(first) {
+                Some(head) => Some(head),
+                None => return Arrival::Deferred,
+            },
+            None => None,
         };
         let view = GateView {
-            head: false,
+            head: head.is_none(),
             held: 0,
             now,
             on_gate: false,
             elsewhere: false,
         };
         let mut short = Vec::new();
-        match self.attempt(w, Some(&head), view, &mut short) {
+        match self.attempt(w, head.as_ref(), view, &mut short) {
             Attempt::Granted => {
                 out.push_event(|| {
                     self.event(

@@ -448,18 +448,22 @@ impl Shared {
             held: Vec::new(),
             on_gate: gate_held,
         };
-        // Joining a line that is already there: ask for this waiter as the next pass would at
-        // the line's tail, so an arrival costs one ask, not a pass over everyone (nothing
-        // earlier in the line changed; anything that did rings for a pass of its own). With a
-        // gate, or as the first in line, the evaluator asks.
+        // Ask for this waiter here, as the next pass would at the line's tail: an arrival costs
+        // one ask, not a pass over everyone (nothing earlier in the line changed; anything that
+        // did runs or rings for a pass of its own). With a gate, the evaluator asks.
         let mut ring = true;
-        if self.gate.is_none() && !st.queue.is_empty() {
+        if self.gate.is_none() {
+            // Published before the ask, so a give that the ask misses finds someone waiting and
+            // runs a pass (the doorbell's argument, `doorbell.rs`).
+            self.bell.parked.store(st.queue.len() + 1, Ordering::SeqCst);
             match self.arrive(&st, &mut waiter, out, now) {
                 Arrival::Granted(grant) => {
+                    self.bell.parked.store(st.queue.len(), Ordering::SeqCst);
                     drop(st);
                     return Begin::Done(Ok(grant));
                 }
                 Arrival::Refused(error) => {
+                    self.bell.parked.store(st.queue.len(), Ordering::SeqCst);
                     drop(st);
                     self.reject_event(out, ctx, &waiter.demand, &error);
                     return Begin::Done(Err(error));
