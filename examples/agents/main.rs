@@ -1,9 +1,9 @@
 //! An agent fleet on one admission monitor: the README's first command.
 //!
 //! ```text
-//! cargo run --release --example agents                                  # 400 agents, ~20 s
+//! cargo run --release --example agents                                  # 400 agents, ~15 s
 //! cargo run --release --example agents -- --strategy hold-and-wait      # both designs, side by side
-//! cargo run --release --example agents -- --jobs 40 --time-scale 600 --check   # CI's short run
+//! cargo run --release --example agents -- --time-scale 300 --check    # CI's short run
 //! ```
 //!
 //! Hundreds of LLM agents run in one process. Each step of an agent asks for everything the step
