@@ -10,6 +10,7 @@ mod events;
 mod gate;
 mod grant_and_demand;
 mod never_overdraw;
+mod soak;
 
 use std::sync::Arc;
 
