@@ -51,7 +51,7 @@ impl World {
         let mut parts = Vec::new();
         for (i, account) in self.accounts.iter().enumerate() {
             let pick = (seed >> (i * 8)) & 0xff;
-            if pick % 3 == 0 && !(i == 2 && parts.is_empty() && pick % 2 == 0) {
+            if pick.is_multiple_of(3) {
                 continue;
             }
             let amount = 1 + pick % CAPACITIES[i];
@@ -117,7 +117,7 @@ fn threads_and_tasks_on_shared_accounts_never_overdraw_and_all_finish() {
                     let job = format!("thread {t} round {round}");
                     let ctx = JobContext::new(job.clone());
                     // Every tenth job is cancelled from another thread while it may be waiting.
-                    let canceller = (round % 10 == 0).then(|| {
+                    let canceller = round.is_multiple_of(10).then(|| {
                         let ctx = ctx.clone();
                         thread::spawn(move || {
                             thread::yield_now();
@@ -155,7 +155,7 @@ fn threads_and_tasks_on_shared_accounts_never_overdraw_and_all_finish() {
                     let job = format!("task {t} round {round}");
                     let ctx = JobContext::new(job.clone());
                     let mut admit = Box::pin(world.monitor.admit(demand, &ctx, Some(DEADLINE)));
-                    if round % 7 == 0 {
+                    if round.is_multiple_of(7) {
                         // Abandoned after one poll: whatever it got must come back.
                         let polled = std::future::poll_fn(|cx: &mut Context<'_>| {
                             Poll::Ready(admit.as_mut().poll(cx))
