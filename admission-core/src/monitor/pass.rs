@@ -328,7 +328,11 @@ impl Shared {
         if let Some(gate) = &self.gate {
             gate.holding(on_gate);
         }
-        self.bell.parked.store(st.queue.len(), Ordering::SeqCst);
+        // Written only under the monitor lock, so a read here is exact; an unchanged count is
+        // not written again (a sequentially consistent store costs a line other cores read).
+        if self.bell.parked.load(Ordering::Relaxed) != st.queue.len() {
+            self.bell.parked.store(st.queue.len(), Ordering::SeqCst);
+        }
         if st.queue.is_empty() {
             st.planned_wake = None;
             return None;

@@ -483,7 +483,10 @@ impl Shared {
         let seq = st.next_seq;
         st.next_seq += 1;
         st.queue.insert(seq, waiter);
-        self.bell.parked.store(st.queue.len(), Ordering::SeqCst);
+        if self.gate.is_some() {
+            // Without a gate the count was published before the ask, and is this already.
+            self.bell.parked.store(st.queue.len(), Ordering::SeqCst);
+        }
         Begin::Parked { seq, cell, ring }
     }
 
