@@ -97,26 +97,19 @@ async fn job_steps(
                     Attempt::Next(next) => next,
                     Attempt::Fail(outcome) => return outcome,
                 },
-                Err(error) => match classify(error) {
-                    Failure::End(outcome) => return outcome,
-                    Failure::CircuitOpen(retry_after) => {
-                        count_circuit(world, job);
-                        Next::Retry(world.circuit_backoff(retry_after))
-                    }
+                Err(error) => match refused(world, job, error) {
+                    Ok(next) => next,
+                    Err(outcome) => return outcome,
                 },
             };
-            match next {
-                Next::Done => break,
-                Next::Retry(after) => {
-                    attempt += 1;
-                    if attempt > world.settings.retries {
-                        return JobOutcome::GaveUp;
-                    }
-                    world.metrics.retries.fetch_add(1, Ordering::Relaxed);
+            match retry(world, &mut attempt, next) {
+                Ok(None) => break,
+                Ok(Some(after)) => {
                     if world.stop.sleep(clock.to_real(after)).await {
                         return JobOutcome::Cancelled;
                     }
                 }
+                Err(outcome) => return outcome,
             }
         }
     }
@@ -151,9 +144,33 @@ async fn attempt_call(
     Attempt::Next(next)
 }
 
-fn count_circuit(world: &World, job: &JobPlan) {
-    if let Some(tally) = world.metrics.model(job.model) {
-        tally.circuit_refusals.fetch_add(1, Ordering::Relaxed);
+/// What a step does after its admission failed: retry after an open circuit's cooldown, or end
+/// the job with the outcome the error means.
+fn refused(world: &World, job: &JobPlan, error: AdmitError) -> Result<Next, JobOutcome> {
+    match classify(error) {
+        Failure::End(outcome) => Err(outcome),
+        Failure::CircuitOpen(retry_after) => {
+            if let Some(tally) = world.metrics.model(job.model) {
+                tally.circuit_refusals.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(Next::Retry(world.circuit_backoff(retry_after)))
+        }
+    }
+}
+
+/// After an attempt: `None` when the step is done, the wait before the next attempt, or the
+/// job gives up once its retries are spent.
+fn retry(world: &World, attempt: &mut u32, next: Next) -> Result<Option<Duration>, JobOutcome> {
+    match next {
+        Next::Done => Ok(None),
+        Next::Retry(after) => {
+            *attempt += 1;
+            if *attempt > world.settings.retries {
+                return Err(JobOutcome::GaveUp);
+            }
+            world.metrics.retries.fetch_add(1, Ordering::Relaxed);
+            Ok(Some(after))
+        }
     }
 }
 
@@ -202,26 +219,19 @@ fn job_steps_blocking(
                     drop(grant);
                     next
                 }
-                Err(error) => match classify(error) {
-                    Failure::End(outcome) => return outcome,
-                    Failure::CircuitOpen(retry_after) => {
-                        count_circuit(world, job);
-                        Next::Retry(world.circuit_backoff(retry_after))
-                    }
+                Err(error) => match refused(world, job, error) {
+                    Ok(next) => next,
+                    Err(outcome) => return outcome,
                 },
             };
-            match next {
-                Next::Done => break,
-                Next::Retry(after) => {
-                    attempt += 1;
-                    if attempt > world.settings.retries {
-                        return JobOutcome::GaveUp;
-                    }
-                    world.metrics.retries.fetch_add(1, Ordering::Relaxed);
+            match retry(world, &mut attempt, next) {
+                Ok(None) => break,
+                Ok(Some(after)) => {
                     if world.stop.sleep_blocking(clock.to_real(after)) {
                         return JobOutcome::Cancelled;
                     }
                 }
+                Err(outcome) => return outcome,
             }
         }
     }
