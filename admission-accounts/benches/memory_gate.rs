@@ -1,8 +1,9 @@
 //! Criterion bench of what the memory gate adds to an uncontended admit: admit and release of a
 //! one-entry demand on a monitor without a gate, beside the same with a GREEN [`MemoryGate`]
 //! reading the test-kit's fake probe (the gate's own cost), and with the real resident-set probe
-//! (the gate plus one read of `/proc/self/status` per admit, since every uncontended admit is a
-//! fresh instant on the system clock), and with that probe's readings reused for 5 ms.
+//! with its readings reused for nothing (`with_max_reading_age(0)`: the gate plus one read of
+//! `/proc/self/status` per admit, since every uncontended admit is a fresh instant on the system
+//! clock), and with that probe's default, readings reused for 5 ms.
 //!
 //! Read the medians as a difference: the gate's row minus `no_gate` is what the gate adds.
 
@@ -37,13 +38,15 @@ fn uncontended_gate(c: &mut Criterion) {
         .gate(Arc::new(MemoryGate::new(probe)))
         .build();
     let real = Monitor::builder()
-        .gate(Arc::new(MemoryGate::new(ResidentSetProbe::new(1 << 40))))
+        .gate(Arc::new(
+            MemoryGate::new(ResidentSetProbe::new(1 << 40)).with_max_reading_age(Duration::ZERO),
+        ))
         .build();
 
     let aged = Monitor::builder()
         .gate(Arc::new(
-            MemoryGate::new(ResidentSetProbe::new(1 << 40))
-                .with_max_reading_age(Duration::from_millis(5)),
+            // The probe's default age: 5 ms.
+            MemoryGate::new(ResidentSetProbe::new(1 << 40)),
         ))
         .build();
 

@@ -38,7 +38,7 @@ use admission_core::{
 use admission_events::{MemoryStatus, MemoryZone};
 use parking_lot::Mutex;
 
-pub use probe::{CgroupV2Probe, ResidentSetProbe};
+pub use probe::{CgroupV2Probe, READING_AGE, ResidentSetProbe};
 pub use rule::{
     CURVE_BOTTOM_PERCENT, CURVE_TOP_PERCENT, Growth, LATCH_CLEAR_PERCENT, LATCH_SET_PERCENT, Latch,
     LatchChange, MAX_CURVE, MAX_PENALTY, MAX_WAIT, MIN_SPACING, RECHECK, curve, next_penalty, wait,
@@ -126,6 +126,7 @@ impl MemoryGate {
 
     /// A gate named `name` reading `probe`; the name keys the wait time of a job held here.
     pub fn named(name: impl Into<String>, probe: impl MemoryProbe) -> MemoryGate {
+        let max_reading_age = probe.default_max_age();
         MemoryGate {
             name: name.into(),
             probe: Box::new(probe),
@@ -133,18 +134,20 @@ impl MemoryGate {
             line: AtomicUsize::new(0),
             state: Mutex::new(State::default()),
             wake: WakeSlot::new(),
-            max_reading_age: Duration::ZERO,
+            max_reading_age,
         }
     }
 
     /// Reuses a reading for up to `age` on the monitor's clock instead of reading the probe at
     /// every new instant.
     ///
-    /// By default a reading is reused only within one instant, which is what one pass over the
-    /// line sees. On the system clock every uncontended admit is a new instant, so a real probe
-    /// would be read at every admit (several microseconds for a file under `/proc`); an age of a
-    /// few milliseconds makes that cost vanish while the latch and the spacing still see memory
-    /// move long before any of their own intervals (2 s, 50 ms) runs out.
+    /// By default the probe says ([`MemoryProbe::default_max_age`]): the real probes here reuse
+    /// a reading for [`READING_AGE`](crate::memory_gate::READING_AGE) (5 ms), a free probe only
+    /// within one instant, which is what one pass over the line sees. On the system clock every
+    /// uncontended admit is a new instant, so a real probe read at every admit would cost several
+    /// microseconds for a file under `/proc`; an age of a few milliseconds makes that cost vanish
+    /// while the latch and the spacing still see memory move long before any of their own
+    /// intervals (2 s, 50 ms) runs out.
     pub fn with_max_reading_age(mut self, age: Duration) -> MemoryGate {
         self.max_reading_age = age;
         self

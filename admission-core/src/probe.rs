@@ -121,6 +121,15 @@ pub trait MemoryProbe: Send + Sync + 'static {
 
     /// The probe's name, for logs and errors.
     fn name(&self) -> &str;
+
+    /// How long a gate may reuse one reading before it reads again, unless told otherwise.
+    ///
+    /// Zero (the default) reads at every new instant, right for a probe that costs nothing. A
+    /// probe that reads a file or asks the kernel should answer a few milliseconds, so that
+    /// admissions on a system clock (every one a new instant) do not each pay for a read.
+    fn default_max_age(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
 }
 
 impl fmt::Debug for dyn MemoryProbe {

@@ -7,10 +7,16 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use admission_core::{MemoryProbe, MemoryReading, ProbeError};
 
 /// Where the process's cgroup is named.
+/// How long a gate reuses a reading of the real probes here by default: long enough that
+/// admissions do not each read a file, far shorter than the latch's re-check (2 s) and the
+/// drain's spacing (from 50 ms), so the gate still sees memory move in time.
+pub const READING_AGE: Duration = Duration::from_millis(5);
+
 const PROC_CGROUP: &str = "/proc/self/cgroup";
 /// Where the cgroup v2 hierarchy is mounted.
 const CGROUP_ROOT: &str = "/sys/fs/cgroup";
@@ -120,6 +126,12 @@ impl MemoryProbe for CgroupV2Probe {
     fn name(&self) -> &str {
         Self::NAME
     }
+
+    /// Reading the file costs a system call and a parse (about 14 us here): a gate reuses a
+    /// reading for [`READING_AGE`].
+    fn default_max_age(&self) -> Duration {
+        READING_AGE
+    }
 }
 
 /// This process's resident set (`VmRSS` in `/proc/self/status`, reported in kB, so no page size
@@ -190,5 +202,11 @@ impl MemoryProbe for ResidentSetProbe {
 
     fn name(&self) -> &str {
         Self::NAME
+    }
+
+    /// Reading the file costs a system call and a parse (about 14 us here): a gate reuses a
+    /// reading for [`READING_AGE`].
+    fn default_max_age(&self) -> Duration {
+        READING_AGE
     }
 }

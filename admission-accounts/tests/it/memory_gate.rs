@@ -8,7 +8,7 @@ use std::time::Duration;
 use admission_accounts::MemoryGate;
 use admission_accounts::memory_gate::{
     CgroupV2Probe, Growth, Latch, LatchChange, MAX_CURVE, MAX_PENALTY, MAX_WAIT, MIN_SPACING,
-    RECHECK, ResidentSetProbe, curve, next_penalty, wait,
+    READING_AGE, RECHECK, ResidentSetProbe, curve, next_penalty, wait,
 };
 use admission_core::{
     Account, AccountRef, AccountStatus, Admit, AdmitError, Amount, Category, Demand, Gate,
@@ -278,6 +278,50 @@ fn a_reading_is_reused_for_its_configured_age_and_no_longer() {
     assert_eq!(probe.reads(), 1);
     assert_eq!(gate.check(lone(10)), hold_until(2_010));
     assert_eq!(probe.reads(), 2);
+}
+
+/// A probe that says what it costs: its readings may be reused for 5 ms.
+struct Costly(FakeProbe);
+
+impl MemoryProbe for Costly {
+    fn read(&self) -> Result<admission_core::MemoryReading, admission_core::ProbeError> {
+        self.0.read()
+    }
+    fn name(&self) -> &str {
+        "costly"
+    }
+    fn default_max_age(&self) -> Duration {
+        ms(5)
+    }
+}
+
+#[test]
+fn a_gate_reuses_readings_for_as_long_as_its_probe_suggests() {
+    // The real probes read a file: 5 ms by default. A free probe: only within one instant.
+    assert_eq!(
+        ResidentSetProbe::new(1 << 40).default_max_age(),
+        READING_AGE
+    );
+    assert_eq!(
+        CgroupV2Probe::at("/nonexistent").default_max_age(),
+        READING_AGE
+    );
+    assert_eq!(READING_AGE, ms(5));
+    assert_eq!(FakeProbe::new().default_max_age(), Duration::ZERO);
+
+    let probe = FakeProbe::new();
+    probe.set_percent(50);
+    let gate = MemoryGate::new(Costly(probe.clone()));
+    gate.check(lone(0));
+    gate.check(lone(4));
+    assert_eq!(probe.reads(), 1, "4 ms later the reading is reused");
+    gate.check(lone(5));
+    assert_eq!(probe.reads(), 2, "at 5 ms it is read again");
+    // An explicit age overrides the probe's.
+    let gate = MemoryGate::new(Costly(probe.clone())).with_max_reading_age(Duration::ZERO);
+    gate.check(lone(0));
+    gate.check(lone(1));
+    assert_eq!(probe.reads(), 4);
 }
 
 #[test]
