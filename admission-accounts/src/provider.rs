@@ -439,10 +439,8 @@ impl fmt::Debug for LimiterFactory {
 /// One call's whole demand, as [`Registry::demand_for`] builds it.
 #[derive(Clone, Debug)]
 pub struct ModelCall {
-    /// The spec's id.
-    pub model: String,
-    /// The model name to send.
-    pub wire_model: String,
+    /// The registered spec the call is for (shared, not copied, per call).
+    pub spec: Arc<ModelSpec>,
     /// The HTTP connection, the bucket's tokens and one request, the model gate's slot where
     /// declared, the window's call where configured.
     pub demand: Demand,
@@ -452,11 +450,23 @@ pub struct ModelCall {
     pub price: Money,
 }
 
+impl ModelCall {
+    /// The spec's id.
+    pub fn model(&self) -> &str {
+        &self.spec.id
+    }
+
+    /// The model name to send.
+    pub fn wire_model(&self) -> &str {
+        &self.spec.wire_model
+    }
+}
+
 /// The provider layer's facade: registered specs and the factory's limiters, a call's demand and
 /// the upstream's feedback, in one handle a service shares (`Send + Sync`; wrap it in an `Arc`).
 pub struct Registry {
     factory: LimiterFactory,
-    specs: RwLock<BTreeMap<String, ModelSpec>>,
+    specs: RwLock<BTreeMap<String, Arc<ModelSpec>>>,
 }
 
 impl Registry {
@@ -496,7 +506,7 @@ impl Registry {
     /// [`SpecError::Invalid`] naming the field; nothing is registered.
     pub fn register(&self, spec: ModelSpec) -> Result<(), SpecError> {
         spec.validate()?;
-        self.specs.write().insert(spec.id.clone(), spec);
+        self.specs.write().insert(spec.id.clone(), Arc::new(spec));
         Ok(())
     }
 
@@ -509,7 +519,7 @@ impl Registry {
         catalog.validate()?;
         let mut specs = self.specs.write();
         for spec in &catalog.models {
-            specs.insert(spec.id.clone(), spec.clone());
+            specs.insert(spec.id.clone(), Arc::new(spec.clone()));
         }
         Ok(())
     }
@@ -524,7 +534,7 @@ impl Registry {
     /// # Errors
     ///
     /// [`ProviderError::UnknownModel`] naming what is registered.
-    pub fn spec(&self, model: &str) -> Result<ModelSpec, ProviderError> {
+    pub fn spec(&self, model: &str) -> Result<Arc<ModelSpec>, ProviderError> {
         let specs = self.specs.read();
         specs
             .get(model)
@@ -560,7 +570,7 @@ impl Registry {
     /// [`ProviderError::UnknownModel`], or [`ProviderError::NoModelGate`] when the spec declares
     /// no `max_concurrent`.
     pub fn gate(&self, model: &str) -> Result<Arc<CountingGate>, ProviderError> {
-        self.factory.gate(&self.spec(model)?)
+        self.factory.gate(&*self.spec(model)?)
     }
 
     /// The elastic window of `model`, when its spec configures one.
@@ -569,7 +579,7 @@ impl Registry {
     ///
     /// [`ProviderError::UnknownModel`].
     pub fn window(&self, model: &str) -> Result<Option<Arc<ElasticWindow>>, ProviderError> {
-        self.factory.window(&self.spec(model)?)
+        self.factory.window(&*self.spec(model)?)
     }
 
     /// What `input_tokens` in and `output_tokens` out cost on `model`.
@@ -620,8 +630,7 @@ impl Registry {
         }
         Ok(ModelCall {
             price: spec.price(input_tokens, max_output_tokens),
-            model: spec.id,
-            wire_model: spec.wire_model,
+            spec,
             demand,
             tokens,
         })

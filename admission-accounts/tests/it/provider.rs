@@ -242,7 +242,7 @@ fn the_registry_serves_the_factory_s_instances() {
     ));
     assert!(Arc::ptr_eq(&registry.http(), &registry.http()));
     assert_eq!(registry.http().capacity(), 3);
-    assert_eq!(registry.spec("sonnet").unwrap(), sonnet());
+    assert_eq!(*registry.spec("sonnet").unwrap(), sonnet());
     assert_eq!(registry.models(), ["haiku", "search", "sonnet"]);
     assert!(registry.window("haiku").unwrap().is_none());
     assert_eq!(
@@ -282,8 +282,8 @@ fn demand_for_builds_the_whole_call() {
     let registry = registry(&clock);
 
     let call = registry.demand_for("sonnet", 1_200, 800).unwrap();
-    assert_eq!(call.model, "sonnet");
-    assert_eq!(call.wire_model, "claude-sonnet-4-5");
+    assert_eq!(call.model(), "sonnet");
+    assert_eq!(call.wire_model(), "claude-sonnet-4-5");
     assert_eq!(call.tokens, 2_000);
     assert_eq!(call.price, Money::from_micros(3_600 + 12_000));
     let entries: Vec<(String, Amount)> = call
