@@ -31,13 +31,14 @@ commands:
                              3 tests      cargo nextest run --workspace --no-fail-fast
                                           (cargo test --workspace --all-targets without nextest)
                              4 doc tests  cargo test --workspace --doc
-                             5 benches    cargo bench --workspace --no-run (compiled, not run)
-                             6 agents     cargo run --release --example agents -- --time-scale 300 --check
-                             7 loom       cargo test -p admission-core --lib --release -- loom
+                             5 docs       cargo doc --workspace --no-deps with RUSTDOCFLAGS='-D warnings'
+                             6 benches    cargo bench --workspace --no-run (compiled, not run)
+                             7 agents     cargo run --release --example agents -- --time-scale 300 --check
+                             8 loom       cargo test -p admission-core --lib --release -- loom
                                           with RUSTFLAGS='--cfg admission_loom',
                                           LOOM_MAX_PREEMPTIONS=2 (unless set), CARGO_TARGET_DIR=target/loom
   test                     steps 3 and 4
-  loom                     step 7
+  loom                     step 8
   bench [--all] [--report-only] [args...]
                            the side-by-side benchmarks: cargo bench -p admission-benches [args...]
                            (--all: cargo bench --workspace [args...]), then rewrites the table
@@ -90,6 +91,10 @@ fn run(args: &[String]) -> Result<ExitCode> {
                 ),
             ];
             steps.extend(test_steps(&ws));
+            steps.push(
+                Step::cargo("docs", &["doc", "--workspace", "--no-deps"])
+                    .env("RUSTDOCFLAGS", "-D warnings"),
+            );
             steps.push(Step::cargo(
                 "benches",
                 &["bench", "--workspace", "--no-run"],
