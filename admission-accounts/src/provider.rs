@@ -149,12 +149,56 @@ pub enum ProviderError {
         /// The spec's id.
         model: String,
     },
+    /// A shared limiter could not be built: a deployment fault (its configuration), not
+    /// something a caller's demand can correct.
+    #[error("cannot build the shared limiter `{limiter}`: {reason}")]
+    Unbuildable {
+        /// The limiter's type, as `std::any::type_name` spells it.
+        limiter: &'static str,
+        /// Why, from the builder's error.
+        reason: String,
+        /// The builder's error itself.
+        #[source]
+        source: BuildFailure,
+    },
     /// The spec is invalid.
     #[error(transparent)]
     Spec(#[from] SpecError),
     /// A limiter refused the configuration derived from the spec.
     #[error(transparent)]
     Config(#[from] ConfigError),
+}
+
+/// A shared limiter's build error, the source of [`ProviderError::Unbuildable`]. Two are equal
+/// when they are the same error.
+#[derive(Clone, Debug)]
+pub struct BuildFailure(Arc<dyn std::error::Error + Send + Sync>);
+
+impl BuildFailure {
+    /// The builder's error.
+    pub fn error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.0
+    }
+}
+
+impl PartialEq for BuildFailure {
+    fn eq(&self, other: &BuildFailure) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for BuildFailure {}
+
+impl fmt::Display for BuildFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for BuildFailure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
 }
 
 fn known_list(known: &[String]) -> String {
@@ -337,6 +381,59 @@ impl LimiterFactory {
         match self.insert_shared(fresh.clone()) {
             Ok(()) => fresh,
             Err(existing) => existing,
+        }
+    }
+
+    /// The one shared instance of limiter type `T`, built by `build` on first use; `build` is
+    /// not called when the instance exists.
+    ///
+    /// For limiters whose construction can fail (a configuration read at start-up); building
+    /// happens outside the factory's lock, and when two threads race, one instance wins.
+    ///
+    /// # Errors
+    ///
+    /// [`ProviderError::Unbuildable`] naming the type and the reason, with `build`'s error as
+    /// its source; nothing is kept, so a later call tries again.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use admission_accounts::provider::{HttpGate, LimiterFactory};
+    /// use admission_core::SystemClock;
+    ///
+    /// let factory = LimiterFactory::new(Arc::new(SystemClock::new()));
+    /// let refused = factory
+    ///     .shared_with(|| HttpGate::new(0, factory.clock().clone()))
+    ///     .unwrap_err();
+    /// assert_eq!(
+    ///     refused.to_string(),
+    ///     "cannot build the shared limiter `admission_accounts::provider::HttpGate`: invalid \
+    ///      counting gate configuration: `capacity` must be positive, was 0 (a gate without \
+    ///      permits would refuse everyone)"
+    /// );
+    /// let gate = factory.shared_with(|| HttpGate::new(8, factory.clock().clone())).unwrap();
+    /// assert_eq!(gate.capacity(), 8);
+    /// ```
+    pub fn shared_with<T, E>(
+        &self,
+        build: impl FnOnce() -> Result<T, E>,
+    ) -> Result<Arc<T>, ProviderError>
+    where
+        T: Send + Sync + 'static,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        if let Some(found) = self.find_shared::<T>() {
+            return Ok(found);
+        }
+        let fresh = Arc::new(build().map_err(|error| ProviderError::Unbuildable {
+            limiter: std::any::type_name::<T>(),
+            reason: error.to_string(),
+            source: BuildFailure(Arc::new(error)),
+        })?);
+        match self.insert_shared(fresh.clone()) {
+            Ok(()) => Ok(fresh),
+            Err(existing) => Ok(existing),
         }
     }
 

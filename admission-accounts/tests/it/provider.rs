@@ -151,6 +151,50 @@ fn one_shared_instance_per_type() {
 }
 
 #[test]
+fn a_shared_limiter_that_cannot_be_built_is_refused_naming_its_type_and_kept_nowhere() {
+    let clock = FakeClock::new();
+    let factory = LimiterFactory::new(clock.shared());
+    let refused = factory
+        .shared_with(|| HttpGate::new(0, clock.shared()))
+        .map(|_| ())
+        .unwrap_err();
+    match &refused {
+        ProviderError::Unbuildable {
+            limiter,
+            reason,
+            source,
+        } => {
+            assert_eq!(*limiter, "admission_accounts::provider::HttpGate");
+            assert_eq!(
+                reason,
+                "invalid counting gate configuration: `capacity` must be positive, was 0 (a gate \
+                 without permits would refuse everyone)"
+            );
+            assert_eq!(source.to_string(), *reason);
+            let config = source
+                .error()
+                .downcast_ref::<admission_accounts::ConfigError>();
+            assert_eq!(config.map(|c| c.field), Some("capacity"));
+        }
+        other => panic!("expected Unbuildable, got {other:?}"),
+    }
+    assert!(std::error::Error::source(&refused).is_some());
+
+    // Nothing was kept: the next call builds, and the one after reuses without building.
+    let built = factory
+        .shared_with(|| HttpGate::new(5, clock.shared()))
+        .unwrap();
+    assert_eq!(built.capacity(), 5);
+    let again = factory
+        .shared_with::<HttpGate, admission_accounts::ConfigError>(|| {
+            panic!("an existing instance is not built again")
+        })
+        .unwrap();
+    assert!(Arc::ptr_eq(&built, &again));
+    assert!(Arc::ptr_eq(&built, &factory.shared::<HttpGate>()));
+}
+
+#[test]
 fn update_limits_applies_in_place_and_keeps_the_throttle() {
     let clock = FakeClock::new();
     let factory = LimiterFactory::new(clock.shared());
