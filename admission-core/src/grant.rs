@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::account::Replenishment;
+use crate::clock::Instant;
 use crate::context::JobContext;
 use crate::demand::Entry;
-use crate::monitor::Shared;
+use crate::monitor::{Hold, Shared};
 
 /// Everything one job was granted, returned when the grant is released, rolled back or dropped.
 ///
@@ -39,10 +40,26 @@ pub struct Grant {
     shared: Arc<Shared>,
     ctx: JobContext,
     wall_wait: Duration,
-    /// Per holding account: its entry's index (`None` for the gate) and how long it held the
-    /// job. Names are looked up only when asked for, outside the monitor lock.
-    waits: Vec<(Option<usize>, Duration)>,
+    /// Which accounts held the job and when; read only when asked for, outside the monitor lock.
+    waits: Waits,
     settled: bool,
+}
+
+/// The holds a waiter collected in the line, moved into its grant unread.
+pub(crate) struct Waits {
+    pub(crate) holds: Vec<Hold>,
+    /// The instant of the grant: where a hold still open at the end ends.
+    pub(crate) granted_at: Instant,
+}
+
+impl Waits {
+    /// An immediate grant's: nothing held it.
+    pub(crate) fn none() -> Waits {
+        Waits {
+            holds: Vec::new(),
+            granted_at: Instant::ZERO,
+        }
+    }
 }
 
 impl Grant {
@@ -51,7 +68,7 @@ impl Grant {
         shared: Arc<Shared>,
         ctx: JobContext,
         wall_wait: Duration,
-        waits: Vec<(Option<usize>, Duration)>,
+        waits: Waits,
     ) -> Grant {
         Grant {
             entries,
@@ -105,14 +122,16 @@ impl Grant {
     /// Empty for an immediate grant. The accounts overlap in time, so the values do not add up
     /// to [`wall_wait`](Grant::wall_wait).
     pub fn wait_times(&self) -> BTreeMap<String, Duration> {
-        self.waits
+        let Waits { holds, granted_at } = &self.waits;
+        holds
             .iter()
-            .map(|(entry, wait)| {
-                let name = match entry {
-                    Some(i) => self.entries[*i].account().name(),
+            .map(|hold| {
+                let name = match hold.entry {
+                    Some(i) => self.entries[i].account().name(),
                     None => self.shared.gate_name(),
                 };
-                (name.to_owned(), *wait)
+                let until = hold.until.unwrap_or(*granted_at);
+                (name.to_owned(), until.saturating_duration_since(hold.since))
             })
             .collect()
     }

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 pub use admit::Admit;
 pub(crate) use doorbell::handing_off;
-pub(crate) use shared::Shared;
+pub(crate) use shared::{Hold, Shared};
 
 use crate::clock::{Clock, SystemClock};
 use crate::context::JobContext;

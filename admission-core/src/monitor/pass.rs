@@ -32,7 +32,7 @@ use crate::clock::Instant;
 use crate::error::AdmitError;
 use crate::event::{EventEntry, EventKind};
 use crate::gate::{GateAnswer, GateView};
-use crate::grant::Grant;
+use crate::grant::{Grant, Waits};
 use crate::sync::Ordering;
 
 use super::shared::{
@@ -405,7 +405,7 @@ impl Shared {
                     self.clone(),
                     w.ctx.clone(),
                     Duration::ZERO,
-                    Vec::new(),
+                    Waits::none(),
                 ))
             }
             Attempt::Refused(error) => Arrival::Refused(error),
@@ -570,14 +570,11 @@ impl Shared {
         // grant's instant is read now, so a wait is never reported shorter than it was.
         let now = self.clock.now();
         let wall_wait = now.saturating_duration_since(w.asked_at);
-        let waits: Vec<(Option<usize>, Duration)> = w
-            .held
-            .iter()
-            .map(|h| {
-                let until = h.until.unwrap_or(now);
-                (h.entry, until.saturating_duration_since(h.since))
-            })
-            .collect();
+        // The holds move into the grant as they are; it reads them only when asked.
+        let waits = Waits {
+            holds: std::mem::take(&mut w.held),
+            granted_at: now,
+        };
         out.push_event(|| {
             self.event(
                 EventKind::GrantedFromHold {

@@ -397,7 +397,7 @@ impl Shared {
                         self.clone(),
                         ctx.clone(),
                         Duration::ZERO,
-                        Vec::new(),
+                        crate::grant::Waits::none(),
                     );
                     return Begin::Done(Ok(grant));
                 }
