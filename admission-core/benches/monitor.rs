@@ -23,7 +23,7 @@ use admission_core::{
     AccountRef, Admit, Amount, Clock, Demand, Event, EventKind, EventSink, Grant, JobContext,
     Monitor, SystemClock, WakeSlot, event::SinkError,
 };
-use admission_testkit::monitor::poll_once;
+use admission_testkit::monitor::{park_waiters, poll_once};
 use admission_testkit::reference::{Meter, Permits};
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
@@ -319,16 +319,13 @@ fn park_line(parked: usize, three: bool) -> ParkedLine {
     let holder = monitor
         .admit_blocking(Demand::new().with(scarce, Amount::ONE), &ctx(), None)
         .expect("the scarce permit is free");
-    let mut waiters = Vec::with_capacity(parked);
-    for i in 0..parked {
+    let waiters = park_waiters(&monitor, parked, || {
         let mut demand = Demand::new();
         for (account, amount) in &accounts {
             demand.add(account.clone(), *amount);
         }
-        let mut admit = monitor.admit(demand, &JobContext::new(format!("waiter-{i}")), None);
-        assert!(poll_once(&mut admit).is_none(), "every waiter parks");
-        waiters.push(admit);
-    }
+        demand
+    });
     assert_eq!(monitor.queue_size(), parked);
     // The first pass records when each waiter began to be held; later passes only ask.
     monitor.evaluate_once();

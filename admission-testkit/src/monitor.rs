@@ -155,3 +155,24 @@ pub fn poll_once<F: Future + Unpin>(future: &mut F) -> Option<F::Output> {
         std::task::Poll::Pending => None,
     }
 }
+
+/// Parks `count` waiters in `monitor`'s line, each asking for a fresh `demand()` under a job
+/// named `waiter-{i}`, and returns their admits (dropping one withdraws it). For benches and tests
+/// that need a long line standing still.
+///
+/// # Panics
+///
+/// When a waiter is granted or refused instead of parking.
+pub fn park_waiters(
+    monitor: &Monitor,
+    count: usize,
+    mut demand: impl FnMut() -> Demand,
+) -> Vec<admission_core::Admit> {
+    (0..count)
+        .map(|i| {
+            let mut admit = monitor.admit(demand(), &JobContext::new(format!("waiter-{i}")), None);
+            assert!(poll_once(&mut admit).is_none(), "waiter {i} did not park");
+            admit
+        })
+        .collect()
+}
