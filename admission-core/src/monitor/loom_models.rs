@@ -104,23 +104,28 @@ fn started_with_its_one_permit_held() -> (Monitor, Arc<Gate>, crate::Grant) {
     (monitor, gate, held)
 }
 
+/// An asker wants the gate's one permit while another thread gives `held` back: the asker must
+/// be granted (a lost wake-up leaves it parked forever, which loom reports as a deadlock), hold
+/// the permit, and give it back.
+fn ask_while_the_permit_comes_back(monitor: &Monitor, gate: &Arc<Gate>, held: crate::Grant) {
+    let (m, g) = (monitor.clone(), gate.clone());
+    let asker = thread::spawn(move || m.admit_blocking(one(&g), &JobContext::new("asker"), None));
+    let giver = thread::spawn(move || drop(held));
+
+    giver.join().unwrap();
+    let grant = asker
+        .join()
+        .unwrap()
+        .expect("the asker is granted once the give lands");
+    assert_eq!(gate.free(), 0);
+    drop(grant);
+}
+
 #[test]
 fn loom_fast_path_racing_a_give_never_loses_the_wake_up() {
     loom::model(|| {
         let (monitor, gate, held) = started_with_its_one_permit_held();
-
-        let (m, g) = (monitor.clone(), gate.clone());
-        let asker =
-            thread::spawn(move || m.admit_blocking(one(&g), &JobContext::new("asker"), None));
-        let giver = thread::spawn(move || drop(held));
-
-        giver.join().unwrap();
-        let grant = asker
-            .join()
-            .unwrap()
-            .expect("the asker is granted once the give lands");
-        assert_eq!(gate.free(), 0);
-        drop(grant);
+        ask_while_the_permit_comes_back(&monitor, &gate, held);
         assert_eq!(gate.free(), 1);
         monitor.stop();
     });
@@ -137,18 +142,7 @@ fn loom_an_arrival_behind_a_head_racing_a_give_never_loses_the_wake_up() {
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         assert!(head.as_mut().poll(&mut cx).is_pending());
 
-        let (m, g) = (monitor.clone(), gate.clone());
-        let asker =
-            thread::spawn(move || m.admit_blocking(one(&g), &JobContext::new("asker"), None));
-        let giver = thread::spawn(move || drop(held));
-
-        giver.join().unwrap();
-        let grant = asker
-            .join()
-            .unwrap()
-            .expect("the asker is granted once the give lands");
-        assert_eq!(gate.free(), 0);
-        drop(grant);
+        ask_while_the_permit_comes_back(&monitor, &gate, held);
         drop(head);
         monitor.stop();
         assert_eq!(gate.free(), 1);

@@ -151,6 +151,16 @@ fn later(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
     }
 }
 
+/// True when `at` is an instant that comes before the wake-up `planned` by the last pass
+/// (`None` planned: only an event would wake the evaluator, so any instant comes first).
+pub(crate) fn before_planned(at: Option<Instant>, planned: Option<Instant>) -> bool {
+    match (at, planned) {
+        (None, _) => false,
+        (Some(at), Some(planned)) => at < planned,
+        (Some(_), None) => true,
+    }
+}
+
 fn earlier(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
@@ -351,7 +361,11 @@ impl Shared {
             // the waiters asked here is news for the evaluator.
             let planned = st.planned_wake;
             st.planned_wake = earlier(planned, wake);
-            return wake.filter(|at| planned.is_none_or(|planned| *at < planned));
+            return if before_planned(wake, planned) {
+                wake
+            } else {
+                None
+            };
         }
         st.planned_wake = wake;
         wake

@@ -22,7 +22,7 @@ use crate::sync::{MonitorLock, Ordering, thread};
 
 use super::cell::{Cell, Outcome};
 use super::doorbell::Doorbell;
-use super::pass::{Arrival, Scope};
+use super::pass::{Arrival, Scope, before_planned};
 
 /// Where the monitor is in its life.
 #[derive(Clone, Debug)]
@@ -471,13 +471,7 @@ impl Shared {
                 // The head could go now: whatever made it so (a give, a relaxed limit, time, its
                 // own first ask) runs or rings for a pass, which will ask this waiter too.
                 Arrival::Deferred => ring = false,
-                Arrival::Held { due } => {
-                    ring = match (due, st.planned_wake) {
-                        (None, _) => false,
-                        (Some(due), Some(planned)) => due < planned,
-                        (Some(_), None) => true,
-                    };
-                }
+                Arrival::Held { due } => ring = before_planned(due, st.planned_wake),
             }
         }
         let seq = st.next_seq;
