@@ -305,10 +305,10 @@ struct ParkedLine {
     accounts: Vec<(AccountRef, Amount)>,
 }
 
-/// Parks `parked` waiters on a monitor that is not started. With `three`, each demand names a
+/// Parks `parked` waiters on a monitor with manual passes. With `three`, each demand names a
 /// plentiful permit account and a token bucket besides the scarce one.
 fn park_line(parked: usize, three: bool) -> ParkedLine {
-    let monitor = Monitor::new();
+    let monitor = Monitor::builder().manual_passes().build();
     let scarce: AccountRef = permits("scarce", 1);
     let mut accounts = Vec::new();
     if three {
@@ -328,7 +328,7 @@ fn park_line(parked: usize, three: bool) -> ParkedLine {
     });
     assert_eq!(monitor.queue_size(), parked);
     // The first pass records when each waiter began to be held; later passes only ask.
-    monitor.evaluate_once();
+    monitor.pass_now();
     assert_eq!(monitor.queue_size(), parked);
     ParkedLine {
         monitor,
@@ -350,7 +350,7 @@ fn pass_over_10k_parked(c: &mut Criterion) {
         ("ours_one_account_1_parked", &single),
     ] {
         let parked = line.monitor.queue_size();
-        group.bench_function(name, |b| b.iter(|| black_box(line.monitor.evaluate_once())));
+        group.bench_function(name, |b| b.iter(|| black_box(line.monitor.pass_now())));
         assert_eq!(line.monitor.queue_size(), parked, "a pass grants nobody");
     }
     for (name, line) in [

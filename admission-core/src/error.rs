@@ -62,6 +62,13 @@ pub enum AdmitError {
         /// The panic's message.
         panic: String,
     },
+    /// The job had to wait, and the monitor could not start the evaluator thread that serves
+    /// waiters' deadlines (the operating system refused a thread). Nothing was taken.
+    #[error("job had to wait, but the evaluator could not be started: {reason}")]
+    Unserved {
+        /// Why the thread could not be started.
+        reason: String,
+    },
     /// A defect inside the monitor closed admission; every waiter and every later admit fails so.
     #[error("admission is closed: {cause}")]
     Closed {
@@ -88,7 +95,7 @@ impl AdmitError {
             AdmitError::TimedOut { .. } => RejectReason::TimedOut,
             AdmitError::Shutdown => RejectReason::Shutdown,
             AdmitError::Aborted { .. } => RejectReason::Aborted,
-            AdmitError::Closed { .. } => RejectReason::Closed,
+            AdmitError::Closed { .. } | AdmitError::Unserved { .. } => RejectReason::Closed,
         }
     }
 }
@@ -97,9 +104,6 @@ impl AdmitError {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum StartError {
-    /// The evaluator was started before.
-    #[error("the admission monitor was already started")]
-    AlreadyStarted,
     /// The monitor was stopped; a stopped monitor does not start again.
     #[error("the admission monitor was stopped and cannot start again")]
     Stopped,

@@ -13,6 +13,7 @@
 mod admit;
 mod cell;
 mod doorbell;
+mod evaluator;
 mod pass;
 mod shared;
 
@@ -34,7 +35,7 @@ use crate::error::{AdmitError, StartError};
 use crate::event::EventSink;
 use crate::gate::Gate;
 use crate::grant::Grant;
-use crate::sync::{Ordering, thread};
+use crate::sync::Ordering;
 
 /// Stops the monitor when the last [`Monitor`] handle is dropped.
 struct Owner(Arc<Shared>);
@@ -104,6 +105,7 @@ pub struct MonitorBuilder {
     clock: Option<Arc<dyn Clock>>,
     sink: Option<Arc<dyn EventSink>>,
     gate: Option<Arc<dyn Gate>>,
+    manual: bool,
 }
 
 impl MonitorBuilder {
@@ -125,13 +127,27 @@ impl MonitorBuilder {
         self
     }
 
-    /// Builds the monitor. It grants inline at once; call [`Monitor::start`] before anyone may
-    /// have to wait.
+    /// A monitor without an evaluator: passes run only when the test calls
+    /// [`Monitor::pass_now`] (and on the threads that admit and release, as always), so a test
+    /// decides exactly when deadlines and refills are looked at, and events come in a fixed
+    /// order.
+    ///
+    /// This is a test hook, as tokio's paused clock is: until the test calls
+    /// [`Monitor::start`], a parked waiter's deadline is honoured only by a pass the test runs
+    /// (a blocking waiter on a real clock also times itself out).
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn manual_passes(mut self) -> MonitorBuilder {
+        self.manual = true;
+        self
+    }
+
+    /// Builds the monitor. It grants inline at once; its evaluator thread starts with the first
+    /// waiter that has to park (or earlier, with [`Monitor::start`]).
     pub fn build(self) -> Monitor {
         let clock = self
             .clock
             .unwrap_or_else(|| Arc::new(SystemClock::new()) as Arc<dyn Clock>);
-        let shared = Shared::new(clock, self.gate, self.sink);
+        let shared = Shared::new(clock, self.gate, self.sink, self.manual);
         shared.clock.subscribe(&shared.kick);
         Monitor {
             _owner: Arc::new(Owner(shared.clone())),
@@ -141,7 +157,8 @@ impl MonitorBuilder {
 }
 
 impl Monitor {
-    /// A monitor on the system clock, with no sink and no gate. Not started.
+    /// A monitor on the system clock, with no sink and no gate. Its evaluator starts with the
+    /// first waiter that parks.
     pub fn new() -> Monitor {
         Monitor::builder().build()
     }
@@ -151,27 +168,16 @@ impl Monitor {
         MonitorBuilder::default()
     }
 
-    /// Starts the one evaluator thread.
+    /// Starts the evaluator thread now rather than when the first waiter parks. Idempotent:
+    /// `Ok` when it already runs. (On a monitor built with manual passes this is the one way to
+    /// give it an evaluator.)
     ///
     /// # Errors
     ///
-    /// [`StartError::AlreadyStarted`] on a second call, [`StartError::Stopped`] after
-    /// [`stop`](Monitor::stop), [`StartError::Spawn`] if the thread cannot be created.
+    /// [`StartError::Stopped`] after [`stop`](Monitor::stop), [`StartError::Spawn`] if the
+    /// thread cannot be created.
     pub fn start(&self) -> Result<(), StartError> {
-        let mut st = self.shared.state.lock();
-        if !matches!(st.phase, shared::Phase::Open) {
-            return Err(StartError::Stopped);
-        }
-        if st.started {
-            return Err(StartError::AlreadyStarted);
-        }
-        let shared = self.shared.clone();
-        let handle = thread::spawn("admission-evaluator", move || shared.run_evaluator())
-            .map_err(|e| StartError::Spawn(e.to_string()))?;
-        let id = handle.thread().id();
-        st.started = true;
-        st.evaluator = Some((handle, id));
-        Ok(())
+        self.shared.start()
     }
 
     /// Stops admission: every parked waiter is refused with [`AdmitError::Shutdown`], every wake
@@ -219,11 +225,25 @@ impl Monitor {
         Admit::new(self.shared.clone(), demand, ctx.clone(), timeout)
     }
 
-    /// Runs one evaluation pass on the calling thread and returns the instant the evaluator would
-    /// sleep until. The evaluator does this by itself; this exists for benchmarks and for tests
-    /// of a monitor that was never started.
-    #[doc(hidden)]
-    pub fn evaluate_once(&self) -> Option<crate::Instant> {
+    /// Runs one full pass over the line on the calling thread, as the evaluator would, and
+    /// returns the instant the evaluator would then sleep until (`None`: until an event).
+    ///
+    /// A test hook (feature `test-util`), for monitors built with
+    /// [`MonitorBuilder::manual_passes`]: a third party testing its own account parks waiters,
+    /// moves a fake clock, and decides when the line is looked at.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[cfg(feature = "test-util")] {
+    /// use admission_core::Monitor;
+    ///
+    /// let monitor = Monitor::builder().manual_passes().build();
+    /// assert_eq!(monitor.pass_now(), None); // nobody waits: nothing to wake up for
+    /// # }
+    /// ```
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn pass_now(&self) -> Option<crate::Instant> {
         let mut out = self.shared.outbox();
         let wake = self.shared.pass_guarded(&mut out, pass::Scope::Full);
         self.shared.deliver(out);

@@ -20,7 +20,7 @@
 //!   against the chain written by hand today (tokio semaphore, governor `check_n`, tokio
 //!   semaphore). The quota that chain leaks when its last limit refuses is counted by the
 //!   `scarce_and_wakes` harness, not timed here.
-//! - `pass_over_10k_parked` (item 6): one evaluator pass (`Monitor::evaluate_once`) over 10,000
+//! - `pass_over_10k_parked` (item 6): one evaluator pass (`Monitor::pass_now`) over 10,000
 //!   parked waiters that all stay parked, with a "floor" that asks the same accounts the same
 //!   questions with no monitor.
 //!
@@ -353,7 +353,7 @@ struct ParkedLine {
 /// Parks `parked` waiters short on a one-permit gate. With `three`, each also names a plentiful
 /// HTTP gate and a token bucket that never runs dry.
 fn park_line(parked: usize, three: bool) -> ParkedLine {
-    let monitor = Monitor::new();
+    let monitor = Monitor::builder().manual_passes().build();
     let scarce: AccountRef = gate("scarce", 1);
     let mut accounts: Vec<(AccountRef, Amount)> = Vec::new();
     if three {
@@ -373,7 +373,7 @@ fn park_line(parked: usize, three: bool) -> ParkedLine {
     });
     assert_eq!(monitor.queue_size(), parked);
     // The first pass records when each waiter began to be held; later passes only ask.
-    monitor.evaluate_once();
+    monitor.pass_now();
     assert_eq!(monitor.queue_size(), parked);
     ParkedLine {
         monitor,
@@ -389,7 +389,7 @@ fn pass_over_10k_parked(c: &mut Criterion) {
     let mut group = c.benchmark_group("pass_over_10k_parked");
     group.sample_size(30);
     for (name, line) in [("ours_one_gate", &one), ("ours_gate_bucket_gate", &three)] {
-        group.bench_function(name, |b| b.iter(|| black_box(line.monitor.evaluate_once())));
+        group.bench_function(name, |b| b.iter(|| black_box(line.monitor.pass_now())));
         assert_eq!(line.monitor.queue_size(), PARKED, "a pass grants nobody");
     }
     for (name, line) in [("floor_one_gate", &one), ("floor_gate_bucket_gate", &three)] {

@@ -239,7 +239,10 @@ fn it_is_send_and_sync() {
 #[test]
 fn a_waiter_on_a_full_gate_is_granted_by_the_release_of_a_permit() {
     let clock = FakeClock::new();
-    let monitor = Monitor::builder().clock(clock.shared()).build();
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .clock(clock.shared())
+        .build();
     let gate = Arc::new(gate(1).with_clock(clock.shared()));
     let demand = || Demand::new().with(gate.clone(), Amount::ONE);
     let first = monitor
@@ -248,16 +251,16 @@ fn a_waiter_on_a_full_gate_is_granted_by_the_release_of_a_permit() {
 
     let mut second = monitor.admit(demand(), &JobContext::new("second"), None);
     assert!(poll_once(&mut second).is_none());
-    assert_eq!(monitor.evaluate_once(), None);
+    assert_eq!(monitor.pass_now(), None);
     clock.advance(Duration::from_secs(3_600));
-    monitor.evaluate_once();
+    monitor.pass_now();
     assert!(
         poll_once(&mut second).is_none(),
         "time gives a gate nothing"
     );
 
     drop(first);
-    monitor.evaluate_once();
+    monitor.pass_now();
     let granted = poll_once(&mut second).expect("granted").unwrap();
     assert_eq!(gate.in_use(), 1);
     drop(granted);

@@ -886,7 +886,10 @@ fn every_window_requires_an_http_connection_in_the_same_demand() {
         Err(AdmitError::Unmet { ref account, requires })
             if account == "search" && requires == Capability::HTTP_CONNECTION
     ));
-    let monitor = Monitor::builder().clock(clock.shared()).build();
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .clock(clock.shared())
+        .build();
     let refused = monitor
         .admit_blocking(alone, &JobContext::new("lonely"), None)
         .unwrap_err();
@@ -995,9 +998,9 @@ fn inside_a_monitor_a_waiter_short_on_the_window_is_granted_when_its_oldest_stam
     wait_for_queue(&monitor, 1);
     // A pass at 1 s (ours or the evaluator's, whichever runs first) finds it short on `search`
     // until the stamp taken at 0 s leaves the window at 10 s.
-    assert_eq!(monitor.evaluate_once(), Some(at(10)));
+    assert_eq!(monitor.pass_now(), Some(at(10)));
     clock.advance_to(Instant::from_nanos(10 * SECOND - 1));
-    assert_eq!(monitor.evaluate_once(), Some(at(10)));
+    assert_eq!(monitor.pass_now(), Some(at(10)));
     assert_eq!(monitor.queue_size(), 1);
 
     clock.advance_to(at(10));

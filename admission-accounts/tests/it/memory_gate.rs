@@ -390,6 +390,7 @@ fn rig(percent: u64, permits: u64) -> Rig {
     let clock = FakeClock::new();
     let (gate, probe) = gate_at(percent);
     let monitor = Monitor::builder()
+        .manual_passes()
         .clock(clock.shared())
         .gate(gate.clone())
         .build();
@@ -438,23 +439,23 @@ fn fifo_is_preserved_through_the_drain_one_release_per_spacing() {
     let rig = rig(96, 100);
     let mut line: Vec<Option<Admit>> = (0..5).map(|i| Some(rig.park(&format!("j{i}")))).collect();
     let mut grants = Vec::new();
-    assert_eq!(rig.monitor.evaluate_once(), Some(at(2_000)));
+    assert_eq!(rig.monitor.pass_now(), Some(at(2_000)));
     assert!(rig.granted(&mut line, &mut grants).is_empty());
     assert_eq!(rig.gate.status().zone, MemoryZone::Critical);
     assert_eq!(rig.gate.status().line, 5);
 
     rig.probe.set_percent(85);
     rig.clock.advance(ms(2_000));
-    let wake = rig.monitor.evaluate_once();
+    let wake = rig.monitor.pass_now();
     assert_eq!(rig.granted(&mut line, &mut grants), [0]);
     assert_eq!(wake, Some(at(2_000).saturating_add(curve(85.0))));
     assert_eq!(rig.gate.status().zone, MemoryZone::Draining);
     for next in 1..5 {
         rig.clock.advance(ms(1_000));
-        rig.monitor.evaluate_once();
+        rig.monitor.pass_now();
         assert!(rig.granted(&mut line, &mut grants).is_empty(), "early");
         rig.clock.advance_to(wake_of(&rig));
-        rig.monitor.evaluate_once();
+        rig.monitor.pass_now();
         assert_eq!(rig.granted(&mut line, &mut grants), [next]);
     }
     assert_eq!(rig.gate.status().zone, MemoryZone::Green);
@@ -471,20 +472,20 @@ fn jobs_that_arrive_behind_a_head_memory_holds_join_memorys_line_before_any_pass
     // No pass ran while latched: only the first job ever met the gate.
     rig.probe.set_percent(85);
     rig.clock.advance(ms(2_000));
-    rig.monitor.evaluate_once();
+    rig.monitor.pass_now();
     assert_eq!(
         rig.granted(&mut line, &mut grants),
         [0],
         "not all three at once"
     );
     rig.clock.advance(curve(85.0));
-    rig.monitor.evaluate_once();
+    rig.monitor.pass_now();
     assert_eq!(rig.granted(&mut line, &mut grants), [1]);
 }
 
 /// The instant the monitor would wake at now (one pass, which grants nobody early).
 fn wake_of(rig: &Rig) -> Instant {
-    rig.monitor.evaluate_once().expect("a deadline is pending")
+    rig.monitor.pass_now().expect("a deadline is pending")
 }
 
 #[test]
@@ -492,16 +493,16 @@ fn a_completion_releases_the_next_job_before_its_spacing_runs_out() {
     let rig = rig(96, 100);
     let mut line: Vec<Option<Admit>> = (0..3).map(|i| Some(rig.park(&format!("j{i}")))).collect();
     let mut grants = Vec::new();
-    rig.monitor.evaluate_once();
+    rig.monitor.pass_now();
     rig.probe.set_percent(89);
     rig.clock.advance(ms(2_000));
-    rig.monitor.evaluate_once();
+    rig.monitor.pass_now();
     assert_eq!(rig.granted(&mut line, &mut grants), [0]);
     // Dropping the grant hands off: its pass sees the completion and releases exactly one.
     let (_, first) = grants.pop().expect("one grant");
     drop(first);
     assert_eq!(rig.granted(&mut line, &mut grants), [1]);
-    rig.monitor.evaluate_once();
+    rig.monitor.pass_now();
     assert!(rig.granted(&mut line, &mut grants).is_empty());
 }
 
@@ -510,15 +511,15 @@ fn a_collection_mid_delay_is_seen_at_the_two_second_recheck() {
     let rig = rig(97, 100);
     let mut line: Vec<Option<Admit>> = (0..2).map(|i| Some(rig.park(&format!("j{i}")))).collect();
     let mut grants = Vec::new();
-    assert_eq!(rig.monitor.evaluate_once(), Some(at(2_000)));
+    assert_eq!(rig.monitor.pass_now(), Some(at(2_000)));
     rig.clock.advance(ms(1_000));
     rig.probe.set_percent(40); // a collection: nobody announces it
     rig.clock.advance(ms(1_000));
-    let wake = rig.monitor.evaluate_once();
+    let wake = rig.monitor.pass_now();
     assert_eq!(rig.granted(&mut line, &mut grants), [0]);
     assert_eq!(wake, Some(at(2_050)));
     rig.clock.advance(ms(50));
-    rig.monitor.evaluate_once();
+    rig.monitor.pass_now();
     assert_eq!(rig.granted(&mut line, &mut grants), [1]);
 }
 
@@ -569,11 +570,11 @@ fn a_line_held_on_an_account_is_released_by_that_account_not_by_memory() {
     let mut a = rig.monitor.admit(free_job(), &JobContext::new("a"), None);
     let mut b = rig.monitor.admit(free_job(), &JobContext::new("b"), None);
     assert!(poll_once(&mut a).is_none() && poll_once(&mut b).is_none());
-    rig.monitor.evaluate_once();
+    rig.monitor.pass_now();
     assert_eq!(rig.gate.status().line, 3);
     rig.probe.set_percent(85);
     rig.clock.advance(ms(2_000));
-    rig.monitor.evaluate_once();
+    rig.monitor.pass_now();
     // The pool's job left memory's line and waits on the pool; `a` went; `b` is spaced.
     assert!(poll_once(&mut on_pool).is_none());
     let a = poll_once(&mut a).expect("a released").unwrap();
@@ -581,13 +582,13 @@ fn a_line_held_on_an_account_is_released_by_that_account_not_by_memory() {
     assert_eq!(rig.gate.status().line, 1);
     // The pool frees up mid-spacing: its job goes at once, memory's spacing notwithstanding.
     rig.pool.give(Amount::ONE);
-    rig.monitor.evaluate_once();
+    rig.monitor.pass_now();
     let on_pool = poll_once(&mut on_pool)
         .expect("the pool released it")
         .unwrap();
     assert!(poll_once(&mut b).is_none(), "b still waits for its spacing");
     rig.clock.advance(curve(85.0));
-    rig.monitor.evaluate_once();
+    rig.monitor.pass_now();
     assert!(poll_once(&mut b).expect("spacing served").is_ok());
     drop((a, on_pool));
     assert_eq!(rig.pool.in_use(), 0);
@@ -605,10 +606,10 @@ fn cancelling_or_stopping_mid_drain_leaves_nothing_hanging() {
             admit
         })
         .collect();
-    rig.monitor.evaluate_once();
+    rig.monitor.pass_now();
     rig.probe.set_percent(85);
     rig.clock.advance(ms(2_000));
-    rig.monitor.evaluate_once();
+    rig.monitor.pass_now();
     let first = poll_once(&mut line[0]).unwrap().unwrap();
     assert_eq!(rig.gate.status().line, 3);
 
@@ -702,7 +703,7 @@ fn a_hundred_and_fifty_random_jobs_under_random_readings_are_all_granted_and_not
                 }
                 _ => {
                     rig.clock.advance(ms(rng.below(2_500)));
-                    rig.monitor.evaluate_once();
+                    rig.monitor.pass_now();
                 }
             }
             if late {

@@ -26,6 +26,7 @@ fn fleet() -> Fleet {
     let clock = FakeClock::new();
     let recorder = Arc::new(Recorder::new());
     let monitor = Monitor::builder()
+        .manual_passes()
         .clock(clock.shared())
         .sink(recorder.clone())
         .build();
@@ -85,7 +86,7 @@ fn a_demand_over_all_four_families_is_granted_whole_when_its_last_short_account_
     let ctx = JobContext::new("third");
     let mut third = f.monitor.admit(f.call(), &ctx, None);
     assert!(poll_once(&mut third).is_none());
-    f.monitor.evaluate_once();
+    f.monitor.pass_now();
     assert_eq!(f.model.level(), 2_000, "a waiter holds nothing");
     assert_eq!(f.crm.snapshot().used, 2);
 
@@ -95,7 +96,7 @@ fn a_demand_over_all_four_families_is_granted_whole_when_its_last_short_account_
     assert_eq!(f.http.in_use(), 1);
 
     f.clock.advance(Duration::from_secs(6)); // t = 10 s: the oldest search stamps leave
-    f.monitor.evaluate_once();
+    f.monitor.pass_now();
     let grant = poll_once(&mut third).unwrap().unwrap();
     assert_eq!(grant.wall_wait(), Duration::from_secs(10));
     let wait_times = grant.wait_times();

@@ -371,7 +371,10 @@ fn demand_for_builds_the_whole_call() {
 fn a_call_is_granted_whole_and_its_tokens_stay_spent() {
     let clock = FakeClock::new();
     let registry = registry(&clock);
-    let monitor = Monitor::builder().clock(clock.shared()).build();
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .clock(clock.shared())
+        .build();
     let bucket = registry.bucket("sonnet").unwrap();
     let gate = registry.gate("sonnet").unwrap();
 
@@ -395,12 +398,9 @@ fn a_call_is_granted_whole_and_its_tokens_stay_spent() {
     drop(first);
     assert_eq!((registry.http().in_use(), gate.in_use()), (1, 1));
     // The gate is free again; tokens are short by 15,000 at 60,000 a minute: 15 s.
-    assert_eq!(
-        monitor.evaluate_once(),
-        Some(Instant::from_nanos(15 * SECOND))
-    );
+    assert_eq!(monitor.pass_now(), Some(Instant::from_nanos(15 * SECOND)));
     clock.advance(Duration::from_secs(15));
-    monitor.evaluate_once();
+    monitor.pass_now();
     let third = poll_once(&mut third).expect("granted at 15 s").unwrap();
     assert_eq!(
         (registry.http().in_use(), gate.in_use(), bucket.level()),
@@ -415,7 +415,10 @@ fn a_call_is_granted_whole_and_its_tokens_stay_spent() {
 fn a_call_larger_than_the_budget_is_refused_at_once() {
     let clock = FakeClock::new();
     let registry = registry(&clock);
-    let monitor = Monitor::builder().clock(clock.shared()).build();
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .clock(clock.shared())
+        .build();
     let call = registry.demand_for("sonnet", 50_000, 10_001).unwrap();
     let outcome = monitor.admit_blocking(call.demand, &JobContext::new("huge"), None);
     assert!(

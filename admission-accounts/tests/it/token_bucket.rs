@@ -795,7 +795,10 @@ proptest! {
 #[test]
 fn a_waiter_short_on_tokens_is_granted_exactly_at_the_computed_deadline() {
     let clock = FakeClock::new();
-    let monitor = Monitor::builder().clock(clock.shared()).build();
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .clock(clock.shared())
+        .build();
     let http = Arc::new(CountingGate::http(2).unwrap().with_clock(clock.shared()));
     let tokens = Arc::new(bucket(&clock, 6_000, 60));
     let demand = |n: u64| {
@@ -812,15 +815,15 @@ fn a_waiter_short_on_tokens_is_granted_exactly_at_the_computed_deadline() {
     // 200 tokens with 100 left at 6,000 a minute: one second.
     let mut second = monitor.admit(demand(200), &JobContext::new("second"), None);
     assert!(poll_once(&mut second).is_none());
-    assert_eq!(monitor.evaluate_once(), at(SECOND));
+    assert_eq!(monitor.pass_now(), at(SECOND));
 
     clock.advance(Duration::from_nanos(SECOND - 1));
-    monitor.evaluate_once();
+    monitor.pass_now();
     assert!(poll_once(&mut second).is_none(), "one nanosecond early");
     assert_eq!(monitor.queue_size(), 1);
 
     clock.advance(Duration::from_nanos(1));
-    monitor.evaluate_once();
+    monitor.pass_now();
     let granted = poll_once(&mut second)
         .expect("granted at the deadline")
         .unwrap();
@@ -835,7 +838,10 @@ fn a_waiter_short_on_tokens_is_granted_exactly_at_the_computed_deadline() {
 #[test]
 fn a_throttled_waiter_in_a_monitor_waits_twice_as_long_after_two_429s() {
     let clock = FakeClock::new();
-    let monitor = Monitor::builder().clock(clock.shared()).build();
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .clock(clock.shared())
+        .build();
     let tokens = Arc::new(hundred_left(&clock));
     tokens.record_429();
     tokens.record_429();
@@ -845,9 +851,9 @@ fn a_throttled_waiter_in_a_monitor_waits_twice_as_long_after_two_429s() {
         None,
     );
     assert!(poll_once(&mut waiter).is_none());
-    assert_eq!(monitor.evaluate_once(), at(2 * SECOND));
+    assert_eq!(monitor.pass_now(), at(2 * SECOND));
     clock.advance(Duration::from_secs(2));
-    monitor.evaluate_once();
+    monitor.pass_now();
     assert!(poll_once(&mut waiter).expect("granted").is_ok());
     assert_eq!(tokens.level(), 0);
 }

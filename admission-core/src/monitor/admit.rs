@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crate::clock::Instant;
 use crate::context::JobContext;
 use crate::demand::Demand;
 use crate::error::AdmitError;
@@ -59,11 +60,38 @@ pub(crate) fn admit_blocking(
 ) -> Outcome {
     match shared.begin(demand, ctx, timeout) {
         Begin::Done(outcome) => outcome,
-        Begin::Parked { seq, cell, .. } => {
+        Begin::Parked {
+            seq,
+            cell,
+            deadline,
+            ..
+        } => {
             let mut ticket = Ticket::park(shared, seq, cell, ctx);
-            let outcome = ticket.cell.wait();
+            let outcome = wait_until(shared, &ticket, deadline);
             ticket.done();
             outcome
+        }
+    }
+}
+
+/// Waits for a blocking waiter's outcome. Its deadline is kept by its own timer as well as by the
+/// evaluator: when the clock says the deadline has passed, the waiter times itself out.
+fn wait_until(shared: &Arc<Shared>, ticket: &Ticket, deadline: Option<Instant>) -> Outcome {
+    let Some(deadline) = deadline else {
+        return ticket.cell.wait();
+    };
+    loop {
+        // `None`: real time does not move this clock (a fake one); its passes keep the deadline.
+        let Some(wait) = shared.clock.real_wait(deadline) else {
+            return ticket.cell.wait();
+        };
+        if wait.is_zero() {
+            // Due: leave the line unless an outcome got there first; either way one is coming.
+            shared.expire(ticket.seq);
+            return ticket.cell.wait();
+        }
+        if let Some(outcome) = ticket.cell.wait_for(wait) {
+            return outcome;
         }
     }
 }

@@ -75,6 +75,16 @@ impl Cell {
     }
 
     /// Parks the calling thread until the outcome is there, then takes it.
+    /// Waits at most `timeout` (real time) for the outcome.
+    pub(crate) fn wait_for(&self, timeout: std::time::Duration) -> Option<Outcome> {
+        let mut slot = self.slot.lock();
+        if let Some(outcome) = slot.outcome.take() {
+            return Some(outcome);
+        }
+        slot = self.ready.wait_for(slot, timeout);
+        slot.outcome.take()
+    }
+
     pub(crate) fn wait(&self) -> Outcome {
         let mut slot = self.slot.lock();
         loop {

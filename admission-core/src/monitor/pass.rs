@@ -170,20 +170,6 @@ fn earlier(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
 }
 
 impl Shared {
-    /// The evaluator thread's body.
-    pub(crate) fn run_evaluator(self: Arc<Shared>) {
-        loop {
-            self.bell.answer();
-            let mut out = self.outbox();
-            let wake = self.pass_guarded(&mut out, Scope::Full);
-            self.deliver(out);
-            if !self.is_open() {
-                return;
-            }
-            self.bell.sleep(&*self.clock, wake);
-        }
-    }
-
     /// [`Shared::pass`], closing admission if the pass fails: a panic outside the accounts (which
     /// are guarded one by one) is a defect in the monitor or its gate.
     pub(crate) fn pass_guarded(

@@ -106,7 +106,6 @@ pub(crate) struct State {
     /// The line, in arrival order (the key is the arrival sequence number).
     pub(crate) queue: BTreeMap<u64, Waiter>,
     pub(crate) next_seq: u64,
-    pub(crate) started: bool,
     pub(crate) evaluator: Option<(thread::JoinHandle<()>, thread::ThreadId)>,
     /// Accounts whose wake slot holds our doorbell, so `stop` can clear them.
     pub(crate) watched: HashMap<usize, Weak<dyn Account>, BuildHasherDefault<AddressHasher>>,
@@ -141,6 +140,8 @@ pub(crate) struct Shared {
     pub(crate) bell: Arc<Doorbell>,
     /// The callback installed in accounts' wake slots, the gate and the clock.
     pub(crate) kick: WakeFn,
+    /// True for a monitor whose passes run only when asked (`test-util`): no evaluator.
+    pub(crate) manual: bool,
     sink: parking_lot::RwLock<Option<Arc<dyn EventSink>>>,
     has_sink: std::sync::atomic::AtomicBool,
 }
@@ -153,6 +154,8 @@ pub(crate) enum Begin {
         /// True when the evaluator must run a pass for this waiter (its first ask, or a
         /// deadline earlier than any pass already planned).
         ring: bool,
+        /// When the waiter times out, on the monitor's clock.
+        deadline: Option<Instant>,
     },
 }
 
@@ -182,6 +185,7 @@ impl Shared {
         clock: Arc<dyn Clock>,
         gate: Option<Arc<dyn Gate>>,
         sink: Option<Arc<dyn EventSink>>,
+        manual: bool,
     ) -> Arc<Shared> {
         let bell = Arc::new(Doorbell::new());
         let for_kick = bell.clone();
@@ -196,13 +200,13 @@ impl Shared {
                 phase: Phase::Open,
                 queue: BTreeMap::new(),
                 next_seq: 0,
-                started: false,
                 evaluator: None,
                 watched: HashMap::default(),
                 planned_wake: None,
             })),
             bell,
             kick,
+            manual,
             has_sink: std::sync::atomic::AtomicBool::new(sink.is_some()),
             sink: parking_lot::RwLock::new(sink),
         })
@@ -329,11 +333,21 @@ impl Shared {
         self.deliver(out);
         match begun {
             Begin::Done(outcome) => Begin::Done(outcome),
-            Begin::Parked { seq, cell, ring } => {
+            Begin::Parked {
+                seq,
+                cell,
+                ring,
+                deadline,
+            } => {
                 if ring {
                     self.bell.ring();
                 }
-                Begin::Parked { seq, cell, ring }
+                Begin::Parked {
+                    seq,
+                    cell,
+                    ring,
+                    deadline,
+                }
             }
         }
     }
@@ -474,6 +488,16 @@ impl Shared {
                 Arrival::Held { due } => ring = before_planned(due, st.planned_wake),
             }
         }
+        // Whoever parks has an evaluator to serve its deadline (started here at the latest).
+        if let Err(error) = self.ensure_evaluator(&mut st) {
+            self.bell.parked.store(st.queue.len(), Ordering::SeqCst);
+            drop(st);
+            let error = AdmitError::Unserved {
+                reason: error.to_string(),
+            };
+            self.reject_event(out, ctx, &waiter.demand, &error);
+            return Begin::Done(Err(error));
+        }
         let seq = st.next_seq;
         st.next_seq += 1;
         st.queue.insert(seq, waiter);
@@ -481,7 +505,12 @@ impl Shared {
             // Without a gate the count was published before the ask, and is this already.
             self.bell.parked.store(st.queue.len(), Ordering::SeqCst);
         }
-        Begin::Parked { seq, cell, ring }
+        Begin::Parked {
+            seq,
+            cell,
+            ring,
+            deadline,
+        }
     }
 
     /// The fast path: gate, then every account's `try_take` with nothing reserved, compensating a
@@ -559,6 +588,42 @@ impl Shared {
         }
         self.deliver(out);
         self.bell.ring();
+    }
+
+    /// Times waiter `seq` out if its deadline has passed on the monitor's clock: a blocking
+    /// waiter's own timer calls this, so its deadline holds even between the evaluator's passes.
+    pub(crate) fn expire(&self, seq: u64) {
+        let mut out = self.outbox();
+        let now = self.clock.now();
+        let expired = {
+            let mut st = self.state.lock();
+            let due = st
+                .queue
+                .get(&seq)
+                .is_some_and(|w| w.deadline.is_some_and(|d| d <= now));
+            match due.then(|| st.queue.remove(&seq)).flatten() {
+                Some(w) => {
+                    self.bell.parked.store(st.queue.len(), Ordering::SeqCst);
+                    if w.on_gate {
+                        self.tell_gate_holding(&st);
+                    }
+                    let error = AdmitError::TimedOut {
+                        job: w.ctx.id(),
+                        waited: now.saturating_duration_since(w.asked_at),
+                        timeout: w.timeout.unwrap_or_default(),
+                    };
+                    self.reject_event(&mut out, &w.ctx, &w.demand, &error);
+                    self.finish(&mut out, &w.cell, Err(error));
+                    true
+                }
+                None => false,
+            }
+        };
+        self.deliver(out);
+        if expired {
+            // What it set aside as the head is free for the next in line.
+            self.bell.ring();
+        }
     }
 
     /// Withdraws waiter `seq` because its admit was abandoned (the future dropped). Returns false

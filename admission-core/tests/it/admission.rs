@@ -9,6 +9,7 @@ use admission_testkit::FakeClock;
 use admission_testkit::monitor::{
     poll_once, spawn_task_waiter, spawn_thread_waiter, wait_for_queue,
 };
+use admission_testkit::reference::Permits;
 
 use super::accounts::{GreedyWindow, Moody};
 use super::{demand, meter, on, permits, recorded};
@@ -18,10 +19,10 @@ fn job(name: &str) -> JobContext {
 }
 
 #[test]
-fn a_second_start_is_refused() {
+fn start_is_idempotent_and_refused_after_stop() {
     let monitor = Monitor::new();
     assert_eq!(monitor.start(), Ok(()));
-    assert_eq!(monitor.start(), Err(StartError::AlreadyStarted));
+    assert_eq!(monitor.start(), Ok(()));
     monitor.stop();
     assert_eq!(monitor.start(), Err(StartError::Stopped));
 }
@@ -29,7 +30,7 @@ fn a_second_start_is_refused() {
 #[test]
 fn a_demand_that_fits_an_empty_line_is_granted_inline_by_the_caller() {
     // Never started: only the caller's own thread can grant.
-    let monitor = Monitor::new();
+    let monitor = Monitor::builder().manual_passes().build();
     let http = permits("http", 2);
     let grant = monitor
         .admit_blocking(demand(&[(on(&http), 2)]), &job("a"), None)
@@ -42,7 +43,7 @@ fn a_demand_that_fits_an_empty_line_is_granted_inline_by_the_caller() {
 
 #[test]
 fn the_whole_demand_is_granted_or_the_job_waits_holding_nothing() {
-    let monitor = Monitor::new();
+    let monitor = Monitor::builder().manual_passes().build();
     let http = permits("http", 2);
     let db = permits("db", 1);
     let blocker = monitor
@@ -55,7 +56,7 @@ fn the_whole_demand_is_granted_or_the_job_waits_holding_nothing() {
     assert_eq!(http.available(), 2, "a waiter holds nothing");
 
     drop(blocker);
-    monitor.evaluate_once();
+    monitor.pass_now();
     let grant = poll_once(&mut waiting).expect("granted").unwrap();
     assert_eq!((http.available(), db.available()), (1, 0));
     assert_eq!(monitor.queue_size(), 0);
@@ -79,12 +80,12 @@ fn the_head_is_never_overtaken_and_one_give_cascades_in_arrival_order() {
     assert!(poll_once(&mut w2).is_none());
 
     // One permit is free and `small` needs one, but the head's three are set aside.
-    monitor.evaluate_once();
+    monitor.pass_now();
     assert!(poll_once(&mut w2).is_none(), "the head was overtaken");
     assert_eq!(gate.available(), 1);
 
     drop(blocker);
-    monitor.evaluate_once();
+    monitor.pass_now();
     let g1 = poll_once(&mut w1).unwrap().unwrap();
     let g2 = poll_once(&mut w2).unwrap().unwrap();
     assert_eq!(gate.available(), 0);
@@ -100,7 +101,7 @@ fn the_head_is_never_overtaken_and_one_give_cascades_in_arrival_order() {
 
 #[test]
 fn a_demand_disjoint_from_the_heads_short_accounts_passes_on_arrival() {
-    let monitor = Monitor::new();
+    let monitor = Monitor::builder().manual_passes().build();
     let a = permits("a", 1);
     let b = permits("b", 1);
     let _held = monitor
@@ -119,14 +120,17 @@ fn a_demand_disjoint_from_the_heads_short_accounts_passes_on_arrival() {
     let mut behind = monitor.admit(demand(&[(on(&a), 1)]), &job("behind"), None);
     assert!(poll_once(&mut behind).is_none());
     assert_eq!(monitor.queue_size(), 2);
-    monitor.evaluate_once();
+    monitor.pass_now();
     assert!(poll_once(&mut head).is_none());
 }
 
 #[test]
 fn nothing_behind_a_head_short_on_a_time_account_takes_from_it() {
     let clock = FakeClock::new();
-    let monitor = Monitor::builder().clock(clock.shared()).build();
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .clock(clock.shared())
+        .build();
     // One slot free of two, and the window ignores reservations: only the sharp rule protects
     // the head.
     let window = Arc::new(GreedyWindow::new(2, 1, Instant::from_nanos(5_000)));
@@ -134,7 +138,7 @@ fn nothing_behind_a_head_short_on_a_time_account_takes_from_it() {
     let mut behind = monitor.admit(demand(&[(on(&window), 1)]), &job("behind"), None);
     assert!(poll_once(&mut head).is_none());
     assert!(poll_once(&mut behind).is_none());
-    let wake = monitor.evaluate_once();
+    let wake = monitor.pass_now();
     assert!(
         poll_once(&mut behind).is_none(),
         "took from the head's short Time account"
@@ -145,7 +149,7 @@ fn nothing_behind_a_head_short_on_a_time_account_takes_from_it() {
 
 #[test]
 fn an_account_refusal_refuses_that_waiter_only() {
-    let monitor = Monitor::new();
+    let monitor = Monitor::builder().manual_passes().build();
     let gate = permits("gate", 3);
     match monitor.admit_blocking(demand(&[(on(&gate), 5)]), &job("big"), None) {
         Err(AdmitError::Refused { account, refusal }) => {
@@ -172,14 +176,14 @@ fn an_account_refusal_refuses_that_waiter_only() {
         error.to_string(),
         "account `moody` refused the demand: circuit open for 30 s; pick another tool"
     );
-    monitor.evaluate_once();
+    monitor.pass_now();
     assert!(poll_once(&mut head).is_none());
     assert_eq!(monitor.queue_size(), 1);
 }
 
 #[test]
 fn a_panicking_account_aborts_that_waiter_only_and_admission_goes_on() {
-    let monitor = Monitor::new();
+    let monitor = Monitor::builder().manual_passes().build();
     let moody = Arc::new(Moody::new("moody"));
     let gate = permits("gate", 1);
     moody.panic.store(true, Ordering::SeqCst);
@@ -290,7 +294,7 @@ fn stop_refuses_every_waiter_clears_every_wake_slot_and_every_later_admit() {
 
 #[test]
 fn cancelling_the_context_withdraws_the_waiter_at_once() {
-    let monitor = Monitor::new();
+    let monitor = Monitor::builder().manual_passes().build();
     // Not started: nothing but the cancellation itself can answer the waiter.
     let gate = permits("gate", 1);
     let _held = monitor
@@ -310,7 +314,7 @@ fn cancelling_the_context_withdraws_the_waiter_at_once() {
 
 #[test]
 fn a_cancelled_head_stops_reserving() {
-    let monitor = Monitor::new();
+    let monitor = Monitor::builder().manual_passes().build();
     let gate = permits("gate", 4);
     let _held = monitor
         .admit_blocking(demand(&[(on(&gate), 3)]), &job("holder"), None)
@@ -320,7 +324,7 @@ fn a_cancelled_head_stops_reserving() {
     let mut w2 = monitor.admit(demand(&[(on(&gate), 1)]), &job("behind"), None);
     assert!(poll_once(&mut w1).is_none());
     assert!(poll_once(&mut w2).is_none());
-    monitor.evaluate_once();
+    monitor.pass_now();
     assert!(poll_once(&mut w2).is_none());
 
     head.cancel();
@@ -328,13 +332,13 @@ fn a_cancelled_head_stops_reserving() {
         poll_once(&mut w1),
         Some(Err(AdmitError::Cancelled { .. }))
     ));
-    monitor.evaluate_once();
+    monitor.pass_now();
     assert!(poll_once(&mut w2).unwrap().is_ok());
 }
 
 #[test]
 fn dropping_a_pending_admit_withdraws_the_waiter() {
-    let monitor = Monitor::new();
+    let monitor = Monitor::builder().manual_passes().build();
     let gate = permits("gate", 1);
     let _held = monitor
         .admit_blocking(demand(&[(on(&gate), 1)]), &job("holder"), None)
@@ -349,7 +353,10 @@ fn dropping_a_pending_admit_withdraws_the_waiter() {
 #[test]
 fn a_grant_that_landed_as_the_admit_was_dropped_is_rolled_back_in_full() {
     let clock = FakeClock::new();
-    let monitor = Monitor::builder().clock(clock.shared()).build();
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .clock(clock.shared())
+        .build();
     let gate = permits("gate", 1);
     let tokens = meter("tokens", 100, 1, &clock);
     let held = monitor
@@ -362,7 +369,7 @@ fn a_grant_that_landed_as_the_admit_was_dropped_is_rolled_back_in_full() {
     );
     assert!(poll_once(&mut pending).is_none());
     drop(held);
-    monitor.evaluate_once(); // the grant lands in the abandoned admit's slot
+    monitor.pass_now(); // the grant lands in the abandoned admit's slot
     assert_eq!((gate.available(), tokens.level()), (0, 60));
     drop(pending);
     assert_eq!(
@@ -418,7 +425,7 @@ fn a_deadline_refuses_the_waiter_with_timed_out() {
 
 #[test]
 fn an_empty_demand_is_an_orchestrators_and_is_granted_without_accounts() {
-    let monitor = Monitor::new();
+    let monitor = Monitor::builder().manual_passes().build();
     let grant = monitor
         .admit_blocking(Demand::new(), &job("orchestrator"), None)
         .unwrap();
@@ -427,7 +434,7 @@ fn an_empty_demand_is_an_orchestrators_and_is_granted_without_accounts() {
 
 #[test]
 fn a_pass_over_ten_thousand_parked_waiters_grants_them_all_in_order() {
-    let monitor = Monitor::new();
+    let monitor = Monitor::builder().manual_passes().build();
     let gate = permits("gate", 10_000);
     let held = monitor
         .admit_blocking(demand(&[(on(&gate), 10_000)]), &job("holder"), None)
@@ -439,10 +446,10 @@ fn a_pass_over_ten_thousand_parked_waiters_grants_them_all_in_order() {
         assert!(poll_once(w).is_none());
     }
     assert_eq!(monitor.queue_size(), 10_000);
-    monitor.evaluate_once();
+    monitor.pass_now();
     assert_eq!(monitor.queue_size(), 10_000, "nothing was free");
     drop(held);
-    monitor.evaluate_once();
+    monitor.pass_now();
     assert_eq!(monitor.queue_size(), 0);
     let grants: Vec<_> = waiters
         .iter_mut()
@@ -455,7 +462,7 @@ fn a_pass_over_ten_thousand_parked_waiters_grants_them_all_in_order() {
 
 #[test]
 fn admit_amounts_merge_on_one_account() {
-    let monitor = Monitor::new();
+    let monitor = Monitor::builder().manual_passes().build();
     let gate = permits("gate", 5);
     let mut d = Demand::new();
     d.add(on(&gate), Amount::units(2))
@@ -468,7 +475,7 @@ fn admit_amounts_merge_on_one_account() {
 #[test]
 fn a_demand_missing_a_required_capability_is_refused_at_once() {
     use admission_core::Capability;
-    let monitor = Monitor::new();
+    let monitor = Monitor::builder().manual_passes().build();
     let mut window = Moody::new("window");
     window.requires = Some(Capability::HTTP_CONNECTION);
     let window = Arc::new(window);
@@ -501,7 +508,7 @@ fn a_demand_missing_a_required_capability_is_refused_at_once() {
 
 #[test]
 fn a_release_s_pass_stops_at_a_head_short_on_what_was_given_back_and_only_there() {
-    let monitor = Monitor::new();
+    let monitor = Monitor::builder().manual_passes().build();
     let a = permits("a", 2);
     let b = permits("b", 1);
     let on_a = monitor
@@ -571,4 +578,97 @@ fn a_release_in_one_monitor_wakes_a_waiter_of_another_on_a_shared_account() {
     assert_eq!(shared.available(), 1);
     first.stop();
     second.stop();
+}
+
+/// How far past its timeout a waiter on the system clock may return: a loaded two-core machine
+/// may be slow to schedule the waiting thread, but never by this much.
+const TIMEOUT_MARGIN: Duration = Duration::from_millis(500);
+
+/// The case of a new user: `Monitor::new()` never started, every permit held, a 200 ms timeout.
+fn a_drained_never_started_monitor() -> (Monitor, Arc<Permits>, admission_core::Grant) {
+    let monitor = Monitor::new();
+    let http = permits("http", 1);
+    let held = monitor
+        .admit_blocking(demand(&[(on(&http), 1)]), &job("holder"), None)
+        .unwrap();
+    (monitor, http, held)
+}
+
+fn assert_timed_out_in_time(
+    outcome: Result<admission_core::Grant, AdmitError>,
+    took: Duration,
+    timeout: Duration,
+) {
+    match outcome {
+        Err(AdmitError::TimedOut {
+            timeout: reported, ..
+        }) => assert_eq!(reported, timeout),
+        other => panic!("expected a time-out, got {other:?}"),
+    }
+    println!("timed out after {took:?} (timeout {timeout:?}, margin {TIMEOUT_MARGIN:?})");
+    assert!(took >= timeout, "returned before its timeout: {took:?}");
+    assert!(
+        took <= timeout + TIMEOUT_MARGIN,
+        "returned {took:?} after asking with a {timeout:?} timeout"
+    );
+}
+
+#[test]
+fn a_blocking_wait_on_a_monitor_never_started_times_out_on_time() {
+    let (monitor, http, _held) = a_drained_never_started_monitor();
+    let timeout = Duration::from_millis(200);
+    let started = std::time::Instant::now();
+    let outcome = monitor.admit_blocking(demand(&[(on(&http), 1)]), &job("late"), Some(timeout));
+    assert_timed_out_in_time(outcome, started.elapsed(), timeout);
+    assert_eq!(monitor.queue_size(), 0);
+    assert_eq!(http.available(), 0, "the holder still holds its permit");
+}
+
+#[test]
+fn an_async_wait_on_a_monitor_never_started_times_out_on_time() {
+    let (monitor, http, _held) = a_drained_never_started_monitor();
+    let timeout = Duration::from_millis(200);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let outcome =
+        runtime.block_on(monitor.admit(demand(&[(on(&http), 1)]), &job("late"), Some(timeout)));
+    assert_timed_out_in_time(outcome, started.elapsed(), timeout);
+    assert_eq!(monitor.queue_size(), 0);
+}
+
+#[test]
+fn a_blocking_waiter_keeps_its_own_deadline_even_without_an_evaluator() {
+    // Manual passes: no evaluator runs at all, and no test pass is made. The blocking waiter's
+    // own timer still ends its wait.
+    let monitor = Monitor::builder().manual_passes().build();
+    let http = permits("http", 1);
+    let _held = monitor
+        .admit_blocking(demand(&[(on(&http), 1)]), &job("holder"), None)
+        .unwrap();
+    let timeout = Duration::from_millis(200);
+    let started = std::time::Instant::now();
+    let outcome = monitor.admit_blocking(demand(&[(on(&http), 1)]), &job("late"), Some(timeout));
+    assert_timed_out_in_time(outcome, started.elapsed(), timeout);
+    assert_eq!(monitor.queue_size(), 0);
+}
+
+#[test]
+fn a_clocked_refill_reaches_a_waiter_of_a_monitor_never_started() {
+    // The evaluator starts with the first park and adopts the refill's deadline on its own.
+    let clock = FakeClock::new();
+    let monitor = Monitor::builder().clock(clock.shared()).build();
+    let tokens = meter("tokens", 10, 1, &clock);
+    let first = monitor
+        .admit_blocking(demand(&[(on(&tokens), 10)]), &job("first"), None)
+        .unwrap();
+    drop(first); // clocked: the tokens stay spent
+    let waiter = spawn_thread_waiter(&monitor, demand(&[(on(&tokens), 3)]), job("second"), None);
+    wait_for_queue(&monitor, 1);
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(monitor.queue_size(), 1, "2 of 3 tokens back: still waiting");
+    clock.advance(Duration::from_secs(1));
+    let grant = waiter.outcome().unwrap();
+    assert_eq!(grant.wall_wait(), Duration::from_secs(3));
 }

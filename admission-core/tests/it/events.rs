@@ -45,11 +45,11 @@ fn a_slow_path_emits_held_once_per_short_account_then_granted_from_hold() {
     let ctx = JobContext::new("slow");
     let mut w = monitor.admit(demand(&[(on(&http), 1), (on(&tokens), 3)]), &ctx, None);
     assert!(poll_once(&mut w).is_none());
-    monitor.evaluate_once();
-    monitor.evaluate_once(); // held again on both: no new events
+    monitor.pass_now();
+    monitor.pass_now(); // held again on both: no new events
     clock.advance(Duration::from_secs(3));
     drop(held);
-    monitor.evaluate_once();
+    monitor.pass_now();
     assert!(poll_once(&mut w).unwrap().is_ok());
 
     let events: Vec<Event> = recorder
@@ -109,9 +109,9 @@ fn n_slow_path_waiters_on_one_account_make_exactly_2n_balanced_transitions() {
     for w in &mut waiters {
         assert!(poll_once(w).is_none());
     }
-    monitor.evaluate_once();
+    monitor.pass_now();
     drop(held);
-    monitor.evaluate_once();
+    monitor.pass_now();
     let grants: Vec<_> = waiters
         .iter_mut()
         .map(|w| poll_once(w).unwrap().unwrap())
@@ -190,7 +190,7 @@ fn rejections_carry_their_reason() {
     );
     assert!(poll_once(&mut e).is_none());
     clock.advance(Duration::from_secs(1));
-    monitor.evaluate_once();
+    monitor.pass_now();
     assert!(matches!(
         poll_once(&mut e),
         Some(Err(AdmitError::TimedOut { .. }))
@@ -265,7 +265,10 @@ impl EventSink for Failing {
 fn a_sink_that_panics_or_fails_is_dropped_and_admission_never_hears_of_it() {
     let gate = permits("gate", 1);
     let exploding = Arc::new(Exploding(AtomicUsize::new(0)));
-    let monitor = Monitor::builder().sink(exploding.clone()).build();
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .sink(exploding.clone())
+        .build();
     for _ in 0..3 {
         let grant = monitor.admit_blocking(demand(&[(on(&gate), 1)]), &JobContext::new("j"), None);
         assert!(grant.is_ok());

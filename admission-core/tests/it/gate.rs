@@ -56,7 +56,10 @@ impl Gate for TestGate {
 #[test]
 fn the_gate_is_met_before_any_account_and_an_empty_demand_never_meets_it() {
     let gate = Arc::new(TestGate::default());
-    let monitor = Monitor::builder().gate(gate.clone()).build();
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .gate(gate.clone())
+        .build();
     let moody = Arc::new(Moody::new("moody"));
     gate.hold_all.store(true, Ordering::SeqCst);
 
@@ -72,7 +75,7 @@ fn the_gate_is_met_before_any_account_and_an_empty_demand_never_meets_it() {
     // The line is not empty, so the orchestrator queues too; its pass never asks the gate.
     let mut orchestrator = monitor.admit(Demand::new(), &JobContext::new("o"), None);
     assert!(poll_once(&mut orchestrator).is_none());
-    monitor.evaluate_once();
+    monitor.pass_now();
     assert!(poll_once(&mut orchestrator).unwrap().is_ok());
     assert_eq!(
         gate.checks.load(Ordering::SeqCst),
@@ -81,7 +84,7 @@ fn the_gate_is_met_before_any_account_and_an_empty_demand_never_meets_it() {
     );
 
     gate.hold_all.store(false, Ordering::SeqCst);
-    monitor.evaluate_once();
+    monitor.pass_now();
     let grant = poll_once(&mut held).unwrap().unwrap();
     assert_eq!(gate.checks.load(Ordering::SeqCst), 3);
     assert_eq!(gate.passed.load(Ordering::SeqCst), 1);
@@ -95,6 +98,7 @@ fn while_the_gate_holds_the_head_every_waiter_with_entries_is_held_with_the_head
     let (monitor_plain, _clock, recorder) = recorded();
     drop(monitor_plain);
     let monitor = Monitor::builder()
+        .manual_passes()
         .gate(gate.clone())
         .sink(recorder.clone())
         .build();
@@ -109,7 +113,7 @@ fn while_the_gate_holds_the_head_every_waiter_with_entries_is_held_with_the_head
     assert!(poll_once(&mut orchestrator).is_none());
     let checks_before = gate.checks.load(Ordering::SeqCst);
 
-    let wake = monitor.evaluate_once();
+    let wake = monitor.pass_now();
     assert_eq!(wake, Some(HOLD_UNTIL));
     assert!(
         poll_once(&mut behind).is_none(),
@@ -134,7 +138,7 @@ fn while_the_gate_holds_the_head_every_waiter_with_entries_is_held_with_the_head
     assert_eq!(held_on_gate, ["head@memory", "behind@memory"]);
 
     gate.hold_head_only.store(false, Ordering::SeqCst);
-    monitor.evaluate_once();
+    monitor.pass_now();
     assert!(poll_once(&mut head).unwrap().is_ok());
     assert!(poll_once(&mut behind).unwrap().is_ok());
 }

@@ -30,7 +30,9 @@ fn add_merges_into_the_entry_for_the_same_account_and_keeps_first_add_order() {
 #[test]
 fn an_orchestrators_demand_and_grant_are_empty() {
     assert!(Demand::new().is_empty());
-    let grant = Monitor::new()
+    let grant = Monitor::builder()
+        .manual_passes()
+        .build()
         .admit_blocking(Demand::new(), &JobContext::new("o"), None)
         .unwrap();
     assert!(grant.is_empty());
@@ -40,7 +42,10 @@ fn an_orchestrators_demand_and_grant_are_empty() {
 #[test]
 fn release_returns_release_accounts_and_keeps_metered_debits_spent() {
     let clock = FakeClock::new();
-    let monitor = Monitor::builder().clock(clock.shared()).build();
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .clock(clock.shared())
+        .build();
     let http = permits("http", 2);
     let tokens = meter("tokens", 1_000, 1, &clock);
     assert_eq!(
@@ -67,7 +72,10 @@ fn release_returns_release_accounts_and_keeps_metered_debits_spent() {
 #[test]
 fn rollback_returns_everything_and_a_second_settle_is_a_no_op() {
     let clock = FakeClock::new();
-    let monitor = Monitor::builder().clock(clock.shared()).build();
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .clock(clock.shared())
+        .build();
     let http = permits("http", 2);
     let tokens = meter("tokens", 1_000, 1, &clock);
     let mut grant = monitor
@@ -89,7 +97,7 @@ fn rollback_returns_everything_and_a_second_settle_is_a_no_op() {
 
 #[test]
 fn dropping_a_grant_releases_it() {
-    let monitor = Monitor::new();
+    let monitor = Monitor::builder().manual_passes().build();
     let http = permits("http", 1);
     let grant = monitor
         .admit_blocking(demand(&[(on(&http), 1)]), &JobContext::new("j"), None)
@@ -102,7 +110,10 @@ fn dropping_a_grant_releases_it() {
 #[test]
 fn wall_wait_is_asking_to_granted_and_wait_times_are_per_account_holding_time() {
     let clock = FakeClock::new();
-    let monitor = Monitor::builder().clock(clock.shared()).build();
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .clock(clock.shared())
+        .build();
     let http = permits("http", 1);
     let tokens = meter("tokens", 100, 10, &clock);
     let held = monitor
@@ -123,12 +134,12 @@ fn wall_wait_is_asking_to_granted_and_wait_times_are_per_account_holding_time() 
         None,
     );
     assert!(poll_once(&mut w).is_none());
-    monitor.evaluate_once(); // t = 0: short on both
+    monitor.pass_now(); // t = 0: short on both
     clock.advance(Duration::from_secs(5)); // 50 tokens back; http still held
-    monitor.evaluate_once();
+    monitor.pass_now();
     clock.advance(Duration::from_secs(2));
     drop(held);
-    monitor.evaluate_once(); // t = 7 s: granted
+    monitor.pass_now(); // t = 7 s: granted
     let grant = poll_once(&mut w).unwrap().unwrap();
     assert_eq!(grant.wall_wait(), Duration::from_secs(7));
     let wait_times = grant.wait_times();
@@ -146,7 +157,7 @@ fn wall_wait_is_asking_to_granted_and_wait_times_are_per_account_holding_time() 
 
 #[test]
 fn an_immediate_grant_has_no_wait_times() {
-    let monitor = Monitor::new();
+    let monitor = Monitor::builder().manual_passes().build();
     let http = permits("http", 1);
     let grant = monitor
         .admit_blocking(demand(&[(on(&http), 1)]), &JobContext::new("j"), None)

@@ -1,7 +1,7 @@
 //! The core's integration tests: one binary, one module per part of the statement of record.
 //!
 //! Most rule tests drive a monitor that was never started, parking admissions with `poll_once` and
-//! running passes with `evaluate_once`, so the order of events is exact. Tests of wake-ups run the
+//! running passes with `pass_now`, so the order of events is exact. Tests of wake-ups run the
 //! real evaluator thread on a `FakeClock`.
 
 mod accounts;
@@ -45,6 +45,7 @@ pub(crate) fn recorded() -> (Monitor, FakeClock, Arc<Recorder>) {
     let clock = FakeClock::new();
     let recorder = Arc::new(Recorder::new());
     let monitor = Monitor::builder()
+        .manual_passes()
         .clock(clock.shared())
         .sink(recorder.clone())
         .build();

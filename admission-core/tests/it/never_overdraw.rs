@@ -98,7 +98,7 @@ proptest! {
     #[test]
     fn random_demands_never_overdraw_and_every_waiter_is_granted(s in scenario()) {
         let clock = FakeClock::new();
-        let monitor = Monitor::builder().clock(clock.shared()).build();
+        let monitor = Monitor::builder().manual_passes().clock(clock.shared()).build();
         let gates: Vec<Arc<Permits>> = s.gates.iter().enumerate()
             .map(|(i, c)| Arc::new(Permits::new(format!("gate{i}"), *c))).collect();
         let meters: Vec<Arc<Meter>> = s.meters.iter().enumerate()
@@ -123,7 +123,7 @@ proptest! {
             check_never_overdrawn(&world, &grants);
         }
         let collect = |pending: &mut Vec<admission_core::Admit>, grants: &mut Vec<Grant>| {
-            monitor.evaluate_once();
+            monitor.pass_now();
             pending.retain_mut(|admit| match poll_once(admit) {
                 Some(outcome) => { grants.push(outcome.expect("every demand fits")); false }
                 None => true,
@@ -184,7 +184,7 @@ struct Side {
 impl Side {
     fn new(s: &Scenario, gated: bool) -> Side {
         let clock = FakeClock::new();
-        let mut builder = Monitor::builder().clock(clock.shared());
+        let mut builder = Monitor::builder().manual_passes().clock(clock.shared());
         if gated {
             builder = builder.gate(Arc::new(PassThrough));
         }
@@ -224,7 +224,7 @@ impl Side {
     /// run); the jobs granted so far, sorted.
     fn settle(&mut self, pass: bool) -> Vec<usize> {
         if pass {
-            self.monitor.evaluate_once();
+            self.monitor.pass_now();
         }
         let mut pending = std::mem::take(&mut self.pending);
         pending.retain_mut(|(j, admit)| match poll_once(admit) {

@@ -101,7 +101,10 @@ impl io::Write for Broken {
 #[test]
 fn a_fast_path_grant_records_granted_immediate_then_released() {
     let recorder = Arc::new(Recorder::new());
-    let monitor = Monitor::builder().sink(recorder.clone()).build();
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .sink(recorder.clone())
+        .build();
     let counter = Counter::new(2);
     let ctx = JobContext::new("j");
 
@@ -124,7 +127,10 @@ fn a_fast_path_grant_records_granted_immediate_then_released() {
 #[test]
 fn a_refusal_records_a_circuit_blocked_rejection() {
     let recorder = Arc::new(Recorder::new());
-    let monitor = Monitor::builder().sink(recorder.clone()).build();
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .sink(recorder.clone())
+        .build();
     let counter = Counter::new(2);
 
     let demand = Demand::new().with(counter.clone(), Amount::units(3));
@@ -141,6 +147,7 @@ fn a_refusal_records_a_circuit_blocked_rejection() {
 #[test]
 fn a_failing_sink_is_dropped_and_admission_goes_on() {
     let monitor = Monitor::builder()
+        .manual_passes()
         .sink(Arc::new(JsonLinesSink::new(Broken)))
         .build();
     let counter = Counter::new(1);
@@ -159,7 +166,10 @@ fn a_fanout_keeps_recording_after_a_member_fails() {
     let fanout = Fanout::new()
         .with(Arc::new(JsonLinesSink::new(Broken)) as Arc<dyn EventSink>)
         .with(recorder.clone());
-    let monitor = Monitor::builder().sink(Arc::new(fanout)).build();
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .sink(Arc::new(fanout))
+        .build();
     let counter = Counter::new(1);
 
     for _ in 0..2 {
