@@ -273,6 +273,9 @@ impl Account for CountingGate {
     fn on_capacity_change(&self, wake: Option<WakeFn>) {
         self.wake.install(wake);
     }
+    fn forget_capacity_change(&self, wake: &WakeFn) {
+        self.wake.clear_if(wake);
+    }
 
     fn provides(&self) -> Option<Capability> {
         self.capability

@@ -836,6 +836,9 @@ impl Account for ElasticWindow {
     fn on_capacity_change(&self, wake: Option<WakeFn>) {
         self.wake.install(wake);
     }
+    fn forget_capacity_change(&self, wake: &WakeFn) {
+        self.wake.clear_if(wake);
+    }
 
     /// Always [`Capability::HTTP_CONNECTION`]: a call to the upstream needs a connection.
     fn requires(&self) -> Option<Capability> {

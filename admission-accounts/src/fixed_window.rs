@@ -627,6 +627,9 @@ impl Account for FixedWindow {
     fn on_capacity_change(&self, wake: Option<WakeFn>) {
         self.wake.install(wake);
     }
+    fn forget_capacity_change(&self, wake: &WakeFn) {
+        self.wake.clear_if(wake);
+    }
 }
 
 impl fmt::Debug for FixedWindow {

@@ -218,6 +218,17 @@ pub trait Account: Send + Sync + 'static {
     /// one. [`WakeSlot`] implements the slot for you.
     fn on_capacity_change(&self, wake: Option<WakeFn>);
 
+    /// Clears the wake slot only if it still holds `wake` (the same `Arc`): a monitor that stops
+    /// takes back its own callback and never one that another monitor sharing this account
+    /// installed since. [`WakeSlot::clear_if`] does it for you.
+    ///
+    /// The default keeps the callback, which is harmless (a stopped monitor's callback wakes
+    /// nobody) but holds it until the next install; every account built on a [`WakeSlot`]
+    /// should forward here.
+    fn forget_capacity_change(&self, wake: &WakeFn) {
+        let _ = wake;
+    }
+
     /// A capability this account stands for, if any (the HTTP connection gate provides
     /// [`Capability::HTTP_CONNECTION`]).
     fn provides(&self) -> Option<Capability> {
@@ -304,6 +315,17 @@ impl WakeSlot {
     /// Installs or clears the callback.
     pub fn install(&self, wake: Option<WakeFn>) {
         *self.wake.lock() = wake;
+    }
+
+    /// Clears the slot if it holds `wake` (compared by address, [`Arc::ptr_eq`]); returns
+    /// whether it did. A callback installed by someone else since is left alone.
+    pub fn clear_if(&self, wake: &WakeFn) -> bool {
+        let mut slot = self.wake.lock();
+        if slot.as_ref().is_some_and(|held| Arc::ptr_eq(held, wake)) {
+            *slot = None;
+            return true;
+        }
+        false
     }
 
     /// True when a callback is installed.

@@ -27,6 +27,14 @@ type Listener = Box<dyn FnOnce() + Send>;
 
 struct Inner {
     snapshot: JobSnapshot,
+    /// Shared by every context derived from one job (`with_workflow`, `with_tenant`), so a
+    /// clone taken before the job was labelled cancels the labelled one too.
+    switch: Arc<Switch>,
+}
+
+/// A job's cancellation switch.
+#[derive(Default)]
+struct Switch {
     cancelled: AtomicBool,
     /// Callbacks run once by `cancel()`; each admission in progress registers one.
     listeners: Mutex<Listeners>,
@@ -75,24 +83,33 @@ impl JobContext {
         JobContext {
             inner: Arc::new(Inner {
                 snapshot,
-                cancelled: AtomicBool::new(false),
-                listeners: Mutex::new(Listeners::default()),
+                switch: Arc::default(),
             }),
         }
     }
 
-    /// The same job in a workflow. Call before sharing the context.
-    pub fn with_workflow(self, workflow: impl Into<Arc<str>>) -> JobContext {
+    /// The same job, labelled: a new snapshot on the same cancellation switch.
+    fn relabel(self, label: impl FnOnce(&mut JobSnapshot)) -> JobContext {
         let mut snapshot = self.inner.snapshot.clone();
-        snapshot.workflow = Some(workflow.into());
-        JobContext::from_snapshot(snapshot)
+        label(&mut snapshot);
+        JobContext {
+            inner: Arc::new(Inner {
+                snapshot,
+                switch: self.inner.switch.clone(),
+            }),
+        }
     }
 
-    /// The same job for a tenant. Call before sharing the context.
+    /// The same job in a workflow. It keeps the job's cancellation switch: cancelling any
+    /// clone, taken before or after, cancels them all.
+    pub fn with_workflow(self, workflow: impl Into<Arc<str>>) -> JobContext {
+        self.relabel(|s| s.workflow = Some(workflow.into()))
+    }
+
+    /// The same job for a tenant, on the job's cancellation switch (as
+    /// [`with_workflow`](JobContext::with_workflow)).
     pub fn with_tenant(self, tenant: impl Into<Arc<str>>) -> JobContext {
-        let mut snapshot = self.inner.snapshot.clone();
-        snapshot.tenant = Some(tenant.into());
-        JobContext::from_snapshot(snapshot)
+        self.relabel(|s| s.tenant = Some(tenant.into()))
     }
 
     /// The job's identity.
@@ -107,13 +124,13 @@ impl JobContext {
 
     /// True once [`cancel`](JobContext::cancel) has been called.
     pub fn is_cancelled(&self) -> bool {
-        self.inner.cancelled.load(Ordering::Acquire)
+        self.inner.switch.cancelled.load(Ordering::Acquire)
     }
 
     /// Cancels the job: every admission it waits in leaves at once. Idempotent.
     pub fn cancel(&self) {
-        self.inner.cancelled.store(true, Ordering::Release);
-        let listeners = std::mem::take(&mut self.inner.listeners.lock().entries);
+        self.inner.switch.cancelled.store(true, Ordering::Release);
+        let listeners = std::mem::take(&mut self.inner.switch.listeners.lock().entries);
         for (_, listener) in listeners {
             listener();
         }
@@ -121,7 +138,7 @@ impl JobContext {
 
     /// Registers `listener` to run on cancellation. `None` if already cancelled (nothing kept).
     pub(crate) fn on_cancel(&self, listener: Listener) -> Option<u64> {
-        let mut listeners = self.inner.listeners.lock();
+        let mut listeners = self.inner.switch.listeners.lock();
         if self.is_cancelled() {
             return None;
         }
@@ -134,6 +151,7 @@ impl JobContext {
     /// Forgets a listener that is no longer needed.
     pub(crate) fn forget(&self, key: u64) {
         self.inner
+            .switch
             .listeners
             .lock()
             .entries

@@ -140,14 +140,15 @@ pub fn amount_of(event: &Event) -> u64 {
         .fold(0u64, u64::saturating_add)
 }
 
-/// A sink failed; the monitor drops it and goes on.
+/// A sink failed to record one event; the monitor loses that event and goes on.
 #[derive(Debug, thiserror::Error)]
 #[error("event sink failed: {0}")]
 pub struct SinkError(pub String);
 
 /// Where events go. Called outside every admission lock, on whichever thread made the transition.
 ///
-/// A sink that returns an error or panics is removed; admission never fails because of a sink.
+/// A sink that returns an error or panics loses that one event (the monitor logs the failure at
+/// `warn` and hands the sink the next event as usual); admission never fails because of a sink.
 pub trait EventSink: Send + Sync + 'static {
     /// Records one event.
     fn emit(&self, event: &Event) -> Result<(), SinkError>;

@@ -142,6 +142,9 @@ impl Account for Permits {
     fn on_capacity_change(&self, wake: Option<WakeFn>) {
         self.wake.install(wake);
     }
+    fn forget_capacity_change(&self, wake: &WakeFn) {
+        self.wake.clear_if(wake);
+    }
 }
 
 const NANOS_PER_SECOND: u128 = 1_000_000_000;
@@ -290,5 +293,8 @@ impl Account for Meter {
     }
     fn on_capacity_change(&self, wake: Option<WakeFn>) {
         self.wake.install(wake);
+    }
+    fn forget_capacity_change(&self, wake: &WakeFn) {
+        self.wake.clear_if(wake);
     }
 }

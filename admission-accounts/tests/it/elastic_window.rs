@@ -139,6 +139,9 @@ impl Account for Http {
     fn on_capacity_change(&self, wake: Option<WakeFn>) {
         self.0.on_capacity_change(wake)
     }
+    fn forget_capacity_change(&self, wake: &WakeFn) {
+        self.0.forget_capacity_change(wake)
+    }
     fn provides(&self) -> Option<Capability> {
         Some(Capability::HTTP_CONNECTION)
     }

@@ -86,6 +86,9 @@ impl Account for Gate {
     fn on_capacity_change(&self, wake: Option<WakeFn>) {
         self.wake.install(wake);
     }
+    fn forget_capacity_change(&self, wake: &WakeFn) {
+        self.wake.clear_if(wake);
+    }
 }
 
 fn one(gate: &Arc<Gate>) -> Demand {

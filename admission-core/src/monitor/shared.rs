@@ -256,14 +256,8 @@ impl Shared {
                 Ok(Err(e)) => e.to_string(),
                 Err(panic) => format!("the sink panicked: {}", panic_message(&*panic)),
             };
-            let mut slot = self.sink.write();
-            if slot.as_ref().is_some_and(|s| Arc::ptr_eq(s, &sink)) {
-                *slot = None;
-                self.has_sink
-                    .store(false, std::sync::atomic::Ordering::Release);
-            }
-            tracing::warn!(%failure, "admission dropped its event sink");
-            return;
+            // That event only is lost; the sink stays and hears the next one.
+            tracing::warn!(%failure, kind = event.kind.as_str(), job = event.job.id, "an event sink failed; the event is lost");
         }
     }
 
@@ -718,10 +712,12 @@ impl Shared {
         }
     }
 
+    /// Takes this monitor's doorbell back from every account it watched, leaving alone a slot
+    /// that another monitor sharing the account has taken over since.
     fn unwatch_locked(&self, st: &mut State) {
         for (_, weak) in st.watched.drain() {
             if let Some(account) = weak.upgrade() {
-                account.on_capacity_change(None);
+                account.forget_capacity_change(&self.kick);
             }
         }
     }

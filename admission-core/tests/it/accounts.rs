@@ -70,6 +70,9 @@ impl Account for GreedyWindow {
     fn on_capacity_change(&self, wake: Option<WakeFn>) {
         self.wake.install(wake);
     }
+    fn forget_capacity_change(&self, wake: &WakeFn) {
+        self.wake.clear_if(wake);
+    }
 }
 
 /// An account that refuses everyone with a message, or panics, when told to; otherwise it
@@ -137,6 +140,9 @@ impl Account for Moody {
     }
     fn on_capacity_change(&self, wake: Option<WakeFn>) {
         self.wake.install(wake);
+    }
+    fn forget_capacity_change(&self, wake: &WakeFn) {
+        self.wake.clear_if(wake);
     }
     fn provides(&self) -> Option<Capability> {
         self.provides

@@ -243,64 +243,101 @@ fn every_event_carries_the_jobs_snapshot() {
     assert_eq!(events[1].kind, EventKind::Released { rolled_back: true });
 }
 
-struct Exploding(AtomicUsize);
+/// A sink that fails on its first event, by panicking or by returning an error, and records the
+/// kinds of the events it accepts after that.
+struct FailsOnce {
+    panics: bool,
+    calls: AtomicUsize,
+    accepted: parking_lot::Mutex<Vec<&'static str>>,
+}
 
-impl EventSink for Exploding {
-    fn emit(&self, _event: &Event) -> Result<(), SinkError> {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        panic!("sink exploded");
+impl FailsOnce {
+    fn new(panics: bool) -> Arc<FailsOnce> {
+        Arc::new(FailsOnce {
+            panics,
+            calls: AtomicUsize::new(0),
+            accepted: parking_lot::Mutex::new(Vec::new()),
+        })
     }
 }
 
-struct Failing(AtomicUsize);
-
-impl EventSink for Failing {
-    fn emit(&self, _event: &Event) -> Result<(), SinkError> {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        Err(SinkError("disk full".into()))
+impl EventSink for FailsOnce {
+    fn emit(&self, event: &Event) -> Result<(), SinkError> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+            if self.panics {
+                panic!("sink exploded");
+            }
+            return Err(SinkError("disk full".into()));
+        }
+        self.accepted.lock().push(event.kind.as_str());
+        Ok(())
     }
 }
 
 #[test]
-fn a_sink_that_panics_or_fails_is_dropped_and_admission_never_hears_of_it() {
-    let gate = permits("gate", 1);
-    let exploding = Arc::new(Exploding(AtomicUsize::new(0)));
-    let monitor = Monitor::builder()
-        .manual_passes()
-        .sink(exploding.clone())
-        .build();
-    for _ in 0..3 {
-        let grant = monitor.admit_blocking(demand(&[(on(&gate), 1)]), &JobContext::new("j"), None);
-        assert!(grant.is_ok());
-    }
-    assert_eq!(
-        exploding.0.load(Ordering::SeqCst),
-        1,
-        "dropped after its first failure"
-    );
-
-    let failing = Arc::new(Failing(AtomicUsize::new(0)));
-    monitor.set_sink(Some(failing.clone()));
-    for _ in 0..3 {
-        assert!(
-            monitor
-                .admit_blocking(demand(&[(on(&gate), 1)]), &JobContext::new("j"), None)
-                .is_ok()
+fn a_sink_that_panics_or_fails_loses_that_event_only() {
+    for panics in [true, false] {
+        let gate = permits("gate", 1);
+        let sink = FailsOnce::new(panics);
+        let monitor = Monitor::builder()
+            .manual_passes()
+            .sink(sink.clone())
+            .build();
+        for _ in 0..3 {
+            let grant =
+                monitor.admit_blocking(demand(&[(on(&gate), 1)]), &JobContext::new("j"), None);
+            assert!(grant.is_ok(), "admission never fails because of a sink");
+        }
+        assert_eq!(sink.calls.load(Ordering::SeqCst), 6, "panics: {panics}");
+        assert_eq!(
+            *sink.accepted.lock(),
+            [
+                "released",
+                "granted_immediate",
+                "released",
+                "granted_immediate",
+                "released"
+            ],
+            "only the first event is lost (panics: {panics})"
         );
     }
-    assert_eq!(failing.0.load(Ordering::SeqCst), 1);
+}
+
+/// A clock that counts its reads: building an event reads the clock, an uncontended admit
+/// without a gate does not.
+#[derive(Debug, Default)]
+struct CountingClock(AtomicUsize);
+
+impl admission_core::Clock for CountingClock {
+    fn now(&self) -> admission_core::Instant {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        admission_core::Instant::ZERO
+    }
 }
 
 #[test]
 fn with_no_sink_no_event_is_built() {
-    // Nothing to observe directly but that admission works and nothing is recorded anywhere:
-    // a recorder installed afterwards sees only what happens after it.
-    let (monitor, _clock, recorder) = recorded();
-    monitor.set_sink(None);
+    let clock = Arc::new(CountingClock::default());
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .clock(clock.clone())
+        .build();
     let gate = permits("gate", 1);
-    drop(monitor.admit_blocking(demand(&[(on(&gate), 1)]), &JobContext::new("unseen"), None));
+    for _ in 0..3 {
+        drop(monitor.admit_blocking(demand(&[(on(&gate), 1)]), &JobContext::new("unseen"), None));
+    }
+    assert_eq!(
+        clock.0.load(Ordering::SeqCst),
+        0,
+        "no sink: no event built, so the clock was never read"
+    );
+    let recorder = Arc::new(Recorder::new());
     monitor.set_sink(Some(recorder.clone()));
     drop(monitor.admit_blocking(demand(&[(on(&gate), 1)]), &JobContext::new("seen"), None));
-    assert_eq!(recorder.kinds(), ["granted_immediate", "released"]);
-    assert!(recorder.events().iter().all(|e| &*e.job.name == "seen"));
+    assert_eq!(
+        clock.0.load(Ordering::SeqCst),
+        2,
+        "with a sink, each of the two events reads the clock once"
+    );
+    assert_eq!(recorder.events().len(), 2);
 }

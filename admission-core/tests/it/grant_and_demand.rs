@@ -165,3 +165,48 @@ fn an_immediate_grant_has_no_wait_times() {
     assert!(grant.wait_times().is_empty());
     assert_eq!(grant.wall_wait(), Duration::ZERO);
 }
+
+#[test]
+fn a_labelled_context_keeps_the_jobs_cancellation_switch() {
+    let ctx = JobContext::new("job");
+    let taken_before = ctx.clone();
+    let labelled = ctx.with_workflow("nightly").with_tenant("acme");
+    assert_eq!(labelled.snapshot().workflow.as_deref(), Some("nightly"));
+    assert_eq!(labelled.snapshot().tenant.as_deref(), Some("acme"));
+    assert_eq!(labelled.id(), taken_before.id());
+    assert!(!labelled.is_cancelled());
+    taken_before.cancel();
+    assert!(
+        labelled.is_cancelled(),
+        "cancelled through a clone taken before labelling"
+    );
+
+    let ctx = JobContext::new("other");
+    let taken_before = ctx.clone();
+    ctx.with_workflow("w").cancel();
+    assert!(taken_before.is_cancelled(), "and the other way round");
+}
+
+#[test]
+fn cancelling_through_an_earlier_clone_withdraws_a_labelled_waiter() {
+    let monitor = Monitor::builder().manual_passes().build();
+    let http = permits("http", 1);
+    let _held = monitor
+        .admit_blocking(demand(&[(on(&http), 1)]), &JobContext::new("holder"), None)
+        .unwrap();
+    let ctx = JobContext::new("waiter");
+    let switch = ctx.clone();
+    let mut admit = monitor.admit(
+        demand(&[(on(&http), 1)]),
+        &ctx.with_workflow("nightly"),
+        None,
+    );
+    assert!(admission_testkit::monitor::poll_once(&mut admit).is_none());
+    assert_eq!(monitor.queue_size(), 1);
+    switch.cancel();
+    assert_eq!(monitor.queue_size(), 0);
+    assert!(matches!(
+        admission_testkit::monitor::poll_once(&mut admit),
+        Some(Err(admission_core::AdmitError::Cancelled { .. }))
+    ));
+}

@@ -84,6 +84,9 @@ impl Account for Counter {
     fn on_capacity_change(&self, wake: Option<WakeFn>) {
         self.wake.install(wake);
     }
+    fn forget_capacity_change(&self, wake: &WakeFn) {
+        self.wake.clear_if(wake);
+    }
 }
 
 /// A writer that fails every write.
