@@ -70,33 +70,105 @@ impl fmt::Display for Category {
     }
 }
 
+/// What kind of "never" a [`Refusal`] is.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RefusalKind {
+    /// The amount asked is more than the account can ever hold as configured.
+    TooLarge {
+        /// What the demand asked of this account.
+        asked: Amount,
+        /// The most the account can ever grant at once.
+        max: Amount,
+    },
+    /// The account refuses everyone for now (an open circuit) and expects to accept again in
+    /// about `retry_after`.
+    RefusingAll {
+        /// When to try again.
+        retry_after: Duration,
+    },
+    /// Another reason, in the account's own words.
+    Other,
+}
+
 /// An account's "never": the asking amount can never fit, or the account refuses everyone now.
 ///
 /// The message is meant for whoever chose the demand, possibly a model choosing tools, so it says
 /// what was asked, what the limit is and what to do instead. The monitor adds the account's name.
-#[derive(Clone, Debug, thiserror::Error)]
-#[error("{message}")]
+/// [`kind`](Refusal::kind) carries the same facts as values.
+#[derive(Clone, Debug)]
 pub struct Refusal {
+    /// Boxed: a refusal is rare, and the errors that carry one stay small.
+    inner: Box<RefusalInner>,
+}
+
+#[derive(Clone, Debug)]
+struct RefusalInner {
+    kind: RefusalKind,
     message: String,
-    #[source]
     cause: Option<Arc<dyn Error + Send + Sync + 'static>>,
-    retry_after: Option<Duration>,
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.inner.message)
+    }
+}
+
+impl Error for Refusal {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        self.inner
+            .cause
+            .as_deref()
+            .map(|cause| cause as &(dyn Error + 'static))
+    }
 }
 
 impl Refusal {
-    /// A refusal with a readable message: the demand can never fit this account as configured.
+    /// A refusal in the account's own words ([`RefusalKind::Other`]): the demand can never fit
+    /// this account as configured.
     pub fn new(message: impl Into<String>) -> Refusal {
+        Refusal::of(RefusalKind::Other, message.into())
+    }
+
+    fn of(kind: RefusalKind, message: String) -> Refusal {
         Refusal {
-            message: message.into(),
-            cause: None,
-            retry_after: None,
+            inner: Box::new(RefusalInner {
+                kind,
+                message,
+                cause: None,
+            }),
         }
     }
 
-    /// A refusal that holds for now only: the account refuses everyone (a circuit breaker's
-    /// cooldown) and expects to accept again in about `retry_after`. The job is still refused
-    /// rather than parked: waiting in the line behind an outage would hold the line for nothing,
-    /// so the caller decides whether to retry later or go elsewhere.
+    /// `asked` is more than the `max` the account can ever grant at once
+    /// ([`RefusalKind::TooLarge`]). The message names both; replace it with
+    /// [`with_message`](Refusal::with_message) to say more.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission_core::{Amount, Refusal, RefusalKind};
+    ///
+    /// let refusal = Refusal::too_large(Amount::units(20), Amount::units(16));
+    /// assert_eq!(
+    ///     refusal.kind(),
+    ///     RefusalKind::TooLarge { asked: Amount::units(20), max: Amount::units(16) }
+    /// );
+    /// assert_eq!(refusal.to_string(), "asks 20, more than the 16 it can ever grant at once");
+    /// ```
+    pub fn too_large(asked: Amount, max: Amount) -> Refusal {
+        Refusal::of(
+            RefusalKind::TooLarge { asked, max },
+            format!("asks {asked}, more than the {max} it can ever grant at once"),
+        )
+    }
+
+    /// A refusal that holds for now only ([`RefusalKind::RefusingAll`]): the account refuses
+    /// everyone (a circuit breaker's cooldown) and expects to accept again in about
+    /// `retry_after`. The job is still refused rather than parked: waiting in the line behind
+    /// an outage would hold the line for nothing, so the caller decides whether to retry later
+    /// or go elsewhere.
     ///
     /// # Examples
     ///
@@ -110,33 +182,145 @@ impl Refusal {
     /// assert!(Refusal::new("never fits").is_permanent());
     /// ```
     pub fn temporary(message: impl Into<String>, retry_after: Duration) -> Refusal {
-        Refusal {
-            retry_after: Some(retry_after),
-            ..Refusal::new(message)
-        }
+        Refusal::of(RefusalKind::RefusingAll { retry_after }, message.into())
+    }
+
+    /// Replaces the message, keeping the kind.
+    pub fn with_message(mut self, message: impl Into<String>) -> Refusal {
+        self.inner.message = message.into();
+        self
+    }
+
+    /// What kind of refusal this is, with its numbers.
+    pub fn kind(&self) -> RefusalKind {
+        self.inner.kind
     }
 
     /// For a [`temporary`](Refusal::temporary) refusal, when the account expects to accept
     /// again; `None` for a demand that can never fit.
     pub fn retry_after(&self) -> Option<Duration> {
-        self.retry_after
+        match self.inner.kind {
+            RefusalKind::RefusingAll { retry_after } => Some(retry_after),
+            _ => None,
+        }
     }
 
     /// True for a demand that can never fit as the account is configured; false for a
     /// [`temporary`](Refusal::temporary) refusal.
     pub fn is_permanent(&self) -> bool {
-        self.retry_after.is_none()
+        self.retry_after().is_none()
     }
 
     /// Attaches the underlying error (an upstream failure, a bug in the account).
     pub fn with_cause(mut self, cause: impl Error + Send + Sync + 'static) -> Refusal {
-        self.cause = Some(Arc::new(cause));
+        self.inner.cause = Some(Arc::new(cause));
         self
     }
 
     /// The readable message.
     pub fn message(&self) -> &str {
-        &self.message
+        &self.inner.message
+    }
+}
+
+/// Who asks an account, and whether to take.
+///
+/// The monitor asks each account of a demand once per attempt. The head of the line (or a job
+/// meeting an empty line) asks with [`Ask::HEAD`]: nothing is set aside, and a privilege
+/// reserved to the head, such as the elastic window's one probe, is its to use. A waiter behind
+/// the head asks with [`Ask::behind`] and the head's amount on this account, which it must
+/// leave (EASY backfilling's reservation; [`Amount::ZERO`] when the head does not use this
+/// account, which does not make the asker the head). Once one account of a demand says "not
+/// now", the monitor asks the rest with [`look`](Ask::look), so that it learns every account the
+/// job is short on without taking from them.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Ask {
+    reserved_ahead: Amount,
+    head: bool,
+    take: bool,
+}
+
+impl Ask {
+    /// The head of the line asks, and takes if it fits.
+    pub const HEAD: Ask = Ask {
+        reserved_ahead: Amount::ZERO,
+        head: true,
+        take: true,
+    };
+
+    /// A waiter behind the head asks, leaving `reserved_ahead` (the head's amount on this
+    /// account) aside, and takes if it fits.
+    pub const fn behind(reserved_ahead: Amount) -> Ask {
+        Ask {
+            reserved_ahead,
+            head: false,
+            take: true,
+        }
+    }
+
+    /// The same question, answered without taking anything: [`Answer::Taken`] then means "it
+    /// would have been taken", and nothing changed.
+    pub const fn look(self) -> Ask {
+        Ask {
+            take: false,
+            ..self
+        }
+    }
+
+    /// The head's amount on this account, which the asker must leave.
+    pub const fn reserved_ahead(&self) -> Amount {
+        self.reserved_ahead
+    }
+
+    /// True when the asker is the head of the line (or meets an empty one).
+    pub const fn is_head(&self) -> bool {
+        self.head
+    }
+
+    /// True when a fitting amount is to be taken; false for a [`look`](Ask::look).
+    pub const fn takes(&self) -> bool {
+        self.take
+    }
+}
+
+/// An account's one answer to an [`Ask`], as governor's `check_n` answers: yes, not until, or
+/// never.
+#[derive(Clone, Debug)]
+#[must_use = "an answer of Taken means the account was debited"]
+pub enum Answer {
+    /// It fits and was taken: the account was debited by exactly the amount asked (for a
+    /// [`look`](Ask::look): it would have been, and nothing changed).
+    Taken,
+    /// Not now; nothing changed. `Some(instant)`: the earliest instant at which time alone could
+    /// make it fit (an instant in the past means "ask again now"); `None`: only an event (a give,
+    /// a capacity change) can. A demand that fits the account alone but not beside the head's
+    /// reservation is "not now", never a refusal.
+    NotNow(Option<Instant>),
+    /// Never, as the account is now; nothing changed. The job is refused at once.
+    Never(Refusal),
+}
+
+impl Answer {
+    /// True for [`Answer::Taken`].
+    pub fn is_taken(&self) -> bool {
+        matches!(self, Answer::Taken)
+    }
+
+    /// For [`Answer::NotNow`], the instant time alone could change it (`Some(None)`: only an
+    /// event); `None` for the other answers.
+    pub fn not_now(&self) -> Option<Option<Instant>> {
+        match self {
+            Answer::NotNow(at) => Some(*at),
+            _ => None,
+        }
+    }
+
+    /// For [`Answer::Never`], the refusal.
+    pub fn refusal(&self) -> Option<&Refusal> {
+        match self {
+            Answer::Never(refusal) => Some(refusal),
+            _ => None,
+        }
     }
 }
 
@@ -165,15 +349,18 @@ erased_serde::serialize_trait_object!(AccountStatus);
 /// every method below while holding its own lock, so each must return promptly and must not call
 /// back into the monitor.
 ///
-/// Two kinds of "no" are kept apart, as governor's `check_n` does:
-/// - `Ok(false)`: not now. `mine` fits the configuration but not the present level together with
-///   `reserved_ahead`; the job waits.
-/// - `Err(Refusal)`: never. `mine` exceeds what the account can ever hold, or the account is
+/// The monitor asks an account one question per attempt, [`ask`](Account::ask), and gets one
+/// [`Answer`] (as governor's `check_n` answers):
+/// - [`Answer::Taken`]: it fits, and was debited.
+/// - [`Answer::NotNow`]: not now, with the earliest instant time alone could change that (or
+///   none: only an event can). `mine` fits the configuration but not the present level together
+///   with the head's reservation; the job waits.
+/// - [`Answer::Never`]: `mine` exceeds what the account can ever hold, or the account is
 ///   refusing everyone (an open circuit). The job is refused at once instead of parking forever.
 ///
-/// `reserved_ahead` is the amount that the head of the line asks of this account; a waiter behind
-/// the head must fit with it set aside (EASY backfilling's head reservation). It is
-/// [`Amount::ZERO`] for the head itself and for any waiter when the head does not use this account.
+/// [`Ask`] says who asks: the head of the line, or a waiter behind it that must leave the head's
+/// amount on this account aside (EASY backfilling's head reservation), and whether to take or
+/// only [`look`](Ask::look).
 ///
 /// The test-kit's contract suite (`admission_testkit::contract`) checks every rule here against any
 /// implementation in a few lines.
@@ -187,23 +374,62 @@ pub trait Account: Send + Sync + 'static {
     /// How capacity comes back. Deliberately without a default: every account must say.
     fn replenishment(&self) -> Replenishment;
 
-    /// Whether `mine` fits now with `reserved_ahead` set aside. Changes nothing.
-    fn fits(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal>;
-
-    /// The same check and the debit of `mine` in one step under the account's own lock.
+    /// The one question: does `mine` fit now, as `ask` says who asks, and if so (and
+    /// [`ask.takes()`](Ask::takes)) take it, in one step under the account's own lock.
     ///
-    /// On `Ok(true)` the account has been debited by exactly `mine`; otherwise nothing changed.
-    fn try_take(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal>;
+    /// On [`Answer::Taken`] for a taking ask the account has been debited by exactly `mine`;
+    /// every other answer, and every answer to a look, changes nothing.
+    ///
+    /// The default answers from [`fits`](Account::fits), [`try_take`](Account::try_take) and
+    /// [`earliest_fit`](Account::earliest_fit), for accounts written before `ask` existed;
+    /// implement `ask` itself (and none of those three), since only `ask` hears whether the
+    /// asker is the head.
+    fn ask(&self, mine: Amount, ask: Ask) -> Answer {
+        let reserved = ask.reserved_ahead();
+        let answer = if ask.takes() {
+            self.try_take(mine, reserved)
+        } else {
+            self.fits(mine, reserved)
+        };
+        match answer {
+            Ok(true) => Answer::Taken,
+            Ok(false) => Answer::NotNow(self.earliest_fit(mine, reserved)),
+            Err(refusal) => Answer::Never(refusal),
+        }
+    }
+
+    /// Whether `mine` fits now with `reserved_ahead` set aside; changes nothing. Derived from
+    /// [`ask`](Account::ask) (a look; a zero reservation is taken as the head's ask).
+    fn fits(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
+        match self.ask(mine, legacy_ask(reserved_ahead).look()) {
+            Answer::Taken => Ok(true),
+            Answer::NotNow(_) => Ok(false),
+            Answer::Never(refusal) => Err(refusal),
+        }
+    }
+
+    /// The check and the debit of `mine` in one step. Derived from [`ask`](Account::ask).
+    fn try_take(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
+        match self.ask(mine, legacy_ask(reserved_ahead)) {
+            Answer::Taken => Ok(true),
+            Answer::NotNow(_) => Ok(false),
+            Answer::Never(refusal) => Err(refusal),
+        }
+    }
+
+    /// The instant at which `mine` would fit from the passage of time alone (`None`: only an
+    /// event). Derived from [`ask`](Account::ask).
+    fn earliest_fit(&self, mine: Amount, reserved_ahead: Amount) -> Option<Instant> {
+        match self.ask(mine, legacy_ask(reserved_ahead).look()) {
+            Answer::Taken => Some(Instant::ZERO),
+            Answer::NotNow(at) => at,
+            Answer::Never(_) => None,
+        }
+    }
 
     /// Credits `amount` back: at release for [`Replenishment::Release`] accounts, at rollback and
     /// as compensation for every account. A give that grows capacity calls the wake slot.
     fn give(&self, amount: Amount);
-
-    /// The instant at which `fits` would turn true from the passage of time alone.
-    ///
-    /// `None` means only an event (a give, a capacity change) can change the answer; an instant
-    /// in the past means now. Accounts that replenish on release answer `None`.
-    fn earliest_fit(&self, mine: Amount, reserved_ahead: Amount) -> Option<Instant>;
 
     /// A status record read at this instant.
     fn status(&self) -> Box<dyn AccountStatus>;
@@ -349,6 +575,15 @@ impl fmt::Debug for WakeSlot {
         f.debug_struct("WakeSlot")
             .field("installed", &self.is_installed())
             .finish()
+    }
+}
+
+/// The ask that the three derived questions stand for: a zero reservation is taken as the head's.
+fn legacy_ask(reserved_ahead: Amount) -> Ask {
+    if reserved_ahead.is_zero() {
+        Ask::HEAD
+    } else {
+        Ask::behind(reserved_ahead)
     }
 }
 

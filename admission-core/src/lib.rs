@@ -26,7 +26,8 @@ mod probe;
 mod sync;
 
 pub use account::{
-    Account, AccountRef, AccountStatus, Capability, Category, Refusal, Replenishment, WakeSlot,
+    Account, AccountRef, AccountStatus, Answer, Ask, Capability, Category, Refusal, RefusalKind,
+    Replenishment, WakeSlot,
 };
 pub use amount::Amount;
 pub use clock::{Clock, Instant, SystemClock, WakeFn};

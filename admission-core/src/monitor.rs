@@ -11,6 +11,7 @@
 //! the head reservation.
 
 mod admit;
+mod ask;
 mod cell;
 mod doorbell;
 mod evaluator;

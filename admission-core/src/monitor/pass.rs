@@ -35,10 +35,8 @@ use crate::gate::{GateAnswer, GateView};
 use crate::grant::{Grant, Waits};
 use crate::sync::Ordering;
 
-use super::shared::{
-    GATE_KEY, Hold, Outbox, Phase, Shared, Waiter, entry_events, guarded, guarded_plain,
-    panic_message,
-};
+use super::ask::{Attempt, Head, Learn, ask_demand, earlier};
+use super::shared::{GATE_KEY, Hold, Outbox, Phase, Shared, Waiter, entry_events, panic_message};
 
 /// The shortest sleep after a pass whose computed wake-up was already due.
 const MIN_RECHECK: Duration = Duration::from_millis(1);
@@ -55,26 +53,6 @@ pub(crate) enum Scope<'a> {
     Released(&'a [crate::demand::Entry]),
 }
 
-/// What the head of the line asks for, as the waiters behind it must respect.
-#[derive(Default)]
-struct Head {
-    /// The head's amount on each account it names (by account key).
-    amounts: Vec<(usize, Amount)>,
-    /// Accounts the head is short on: nobody behind is asked about them or takes from them.
-    short: Vec<usize>,
-    /// `Some(until)` while the gate holds the head.
-    gate_hold: Option<Option<Instant>>,
-}
-
-impl Head {
-    fn reserved(&self, key: usize) -> Amount {
-        self.amounts
-            .iter()
-            .find(|(k, _)| *k == key)
-            .map_or(Amount::ZERO, |(_, a)| *a)
-    }
-}
-
 /// What [`Shared::arrive`] made of a newcomer.
 pub(crate) enum Arrival {
     /// Granted on arrival (its demand does not touch what the head needs).
@@ -87,36 +65,6 @@ pub(crate) enum Arrival {
     Refused(AdmitError),
     /// Not asked: the head could go now, so a pass is due; park and ring for it.
     Deferred,
-}
-
-impl Head {
-    /// The head of the line as a pass would find it now: `w`'s amounts, and the accounts it is
-    /// short on, each asked afresh (an account consumed outside the monitor may have drained
-    /// since the last pass). `None` when `w` is short on nothing: a pass is due that
-    /// will grant it, after which another waiter is the head, so the caller leaves the asking
-    /// to that pass.
-    fn now_of(w: &Waiter) -> Option<Head> {
-        let mut head = Head {
-            amounts: Vec::with_capacity(w.demand.len()),
-            ..Head::default()
-        };
-        let mut short = false;
-        for entry in w.demand.entries() {
-            let account = entry.account();
-            let key = account_key(account);
-            head.amounts.push((key, entry.amount()));
-            // A refusal or a panic is the pass's to report; here it only means "not granted".
-            if !matches!(
-                guarded(account, &w.ctx, || account
-                    .fits(entry.amount(), Amount::ZERO)),
-                Ok(true)
-            ) {
-                short = true;
-                head.short.push(key);
-            }
-        }
-        short.then_some(head)
-    }
 }
 
 /// Adds the accounts of `w`, which leaves the line in this pass, to the pass's `touched` set:
@@ -132,25 +80,6 @@ fn touch(touched: &mut Option<Vec<usize>>, w: &Waiter) {
     }
 }
 
-/// One attempt's result.
-enum Attempt {
-    Granted,
-    /// Short on the entries [`Shared::attempt`] left in its `short` buffer (indices into the
-    /// demand; `None` for the gate); re-ask at `wake`.
-    Held {
-        wake: Option<Instant>,
-    },
-    Refused(AdmitError),
-}
-
-fn later(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
-    // `None` is "only an event": it dominates, since time alone will not help.
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.max(b)),
-        _ => None,
-    }
-}
-
 /// True when `at` is an instant that comes before the wake-up `planned` by the last pass
 /// (`None` planned: only an event would wake the evaluator, so any instant comes first).
 pub(crate) fn before_planned(at: Option<Instant>, planned: Option<Instant>) -> bool {
@@ -158,14 +87,6 @@ pub(crate) fn before_planned(at: Option<Instant>, planned: Option<Instant>) -> b
         (None, _) => false,
         (Some(at), Some(planned)) => at < planned,
         (Some(_), None) => true,
-    }
-}
-
-fn earlier(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, None) => a,
-        (None, b) => b,
     }
 }
 
@@ -290,19 +211,7 @@ impl Shared {
                     }
                     self.note_held(out, w, &short, now);
                     if is_head {
-                        let mut h = Head {
-                            amounts: w
-                                .demand
-                                .entries()
-                                .iter()
-                                .map(|e| (account_key(e.account()), e.amount()))
-                                .collect(),
-                            ..Head::default()
-                        };
-                        for idx in short.iter().flatten() {
-                            h.short
-                                .push(account_key(w.demand.entries()[*idx].account()));
-                        }
+                        let mut h = Head::of(&w.demand, &short);
                         if gate_held {
                             h.gate_hold = Some(at);
                         }
@@ -376,7 +285,7 @@ impl Shared {
     ) -> Arrival {
         // Behind a line, the head as it stands now; first in line, nobody's amounts to respect.
         let head = match st.queue.values().next() {
-            Some(first) => match Head::now_of(first) {
+            Some(first) => match Head::now_of(&first.demand, &first.ctx) {
                 Some(head) => Some(head),
                 None => return Arrival::Deferred,
             },
@@ -445,70 +354,15 @@ impl Shared {
                 return Attempt::Held { wake: until };
             }
         }
-        let reserved = |key: usize| head.map_or(Amount::ZERO, |h| h.reserved(key));
-        let sharp = |key: usize| head.is_some_and(|h| h.short.contains(&key));
-
-        let mut wake = Some(Instant::ZERO);
-        for (i, entry) in demand.entries().iter().enumerate() {
-            let account = entry.account();
-            let key = account_key(account);
-            if sharp(key) {
-                // The head's own deadline on this account (or the event it waits for) covers
-                // this waiter's wake-up.
-                short.push(Some(i));
-                wake = None;
-                continue;
-            }
-            match guarded(account, &w.ctx, || {
-                account.fits(entry.amount(), reserved(key))
-            }) {
-                Ok(true) => {}
-                Ok(false) => {
-                    short.push(Some(i));
-                    let at = match guarded_plain(account, &w.ctx, || {
-                        account.earliest_fit(entry.amount(), reserved(key))
-                    }) {
-                        Ok(at) => at,
-                        Err(error) => return Attempt::Refused(error),
-                    };
-                    wake = later(wake, at);
+        match ask_demand(&self.bell, demand, &w.ctx, head, Learn::EveryShort, short) {
+            Attempt::Granted => {
+                if let Some(gate) = &self.gate {
+                    gate.passed(view);
                 }
-                Err(error) => return Attempt::Refused(error),
+                Attempt::Granted
             }
+            other => other,
         }
-        if !short.is_empty() {
-            return Attempt::Held { wake };
-        }
-        let entries = demand.entries();
-        for (i, entry) in entries.iter().enumerate() {
-            let account = entry.account();
-            let key = account_key(account);
-            let taken = guarded(account, &w.ctx, || {
-                account.try_take(entry.amount(), reserved(key))
-            });
-            if taken.as_ref().is_ok_and(|t| *t) {
-                continue;
-            }
-            // A partial take is compensated inside the pass.
-            for done in &entries[..i] {
-                done.account().give(done.amount());
-            }
-            return match taken {
-                Err(error) => Attempt::Refused(error),
-                _ => {
-                    let at = guarded_plain(account, &w.ctx, || {
-                        account.earliest_fit(entry.amount(), reserved(key))
-                    })
-                    .unwrap_or(None);
-                    short.push(Some(i));
-                    Attempt::Held { wake: at }
-                }
-            };
-        }
-        if let Some(gate) = &self.gate {
-            gate.passed(view);
-        }
-        Attempt::Granted
     }
 
     /// Reports the accounts a waiter is newly short on and stamps when each started holding it.

@@ -20,6 +20,7 @@ use crate::gate::{Gate, GateAnswer, GateView};
 use crate::grant::Grant;
 use crate::sync::{MonitorLock, Ordering, thread};
 
+use super::ask::{Attempt, Learn, ask_demand};
 use super::cell::{Cell, Outcome};
 use super::doorbell::Doorbell;
 use super::pass::{Arrival, Scope, before_planned};
@@ -526,22 +527,11 @@ impl Shared {
             *gate_held = true;
             return Ok(false);
         }
-        let entries = demand.entries();
-        for (i, entry) in entries.iter().enumerate() {
-            let taken = guarded(entry.account(), ctx, || {
-                entry
-                    .account()
-                    .try_take(entry.amount(), crate::Amount::ZERO)
-            });
-            match taken {
-                Ok(true) => {}
-                other => {
-                    for done in &entries[..i] {
-                        done.account().give(done.amount());
-                    }
-                    return other;
-                }
-            }
+        let mut short = Vec::new();
+        match ask_demand(&self.bell, demand, ctx, None, Learn::FirstShort, &mut short) {
+            Attempt::Granted => {}
+            Attempt::Held { .. } => return Ok(false),
+            Attempt::Refused(error) => return Err(error),
         }
         if let Some(gate) = &self.gate {
             gate.passed(view);
@@ -790,13 +780,4 @@ pub(crate) fn guarded<T>(
             panic: panic_message(&*panic),
         }),
     }
-}
-
-/// [`guarded`] for calls that cannot refuse.
-pub(crate) fn guarded_plain<T>(
-    account: &AccountRef,
-    ctx: &JobContext,
-    call: impl FnOnce() -> T,
-) -> Result<T, AdmitError> {
-    guarded(account, ctx, || Ok(call()))
 }

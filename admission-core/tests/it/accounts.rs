@@ -151,3 +151,51 @@ impl Account for Moody {
         self.requires
     }
 }
+
+/// Permits that record every [`Ask`](admission_core::Ask) they are asked with, and answer it
+/// natively.
+pub(crate) struct Recording {
+    pub(crate) inner: admission_testkit::reference::Permits,
+    pub(crate) asks: Mutex<Vec<admission_core::Ask>>,
+}
+
+impl Recording {
+    pub(crate) fn new(name: &str, capacity: u64) -> Recording {
+        Recording {
+            inner: admission_testkit::reference::Permits::new(name, capacity),
+            asks: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub(crate) fn take_asks(&self) -> Vec<admission_core::Ask> {
+        std::mem::take(&mut self.asks.lock())
+    }
+}
+
+impl Account for Recording {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn category(&self) -> Category {
+        self.inner.category()
+    }
+    fn replenishment(&self) -> Replenishment {
+        Replenishment::Release
+    }
+    fn ask(&self, mine: Amount, ask: admission_core::Ask) -> admission_core::Answer {
+        self.asks.lock().push(ask);
+        self.inner.ask(mine, ask)
+    }
+    fn give(&self, amount: Amount) {
+        self.inner.give(amount);
+    }
+    fn status(&self) -> Box<dyn AccountStatus> {
+        self.inner.status()
+    }
+    fn on_capacity_change(&self, wake: Option<WakeFn>) {
+        self.inner.on_capacity_change(wake);
+    }
+    fn forget_capacity_change(&self, wake: &WakeFn) {
+        self.inner.forget_capacity_change(wake);
+    }
+}

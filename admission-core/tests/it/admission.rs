@@ -5,7 +5,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use admission_core::{
-    Account, AdmitError, Amount, Demand, Instant, JobContext, Monitor, StartError,
+    Account, AdmitError, Amount, Ask, Demand, Instant, JobContext, Monitor, StartError,
 };
 use admission_testkit::FakeClock;
 use admission_testkit::monitor::{
@@ -13,7 +13,7 @@ use admission_testkit::monitor::{
 };
 use admission_testkit::reference::Permits;
 
-use super::accounts::{GreedyWindow, Moody};
+use super::accounts::{GreedyWindow, Moody, Recording};
 use super::{demand, meter, on, permits, recorded};
 
 fn job(name: &str) -> JobContext {
@@ -706,4 +706,57 @@ fn stop_takes_back_only_its_own_wake_up_from_a_shared_account() {
     drop(grant);
     assert_eq!(http.available(), 1);
     second.stop();
+}
+
+#[test]
+fn a_waiter_behind_a_head_that_does_not_use_an_account_is_not_asked_as_the_head() {
+    let monitor = Monitor::builder().manual_passes().build();
+    let scarce = permits("scarce", 1);
+    let _held = monitor
+        .admit_blocking(demand(&[(on(&scarce), 1)]), &job("holder"), None)
+        .unwrap();
+    let mut head = monitor.admit(demand(&[(on(&scarce), 1)]), &job("head"), None);
+    assert!(poll_once(&mut head).is_none());
+    // The follower's account is one the head does not use: nothing is set aside on it, and the
+    // follower is still not the head.
+    let other = Arc::new(Recording::new("other", 1));
+    let follower = monitor
+        .admit_blocking(demand(&[(on(&other), 1)]), &job("follower"), None)
+        .unwrap();
+    assert_eq!(other.take_asks(), [Ask::behind(Amount::ZERO)]);
+    drop(follower);
+    // Meeting an empty line, a job asks as the head.
+    let empty_line = Monitor::builder().manual_passes().build();
+    let mut alone = empty_line.admit(demand(&[(on(&other), 1)]), &job("alone"), None);
+    assert!(matches!(poll_once(&mut alone), Some(Ok(_))));
+    assert_eq!(other.take_asks(), [Ask::HEAD]);
+}
+
+#[test]
+fn once_an_account_says_not_now_the_rest_are_looked_at_and_what_was_taken_goes_back() {
+    let monitor = Monitor::builder().manual_passes().build();
+    let first = Arc::new(Recording::new("first", 2));
+    let scarce = permits("scarce", 1);
+    let last = Arc::new(Recording::new("last", 2));
+    let _held = monitor
+        .admit_blocking(demand(&[(on(&scarce), 1)]), &job("holder"), None)
+        .unwrap();
+    first.take_asks();
+    let mut waiter = monitor.admit(
+        demand(&[(on(&first), 1), (on(&scarce), 1), (on(&last), 1)]),
+        &job("waiter"),
+        None,
+    );
+    assert!(poll_once(&mut waiter).is_none());
+    // The fast path stops at the first "not now"; the arrival asks every account once: `first`
+    // taken and given back, `last` only looked at.
+    assert_eq!(first.take_asks(), [Ask::HEAD, Ask::HEAD]);
+    assert_eq!(last.take_asks(), [Ask::HEAD.look()]);
+    assert_eq!(
+        first.inner.available(),
+        2,
+        "what was taken before the short account came back"
+    );
+    assert_eq!(last.inner.available(), 2);
+    assert_eq!(monitor.queue_size(), 1);
 }

@@ -1,0 +1,211 @@
+//! The one ask-and-take: every account of a demand asked once, the whole demand taken or nothing.
+//!
+//! The fast path, an arrival and every pass attempt a demand through [`ask_demand`]. Accounts are
+//! asked in the demand's order, each with one [`Account::ask`](crate::Account::ask): taking while
+//! everything so far fit, and only looking once one account said "not now", so that the monitor
+//! learns every account the job is short on (each gets its `Held` event and its wait time) without
+//! taking from them. What was taken before a "not now" or a "never" is given back at once, with
+//! this monitor's own doorbell muted (the pass that gives it back is the pass that would run).
+
+use crate::account::{Answer, Ask, account_key};
+use crate::amount::Amount;
+use crate::clock::Instant;
+use crate::context::JobContext;
+use crate::demand::{Demand, Entry};
+use crate::error::AdmitError;
+
+use super::doorbell::{Doorbell, handing_off};
+use super::shared::guarded;
+
+/// What the head of the line asks for, as the waiters behind it must respect.
+#[derive(Default)]
+pub(crate) struct Head {
+    /// The head's amount on each account it names (by account key).
+    pub(crate) amounts: Vec<(usize, Amount)>,
+    /// Accounts the head is short on: nobody behind is asked about them or takes from them.
+    pub(crate) short: Vec<usize>,
+    /// `Some(until)` while the gate holds the head.
+    pub(crate) gate_hold: Option<Option<Instant>>,
+}
+
+impl Head {
+    /// The head as the waiter `demand` of job `ctx` makes it, short on the entries `short` names
+    /// (indices into the demand; `None`, the gate, is not an account).
+    pub(crate) fn of(demand: &Demand, short: &[Option<usize>]) -> Head {
+        let entries = demand.entries();
+        Head {
+            amounts: entries
+                .iter()
+                .map(|e| (account_key(e.account()), e.amount()))
+                .collect(),
+            short: short
+                .iter()
+                .flatten()
+                .map(|&i| account_key(entries[i].account()))
+                .collect(),
+            gate_hold: None,
+        }
+    }
+
+    /// The head of the line as a pass would find it now: each of its accounts looked at afresh
+    /// (an account consumed outside the monitor may have drained since the last pass). `None`
+    /// when it is short on nothing: a pass is due that will grant it, after which another waiter
+    /// is the head, so the caller leaves the asking to that pass.
+    pub(crate) fn now_of(demand: &Demand, ctx: &JobContext) -> Option<Head> {
+        let mut short = Vec::new();
+        for (i, entry) in demand.entries().iter().enumerate() {
+            let account = entry.account();
+            // A refusal or a panic is the pass's to report; here it only means "not granted".
+            let answer = guarded(account, ctx, || {
+                Ok(account.ask(entry.amount(), Ask::HEAD.look()))
+            });
+            if !matches!(answer, Ok(Answer::Taken)) {
+                short.push(Some(i));
+            }
+        }
+        (!short.is_empty()).then(|| Head::of(demand, &short))
+    }
+
+    fn reserved(&self, key: usize) -> Amount {
+        self.amounts
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map_or(Amount::ZERO, |(_, a)| *a)
+    }
+
+    fn is_short_on(&self, key: usize) -> bool {
+        self.short.contains(&key)
+    }
+}
+
+/// One attempt's result.
+pub(crate) enum Attempt {
+    /// The whole demand was taken.
+    Granted,
+    /// Short on the entries left in the caller's `short` buffer (indices into the demand;
+    /// `None` for the gate); nothing taken. Ask again at `wake` (`None`: only an event helps).
+    Held { wake: Option<Instant> },
+    /// An account can never grant the demand, or panicked; nothing taken.
+    Refused(AdmitError),
+}
+
+/// How much an attempt that is not granted should learn.
+#[derive(Copy, Clone, PartialEq, Eq)]
+pub(crate) enum Learn {
+    /// Stop at the first account that says "not now" (the fast path: an arrival asks again).
+    FirstShort,
+    /// Ask every account, so that every one the job is short on is known.
+    EveryShort,
+}
+
+/// The latest of two wake-ups, where `None` ("only an event") dominates: time alone will not
+/// help while any account waits for an event.
+pub(crate) fn later(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        _ => None,
+    }
+}
+
+/// The earliest of two wake-ups, where `None` means "no wake-up from this side".
+pub(crate) fn earlier(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, None) => a,
+        (None, b) => b,
+    }
+}
+
+/// Asks every account of `demand` once, behind `head` (`None`: the asker is the head, or meets
+/// an empty line), and takes the whole demand if every account says so. Under the monitor lock.
+///
+/// `short` is cleared, then holds the entries the job is short on when it is held. While the head
+/// is short on an account, nobody behind it is even asked about that account (see `pass.rs`).
+pub(crate) fn ask_demand(
+    bell: &Doorbell,
+    demand: &Demand,
+    ctx: &JobContext,
+    head: Option<&Head>,
+    learn: Learn,
+    short: &mut Vec<Option<usize>>,
+) -> Attempt {
+    short.clear();
+    let entries = demand.entries();
+    let mut wake = Some(Instant::ZERO);
+    // The head's claim first: an account the head is short on is not asked at all, and with one
+    // of those in the demand nothing will be taken, so every other account is only looked at.
+    if let Some(head) = head {
+        for (i, entry) in entries.iter().enumerate() {
+            if head.is_short_on(account_key(entry.account())) {
+                short.push(Some(i));
+                // The head's own deadline on this account (or the event it waits for) covers
+                // this waiter's wake-up.
+                wake = None;
+            }
+        }
+    }
+    let sharp = !short.is_empty();
+    let mut taken = 0;
+    for (i, entry) in entries.iter().enumerate() {
+        let account = entry.account();
+        let key = account_key(account);
+        let mut ask = match head {
+            None => Ask::HEAD,
+            Some(head) => {
+                if sharp && head.is_short_on(key) {
+                    continue;
+                }
+                Ask::behind(head.reserved(key))
+            }
+        };
+        if !short.is_empty() {
+            ask = ask.look();
+        }
+        match guarded(account, ctx, || Ok(account.ask(entry.amount(), ask))) {
+            Ok(Answer::Taken) => {
+                if ask.takes() {
+                    taken = i + 1;
+                }
+            }
+            Ok(Answer::NotNow(at)) => {
+                short.push(Some(i));
+                wake = later(wake, at);
+                if learn == Learn::FirstShort {
+                    break;
+                }
+            }
+            Ok(Answer::Never(refusal)) => {
+                give_back(bell, &entries[..taken]);
+                return Attempt::Refused(AdmitError::Refused {
+                    account: account.name().to_owned(),
+                    refusal,
+                });
+            }
+            Err(error) => {
+                give_back(bell, &entries[..taken]);
+                return Attempt::Refused(error);
+            }
+        }
+    }
+    if short.is_empty() {
+        return Attempt::Granted;
+    }
+    give_back(bell, &entries[..taken]);
+    if sharp {
+        short.sort_unstable();
+    }
+    Attempt::Held { wake }
+}
+
+/// Gives back what an attempt took before it was held or refused. The accounts' wake-ups to this
+/// monitor stay quiet: the give restores what the attempt found, which is no news to it.
+fn give_back(bell: &Doorbell, taken: &[Entry]) {
+    if taken.is_empty() {
+        return;
+    }
+    handing_off(bell, || {
+        for entry in taken {
+            entry.account().give(entry.amount());
+        }
+    });
+}
