@@ -10,13 +10,18 @@
 //! change an answer. Every pass runs under the monitor lock, whoever runs it. See `pass.rs` for
 //! the head reservation.
 
-mod admit;
+// The engine, lowest first: each file imports only files above it in this list.
+mod arrival;
 mod ask;
 mod cell;
-mod doorbell;
 mod evaluator;
+mod grant;
+mod lifecycle;
+mod line;
+mod outbox;
 mod pass;
 mod shared;
+mod wait;
 
 #[cfg(all(test, admission_loom))]
 mod loom_models;
@@ -25,9 +30,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use admit::Admit;
-pub(crate) use doorbell::handing_off;
-pub(crate) use shared::{Hold, Shared};
+pub use grant::Grant;
+pub use wait::Admit;
+
+use shared::Shared;
 
 use crate::clock::{Clock, SystemClock};
 use crate::context::JobContext;
@@ -35,7 +41,6 @@ use crate::demand::Demand;
 use crate::error::{AdmitError, StartError};
 use crate::event::EventSink;
 use crate::gate::Gate;
-use crate::grant::Grant;
 use crate::sync::Ordering;
 
 /// Stops the monitor when the last [`Monitor`] handle is dropped.
@@ -149,7 +154,6 @@ impl MonitorBuilder {
             .clock
             .unwrap_or_else(|| Arc::new(SystemClock::new()) as Arc<dyn Clock>);
         let shared = Shared::new(clock, self.gate, self.sink, self.manual);
-        shared.clock.subscribe(&shared.kick);
         Monitor {
             _owner: Arc::new(Owner(shared.clone())),
             shared,
@@ -195,7 +199,7 @@ impl Monitor {
 
     /// Installs or removes the event sink.
     pub fn set_sink(&self, sink: Option<Arc<dyn EventSink>>) {
-        self.shared.set_sink(sink);
+        self.shared.sink.set(sink);
     }
 
     /// The monitor's clock.
@@ -265,7 +269,7 @@ impl Monitor {
         ctx: &JobContext,
         timeout: Option<Duration>,
     ) -> Result<Grant, AdmitError> {
-        admit::admit_blocking(&self.shared, demand, ctx, timeout)
+        wait::admit_blocking(&self.shared, demand, ctx, timeout)
     }
 }
 

@@ -30,11 +30,14 @@ mod imp {
     #[derive(Debug, Default)]
     pub(crate) struct MonitorLock<T>(std::sync::Mutex<T>);
 
+    /// What [`MonitorLock::lock`] returns.
+    pub(crate) type MonitorGuard<'a, T> = std::sync::MutexGuard<'a, T>;
+
     impl<T> MonitorLock<T> {
         pub(crate) fn new(value: T) -> Self {
             Self(std::sync::Mutex::new(value))
         }
-        pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, T> {
+        pub(crate) fn lock(&self) -> MonitorGuard<'_, T> {
             self.0
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -103,6 +106,7 @@ mod imp {
 
     /// Loom sees one kind of mutex.
     pub(crate) type MonitorLock<T> = Mutex<T>;
+    pub(crate) type MonitorGuard<'a, T> = MutexGuard<'a, T>;
 
     #[derive(Debug)]
     pub(crate) struct Condvar(loom::sync::Condvar);

@@ -7,15 +7,16 @@
 //! taking from them. What was taken before a "not now" or a "never" is given back at once, with
 //! this monitor's own doorbell muted (the pass that gives it back is the pass that would run).
 
-use crate::account::{Answer, Ask, account_key};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use crate::account::{AccountRef, Answer, Ask, account_key};
 use crate::amount::Amount;
 use crate::clock::Instant;
 use crate::context::JobContext;
 use crate::demand::{Demand, Entry};
 use crate::error::AdmitError;
 
-use super::doorbell::{Doorbell, handing_off};
-use super::shared::guarded;
+use super::evaluator::{Doorbell, handing_off};
 
 /// What the head of the line asks for, as the waiters behind it must respect.
 #[derive(Default)]
@@ -56,9 +57,7 @@ impl Head {
         for (i, entry) in demand.entries().iter().enumerate() {
             let account = entry.account();
             // A refusal or a panic is the pass's to report; here it only means "not granted".
-            let answer = guarded(account, ctx, || {
-                Ok(account.ask(entry.amount(), Ask::HEAD.look()))
-            });
+            let answer = asked(account, ctx, entry.amount(), Ask::HEAD.look());
             if !matches!(answer, Ok(Answer::Taken)) {
                 short.push(Some(i));
             }
@@ -129,22 +128,12 @@ pub(crate) fn ask_demand(
     learn: Learn,
     short: &mut Vec<Option<usize>>,
 ) -> Attempt {
-    short.clear();
     let entries = demand.entries();
-    let mut wake = Some(Instant::ZERO);
-    // The head's claim first: an account the head is short on is not asked at all, and with one
-    // of those in the demand nothing will be taken, so every other account is only looked at.
-    if let Some(head) = head {
-        for (i, entry) in entries.iter().enumerate() {
-            if head.is_short_on(account_key(entry.account())) {
-                short.push(Some(i));
-                // The head's own deadline on this account (or the event it waits for) covers
-                // this waiter's wake-up.
-                wake = None;
-            }
-        }
-    }
+    claimed_by_head(demand, head, short);
     let sharp = !short.is_empty();
+    // The head's own deadline on an account it claims (or the event it waits for) covers this
+    // waiter's wake-up.
+    let mut wake = if sharp { None } else { Some(Instant::ZERO) };
     let mut taken = 0;
     for (i, entry) in entries.iter().enumerate() {
         let account = entry.account();
@@ -161,7 +150,7 @@ pub(crate) fn ask_demand(
         if !short.is_empty() {
             ask = ask.look();
         }
-        match guarded(account, ctx, || Ok(account.ask(entry.amount(), ask))) {
+        match asked(account, ctx, entry.amount(), ask) {
             Ok(Answer::Taken) => {
                 if ask.takes() {
                     taken = i + 1;
@@ -197,6 +186,20 @@ pub(crate) fn ask_demand(
     Attempt::Held { wake }
 }
 
+/// Clears `short`, then lists the entries of `demand` on accounts the head is short on: those are
+/// not asked at all, and with one of them in the demand nothing will be taken, so every other
+/// account is only looked at.
+fn claimed_by_head(demand: &Demand, head: Option<&Head>, short: &mut Vec<Option<usize>>) {
+    short.clear();
+    if let Some(head) = head {
+        for (i, entry) in demand.entries().iter().enumerate() {
+            if head.is_short_on(account_key(entry.account())) {
+                short.push(Some(i));
+            }
+        }
+    }
+}
+
 /// Gives back what an attempt took before it was held or refused. The accounts' wake-ups to this
 /// monitor stay quiet: the give restores what the attempt found, which is no news to it.
 fn give_back(bell: &Doorbell, taken: &[Entry]) {
@@ -208,4 +211,30 @@ fn give_back(bell: &Doorbell, taken: &[Entry]) {
             entry.account().give(entry.amount());
         }
     });
+}
+
+/// Asks `account`, turning a panic into [`AdmitError::Aborted`]: the account is at fault, not
+/// the job, and the monitor goes on.
+fn asked(
+    account: &AccountRef,
+    ctx: &JobContext,
+    mine: Amount,
+    ask: Ask,
+) -> Result<Answer, AdmitError> {
+    catch_unwind(AssertUnwindSafe(|| account.ask(mine, ask))).map_err(|panic| AdmitError::Aborted {
+        account: account.name().to_owned(),
+        job: ctx.id(),
+        panic: panic_message(&*panic),
+    })
+}
+
+/// A panic's message, when it has one.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_owned()
+    }
 }

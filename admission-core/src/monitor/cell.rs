@@ -6,8 +6,8 @@
 
 use std::task::Waker;
 
+use super::grant::Grant;
 use crate::error::AdmitError;
-use crate::grant::Grant;
 use crate::sync::{Condvar, Mutex};
 
 pub(crate) type Outcome = Result<Grant, AdmitError>;

@@ -1,61 +1,137 @@
-//! The evaluator: the one thread that runs a pass whenever the doorbell rings or a computed
-//! deadline comes due.
+//! The evaluator: the one thread that runs a pass whenever its doorbell rings or a computed
+//! deadline comes due, and the doorbell itself.
 //!
-//! It starts with the first waiter that parks (or at [`Monitor::start`](crate::Monitor::start)),
-//! so no parked waiter ever depends on a pass that nobody runs: a monitor that grants everything
-//! inline never spawns it, and one that makes anyone wait always has it.
+//! The thread starts with the first waiter that parks (or at `Monitor::start`), so no parked
+//! waiter ever depends on a pass that nobody runs; a monitor that grants everything inline never
+//! spawns it. What a pass does is the caller's (see `pass.rs`): this file knows the loop and the
+//! bell, not the line.
+//!
+//! A ring sets a flag and, only if the flag was clear, signals the condition variable; the
+//! evaluator clears the flag before each pass, so a ring during a pass causes one more pass and
+//! none is lost. `ring_if_waiting` skips the ring when no one is parked, so an account's give on an
+//! idle monitor costs an atomic load, not a thread wake-up.
+//!
+//! Why the skip is safe: a parker publishes `parked > 0` under the monitor lock and only then is
+//! its demand asked of every account, each under the account's own lock: by the parker itself
+//! (an arrival, asked as the line's tail) or by the pass its ring causes. A giver credits its
+//! account under that same lock and only then reads `parked`. If the ask came before the credit,
+//! the account's lock orders the parker's publication before the giver's read, so the giver sees
+//! the waiter and runs or rings for a pass; otherwise the ask saw the credit. The SeqCst fence
+//! covers accounts built on atomics instead of a lock (Dekker's pattern). The loom models
+//! `loom_fast_path_racing_a_give_never_loses_the_wake_up` and
+//! `loom_an_arrival_behind_a_head_racing_a_give_never_loses_the_wake_up` check this edge (the
+//! first fails, as a deadlock, if an arrival publishes after its ask).
 
-use std::sync::Arc;
+use std::cell::Cell;
+use std::time::Duration;
 
-use crate::error::StartError;
-use crate::sync::thread;
+use crate::clock::{Clock, Instant};
+use crate::sync::{AtomicBool, AtomicUsize, Condvar, Mutex, Ordering, fence, thread_local};
 
-use super::pass::Scope;
-use super::shared::{Phase, Shared, State};
+thread_local! {
+    /// The doorbell (by address; 0 for none) of the monitor whose grant this thread is giving
+    /// back: the pass that monitor runs right after covers every one of its waiters, so the
+    /// accounts' wake-ups need not also wake its evaluator. Another monitor's doorbell, rung by
+    /// an account the two share, is not muted.
+    // Not `const`-initialized: loom's `thread_local!` does not accept that form.
+    #[allow(clippy::missing_const_for_thread_local)]
+    static HANDING_OFF: Cell<usize> = Cell::new(0);
+}
 
-impl Shared {
-    /// [`Monitor::start`](crate::Monitor::start): starts the evaluator if it is not running,
-    /// in every monitor (one with manual passes too: a test may want its real thread).
-    pub(crate) fn start(self: &Arc<Shared>) -> Result<(), StartError> {
-        let mut st = self.state.lock();
-        self.spawn_evaluator(&mut st)
+/// Runs `give_back` with `bell`'s wake-ups muted on this thread (the caller runs a pass of that
+/// monitor right after). The previous value is restored even if an account panics.
+pub(crate) fn handing_off(bell: &Doorbell, give_back: impl FnOnce()) {
+    struct Restore(usize);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let previous = self.0;
+            HANDING_OFF.with(|h| h.set(previous));
+        }
+    }
+    let _restore = Restore(HANDING_OFF.with(|h| h.replace(bell.identity())));
+    give_back();
+}
+
+pub(crate) struct Doorbell {
+    /// How many waiters are parked in the line; written only under the monitor lock.
+    pub(crate) parked: AtomicUsize,
+    rung: AtomicBool,
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+impl Doorbell {
+    pub(crate) fn new() -> Doorbell {
+        Doorbell {
+            parked: AtomicUsize::new(0),
+            rung: AtomicBool::new(false),
+            lock: Mutex::new(()),
+            cv: Condvar::new(),
+        }
     }
 
-    /// Makes sure a waiter about to park has an evaluator to serve its deadline: starts it
-    /// unless it runs or the monitor's passes are manual (`test-util`). Under the monitor lock.
-    pub(crate) fn ensure_evaluator(self: &Arc<Shared>, st: &mut State) -> Result<(), StartError> {
-        if self.manual {
-            return Ok(());
+    /// Wakes the evaluator for one more pass.
+    pub(crate) fn ring(&self) {
+        if !self.rung.swap(true, Ordering::SeqCst) {
+            drop(self.lock.lock());
+            self.cv.notify_one();
         }
-        self.spawn_evaluator(st)
     }
 
-    fn spawn_evaluator(self: &Arc<Shared>, st: &mut State) -> Result<(), StartError> {
-        if !matches!(st.phase, Phase::Open) {
-            return Err(StartError::Stopped);
-        }
-        if st.evaluator.is_some() {
-            return Ok(());
-        }
-        let shared = self.clone();
-        let handle = thread::spawn("admission-evaluator", move || shared.run_evaluator())
-            .map_err(|e| StartError::Spawn(e.to_string()))?;
-        let id = handle.thread().id();
-        st.evaluator = Some((handle, id));
-        Ok(())
+    /// This doorbell's identity for [`handing_off`]: its address.
+    fn identity(&self) -> usize {
+        std::ptr::from_ref(self) as usize
     }
 
-    /// The evaluator thread's body: pass, then sleep until rung or until the pass's wake-up.
-    fn run_evaluator(self: Arc<Shared>) {
-        loop {
-            self.bell.answer();
-            let mut out = self.outbox();
-            let wake = self.pass_guarded(&mut out, Scope::Full);
-            self.deliver(out);
-            if !self.is_open() {
-                return;
-            }
-            self.bell.sleep(&*self.clock, wake);
+    /// Rings only if someone is parked (see the module docs for why this loses no wake-up), and
+    /// not while this thread is handing back a grant of this same monitor (it runs the pass
+    /// itself).
+    pub(crate) fn ring_if_waiting(&self) {
+        if HANDING_OFF.with(|h| h.get()) == self.identity() {
+            return;
         }
+        if self.someone_waiting() {
+            self.ring();
+        }
+    }
+
+    /// True if a waiter is parked, read after the caller's give (see the module docs).
+    pub(crate) fn someone_waiting(&self) -> bool {
+        fence(Ordering::SeqCst);
+        self.parked.load(Ordering::SeqCst) > 0
+    }
+
+    /// Clears the flag before a pass; a ring after this causes another pass.
+    pub(crate) fn answer(&self) {
+        self.rung.swap(false, Ordering::AcqRel);
+    }
+
+    /// Sleeps until rung or until `deadline` on `clock` (never, for `None`).
+    pub(crate) fn sleep(&self, clock: &dyn Clock, deadline: Option<Instant>) {
+        let guard = self.lock.lock();
+        if self.rung.load(Ordering::SeqCst) {
+            return;
+        }
+        match deadline.map(|d| clock.real_wait(d)) {
+            None | Some(None) => drop(self.cv.wait(guard)),
+            Some(Some(wait)) if wait == Duration::ZERO => {}
+            Some(Some(wait)) => drop(self.cv.wait_for(guard, wait)),
+        }
+    }
+}
+
+/// The evaluator's loop: answer the bell, run `pass`, sleep until rung or until the instant the
+/// pass asked to be woken at. Returns when `pass` says the monitor is no longer open (`None`).
+pub(crate) fn run(
+    bell: &Doorbell,
+    clock: &dyn Clock,
+    mut pass: impl FnMut() -> Option<Option<Instant>>,
+) {
+    loop {
+        bell.answer();
+        let Some(wake) = pass() else {
+            return;
+        };
+        bell.sleep(clock, wake);
     }
 }

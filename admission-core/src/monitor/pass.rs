@@ -1,4 +1,4 @@
-//! The evaluator: one thread that walks the line whenever something may have changed.
+//! The pass: the line walked in arrival order whenever something may have changed.
 //!
 //! A pass reads the clock once and asks every waiter in arrival order. The first waiter not
 //! granted is the head; every waiter behind it is asked with the head's amounts set aside on each
@@ -16,27 +16,31 @@
 //!   head's deadline, so the next wake-up starts again from the head.
 //!
 //! The pass ends with the earliest instant at which time alone could change an answer (an
-//! account's `earliest_fit`, the gate's hold, a waiter's deadline); the evaluator sleeps until
-//! then or until the doorbell rings. There is no periodic timer.
-//!
-//! An arrival at a line that already exists is asked by [`Shared::arrive`] the way a pass would
-//! ask it at the tail, so joining a long line costs one ask rather than a pass over everyone.
+//! account's "not now" instant, the gate's hold, a waiter's deadline); the evaluator sleeps until
+//! then or until the doorbell rings. There is no periodic timer. A pass runs on the evaluator, on
+//! the thread that gives a grant back (a direct hand-off: the waiter is granted on the giver's
+//! thread, as tokio's semaphore hands a released permit over), and in tests on demand.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::account::account_key;
+use crate::account::{Replenishment, account_key};
 use crate::amount::Amount;
 use crate::clock::Instant;
+use crate::context::JobContext;
+use crate::demand::Entry;
 use crate::error::AdmitError;
 use crate::event::{EventEntry, EventKind};
 use crate::gate::{GateAnswer, GateView};
-use crate::grant::{Grant, Waits};
-use crate::sync::Ordering;
+use crate::sync::{MonitorGuard, Ordering};
 
-use super::ask::{Attempt, Head, Learn, ask_demand, earlier};
-use super::shared::{GATE_KEY, Hold, Outbox, Phase, Shared, Waiter, entry_events, panic_message};
+use super::ask::{Attempt, Head, Learn, ask_demand, earlier, panic_message};
+use super::evaluator::handing_off;
+use super::grant::{Hold, Owner, Waits};
+use super::line::{Phase, State, Waiter, before_planned};
+use super::outbox::{Outbox, entry_events};
+use super::shared::Shared;
 
 /// The shortest sleep after a pass whose computed wake-up was already due.
 const MIN_RECHECK: Duration = Duration::from_millis(1);
@@ -50,52 +54,80 @@ pub(crate) enum Scope<'a> {
     /// head is short on every account the pass has touched (given back here, or named by a
     /// waiter that left the line in it), everyone further back either needs one of them, and is
     /// held by the head's claim on it, or needs none, and would answer as at its last ask.
-    Released(&'a [crate::demand::Entry]),
+    Released(&'a [Entry]),
 }
 
-/// What [`Shared::arrive`] made of a newcomer.
-pub(crate) enum Arrival {
-    /// Granted on arrival (its demand does not touch what the head needs).
-    Granted(Grant),
-    /// Held; `due` is the earliest instant time alone could change that (its accounts' or its
-    /// own deadline), `None` when only an event can.
-    Held {
-        due: Option<Instant>,
-    },
-    Refused(AdmitError),
-    /// Not asked: the head could go now, so a pass is due; park and ring for it.
-    Deferred,
+/// One pass's walk down the line: what it has learnt so far.
+struct Walk {
+    now: Instant,
+    /// The accounts whose answers may have changed since the last ask, tracked only when the
+    /// pass may stop early (a release, and no gate, whose drain reads the whole line).
+    touched: Option<Vec<usize>>,
+    stopped_early: bool,
+    /// The earliest wake-up any waiter asked so far needs.
+    wake: Option<Instant>,
+    head: Option<Head>,
+    /// Waiters that leave the line in this pass (granted, refused, cancelled, late).
+    leaving: Vec<u64>,
+    /// How many waiters the gate holds (counted only with a gate).
+    on_gate: usize,
+    /// How many waiters were in the line when the pass began.
+    total: usize,
+    /// One buffer for every waiter's short list: a pass over a long line allocates nothing per
+    /// waiter that is still held.
+    short: Vec<Option<usize>>,
 }
 
-/// Adds the accounts of `w`, which leaves the line in this pass, to the pass's `touched` set:
-/// what it reserved or asked for is no longer set aside.
-fn touch(touched: &mut Option<Vec<usize>>, w: &Waiter) {
-    if let Some(touched) = touched {
-        for entry in w.demand.entries() {
-            let key = account_key(entry.account());
-            if !touched.contains(&key) {
-                touched.push(key);
+impl Walk {
+    /// Adds the accounts of `w`, which leaves the line in this pass, to the `touched` set: what
+    /// it reserved or asked for is no longer set aside.
+    fn touch(&mut self, w: &Waiter) {
+        if let Some(touched) = &mut self.touched {
+            for entry in w.demand.entries() {
+                let key = account_key(entry.account());
+                if !touched.contains(&key) {
+                    touched.push(key);
+                }
             }
+        }
+    }
+
+    /// True once the head is short on every account this pass touched (see [`Scope::Released`]).
+    fn may_stop(&self) -> bool {
+        match (&self.touched, &self.head) {
+            (Some(touched), Some(head)) => touched.iter().all(|key| head.short.contains(key)),
+            _ => false,
         }
     }
 }
 
-/// True when `at` is an instant that comes before the wake-up `planned` by the last pass
-/// (`None` planned: only an event would wake the evaluator, so any instant comes first).
-pub(crate) fn before_planned(at: Option<Instant>, planned: Option<Instant>) -> bool {
-    match (at, planned) {
-        (None, _) => false,
-        (Some(at), Some(planned)) => at < planned,
-        (Some(_), None) => true,
-    }
-}
-
 impl Shared {
+    /// The evaluator's pass: `None` once the monitor is no longer open (the evaluator ends),
+    /// else the instant to wake at.
+    pub(crate) fn evaluate(self: &Arc<Shared>) -> Option<Option<Instant>> {
+        let mut out = self.outbox();
+        let wake = self.pass_guarded(&mut out, Scope::Full);
+        self.deliver(out);
+        self.is_open().then_some(wake)
+    }
+
+    /// Runs one pass on the calling thread, then makes sure the evaluator adopts any deadline
+    /// the pass computed.
+    pub(crate) fn evaluate_here(self: &Arc<Shared>, scope: Scope<'_>) -> Option<Instant> {
+        let mut out = self.outbox();
+        let wake = self.pass_guarded(&mut out, scope);
+        self.deliver(out);
+        if wake.is_some() {
+            self.bell.ring();
+        }
+        wake
+    }
+
     /// [`Shared::pass`], closing admission if the pass fails: a panic outside the accounts (which
     /// are guarded one by one) is a defect in the monitor or its gate.
     pub(crate) fn pass_guarded(
         self: &Arc<Shared>,
-        out: &mut Outbox,
+        out: &mut Outbox<'_>,
         scope: Scope<'_>,
     ) -> Option<Instant> {
         match catch_unwind(AssertUnwindSafe(|| self.pass(out, scope))) {
@@ -111,7 +143,7 @@ impl Shared {
 
     /// One pass over the line. Returns the instant to wake at, `None` to sleep until rung (for
     /// a pass that stopped early, only a wake-up earlier than the one already planned).
-    pub(crate) fn pass(self: &Arc<Shared>, out: &mut Outbox, scope: Scope<'_>) -> Option<Instant> {
+    fn pass(self: &Arc<Shared>, out: &mut Outbox<'_>, scope: Scope<'_>) -> Option<Instant> {
         let now = self.clock.now();
         let mut st = self.state.lock();
         if !matches!(st.phase, Phase::Open) {
@@ -124,119 +156,117 @@ impl Shared {
             st.planned_wake = None;
             return None;
         }
-        // The accounts whose answers may have changed since the last ask, tracked only when the
-        // pass may stop early (a release, and no gate, whose drain reads the whole line).
-        let mut touched: Option<Vec<usize>> = match scope {
-            Scope::Released(entries) if self.gate.is_none() => {
-                Some(entries.iter().map(|e| account_key(e.account())).collect())
-            }
-            _ => None,
+        let mut walk = Walk {
+            now,
+            touched: match scope {
+                Scope::Released(entries) if self.gate.is_none() => {
+                    Some(entries.iter().map(|e| account_key(e.account())).collect())
+                }
+                _ => None,
+            },
+            stopped_early: false,
+            wake: None,
+            head: None,
+            leaving: Vec::new(),
+            // Only a gate needs the count (and counting reads the whole line).
+            on_gate: if self.gate.is_some() { st.on_gate() } else { 0 },
+            total: st.queue.len(),
+            short: Vec::new(),
         };
-        let mut stopped_early = false;
-        let mut wake: Option<Instant> = None;
-        let mut head: Option<Head> = None;
-        let mut leaving: Vec<u64> = Vec::new();
-        // Only a gate needs the count (and counting reads the whole line).
-        let mut on_gate = match self.gate {
-            Some(_) => st.queue.values().filter(|w| w.on_gate).count(),
-            None => 0,
-        };
-        let total = st.queue.len();
-        // One buffer for every waiter's short list: a pass over a long line allocates nothing
-        // per waiter that is still held.
-        let mut short: Vec<Option<usize>> = Vec::new();
-
         for (&seq, w) in st.queue.iter_mut() {
-            // Leavers first: a cancelled job stops reserving, a late one times out.
-            if w.ctx.is_cancelled() {
-                let error = AdmitError::Cancelled {
-                    job: w.ctx.id(),
-                    waited: now.saturating_duration_since(w.asked_at),
-                };
-                touch(&mut touched, w);
-                self.leave(out, w, Err(error), &mut on_gate);
-                leaving.push(seq);
-                continue;
-            }
-            if let (Some(deadline), Some(timeout)) = (w.deadline, w.timeout) {
-                if deadline <= now {
-                    let error = AdmitError::TimedOut {
-                        job: w.ctx.id(),
-                        waited: now.saturating_duration_since(w.asked_at),
-                        timeout,
-                    };
-                    touch(&mut touched, w);
-                    self.leave(out, w, Err(error), &mut on_gate);
-                    leaving.push(seq);
-                    continue;
-                }
-                wake = earlier(wake, Some(deadline));
-            }
-
-            let is_head = head.is_none();
-            // Only a gate reads where the waiter was held last; without one this costs nothing.
-            let elsewhere = self.gate.is_some()
-                && !w.on_gate
-                && w.held
-                    .iter()
-                    .any(|h| h.key != GATE_KEY && h.until.is_none());
-            let view = GateView {
-                head: is_head,
-                held: on_gate - usize::from(w.on_gate),
-                now,
-                on_gate: w.on_gate,
-                elsewhere,
-            };
-            match self.attempt(w, head.as_ref(), view, &mut short) {
-                Attempt::Granted => {
-                    touch(&mut touched, w);
-                    let remaining = total - leaving.len() - 1;
-                    self.grant_waiter(out, w, remaining, &mut on_gate);
-                    leaving.push(seq);
-                }
-                Attempt::Refused(error) => {
-                    touch(&mut touched, w);
-                    self.leave(out, w, Err(error), &mut on_gate);
-                    leaving.push(seq);
-                }
-                Attempt::Held { wake: at } => {
-                    let gate_held = short.contains(&None);
-                    if gate_held != w.on_gate {
-                        w.on_gate = gate_held;
-                        if gate_held {
-                            on_gate += 1;
-                        } else {
-                            on_gate -= 1;
-                        }
-                    }
-                    self.note_held(out, w, &short, now);
-                    if is_head {
-                        let mut h = Head::of(&w.demand, &short);
-                        if gate_held {
-                            h.gate_hold = Some(at);
-                        }
-                        head = Some(h);
-                    }
-                    wake = earlier(wake, at);
-                    if let (Some(touched), Some(head)) = (&touched, &head)
-                        && touched.iter().all(|key| head.short.contains(key))
-                    {
-                        stopped_early = true;
-                        break;
-                    }
-                }
+            if self.visit(out, &mut walk, seq, w) {
+                walk.stopped_early = true;
+                break;
             }
         }
-        for seq in leaving {
-            st.queue.remove(&seq);
+        self.end_pass(&mut st, walk)
+    }
+
+    /// Asks waiter `w` (number `seq`) in this pass; true when the pass may stop here.
+    fn visit(
+        self: &Arc<Shared>,
+        out: &mut Outbox<'_>,
+        walk: &mut Walk,
+        seq: u64,
+        w: &mut Waiter,
+    ) -> bool {
+        // Leavers first: a cancelled job stops reserving, a late one times out.
+        if let Some(error) = gone(w, walk.now) {
+            walk.touch(w);
+            self.leave(out, w, error, &mut walk.on_gate);
+            walk.leaving.push(seq);
+            return false;
+        }
+        if w.timeout.is_some() {
+            walk.wake = earlier(walk.wake, w.deadline);
+        }
+        let is_head = walk.head.is_none();
+        let view = self.gate_view(w, is_head, walk);
+        match self.attempt(w, walk.head.as_ref(), view, &mut walk.short) {
+            Attempt::Granted => {
+                walk.touch(w);
+                let remaining = walk.total - walk.leaving.len() - 1;
+                self.grant_waiter(out, w, remaining, &mut walk.on_gate);
+                walk.leaving.push(seq);
+                false
+            }
+            Attempt::Refused(error) => {
+                walk.touch(w);
+                self.leave(out, w, error, &mut walk.on_gate);
+                walk.leaving.push(seq);
+                false
+            }
+            Attempt::Held { wake: at } => {
+                let gate_held = walk.short.contains(&None);
+                if gate_held != w.on_gate {
+                    w.on_gate = gate_held;
+                    if gate_held {
+                        walk.on_gate += 1;
+                    } else {
+                        walk.on_gate -= 1;
+                    }
+                }
+                self.note_held(out, w, &walk.short, walk.now);
+                if is_head {
+                    let mut head = Head::of(&w.demand, &walk.short);
+                    head.gate_hold = gate_held.then_some(at);
+                    walk.head = Some(head);
+                }
+                walk.wake = earlier(walk.wake, at);
+                walk.may_stop()
+            }
+        }
+    }
+
+    /// What the gate is shown of waiter `w`.
+    fn gate_view(&self, w: &Waiter, is_head: bool, walk: &Walk) -> GateView {
+        // Only a gate reads where the waiter was held last; without one this costs nothing.
+        let elsewhere = self.gate.is_some()
+            && !w.on_gate
+            && w.held
+                .iter()
+                .any(|h| h.key != Hold::GATE && h.until.is_none());
+        GateView {
+            head: is_head,
+            held: walk.on_gate - usize::from(w.on_gate),
+            now: walk.now,
+            on_gate: w.on_gate,
+            elsewhere,
+        }
+    }
+
+    /// Removes the pass's leavers, publishes the line's new size and plans the next wake-up.
+    fn end_pass(&self, st: &mut MonitorGuard<'_, State>, walk: Walk) -> Option<Instant> {
+        for seq in &walk.leaving {
+            st.queue.remove(seq);
         }
         if let Some(gate) = &self.gate {
-            gate.holding(on_gate);
+            gate.holding(walk.on_gate);
         }
         // Written only under the monitor lock, so a read here is exact; an unchanged count is
         // not written again (a sequentially consistent store costs a line other cores read).
         if self.bell.parked.load(Ordering::Relaxed) != st.queue.len() {
-            self.bell.parked.store(st.queue.len(), Ordering::SeqCst);
+            self.publish_parked(st.queue.len());
         }
         if st.queue.is_empty() {
             st.planned_wake = None;
@@ -244,14 +274,15 @@ impl Shared {
         }
         // An instant in the past means "now"; an account that keeps answering so while refusing
         // must not spin the evaluator, so such a wake-up is re-asked a millisecond later.
-        let wake = wake.map(|at| {
+        let now = walk.now;
+        let wake = walk.wake.map(|at| {
             if at <= now {
                 now.saturating_add(MIN_RECHECK)
             } else {
                 at
             }
         });
-        if stopped_early {
+        if walk.stopped_early {
             // The waiters not asked keep the wake-up planned for them; only an earlier one from
             // the waiters asked here is news for the evaluator.
             let planned = st.planned_wake;
@@ -264,67 +295,6 @@ impl Shared {
         }
         st.planned_wake = wake;
         wake
-    }
-
-    /// Asks for newcomer `w`, joining the line `st.queue` of a monitor without a gate, what a
-    /// pass would ask at the line's tail: every account, with the head's amounts set aside and
-    /// the accounts the head is short on untouchable (first in line, it is the head). Granted, it
-    /// never joins the line; held, its `Held` events are out and the caller parks it. Under the
-    /// monitor lock, with `parked` already counting `w` (see `doorbell.rs`: the ask must follow
-    /// the publication for a concurrent give to find someone waiting).
-    ///
-    /// Nothing earlier in the line needs asking again: since the last pass, every change that
-    /// could grant an earlier waiter (a give, a relaxed limit) runs or rings for a pass of its
-    /// own, and the head's reservation keeps this newcomer from taking what the head waits for.
-    pub(crate) fn arrive(
-        self: &Arc<Shared>,
-        st: &super::shared::State,
-        w: &mut Waiter,
-        out: &mut Outbox,
-        now: Instant,
-    ) -> Arrival {
-        // Behind a line, the head as it stands now; first in line, nobody's amounts to respect.
-        let head = match st.queue.values().next() {
-            Some(first) => match Head::now_of(&first.demand, &first.ctx) {
-                Some(head) => Some(head),
-                None => return Arrival::Deferred,
-            },
-            None => None,
-        };
-        let view = GateView {
-            head: head.is_none(),
-            held: 0,
-            now,
-            on_gate: false,
-            elsewhere: false,
-        };
-        let mut short = Vec::new();
-        match self.attempt(w, head.as_ref(), view, &mut short) {
-            Attempt::Granted => {
-                out.push_event(|| {
-                    self.event(
-                        EventKind::GrantedImmediate,
-                        &w.ctx,
-                        entry_events(w.demand.entries()),
-                    )
-                });
-                let demand = std::mem::take(&mut w.demand);
-                Arrival::Granted(Grant::new(
-                    demand.into_entries(),
-                    self.clone(),
-                    w.ctx.clone(),
-                    Duration::ZERO,
-                    Waits::none(),
-                ))
-            }
-            Attempt::Refused(error) => Arrival::Refused(error),
-            Attempt::Held { wake } => {
-                self.note_held(out, w, &short, now);
-                Arrival::Held {
-                    due: earlier(wake, w.deadline),
-                }
-            }
-        }
     }
 
     /// Asks the gate and every account about waiter `w`, and takes its whole demand if it fits.
@@ -354,25 +324,26 @@ impl Shared {
                 return Attempt::Held { wake: until };
             }
         }
-        match ask_demand(&self.bell, demand, &w.ctx, head, Learn::EveryShort, short) {
-            Attempt::Granted => {
-                if let Some(gate) = &self.gate {
-                    gate.passed(view);
-                }
-                Attempt::Granted
-            }
-            other => other,
+        let attempt = ask_demand(&self.bell, demand, &w.ctx, head, Learn::EveryShort, short);
+        if let (Attempt::Granted, Some(gate)) = (&attempt, &self.gate) {
+            gate.passed(view);
         }
+        attempt
     }
 
-    /// Reports the accounts a waiter is newly short on and stamps when each started holding it.
-    fn note_held(&self, out: &mut Outbox, w: &mut Waiter, short: &[Option<usize>], now: Instant) {
+    pub(crate) fn note_held(
+        &self,
+        out: &mut Outbox<'_>,
+        w: &mut Waiter,
+        short: &[Option<usize>],
+        now: Instant,
+    ) {
         let gate_only = short == [None];
         if !gate_only {
             // Every account was asked: those no longer short stopped holding the waiter now.
             for hold in &mut w.held {
                 let still = short.iter().any(|s| match s {
-                    None => hold.key == GATE_KEY,
+                    None => hold.key == Hold::GATE,
                     Some(i) => account_key(w.demand.entries()[*i].account()) == hold.key,
                 });
                 if still {
@@ -384,7 +355,7 @@ impl Shared {
         }
         for s in short {
             let entry = s.map(|i| &w.demand.entries()[i]);
-            let key = entry.map_or(GATE_KEY, |e| account_key(e.account()));
+            let key = entry.map_or(Hold::GATE, |e| account_key(e.account()));
             if let Some(hold) = w.held.iter_mut().find(|h| h.key == key) {
                 hold.until = None;
                 continue;
@@ -395,27 +366,24 @@ impl Shared {
                 since: now,
                 until: None,
             });
-            out.push_event(|| {
-                let entries = match entry {
-                    Some(e) => vec![EventEntry {
-                        account: e.account().name().to_owned(),
-                        category: e.account().category(),
-                        amount: e.amount(),
-                    }],
-                    None => vec![EventEntry {
-                        account: self.gate_name().to_owned(),
-                        category: crate::Category::MEMORY,
-                        amount: Amount::ZERO,
-                    }],
-                };
-                self.event(EventKind::Held, &w.ctx, entries)
+            out.event(EventKind::Held, &w.ctx, || match entry {
+                Some(e) => vec![EventEntry {
+                    account: e.account().name().to_owned(),
+                    category: e.account().category(),
+                    amount: e.amount(),
+                }],
+                None => vec![EventEntry {
+                    account: self.gate_name().to_owned(),
+                    category: crate::Category::MEMORY,
+                    amount: Amount::ZERO,
+                }],
             });
         }
     }
 
     fn grant_waiter(
         self: &Arc<Shared>,
-        out: &mut Outbox,
+        out: &mut Outbox<'_>,
         w: &mut Waiter,
         remaining: usize,
         on_gate: &mut usize,
@@ -429,43 +397,90 @@ impl Shared {
             holds: std::mem::take(&mut w.held),
             granted_at: now,
         };
-        out.push_event(|| {
-            self.event(
-                EventKind::GrantedFromHold {
-                    wait: wall_wait,
-                    waiters: remaining,
-                },
-                &w.ctx,
-                entry_events(w.demand.entries()),
-            )
-        });
-        let demand = std::mem::take(&mut w.demand);
-        let grant = Grant::new(
-            demand.into_entries(),
-            self.clone(),
-            w.ctx.clone(),
-            wall_wait,
-            waits,
+        out.event(
+            EventKind::GrantedFromHold {
+                wait: wall_wait,
+                waiters: remaining,
+            },
+            &w.ctx,
+            || entry_events(w.demand.entries()),
         );
+        let demand = std::mem::take(&mut w.demand);
+        let grant = self.grant(demand, &w.ctx, wall_wait, waits);
         if w.on_gate {
             *on_gate -= 1;
         }
-        self.finish(out, &w.cell, Ok(grant));
+        out.finish(&w.cell, Ok(grant));
     }
 
-    fn leave(
-        &self,
-        out: &mut Outbox,
-        w: &mut Waiter,
-        outcome: Result<Grant, AdmitError>,
-        on_gate: &mut usize,
-    ) {
-        if let Err(error) = &outcome {
-            self.reject_event(out, &w.ctx, &w.demand, error);
-        }
+    /// Refuses waiter `w`, which leaves the line in this pass.
+    fn leave(&self, out: &mut Outbox<'_>, w: &mut Waiter, error: AdmitError, on_gate: &mut usize) {
+        out.rejected(&w.ctx, &w.demand, &error);
         if w.on_gate {
             *on_gate -= 1;
         }
-        self.finish(out, &w.cell, outcome);
+        out.finish(&w.cell, Err(error));
+    }
+}
+
+impl Owner for Shared {
+    /// Gives a grant back and lets the line know: the gate hears of the completion, the sink of
+    /// the release, and whoever can go now is granted on this thread (a direct hand-off, rather
+    /// than waking the evaluator and leaving the waiter two context switches away, as tokio's
+    /// semaphore hands a released permit over).
+    fn settle(&self, entries: &[Entry], ctx: &JobContext, rolled_back: bool) {
+        // The pass below covers every waiter these gives could free, so the accounts' own
+        // wake-ups to this monitor stay quiet meanwhile instead of waking the evaluator for
+        // nothing.
+        handing_off(&self.bell, || {
+            for entry in entries {
+                if rolled_back || entry.account().replenishment() == Replenishment::Release {
+                    entry.account().give(entry.amount());
+                }
+            }
+        });
+        if !entries.is_empty()
+            && let Some(gate) = &self.gate
+        {
+            gate.completed();
+        }
+        if self.sink.is_installed() {
+            let mut out = self.outbox();
+            out.event(EventKind::Released { rolled_back }, ctx, || {
+                entry_events(entries)
+            });
+            self.deliver(out);
+        }
+        // An orchestrator's empty grant gives nothing back and completes nothing: no pass.
+        if !entries.is_empty()
+            && self.bell.someone_waiting()
+            && let Some(me) = self.me.upgrade()
+        {
+            me.evaluate_here(Scope::Released(entries));
+        }
+    }
+
+    fn gate_name(&self) -> &str {
+        Shared::gate_name(self)
+    }
+}
+
+/// Why waiter `w` leaves the line at `now` before it is asked, if it does: its context was
+/// cancelled, or its deadline passed.
+fn gone(w: &Waiter, now: Instant) -> Option<AdmitError> {
+    let waited = now.saturating_duration_since(w.asked_at);
+    if w.ctx.is_cancelled() {
+        return Some(AdmitError::Cancelled {
+            job: w.ctx.id(),
+            waited,
+        });
+    }
+    match (w.deadline, w.timeout) {
+        (Some(deadline), Some(timeout)) if deadline <= now => Some(AdmitError::TimedOut {
+            job: w.ctx.id(),
+            waited,
+            timeout,
+        }),
+        _ => None,
     }
 }

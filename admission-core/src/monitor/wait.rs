@@ -7,14 +7,15 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use super::grant::Grant;
 use crate::clock::Instant;
 use crate::context::JobContext;
 use crate::demand::Demand;
 use crate::error::AdmitError;
-use crate::grant::Grant;
 
+use super::arrival::Begin;
 use super::cell::{Cell, Outcome};
-use super::shared::{Begin, Shared};
+use super::shared::Shared;
 
 /// A parked waiter's ticket.
 struct Ticket {

@@ -1,15 +1,45 @@
 //! [`Grant`]: the RAII value a job holds while it uses what admission gave it.
+//!
+//! It lives beside the monitor as tokio's permit lives beside its semaphore, and knows the monitor
+//! only as the [`Owner`] it gives back to: the engine files make grants, the grant never reaches
+//! into them.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::account::Replenishment;
 use crate::clock::Instant;
 use crate::context::JobContext;
 use crate::demand::Entry;
-use crate::monitor::{Hold, Shared};
+
+/// What a grant gives back to: the monitor that made it.
+pub(crate) trait Owner: Send + Sync + 'static {
+    /// Gives back `entries` (everything for a rollback, else what replenishes on release) and
+    /// lets the line know. Called once per grant.
+    fn settle(&self, entries: &[Entry], ctx: &JobContext, rolled_back: bool);
+
+    /// The gate's name, as a grant reports a wait on it.
+    fn gate_name(&self) -> &str;
+}
+
+/// One account's hold on a waiter, kept for [`Grant::wait_times`].
+pub(crate) struct Hold {
+    /// The account's key (its address), or [`Hold::GATE`] for the gate.
+    pub(crate) key: usize,
+    /// The held entry's index in the waiter's demand; `None` for the gate. (Names are looked up
+    /// only when a grant reports its waits, so holding costs no copy.)
+    pub(crate) entry: Option<usize>,
+    /// When the account first refused the waiter.
+    pub(crate) since: Instant,
+    /// When it last stopped refusing (`None` while it still refuses).
+    pub(crate) until: Option<Instant>,
+}
+
+impl Hold {
+    /// The key under which the gate appears among a waiter's holds.
+    pub(crate) const GATE: usize = usize::MAX;
+}
 
 /// Everything one job was granted, returned when the grant is released, rolled back or dropped.
 ///
@@ -37,7 +67,7 @@ use crate::monitor::{Hold, Shared};
 #[must_use = "dropping a grant releases it at once"]
 pub struct Grant {
     entries: Vec<Entry>,
-    shared: Arc<Shared>,
+    owner: Arc<dyn Owner>,
     ctx: JobContext,
     wall_wait: Duration,
     /// Which accounts held the job and when; read only when asked for, outside the monitor lock.
@@ -65,14 +95,14 @@ impl Waits {
 impl Grant {
     pub(crate) fn new(
         entries: Vec<Entry>,
-        shared: Arc<Shared>,
+        owner: Arc<dyn Owner>,
         ctx: JobContext,
         wall_wait: Duration,
         waits: Waits,
     ) -> Grant {
         Grant {
             entries,
-            shared,
+            owner,
             ctx,
             wall_wait,
             waits,
@@ -80,8 +110,8 @@ impl Grant {
         }
     }
 
-    /// Returns what the job held: the amounts on [`Replenishment::Release`] accounts. Metered
-    /// ([`Replenishment::Time`]) debits stay spent: the call they paid for happened.
+    /// Returns what the job held: the amounts on [`Replenishment::Release`](crate::Replenishment::Release) accounts. Metered
+    /// ([`Replenishment::Time`](crate::Replenishment::Time)) debits stay spent: the call they paid for happened.
     pub fn release(&mut self) {
         self.settle(false);
     }
@@ -95,16 +125,7 @@ impl Grant {
         if std::mem::replace(&mut self.settled, true) {
             return;
         }
-        // The pass `settled` runs covers every waiter these gives could free, so the accounts'
-        // own wake-ups stay quiet meanwhile instead of waking the evaluator for nothing.
-        crate::monitor::handing_off(&self.shared.bell, || {
-            for entry in &self.entries {
-                if everything || entry.account().replenishment() == Replenishment::Release {
-                    entry.account().give(entry.amount());
-                }
-            }
-        });
-        self.shared.settled(&self.entries, &self.ctx, everything);
+        self.owner.settle(&self.entries, &self.ctx, everything);
     }
 
     /// True once released or rolled back.
@@ -128,7 +149,7 @@ impl Grant {
             .map(|hold| {
                 let name = match hold.entry {
                     Some(i) => self.entries[i].account().name(),
-                    None => self.shared.gate_name(),
+                    None => self.owner.gate_name(),
                 };
                 let until = hold.until.unwrap_or(*granted_at);
                 (name.to_owned(), until.saturating_duration_since(hold.since))

@@ -1,0 +1,366 @@
+//! The arrival: a job asks for its demand, and is granted inline, refused at once, or parked.
+//!
+//! When the line is empty the caller's own thread asks every account (the fast path: one ask per
+//! account, no clock read without a gate, no system call). Otherwise the newcomer is asked where
+//! a pass would ask it, at the line's tail, with the head's reservation set aside, so that joining
+//! a long line costs one ask per account rather than a pass over everyone. Nothing earlier in the
+//! line needs asking again: since the last pass, every change that could grant an earlier waiter
+//! (a give, a relaxed limit) runs or rings for a pass of its own, and the head's reservation keeps
+//! the newcomer from taking what the head waits for.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::account::{AccountRef, account_key};
+use crate::clock::Instant;
+use crate::context::JobContext;
+use crate::demand::Demand;
+use crate::error::AdmitError;
+use crate::event::EventKind;
+use crate::gate::{GateAnswer, GateView};
+use crate::sync::MonitorGuard;
+
+use super::ask::{Attempt, Head, Learn, ask_demand, earlier, panic_message};
+use super::cell::{Cell, Outcome};
+use super::grant::{Grant, Waits};
+use super::line::{State, Waiter, before_planned};
+use super::outbox::{Outbox, entry_events};
+use super::shared::Shared;
+
+/// What an admit made of a job.
+pub(crate) enum Begin {
+    /// Granted inline or refused at once.
+    Done(Outcome),
+    /// Parked in the line.
+    Parked {
+        seq: u64,
+        cell: Arc<Cell>,
+        /// When the waiter times out, on the monitor's clock.
+        deadline: Option<Instant>,
+    },
+}
+
+/// What asking a newcomer at the line's tail made of it.
+enum Arrival {
+    /// Granted on arrival (its demand does not touch what the head needs).
+    Granted(Grant),
+    /// Held; `due` is the earliest instant time alone could change that (its accounts' or its
+    /// own deadline), `None` when only an event can.
+    Held {
+        due: Option<Instant>,
+    },
+    Refused(AdmitError),
+    /// Not asked: the head could go now, so a pass is due; park and ring for it.
+    Deferred,
+}
+
+impl Shared {
+    /// Asks for `demand`: grants it inline when the line is empty and it fits, parks it otherwise.
+    pub(crate) fn begin(
+        self: &Arc<Shared>,
+        demand: Demand,
+        ctx: &JobContext,
+        timeout: Option<Duration>,
+    ) -> Begin {
+        let mut out = self.outbox();
+        let (begun, ring) = match self.begin_locked(demand, ctx, timeout, &mut out) {
+            Ok(parked) => parked,
+            Err(outcome) => (Begin::Done(outcome), false),
+        };
+        self.deliver(out);
+        if ring {
+            self.bell.ring();
+        }
+        begun
+    }
+
+    /// The arrival under the lock: `Ok((parked, ring))` for a parked waiter (`ring` when the
+    /// evaluator must run a pass for it), `Err(outcome)` when it is done at once.
+    fn begin_locked(
+        self: &Arc<Shared>,
+        demand: Demand,
+        ctx: &JobContext,
+        timeout: Option<Duration>,
+        out: &mut Outbox<'_>,
+    ) -> Result<(Begin, bool), Outcome> {
+        let refused = |out: &mut Outbox<'_>, demand: &Demand, error: AdmitError| {
+            out.rejected(ctx, demand, &error);
+            Err(Err(error))
+        };
+        if ctx.is_cancelled() {
+            let error = AdmitError::Cancelled {
+                job: ctx.id(),
+                waited: Duration::ZERO,
+            };
+            return refused(out, &demand, error);
+        }
+        if let Err(error) = demand.check_requirements() {
+            return refused(out, &demand, error);
+        }
+        let mut st = self.state.lock();
+        if let Some(error) = Self::phase_error(&st.phase) {
+            drop(st);
+            return refused(out, &demand, error);
+        }
+        // True when the waiter about to park is behind the gate: the gate held it on the fast
+        // path, or the head of the line is held on the gate (the sharp rule, applied here).
+        let mut gate_held = false;
+        if st.queue.is_empty() {
+            match self.fast_path(&mut st, &demand, ctx, &mut gate_held, out) {
+                Ok(true) => {
+                    drop(st);
+                    out.event(EventKind::GrantedImmediate, ctx, || {
+                        entry_events(demand.entries())
+                    });
+                    return Err(Ok(self.grant(demand, ctx, Duration::ZERO, Waits::none())));
+                }
+                Ok(false) => {}
+                Err(error) => {
+                    drop(st);
+                    return refused(out, &demand, error);
+                }
+            }
+        }
+        if self.gate.is_some() && !demand.is_empty() && !gate_held {
+            gate_held = st.queue.values().next().is_some_and(|head| head.on_gate);
+        }
+        self.park(st, demand, ctx, timeout, gate_held, out)
+    }
+
+    /// The fast path, for an empty line: the gate, then every account asked once as the head.
+    /// `Ok(false)` is "not now", with `gate_held` set when the gate said so. An account's panic
+    /// is a refusal of this job; the gate's closes admission.
+    fn fast_path(
+        &self,
+        st: &mut MonitorGuard<'_, State>,
+        demand: &Demand,
+        ctx: &JobContext,
+        gate_held: &mut bool,
+        out: &mut Outbox<'_>,
+    ) -> Result<bool, AdmitError> {
+        // Only a gate reads the clock here: an uncontended admit makes no system call.
+        let view = GateView {
+            head: true,
+            held: 0,
+            now: match self.gate {
+                Some(_) => self.clock.now(),
+                None => Instant::ZERO,
+            },
+            on_gate: false,
+            elsewhere: false,
+        };
+        match catch_unwind(AssertUnwindSafe(|| {
+            self.take_now(demand, ctx, view, gate_held)
+        })) {
+            Ok(taken) => taken,
+            Err(panic) => {
+                // Only the gate can panic out of `take_now` (accounts are guarded): a defect.
+                let cause = format!("the gate panicked: {}", panic_message(&*panic));
+                Err(self.close_locked(st, out, cause))
+            }
+        }
+    }
+
+    fn take_now(
+        &self,
+        demand: &Demand,
+        ctx: &JobContext,
+        view: GateView,
+        gate_held: &mut bool,
+    ) -> Result<bool, AdmitError> {
+        if demand.is_empty() {
+            return Ok(true);
+        }
+        if let Some(gate) = &self.gate
+            && let GateAnswer::Hold { .. } = gate.check(view)
+        {
+            *gate_held = true;
+            return Ok(false);
+        }
+        let mut short = Vec::new();
+        match ask_demand(&self.bell, demand, ctx, None, Learn::FirstShort, &mut short) {
+            Attempt::Granted => {}
+            Attempt::Held { .. } => return Ok(false),
+            Attempt::Refused(error) => return Err(error),
+        }
+        if let Some(gate) = &self.gate {
+            gate.passed(view);
+        }
+        Ok(true)
+    }
+
+    /// Parks a job that could not go on the fast path, asking it first at the line's tail
+    /// (without a gate; with one, the evaluator asks). Under the monitor lock, given up here.
+    fn park(
+        self: &Arc<Shared>,
+        mut st: MonitorGuard<'_, State>,
+        demand: Demand,
+        ctx: &JobContext,
+        timeout: Option<Duration>,
+        gate_held: bool,
+        out: &mut Outbox<'_>,
+    ) -> Result<(Begin, bool), Outcome> {
+        let now = self.clock.now();
+        let deadline = timeout.map(|t| now.saturating_add(t));
+        if let (Some(deadline), Some(timeout)) = (deadline, timeout)
+            && deadline <= now
+        {
+            drop(st);
+            let error = AdmitError::TimedOut {
+                job: ctx.id(),
+                waited: Duration::ZERO,
+                timeout,
+            };
+            out.rejected(ctx, &demand, &error);
+            return Err(Err(error));
+        }
+        for entry in demand.entries() {
+            self.watch(&mut st, entry.account());
+        }
+        let cell = Arc::new(Cell::new());
+        let mut waiter = Waiter {
+            demand,
+            ctx: ctx.clone(),
+            asked_at: now,
+            timeout,
+            deadline,
+            cell: cell.clone(),
+            held: Vec::new(),
+            on_gate: gate_held,
+        };
+        let ring = match self.gate {
+            Some(_) => true,
+            None => self.ask_at_the_tail(&st, &mut waiter, out, now)?,
+        };
+        // Whoever parks has an evaluator to serve its deadline (started here at the latest).
+        if let Err(error) = self.ensure_evaluator(&mut st) {
+            self.publish_parked(st.queue.len());
+            drop(st);
+            let error = AdmitError::Unserved {
+                reason: error.to_string(),
+            };
+            out.rejected(ctx, &waiter.demand, &error);
+            return Err(Err(error));
+        }
+        let seq = st.next_seq;
+        st.next_seq += 1;
+        st.queue.insert(seq, waiter);
+        // Without a gate the count was published before the ask, and is this already.
+        self.publish_parked(st.queue.len());
+        Ok((
+            Begin::Parked {
+                seq,
+                cell,
+                deadline,
+            },
+            ring,
+        ))
+    }
+
+    /// Asks newcomer `w` at the line's tail (a monitor without a gate). `Ok(ring)` when it is to
+    /// park (`ring`: the evaluator must run a pass for it, or adopt an earlier deadline);
+    /// `Err(outcome)` when it was granted or refused here.
+    fn ask_at_the_tail(
+        self: &Arc<Shared>,
+        st: &MonitorGuard<'_, State>,
+        w: &mut Waiter,
+        out: &mut Outbox<'_>,
+        now: Instant,
+    ) -> Result<bool, Outcome> {
+        // Published before the ask, so a give that the ask misses finds someone waiting and runs
+        // a pass (the doorbell's argument, `evaluator.rs`).
+        self.publish_parked(st.queue.len() + 1);
+        let arrival = self.arrive(st, w, out, now);
+        match arrival {
+            Arrival::Granted(grant) => {
+                self.publish_parked(st.queue.len());
+                Err(Ok(grant))
+            }
+            Arrival::Refused(error) => {
+                self.publish_parked(st.queue.len());
+                out.rejected(&w.ctx, &w.demand, &error);
+                Err(Err(error))
+            }
+            // The head could go now: whatever made it so (a give, a relaxed limit, time, its own
+            // first ask) runs or rings for a pass, which will ask this waiter too.
+            Arrival::Deferred => Ok(false),
+            Arrival::Held { due } => Ok(before_planned(due, st.planned_wake)),
+        }
+    }
+
+    /// Asks for newcomer `w` what a pass would ask at the line's tail: every account, with the
+    /// head's amounts set aside and the accounts the head is short on untouchable (first in
+    /// line, it is the head). Held, its `Held` events are out and the caller parks it.
+    fn arrive(
+        self: &Arc<Shared>,
+        st: &State,
+        w: &mut Waiter,
+        out: &mut Outbox<'_>,
+        now: Instant,
+    ) -> Arrival {
+        // Behind a line, the head as it stands now; first in line, nobody's amounts to respect.
+        let head = match st.queue.values().next() {
+            Some(first) => match Head::now_of(&first.demand, &first.ctx) {
+                Some(head) => Some(head),
+                None => return Arrival::Deferred,
+            },
+            None => None,
+        };
+        let mut short = Vec::new();
+        let attempt = ask_demand(
+            &self.bell,
+            &w.demand,
+            &w.ctx,
+            head.as_ref(),
+            Learn::EveryShort,
+            &mut short,
+        );
+        match attempt {
+            Attempt::Granted => {
+                out.event(EventKind::GrantedImmediate, &w.ctx, || {
+                    entry_events(w.demand.entries())
+                });
+                let demand = std::mem::take(&mut w.demand);
+                Arrival::Granted(self.grant(demand, &w.ctx, Duration::ZERO, Waits::none()))
+            }
+            Attempt::Refused(error) => Arrival::Refused(error),
+            Attempt::Held { wake } => {
+                self.note_held(out, w, &short, now);
+                Arrival::Held {
+                    due: earlier(wake, w.deadline),
+                }
+            }
+        }
+    }
+
+    /// A grant of `demand` to job `ctx`, owned by this monitor.
+    pub(crate) fn grant(
+        self: &Arc<Shared>,
+        demand: Demand,
+        ctx: &JobContext,
+        wall_wait: Duration,
+        waits: Waits,
+    ) -> Grant {
+        Grant::new(
+            demand.into_entries(),
+            self.clone(),
+            ctx.clone(),
+            wall_wait,
+            waits,
+        )
+    }
+
+    /// Installs the doorbell in `account`'s wake slot, once per account.
+    fn watch(&self, st: &mut State, account: &AccountRef) {
+        let key = account_key(account);
+        if st.watched.contains_key(&key) {
+            return;
+        }
+        if st.watched.len() >= 64 && st.watched.len().is_power_of_two() {
+            st.watched.retain(|_, weak| weak.strong_count() > 0);
+        }
+        account.on_capacity_change(Some(self.kick.clone()));
+        st.watched.insert(key, Arc::downgrade(account));
+    }
+}

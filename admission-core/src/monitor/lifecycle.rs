@@ -1,0 +1,191 @@
+//! How the monitor starts and stops, and how a waiter leaves the line other than by a grant: its
+//! context cancelled, its admit abandoned, its own deadline passed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::Instant;
+use crate::error::{AdmitError, StartError};
+use crate::sync::thread;
+
+use super::evaluator;
+use super::line::{Phase, State, Waiter};
+use super::outbox::Outbox;
+use super::shared::Shared;
+
+/// Why a waiter leaves the line outside a pass.
+#[derive(Copy, Clone)]
+enum Leaving {
+    /// Its context was cancelled: the waiter is told so.
+    Cancelled,
+    /// Its admit future was dropped: nobody is left to tell.
+    Abandoned,
+    /// Its own timer says its deadline has passed (checked again here, on the monitor's clock).
+    Expired,
+}
+
+impl Shared {
+    /// [`Monitor::start`](crate::Monitor::start): starts the evaluator if it is not running,
+    /// in every monitor (one with manual passes too: a test may want its real thread).
+    pub(crate) fn start(self: &Arc<Shared>) -> Result<(), StartError> {
+        let mut st = self.state.lock();
+        self.spawn_evaluator(&mut st)
+    }
+
+    /// Makes sure a waiter about to park has an evaluator to serve its deadline: starts it
+    /// unless it runs or the monitor's passes are manual (`test-util`). Under the monitor lock.
+    pub(crate) fn ensure_evaluator(self: &Arc<Shared>, st: &mut State) -> Result<(), StartError> {
+        if self.manual {
+            return Ok(());
+        }
+        self.spawn_evaluator(st)
+    }
+
+    fn spawn_evaluator(self: &Arc<Shared>, st: &mut State) -> Result<(), StartError> {
+        if !matches!(st.phase, Phase::Open) {
+            return Err(StartError::Stopped);
+        }
+        if st.evaluator.is_some() {
+            return Ok(());
+        }
+        let shared = self.clone();
+        let body = move || evaluator::run(&shared.bell, &*shared.clock, || shared.evaluate());
+        let handle = thread::spawn("admission-evaluator", body)
+            .map_err(|e| StartError::Spawn(e.to_string()))?;
+        let id = handle.thread().id();
+        st.evaluator = Some((handle, id));
+        Ok(())
+    }
+
+    /// Withdraws waiter `seq` because its context was cancelled.
+    pub(crate) fn cancel_waiter(&self, seq: u64) {
+        self.leave_line(seq, Leaving::Cancelled);
+    }
+
+    /// Times waiter `seq` out if its deadline has passed on the monitor's clock: a blocking
+    /// waiter's own timer calls this, so its deadline holds even between the evaluator's passes.
+    pub(crate) fn expire(&self, seq: u64) {
+        self.leave_line(seq, Leaving::Expired);
+    }
+
+    /// Withdraws waiter `seq` because its admit was abandoned (the future dropped). Returns false
+    /// when the waiter had already left the line, i.e. its outcome is in its cell.
+    pub(crate) fn withdraw(&self, seq: u64) -> bool {
+        self.leave_line(seq, Leaving::Abandoned)
+    }
+
+    /// Takes waiter `seq` out of the line for `why`; false when it was no longer there (or, for
+    /// an expiry, not yet due). What it set aside as the head is free, so the evaluator is rung.
+    fn leave_line(&self, seq: u64, why: Leaving) -> bool {
+        let mut out = self.outbox();
+        let now = self.clock.now();
+        let left = {
+            let mut st = self.state.lock();
+            let due = |w: &Waiter| w.deadline.is_some_and(|d| d <= now);
+            let leaves = st
+                .queue
+                .get(&seq)
+                .is_some_and(|w| !matches!(why, Leaving::Expired) || due(w));
+            match leaves.then(|| st.queue.remove(&seq)).flatten() {
+                Some(w) => {
+                    self.publish_parked(st.queue.len());
+                    if w.on_gate {
+                        self.tell_gate_holding(&st);
+                    }
+                    let error = left_with(&w, why, now);
+                    out.rejected(&w.ctx, &w.demand, &error);
+                    if !matches!(why, Leaving::Abandoned) {
+                        out.finish(&w.cell, Err(error));
+                    }
+                    true
+                }
+                None => false,
+            }
+        };
+        self.deliver(out);
+        if left {
+            self.bell.ring();
+        }
+        left
+    }
+
+    /// Refuses every waiter with `error` and empties the line. Under the monitor lock.
+    fn drain_locked(&self, st: &mut State, out: &mut Outbox<'_>, error: &AdmitError) {
+        let queue = std::mem::take(&mut st.queue);
+        self.publish_parked(0);
+        for (_, w) in queue {
+            out.rejected(&w.ctx, &w.demand, error);
+            out.finish(&w.cell, Err(error.clone()));
+        }
+    }
+
+    /// Takes this monitor's doorbell back from every account it watched, leaving alone a slot
+    /// that another monitor sharing the account has taken over since.
+    fn unwatch_locked(&self, st: &mut State) {
+        for (_, weak) in st.watched.drain() {
+            if let Some(account) = weak.upgrade() {
+                account.forget_capacity_change(&self.kick);
+            }
+        }
+    }
+
+    /// Closes admission for good because of a defect; every waiter fails with the cause.
+    pub(crate) fn close_locked(
+        &self,
+        st: &mut State,
+        out: &mut Outbox<'_>,
+        cause: String,
+    ) -> AdmitError {
+        if let Some(error) = Self::phase_error(&st.phase) {
+            return error;
+        }
+        tracing::error!(%cause, "admission closed by a defect");
+        let cause: Arc<str> = Arc::from(cause);
+        st.phase = Phase::Closed(cause.clone());
+        let error = AdmitError::Closed { cause };
+        self.drain_locked(st, out, &error);
+        self.unwatch_locked(st);
+        error
+    }
+
+    /// Stops admission: refuses every waiter, takes back its wake-ups, joins the evaluator.
+    pub(crate) fn stop(&self) {
+        let mut out = self.outbox();
+        let evaluator = {
+            let mut st = self.state.lock();
+            if matches!(st.phase, Phase::Open) {
+                st.phase = Phase::Stopped;
+                self.drain_locked(&mut st, &mut out, &AdmitError::Shutdown);
+            }
+            self.unwatch_locked(&mut st);
+            st.evaluator.take()
+        };
+        if let Some(gate) = &self.gate {
+            gate.holding(0);
+            gate.on_change(None);
+        }
+        self.bell.ring();
+        self.deliver(out);
+        if let Some((handle, id)) = evaluator
+            && thread::current().id() != id
+        {
+            let _ = handle.join();
+        }
+    }
+}
+
+/// The error a waiter leaving for `why` at `now` is refused with.
+fn left_with(w: &Waiter, why: Leaving, now: Instant) -> AdmitError {
+    let waited = now.saturating_duration_since(w.asked_at);
+    match why {
+        Leaving::Cancelled | Leaving::Abandoned => AdmitError::Cancelled {
+            job: w.ctx.id(),
+            waited,
+        },
+        Leaving::Expired => AdmitError::TimedOut {
+            job: w.ctx.id(),
+            waited,
+            timeout: w.timeout.unwrap_or(Duration::ZERO),
+        },
+    }
+}
