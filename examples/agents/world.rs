@@ -201,8 +201,8 @@ impl World {
                 Next::Done
             }
             Status::RateLimited => {
-                // A 429's headers: what the provider says, marked as a limit that was hit.
-                let info = response.rate_limit_info(model).into_rate_limited();
+                // A 429's headers: what the provider says, read as a limit that was hit.
+                let info = response.rate_limit_info(model);
                 self.registry.on_rate_limit_error(model, &info);
                 if let Some(t) = tally {
                     t.rate_limited.fetch_add(1, Ordering::Relaxed);

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use admission_accounts::model_spec::{ModelCatalog, ModelSpec};
 use admission_accounts::provider::{
@@ -470,7 +470,7 @@ fn a_429_with_ceilings_and_a_capacity_reading_update_the_limits() {
     let registry = registry(&clock);
     let bucket = registry.bucket("sonnet").unwrap();
 
-    let limited = RateLimitInfo::from_pairs(
+    let limited = RateLimitInfo::rate_limited_from_pairs_at(
         "sonnet",
         [
             ("x-ratelimit-limit-tokens", "40000"),
@@ -478,6 +478,7 @@ fn a_429_with_ceilings_and_a_capacity_reading_update_the_limits() {
             ("x-ratelimit-remaining-tokens", "0"),
             ("retry-after", "7"),
         ],
+        SystemTime::UNIX_EPOCH,
     );
     registry.on_rate_limit_error("sonnet", &limited);
     assert_eq!(bucket.throttle(), 0.5);
@@ -586,13 +587,14 @@ fn a_429_logs_the_upstream_s_reading_at_warn() {
         .with_ansi(false)
         .without_time()
         .finish();
-    let info = RateLimitInfo::from_pairs(
+    let info = RateLimitInfo::rate_limited_from_pairs_at(
         "sonnet",
         [
             ("x-ratelimit-limit-tokens", "40000"),
             ("x-ratelimit-remaining-tokens", "0"),
             ("retry-after", "7"),
         ],
+        SystemTime::UNIX_EPOCH,
     );
     tracing::subscriber::with_default(subscriber, || {
         registry.on_rate_limit_error("sonnet", &info);
@@ -601,6 +603,6 @@ fn a_429_logs_the_upstream_s_reading_at_warn() {
     assert_eq!(
         logged.trim_end(),
         " WARN admission_accounts::provider: upstream rate limited a call model=\"sonnet\" \
-         reading=sonnet capacity kind=tokens tokens=0/40000 retry-after 7s"
+         reading=sonnet rate limited kind=tokens tokens=0/40000 retry-after 7s"
     );
 }

@@ -56,7 +56,7 @@ fn openai_headers_are_a_capacity_reading() {
     );
     assert!(!info.rate_limited);
     assert_eq!(info.model, "gpt-4o");
-    assert_eq!(info.kind, LimitKind::Unknown);
+    assert_eq!(info.kind, LimitKind::Capacity);
     assert_eq!(info.request_limit, Some(500));
     assert_eq!(info.request_remaining, Some(499));
     assert_eq!(info.request_reset, Some(Duration::from_millis(120)));
@@ -98,7 +98,7 @@ fn anthropic_headers_are_a_capacity_reading() {
         fixed_now(),
     );
     assert!(!info.rate_limited);
-    assert_eq!(info.kind, LimitKind::Tokens);
+    assert_eq!(info.kind, LimitKind::Capacity);
     assert_eq!(info.request_limit, Some(50));
     assert_eq!(info.request_remaining, Some(49));
     assert_eq!(info.request_reset, Some(secs(60)));
@@ -111,11 +111,45 @@ fn anthropic_headers_are_a_capacity_reading() {
     assert_eq!(info.output_token_limit, Some(16_000));
     assert_eq!(info.output_token_remaining, Some(15_000));
     assert_eq!(info.output_token_reset, Some(Duration::ZERO));
-    assert_eq!(info.retry_after, Some(secs(30)));
+    assert_eq!(
+        info.retry_after, None,
+        "a capacity reading carries no retry-after"
+    );
     assert_eq!(info.requests_per_minute(), 50);
     assert_eq!(info.tokens_per_minute(), 90_000);
     assert_eq!(info.input_tokens_per_minute(), 80_000);
     assert_eq!(info.output_tokens_per_minute(), 16_000);
+}
+
+#[test]
+fn a_successful_response_s_headers_are_a_capacity_reading_with_no_retry_after() {
+    let info = RateLimitInfo::from_pairs_at(
+        "gpt-4o",
+        [
+            ("x-ratelimit-limit-tokens", "30000"),
+            ("x-ratelimit-remaining-tokens", "0"),
+            ("x-ratelimit-reset-tokens", "6m0s"),
+            ("retry-after", "30"),
+        ],
+        fixed_now(),
+    );
+    assert!(!info.rate_limited);
+    assert_eq!(info.kind, LimitKind::Capacity);
+    assert_eq!(
+        info.retry_after, None,
+        "a capacity reading asks nobody to wait"
+    );
+    assert_eq!(
+        serde_json::to_value(&info).map(|v| v["kind"].clone()).ok(),
+        Some(serde_json::json!("capacity"))
+    );
+    assert_eq!(info.token_limit, Some(30_000));
+    assert_eq!(info.token_remaining, Some(0));
+    assert_eq!(info.token_reset, Some(secs(360)));
+    assert_eq!(
+        info.summary(),
+        "gpt-4o capacity kind=capacity tokens=0/30000 reset 360s"
+    );
 }
 
 #[test]
@@ -130,7 +164,13 @@ fn header_names_match_without_regard_to_case() {
     );
     assert_eq!(info.request_limit, Some(7));
     assert_eq!(info.token_remaining, Some(8));
-    assert_eq!(info.retry_after, Some(secs(9)));
+    let hit = RateLimitInfo::rate_limited_from_pairs_at(
+        "m",
+        [("RETRY-AFTER", "9"), ("X-RateLimit-Limit-Requests", "7")],
+        fixed_now(),
+    );
+    assert_eq!(hit.retry_after, Some(secs(9)));
+    assert_eq!(hit.request_limit, Some(7));
 }
 
 #[test]
@@ -151,7 +191,7 @@ fn a_header_map_reads_like_pairs() {
     assert_eq!(info.token_limit, Some(1000));
     assert_eq!(info.token_reset, Some(secs(360)));
     assert_eq!(info.request_remaining, Some(0));
-    assert_eq!(info.kind, LimitKind::Requests);
+    assert_eq!(info.kind, LimitKind::Capacity);
     assert_eq!(info.token_remaining, None);
     assert_eq!(info.request_limit, None);
     assert_eq!(info.retry_after, None);
@@ -275,7 +315,7 @@ fn retry_after_reads_seconds_and_http_dates() {
         parse_retry_after_at(Some("Wed, 21 Oct 2015 07:28:00 GMT"), fixed_now()),
         Some(Duration::ZERO)
     );
-    let info = RateLimitInfo::from_pairs_at(
+    let info = RateLimitInfo::rate_limited_from_pairs_at(
         "m",
         [("Retry-After", "Thu, 01 Jan 2026 00:00:07 GMT")],
         fixed_now(),
@@ -330,7 +370,7 @@ fn bad_values_leave_fields_none() {
     assert_eq!(info.token_remaining, None);
     assert_eq!(info.token_reset, None);
     assert_eq!(info.retry_after, None);
-    assert_eq!(info.kind, LimitKind::Unknown);
+    assert_eq!(info.kind, LimitKind::Capacity);
 }
 
 #[test]
@@ -348,6 +388,8 @@ fn a_missing_kind_reads_as_unknown() {
     assert_eq!(LimitKind::from_name(None), LimitKind::Unknown);
     assert_eq!(LimitKind::from_name(Some("bananas")), LimitKind::Unknown);
     assert_eq!(LimitKind::from_name(Some("REQUESTS")), LimitKind::Requests);
+    assert_eq!(LimitKind::from_name(Some("Capacity")), LimitKind::Capacity);
+    assert_eq!(LimitKind::Capacity.as_str(), "capacity");
     assert_eq!(
         LimitKind::from_name(Some("output-tokens")),
         LimitKind::OutputTokens
@@ -413,20 +455,41 @@ proptest! {
 
 #[test]
 fn a_429_s_headers_read_as_rate_limited_keeping_what_they_say() {
-    let hit = RateLimitInfo::from_pairs_at(
-        "m",
-        [
-            ("x-ratelimit-limit-requests", "500"),
-            ("x-ratelimit-remaining-requests", "0"),
-            ("retry-after", "7"),
-        ],
-        fixed_now(),
-    )
-    .into_rate_limited();
+    let pairs = [
+        ("x-ratelimit-limit-requests", "500"),
+        ("x-ratelimit-remaining-requests", "0"),
+        ("retry-after", "7"),
+    ];
+    let hit = RateLimitInfo::rate_limited_from_pairs_at("m", pairs, fixed_now());
     assert!(hit.rate_limited);
     assert_eq!(hit.kind, LimitKind::Requests);
     assert_eq!(hit.request_limit, Some(500));
+    assert_eq!(hit.request_remaining, Some(0));
     assert_eq!(hit.retry_after, Some(secs(7)), "a retry-after read is kept");
-    let bare = RateLimitInfo::from_pairs_at("m", [], fixed_now()).into_rate_limited();
+    assert_eq!(
+        hit.summary(),
+        "m rate limited kind=requests requests=0/500 retry-after 7s"
+    );
+    let mut headers = HeaderMap::new();
+    for (name, value) in pairs {
+        headers.insert(
+            HeaderName::from_static(name),
+            HeaderValue::from_static(value),
+        );
+    }
+    assert_eq!(
+        RateLimitInfo::rate_limited_from_headers_at("m", &headers, fixed_now()),
+        hit
+    );
+    // The same headers on a successful response: a capacity reading, no retry-after.
+    let capacity = RateLimitInfo::from_pairs_at("m", pairs, fixed_now());
+    assert_eq!(
+        (capacity.kind, capacity.retry_after),
+        (LimitKind::Capacity, None)
+    );
+    let bare = RateLimitInfo::rate_limited_from_pairs_at("m", [], fixed_now());
     assert_eq!(bare, RateLimitInfo::rate_limited("m"));
+    let unreadable =
+        RateLimitInfo::rate_limited_from_pairs_at("m", [("retry-after", "soon")], fixed_now());
+    assert_eq!(unreadable.retry_after, Some(secs(60)));
 }
