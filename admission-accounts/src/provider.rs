@@ -2,8 +2,8 @@
 //!
 //! - [`LimiterFactory`] builds and keeps the limiters: one [`TokenBucket`] per spec id, one model
 //!   gate per spec that caps concurrency, one [`ElasticWindow`] per spec that configures one, and
-//!   one shared instance per limiter *type* ([`LimiterFactory::shared`]) — which is how every job
-//!   names the same [`HttpGate`].
+//!   one shared instance per limiter *type* ([`LimiterFactory::shared`],
+//!   [`LimiterFactory::shared_with`]) — which is how every job names the same [`HttpGate`].
 //! - [`Registry`] is the facade a service holds: it knows the specs, builds a call's whole
 //!   [`Demand`] ([`Registry::demand_for`]), prices it, and closes the loop with the upstream's
 //!   answers ([`Registry::on_success`], [`Registry::on_rate_limit_error`],
@@ -49,10 +49,11 @@
 use std::any::{Any, TypeId};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::num::NonZeroU64;
 use std::ops::Deref;
 use std::sync::Arc;
 
-use admission_core::{Account, AccountStatus, Amount, Clock, Demand, SystemClock};
+use admission_core::{Account, AccountStatus, Amount, Clock, Demand};
 use parking_lot::{Mutex, RwLock};
 
 use crate::elastic_window::ElasticWindow;
@@ -68,13 +69,15 @@ pub const OVERLOAD_INCREMENTS: u32 = 3;
 
 /// The HTTP connection gate every call shares: a [`CountingGate`] providing the HTTP capability.
 ///
-/// One instance per [`LimiterFactory`] ([`LimiterFactory::shared`]); [`HttpGate::default`] has
-/// [`HttpGate::DEFAULT_CAPACITY`] connections, [`Registry::with_http_connections`] sets another.
-/// It derefs to the gate, and [`HttpGate::account`] is the handle a [`Demand`] takes.
+/// One instance per [`LimiterFactory`], kept as its shared instance of this type. A [`Registry`]
+/// builds it from its own clock with [`HttpGate::DEFAULT_CAPACITY`] connections unless
+/// [`Registry::with_http_connections`] says otherwise; there is no default gate, since a gate
+/// must stamp on the clock of the monitor it serves. It derefs to the gate, and
+/// [`HttpGate::account`] is the handle a [`Demand`] takes.
 pub struct HttpGate(Arc<CountingGate>);
 
 impl HttpGate {
-    /// The connections of a default gate.
+    /// The connections of a registry's gate unless configured otherwise.
     pub const DEFAULT_CAPACITY: u64 = 64;
 
     /// A gate of `capacity` connections stamping activity on `clock`.
@@ -83,23 +86,20 @@ impl HttpGate {
     ///
     /// A [`ConfigError`] naming `capacity` when it is zero.
     pub fn new(capacity: u64, clock: Arc<dyn Clock>) -> Result<HttpGate, ConfigError> {
-        Ok(HttpGate(Arc::new(
-            CountingGate::http(capacity)?.with_clock(clock),
-        )))
+        Ok(HttpGate(Arc::new(CountingGate::http(capacity, clock)?)))
+    }
+
+    /// A gate of `capacity` connections stamping activity on `clock`; cannot fail.
+    fn with_capacity(capacity: NonZeroU64, clock: Arc<dyn Clock>) -> HttpGate {
+        HttpGate(Arc::new(
+            CountingGate::with_capacity("http", capacity, clock)
+                .with_capability(admission_core::Capability::HTTP_CONNECTION),
+        ))
     }
 
     /// The gate as a demand's account.
     pub fn account(&self) -> Arc<CountingGate> {
         self.0.clone()
-    }
-}
-
-impl Default for HttpGate {
-    fn default() -> HttpGate {
-        match HttpGate::new(HttpGate::DEFAULT_CAPACITY, Arc::new(SystemClock::new())) {
-            Ok(gate) => gate,
-            Err(error) => unreachable!("the default capacity is positive: {error}"),
-        }
     }
 }
 
@@ -116,6 +116,9 @@ impl fmt::Debug for HttpGate {
         f.debug_tuple("HttpGate").field(&*self.0).finish()
     }
 }
+
+/// [`HttpGate::DEFAULT_CAPACITY`], checked positive when compiled.
+const DEFAULT_HTTP_CAPACITY: NonZeroU64 = NonZeroU64::new(HttpGate::DEFAULT_CAPACITY).unwrap();
 
 /// What [`LimiterFactory::update_limits`] did with a reported pair of ceilings.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -229,9 +232,9 @@ struct Limiters {
 /// use std::sync::Arc;
 /// use admission_accounts::model_spec::ModelSpec;
 /// use admission_accounts::provider::{LimiterFactory, LimitsUpdate};
-/// use admission_core::SystemClock;
+/// use admission_testkit::FakeClock;
 ///
-/// let factory = LimiterFactory::new(Arc::new(SystemClock::new()));
+/// let factory = LimiterFactory::new(FakeClock::new().shared());
 /// let spec = ModelSpec::new("haiku", "claude-haiku-4-5", 50_000);
 /// let bucket = factory.bucket(&spec).unwrap();
 /// assert!(Arc::ptr_eq(&bucket, &factory.bucket(&spec).unwrap()));
@@ -309,10 +312,11 @@ impl LimiterFactory {
             return Ok(gate.clone());
         }
         spec.validate()?;
-        let fresh = Arc::new(
-            CountingGate::new(format!("{}:concurrency", spec.id), capacity)?
-                .with_clock(self.clock.clone()),
-        );
+        let fresh = Arc::new(CountingGate::new(
+            format!("{}:concurrency", spec.id),
+            capacity,
+            self.clock.clone(),
+        )?);
         Ok(self
             .limiters
             .lock()
@@ -336,10 +340,11 @@ impl LimiterFactory {
             return Ok(Some(existing.clone()));
         }
         spec.validate()?;
-        let fresh = Arc::new(
-            ElasticWindow::new(format!("{}:window", spec.id), window.config())?
-                .with_clock(self.clock.clone()),
-        );
+        let fresh = Arc::new(ElasticWindow::new(
+            format!("{}:window", spec.id),
+            window.config(),
+            self.clock.clone(),
+        )?);
         Ok(Some(
             self.limiters
                 .lock()
@@ -364,20 +369,28 @@ impl LimiterFactory {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use admission_accounts::provider::{HttpGate, LimiterFactory};
-    /// use admission_core::SystemClock;
+    /// use std::sync::atomic::AtomicU64;
+    /// use admission_accounts::provider::LimiterFactory;
+    /// use admission_testkit::FakeClock;
     ///
-    /// let factory = LimiterFactory::new(Arc::new(SystemClock::new()));
-    /// let a = factory.shared::<HttpGate>();
-    /// let b = factory.shared::<HttpGate>();
+    /// #[derive(Default)]
+    /// struct CallsToday(AtomicU64);
+    ///
+    /// let factory = LimiterFactory::new(FakeClock::new().shared());
+    /// let a = factory.shared::<CallsToday>();
+    /// let b = factory.shared::<CallsToday>();
     /// assert!(Arc::ptr_eq(&a, &b));
-    /// assert_eq!(a.capacity(), HttpGate::DEFAULT_CAPACITY);
     /// ```
     pub fn shared<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
+        self.shared_or_build(T::default)
+    }
+
+    /// The one shared instance of `T`, built by `build` on first use.
+    fn shared_or_build<T: Send + Sync + 'static>(&self, build: impl FnOnce() -> T) -> Arc<T> {
         if let Some(found) = self.find_shared::<T>() {
             return found;
         }
-        let fresh: Arc<T> = Arc::new(T::default());
+        let fresh: Arc<T> = Arc::new(build());
         match self.insert_shared(fresh.clone()) {
             Ok(()) => fresh,
             Err(existing) => existing,
@@ -398,11 +411,10 @@ impl LimiterFactory {
     /// # Examples
     ///
     /// ```
-    /// use std::sync::Arc;
     /// use admission_accounts::provider::{HttpGate, LimiterFactory};
-    /// use admission_core::SystemClock;
+    /// use admission_testkit::FakeClock;
     ///
-    /// let factory = LimiterFactory::new(Arc::new(SystemClock::new()));
+    /// let factory = LimiterFactory::new(FakeClock::new().shared());
     /// let refused = factory
     ///     .shared_with(|| HttpGate::new(0, factory.clock().clone()))
     ///     .unwrap_err();
@@ -564,27 +576,38 @@ impl ModelCall {
 pub struct Registry {
     factory: LimiterFactory,
     specs: RwLock<BTreeMap<String, Arc<ModelSpec>>>,
+    /// The HTTP gate's connections: [`HttpGate::DEFAULT_CAPACITY`] unless configured. Kept here,
+    /// not only in the gate, so that a gate built after [`Registry::clear`] has them too.
+    http_capacity: NonZeroU64,
 }
 
 impl Registry {
-    /// A registry with no specs whose limiters read `clock` (the monitor's).
+    /// A registry with no specs whose limiters, the HTTP gate among them, read `clock` (the
+    /// monitor's). Its HTTP gate has [`HttpGate::DEFAULT_CAPACITY`] connections.
     pub fn new(clock: Arc<dyn Clock>) -> Registry {
         Registry {
             factory: LimiterFactory::new(clock),
             specs: RwLock::new(BTreeMap::new()),
+            http_capacity: DEFAULT_HTTP_CAPACITY,
         }
     }
 
     /// The same registry with an HTTP gate of `capacity` connections (instead of
-    /// [`HttpGate::DEFAULT_CAPACITY`]) as its shared [`HttpGate`].
+    /// [`HttpGate::DEFAULT_CAPACITY`]) as its shared [`HttpGate`], a new gate on the registry's
+    /// clock replacing any built before. The capacity is the registry's from then on,
+    /// [`clear`](Registry::clear) included.
     ///
     /// # Errors
     ///
     /// A [`ConfigError`] naming `capacity` when it is zero.
-    pub fn with_http_connections(self, capacity: u64) -> Result<Registry, ConfigError> {
-        let gate = Arc::new(HttpGate::new(capacity, self.factory.clock.clone())?);
+    pub fn with_http_connections(mut self, capacity: u64) -> Result<Registry, ConfigError> {
+        let gate = HttpGate::new(capacity, self.factory.clock.clone())?;
+        // `new` refused zero, so this always replaces the capacity.
+        self.http_capacity = NonZeroU64::new(capacity).unwrap_or(self.http_capacity);
         let mut limiters = self.factory.limiters.lock();
-        limiters.shared.insert(TypeId::of::<HttpGate>(), gate);
+        limiters
+            .shared
+            .insert(TypeId::of::<HttpGate>(), Arc::new(gate));
         drop(limiters);
         Ok(self)
     }
@@ -642,9 +665,12 @@ impl Registry {
             })
     }
 
-    /// The shared HTTP gate.
+    /// The shared HTTP gate: the factory's shared [`HttpGate`], built on first use with the
+    /// registry's capacity and clock.
     pub fn http(&self) -> Arc<HttpGate> {
-        self.factory.shared::<HttpGate>()
+        self.factory.shared_or_build(|| {
+            HttpGate::with_capacity(self.http_capacity, self.factory.clock.clone())
+        })
     }
 
     /// The bucket of `model`: the registered spec's, or one created by
@@ -800,8 +826,9 @@ impl Registry {
         all
     }
 
-    /// Forgets every spec and every limiter (the HTTP gate too: the next one has the default
-    /// capacity). For tests.
+    /// Forgets every spec and every limiter. For tests. The HTTP gate is forgotten too, but not
+    /// its configuration: the next one is built with the registry's capacity (the one
+    /// [`with_http_connections`](Registry::with_http_connections) set, if it did) and clock.
     pub fn clear(&self) {
         self.specs.write().clear();
         self.factory.clear();

@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime};
 use http::HeaderMap;
 use serde::Serialize;
 
-pub use parse::{ResetParseError, parse_int, parse_reset, parse_retry_after, parse_retry_after_at};
+pub use parse::{ResetParseError, parse_int, parse_reset, parse_retry_after};
 
 /// How long [`RateLimitInfo::rate_limited`] asks a caller to wait when nothing more is known.
 pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(60);
@@ -88,11 +88,11 @@ impl LimitKind {
 ///
 /// One of three things:
 /// - a capacity reading from a successful response's headers
-///   ([`from_headers_at`](Self::from_headers_at), [`from_pairs_at`](Self::from_pairs_at)): kind
+///   ([`from_headers`](Self::from_headers), [`from_pairs`](Self::from_pairs)): kind
 ///   [`LimitKind::Capacity`], not rate limited, no retry-after, and the limits, remaining counts
 ///   and resets the headers said;
-/// - a 429's reading ([`rate_limited_from_headers_at`](Self::rate_limited_from_headers_at),
-///   [`rate_limited_from_pairs_at`](Self::rate_limited_from_pairs_at)): rate limited, the same
+/// - a 429's reading ([`rate_limited_from_headers`](Self::rate_limited_from_headers),
+///   [`rate_limited_from_pairs`](Self::rate_limited_from_pairs)): rate limited, the same
 ///   numbers, and the provider's retry-after ([`DEFAULT_RETRY_AFTER`] when it sent none);
 /// - the record of a limit that was hit with nothing more known
 ///   ([`rate_limited`](Self::rate_limited)).
@@ -103,10 +103,11 @@ impl LimitKind {
 /// # Examples
 ///
 /// ```
-/// use std::time::Duration;
+/// use std::time::{Duration, SystemTime};
 /// use admission_accounts::RateLimitInfo;
 /// use admission_accounts::rate_limit_info::LimitKind;
 ///
+/// let arrived = SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600);
 /// let info = RateLimitInfo::from_pairs(
 ///     "gpt-4o",
 ///     [
@@ -115,6 +116,7 @@ impl LimitKind {
 ///         ("X-RateLimit-Limit-Tokens", "30000"),
 ///         ("x-ratelimit-reset-tokens", "6m0s"),
 ///     ],
+///     arrived,
 /// );
 /// assert!(!info.rate_limited);
 /// assert_eq!(info.kind, LimitKind::Capacity);
@@ -185,17 +187,17 @@ impl RateLimitInfo {
 
     /// A 429's reading from its response headers, with resets and an HTTP-date retry-after
     /// measured from `now`. Header values that are not visible ASCII are skipped. See
-    /// [`rate_limited_from_pairs_at`](Self::rate_limited_from_pairs_at).
-    pub fn rate_limited_from_headers_at(
+    /// [`rate_limited_from_pairs`](Self::rate_limited_from_pairs).
+    pub fn rate_limited_from_headers(
         model: impl Into<String>,
         headers: &HeaderMap,
         now: SystemTime,
     ) -> Self {
-        Self::rate_limited_from_pairs_at(model, header_pairs(headers), now)
+        Self::rate_limited_from_pairs(model, header_pairs(headers), now)
     }
 
     /// A 429's reading from plain name/value pairs: rate limited, the limits, remaining counts
-    /// and resets read as by [`from_pairs_at`](Self::from_pairs_at), the kind of the first
+    /// and resets read as by [`from_pairs`](Self::from_pairs), the kind of the first
     /// dimension found exhausted ([`LimitKind::Unknown`] if none), and the `retry-after` the
     /// provider sent (whole seconds, or an HTTP-date measured from `now`), or
     /// [`DEFAULT_RETRY_AFTER`] (60 s) when it sent none that could be read.
@@ -208,7 +210,7 @@ impl RateLimitInfo {
     /// use admission_accounts::rate_limit_info::LimitKind;
     ///
     /// let now = SystemTime::UNIX_EPOCH;
-    /// let hit = RateLimitInfo::rate_limited_from_pairs_at("gpt-4o", [
+    /// let hit = RateLimitInfo::rate_limited_from_pairs("gpt-4o", [
     ///     ("x-ratelimit-limit-tokens", "30000"),
     ///     ("x-ratelimit-remaining-tokens", "0"),
     ///     ("retry-after", "7"),
@@ -218,10 +220,10 @@ impl RateLimitInfo {
     /// assert_eq!(hit.tokens_per_minute(), 30_000);
     /// assert_eq!(hit.retry_after, Some(Duration::from_secs(7)));
     ///
-    /// let bare = RateLimitInfo::rate_limited_from_pairs_at("gpt-4o", [], now);
+    /// let bare = RateLimitInfo::rate_limited_from_pairs("gpt-4o", [], now);
     /// assert_eq!(bare, RateLimitInfo::rate_limited("gpt-4o"));
     /// ```
-    pub fn rate_limited_from_pairs_at<'a>(
+    pub fn rate_limited_from_pairs<'a>(
         model: impl Into<String>,
         pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
         now: SystemTime,
@@ -233,26 +235,11 @@ impl RateLimitInfo {
         info
     }
 
-    /// A capacity reading from response headers, with resets given as instants measured from
-    /// the system clock's now. See [`from_pairs_at`](Self::from_pairs_at).
-    pub fn from_headers(model: impl Into<String>, headers: &HeaderMap) -> Self {
-        Self::from_headers_at(model, headers, SystemTime::now())
-    }
-
-    /// A capacity reading from response headers, with resets given as instants measured from
-    /// `now`. Header values that are not visible ASCII are skipped. See
-    /// [`from_pairs_at`](Self::from_pairs_at).
-    pub fn from_headers_at(model: impl Into<String>, headers: &HeaderMap, now: SystemTime) -> Self {
-        Self::from_pairs_at(model, header_pairs(headers), now)
-    }
-
-    /// A capacity reading from plain name/value pairs, with resets given as instants measured
-    /// from the system clock's now. See [`from_pairs_at`](Self::from_pairs_at).
-    pub fn from_pairs<'a>(
-        model: impl Into<String>,
-        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
-    ) -> Self {
-        Self::from_pairs_at(model, pairs, SystemTime::now())
+    /// A capacity reading from a successful response's headers, with resets given as instants
+    /// measured from `now`, the wall-clock time the response arrived. Header values that are not
+    /// visible ASCII are skipped. See [`from_pairs`](Self::from_pairs).
+    pub fn from_headers(model: impl Into<String>, headers: &HeaderMap, now: SystemTime) -> Self {
+        Self::from_pairs(model, header_pairs(headers), now)
     }
 
     /// A capacity reading from plain name/value pairs, for a successful response: kind
@@ -264,8 +251,9 @@ impl RateLimitInfo {
     /// Read headers: `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` and
     /// `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}`.
     ///
-    /// Resets are read by [`parse_reset`], an RFC 3339 instant counting from `now`.
-    pub fn from_pairs_at<'a>(
+    /// Resets are read by [`parse_reset`], an RFC 3339 instant counting from `now`: the
+    /// wall-clock time the answer arrived, which the caller reads (nothing here reads a clock).
+    pub fn from_pairs<'a>(
         model: impl Into<String>,
         pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
         now: SystemTime,
@@ -316,13 +304,14 @@ impl RateLimitInfo {
     /// # Examples
     ///
     /// ```
+    /// use std::time::SystemTime;
     /// use admission_accounts::RateLimitInfo;
     ///
     /// let info = RateLimitInfo::from_pairs("gpt-4o", [
     ///     ("x-ratelimit-limit-tokens", "30000"),
     ///     ("x-ratelimit-remaining-tokens", "0"),
     ///     ("x-ratelimit-reset-tokens", "6m0s"),
-    /// ]);
+    /// ], SystemTime::UNIX_EPOCH);
     /// assert_eq!(info.summary(), "gpt-4o capacity kind=capacity tokens=0/30000 reset 360s");
     /// assert_eq!(
     ///     RateLimitInfo::rate_limited("gpt-4o").summary(),
@@ -407,10 +396,7 @@ impl RateLimitInfo {
     /// Applies one header, `name` already lowercase; unknown names are ignored.
     fn read(&mut self, name: &str, value: &str, now: SystemTime) {
         if name == "retry-after" {
-            set(
-                &mut self.retry_after,
-                parse_retry_after_at(Some(value), now),
-            );
+            set(&mut self.retry_after, parse_retry_after(Some(value), now));
             return;
         }
         let Some((kind, field)) = split_name(name) else {

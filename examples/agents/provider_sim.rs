@@ -118,8 +118,8 @@ impl Response {
         // only what a date would be measured from.
         let now = SystemTime::now();
         match self.status {
-            Status::RateLimited => RateLimitInfo::rate_limited_from_pairs_at(model, pairs, now),
-            Status::Ok | Status::Overloaded => RateLimitInfo::from_pairs_at(model, pairs, now),
+            Status::RateLimited => RateLimitInfo::rate_limited_from_pairs(model, pairs, now),
+            Status::Ok | Status::Overloaded => RateLimitInfo::from_pairs(model, pairs, now),
         }
     }
 }

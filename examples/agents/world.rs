@@ -101,9 +101,8 @@ impl World {
                 .context("the workload names a model the catalog lacks")?;
         }
         let db = Arc::new(
-            CountingGate::new(DB, settings.db_connections)
-                .context("building the database gate")?
-                .with_clock(shared.clone()),
+            CountingGate::new(DB, settings.db_connections, shared.clone())
+                .context("building the database gate")?,
         );
         let search = Arc::new(
             FixedWindow::of(SEARCH, settings.search_per_minute, Duration::from_secs(60))

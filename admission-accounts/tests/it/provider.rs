@@ -139,9 +139,9 @@ fn one_shared_instance_per_type() {
     assert!(all.iter().all(|one| Arc::ptr_eq(one, &all[0])));
     assert_eq!(BUILT.load(Ordering::Relaxed), 8);
 
-    let http = factory.shared::<HttpGate>();
-    assert!(Arc::ptr_eq(&http, &factory.shared::<HttpGate>()));
-    assert_eq!(http.capacity(), HttpGate::DEFAULT_CAPACITY);
+    let http = factory
+        .shared_with(|| HttpGate::new(4, clock.shared()))
+        .unwrap();
     let _ = factory.shared::<Other>();
 
     // Installing a second instance of a type answers the one already there.
@@ -191,7 +191,6 @@ fn a_shared_limiter_that_cannot_be_built_is_refused_naming_its_type_and_kept_now
         })
         .unwrap();
     assert!(Arc::ptr_eq(&built, &again));
-    assert!(Arc::ptr_eq(&built, &factory.shared::<HttpGate>()));
 }
 
 #[test]
@@ -470,7 +469,7 @@ fn a_429_with_ceilings_and_a_capacity_reading_update_the_limits() {
     let registry = registry(&clock);
     let bucket = registry.bucket("sonnet").unwrap();
 
-    let limited = RateLimitInfo::rate_limited_from_pairs_at(
+    let limited = RateLimitInfo::rate_limited_from_pairs(
         "sonnet",
         [
             ("x-ratelimit-limit-tokens", "40000"),
@@ -496,13 +495,18 @@ fn a_429_with_ceilings_and_a_capacity_reading_update_the_limits() {
             ("anthropic-ratelimit-tokens-limit", "80000"),
             ("anthropic-ratelimit-requests-limit", "50"),
         ],
+        SystemTime::UNIX_EPOCH,
     );
     assert_eq!(registry.observe(&reading), LimitsUpdate::Applied);
     assert_eq!(bucket.config().tokens_per_minute, 80_000);
     assert_eq!(bucket.throttle(), 0.5, "the adaptive state is kept");
 
     // Only tokens known: not a pair, ignored.
-    let half = RateLimitInfo::from_pairs("sonnet", [("x-ratelimit-limit-tokens", "1")]);
+    let half = RateLimitInfo::from_pairs(
+        "sonnet",
+        [("x-ratelimit-limit-tokens", "1")],
+        SystemTime::UNIX_EPOCH,
+    );
     assert_eq!(registry.observe(&half), LimitsUpdate::Ignored);
     // A reading about a model without a spec creates its bucket.
     let other = RateLimitInfo::from_pairs(
@@ -511,6 +515,7 @@ fn a_429_with_ceilings_and_a_capacity_reading_update_the_limits() {
             ("x-ratelimit-limit-tokens", "30000"),
             ("x-ratelimit-limit-requests", "500"),
         ],
+        SystemTime::UNIX_EPOCH,
     );
     assert_eq!(registry.observe(&other), LimitsUpdate::Created);
     assert_eq!(registry.bucket("gpt-4o").unwrap().level(), 30_000);
@@ -545,9 +550,40 @@ fn status_covers_everything_and_clear_empties_it() {
     assert!(registry.models().is_empty());
     assert!(registry.factory().status().is_empty());
     assert!(registry.bucket("sonnet").is_err());
-    assert_eq!(registry.http().capacity(), HttpGate::DEFAULT_CAPACITY);
+    assert_eq!(registry.http().capacity(), 3, "the configured capacity stays");
     registry.register(sonnet()).unwrap();
     assert!(!Arc::ptr_eq(&old, &registry.bucket("sonnet").unwrap()));
+}
+
+#[test]
+fn the_http_gate_reads_the_registry_s_clock() {
+    let clock = FakeClock::new();
+    let registry = Registry::new(clock.shared());
+    clock.advance(Duration::from_secs(7));
+    let http = registry.http();
+    assert_eq!(http.capacity(), HttpGate::DEFAULT_CAPACITY);
+    assert!(http.try_take(Amount::ONE, Amount::ZERO).unwrap());
+    assert_eq!(
+        http.last_activity(),
+        Some(Instant::from_nanos(7 * SECOND)),
+        "stamped on the registry's clock"
+    );
+    http.give(Amount::ONE);
+}
+
+#[test]
+fn clear_keeps_the_configured_http_gate_s_capacity_and_clock() {
+    let clock = FakeClock::new();
+    let registry = registry(&clock);
+    assert_eq!(registry.http().capacity(), 3);
+    registry.clear();
+    clock.advance(Duration::from_secs(2));
+    let http = registry.http();
+    assert_eq!(http.capacity(), 3, "not reverted to the default");
+    assert!(http.try_take(Amount::ONE, Amount::ZERO).unwrap());
+    assert_eq!(http.last_activity(), Some(Instant::from_nanos(2 * SECOND)));
+    http.give(Amount::ONE);
+    assert!(Arc::ptr_eq(&http, &registry.http()));
 }
 
 #[test]
@@ -587,7 +623,7 @@ fn a_429_logs_the_upstream_s_reading_at_warn() {
         .with_ansi(false)
         .without_time()
         .finish();
-    let info = RateLimitInfo::rate_limited_from_pairs_at(
+    let info = RateLimitInfo::rate_limited_from_pairs(
         "sonnet",
         [
             ("x-ratelimit-limit-tokens", "40000"),

@@ -799,7 +799,7 @@ proptest! {
 fn a_waiter_short_on_tokens_is_granted_exactly_at_the_computed_deadline() {
     let clock = FakeClock::new();
     let monitor = Monitor::builder().clock(clock.shared()).build();
-    let http = Arc::new(CountingGate::http(2).unwrap().with_clock(clock.shared()));
+    let http = Arc::new(CountingGate::http(2, clock.shared()).unwrap());
     let tokens = Arc::new(bucket(&clock, 6_000, 60));
     let demand = |n: u64| {
         Demand::new()
@@ -853,11 +853,7 @@ fn a_budget_lowered_under_a_parked_demand_refuses_it_at_once_without_the_clock_m
     // A marker behind it, disjoint from it, that the evaluator's first pass grants: once the
     // marker holds its grant, that pass has asked the bucket with the old budget and the
     // evaluator sleeps until rung (the fake clock gives it no real-time deadline).
-    let marker_gate = Arc::new(
-        CountingGate::new("marker", 1)
-            .unwrap()
-            .with_clock(clock.shared()),
-    );
+    let marker_gate = Arc::new(CountingGate::new("marker", 1, clock.shared()).unwrap());
     assert!(marker_gate.try_take(Amount::ONE, Amount::ZERO).unwrap());
     let mut marker = monitor.admit(
         Demand::new().with(marker_gate.clone(), Amount::ONE),
