@@ -218,8 +218,17 @@ struct Limiters {
     buckets: BTreeMap<String, Arc<TokenBucket>>,
     gates: BTreeMap<String, Arc<CountingGate>>,
     windows: BTreeMap<String, Arc<ElasticWindow>>,
-    shared: HashMap<TypeId, Arc<dyn Any + Send + Sync>>,
+    /// One slot per shared type, created on the first ask for the type.
+    shared: HashMap<TypeId, Slot>,
 }
+
+/// Where the one shared instance of a type lives: empty until it is built (or installed).
+///
+/// Its lock is held while the instance is built, so callers racing for a type wait for the one
+/// construction instead of making their own. The slot's lock is taken only after the factory's
+/// lock is released, never the other way round, so a builder may ask the factory for other
+/// limiters.
+type Slot = Arc<Mutex<Option<Arc<dyn Any + Send + Sync>>>>;
 
 /// Builds limiters from specs and keeps one of each, so every job that names a model or a
 /// limiter type gets the same instance.
@@ -362,8 +371,16 @@ impl LimiterFactory {
 
     /// The one shared instance of limiter type `T`, built with `T::default()` on first use.
     ///
-    /// Building happens outside the factory's lock; when two threads race, one instance wins and
-    /// both get it.
+    /// `T::default()` runs exactly once per factory (and again only after
+    /// [`clear`](LimiterFactory::clear)): callers racing for a type that is not built yet wait
+    /// for the one construction and all get its instance. Building holds no lock but the type's
+    /// own, so other limiters stay available meanwhile.
+    ///
+    /// # Panics
+    ///
+    /// When `T::default()` panics; nothing is kept, and the next call builds again. A
+    /// `T::default()` that asks this factory for a shared `T` never returns (the type's lock is
+    /// held by its own construction).
     ///
     /// # Examples
     ///
@@ -387,21 +404,44 @@ impl LimiterFactory {
 
     /// The one shared instance of `T`, built by `build` on first use.
     fn shared_or_build<T: Send + Sync + 'static>(&self, build: impl FnOnce() -> T) -> Arc<T> {
-        if let Some(found) = self.find_shared::<T>() {
-            return found;
+        match self.try_shared_or_build(|| Ok::<T, std::convert::Infallible>(build())) {
+            Ok(shared) => shared,
+            Err(never) => match never {},
         }
-        let fresh: Arc<T> = Arc::new(build());
-        match self.insert_shared(fresh.clone()) {
-            Ok(()) => fresh,
-            Err(existing) => existing,
+    }
+
+    /// The one shared instance of `T`, built by `build` on first use, under the type's slot
+    /// lock so that it is built once; an error keeps nothing.
+    fn try_shared_or_build<T: Send + Sync + 'static, E>(
+        &self,
+        build: impl FnOnce() -> Result<T, E>,
+    ) -> Result<Arc<T>, E> {
+        let slot = self.slot::<T>();
+        let mut held = slot.lock();
+        if let Some(existing) = &*held {
+            return Ok(downcast(existing.clone()));
         }
+        let fresh = Arc::new(build()?);
+        *held = Some(fresh.clone());
+        Ok(fresh)
+    }
+
+    /// The slot of type `T`, created empty on first use.
+    fn slot<T: 'static>(&self) -> Slot {
+        self.limiters
+            .lock()
+            .shared
+            .entry(TypeId::of::<T>())
+            .or_default()
+            .clone()
     }
 
     /// The one shared instance of limiter type `T`, built by `build` on first use; `build` is
     /// not called when the instance exists.
     ///
-    /// For limiters whose construction can fail (a configuration read at start-up); building
-    /// happens outside the factory's lock, and when two threads race, one instance wins.
+    /// For limiters whose construction can fail (a configuration read at start-up). A
+    /// successful `build` runs exactly once per factory, as for [`shared`](LimiterFactory::shared):
+    /// racing callers wait for it; after a failure the next caller builds.
     ///
     /// # Errors
     ///
@@ -435,18 +475,13 @@ impl LimiterFactory {
         T: Send + Sync + 'static,
         E: std::error::Error + Send + Sync + 'static,
     {
-        if let Some(found) = self.find_shared::<T>() {
-            return Ok(found);
-        }
-        let fresh = Arc::new(build().map_err(|error| ProviderError::Unbuildable {
-            limiter: std::any::type_name::<T>(),
-            reason: error.to_string(),
-            source: BuildFailure(Arc::new(error)),
-        })?);
-        match self.insert_shared(fresh.clone()) {
-            Ok(()) => Ok(fresh),
-            Err(existing) => Ok(existing),
-        }
+        self.try_shared_or_build(|| {
+            build().map_err(|error| ProviderError::Unbuildable {
+                limiter: std::any::type_name::<T>(),
+                reason: error.to_string(),
+                source: BuildFailure(Arc::new(error)),
+            })
+        })
     }
 
     /// Installs `value` as the shared instance of `T`, or answers the instance already there.
@@ -455,17 +490,19 @@ impl LimiterFactory {
     ///
     /// The existing instance, when `T` already has one; `value` is then dropped.
     pub fn insert_shared<T: Send + Sync + 'static>(&self, value: Arc<T>) -> Result<(), Arc<T>> {
-        let mut limiters = self.limiters.lock();
-        if let Some(existing) = limiters.shared.get(&TypeId::of::<T>()) {
+        let slot = self.slot::<T>();
+        let mut held = slot.lock();
+        if let Some(existing) = &*held {
             return Err(downcast(existing.clone()));
         }
-        limiters.shared.insert(TypeId::of::<T>(), value);
+        *held = Some(value);
         Ok(())
     }
 
-    fn find_shared<T: Send + Sync + 'static>(&self) -> Option<Arc<T>> {
-        let any = self.limiters.lock().shared.get(&TypeId::of::<T>())?.clone();
-        Some(downcast(any))
+    /// Installs `value` as the shared instance of `T`, replacing any (holders of the old one
+    /// keep it).
+    fn replace_shared<T: Send + Sync + 'static>(&self, value: Arc<T>) {
+        *self.slot::<T>().lock() = Some(value);
     }
 
     /// Applies a provider's reported ceilings to model `id`'s bucket, keeping its throttle;
@@ -536,11 +573,17 @@ fn downcast<T: Send + Sync + 'static>(any: Arc<dyn Any + Send + Sync>) -> Arc<T>
 impl fmt::Debug for LimiterFactory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let limiters = self.limiters.lock();
+        // `try_lock`: a slot being built is not counted, and formatting never waits on a build.
+        let shared = limiters
+            .shared
+            .values()
+            .filter(|slot| slot.try_lock().is_some_and(|held| held.is_some()))
+            .count();
         f.debug_struct("LimiterFactory")
             .field("buckets", &limiters.buckets.keys().collect::<Vec<_>>())
             .field("gates", &limiters.gates.keys().collect::<Vec<_>>())
             .field("windows", &limiters.windows.keys().collect::<Vec<_>>())
-            .field("shared", &limiters.shared.len())
+            .field("shared", &shared)
             .finish()
     }
 }
@@ -604,11 +647,7 @@ impl Registry {
         let gate = HttpGate::new(capacity, self.factory.clock.clone())?;
         // `new` refused zero, so this always replaces the capacity.
         self.http_capacity = NonZeroU64::new(capacity).unwrap_or(self.http_capacity);
-        let mut limiters = self.factory.limiters.lock();
-        limiters
-            .shared
-            .insert(TypeId::of::<HttpGate>(), Arc::new(gate));
-        drop(limiters);
+        self.factory.replace_shared(Arc::new(gate));
         Ok(self)
     }
 

@@ -114,30 +114,68 @@ fn a_model_gate_per_spec_that_declares_max_concurrent() {
     );
 }
 
+/// Threads racing for one shared instance.
+const RACERS: usize = 8;
+
+/// A construction that holds on until every racer is asking (`asking` counts the threads that
+/// have called into the factory), then lets them run a while: the widest window a second
+/// construction could use.
+fn hold_the_race_open(asking: &AtomicUsize) {
+    while asking.load(Ordering::SeqCst) < RACERS {
+        thread::yield_now();
+    }
+    for _ in 0..1_000 {
+        thread::yield_now();
+    }
+}
+
+/// `RACERS` threads released together by a barrier, each counting itself in `asking` and then
+/// asking `ask`; their answers.
+fn race<T: Send + Sync + 'static>(
+    factory: &Arc<LimiterFactory>,
+    asking: &'static AtomicUsize,
+    ask: fn(&LimiterFactory) -> Arc<T>,
+) -> Vec<Arc<T>> {
+    let start = Arc::new(Barrier::new(RACERS));
+    let handles: Vec<_> = (0..RACERS)
+        .map(|_| {
+            let (factory, start) = (factory.clone(), start.clone());
+            thread::spawn(move || {
+                start.wait();
+                asking.fetch_add(1, Ordering::SeqCst);
+                ask(&factory)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
 #[test]
-fn one_shared_instance_per_type() {
-    #[derive(Default)]
-    struct Counted;
+fn one_shared_instance_per_type_built_exactly_once_under_a_race() {
     static BUILT: AtomicUsize = AtomicUsize::new(0);
+    static ASKING: AtomicUsize = AtomicUsize::new(0);
+    struct Counted;
+    impl Default for Counted {
+        fn default() -> Counted {
+            BUILT.fetch_add(1, Ordering::SeqCst);
+            hold_the_race_open(&ASKING);
+            Counted
+        }
+    }
     #[derive(Default)]
     struct Other(#[allow(dead_code)] u8);
 
     let clock = FakeClock::new();
     let factory = Arc::new(LimiterFactory::new(clock.shared()));
-    let start = Arc::new(Barrier::new(8));
-    let handles: Vec<_> = (0..8)
-        .map(|_| {
-            let (factory, start) = (factory.clone(), start.clone());
-            thread::spawn(move || {
-                start.wait();
-                BUILT.fetch_add(1, Ordering::Relaxed);
-                factory.shared::<Counted>()
-            })
-        })
-        .collect();
-    let all: Vec<Arc<Counted>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let all = race(&factory, &ASKING, |f| f.shared::<Counted>());
     assert!(all.iter().all(|one| Arc::ptr_eq(one, &all[0])));
-    assert_eq!(BUILT.load(Ordering::Relaxed), 8);
+    assert_eq!(
+        BUILT.load(Ordering::SeqCst),
+        1,
+        "constructions of the shared type"
+    );
+    assert!(Arc::ptr_eq(&all[0], &factory.shared::<Counted>()));
+    assert_eq!(BUILT.load(Ordering::SeqCst), 1);
 
     let http = factory
         .shared_with(|| HttpGate::new(4, clock.shared()))
@@ -148,6 +186,42 @@ fn one_shared_instance_per_type() {
     let second = Arc::new(HttpGate::new(5, clock.shared()).unwrap());
     let kept = factory.insert_shared(second).unwrap_err();
     assert!(Arc::ptr_eq(&kept, &http));
+}
+
+#[test]
+fn a_fallible_shared_limiter_is_built_exactly_once_under_a_race() {
+    static BUILT: AtomicUsize = AtomicUsize::new(0);
+    static ASKING: AtomicUsize = AtomicUsize::new(0);
+    struct Counted;
+    fn build() -> Result<Counted, admission_accounts::ConfigError> {
+        BUILT.fetch_add(1, Ordering::SeqCst);
+        hold_the_race_open(&ASKING);
+        Ok(Counted)
+    }
+    let factory = Arc::new(LimiterFactory::new(FakeClock::new().shared()));
+    let all = race(&factory, &ASKING, |f| f.shared_with(build).unwrap());
+    assert!(all.iter().all(|one| Arc::ptr_eq(one, &all[0])));
+    assert_eq!(
+        BUILT.load(Ordering::SeqCst),
+        1,
+        "constructions of the shared type"
+    );
+}
+
+#[test]
+fn a_shared_limiter_s_builder_may_ask_the_factory_for_other_limiters() {
+    #[derive(Default)]
+    struct Inner;
+    struct Outer(Arc<Inner>, u64);
+    let factory = LimiterFactory::new(FakeClock::new().shared());
+    let outer = factory
+        .shared_with(|| {
+            let bucket = factory.bucket(&sonnet())?;
+            Ok::<Outer, ProviderError>(Outer(factory.shared::<Inner>(), bucket.level()))
+        })
+        .unwrap();
+    assert!(Arc::ptr_eq(&outer.0, &factory.shared::<Inner>()));
+    assert_eq!(outer.1, 60_000);
 }
 
 #[test]
@@ -550,7 +624,11 @@ fn status_covers_everything_and_clear_empties_it() {
     assert!(registry.models().is_empty());
     assert!(registry.factory().status().is_empty());
     assert!(registry.bucket("sonnet").is_err());
-    assert_eq!(registry.http().capacity(), 3, "the configured capacity stays");
+    assert_eq!(
+        registry.http().capacity(),
+        3,
+        "the configured capacity stays"
+    );
     registry.register(sonnet()).unwrap();
     assert!(!Arc::ptr_eq(&old, &registry.bucket("sonnet").unwrap()));
 }
