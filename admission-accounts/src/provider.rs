@@ -144,6 +144,15 @@ pub enum ProviderError {
         /// The ids that are registered, sorted.
         known: Vec<String>,
     },
+    /// A spec of that id is registered already; the registry keeps it and the limiters built
+    /// from it.
+    #[error(
+        "model spec `{model}` is already registered (its limiters are built from that spec: register a changed spec under a new id, or apply a provider's ceilings with update_limits)"
+    )]
+    Duplicate {
+        /// The id registered twice.
+        model: String,
+    },
     /// The spec declares no `max_concurrent`, so it has no model gate: its account is its bucket.
     #[error(
         "model spec `{model}` declares no max_concurrent, so it has no model gate (its account is its token bucket)"
@@ -656,27 +665,48 @@ impl Registry {
         &self.factory
     }
 
-    /// Validates and registers `spec`; a spec of the same id replaces the old one (limiters
-    /// already built keep their state; apply new ceilings with
-    /// [`update_limits`](Registry::update_limits)).
+    /// Validates and registers `spec` under its id.
+    ///
+    /// An id is registered once: a second spec under it, even an identical one, is refused, so
+    /// a spec never sits over limiters built from another (a model's bucket, gate and window are
+    /// built from the spec registered first, on first use). To change a model's ceilings keep
+    /// its id and use [`update_limits`](Registry::update_limits); to change anything else,
+    /// register the new spec under a new id ([`clear`](Registry::clear) forgets everything, for
+    /// tests). A bucket that [`update_limits`](Registry::update_limits) created for an id no
+    /// spec had yet is kept when the spec arrives: its ceilings are the provider's.
     ///
     /// # Errors
     ///
-    /// [`SpecError::Invalid`] naming the field; nothing is registered.
-    pub fn register(&self, spec: ModelSpec) -> Result<(), SpecError> {
+    /// [`ProviderError::Spec`] naming the invalid field, or [`ProviderError::Duplicate`] naming
+    /// an id already registered; either way nothing changes.
+    pub fn register(&self, spec: ModelSpec) -> Result<(), ProviderError> {
         spec.validate()?;
-        self.specs.write().insert(spec.id.clone(), Arc::new(spec));
+        let mut specs = self.specs.write();
+        if specs.contains_key(&spec.id) {
+            return Err(ProviderError::Duplicate { model: spec.id });
+        }
+        specs.insert(spec.id.clone(), Arc::new(spec));
         Ok(())
     }
 
-    /// Registers every spec of `catalog`, after validating all of them.
+    /// Registers every spec of `catalog`, after validating all of them, all or nothing.
+    ///
+    /// Ids are held to the same rule as [`register`](Registry::register): an id repeated inside
+    /// the catalog, or one already registered, refuses the whole catalog.
     ///
     /// # Errors
     ///
-    /// The catalog's first [`SpecError`]; nothing is registered.
-    pub fn register_catalog(&self, catalog: &ModelCatalog) -> Result<(), SpecError> {
+    /// The catalog's first [`SpecError`] as [`ProviderError::Spec`] (an invalid field, or an id
+    /// the catalog repeats), or [`ProviderError::Duplicate`] naming its first id that is already
+    /// registered; nothing is registered.
+    pub fn register_catalog(&self, catalog: &ModelCatalog) -> Result<(), ProviderError> {
         catalog.validate()?;
         let mut specs = self.specs.write();
+        if let Some(taken) = catalog.models.iter().find(|s| specs.contains_key(&s.id)) {
+            return Err(ProviderError::Duplicate {
+                model: taken.id.clone(),
+            });
+        }
         for spec in &catalog.models {
             specs.insert(spec.id.clone(), Arc::new(spec.clone()));
         }

@@ -393,6 +393,73 @@ fn a_catalog_registers_all_or_nothing() {
     assert!(registry.register(ModelSpec::new("", "z", 5)).is_err());
 }
 
+const SONNET_TAKEN: &str = "model spec `sonnet` is already registered (its limiters are built \
+                            from that spec: register a changed spec under a new id, or apply \
+                            a provider's ceilings with update_limits)";
+
+#[test]
+fn registering_an_id_twice_is_refused_naming_it_and_changes_nothing() {
+    let clock = FakeClock::new();
+    let registry = registry(&clock);
+    let bucket = registry.bucket("sonnet").unwrap();
+    assert!(
+        bucket
+            .try_take(Amount::pair(1_000, 1), Amount::ZERO)
+            .unwrap()
+    );
+    let gate = registry.gate("sonnet").unwrap();
+
+    let changed = ModelSpec::new("sonnet", "claude-sonnet-4-5", 1_000).with_max_concurrent(9);
+    let refused = registry.register(changed);
+    assert_eq!(
+        refused,
+        Err(ProviderError::Duplicate {
+            model: "sonnet".to_owned()
+        })
+    );
+    assert_eq!(
+        refused.map_err(|e| e.to_string()),
+        Err(SONNET_TAKEN.to_owned())
+    );
+    // The same spec again is refused too: an id is registered once.
+    assert_eq!(
+        registry.register(sonnet()).map_err(|e| e.to_string()),
+        Err(SONNET_TAKEN.to_owned())
+    );
+
+    assert_eq!(*registry.spec("sonnet").unwrap(), sonnet());
+    assert!(Arc::ptr_eq(&bucket, &registry.bucket("sonnet").unwrap()));
+    assert_eq!(
+        (bucket.config().tokens_per_minute, bucket.level()),
+        (60_000, 59_000)
+    );
+    assert!(Arc::ptr_eq(&gate, &registry.gate("sonnet").unwrap()));
+    assert_eq!(gate.capacity(), 2);
+    let call = registry.demand_for("sonnet", 10, 10).unwrap();
+    assert_eq!(call.price, Money::from_micros(180));
+}
+
+#[test]
+fn a_catalog_naming_a_registered_id_is_refused_whole() {
+    let clock = FakeClock::new();
+    let registry = Registry::new(clock.shared());
+    registry.register(sonnet()).unwrap();
+    let catalog = ModelCatalog {
+        models: vec![
+            haiku(),
+            ModelSpec::new("sonnet", "claude-sonnet-4-5", 1_000),
+        ],
+    };
+    assert_eq!(
+        registry
+            .register_catalog(&catalog)
+            .map_err(|e| e.to_string()),
+        Err(SONNET_TAKEN.to_owned())
+    );
+    assert_eq!(registry.models(), ["sonnet"], "nothing of it registered");
+    assert_eq!(*registry.spec("sonnet").unwrap(), sonnet());
+}
+
 #[test]
 fn demand_for_builds_the_whole_call() {
     let clock = FakeClock::new();
