@@ -18,7 +18,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
-use admission_core::{Account, Amount};
+use admission_core::{Account, Amount, Clock, SystemClock};
 use admission_testkit::FakeClock;
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
@@ -26,13 +26,18 @@ use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 /// Requests per window no bench can spend.
 const HUGE: u64 = 1 << 50;
 
-/// A window that never fills, on the system clock.
-fn window() -> ElasticWindow {
+/// A window that never fills, on `clock`.
+fn window(clock: Arc<dyn Clock>) -> ElasticWindow {
     ElasticWindow::new(
         "bench",
         ElasticWindowConfig::new(HUGE, Duration::from_secs(60)),
+        clock,
     )
     .expect("a valid configuration")
+}
+
+fn system() -> Arc<dyn Clock> {
+    Arc::new(SystemClock::new())
 }
 
 fn governor() -> DefaultDirectRateLimiter {
@@ -55,11 +60,11 @@ fn check_n(limiter: &DefaultDirectRateLimiter) {
 
 fn single_thread(c: &mut Criterion) {
     let mut group = c.benchmark_group("elastic_window_single_thread");
-    let system = window();
+    let system = window(self::system());
     group.bench_function("elastic_window/take_give", |b| {
         b.iter(|| take_give(&system))
     });
-    let frozen = window().with_clock(FakeClock::new().shared());
+    let frozen = window(FakeClock::new().shared());
     group.bench_function("elastic_window/take_give_frozen_clock", |b| {
         b.iter(|| take_give(&frozen))
     });
@@ -68,6 +73,7 @@ fn single_thread(c: &mut Criterion) {
     let short = ElasticWindow::new(
         "bench",
         ElasticWindowConfig::new(HUGE, Duration::from_millis(1)),
+        self::system(),
     )
     .expect("a valid configuration");
     group.bench_function("elastic_window/take_only", |b| {
@@ -107,7 +113,7 @@ fn on_two_threads<T: Send + Sync + 'static>(shared: &Arc<T>, iters: u64, op: fn(
 
 fn two_threads(c: &mut Criterion) {
     let mut group = c.benchmark_group("elastic_window_two_threads");
-    let system = Arc::new(window());
+    let system = Arc::new(window(self::system()));
     group.bench_function("elastic_window/take_give", |b| {
         b.iter_custom(|iters| on_two_threads(&system, iters, take_give))
     });

@@ -28,7 +28,7 @@ const HUGE: u64 = 1 << 50;
 const ONE_CALL: Amount = Amount::pair(1, 1);
 
 fn gate() -> CountingGate {
-    CountingGate::new("bench", HUGE).expect("a positive capacity")
+    CountingGate::on_system_clock("bench", HUGE).expect("a positive capacity")
 }
 
 fn bucket() -> TokenBucket {
@@ -67,7 +67,7 @@ fn single_thread(c: &mut Criterion) {
     group.bench_function("counting_gate/take_only", |b| {
         b.iter(|| take_only(&gate_only))
     });
-    let frozen = self::gate().with_clock(FakeClock::new().shared());
+    let frozen = CountingGate::new("bench", HUGE, FakeClock::new().shared()).expect("capacity");
     group.bench_function("counting_gate/take_give_frozen_clock", |b| {
         b.iter(|| take_give(&frozen))
     });

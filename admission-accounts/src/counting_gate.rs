@@ -10,6 +10,7 @@
 //! belongs to the monitor).
 
 use std::fmt;
+use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -35,8 +36,8 @@ const NO_ACTIVITY: u64 = 0;
 /// granted as soon as enough permits are free. [`earliest_fit`](Account::earliest_fit) is always
 /// `None`: only a give can free a permit.
 ///
-/// Every successful take and every give stamps the last-activity instant, read from the gate's
-/// [`Clock`] (the system clock unless [`with_clock`](CountingGate::with_clock) says otherwise).
+/// Every successful take and every give stamps the last-activity instant, read from the clock
+/// the gate was built with (pass the monitor's, so that stamps are on the monitor's scale).
 ///
 /// # Fairness
 ///
@@ -57,9 +58,11 @@ const NO_ACTIVITY: u64 = 0;
 /// ```
 /// use admission_accounts::counting_gate::CountingGate;
 /// use admission_core::{Account, Amount, Capability};
+/// use admission_testkit::FakeClock;
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// let http = CountingGate::http(2)?;
+/// let clock = FakeClock::new();
+/// let http = CountingGate::http(2, clock.shared())?;
 /// assert_eq!(http.provides(), Some(Capability::HTTP_CONNECTION));
 ///
 /// assert!(http.try_take(Amount::ONE, Amount::ZERO)?);
@@ -69,7 +72,7 @@ const NO_ACTIVITY: u64 = 0;
 /// http.give(Amount::ONE);
 /// assert_eq!((http.available(), http.in_use()), (1, 1));
 ///
-/// let refused = CountingGate::new("db", 0).unwrap_err();
+/// let refused = CountingGate::new("db", 0, clock.shared()).unwrap_err();
 /// assert_eq!(refused.field, "capacity");
 /// # Ok(())
 /// # }
@@ -94,47 +97,73 @@ pub struct CountingGate {
 }
 
 impl CountingGate {
-    /// A gate named `name` with `capacity` permits, all free, on the system clock.
+    /// A gate named `name` with `capacity` permits, all free, stamping its activity on `clock`
+    /// (the monitor's: `monitor.clock().clone()`).
     ///
     /// # Errors
     ///
     /// A [`ConfigError`] naming the field `capacity` when it is zero.
-    pub fn new(name: impl Into<String>, capacity: u64) -> Result<CountingGate, ConfigError> {
-        if capacity == 0 {
+    pub fn new(
+        name: impl Into<String>,
+        capacity: u64,
+        clock: Arc<dyn Clock>,
+    ) -> Result<CountingGate, ConfigError> {
+        let Some(capacity) = NonZeroU64::new(capacity) else {
             return Err(ConfigError::new(
                 LIMITER,
                 "capacity",
                 "must be positive, was 0 (a gate without permits would refuse everyone)",
             ));
-        }
-        Ok(CountingGate {
-            name: name.into(),
-            capacity,
-            in_use: AtomicU64::new(0),
-            last_activity: AtomicU64::new(NO_ACTIVITY),
-            clock: Arc::new(SystemClock::new()),
-            capability: None,
-            wake: WakeSlot::new(),
-        })
+        };
+        Ok(CountingGate::with_capacity(name, capacity, clock))
     }
 
-    /// The HTTP connection gate: named `http`, `capacity` permits, providing
-    /// [`Capability::HTTP_CONNECTION`] to the demands it sits in.
+    /// A gate named `name` with `capacity` permits, all free, stamping its activity on `clock`;
+    /// cannot fail, the capacity being positive by its type.
+    pub(crate) fn with_capacity(
+        name: impl Into<String>,
+        capacity: NonZeroU64,
+        clock: Arc<dyn Clock>,
+    ) -> CountingGate {
+        CountingGate {
+            name: name.into(),
+            capacity: capacity.get(),
+            in_use: AtomicU64::new(0),
+            last_activity: AtomicU64::new(NO_ACTIVITY),
+            clock,
+            capability: None,
+            wake: WakeSlot::new(),
+        }
+    }
+
+    /// A gate named `name` with `capacity` permits on the operating system's clock.
+    ///
+    /// Its stamps then count from the process's first system-clock reading, which is the
+    /// monitor's scale too when the monitor runs on the system clock ([`Monitor::new`]).
     ///
     /// # Errors
     ///
     /// As [`CountingGate::new`].
-    pub fn http(capacity: u64) -> Result<CountingGate, ConfigError> {
-        Ok(CountingGate::new("http", capacity)?.with_capability(Capability::HTTP_CONNECTION))
+    ///
+    /// [`Monitor::new`]: admission_core::Monitor::new
+    pub fn on_system_clock(
+        name: impl Into<String>,
+        capacity: u64,
+    ) -> Result<CountingGate, ConfigError> {
+        CountingGate::new(name, capacity, Arc::new(SystemClock::new()))
     }
 
-    /// The same gate reading its last-activity stamp from `clock`.
+    /// The HTTP connection gate: named `http`, `capacity` permits, providing
+    /// [`Capability::HTTP_CONNECTION`] to the demands it sits in, stamping on `clock`.
     ///
-    /// Pass the monitor's clock (`monitor.clock().clone()`) to have stamps on the monitor's scale;
-    /// the default system clock counts from the gate's own creation.
-    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> CountingGate {
-        self.clock = clock;
-        self
+    /// # Errors
+    ///
+    /// As [`CountingGate::new`].
+    pub fn http(capacity: u64, clock: Arc<dyn Clock>) -> Result<CountingGate, ConfigError> {
+        Ok(
+            CountingGate::new("http", capacity, clock)?
+                .with_capability(Capability::HTTP_CONNECTION),
+        )
     }
 
     /// The same gate standing for `capability` ([`Account::provides`]).

@@ -116,8 +116,8 @@ pub const FAILURE_TEXT_LIMIT: usize = 200;
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let clock = FakeClock::new();
-/// let search = ElasticWindow::new("search", ElasticWindowConfig::new(2, Duration::from_secs(10)))?
-///     .with_clock(clock.shared());
+/// let config = ElasticWindowConfig::new(2, Duration::from_secs(10));
+/// let search = ElasticWindow::new("search", config, clock.shared())?;
 ///
 /// assert!(search.try_take(Amount::ONE, Amount::ZERO)?);
 /// clock.advance(Duration::from_secs(4));
@@ -204,7 +204,8 @@ enum Fit {
 }
 
 impl ElasticWindow {
-    /// A window named `name` built from `config`, with nothing taken, on the system clock.
+    /// A window named `name` built from `config`, with nothing taken, reading `clock` (the
+    /// monitor's: its stamps, cooldown and recovery interval are all read there).
     ///
     /// # Errors
     ///
@@ -216,17 +217,27 @@ impl ElasticWindow {
     /// ```
     /// use std::time::Duration;
     /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
+    /// use admission_core::{Account, Amount};
+    /// use admission_testkit::FakeClock;
     ///
-    /// let search = ElasticWindow::new("search", ElasticWindowConfig::new(60, Duration::from_secs(60)));
-    /// assert!(search.is_ok());
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let clock = FakeClock::new();
+    /// let config = ElasticWindowConfig::new(1, Duration::from_secs(1));
+    /// let search = ElasticWindow::new("search", config, clock.shared())?;
+    /// assert!(search.try_take(Amount::ONE, Amount::ZERO)?);
+    /// clock.advance(Duration::from_secs(1)); // the stamp leaves the window
+    /// assert!(search.try_take(Amount::ONE, Amount::ZERO)?);
     ///
     /// let config = ElasticWindowConfig::new(60, Duration::from_secs(60)).with_max_throttle(-1.0);
-    /// let refused = ElasticWindow::new("search", config).unwrap_err();
+    /// let refused = ElasticWindow::new("search", config, clock.shared()).unwrap_err();
     /// assert_eq!(refused.field, "max_throttle");
+    /// # Ok(())
+    /// # }
     /// ```
     pub fn new(
         name: impl Into<String>,
         config: ElasticWindowConfig,
+        clock: Arc<dyn Clock>,
     ) -> Result<ElasticWindow, ConfigError> {
         config.validate()?;
         let base = nanos(config.base_window);
@@ -236,37 +247,26 @@ impl ElasticWindow {
             base,
             widest,
             probe_timeout: config.resolved_probe_timeout(),
-            clock: Arc::new(SystemClock::new()),
+            clock,
             state: Mutex::new(State::fresh(&config, base)),
             config,
             wake: WakeSlot::new(),
         })
     }
 
-    /// The same window reading `clock`, started afresh (no stamps, no throttle, healthy).
+    /// A window named `name` built from `config` on the operating system's clock.
     ///
-    /// # Examples
+    /// Its deadlines ([`Account::earliest_fit`]) are then on the system clock's scale, which is
+    /// the monitor's when the monitor runs on the system clock too.
     ///
-    /// ```
-    /// use std::time::Duration;
-    /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
-    /// use admission_core::{Account, Amount};
-    /// use admission_testkit::FakeClock;
+    /// # Errors
     ///
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let clock = FakeClock::new();
-    /// let search = ElasticWindow::new("search", ElasticWindowConfig::new(1, Duration::from_secs(1)))?
-    ///     .with_clock(clock.shared());
-    /// assert!(search.try_take(Amount::ONE, Amount::ZERO)?);
-    /// clock.advance(Duration::from_secs(1)); // the stamp leaves the window
-    /// assert!(search.try_take(Amount::ONE, Amount::ZERO)?);
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> ElasticWindow {
-        self.clock = clock;
-        self.state = Mutex::new(State::fresh(&self.config, self.base));
-        self
+    /// As [`ElasticWindow::new`].
+    pub fn on_system_clock(
+        name: impl Into<String>,
+        config: ElasticWindowConfig,
+    ) -> Result<ElasticWindow, ConfigError> {
+        ElasticWindow::new(name, config, Arc::new(SystemClock::new()))
     }
 
     /// The window's name.
@@ -277,7 +277,7 @@ impl ElasticWindow {
     /// use std::time::Duration;
     /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
     ///
-    /// let w = ElasticWindow::new("search", ElasticWindowConfig::new(5, Duration::from_secs(1))).unwrap();
+    /// let w = ElasticWindow::on_system_clock("search", ElasticWindowConfig::new(5, Duration::from_secs(1))).unwrap();
     /// assert_eq!(w.name(), "search");
     /// ```
     pub fn name(&self) -> &str {
@@ -292,7 +292,7 @@ impl ElasticWindow {
     /// use std::time::Duration;
     /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
     ///
-    /// let w = ElasticWindow::new("search", ElasticWindowConfig::new(5, Duration::from_secs(1))).unwrap();
+    /// let w = ElasticWindow::on_system_clock("search", ElasticWindowConfig::new(5, Duration::from_secs(1))).unwrap();
     /// assert_eq!(w.config().max_requests, 5);
     /// ```
     pub fn config(&self) -> &ElasticWindowConfig {
@@ -310,9 +310,8 @@ impl ElasticWindow {
     /// use admission_testkit::FakeClock;
     ///
     /// let clock = FakeClock::new();
-    /// let w = ElasticWindow::new("search", ElasticWindowConfig::new(5, Duration::from_secs(1)))
-    ///     .unwrap()
-    ///     .with_clock(clock.shared());
+    /// let w = ElasticWindow::new("search", ElasticWindowConfig::new(5, Duration::from_secs(1)), clock.shared())
+    ///     .unwrap();
     /// w.try_take(Amount::units(3), Amount::ZERO).unwrap();
     /// assert_eq!(w.in_use(), 3);
     /// clock.advance(Duration::from_secs(1));
@@ -331,7 +330,7 @@ impl ElasticWindow {
     /// use std::time::Duration;
     /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
     ///
-    /// let w = ElasticWindow::new("search", ElasticWindowConfig::new(5, Duration::from_secs(10))).unwrap();
+    /// let w = ElasticWindow::on_system_clock("search", ElasticWindowConfig::new(5, Duration::from_secs(10))).unwrap();
     /// w.record_advisory_pressure();
     /// assert_eq!(w.effective_window(), Duration::from_secs(20));
     /// ```
@@ -348,7 +347,7 @@ impl ElasticWindow {
     /// use std::time::Duration;
     /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
     ///
-    /// let w = ElasticWindow::new("search", ElasticWindowConfig::new(5, Duration::from_secs(10))).unwrap();
+    /// let w = ElasticWindow::on_system_clock("search", ElasticWindowConfig::new(5, Duration::from_secs(10))).unwrap();
     /// w.record_pressure();
     /// w.record_pressure();
     /// assert_eq!(w.throttle(), 2.0);
@@ -371,7 +370,7 @@ impl ElasticWindow {
     /// use admission_accounts::elastic_window::{CircuitState, ElasticWindow, ElasticWindowConfig};
     ///
     /// let config = ElasticWindowConfig::new(5, Duration::from_secs(10)).with_max_throttle(0.0);
-    /// let w = ElasticWindow::new("search", config).unwrap();
+    /// let w = ElasticWindow::on_system_clock("search", config).unwrap();
     /// for _ in 0..3 {
     ///     w.record_failure("HTTP 503");
     /// }
@@ -393,7 +392,7 @@ impl ElasticWindow {
     ///
     /// let clock = FakeClock::new();
     /// let config = ElasticWindowConfig::new(5, Duration::from_secs(10)).with_max_throttle(0.0);
-    /// let w = ElasticWindow::new("search", config).unwrap().with_clock(clock.shared());
+    /// let w = ElasticWindow::new("search", config, clock.shared()).unwrap();
     /// assert_eq!(w.cooldown_remaining(), Duration::ZERO);
     /// for _ in 0..3 {
     ///     w.record_failure("HTTP 503");
@@ -416,7 +415,7 @@ impl ElasticWindow {
     /// use std::time::Duration;
     /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
     ///
-    /// let w = ElasticWindow::new("search", ElasticWindowConfig::new(5, Duration::from_secs(10))).unwrap();
+    /// let w = ElasticWindow::on_system_clock("search", ElasticWindowConfig::new(5, Duration::from_secs(10))).unwrap();
     /// assert_eq!(w.cooldown(), Duration::from_secs(30));
     /// ```
     pub fn cooldown(&self) -> Duration {
@@ -433,7 +432,7 @@ impl ElasticWindow {
     /// use std::time::Duration;
     /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
     ///
-    /// let w = ElasticWindow::new("search", ElasticWindowConfig::new(5, Duration::from_secs(10))).unwrap();
+    /// let w = ElasticWindow::on_system_clock("search", ElasticWindowConfig::new(5, Duration::from_secs(10))).unwrap();
     /// assert_eq!(w.last_failure(), None);
     /// w.record_failure("HTTP 502\n  Bad Gateway");
     /// assert_eq!(w.last_failure().as_deref(), Some("HTTP 502 Bad Gateway"));
@@ -452,7 +451,7 @@ impl ElasticWindow {
     /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
     ///
     /// let config = ElasticWindowConfig::new(5, Duration::from_secs(10)).with_max_throttle(0.0);
-    /// let w = ElasticWindow::new("search", config).unwrap();
+    /// let w = ElasticWindow::on_system_clock("search", config).unwrap();
     /// for _ in 0..10 {
     ///     w.record_failure("HTTP 503"); // once open, more failures change nothing
     /// }
@@ -474,9 +473,8 @@ impl ElasticWindow {
     /// use admission_testkit::FakeClock;
     ///
     /// let clock = FakeClock::new();
-    /// let w = ElasticWindow::new("search", ElasticWindowConfig::new(5, Duration::from_secs(10)))
-    ///     .unwrap()
-    ///     .with_clock(clock.shared());
+    /// let w = ElasticWindow::new("search", ElasticWindowConfig::new(5, Duration::from_secs(10)), clock.shared())
+    ///     .unwrap();
     /// w.record_pressure();
     /// w.record_success();
     /// w.record_success();
@@ -521,7 +519,7 @@ impl ElasticWindow {
     /// use admission_accounts::elastic_window::{CircuitState, ElasticWindow, ElasticWindowConfig};
     ///
     /// let config = ElasticWindowConfig::new(5, Duration::from_secs(10)).with_max_throttle(1.0);
-    /// let w = ElasticWindow::new("search", config).unwrap();
+    /// let w = ElasticWindow::on_system_clock("search", config).unwrap();
     /// w.record_failure("HTTP 503"); // brings the throttle to its cap: not yet "at" it
     /// w.record_failure("HTTP 503");
     /// w.record_failure("HTTP 503");
@@ -565,7 +563,7 @@ impl ElasticWindow {
     /// use std::time::Duration;
     /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig, PRESSURE_TEXT};
     ///
-    /// let w = ElasticWindow::new("search", ElasticWindowConfig::new(5, Duration::from_secs(10))).unwrap();
+    /// let w = ElasticWindow::on_system_clock("search", ElasticWindowConfig::new(5, Duration::from_secs(10))).unwrap();
     /// w.record_pressure();
     /// assert_eq!(w.throttle(), 1.0);
     /// assert_eq!(w.last_failure().as_deref(), Some(PRESSURE_TEXT));
@@ -585,7 +583,7 @@ impl ElasticWindow {
     /// use admission_accounts::elastic_window::{CircuitState, ElasticWindow, ElasticWindowConfig};
     ///
     /// let config = ElasticWindowConfig::new(5, Duration::from_secs(10)).with_max_throttle(2.0);
-    /// let w = ElasticWindow::new("search", config).unwrap();
+    /// let w = ElasticWindow::on_system_clock("search", config).unwrap();
     /// for _ in 0..10 {
     ///     w.record_advisory_pressure();
     /// }
@@ -607,7 +605,7 @@ impl ElasticWindow {
     /// use admission_accounts::elastic_window::{CircuitState, ElasticWindow, ElasticWindowConfig};
     /// use admission_core::{Account, Amount};
     ///
-    /// let w = ElasticWindow::new("search", ElasticWindowConfig::new(5, Duration::from_secs(10))).unwrap();
+    /// let w = ElasticWindow::on_system_clock("search", ElasticWindowConfig::new(5, Duration::from_secs(10))).unwrap();
     /// w.try_take(Amount::units(2), Amount::ZERO).unwrap();
     /// let status = w.status_record();
     /// assert_eq!((status.in_use, status.max_requests), (2, 5));

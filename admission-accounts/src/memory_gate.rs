@@ -165,7 +165,8 @@ impl MemoryGate {
     }
 
     /// The gate's status from its last reading: `CRITICAL` while latched, `DRAINING` while
-    /// memory's line is non-empty, `GREEN` otherwise. Reads no probe.
+    /// memory's line is non-empty, `GREEN` otherwise, with the [`spacing`](MemoryGate::spacing)
+    /// at that reading (its indicator is `pace:<n>ms` outside the green zone). Reads no probe.
     pub fn status(&self) -> MemoryStatus {
         let st = self.state.lock();
         self.status_of(&st, self.line.load(Ordering::SeqCst))
@@ -174,7 +175,10 @@ impl MemoryGate {
     /// The wait the gate would put between two releases at its last reading (curve times
     /// penalty, capped at an hour).
     pub fn spacing(&self) -> Duration {
-        let st = self.state.lock();
+        Self::spacing_of(&self.state.lock())
+    }
+
+    fn spacing_of(st: &State) -> Duration {
         wait(curve(st.reading.percent()), st.growth.penalty())
     }
 
@@ -193,6 +197,7 @@ impl MemoryGate {
             limit_bytes: st.reading.limit,
             floor_percent: st.growth.floor(),
             penalty: st.growth.penalty(),
+            spacing: Self::spacing_of(st),
             line,
         }
     }

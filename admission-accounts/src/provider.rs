@@ -2,8 +2,8 @@
 //!
 //! - [`LimiterFactory`] builds and keeps the limiters: one [`TokenBucket`] per spec id, one model
 //!   gate per spec that caps concurrency, one [`ElasticWindow`] per spec that configures one, and
-//!   one shared instance per limiter *type* ([`LimiterFactory::shared`]) — which is how every job
-//!   names the same [`HttpGate`].
+//!   one shared instance per limiter *type* ([`LimiterFactory::shared`],
+//!   [`LimiterFactory::shared_with`]) — which is how every job names the same [`HttpGate`].
 //! - [`Registry`] is the facade a service holds: it knows the specs, builds a call's whole
 //!   [`Demand`] ([`Registry::demand_for`]), prices it, and closes the loop with the upstream's
 //!   answers ([`Registry::on_success`], [`Registry::on_rate_limit_error`],
@@ -49,10 +49,11 @@
 use std::any::{Any, TypeId};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::num::NonZeroU64;
 use std::ops::Deref;
 use std::sync::Arc;
 
-use admission_core::{Account, AccountStatus, Amount, Clock, Demand, SystemClock};
+use admission_core::{Account, AccountStatus, Amount, Clock, Demand};
 use parking_lot::{Mutex, RwLock};
 
 use crate::elastic_window::ElasticWindow;
@@ -68,13 +69,15 @@ pub const OVERLOAD_INCREMENTS: u32 = 3;
 
 /// The HTTP connection gate every call shares: a [`CountingGate`] providing the HTTP capability.
 ///
-/// One instance per [`LimiterFactory`] ([`LimiterFactory::shared`]); [`HttpGate::default`] has
-/// [`HttpGate::DEFAULT_CAPACITY`] connections, [`Registry::with_http_connections`] sets another.
-/// It derefs to the gate, and [`HttpGate::account`] is the handle a [`Demand`] takes.
+/// One instance per [`LimiterFactory`], kept as its shared instance of this type. A [`Registry`]
+/// builds it from its own clock with [`HttpGate::DEFAULT_CAPACITY`] connections unless
+/// [`Registry::with_http_connections`] says otherwise; there is no default gate, since a gate
+/// must stamp on the clock of the monitor it serves. It derefs to the gate, and
+/// [`HttpGate::account`] is the handle a [`Demand`] takes.
 pub struct HttpGate(Arc<CountingGate>);
 
 impl HttpGate {
-    /// The connections of a default gate.
+    /// The connections of a registry's gate unless configured otherwise.
     pub const DEFAULT_CAPACITY: u64 = 64;
 
     /// A gate of `capacity` connections stamping activity on `clock`.
@@ -83,23 +86,20 @@ impl HttpGate {
     ///
     /// A [`ConfigError`] naming `capacity` when it is zero.
     pub fn new(capacity: u64, clock: Arc<dyn Clock>) -> Result<HttpGate, ConfigError> {
-        Ok(HttpGate(Arc::new(
-            CountingGate::http(capacity)?.with_clock(clock),
-        )))
+        Ok(HttpGate(Arc::new(CountingGate::http(capacity, clock)?)))
+    }
+
+    /// A gate of `capacity` connections stamping activity on `clock`; cannot fail.
+    fn with_capacity(capacity: NonZeroU64, clock: Arc<dyn Clock>) -> HttpGate {
+        HttpGate(Arc::new(
+            CountingGate::with_capacity("http", capacity, clock)
+                .with_capability(admission_core::Capability::HTTP_CONNECTION),
+        ))
     }
 
     /// The gate as a demand's account.
     pub fn account(&self) -> Arc<CountingGate> {
         self.0.clone()
-    }
-}
-
-impl Default for HttpGate {
-    fn default() -> HttpGate {
-        match HttpGate::new(HttpGate::DEFAULT_CAPACITY, Arc::new(SystemClock::new())) {
-            Ok(gate) => gate,
-            Err(error) => unreachable!("the default capacity is positive: {error}"),
-        }
     }
 }
 
@@ -116,6 +116,9 @@ impl fmt::Debug for HttpGate {
         f.debug_tuple("HttpGate").field(&*self.0).finish()
     }
 }
+
+/// [`HttpGate::DEFAULT_CAPACITY`], checked positive when compiled.
+const DEFAULT_HTTP_CAPACITY: NonZeroU64 = NonZeroU64::new(HttpGate::DEFAULT_CAPACITY).unwrap();
 
 /// What [`LimiterFactory::update_limits`] did with a reported pair of ceilings.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -140,6 +143,15 @@ pub enum ProviderError {
         model: String,
         /// The ids that are registered, sorted.
         known: Vec<String>,
+    },
+    /// A spec of that id is registered already; the registry keeps it and the limiters built
+    /// from it.
+    #[error(
+        "model spec `{model}` is already registered (its limiters are built from that spec: register a changed spec under a new id, or apply a provider's ceilings with update_limits)"
+    )]
+    Duplicate {
+        /// The id registered twice.
+        model: String,
     },
     /// The spec declares no `max_concurrent`, so it has no model gate: its account is its bucket.
     #[error(
@@ -215,8 +227,17 @@ struct Limiters {
     buckets: BTreeMap<String, Arc<TokenBucket>>,
     gates: BTreeMap<String, Arc<CountingGate>>,
     windows: BTreeMap<String, Arc<ElasticWindow>>,
-    shared: HashMap<TypeId, Arc<dyn Any + Send + Sync>>,
+    /// One slot per shared type, created on the first ask for the type.
+    shared: HashMap<TypeId, Slot>,
 }
+
+/// Where the one shared instance of a type lives: empty until it is built (or installed).
+///
+/// Its lock is held while the instance is built, so callers racing for a type wait for the one
+/// construction instead of making their own. The slot's lock is taken only after the factory's
+/// lock is released, never the other way round, so a builder may ask the factory for other
+/// limiters.
+type Slot = Arc<Mutex<Option<Arc<dyn Any + Send + Sync>>>>;
 
 /// Builds limiters from specs and keeps one of each, so every job that names a model or a
 /// limiter type gets the same instance.
@@ -229,9 +250,9 @@ struct Limiters {
 /// use std::sync::Arc;
 /// use admission_accounts::model_spec::ModelSpec;
 /// use admission_accounts::provider::{LimiterFactory, LimitsUpdate};
-/// use admission_core::SystemClock;
+/// use admission_testkit::FakeClock;
 ///
-/// let factory = LimiterFactory::new(Arc::new(SystemClock::new()));
+/// let factory = LimiterFactory::new(FakeClock::new().shared());
 /// let spec = ModelSpec::new("haiku", "claude-haiku-4-5", 50_000);
 /// let bucket = factory.bucket(&spec).unwrap();
 /// assert!(Arc::ptr_eq(&bucket, &factory.bucket(&spec).unwrap()));
@@ -309,10 +330,11 @@ impl LimiterFactory {
             return Ok(gate.clone());
         }
         spec.validate()?;
-        let fresh = Arc::new(
-            CountingGate::new(format!("{}:concurrency", spec.id), capacity)?
-                .with_clock(self.clock.clone()),
-        );
+        let fresh = Arc::new(CountingGate::new(
+            format!("{}:concurrency", spec.id),
+            capacity,
+            self.clock.clone(),
+        )?);
         Ok(self
             .limiters
             .lock()
@@ -336,10 +358,11 @@ impl LimiterFactory {
             return Ok(Some(existing.clone()));
         }
         spec.validate()?;
-        let fresh = Arc::new(
-            ElasticWindow::new(format!("{}:window", spec.id), window.config())?
-                .with_clock(self.clock.clone()),
-        );
+        let fresh = Arc::new(ElasticWindow::new(
+            format!("{}:window", spec.id),
+            window.config(),
+            self.clock.clone(),
+        )?);
         Ok(Some(
             self.limiters
                 .lock()
@@ -357,38 +380,77 @@ impl LimiterFactory {
 
     /// The one shared instance of limiter type `T`, built with `T::default()` on first use.
     ///
-    /// Building happens outside the factory's lock; when two threads race, one instance wins and
-    /// both get it.
+    /// `T::default()` runs exactly once per factory (and again only after
+    /// [`clear`](LimiterFactory::clear)): callers racing for a type that is not built yet wait
+    /// for the one construction and all get its instance. Building holds no lock but the type's
+    /// own, so other limiters stay available meanwhile.
+    ///
+    /// # Panics
+    ///
+    /// When `T::default()` panics; nothing is kept, and the next call builds again. A
+    /// `T::default()` that asks this factory for a shared `T` never returns (the type's lock is
+    /// held by its own construction).
     ///
     /// # Examples
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use admission_accounts::provider::{HttpGate, LimiterFactory};
-    /// use admission_core::SystemClock;
+    /// use std::sync::atomic::AtomicU64;
+    /// use admission_accounts::provider::LimiterFactory;
+    /// use admission_testkit::FakeClock;
     ///
-    /// let factory = LimiterFactory::new(Arc::new(SystemClock::new()));
-    /// let a = factory.shared::<HttpGate>();
-    /// let b = factory.shared::<HttpGate>();
+    /// #[derive(Default)]
+    /// struct CallsToday(AtomicU64);
+    ///
+    /// let factory = LimiterFactory::new(FakeClock::new().shared());
+    /// let a = factory.shared::<CallsToday>();
+    /// let b = factory.shared::<CallsToday>();
     /// assert!(Arc::ptr_eq(&a, &b));
-    /// assert_eq!(a.capacity(), HttpGate::DEFAULT_CAPACITY);
     /// ```
     pub fn shared<T: Default + Send + Sync + 'static>(&self) -> Arc<T> {
-        if let Some(found) = self.find_shared::<T>() {
-            return found;
+        self.shared_or_build(T::default)
+    }
+
+    /// The one shared instance of `T`, built by `build` on first use.
+    fn shared_or_build<T: Send + Sync + 'static>(&self, build: impl FnOnce() -> T) -> Arc<T> {
+        match self.try_shared_or_build(|| Ok::<T, std::convert::Infallible>(build())) {
+            Ok(shared) => shared,
+            Err(never) => match never {},
         }
-        let fresh: Arc<T> = Arc::new(T::default());
-        match self.insert_shared(fresh.clone()) {
-            Ok(()) => fresh,
-            Err(existing) => existing,
+    }
+
+    /// The one shared instance of `T`, built by `build` on first use, under the type's slot
+    /// lock so that it is built once; an error keeps nothing.
+    fn try_shared_or_build<T: Send + Sync + 'static, E>(
+        &self,
+        build: impl FnOnce() -> Result<T, E>,
+    ) -> Result<Arc<T>, E> {
+        let slot = self.slot::<T>();
+        let mut held = slot.lock();
+        if let Some(existing) = &*held {
+            return Ok(downcast(existing.clone()));
         }
+        let fresh = Arc::new(build()?);
+        *held = Some(fresh.clone());
+        Ok(fresh)
+    }
+
+    /// The slot of type `T`, created empty on first use.
+    fn slot<T: 'static>(&self) -> Slot {
+        self.limiters
+            .lock()
+            .shared
+            .entry(TypeId::of::<T>())
+            .or_default()
+            .clone()
     }
 
     /// The one shared instance of limiter type `T`, built by `build` on first use; `build` is
     /// not called when the instance exists.
     ///
-    /// For limiters whose construction can fail (a configuration read at start-up); building
-    /// happens outside the factory's lock, and when two threads race, one instance wins.
+    /// For limiters whose construction can fail (a configuration read at start-up). A
+    /// successful `build` runs exactly once per factory, as for [`shared`](LimiterFactory::shared):
+    /// racing callers wait for it; after a failure the next caller builds.
     ///
     /// # Errors
     ///
@@ -398,11 +460,10 @@ impl LimiterFactory {
     /// # Examples
     ///
     /// ```
-    /// use std::sync::Arc;
     /// use admission_accounts::provider::{HttpGate, LimiterFactory};
-    /// use admission_core::SystemClock;
+    /// use admission_testkit::FakeClock;
     ///
-    /// let factory = LimiterFactory::new(Arc::new(SystemClock::new()));
+    /// let factory = LimiterFactory::new(FakeClock::new().shared());
     /// let refused = factory
     ///     .shared_with(|| HttpGate::new(0, factory.clock().clone()))
     ///     .unwrap_err();
@@ -423,18 +484,13 @@ impl LimiterFactory {
         T: Send + Sync + 'static,
         E: std::error::Error + Send + Sync + 'static,
     {
-        if let Some(found) = self.find_shared::<T>() {
-            return Ok(found);
-        }
-        let fresh = Arc::new(build().map_err(|error| ProviderError::Unbuildable {
-            limiter: std::any::type_name::<T>(),
-            reason: error.to_string(),
-            source: BuildFailure(Arc::new(error)),
-        })?);
-        match self.insert_shared(fresh.clone()) {
-            Ok(()) => Ok(fresh),
-            Err(existing) => Ok(existing),
-        }
+        self.try_shared_or_build(|| {
+            build().map_err(|error| ProviderError::Unbuildable {
+                limiter: std::any::type_name::<T>(),
+                reason: error.to_string(),
+                source: BuildFailure(Arc::new(error)),
+            })
+        })
     }
 
     /// Installs `value` as the shared instance of `T`, or answers the instance already there.
@@ -443,17 +499,19 @@ impl LimiterFactory {
     ///
     /// The existing instance, when `T` already has one; `value` is then dropped.
     pub fn insert_shared<T: Send + Sync + 'static>(&self, value: Arc<T>) -> Result<(), Arc<T>> {
-        let mut limiters = self.limiters.lock();
-        if let Some(existing) = limiters.shared.get(&TypeId::of::<T>()) {
+        let slot = self.slot::<T>();
+        let mut held = slot.lock();
+        if let Some(existing) = &*held {
             return Err(downcast(existing.clone()));
         }
-        limiters.shared.insert(TypeId::of::<T>(), value);
+        *held = Some(value);
         Ok(())
     }
 
-    fn find_shared<T: Send + Sync + 'static>(&self) -> Option<Arc<T>> {
-        let any = self.limiters.lock().shared.get(&TypeId::of::<T>())?.clone();
-        Some(downcast(any))
+    /// Installs `value` as the shared instance of `T`, replacing any (holders of the old one
+    /// keep it).
+    fn replace_shared<T: Send + Sync + 'static>(&self, value: Arc<T>) {
+        *self.slot::<T>().lock() = Some(value);
     }
 
     /// Applies a provider's reported ceilings to model `id`'s bucket, keeping its throttle;
@@ -524,11 +582,17 @@ fn downcast<T: Send + Sync + 'static>(any: Arc<dyn Any + Send + Sync>) -> Arc<T>
 impl fmt::Debug for LimiterFactory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let limiters = self.limiters.lock();
+        // `try_lock`: a slot being built is not counted, and formatting never waits on a build.
+        let shared = limiters
+            .shared
+            .values()
+            .filter(|slot| slot.try_lock().is_some_and(|held| held.is_some()))
+            .count();
         f.debug_struct("LimiterFactory")
             .field("buckets", &limiters.buckets.keys().collect::<Vec<_>>())
             .field("gates", &limiters.gates.keys().collect::<Vec<_>>())
             .field("windows", &limiters.windows.keys().collect::<Vec<_>>())
-            .field("shared", &limiters.shared.len())
+            .field("shared", &shared)
             .finish()
     }
 }
@@ -564,28 +628,35 @@ impl ModelCall {
 pub struct Registry {
     factory: LimiterFactory,
     specs: RwLock<BTreeMap<String, Arc<ModelSpec>>>,
+    /// The HTTP gate's connections: [`HttpGate::DEFAULT_CAPACITY`] unless configured. Kept here,
+    /// not only in the gate, so that a gate built after [`Registry::clear`] has them too.
+    http_capacity: NonZeroU64,
 }
 
 impl Registry {
-    /// A registry with no specs whose limiters read `clock` (the monitor's).
+    /// A registry with no specs whose limiters, the HTTP gate among them, read `clock` (the
+    /// monitor's). Its HTTP gate has [`HttpGate::DEFAULT_CAPACITY`] connections.
     pub fn new(clock: Arc<dyn Clock>) -> Registry {
         Registry {
             factory: LimiterFactory::new(clock),
             specs: RwLock::new(BTreeMap::new()),
+            http_capacity: DEFAULT_HTTP_CAPACITY,
         }
     }
 
     /// The same registry with an HTTP gate of `capacity` connections (instead of
-    /// [`HttpGate::DEFAULT_CAPACITY`]) as its shared [`HttpGate`].
+    /// [`HttpGate::DEFAULT_CAPACITY`]) as its shared [`HttpGate`], a new gate on the registry's
+    /// clock replacing any built before. The capacity is the registry's from then on,
+    /// [`clear`](Registry::clear) included.
     ///
     /// # Errors
     ///
     /// A [`ConfigError`] naming `capacity` when it is zero.
-    pub fn with_http_connections(self, capacity: u64) -> Result<Registry, ConfigError> {
-        let gate = Arc::new(HttpGate::new(capacity, self.factory.clock.clone())?);
-        let mut limiters = self.factory.limiters.lock();
-        limiters.shared.insert(TypeId::of::<HttpGate>(), gate);
-        drop(limiters);
+    pub fn with_http_connections(mut self, capacity: u64) -> Result<Registry, ConfigError> {
+        let gate = HttpGate::new(capacity, self.factory.clock.clone())?;
+        // `new` refused zero, so this always replaces the capacity.
+        self.http_capacity = NonZeroU64::new(capacity).unwrap_or(self.http_capacity);
+        self.factory.replace_shared(Arc::new(gate));
         Ok(self)
     }
 
@@ -594,27 +665,48 @@ impl Registry {
         &self.factory
     }
 
-    /// Validates and registers `spec`; a spec of the same id replaces the old one (limiters
-    /// already built keep their state; apply new ceilings with
-    /// [`update_limits`](Registry::update_limits)).
+    /// Validates and registers `spec` under its id.
+    ///
+    /// An id is registered once: a second spec under it, even an identical one, is refused, so
+    /// a spec never sits over limiters built from another (a model's bucket, gate and window are
+    /// built from the spec registered first, on first use). To change a model's ceilings keep
+    /// its id and use [`update_limits`](Registry::update_limits); to change anything else,
+    /// register the new spec under a new id ([`clear`](Registry::clear) forgets everything, for
+    /// tests). A bucket that [`update_limits`](Registry::update_limits) created for an id no
+    /// spec had yet is kept when the spec arrives: its ceilings are the provider's.
     ///
     /// # Errors
     ///
-    /// [`SpecError::Invalid`] naming the field; nothing is registered.
-    pub fn register(&self, spec: ModelSpec) -> Result<(), SpecError> {
+    /// [`ProviderError::Spec`] naming the invalid field, or [`ProviderError::Duplicate`] naming
+    /// an id already registered; either way nothing changes.
+    pub fn register(&self, spec: ModelSpec) -> Result<(), ProviderError> {
         spec.validate()?;
-        self.specs.write().insert(spec.id.clone(), Arc::new(spec));
+        let mut specs = self.specs.write();
+        if specs.contains_key(&spec.id) {
+            return Err(ProviderError::Duplicate { model: spec.id });
+        }
+        specs.insert(spec.id.clone(), Arc::new(spec));
         Ok(())
     }
 
-    /// Registers every spec of `catalog`, after validating all of them.
+    /// Registers every spec of `catalog`, after validating all of them, all or nothing.
+    ///
+    /// Ids are held to the same rule as [`register`](Registry::register): an id repeated inside
+    /// the catalog, or one already registered, refuses the whole catalog.
     ///
     /// # Errors
     ///
-    /// The catalog's first [`SpecError`]; nothing is registered.
-    pub fn register_catalog(&self, catalog: &ModelCatalog) -> Result<(), SpecError> {
+    /// The catalog's first [`SpecError`] as [`ProviderError::Spec`] (an invalid field, or an id
+    /// the catalog repeats), or [`ProviderError::Duplicate`] naming its first id that is already
+    /// registered; nothing is registered.
+    pub fn register_catalog(&self, catalog: &ModelCatalog) -> Result<(), ProviderError> {
         catalog.validate()?;
         let mut specs = self.specs.write();
+        if let Some(taken) = catalog.models.iter().find(|s| specs.contains_key(&s.id)) {
+            return Err(ProviderError::Duplicate {
+                model: taken.id.clone(),
+            });
+        }
         for spec in &catalog.models {
             specs.insert(spec.id.clone(), Arc::new(spec.clone()));
         }
@@ -642,9 +734,12 @@ impl Registry {
             })
     }
 
-    /// The shared HTTP gate.
+    /// The shared HTTP gate: the factory's shared [`HttpGate`], built on first use with the
+    /// registry's capacity and clock.
     pub fn http(&self) -> Arc<HttpGate> {
-        self.factory.shared::<HttpGate>()
+        self.factory.shared_or_build(|| {
+            HttpGate::with_capacity(self.http_capacity, self.factory.clock.clone())
+        })
     }
 
     /// The bucket of `model`: the registered spec's, or one created by
@@ -800,8 +895,9 @@ impl Registry {
         all
     }
 
-    /// Forgets every spec and every limiter (the HTTP gate too: the next one has the default
-    /// capacity). For tests.
+    /// Forgets every spec and every limiter. For tests. The HTTP gate is forgotten too, but not
+    /// its configuration: the next one is built with the registry's capacity (the one
+    /// [`with_http_connections`](Registry::with_http_connections) set, if it did) and clock.
     pub fn clear(&self) {
         self.specs.write().clear();
         self.factory.clear();

@@ -2,6 +2,10 @@
 //! providers send (the OpenAI-style `x-ratelimit-*` family with `retry-after`, and the
 //! `anthropic-ratelimit-*` family), or built for a limit that was hit with nothing more known.
 //!
+//! A successful response's headers are a *capacity* reading: what the limits are and how much is
+//! left, nothing hit and nobody asked to wait. A 429's headers are a *rate-limited* reading,
+//! which also carries the provider's `retry-after`.
+//!
 //! Header names are matched without regard to case. Values that cannot be read leave their field
 //! `None` (and are logged at debug); reading never panics, whatever bytes arrive.
 
@@ -12,16 +16,20 @@ use std::time::{Duration, SystemTime};
 use http::HeaderMap;
 use serde::Serialize;
 
-pub use parse::{ResetParseError, parse_int, parse_reset, parse_retry_after, parse_retry_after_at};
+pub use parse::{ResetParseError, parse_int, parse_reset, parse_retry_after};
 
 /// How long [`RateLimitInfo::rate_limited`] asks a caller to wait when nothing more is known.
 pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(60);
 
-/// The dimension of a provider's limit that a reading is about.
+/// What a reading is about: a capacity reading, or the dimension of a provider's limit that was
+/// hit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum LimitKind {
+    /// A capacity reading from a successful response: the limits and what is left, no limit
+    /// hit.
+    Capacity,
     /// Requests per window.
     Requests,
     /// Tokens per window, input and output together.
@@ -36,9 +44,9 @@ pub enum LimitKind {
 }
 
 impl LimitKind {
-    /// Reads a kind by name (`requests`, `tokens`, `input_tokens` or `input-tokens`,
-    /// `output_tokens` or `output-tokens`, any case); a missing or unrecognised name is
-    /// [`LimitKind::Unknown`].
+    /// Reads a kind by name (`capacity`, `requests`, `tokens`, `input_tokens` or
+    /// `input-tokens`, `output_tokens` or `output-tokens`, any case); a missing or unrecognised
+    /// name is [`LimitKind::Unknown`].
     ///
     /// # Examples
     ///
@@ -53,6 +61,7 @@ impl LimitKind {
             return Self::Unknown;
         };
         match name.trim().to_ascii_lowercase().replace('-', "_").as_str() {
+            "capacity" => Self::Capacity,
             "requests" => Self::Requests,
             "tokens" => Self::Tokens,
             "input_tokens" => Self::InputTokens,
@@ -60,23 +69,45 @@ impl LimitKind {
             _ => Self::Unknown,
         }
     }
+
+    /// The kind's wire name, as it serializes (`capacity`, `requests`, `tokens`,
+    /// `input_tokens`, `output_tokens`, `unknown`).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Capacity => "capacity",
+            Self::Requests => "requests",
+            Self::Tokens => "tokens",
+            Self::InputTokens => "input_tokens",
+            Self::OutputTokens => "output_tokens",
+            Self::Unknown => "unknown",
+        }
+    }
 }
 
 /// One reading of a model's rate limits at a provider.
 ///
-/// Either a capacity reading taken from response headers ([`from_headers`](Self::from_headers),
-/// [`from_pairs`](Self::from_pairs)), which is not rate limited and carries only what the
-/// headers said, or the record of a limit that was hit ([`rate_limited`](Self::rate_limited)).
+/// One of three things:
+/// - a capacity reading from a successful response's headers
+///   ([`from_headers`](Self::from_headers), [`from_pairs`](Self::from_pairs)): kind
+///   [`LimitKind::Capacity`], not rate limited, no retry-after, and the limits, remaining counts
+///   and resets the headers said;
+/// - a 429's reading ([`rate_limited_from_headers`](Self::rate_limited_from_headers),
+///   [`rate_limited_from_pairs`](Self::rate_limited_from_pairs)): rate limited, the same
+///   numbers, and the provider's retry-after ([`DEFAULT_RETRY_AFTER`] when it sent none);
+/// - the record of a limit that was hit with nothing more known
+///   ([`rate_limited`](Self::rate_limited)).
+///
 /// Every limit, remaining count and reset is `None` when the provider did not send it; the
 /// per-minute accessors read those absent limits as zero.
 ///
 /// # Examples
 ///
 /// ```
-/// use std::time::Duration;
+/// use std::time::{Duration, SystemTime};
 /// use admission_accounts::RateLimitInfo;
 /// use admission_accounts::rate_limit_info::LimitKind;
 ///
+/// let arrived = SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600);
 /// let info = RateLimitInfo::from_pairs(
 ///     "gpt-4o",
 ///     [
@@ -85,8 +116,10 @@ impl LimitKind {
 ///         ("X-RateLimit-Limit-Tokens", "30000"),
 ///         ("x-ratelimit-reset-tokens", "6m0s"),
 ///     ],
+///     arrived,
 /// );
 /// assert!(!info.rate_limited);
+/// assert_eq!(info.kind, LimitKind::Capacity);
 /// assert_eq!(info.requests_per_minute(), 500);
 /// assert_eq!(info.request_remaining, Some(499));
 /// assert_eq!(info.tokens_per_minute(), 30_000);
@@ -104,9 +137,10 @@ impl LimitKind {
 pub struct RateLimitInfo {
     /// The model the reading is about.
     pub model: String,
-    /// Which limit the reading is about: for a header reading, the first dimension found
-    /// exhausted (remaining zero) in the order requests, tokens, input tokens, output tokens;
-    /// otherwise [`LimitKind::Unknown`].
+    /// What the reading is about: [`LimitKind::Capacity`] for a successful response's headers;
+    /// for a 429's headers, the first dimension found exhausted (remaining zero) in the order
+    /// requests, tokens, input tokens, output tokens, else [`LimitKind::Unknown`], which is
+    /// also the kind of [`rate_limited`](Self::rate_limited).
     pub kind: LimitKind,
     /// Whether a limit was hit (the provider refused the call).
     pub rate_limited: bool,
@@ -134,7 +168,8 @@ pub struct RateLimitInfo {
     pub output_token_remaining: Option<u64>,
     /// Time until the output-token limit resets.
     pub output_token_reset: Option<Duration>,
-    /// How long the provider asks the caller to wait before retrying.
+    /// How long the provider asks the caller to wait before retrying; always `None` in a
+    /// capacity reading.
     pub retry_after: Option<Duration>,
 }
 
@@ -150,75 +185,95 @@ impl RateLimitInfo {
         }
     }
 
-    /// The same reading, marked as a limit that was hit: for the headers of a 429 answer. The
-    /// limits and resets read from the headers stay; a missing retry-after becomes
-    /// [`DEFAULT_RETRY_AFTER`] (60 s), as for [`rate_limited`](Self::rate_limited).
+    /// A 429's reading from its response headers, with resets and an HTTP-date retry-after
+    /// measured from `now`. Header values that are not visible ASCII are skipped. See
+    /// [`rate_limited_from_pairs`](Self::rate_limited_from_pairs).
+    pub fn rate_limited_from_headers(
+        model: impl Into<String>,
+        headers: &HeaderMap,
+        now: SystemTime,
+    ) -> Self {
+        Self::rate_limited_from_pairs(model, header_pairs(headers), now)
+    }
+
+    /// A 429's reading from plain name/value pairs: rate limited, the limits, remaining counts
+    /// and resets read as by [`from_pairs`](Self::from_pairs), the kind of the first
+    /// dimension found exhausted ([`LimitKind::Unknown`] if none), and the `retry-after` the
+    /// provider sent (whole seconds, or an HTTP-date measured from `now`), or
+    /// [`DEFAULT_RETRY_AFTER`] (60 s) when it sent none that could be read.
     ///
     /// # Examples
     ///
     /// ```
-    /// use std::time::Duration;
+    /// use std::time::{Duration, SystemTime};
     /// use admission_accounts::RateLimitInfo;
+    /// use admission_accounts::rate_limit_info::LimitKind;
     ///
-    /// let hit = RateLimitInfo::from_pairs("gpt-4o", [
+    /// let now = SystemTime::UNIX_EPOCH;
+    /// let hit = RateLimitInfo::rate_limited_from_pairs("gpt-4o", [
     ///     ("x-ratelimit-limit-tokens", "30000"),
     ///     ("x-ratelimit-remaining-tokens", "0"),
-    /// ]).into_rate_limited();
+    ///     ("retry-after", "7"),
+    /// ], now);
     /// assert!(hit.rate_limited);
+    /// assert_eq!(hit.kind, LimitKind::Tokens);
     /// assert_eq!(hit.tokens_per_minute(), 30_000);
-    /// assert_eq!(hit.retry_after, Some(Duration::from_secs(60)));
+    /// assert_eq!(hit.retry_after, Some(Duration::from_secs(7)));
+    ///
+    /// let bare = RateLimitInfo::rate_limited_from_pairs("gpt-4o", [], now);
+    /// assert_eq!(bare, RateLimitInfo::rate_limited("gpt-4o"));
     /// ```
-    pub fn into_rate_limited(mut self) -> Self {
-        self.rate_limited = true;
-        self.retry_after.get_or_insert(DEFAULT_RETRY_AFTER);
-        self
-    }
-
-    /// A capacity reading from response headers, with resets given as instants measured from
-    /// the system clock's now. See [`from_pairs_at`](Self::from_pairs_at).
-    pub fn from_headers(model: impl Into<String>, headers: &HeaderMap) -> Self {
-        Self::from_headers_at(model, headers, SystemTime::now())
-    }
-
-    /// A capacity reading from response headers, with resets given as instants measured from
-    /// `now`. Header values that are not visible ASCII are skipped. See
-    /// [`from_pairs_at`](Self::from_pairs_at).
-    pub fn from_headers_at(model: impl Into<String>, headers: &HeaderMap, now: SystemTime) -> Self {
-        let pairs = headers
-            .iter()
-            .filter_map(|(name, value)| Some((name.as_str(), value.to_str().ok()?)));
-        Self::from_pairs_at(model, pairs, now)
-    }
-
-    /// A capacity reading from plain name/value pairs, with resets given as instants measured
-    /// from the system clock's now. See [`from_pairs_at`](Self::from_pairs_at).
-    pub fn from_pairs<'a>(
-        model: impl Into<String>,
-        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
-    ) -> Self {
-        Self::from_pairs_at(model, pairs, SystemTime::now())
-    }
-
-    /// A capacity reading from plain name/value pairs: not rate limited, and every field `None`
-    /// unless its header is present and readable.
-    ///
-    /// Names are matched case-insensitively; when a name repeats, the last readable value wins.
-    /// Read headers:
-    /// - `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`;
-    /// - `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}`;
-    /// - `retry-after` in whole seconds or as an HTTP-date (measured from `now`).
-    ///
-    /// Resets are read by [`parse_reset`], an RFC 3339 instant counting from `now`.
-    pub fn from_pairs_at<'a>(
+    pub fn rate_limited_from_pairs<'a>(
         model: impl Into<String>,
         pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
         now: SystemTime,
     ) -> Self {
-        let mut info = Self::empty(model.into());
+        let mut info = Self::read_all(model.into(), pairs, now);
+        info.rate_limited = true;
+        info.kind = info.exhausted_kind();
+        info.retry_after.get_or_insert(DEFAULT_RETRY_AFTER);
+        info
+    }
+
+    /// A capacity reading from a successful response's headers, with resets given as instants
+    /// measured from `now`, the wall-clock time the response arrived. Header values that are not
+    /// visible ASCII are skipped. See [`from_pairs`](Self::from_pairs).
+    pub fn from_headers(model: impl Into<String>, headers: &HeaderMap, now: SystemTime) -> Self {
+        Self::from_pairs(model, header_pairs(headers), now)
+    }
+
+    /// A capacity reading from plain name/value pairs, for a successful response: kind
+    /// [`LimitKind::Capacity`], not rate limited, no retry-after (a `retry-after` header is
+    /// ignored: nobody was asked to wait), and every other field `None` unless its header is
+    /// present and readable.
+    ///
+    /// Names are matched case-insensitively; when a name repeats, the last readable value wins.
+    /// Read headers: `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` and
+    /// `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}`.
+    ///
+    /// Resets are read by [`parse_reset`], an RFC 3339 instant counting from `now`: the
+    /// wall-clock time the answer arrived, which the caller reads (nothing here reads a clock).
+    pub fn from_pairs<'a>(
+        model: impl Into<String>,
+        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+        now: SystemTime,
+    ) -> Self {
+        let mut info = Self::read_all(model.into(), pairs, now);
+        info.kind = LimitKind::Capacity;
+        info.retry_after = None;
+        info
+    }
+
+    /// Every header of `pairs` read into a reading of `model` that is otherwise empty.
+    fn read_all<'a>(
+        model: String,
+        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+        now: SystemTime,
+    ) -> Self {
+        let mut info = Self::empty(model);
         for (name, value) in pairs {
             info.read(&name.to_ascii_lowercase(), value, now);
         }
-        info.kind = info.exhausted_kind();
         info
     }
 
@@ -249,14 +304,15 @@ impl RateLimitInfo {
     /// # Examples
     ///
     /// ```
+    /// use std::time::SystemTime;
     /// use admission_accounts::RateLimitInfo;
     ///
     /// let info = RateLimitInfo::from_pairs("gpt-4o", [
     ///     ("x-ratelimit-limit-tokens", "30000"),
     ///     ("x-ratelimit-remaining-tokens", "0"),
     ///     ("x-ratelimit-reset-tokens", "6m0s"),
-    /// ]);
-    /// assert_eq!(info.summary(), "gpt-4o capacity kind=tokens tokens=0/30000 reset 360s");
+    /// ], SystemTime::UNIX_EPOCH);
+    /// assert_eq!(info.summary(), "gpt-4o capacity kind=capacity tokens=0/30000 reset 360s");
     /// assert_eq!(
     ///     RateLimitInfo::rate_limited("gpt-4o").summary(),
     ///     "gpt-4o rate limited kind=unknown retry-after 60s"
@@ -272,13 +328,7 @@ impl RateLimitInfo {
             } else {
                 "capacity"
             },
-            match self.kind {
-                LimitKind::Requests => "requests",
-                LimitKind::Tokens => "tokens",
-                LimitKind::InputTokens => "input_tokens",
-                LimitKind::OutputTokens => "output_tokens",
-                LimitKind::Unknown => "unknown",
-            }
+            self.kind.as_str()
         );
         let known = |value: Option<u64>| value.map_or_else(|| "?".to_owned(), |v| v.to_string());
         for (name, limit, remaining, reset) in [
@@ -346,10 +396,7 @@ impl RateLimitInfo {
     /// Applies one header, `name` already lowercase; unknown names are ignored.
     fn read(&mut self, name: &str, value: &str, now: SystemTime) {
         if name == "retry-after" {
-            set(
-                &mut self.retry_after,
-                parse_retry_after_at(Some(value), now),
-            );
+            set(&mut self.retry_after, parse_retry_after(Some(value), now));
             return;
         }
         let Some((kind, field)) = split_name(name) else {
@@ -376,7 +423,7 @@ impl RateLimitInfo {
                 &mut self.output_token_remaining,
                 &mut self.output_token_reset,
             ),
-            LimitKind::Unknown => return,
+            LimitKind::Capacity | LimitKind::Unknown => return,
         };
         match field {
             Field::Limit => set(limit, parse_int(Some(value))),
@@ -402,6 +449,13 @@ impl RateLimitInfo {
         .find(|&(remaining, _)| remaining == Some(0))
         .map_or(LimitKind::Unknown, |(_, kind)| kind)
     }
+}
+
+/// The headers of `headers` whose values are visible ASCII, as name/value pairs.
+fn header_pairs(headers: &HeaderMap) -> impl Iterator<Item = (&str, &str)> {
+    headers
+        .iter()
+        .filter_map(|(name, value)| Some((name.as_str(), value.to_str().ok()?)))
 }
 
 /// Which of a dimension's three numbers a header carries.

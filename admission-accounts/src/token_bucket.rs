@@ -170,7 +170,8 @@ pub const REQUESTS: usize = 1;
 ///
 /// A demand for more tokens than the budget or more requests than the per-minute budget can
 /// never fit and is refused with a [`Refusal`]. That is judged against the budgets in force at
-/// each check, so lowering a budget under an amount already waiting refuses it at the next check.
+/// each check, so lowering a budget under an amount already waiting refuses it at the next check,
+/// which [`set_config`](TokenBucket::set_config) makes happen at once by calling the wake slot.
 /// Dimensions 2 and 3 of an amount are ignored.
 ///
 /// # Adaptive throttle
@@ -240,7 +241,7 @@ pub struct TokenBucket {
     /// Levels, budgets and throttle: only touched under this lock, so a check and its debit, or
     /// a budget change and its clamp, are each one step.
     state: Mutex<State>,
-    /// The monitor's wake-up: called on a give, a relaxed throttle and a budget that grew.
+    /// The monitor's wake-up: called on a give, a relaxed throttle and a budget change.
     wake: WakeSlot,
 }
 
@@ -317,9 +318,10 @@ impl TokenBucket {
     /// Replaces the budgets in place.
     ///
     /// The levels are first brought up to now at the old rates; a budget that shrank lowers its
-    /// level to the new budget; the throttle is kept. When either budget grew the wake slot is
-    /// called, so the monitor recomputes its deadlines at the faster rate. The same budgets again
-    /// change nothing and call nothing.
+    /// level to the new budget; the throttle is kept. Any change calls the wake slot: after a
+    /// budget grew the monitor recomputes its deadlines at the faster rate, and after one shrank
+    /// it refuses at once a parked demand that the new budget can never hold. The same budgets
+    /// again change nothing and call nothing.
     ///
     /// # Errors
     ///
@@ -341,22 +343,20 @@ impl TokenBucket {
     pub fn set_config(&self, config: TokenBucketConfig) -> Result<(), ConfigError> {
         config.validate()?;
         let now = self.clock.now();
-        let grew = {
+        {
             let mut state = self.state.lock();
-            let old = state.config;
-            if old == config {
+            if state.config == config {
                 return Ok(());
             }
             state.settle(now);
             state.config = config;
             state.tokens.clamp(config.tokens_per_minute);
             state.requests.clamp(config.requests_per_minute);
-            config.tokens_per_minute > old.tokens_per_minute
-                || config.requests_per_minute > old.requests_per_minute
-        };
-        if grew {
-            self.wake.notify();
         }
+        // Either way the monitor must ask again: a larger budget refills faster (earlier
+        // deadlines), a smaller one may make a parked amount one that can never fit, which is
+        // refused now rather than at the deadline computed under the old budget.
+        self.wake.notify();
         Ok(())
     }
 

@@ -114,8 +114,7 @@ fn job(name: &str) -> JobContext {
 }
 
 fn gate(name: &str, permits: u64, clock: &Arc<dyn Clock>) -> Arc<CountingGate> {
-    let gate = CountingGate::new(name, permits).expect("a positive capacity");
-    Arc::new(gate.with_clock(clock.clone()))
+    Arc::new(CountingGate::new(name, permits, clock.clone()).expect("a positive capacity"))
 }
 
 fn bucket(name: &str, config: TokenBucketConfig, clock: &Arc<dyn Clock>) -> Arc<TokenBucket> {
@@ -195,11 +194,7 @@ fn leak() -> Results {
     let clock = fake.shared();
     let monitor = Monitor::builder().clock(clock.clone()).build();
     monitor.start().expect("a fresh monitor starts");
-    let http = Arc::new(
-        CountingGate::http(16)
-            .expect("a positive capacity")
-            .with_clock(clock.clone()),
-    );
+    let http = Arc::new(CountingGate::http(16, clock.clone()).expect("a positive capacity"));
     let model = bucket(
         "model",
         TokenBucketConfig::new(u64::from(LEAK_BUDGET), u64::from(LEAK_BUDGET)),
@@ -329,11 +324,8 @@ fn goodput_monitor() -> Goodput {
     let monitor = Monitor::new();
     monitor.start().expect("a fresh monitor starts");
     let clock = monitor.clock().clone();
-    let http: AccountRef = Arc::new(
-        CountingGate::http(HTTP_POOL)
-            .expect("a positive capacity")
-            .with_clock(clock.clone()),
-    );
+    let http: AccountRef =
+        Arc::new(CountingGate::http(HTTP_POOL, clock.clone()).expect("a positive capacity"));
     let a = bucket("model-a", model_a_config(), &clock);
     let b = bucket("model-b", model_b_config(), &clock);
     drain(&a);

@@ -63,7 +63,8 @@ fn job() -> JobContext {
 }
 
 fn gate(name: &str, permits: u64) -> Arc<CountingGate> {
-    Arc::new(CountingGate::new(name, permits).expect("a positive capacity"))
+    // The monitors here run on the system clock, so the gates' stamps do too.
+    Arc::new(CountingGate::on_system_clock(name, permits).expect("a positive capacity"))
 }
 
 /// A token bucket that never runs dry, on `monitor`'s clock.
@@ -282,7 +283,9 @@ impl Three {
     fn new() -> Three {
         let monitor = Monitor::new();
         monitor.start().expect("a fresh monitor starts");
-        let http = Arc::new(CountingGate::http(PLENTY).expect("a positive capacity"));
+        let http = Arc::new(
+            CountingGate::http(PLENTY, monitor.clock().clone()).expect("a positive capacity"),
+        );
         Three {
             tokens: bucket(&monitor),
             http,

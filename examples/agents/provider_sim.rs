@@ -23,7 +23,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use admission_accounts::model_spec::ModelCatalog;
 use admission_accounts::rate_limit_info::RateLimitInfo;
@@ -110,9 +110,17 @@ pub struct Response {
 }
 
 impl Response {
-    /// The headers as the provider layer reads them.
+    /// The headers as the provider layer reads them: a 429's as a rate-limited reading (with
+    /// its `retry-after`), any other answer's as a capacity reading.
     pub fn rate_limit_info(&self, model: &str) -> RateLimitInfo {
-        RateLimitInfo::from_pairs(model, self.headers.iter().map(|(n, v)| (*n, v.as_str())))
+        let pairs = self.headers.iter().map(|(n, v)| (*n, v.as_str()));
+        // The simulated resets and retry-afters are durations, never dates: the wall clock is
+        // only what a date would be measured from.
+        let now = SystemTime::now();
+        match self.status {
+            Status::RateLimited => RateLimitInfo::rate_limited_from_pairs(model, pairs, now),
+            Status::Ok | Status::Overloaded => RateLimitInfo::from_pairs(model, pairs, now),
+        }
     }
 }
 

@@ -101,9 +101,8 @@ impl World {
                 .context("the workload names a model the catalog lacks")?;
         }
         let db = Arc::new(
-            CountingGate::new(DB, settings.db_connections)
-                .context("building the database gate")?
-                .with_clock(shared.clone()),
+            CountingGate::new(DB, settings.db_connections, shared.clone())
+                .context("building the database gate")?,
         );
         let search = Arc::new(
             FixedWindow::of(SEARCH, settings.search_per_minute, Duration::from_secs(60))
@@ -201,8 +200,8 @@ impl World {
                 Next::Done
             }
             Status::RateLimited => {
-                // A 429's headers: what the provider says, marked as a limit that was hit.
-                let info = response.rate_limit_info(model).into_rate_limited();
+                // A 429's headers: what the provider says, read as a limit that was hit.
+                let info = response.rate_limit_info(model);
                 self.registry.on_rate_limit_error(model, &info);
                 if let Some(t) = tally {
                     t.rate_limited.fetch_add(1, Ordering::Relaxed);

@@ -68,7 +68,8 @@ pub fn parse_int(value: Option<&str>) -> Option<u64> {
 /// - a bare number of seconds, integer or decimal: `30`, `0.5`;
 /// - an RFC 3339 instant, in UTC or with a numeric offset (`2026-01-01T00:01:00Z`,
 ///   `2026-01-01T01:01:00+01:00`): the answer is the time from `now` to it, zero when the
-///   instant has already passed.
+///   instant has already passed. `now` is the wall-clock time given by the caller; nothing here
+///   reads a clock.
 ///
 /// # Errors
 ///
@@ -80,8 +81,9 @@ pub fn parse_int(value: Option<&str>) -> Option<u64> {
 /// use std::time::{Duration, SystemTime};
 /// use admission_accounts::rate_limit_info::parse_reset;
 ///
-/// let now = SystemTime::now();
+/// let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600); // 2026-01-01T00:00:00Z
 /// assert_eq!(parse_reset("6m0s", now), Ok(Duration::from_secs(360)));
+/// assert_eq!(parse_reset("2026-01-01T00:01:00Z", now), Ok(Duration::from_secs(60)));
 /// assert_eq!(parse_reset("0.5", now), Ok(Duration::from_millis(500)));
 /// assert!(parse_reset("soon", now).is_err());
 /// ```
@@ -109,41 +111,28 @@ pub fn parse_reset(value: &str, now: SystemTime) -> Result<Duration, ResetParseE
         .ok_or_else(|| ResetParseError::Overflow { value: owned() })
 }
 
-/// Reads a `retry-after` value given in whole seconds, measuring an HTTP-date form from the
-/// system clock's now. See [`parse_retry_after_at`].
-///
-/// # Examples
-///
-/// ```
-/// use std::time::Duration;
-/// use admission_accounts::rate_limit_info::parse_retry_after;
-///
-/// assert_eq!(parse_retry_after(Some("20")), Some(Duration::from_secs(20)));
-/// assert_eq!(parse_retry_after(Some("soon")), None);
-/// ```
-pub fn parse_retry_after(value: Option<&str>) -> Option<Duration> {
-    parse_retry_after_at(value, SystemTime::now())
-}
-
 /// Reads a `retry-after` value: whole seconds (`20`), or an HTTP-date
 /// (`Wed, 21 Oct 2015 07:28:00 GMT`, read by [`httpdate`]) answered as the time from `now` to
 /// it, zero when it has passed. Anything else, and a missing value, answers `None`.
+///
+/// `now` is the wall-clock time the answer arrived, given by the caller: nothing here reads a
+/// clock.
 ///
 /// # Examples
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
-/// use admission_accounts::rate_limit_info::parse_retry_after_at;
+/// use admission_accounts::rate_limit_info::parse_retry_after;
 ///
 /// let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_445_412_470); // 07:27:50 GMT
 /// assert_eq!(
-///     parse_retry_after_at(Some("Wed, 21 Oct 2015 07:28:00 GMT"), now),
+///     parse_retry_after(Some("Wed, 21 Oct 2015 07:28:00 GMT"), now),
 ///     Some(Duration::from_secs(10))
 /// );
-/// assert_eq!(parse_retry_after_at(Some(" 20 "), now), Some(Duration::from_secs(20)));
-/// assert_eq!(parse_retry_after_at(Some("-1"), now), None);
+/// assert_eq!(parse_retry_after(Some(" 20 "), now), Some(Duration::from_secs(20)));
+/// assert_eq!(parse_retry_after(Some("-1"), now), None);
 /// ```
-pub fn parse_retry_after_at(value: Option<&str>, now: SystemTime) -> Option<Duration> {
+pub fn parse_retry_after(value: Option<&str>, now: SystemTime) -> Option<Duration> {
     let value = value?;
     if let Some(seconds) = parse_int(Some(value)) {
         return Some(Duration::from_secs(seconds));

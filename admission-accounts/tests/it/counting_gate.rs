@@ -15,7 +15,11 @@ use admission_testkit::contract::{self, Subject};
 use admission_testkit::monitor::poll_once;
 
 fn gate(capacity: u64) -> CountingGate {
-    CountingGate::new("pool", capacity).expect("a positive capacity is valid")
+    gate_on(capacity, &FakeClock::new())
+}
+
+fn gate_on(capacity: u64, clock: &FakeClock) -> CountingGate {
+    CountingGate::new("pool", capacity, clock.shared()).expect("a positive capacity is valid")
 }
 
 fn counting_wake() -> (Arc<AtomicUsize>, WakeFn) {
@@ -43,11 +47,12 @@ fn passes_the_whole_account_contract_as_a_single_permit() {
 
 #[test]
 fn a_zero_capacity_is_a_config_error_naming_the_field() {
-    let refused = CountingGate::new("db", 0).unwrap_err();
+    let refused = CountingGate::new("db", 0, FakeClock::new().shared()).unwrap_err();
     assert_eq!(refused.limiter, "counting gate");
     assert_eq!(refused.field, "capacity");
     assert!(refused.to_string().contains("`capacity`"), "{refused}");
-    assert!(CountingGate::http(0).is_err());
+    assert!(CountingGate::http(0, FakeClock::new().shared()).is_err());
+    assert!(CountingGate::on_system_clock("db", 0).is_err());
 }
 
 #[test]
@@ -114,7 +119,7 @@ fn earliest_fit_is_always_none_because_only_a_give_frees_a_permit() {
 #[test]
 fn every_take_and_give_stamps_last_activity_from_the_injected_clock() {
     let clock = FakeClock::new();
-    let gate = gate(2).with_clock(clock.shared());
+    let gate = gate_on(2, &clock);
     assert_eq!(gate.last_activity(), None);
 
     assert!(gate.try_take(Amount::ONE, Amount::ZERO).unwrap());
@@ -138,7 +143,7 @@ fn every_take_and_give_stamps_last_activity_from_the_injected_clock() {
 #[test]
 fn a_refused_take_changes_nothing_not_even_the_stamp() {
     let clock = FakeClock::new();
-    let gate = gate(1).with_clock(clock.shared());
+    let gate = gate_on(1, &clock);
     assert!(gate.try_take(Amount::ONE, Amount::ZERO).unwrap());
     clock.advance(Duration::from_secs(1));
     assert!(!gate.try_take(Amount::ONE, Amount::ZERO).unwrap());
@@ -177,7 +182,7 @@ fn giving_back_more_than_is_in_use_never_underflows() {
 #[test]
 fn status_reports_max_concurrent_available_active_and_the_stamp() {
     let clock = FakeClock::new();
-    let gate = gate(8).with_clock(clock.shared());
+    let gate = gate_on(8, &clock);
     clock.advance(Duration::from_secs(2));
     assert!(gate.try_take(Amount::units(3), Amount::ZERO).unwrap());
     let expected = SemaphoreStatus {
@@ -200,7 +205,7 @@ fn status_reports_max_concurrent_available_active_and_the_stamp() {
 
 #[test]
 fn the_http_gate_provides_the_http_connection_capability() {
-    let http = CountingGate::http(16).unwrap();
+    let http = CountingGate::http(16, FakeClock::new().shared()).unwrap();
     assert_eq!(http.name(), "http");
     assert_eq!(http.capacity(), 16);
     assert_eq!(http.provides(), Some(Capability::HTTP_CONNECTION));
@@ -243,7 +248,7 @@ fn a_waiter_on_a_full_gate_is_granted_by_the_release_of_a_permit() {
         .manual_passes()
         .clock(clock.shared())
         .build();
-    let gate = Arc::new(gate(1).with_clock(clock.shared()));
+    let gate = Arc::new(gate_on(1, &clock));
     let demand = || Demand::new().with(gate.clone(), Amount::ONE);
     let first = monitor
         .admit_blocking(demand(), &JobContext::new("first"), None)

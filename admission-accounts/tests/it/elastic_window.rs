@@ -40,9 +40,7 @@ fn config(max: u64, base: u64) -> ElasticWindowConfig {
 
 /// A window named `search` built from `config`, on `clock`.
 fn window_with(config: ElasticWindowConfig, clock: &FakeClock) -> ElasticWindow {
-    ElasticWindow::new("search", config)
-        .expect("a valid configuration")
-        .with_clock(clock.shared())
+    ElasticWindow::new("search", config, clock.shared()).expect("a valid configuration")
 }
 
 /// `max` requests per `base` seconds on `clock`, defaults otherwise.
@@ -854,7 +852,7 @@ fn the_constructor_refuses_each_field_that_cannot_work() {
         ),
     ];
     for (config, field, reason) in cases {
-        let refused = ElasticWindow::new("search", config).unwrap_err();
+        let refused = ElasticWindow::new("search", config, FakeClock::new().shared()).unwrap_err();
         assert_eq!(refused.limiter, "elastic window");
         assert_eq!((refused.field, refused.reason.as_str()), (field, reason));
         assert_eq!(
@@ -870,7 +868,8 @@ fn a_zero_max_throttle_and_equal_cooldowns_are_accepted() {
         .with_max_throttle(0.0)
         .with_initial_cooldown(secs(5))
         .with_max_cooldown(secs(5));
-    assert!(ElasticWindow::new("search", c).is_ok());
+    assert!(ElasticWindow::new("search", c.clone(), FakeClock::new().shared()).is_ok());
+    assert!(ElasticWindow::on_system_clock("search", c).is_ok());
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -375,6 +375,38 @@ fn the_status_names_its_zone_numbers_and_category() {
     assert_eq!(gate.name(), "memory");
 }
 
+#[test]
+fn the_indicator_is_the_pace_in_whole_milliseconds_while_memory_holds_anyone() {
+    let (gate, probe) = gate_at(85);
+    gate.check(lone(0));
+    assert_eq!(
+        gate.status().indicator(),
+        None,
+        "green: nobody waits on memory"
+    );
+    gate.holding(2);
+    // The curve at 85 %: 1.111111111 s, in whole milliseconds.
+    assert_eq!(gate.spacing(), Duration::from_nanos(1_111_111_111));
+    assert_eq!(gate.status().indicator().as_deref(), Some("pace:1111ms"));
+    // Three releases with the floor at 80, 83 and 86 %: a penalty of 64 on the curve at 86 %.
+    for (t, floor) in [(1, 80), (3, 83), (5, 86)] {
+        probe.set_percent(floor + 1);
+        gate.check(view(t, 1, true));
+        probe.set_percent(floor);
+        gate.check(view(t + 1, 1, true));
+        gate.passed(view(t + 1, 1, true));
+    }
+    assert_eq!(gate.status().penalty, 64.0);
+    assert_eq!(gate.spacing().as_millis(), 122_880);
+    assert_eq!(gate.status().indicator().as_deref(), Some("pace:122880ms"));
+    // Latched: the zone is critical, the indicator still the pace the rule gives the reading
+    // (the curve's top, 30 s, times the same penalty).
+    probe.set_percent(97);
+    gate.check(lone(10));
+    assert_eq!(gate.status().zone, MemoryZone::Critical);
+    assert_eq!(gate.status().indicator().as_deref(), Some("pace:1920000ms"));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Inside a real monitor, on the fake clock.
 

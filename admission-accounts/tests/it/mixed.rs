@@ -31,7 +31,7 @@ fn fleet() -> Fleet {
         .sink(recorder.clone())
         .build();
     Fleet {
-        http: Arc::new(CountingGate::http(2).unwrap().with_clock(clock.shared())),
+        http: Arc::new(CountingGate::http(2, clock.shared()).unwrap()),
         // 6,000 tokens and 60 requests a minute: 100 tokens and one request a second.
         model: Arc::new(
             TokenBucket::new("model", TokenBucketConfig::new(6_000, 60), clock.shared()).unwrap(),
@@ -40,9 +40,9 @@ fn fleet() -> Fleet {
             ElasticWindow::new(
                 "search",
                 ElasticWindowConfig::new(2, Duration::from_secs(10)),
+                clock.shared(),
             )
-            .unwrap()
-            .with_clock(clock.shared()),
+            .unwrap(),
         ),
         crm: Arc::new(
             FixedWindow::of("crm", 3, Duration::from_secs(1))

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use admission_accounts::model_spec::{ModelCatalog, ModelSpec};
 use admission_accounts::provider::{
@@ -114,40 +114,114 @@ fn a_model_gate_per_spec_that_declares_max_concurrent() {
     );
 }
 
+/// Threads racing for one shared instance.
+const RACERS: usize = 8;
+
+/// A construction that holds on until every racer is asking (`asking` counts the threads that
+/// have called into the factory), then lets them run a while: the widest window a second
+/// construction could use.
+fn hold_the_race_open(asking: &AtomicUsize) {
+    while asking.load(Ordering::SeqCst) < RACERS {
+        thread::yield_now();
+    }
+    for _ in 0..1_000 {
+        thread::yield_now();
+    }
+}
+
+/// `RACERS` threads released together by a barrier, each counting itself in `asking` and then
+/// asking `ask`; their answers.
+fn race<T: Send + Sync + 'static>(
+    factory: &Arc<LimiterFactory>,
+    asking: &'static AtomicUsize,
+    ask: fn(&LimiterFactory) -> Arc<T>,
+) -> Vec<Arc<T>> {
+    let start = Arc::new(Barrier::new(RACERS));
+    let handles: Vec<_> = (0..RACERS)
+        .map(|_| {
+            let (factory, start) = (factory.clone(), start.clone());
+            thread::spawn(move || {
+                start.wait();
+                asking.fetch_add(1, Ordering::SeqCst);
+                ask(&factory)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
 #[test]
-fn one_shared_instance_per_type() {
-    #[derive(Default)]
-    struct Counted;
+fn one_shared_instance_per_type_built_exactly_once_under_a_race() {
     static BUILT: AtomicUsize = AtomicUsize::new(0);
+    static ASKING: AtomicUsize = AtomicUsize::new(0);
+    struct Counted;
+    impl Default for Counted {
+        fn default() -> Counted {
+            BUILT.fetch_add(1, Ordering::SeqCst);
+            hold_the_race_open(&ASKING);
+            Counted
+        }
+    }
     #[derive(Default)]
     struct Other(#[allow(dead_code)] u8);
 
     let clock = FakeClock::new();
     let factory = Arc::new(LimiterFactory::new(clock.shared()));
-    let start = Arc::new(Barrier::new(8));
-    let handles: Vec<_> = (0..8)
-        .map(|_| {
-            let (factory, start) = (factory.clone(), start.clone());
-            thread::spawn(move || {
-                start.wait();
-                BUILT.fetch_add(1, Ordering::Relaxed);
-                factory.shared::<Counted>()
-            })
-        })
-        .collect();
-    let all: Vec<Arc<Counted>> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let all = race(&factory, &ASKING, |f| f.shared::<Counted>());
     assert!(all.iter().all(|one| Arc::ptr_eq(one, &all[0])));
-    assert_eq!(BUILT.load(Ordering::Relaxed), 8);
+    assert_eq!(
+        BUILT.load(Ordering::SeqCst),
+        1,
+        "constructions of the shared type"
+    );
+    assert!(Arc::ptr_eq(&all[0], &factory.shared::<Counted>()));
+    assert_eq!(BUILT.load(Ordering::SeqCst), 1);
 
-    let http = factory.shared::<HttpGate>();
-    assert!(Arc::ptr_eq(&http, &factory.shared::<HttpGate>()));
-    assert_eq!(http.capacity(), HttpGate::DEFAULT_CAPACITY);
+    let http = factory
+        .shared_with(|| HttpGate::new(4, clock.shared()))
+        .unwrap();
     let _ = factory.shared::<Other>();
 
     // Installing a second instance of a type answers the one already there.
     let second = Arc::new(HttpGate::new(5, clock.shared()).unwrap());
     let kept = factory.insert_shared(second).unwrap_err();
     assert!(Arc::ptr_eq(&kept, &http));
+}
+
+#[test]
+fn a_fallible_shared_limiter_is_built_exactly_once_under_a_race() {
+    static BUILT: AtomicUsize = AtomicUsize::new(0);
+    static ASKING: AtomicUsize = AtomicUsize::new(0);
+    struct Counted;
+    fn build() -> Result<Counted, admission_accounts::ConfigError> {
+        BUILT.fetch_add(1, Ordering::SeqCst);
+        hold_the_race_open(&ASKING);
+        Ok(Counted)
+    }
+    let factory = Arc::new(LimiterFactory::new(FakeClock::new().shared()));
+    let all = race(&factory, &ASKING, |f| f.shared_with(build).unwrap());
+    assert!(all.iter().all(|one| Arc::ptr_eq(one, &all[0])));
+    assert_eq!(
+        BUILT.load(Ordering::SeqCst),
+        1,
+        "constructions of the shared type"
+    );
+}
+
+#[test]
+fn a_shared_limiter_s_builder_may_ask_the_factory_for_other_limiters() {
+    #[derive(Default)]
+    struct Inner;
+    struct Outer(Arc<Inner>, u64);
+    let factory = LimiterFactory::new(FakeClock::new().shared());
+    let outer = factory
+        .shared_with(|| {
+            let bucket = factory.bucket(&sonnet())?;
+            Ok::<Outer, ProviderError>(Outer(factory.shared::<Inner>(), bucket.level()))
+        })
+        .unwrap();
+    assert!(Arc::ptr_eq(&outer.0, &factory.shared::<Inner>()));
+    assert_eq!(outer.1, 60_000);
 }
 
 #[test]
@@ -191,7 +265,6 @@ fn a_shared_limiter_that_cannot_be_built_is_refused_naming_its_type_and_kept_now
         })
         .unwrap();
     assert!(Arc::ptr_eq(&built, &again));
-    assert!(Arc::ptr_eq(&built, &factory.shared::<HttpGate>()));
 }
 
 #[test]
@@ -318,6 +391,73 @@ fn a_catalog_registers_all_or_nothing() {
         "nothing of it registered"
     );
     assert!(registry.register(ModelSpec::new("", "z", 5)).is_err());
+}
+
+const SONNET_TAKEN: &str = "model spec `sonnet` is already registered (its limiters are built \
+                            from that spec: register a changed spec under a new id, or apply \
+                            a provider's ceilings with update_limits)";
+
+#[test]
+fn registering_an_id_twice_is_refused_naming_it_and_changes_nothing() {
+    let clock = FakeClock::new();
+    let registry = registry(&clock);
+    let bucket = registry.bucket("sonnet").unwrap();
+    assert!(
+        bucket
+            .try_take(Amount::pair(1_000, 1), Amount::ZERO)
+            .unwrap()
+    );
+    let gate = registry.gate("sonnet").unwrap();
+
+    let changed = ModelSpec::new("sonnet", "claude-sonnet-4-5", 1_000).with_max_concurrent(9);
+    let refused = registry.register(changed);
+    assert_eq!(
+        refused,
+        Err(ProviderError::Duplicate {
+            model: "sonnet".to_owned()
+        })
+    );
+    assert_eq!(
+        refused.map_err(|e| e.to_string()),
+        Err(SONNET_TAKEN.to_owned())
+    );
+    // The same spec again is refused too: an id is registered once.
+    assert_eq!(
+        registry.register(sonnet()).map_err(|e| e.to_string()),
+        Err(SONNET_TAKEN.to_owned())
+    );
+
+    assert_eq!(*registry.spec("sonnet").unwrap(), sonnet());
+    assert!(Arc::ptr_eq(&bucket, &registry.bucket("sonnet").unwrap()));
+    assert_eq!(
+        (bucket.config().tokens_per_minute, bucket.level()),
+        (60_000, 59_000)
+    );
+    assert!(Arc::ptr_eq(&gate, &registry.gate("sonnet").unwrap()));
+    assert_eq!(gate.capacity(), 2);
+    let call = registry.demand_for("sonnet", 10, 10).unwrap();
+    assert_eq!(call.price, Money::from_micros(180));
+}
+
+#[test]
+fn a_catalog_naming_a_registered_id_is_refused_whole() {
+    let clock = FakeClock::new();
+    let registry = Registry::new(clock.shared());
+    registry.register(sonnet()).unwrap();
+    let catalog = ModelCatalog {
+        models: vec![
+            haiku(),
+            ModelSpec::new("sonnet", "claude-sonnet-4-5", 1_000),
+        ],
+    };
+    assert_eq!(
+        registry
+            .register_catalog(&catalog)
+            .map_err(|e| e.to_string()),
+        Err(SONNET_TAKEN.to_owned())
+    );
+    assert_eq!(registry.models(), ["sonnet"], "nothing of it registered");
+    assert_eq!(*registry.spec("sonnet").unwrap(), sonnet());
 }
 
 #[test]
@@ -473,7 +613,7 @@ fn a_429_with_ceilings_and_a_capacity_reading_update_the_limits() {
     let registry = registry(&clock);
     let bucket = registry.bucket("sonnet").unwrap();
 
-    let limited = RateLimitInfo::from_pairs(
+    let limited = RateLimitInfo::rate_limited_from_pairs(
         "sonnet",
         [
             ("x-ratelimit-limit-tokens", "40000"),
@@ -481,6 +621,7 @@ fn a_429_with_ceilings_and_a_capacity_reading_update_the_limits() {
             ("x-ratelimit-remaining-tokens", "0"),
             ("retry-after", "7"),
         ],
+        SystemTime::UNIX_EPOCH,
     );
     registry.on_rate_limit_error("sonnet", &limited);
     assert_eq!(bucket.throttle(), 0.5);
@@ -498,13 +639,18 @@ fn a_429_with_ceilings_and_a_capacity_reading_update_the_limits() {
             ("anthropic-ratelimit-tokens-limit", "80000"),
             ("anthropic-ratelimit-requests-limit", "50"),
         ],
+        SystemTime::UNIX_EPOCH,
     );
     assert_eq!(registry.observe(&reading), LimitsUpdate::Applied);
     assert_eq!(bucket.config().tokens_per_minute, 80_000);
     assert_eq!(bucket.throttle(), 0.5, "the adaptive state is kept");
 
     // Only tokens known: not a pair, ignored.
-    let half = RateLimitInfo::from_pairs("sonnet", [("x-ratelimit-limit-tokens", "1")]);
+    let half = RateLimitInfo::from_pairs(
+        "sonnet",
+        [("x-ratelimit-limit-tokens", "1")],
+        SystemTime::UNIX_EPOCH,
+    );
     assert_eq!(registry.observe(&half), LimitsUpdate::Ignored);
     // A reading about a model without a spec creates its bucket.
     let other = RateLimitInfo::from_pairs(
@@ -513,6 +659,7 @@ fn a_429_with_ceilings_and_a_capacity_reading_update_the_limits() {
             ("x-ratelimit-limit-tokens", "30000"),
             ("x-ratelimit-limit-requests", "500"),
         ],
+        SystemTime::UNIX_EPOCH,
     );
     assert_eq!(registry.observe(&other), LimitsUpdate::Created);
     assert_eq!(registry.bucket("gpt-4o").unwrap().level(), 30_000);
@@ -547,9 +694,44 @@ fn status_covers_everything_and_clear_empties_it() {
     assert!(registry.models().is_empty());
     assert!(registry.factory().status().is_empty());
     assert!(registry.bucket("sonnet").is_err());
-    assert_eq!(registry.http().capacity(), HttpGate::DEFAULT_CAPACITY);
+    assert_eq!(
+        registry.http().capacity(),
+        3,
+        "the configured capacity stays"
+    );
     registry.register(sonnet()).unwrap();
     assert!(!Arc::ptr_eq(&old, &registry.bucket("sonnet").unwrap()));
+}
+
+#[test]
+fn the_http_gate_reads_the_registry_s_clock() {
+    let clock = FakeClock::new();
+    let registry = Registry::new(clock.shared());
+    clock.advance(Duration::from_secs(7));
+    let http = registry.http();
+    assert_eq!(http.capacity(), HttpGate::DEFAULT_CAPACITY);
+    assert!(http.try_take(Amount::ONE, Amount::ZERO).unwrap());
+    assert_eq!(
+        http.last_activity(),
+        Some(Instant::from_nanos(7 * SECOND)),
+        "stamped on the registry's clock"
+    );
+    http.give(Amount::ONE);
+}
+
+#[test]
+fn clear_keeps_the_configured_http_gate_s_capacity_and_clock() {
+    let clock = FakeClock::new();
+    let registry = registry(&clock);
+    assert_eq!(registry.http().capacity(), 3);
+    registry.clear();
+    clock.advance(Duration::from_secs(2));
+    let http = registry.http();
+    assert_eq!(http.capacity(), 3, "not reverted to the default");
+    assert!(http.try_take(Amount::ONE, Amount::ZERO).unwrap());
+    assert_eq!(http.last_activity(), Some(Instant::from_nanos(2 * SECOND)));
+    http.give(Amount::ONE);
+    assert!(Arc::ptr_eq(&http, &registry.http()));
 }
 
 #[test]
@@ -589,13 +771,14 @@ fn a_429_logs_the_upstream_s_reading_at_warn() {
         .with_ansi(false)
         .without_time()
         .finish();
-    let info = RateLimitInfo::from_pairs(
+    let info = RateLimitInfo::rate_limited_from_pairs(
         "sonnet",
         [
             ("x-ratelimit-limit-tokens", "40000"),
             ("x-ratelimit-remaining-tokens", "0"),
             ("retry-after", "7"),
         ],
+        SystemTime::UNIX_EPOCH,
     );
     tracing::subscriber::with_default(subscriber, || {
         registry.on_rate_limit_error("sonnet", &info);
@@ -604,6 +787,6 @@ fn a_429_logs_the_upstream_s_reading_at_warn() {
     assert_eq!(
         logged.trim_end(),
         " WARN admission_accounts::provider: upstream rate limited a call model=\"sonnet\" \
-         reading=sonnet capacity kind=tokens tokens=0/40000 retry-after 7s"
+         reading=sonnet rate limited kind=tokens tokens=0/40000 retry-after 7s"
     );
 }

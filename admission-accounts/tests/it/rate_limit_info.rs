@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use admission_accounts::RateLimitInfo;
 use admission_accounts::rate_limit_info::{
-    LimitKind, ResetParseError, parse_int, parse_reset, parse_retry_after, parse_retry_after_at,
+    LimitKind, ResetParseError, parse_int, parse_reset, parse_retry_after,
 };
 use http::{HeaderMap, HeaderName, HeaderValue};
 use proptest::prelude::{any, prop_assert, prop_assert_eq, proptest};
@@ -41,7 +41,7 @@ fn rate_limited_knows_only_that_a_limit_was_hit() {
 
 #[test]
 fn openai_headers_are_a_capacity_reading() {
-    let info = RateLimitInfo::from_pairs_at(
+    let info = RateLimitInfo::from_pairs(
         "gpt-4o",
         [
             ("x-ratelimit-limit-requests", "500"),
@@ -56,7 +56,7 @@ fn openai_headers_are_a_capacity_reading() {
     );
     assert!(!info.rate_limited);
     assert_eq!(info.model, "gpt-4o");
-    assert_eq!(info.kind, LimitKind::Unknown);
+    assert_eq!(info.kind, LimitKind::Capacity);
     assert_eq!(info.request_limit, Some(500));
     assert_eq!(info.request_remaining, Some(499));
     assert_eq!(info.request_reset, Some(Duration::from_millis(120)));
@@ -72,7 +72,7 @@ fn openai_headers_are_a_capacity_reading() {
 
 #[test]
 fn anthropic_headers_are_a_capacity_reading() {
-    let info = RateLimitInfo::from_pairs_at(
+    let info = RateLimitInfo::from_pairs(
         "claude-sonnet",
         [
             ("anthropic-ratelimit-requests-limit", "50"),
@@ -98,7 +98,7 @@ fn anthropic_headers_are_a_capacity_reading() {
         fixed_now(),
     );
     assert!(!info.rate_limited);
-    assert_eq!(info.kind, LimitKind::Tokens);
+    assert_eq!(info.kind, LimitKind::Capacity);
     assert_eq!(info.request_limit, Some(50));
     assert_eq!(info.request_remaining, Some(49));
     assert_eq!(info.request_reset, Some(secs(60)));
@@ -111,11 +111,45 @@ fn anthropic_headers_are_a_capacity_reading() {
     assert_eq!(info.output_token_limit, Some(16_000));
     assert_eq!(info.output_token_remaining, Some(15_000));
     assert_eq!(info.output_token_reset, Some(Duration::ZERO));
-    assert_eq!(info.retry_after, Some(secs(30)));
+    assert_eq!(
+        info.retry_after, None,
+        "a capacity reading carries no retry-after"
+    );
     assert_eq!(info.requests_per_minute(), 50);
     assert_eq!(info.tokens_per_minute(), 90_000);
     assert_eq!(info.input_tokens_per_minute(), 80_000);
     assert_eq!(info.output_tokens_per_minute(), 16_000);
+}
+
+#[test]
+fn a_successful_response_s_headers_are_a_capacity_reading_with_no_retry_after() {
+    let info = RateLimitInfo::from_pairs(
+        "gpt-4o",
+        [
+            ("x-ratelimit-limit-tokens", "30000"),
+            ("x-ratelimit-remaining-tokens", "0"),
+            ("x-ratelimit-reset-tokens", "6m0s"),
+            ("retry-after", "30"),
+        ],
+        fixed_now(),
+    );
+    assert!(!info.rate_limited);
+    assert_eq!(info.kind, LimitKind::Capacity);
+    assert_eq!(
+        info.retry_after, None,
+        "a capacity reading asks nobody to wait"
+    );
+    assert_eq!(
+        serde_json::to_value(&info).map(|v| v["kind"].clone()).ok(),
+        Some(serde_json::json!("capacity"))
+    );
+    assert_eq!(info.token_limit, Some(30_000));
+    assert_eq!(info.token_remaining, Some(0));
+    assert_eq!(info.token_reset, Some(secs(360)));
+    assert_eq!(
+        info.summary(),
+        "gpt-4o capacity kind=capacity tokens=0/30000 reset 360s"
+    );
 }
 
 #[test]
@@ -127,10 +161,17 @@ fn header_names_match_without_regard_to_case() {
             ("ANTHROPIC-RATELIMIT-TOKENS-REMAINING", "8"),
             ("Retry-After", "9"),
         ],
+        fixed_now(),
     );
     assert_eq!(info.request_limit, Some(7));
     assert_eq!(info.token_remaining, Some(8));
-    assert_eq!(info.retry_after, Some(secs(9)));
+    let hit = RateLimitInfo::rate_limited_from_pairs(
+        "m",
+        [("RETRY-AFTER", "9"), ("X-RateLimit-Limit-Requests", "7")],
+        fixed_now(),
+    );
+    assert_eq!(hit.retry_after, Some(secs(9)));
+    assert_eq!(hit.request_limit, Some(7));
 }
 
 #[test]
@@ -146,16 +187,15 @@ fn a_header_map_reads_like_pairs() {
         "x-ratelimit-remaining-tokens",
         HeaderValue::from_bytes(b"\xff12").unwrap_or_else(|_| HeaderValue::from_static("")),
     );
-    let info = RateLimitInfo::from_headers_at("m", &headers, fixed_now());
+    let info = RateLimitInfo::from_headers("m", &headers, fixed_now());
     assert!(!info.rate_limited);
     assert_eq!(info.token_limit, Some(1000));
     assert_eq!(info.token_reset, Some(secs(360)));
     assert_eq!(info.request_remaining, Some(0));
-    assert_eq!(info.kind, LimitKind::Requests);
+    assert_eq!(info.kind, LimitKind::Capacity);
     assert_eq!(info.token_remaining, None);
     assert_eq!(info.request_limit, None);
     assert_eq!(info.retry_after, None);
-    assert_eq!(RateLimitInfo::from_headers("m", &headers), info);
 }
 
 #[test]
@@ -261,21 +301,21 @@ fn integers_trim_and_answer_none_for_anything_else() {
 
 #[test]
 fn retry_after_reads_seconds_and_http_dates() {
-    assert_eq!(parse_retry_after(Some(" 20 ")), Some(secs(20)));
-    assert_eq!(parse_retry_after(None), None);
-    assert_eq!(parse_retry_after(Some("soon")), None);
-    assert_eq!(parse_retry_after(Some("-5")), None);
+    assert_eq!(parse_retry_after(Some(" 20 "), fixed_now()), Some(secs(20)));
+    assert_eq!(parse_retry_after(None, fixed_now()), None);
+    assert_eq!(parse_retry_after(Some("soon"), fixed_now()), None);
+    assert_eq!(parse_retry_after(Some("-5"), fixed_now()), None);
     // fixed_now() is 2026-01-01T00:00:00Z.
     assert_eq!(
-        parse_retry_after_at(Some("Thu, 01 Jan 2026 00:01:30 GMT"), fixed_now()),
+        parse_retry_after(Some("Thu, 01 Jan 2026 00:01:30 GMT"), fixed_now()),
         Some(secs(90))
     );
     // A date already passed: retry now.
     assert_eq!(
-        parse_retry_after_at(Some("Wed, 21 Oct 2015 07:28:00 GMT"), fixed_now()),
+        parse_retry_after(Some("Wed, 21 Oct 2015 07:28:00 GMT"), fixed_now()),
         Some(Duration::ZERO)
     );
-    let info = RateLimitInfo::from_pairs_at(
+    let info = RateLimitInfo::rate_limited_from_pairs(
         "m",
         [("Retry-After", "Thu, 01 Jan 2026 00:00:07 GMT")],
         fixed_now(),
@@ -313,7 +353,7 @@ fn resets_read_rfc3339_offsets() {
 
 #[test]
 fn bad_values_leave_fields_none() {
-    let info = RateLimitInfo::from_pairs_at(
+    let info = RateLimitInfo::from_pairs(
         "m",
         [
             ("x-ratelimit-limit-requests", "lots"),
@@ -325,17 +365,17 @@ fn bad_values_leave_fields_none() {
         ],
         fixed_now(),
     );
-    assert_eq!(info, RateLimitInfo::from_pairs_at("m", [], fixed_now()));
+    assert_eq!(info, RateLimitInfo::from_pairs("m", [], fixed_now()));
     assert_eq!(info.request_limit, None);
     assert_eq!(info.token_remaining, None);
     assert_eq!(info.token_reset, None);
     assert_eq!(info.retry_after, None);
-    assert_eq!(info.kind, LimitKind::Unknown);
+    assert_eq!(info.kind, LimitKind::Capacity);
 }
 
 #[test]
 fn per_minute_fields_read_zero_when_absent() {
-    let info = RateLimitInfo::from_pairs("m", [("x-ratelimit-limit-tokens", "100")]);
+    let info = RateLimitInfo::from_pairs("m", [("x-ratelimit-limit-tokens", "100")], fixed_now());
     assert_eq!(info.requests_per_minute(), 0);
     assert_eq!(info.tokens_per_minute(), 100);
     assert_eq!(info.input_tokens_per_minute(), 0);
@@ -348,6 +388,8 @@ fn a_missing_kind_reads_as_unknown() {
     assert_eq!(LimitKind::from_name(None), LimitKind::Unknown);
     assert_eq!(LimitKind::from_name(Some("bananas")), LimitKind::Unknown);
     assert_eq!(LimitKind::from_name(Some("REQUESTS")), LimitKind::Requests);
+    assert_eq!(LimitKind::from_name(Some("Capacity")), LimitKind::Capacity);
+    assert_eq!(LimitKind::Capacity.as_str(), "capacity");
     assert_eq!(
         LimitKind::from_name(Some("output-tokens")),
         LimitKind::OutputTokens
@@ -382,14 +424,13 @@ proptest! {
     fn parsers_never_panic_on_any_string(value in any::<String>(), offset in any::<u32>()) {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(u64::from(offset));
         let _ = parse_int(Some(&value));
-        let _ = parse_retry_after(Some(&value));
-        let _ = parse_retry_after_at(Some(&value), now);
+        let _ = parse_retry_after(Some(&value), now);
         if let Err(error) = parse_reset(&value, now) {
             let quoted = format!("{value:?}");
             prop_assert!(error.to_string().contains(&quoted));
         }
         let pairs: Vec<(&str, &str)> = NAMES.iter().map(|name| (*name, value.as_str())).collect();
-        let info = RateLimitInfo::from_pairs_at("m", pairs, now);
+        let info = RateLimitInfo::from_pairs("m", pairs, now);
         prop_assert!(!info.rate_limited);
     }
 
@@ -406,27 +447,48 @@ proptest! {
                 headers.insert(HeaderName::from_static(name), value.clone());
             }
         }
-        let info = RateLimitInfo::from_headers_at("m", &headers, fixed_now());
+        let info = RateLimitInfo::from_headers("m", &headers, fixed_now());
         prop_assert_eq!(info.model, "m");
     }
 }
 
 #[test]
 fn a_429_s_headers_read_as_rate_limited_keeping_what_they_say() {
-    let hit = RateLimitInfo::from_pairs_at(
-        "m",
-        [
-            ("x-ratelimit-limit-requests", "500"),
-            ("x-ratelimit-remaining-requests", "0"),
-            ("retry-after", "7"),
-        ],
-        fixed_now(),
-    )
-    .into_rate_limited();
+    let pairs = [
+        ("x-ratelimit-limit-requests", "500"),
+        ("x-ratelimit-remaining-requests", "0"),
+        ("retry-after", "7"),
+    ];
+    let hit = RateLimitInfo::rate_limited_from_pairs("m", pairs, fixed_now());
     assert!(hit.rate_limited);
     assert_eq!(hit.kind, LimitKind::Requests);
     assert_eq!(hit.request_limit, Some(500));
+    assert_eq!(hit.request_remaining, Some(0));
     assert_eq!(hit.retry_after, Some(secs(7)), "a retry-after read is kept");
-    let bare = RateLimitInfo::from_pairs_at("m", [], fixed_now()).into_rate_limited();
+    assert_eq!(
+        hit.summary(),
+        "m rate limited kind=requests requests=0/500 retry-after 7s"
+    );
+    let mut headers = HeaderMap::new();
+    for (name, value) in pairs {
+        headers.insert(
+            HeaderName::from_static(name),
+            HeaderValue::from_static(value),
+        );
+    }
+    assert_eq!(
+        RateLimitInfo::rate_limited_from_headers("m", &headers, fixed_now()),
+        hit
+    );
+    // The same headers on a successful response: a capacity reading, no retry-after.
+    let capacity = RateLimitInfo::from_pairs("m", pairs, fixed_now());
+    assert_eq!(
+        (capacity.kind, capacity.retry_after),
+        (LimitKind::Capacity, None)
+    );
+    let bare = RateLimitInfo::rate_limited_from_pairs("m", [], fixed_now());
     assert_eq!(bare, RateLimitInfo::rate_limited("m"));
+    let unreadable =
+        RateLimitInfo::rate_limited_from_pairs("m", [("retry-after", "soon")], fixed_now());
+    assert_eq!(unreadable.retry_after, Some(secs(60)));
 }

@@ -9,12 +9,13 @@ use std::time::Duration;
 use admission_accounts::counting_gate::CountingGate;
 use admission_accounts::token_bucket::{TokenBucket, TokenBucketConfig};
 use admission_core::{
-    Account, Amount, Category, Clock, Demand, Instant, JobContext, Monitor, Replenishment, WakeFn,
+    Account, AdmitError, Amount, Category, Clock, Demand, Instant, JobContext, Monitor,
+    Replenishment, WakeFn,
 };
 use admission_events::TokenBucketStatus;
 use admission_testkit::FakeClock;
 use admission_testkit::contract::{self, Subject};
-use admission_testkit::monitor::poll_once;
+use admission_testkit::monitor::{poll_once, wait_until};
 use proptest::prelude::*;
 
 const SECOND: u64 = 1_000_000_000;
@@ -567,16 +568,18 @@ fn set_config_clamps_the_level_down_when_caps_shrink() {
 }
 
 #[test]
-fn set_config_calls_the_wake_slot_when_caps_grow_and_not_when_they_shrink() {
+fn set_config_calls_the_wake_slot_whenever_the_caps_change() {
     let bucket = bucket(&FakeClock::new(), 6_000, 60);
     let (calls, wake) = counting_wake();
     bucket.on_capacity_change(Some(wake));
     bucket.set_config(config(5_000, 60)).unwrap();
-    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "shrunk");
     bucket.set_config(config(5_000, 61)).unwrap();
-    assert_eq!(calls.load(Ordering::SeqCst), 1);
-    bucket.set_config(config(9_000, 61)).unwrap();
-    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "grew");
+    bucket.set_config(config(9_000, 30)).unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "one grew, one shrank");
+    bucket.set_config(config(9_000, 30)).unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "unchanged");
 }
 
 #[test]
@@ -799,7 +802,7 @@ fn a_waiter_short_on_tokens_is_granted_exactly_at_the_computed_deadline() {
         .manual_passes()
         .clock(clock.shared())
         .build();
-    let http = Arc::new(CountingGate::http(2).unwrap().with_clock(clock.shared()));
+    let http = Arc::new(CountingGate::http(2, clock.shared()).unwrap());
     let tokens = Arc::new(bucket(&clock, 6_000, 60));
     let demand = |n: u64| {
         Demand::new()
@@ -833,6 +836,70 @@ fn a_waiter_short_on_tokens_is_granted_exactly_at_the_computed_deadline() {
     drop(granted);
     // The permits come back at release; the tokens stay spent (a time account).
     assert_eq!((http.in_use(), tokens.level()), (0, 0));
+}
+
+#[test]
+fn a_budget_lowered_under_a_parked_demand_refuses_it_at_once_without_the_clock_moving() {
+    let clock = FakeClock::new();
+    let monitor = Monitor::builder().clock(clock.shared()).build();
+    let tokens = Arc::new(bucket(&clock, 6_000, 60));
+    assert!(take(&tokens, call(6_000)));
+    // 5,000 tokens with none left at 6,000 a minute: a deadline 50 s away, which the fake clock
+    // never reaches in this test.
+    let mut parked = monitor.admit(
+        Demand::new().with(tokens.clone(), call(5_000)),
+        &JobContext::new("parked"),
+        None,
+    );
+    assert!(poll_once(&mut parked).is_none());
+
+    // A marker behind it, disjoint from it, that the evaluator's first pass grants: once the
+    // marker holds its grant, that pass has asked the bucket with the old budget and the
+    // evaluator sleeps until rung (the fake clock gives it no real-time deadline).
+    let marker_gate = Arc::new(CountingGate::new("marker", 1, clock.shared()).unwrap());
+    assert!(marker_gate.try_take(Amount::ONE, Amount::ZERO).unwrap());
+    let mut marker = monitor.admit(
+        Demand::new().with(marker_gate.clone(), Amount::ONE),
+        &JobContext::new("marker"),
+        None,
+    );
+    assert!(poll_once(&mut marker).is_none());
+    marker_gate.give(Amount::ONE);
+    monitor.start().unwrap();
+    let mut marker_grant = None;
+    wait_until("the first pass grants the marker", || {
+        marker_grant = poll_once(&mut marker);
+        marker_grant.is_some()
+    });
+    assert!(matches!(marker_grant, Some(Ok(_))));
+    assert!(
+        poll_once(&mut parked).is_none(),
+        "still waiting on the old budget"
+    );
+
+    // The budget falls under the parked amount: only the bucket's wake slot can make the
+    // sleeping evaluator ask again, and the bucket then says "never".
+    tokens.set_config(config(4_000, 60)).unwrap();
+    let mut outcome = None;
+    wait_until("the parked demand is refused", || {
+        outcome = poll_once(&mut parked);
+        outcome.is_some()
+    });
+    let refused = match outcome {
+        Some(Err(refused)) => refused,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    assert!(matches!(&refused, AdmitError::Refused { account, .. } if account == "gpt"));
+    assert_eq!(
+        refused.to_string(),
+        "account `gpt` refused the demand: `gpt` allows 4000 tokens and 60 requests per minute; \
+         a demand of 5000 tokens and 1 requests can never fit: split it into smaller calls or \
+         use a model with a larger budget"
+    );
+    assert_eq!(clock.now(), Instant::ZERO);
+    assert_eq!(monitor.queue_size(), 0);
+    drop(marker_grant);
+    monitor.stop();
 }
 
 #[test]

@@ -1,9 +1,12 @@
 //! [`MemoryStatus`]: the record of the memory pressure gate.
 
 use std::fmt;
+use std::time::Duration;
 
 use admission_core::{AccountStatus, Category};
 use serde::Serialize;
+
+use super::duration_ms;
 
 /// Which regime the memory gate is in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -36,9 +39,12 @@ impl fmt::Display for MemoryZone {
 
 /// The memory gate's zone and readings at one instant.
 ///
+/// The spacing serializes as milliseconds.
+///
 /// # Examples
 ///
 /// ```
+/// use std::time::Duration;
 /// use admission_core::AccountStatus;
 /// use admission_events::{MemoryStatus, MemoryZone};
 ///
@@ -48,11 +54,12 @@ impl fmt::Display for MemoryZone {
 ///     used_bytes: 850,
 ///     limit_bytes: 1_000,
 ///     floor_percent: 80.0,
-///     penalty: 0.25,
+///     penalty: 1.0,
+///     spacing: Duration::from_nanos(1_111_111_111),
 ///     line: 3,
 /// };
 /// assert_eq!(status.used_percent(), 85.0);
-/// assert_eq!(status.indicator().as_deref(), Some("draining"));
+/// assert_eq!(status.indicator().as_deref(), Some("pace:1111ms"));
 /// ```
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct MemoryStatus {
@@ -68,6 +75,10 @@ pub struct MemoryStatus {
     pub floor_percent: f64,
     /// The extra spacing charged for growth above the floor, as a factor.
     pub penalty: f64,
+    /// The gap the gate puts between two releases from memory's line at this reading: the
+    /// curve at the usage times the penalty, capped at an hour.
+    #[serde(serialize_with = "duration_ms::serialize")]
+    pub spacing: Duration,
     /// How many jobs wait on memory.
     pub line: usize,
 }
@@ -92,17 +103,22 @@ impl AccountStatus for MemoryStatus {
         Category::MEMORY
     }
 
-    /// `None` in the green zone, else the zone in lower case (`draining`, `critical`).
+    /// `None` in the green zone, else `pace:<n>ms`, `n` the spacing in whole milliseconds
+    /// (rounded down): the pace at which memory's line drains. While latched nothing passes
+    /// and the zone says so; the pace is still the one the reading gives.
     fn indicator(&self) -> Option<String> {
         match self.zone {
             MemoryZone::Green => None,
-            zone => Some(zone.as_str().to_ascii_lowercase()),
+            MemoryZone::Draining | MemoryZone::Critical => {
+                Some(format!("pace:{}ms", self.spacing.as_millis()))
+            }
         }
     }
 
     fn summary(&self) -> String {
         format!(
-            "{} [{}]: {}, {} of {} bytes used ({:.1}%), floor {:.1}%, penalty {:.2}, {} waiting",
+            "{} [{}]: {}, {} of {} bytes used ({:.1}%), floor {:.1}%, penalty {:.2}, spacing {:?}, \
+             {} waiting",
             self.name,
             Category::MEMORY,
             self.zone,
@@ -111,6 +127,7 @@ impl AccountStatus for MemoryStatus {
             self.used_percent(),
             self.floor_percent,
             self.penalty,
+            self.spacing,
             self.line,
         )
     }

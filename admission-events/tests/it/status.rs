@@ -48,7 +48,8 @@ fn memory(zone: MemoryZone) -> MemoryStatus {
         used_bytes: 900,
         limit_bytes: 1_000,
         floor_percent: 80.0,
-        penalty: 0.5,
+        penalty: 2.0,
+        spacing: Duration::from_nanos(17_777_777_778),
         line: 2,
     }
 }
@@ -200,16 +201,53 @@ fn elastic_window_summary_names_its_numbers() {
 }
 
 #[test]
-fn memory_indicator_is_the_zone_in_lower_case_except_when_green() {
+fn memory_indicator_is_the_pace_in_whole_milliseconds_except_when_green() {
     assert_eq!(memory(MemoryZone::Green).indicator(), None);
     assert_eq!(
         memory(MemoryZone::Draining).indicator().as_deref(),
-        Some("draining")
+        Some("pace:17777ms")
     );
     assert_eq!(
         memory(MemoryZone::Critical).indicator().as_deref(),
-        Some("critical")
+        Some("pace:17777ms")
     );
+    let mut status = memory(MemoryZone::Draining);
+    status.spacing = Duration::from_micros(50_999);
+    assert_eq!(status.indicator().as_deref(), Some("pace:50ms"));
+}
+
+#[test]
+fn every_indicator_speaks_the_one_vocabulary() {
+    let indicators: Vec<Option<String>> = vec![
+        semaphore(8, 0).indicator(),
+        bucket(0, 0, 0.0).indicator(),
+        bucket(0, 0, 1.5).indicator(),
+        window(CircuitState::Healthy, 0.0).indicator(),
+        window(CircuitState::Healthy, 0.5).indicator(),
+        window(CircuitState::Blocked, 0.5).indicator(),
+        window(CircuitState::Probing, 0.5).indicator(),
+        memory(MemoryZone::Green).indicator(),
+        memory(MemoryZone::Draining).indicator(),
+        memory(MemoryZone::Critical).indicator(),
+        fixed().indicator(),
+    ];
+    let expected: Vec<Option<String>> = [
+        None,
+        None,
+        Some("throttle:2.5x"),
+        None,
+        Some("throttle:1.5x"),
+        Some("blocked"),
+        Some("probing"),
+        None,
+        Some("pace:17777ms"),
+        Some("pace:17777ms"),
+        None,
+    ]
+    .into_iter()
+    .map(|i| i.map(str::to_owned))
+    .collect();
+    assert_eq!(indicators, expected);
 }
 
 #[test]
@@ -227,7 +265,7 @@ fn memory_zone_serializes_in_upper_case() {
         serde_json::to_string(&memory(MemoryZone::Critical)).unwrap(),
         concat!(
             r#"{"name":"memory","zone":"CRITICAL","used_bytes":900,"limit_bytes":1000,"#,
-            r#""floor_percent":80.0,"penalty":0.5,"line":2}"#
+            r#""floor_percent":80.0,"penalty":2.0,"spacing":17777.777778,"line":2}"#
         )
     );
 }
@@ -237,8 +275,8 @@ fn memory_summary_names_its_numbers() {
     let status = memory(MemoryZone::Draining);
     assert_eq!(
         status.summary(),
-        "memory [memory]: DRAINING, 900 of 1000 bytes used (90.0%), floor 80.0%, penalty 0.50, \
-         2 waiting"
+        "memory [memory]: DRAINING, 900 of 1000 bytes used (90.0%), floor 80.0%, penalty 2.00, \
+         spacing 17.777777778s, 2 waiting"
     );
     assert_eq!(status.category(), Category::MEMORY);
 }
