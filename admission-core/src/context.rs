@@ -33,7 +33,6 @@ struct Inner {
 }
 
 /// A job's cancellation switch.
-#[derive(Default)]
 struct Switch {
     cancelled: AtomicBool,
     /// Callbacks run once by `cancel()`; each admission in progress registers one.
@@ -83,7 +82,10 @@ impl JobContext {
         JobContext {
             inner: Arc::new(Inner {
                 snapshot,
-                switch: Arc::default(),
+                switch: Arc::new(Switch {
+                    cancelled: AtomicBool::new(false),
+                    listeners: Mutex::new(Listeners::default()),
+                }),
             }),
         }
     }

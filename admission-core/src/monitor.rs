@@ -44,9 +44,9 @@ use crate::gate::Gate;
 use crate::sync::Ordering;
 
 /// Stops the monitor when the last [`Monitor`] handle is dropped.
-struct Owner(Arc<Shared>);
+struct StopOnDrop(Arc<Shared>);
 
-impl Drop for Owner {
+impl Drop for StopOnDrop {
     fn drop(&mut self) {
         self.0.stop();
     }
@@ -102,7 +102,7 @@ impl Drop for Owner {
 #[derive(Clone)]
 pub struct Monitor {
     shared: Arc<Shared>,
-    _owner: Arc<Owner>,
+    _owner: Arc<StopOnDrop>,
 }
 
 /// Configures a [`Monitor`]: its clock, its event sink and its gate.
@@ -155,7 +155,7 @@ impl MonitorBuilder {
             .unwrap_or_else(|| Arc::new(SystemClock::new()) as Arc<dyn Clock>);
         let shared = Shared::new(clock, self.gate, self.sink, self.manual);
         Monitor {
-            _owner: Arc::new(Owner(shared.clone())),
+            _owner: Arc::new(StopOnDrop(shared.clone())),
             shared,
         }
     }

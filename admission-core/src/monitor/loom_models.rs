@@ -3,7 +3,9 @@
 //! Each model runs the real monitor, evaluator thread included, on loom's scheduler, which tries
 //! every interleaving of its synchronization points up to a preemption bound:
 //! (a) a fast path racing a give, (b) an arrival asked at the line's tail racing a give,
-//! (c) an abandoned or cancelled waiter racing its grant, (d) `stop` racing an admit.
+//! (c) an abandoned or cancelled waiter racing its grant, (d) `stop` racing an admit, (e) the
+//! first park starting the evaluator racing `stop`, (f) a blocking waiter's own expiry racing its
+//! grant.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -11,13 +13,13 @@ use std::sync::Arc;
 use loom::thread;
 
 use crate::{
-    Account, AccountStatus, AdmitError, Amount, Category, Demand, Instant, JobContext, Monitor,
-    Refusal, Replenishment, WakeFn, WakeSlot,
+    Account, AccountStatus, AdmitError, Amount, Answer, Ask, Category, Demand, Instant, JobContext,
+    Monitor, Replenishment, WakeFn, WakeSlot,
 };
 
 /// A counting gate whose counter sits under a loom-visible lock: a real account's lock is what
 /// orders a give after the pass that found it short (the doorbell's skip relies on that edge, see
-/// `doorbell.rs`), so the model must see it too.
+/// `evaluator.rs`), so the model must see it too.
 struct Gate {
     free: crate::sync::Mutex<u64>,
     wake: WakeSlot,
@@ -62,23 +64,19 @@ impl Account for Gate {
     fn replenishment(&self) -> Replenishment {
         Replenishment::Release
     }
-    fn fits(&self, mine: Amount, reserved: Amount) -> Result<bool, Refusal> {
-        Ok(mine.primary() + reserved.primary() <= *self.free.lock())
-    }
-    fn try_take(&self, mine: Amount, reserved: Amount) -> Result<bool, Refusal> {
+    fn ask(&self, mine: Amount, ask: Ask) -> Answer {
         let mut free = self.free.lock();
-        if mine.primary() + reserved.primary() <= *free {
-            *free -= mine.primary();
-            return Ok(true);
+        if mine.primary() + ask.reserved_ahead().primary() <= *free {
+            if ask.takes() {
+                *free -= mine.primary();
+            }
+            return Answer::Taken;
         }
-        Ok(false)
+        Answer::NotNow(None)
     }
     fn give(&self, amount: Amount) {
         *self.free.lock() += amount.primary();
         self.wake.notify();
-    }
-    fn earliest_fit(&self, _mine: Amount, _reserved: Amount) -> Option<Instant> {
-        None
     }
     fn status(&self) -> Box<dyn AccountStatus> {
         Box::new(GateStatus { free: self.free() })
@@ -214,5 +212,109 @@ fn loom_stop_racing_an_admit_refuses_it_and_leaves_nothing_parked() {
         assert_eq!(monitor.queue_size(), 0);
         drop(held);
         assert_eq!(gate.free(), 1);
+    });
+}
+
+#[test]
+fn loom_the_first_park_starting_the_evaluator_racing_stop_leaves_nothing_behind() {
+    loom::model(|| {
+        // Never started: the asker's park is what starts the evaluator, if stop is not first.
+        let monitor = Monitor::new();
+        let gate = Gate::new(1);
+        let held = monitor
+            .admit_blocking(one(&gate), &JobContext::new("holder"), None)
+            .unwrap();
+        let (m, g) = (monitor.clone(), gate.clone());
+        let asker =
+            thread::spawn(move || m.admit_blocking(one(&g), &JobContext::new("asker"), None));
+        monitor.stop();
+        let outcome = asker.join().unwrap();
+        assert!(
+            matches!(outcome, Err(AdmitError::Shutdown)),
+            "got {outcome:?}"
+        );
+        assert_eq!(monitor.queue_size(), 0);
+        assert!(
+            monitor.shared.state.lock().evaluator.is_none(),
+            "stop joined it"
+        );
+        drop(held);
+        assert_eq!(gate.free(), 1);
+    });
+}
+
+/// A clock that stands still until a test moves it (a plain atomic: the models order its moves
+/// through their threads' joins and loom's own points).
+#[derive(Debug, Default)]
+struct StillClock(std::sync::atomic::AtomicU64);
+
+impl crate::Clock for StillClock {
+    fn now(&self) -> Instant {
+        Instant::from_nanos(self.0.load(std::sync::atomic::Ordering::SeqCst))
+    }
+}
+
+#[test]
+fn loom_a_waiters_own_expiry_racing_its_grant_settles_once_and_keeps_nothing() {
+    loom::model(|| {
+        let clock = Arc::new(StillClock::default());
+        let monitor = Monitor::builder().clock(clock.clone()).build();
+        let gate = Gate::new(1);
+        let held = monitor
+            .admit_blocking(one(&gate), &JobContext::new("holder"), None)
+            .unwrap();
+        let timeout = std::time::Duration::from_nanos(10);
+        let mut admit =
+            Box::pin(monitor.admit(one(&gate), &JobContext::new("late"), Some(timeout)));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(admit.as_mut().poll(&mut cx).is_pending());
+
+        let giver = thread::spawn(move || drop(held));
+        let (shared, c) = (monitor.shared.clone(), clock.clone());
+        let expirer = thread::spawn(move || {
+            c.0.store(20, std::sync::atomic::Ordering::SeqCst);
+            // The first (and only) parked waiter is number 0.
+            shared.expire(0);
+        });
+        giver.join().unwrap();
+        expirer.join().unwrap();
+        match admit.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(Ok(grant)) => drop(grant),
+            std::task::Poll::Ready(Err(AdmitError::TimedOut { timeout: t, .. })) => {
+                assert_eq!(t, timeout);
+            }
+            other => panic!("expected a grant or a time-out, got {other:?}"),
+        }
+        drop(admit);
+        monitor.stop();
+        assert_eq!(gate.free(), 1, "the permit came back exactly once");
+        assert_eq!(monitor.queue_size(), 0);
+    });
+}
+
+#[test]
+fn loom_an_ask_that_takes_then_gives_back_racing_a_give_never_loses_the_wake_up() {
+    loom::model(|| {
+        let (monitor, scarce, held) = started_with_its_one_permit_held();
+        // The asker's first account fits and is taken, then given back when the scarce one says
+        // "not now": that give-back, muted for this monitor, must not hide the racing give.
+        let plenty = Gate::new(1);
+        let (m, p, s) = (monitor.clone(), plenty.clone(), scarce.clone());
+        let asker = thread::spawn(move || {
+            let demand = Demand::new()
+                .with(p.clone(), Amount::ONE)
+                .with(s.clone(), Amount::ONE);
+            m.admit_blocking(demand, &JobContext::new("asker"), None)
+        });
+        let giver = thread::spawn(move || drop(held));
+        giver.join().unwrap();
+        let grant = asker
+            .join()
+            .unwrap()
+            .expect("the asker is granted once the give lands");
+        assert_eq!((plenty.free(), scarce.free()), (0, 0));
+        drop(grant);
+        monitor.stop();
+        assert_eq!((plenty.free(), scarce.free()), (1, 1));
     });
 }
