@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use admission_accounts::MemoryGate;
+use admission_accounts::memory_gate::ManualProbe;
 use admission_accounts::memory_gate::ResidentSetProbe;
 use admission_core::{AccountRef, Amount, Demand, JobContext, Monitor};
-use admission_testkit::FakeProbe;
 use admission_testkit::reference::Permits;
 use criterion::{Criterion, criterion_group, criterion_main};
 
@@ -32,7 +32,7 @@ fn uncontended_gate(c: &mut Criterion) {
     let job = JobContext::new("bench");
 
     let plain = Monitor::new();
-    let probe = FakeProbe::new();
+    let probe = ManualProbe::new();
     probe.set_percent(50);
     let green = Monitor::builder()
         .gate(Arc::new(MemoryGate::new(probe)))

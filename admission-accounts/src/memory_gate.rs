@@ -25,20 +25,22 @@
 //! pool, an empty token bucket) is that account's to release: below the latch the gate passes it
 //! whatever the reading, and its grant is not counted as a release from memory's line.
 
+mod manual;
 mod probe;
+mod reading;
 mod rule;
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use admission_core::{
-    Gate, GateAnswer, GateView, Instant, MemoryProbe, MemoryReading, WakeFn, WakeSlot,
-};
+use admission_core::{Category, Gate, GateAnswer, GateView, Instant, WakeFn, WakeSlot};
 use admission_events::{MemoryStatus, MemoryZone};
 use parking_lot::Mutex;
 
+pub use manual::ManualProbe;
 pub use probe::{CgroupV2Probe, READING_AGE, ResidentSetProbe};
+pub use reading::{MemoryProbe, MemoryReading, ProbeError};
 pub use rule::{
     CURVE_BOTTOM_PERCENT, CURVE_TOP_PERCENT, Growth, LATCH_CLEAR_PERCENT, LATCH_SET_PERCENT, Latch,
     LatchChange, MAX_CURVE, MAX_PENALTY, MAX_WAIT, MIN_SPACING, RECHECK, curve, next_penalty, wait,
@@ -90,10 +92,11 @@ struct State {
 /// use admission_accounts::MemoryGate;
 /// use admission_core::{Amount, Demand, JobContext, Monitor};
 /// use admission_events::MemoryZone;
-/// use admission_testkit::{FakeClock, FakeProbe};
+/// use admission_accounts::memory_gate::ManualProbe;
+/// use admission_testkit::FakeClock;
 /// use admission_testkit::reference::Permits;
 ///
-/// let probe = FakeProbe::new();
+/// let probe = ManualProbe::new();
 /// probe.set_percent(50);
 /// let gate = Arc::new(MemoryGate::new(probe.clone()));
 /// let clock = FakeClock::new();
@@ -119,6 +122,9 @@ pub struct MemoryGate {
 }
 
 impl MemoryGate {
+    /// The memory gate's category, as a job held on it is reported.
+    pub const CATEGORY: Category = Category::custom("memory");
+
     /// A gate named `memory` reading `probe`.
     pub fn new(probe: impl MemoryProbe) -> MemoryGate {
         MemoryGate::named("memory", probe)
@@ -255,6 +261,10 @@ impl MemoryGate {
 impl Gate for MemoryGate {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn category(&self) -> Category {
+        MemoryGate::CATEGORY
     }
 
     fn check(&self, view: GateView) -> GateAnswer {

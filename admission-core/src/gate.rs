@@ -6,6 +6,7 @@
 
 use std::fmt;
 
+use crate::account::Category;
 use crate::clock::{Instant, WakeFn};
 
 /// Where the asking waiter stands, as the gate sees it.
@@ -45,6 +46,8 @@ pub enum GateAnswer {
 pub trait Gate: Send + Sync + 'static {
     /// The gate's name; it keys the wait time of a job held here.
     fn name(&self) -> &str;
+    /// What kind of gate this is; a job held here is reported with it.
+    fn category(&self) -> Category;
     /// May this waiter pass now? Changes nothing.
     fn check(&self, view: GateView) -> GateAnswer;
     /// A waiter the gate passed was granted its whole demand.

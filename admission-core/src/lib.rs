@@ -21,7 +21,6 @@ mod error;
 pub mod event;
 mod gate;
 mod monitor;
-mod probe;
 mod sync;
 
 pub use account::{
@@ -37,4 +36,3 @@ pub use event::{Event, EventKind, EventSink, RejectReason};
 pub use gate::{Gate, GateAnswer, GateView};
 pub use monitor::Grant;
 pub use monitor::{Admit, Monitor, MonitorBuilder};
-pub use probe::{MemoryProbe, MemoryReading, ProbeError};

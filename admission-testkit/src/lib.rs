@@ -15,9 +15,7 @@
 mod clock;
 pub mod contract;
 pub mod monitor;
-mod probe;
 pub mod reference;
 pub mod strategies;
 
 pub use clock::FakeClock;
-pub use probe::FakeProbe;

@@ -9,7 +9,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use admission_core::{MemoryProbe, MemoryReading, ProbeError};
+use super::reading::{MemoryProbe, MemoryReading, ProbeError};
 
 /// Where the process's cgroup is named.
 /// How long a gate reuses a reading of the real probes here by default: long enough that
@@ -46,7 +46,7 @@ fn parse_bytes(probe: &str, path: &Path, text: &str) -> Result<u64, ProbeError> 
 ///
 /// ```no_run
 /// use admission_accounts::memory_gate::CgroupV2Probe;
-/// use admission_core::MemoryProbe;
+/// use admission_accounts::memory_gate::MemoryProbe;
 ///
 /// match CgroupV2Probe::detect() {
 ///     Ok(probe) => println!("{:?}", probe.read()),
@@ -141,7 +141,7 @@ impl MemoryProbe for CgroupV2Probe {
 ///
 /// ```
 /// use admission_accounts::memory_gate::ResidentSetProbe;
-/// use admission_core::MemoryProbe;
+/// use admission_accounts::memory_gate::MemoryProbe;
 ///
 /// let probe = ResidentSetProbe::new(8 << 30);
 /// if let Ok(reading) = probe.read() {

@@ -10,14 +10,15 @@ use admission_accounts::memory_gate::{
     CgroupV2Probe, Growth, Latch, LatchChange, MAX_CURVE, MAX_PENALTY, MAX_WAIT, MIN_SPACING,
     READING_AGE, RECHECK, ResidentSetProbe, curve, next_penalty, wait,
 };
+use admission_accounts::memory_gate::{ManualProbe, MemoryProbe};
 use admission_core::{
     Account, AccountRef, AccountStatus, Admit, AdmitError, Amount, Category, Demand, Gate,
-    GateAnswer, GateView, Grant, Instant, JobContext, MemoryProbe, Monitor, WakeFn,
+    GateAnswer, GateView, Grant, Instant, JobContext, Monitor, WakeFn,
 };
 use admission_events::MemoryZone;
+use admission_testkit::FakeClock;
 use admission_testkit::monitor::{poll_once, spawn_thread_waiter, wait_for_queue};
 use admission_testkit::reference::Permits;
-use admission_testkit::{FakeClock, FakeProbe};
 
 const fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -42,8 +43,8 @@ fn lone(millis: u64) -> GateView {
     view(millis, 0, false)
 }
 
-fn gate_at(percent: u64) -> (Arc<MemoryGate>, FakeProbe) {
-    let probe = FakeProbe::new();
+fn gate_at(percent: u64) -> (Arc<MemoryGate>, ManualProbe) {
+    let probe = ManualProbe::new();
     probe.set_percent(percent);
     (Arc::new(MemoryGate::new(probe.clone())), probe)
 }
@@ -265,7 +266,7 @@ fn the_probe_is_read_once_per_instant() {
 
 #[test]
 fn a_reading_is_reused_for_its_configured_age_and_no_longer() {
-    let probe = FakeProbe::new();
+    let probe = ManualProbe::new();
     probe.set_percent(50);
     let gate = MemoryGate::new(probe.clone()).with_max_reading_age(ms(10));
     gate.check(lone(0));
@@ -281,10 +282,15 @@ fn a_reading_is_reused_for_its_configured_age_and_no_longer() {
 }
 
 /// A probe that says what it costs: its readings may be reused for 5 ms.
-struct Costly(FakeProbe);
+struct Costly(ManualProbe);
 
 impl MemoryProbe for Costly {
-    fn read(&self) -> Result<admission_core::MemoryReading, admission_core::ProbeError> {
+    fn read(
+        &self,
+    ) -> Result<
+        admission_accounts::memory_gate::MemoryReading,
+        admission_accounts::memory_gate::ProbeError,
+    > {
         self.0.read()
     }
     fn name(&self) -> &str {
@@ -307,9 +313,9 @@ fn a_gate_reuses_readings_for_as_long_as_its_probe_suggests() {
         READING_AGE
     );
     assert_eq!(READING_AGE, ms(5));
-    assert_eq!(FakeProbe::new().default_max_age(), Duration::ZERO);
+    assert_eq!(ManualProbe::new().default_max_age(), Duration::ZERO);
 
-    let probe = FakeProbe::new();
+    let probe = ManualProbe::new();
     probe.set_percent(50);
     let gate = MemoryGate::new(Costly(probe.clone()));
     gate.check(lone(0));
@@ -328,14 +334,14 @@ fn a_gate_reuses_readings_for_as_long_as_its_probe_suggests() {
 fn a_failing_probe_makes_the_gate_stand_aside_until_it_reads_again() {
     let (gate, probe) = gate_at(99);
     assert!(matches!(gate.check(lone(0)), GateAnswer::Hold { .. }));
-    probe.fail(true);
+    probe.set_unreadable(true);
     assert_eq!(gate.check(view(1, 4, true)), GateAnswer::Pass);
     assert_eq!(
         gate.status().zone,
         MemoryZone::Critical,
         "the latch is kept"
     );
-    probe.fail(false);
+    probe.set_unreadable(false);
     assert!(matches!(gate.check(lone(2)), GateAnswer::Hold { .. }));
 }
 
@@ -362,8 +368,8 @@ fn the_status_names_its_zone_numbers_and_category() {
     let status = gate.status();
     assert_eq!(status.zone, MemoryZone::Green);
     assert_eq!(status.category(), Category::MEMORY);
-    assert_eq!(status.used_bytes, 85 * FakeProbe::GB);
-    assert_eq!(status.limit_bytes, FakeProbe::DEFAULT_LIMIT);
+    assert_eq!(status.used_bytes, 85 * ManualProbe::GB);
+    assert_eq!(status.limit_bytes, ManualProbe::DEFAULT_LIMIT);
     assert_eq!(status.floor_percent, 85.0);
     assert_eq!(status.penalty, 1.0);
     gate.holding(2);
@@ -412,7 +418,7 @@ fn the_indicator_is_the_pace_in_whole_milliseconds_while_memory_holds_anyone() {
 
 struct Rig {
     clock: FakeClock,
-    probe: FakeProbe,
+    probe: ManualProbe,
     gate: Arc<MemoryGate>,
     monitor: Monitor,
     pool: Arc<Permits>,

@@ -25,7 +25,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::account::{Replenishment, account_key};
+use crate::account::{Category, Replenishment, account_key};
 use crate::amount::Amount;
 use crate::clock::Instant;
 use crate::context::JobContext;
@@ -374,7 +374,10 @@ impl Shared {
                 }],
                 None => vec![EventEntry {
                     account: self.gate_name().to_owned(),
-                    category: crate::Category::MEMORY,
+                    category: self
+                        .gate
+                        .as_ref()
+                        .map_or(Category::custom("gate"), |g| g.category()),
                     amount: Amount::ZERO,
                 }],
             });

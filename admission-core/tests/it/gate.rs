@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use admission_core::{
-    AdmitError, Demand, Gate, GateAnswer, GateView, Instant, JobContext, Monitor, WakeFn, WakeSlot,
+    AdmitError, Category, Demand, Gate, GateAnswer, GateView, Instant, JobContext, Monitor, WakeFn,
+    WakeSlot,
 };
 use admission_testkit::monitor::{poll_once, spawn_thread_waiter, wait_for_queue};
 
@@ -28,6 +29,9 @@ const HOLD_UNTIL: Instant = Instant::from_nanos(2_000_000_000);
 impl Gate for TestGate {
     fn name(&self) -> &str {
         "memory"
+    }
+    fn category(&self) -> Category {
+        Category::custom("pressure")
     }
     fn check(&self, view: GateView) -> GateAnswer {
         self.checks.fetch_add(1, Ordering::SeqCst);
@@ -168,4 +172,32 @@ fn a_panicking_gate_is_a_defect_that_closes_admission_for_everyone() {
         other => panic!("expected a closed monitor, got {other:?}"),
     }
     assert!(!a.is_watched(), "closing clears the wake slots");
+}
+
+#[test]
+fn a_job_held_by_the_gate_is_reported_with_the_gates_own_category() {
+    let gate = Arc::new(TestGate::default());
+    let recorder = Arc::new(admission_events::Recorder::new());
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .gate(gate.clone())
+        .sink(recorder.clone())
+        .build();
+    let http = permits("http", 1);
+    gate.hold_all.store(true, Ordering::SeqCst);
+    let mut held = monitor.admit(demand(&[(on(&http), 1)]), &JobContext::new("held"), None);
+    assert!(poll_once(&mut held).is_none());
+    monitor.pass_now();
+    let events = recorder.events();
+    let held_events: Vec<_> = events
+        .iter()
+        .filter(|e| e.kind == admission_core::EventKind::Held)
+        .collect();
+    assert_eq!(held_events.len(), 1);
+    assert_eq!(held_events[0].entries.len(), 1);
+    assert_eq!(held_events[0].entries[0].account, "memory");
+    assert_eq!(
+        held_events[0].entries[0].category,
+        Category::custom("pressure")
+    );
 }

@@ -164,6 +164,9 @@ impl admission_core::Gate for PassThrough {
     fn name(&self) -> &str {
         "pass-through"
     }
+    fn category(&self) -> admission_core::Category {
+        admission_core::Category::custom("pass_through")
+    }
     fn check(&self, _view: admission_core::GateView) -> admission_core::GateAnswer {
         admission_core::GateAnswer::Pass
     }

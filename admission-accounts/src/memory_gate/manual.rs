@@ -1,9 +1,9 @@
-//! [`FakeProbe`]: a memory probe that reads whatever the test set, like a 100 GB heap on demand.
+//! [`ManualProbe`]: a memory probe whose reading is set by hand.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use admission_core::{MemoryProbe, MemoryReading, ProbeError};
+use super::reading::{MemoryProbe, MemoryReading, ProbeError};
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -13,44 +13,47 @@ struct Inner {
     reads: AtomicUsize,
 }
 
-/// A [`MemoryProbe`] whose reading a test sets; clones share one reading.
+/// A [`MemoryProbe`] whose reading is set by hand; clones share one reading.
+///
+/// Feed it from a figure the process already keeps (a buffer pool's own accounting, an
+/// allocator's statistics, an external agent's report), or drive a memory gate through its zones
+/// in a test. It counts its reads, so a test can see how often the gate asked.
 ///
 /// # Examples
 ///
 /// ```
-/// use admission_core::{MemoryProbe, MemoryReading};
-/// use admission_testkit::FakeProbe;
+/// use admission_accounts::memory_gate::{ManualProbe, MemoryProbe, MemoryReading};
 ///
-/// let probe = FakeProbe::new();
+/// let probe = ManualProbe::new();
 /// probe.clone().set_percent(85);
-/// assert_eq!(probe.read().unwrap(), MemoryReading::new(85 * FakeProbe::GB, 100 * FakeProbe::GB));
-/// probe.fail(true);
+/// assert_eq!(probe.read().unwrap(), MemoryReading::new(85 * ManualProbe::GB, 100 * ManualProbe::GB));
+/// probe.set_unreadable(true);
 /// assert!(probe.read().is_err());
 /// assert_eq!(probe.reads(), 2);
 /// ```
 #[derive(Clone, Debug)]
-pub struct FakeProbe {
+pub struct ManualProbe {
     inner: Arc<Inner>,
 }
 
-impl Default for FakeProbe {
-    fn default() -> FakeProbe {
-        FakeProbe::new()
+impl Default for ManualProbe {
+    fn default() -> ManualProbe {
+        ManualProbe::new()
     }
 }
 
-impl FakeProbe {
+impl ManualProbe {
     /// One gigabyte (10^9 bytes).
     pub const GB: u64 = 1_000_000_000;
-    /// The limit [`FakeProbe::set_percent`] reads against: 100 GB.
-    pub const DEFAULT_LIMIT: u64 = 100 * FakeProbe::GB;
+    /// The limit [`ManualProbe::set_percent`] reads against: 100 GB.
+    pub const DEFAULT_LIMIT: u64 = 100 * ManualProbe::GB;
 
-    /// A probe reading 0 bytes used of [`FakeProbe::DEFAULT_LIMIT`].
-    pub fn new() -> FakeProbe {
-        let probe = FakeProbe {
+    /// A probe reading 0 bytes used of [`ManualProbe::DEFAULT_LIMIT`].
+    pub fn new() -> ManualProbe {
+        let probe = ManualProbe {
             inner: Arc::new(Inner::default()),
         };
-        probe.set(0, FakeProbe::DEFAULT_LIMIT);
+        probe.set(0, ManualProbe::DEFAULT_LIMIT);
         probe
     }
 
@@ -60,16 +63,16 @@ impl FakeProbe {
         self.inner.limit.store(limit, Ordering::SeqCst);
     }
 
-    /// Reads `percent` whole percent of [`FakeProbe::DEFAULT_LIMIT`] from now on.
+    /// Reads `percent` whole percent of [`ManualProbe::DEFAULT_LIMIT`] from now on.
     pub fn set_percent(&self, percent: u64) {
         self.set(
-            percent.saturating_mul(FakeProbe::GB),
-            FakeProbe::DEFAULT_LIMIT,
+            percent.saturating_mul(ManualProbe::GB),
+            ManualProbe::DEFAULT_LIMIT,
         );
     }
 
     /// Makes every read fail (`true`) or succeed again (`false`).
-    pub fn fail(&self, failing: bool) {
+    pub fn set_unreadable(&self, failing: bool) {
         self.inner.failing.store(failing, Ordering::SeqCst);
     }
 
@@ -79,14 +82,14 @@ impl FakeProbe {
     }
 }
 
-impl MemoryProbe for FakeProbe {
+impl MemoryProbe for ManualProbe {
     fn read(&self) -> Result<MemoryReading, ProbeError> {
         self.inner.reads.fetch_add(1, Ordering::Relaxed);
         if self.inner.failing.load(Ordering::Relaxed) {
             return Err(ProbeError::unreadable(
-                "fake",
-                "the fake reading",
-                "the test made the probe fail",
+                "manual",
+                "the manual reading",
+                "the reading was marked unreadable",
             ));
         }
         Ok(MemoryReading::new(
@@ -96,6 +99,6 @@ impl MemoryProbe for FakeProbe {
     }
 
     fn name(&self) -> &str {
-        "fake"
+        "manual"
     }
 }

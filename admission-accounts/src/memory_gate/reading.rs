@@ -1,7 +1,7 @@
 //! [`MemoryProbe`]: where the memory gate gets its reading of used memory against a limit.
 //!
 //! A Rust process has no managed heap to ask, so the gate is handed a probe: a container's cgroup
-//! counters, the process's resident set against a configured limit, or the test-kit's fake. A
+//! counters, the process's resident set against a configured limit, or a reading set by hand. A
 //! probe only reads; the gate decides what a reading means, and reads at most once per instant of
 //! the monitor's clock.
 
@@ -28,7 +28,7 @@ impl MemoryReading {
     /// # Examples
     ///
     /// ```
-    /// use admission_core::MemoryReading;
+    /// use admission_accounts::memory_gate::MemoryReading;
     ///
     /// assert_eq!(MemoryReading::new(3, 4).ratio(), 0.75);
     /// assert_eq!(MemoryReading::new(1, 0).ratio(), 1.0);
