@@ -608,8 +608,9 @@ pub fn fits_alone_but_not_beside_the_reservation_is_not_now(make: &dyn Fn() -> S
 /// Drained, a look and a take as the head both answer `NotNow(Some(at))` with `at` after now.
 /// One nanosecond before `at` the look still answers `NotNow(Some(at))` (the instant is not
 /// late, and does not drift as time passes); at `at` it is taken. Behind a head's one amount
-/// (when the account holds two) the instant `later` is no earlier than `at` and holds the same
-/// way. No give, only the subject's [`FakeClock`].
+/// (when the account holds two) the instant `later` is no earlier than `at`, is named again
+/// one nanosecond before it (and before `at`), and is taken at `later`. No give, only the
+/// subject's [`FakeClock`].
 ///
 /// Skipped (passes) for a [`Replenishment::Release`] subject.
 ///
@@ -653,12 +654,11 @@ pub fn not_now_instant_is_when_time_alone_makes_it_fit(make: &dyn Fn() -> Subjec
     };
 
     clock.advance_to(at.saturating_sub(NANOSECOND));
-    run.expect(
-        unit,
-        Ask::HEAD.look(),
-        &Said::NotNow(Some(at)),
-        &format!("one nanosecond before its instant {at:?}"),
-    );
+    let when = format!("one nanosecond before its instant {at:?}");
+    run.expect(unit, Ask::HEAD.look(), &Said::NotNow(Some(at)), &when);
+    if let Some(later) = later {
+        run.expect(unit, behind, &Said::NotNow(Some(later)), &when);
+    }
     clock.advance_to(at);
     run.expect(
         unit,
@@ -667,13 +667,15 @@ pub fn not_now_instant_is_when_time_alone_makes_it_fit(make: &dyn Fn() -> Subjec
         &format!("at its instant {at:?}"),
     );
     if let Some(later) = later {
-        clock.advance_to(later.saturating_sub(NANOSECOND));
-        run.expect(
-            unit,
-            behind,
-            &Said::NotNow(Some(later)),
-            &format!("one nanosecond before the instant {later:?} it named behind a head"),
-        );
+        if later > at {
+            clock.advance_to(later.saturating_sub(NANOSECOND));
+            run.expect(
+                unit,
+                behind,
+                &Said::NotNow(Some(later)),
+                &format!("one nanosecond before the instant {later:?} it named behind a head"),
+            );
+        }
         clock.advance_to(later);
         run.expect(
             unit,
