@@ -1,5 +1,5 @@
 //! The account contract suite: one plain function per rule of [`Account`], runnable against any
-//! implementation.
+//! implementation, speaking only the one question [`Account::ask`].
 //!
 //! Every rule function takes a factory, `&dyn Fn() -> Subject`, calls it for a fresh account (a
 //! rule never reuses another rule's account) and panics with what it expected and what it saw
@@ -13,25 +13,35 @@
 //! declare. The suite assumes amounts add up linearly: `k` copies of `fits_alone` held or reserved
 //! count as `k` times the amount.
 //!
+//! The suite asks as the monitor does: a lone asker is [`Ask::HEAD`], a waiter behind a head
+//! that holds `k` amounts on the account is [`Ask::behind`]`(k amounts)`, and either may be a
+//! [`look`](Ask::look). It counts what is free with looks only (the smallest `k` such that
+//! `fits_alone` no longer fits behind `k` of them), so a rule sees exactly what a take debited.
+//!
 //! The rules:
 //!
 //! | rule | what it holds |
 //! |---|---|
 //! | [`never_blocks`] | every method returns while other threads call it |
-//! | [`refuses_never_fitting_amount_with_err`] | "never" is an `Err`, and it debits nothing |
-//! | [`answers_false_not_err_when_only_the_reservation_is_in_the_way`] | a reservation makes "not now", never "never" |
-//! | [`try_take_debits_exactly_what_fits_reports`] | `fits` changes nothing; a take removes exactly its amount |
-//! | [`try_take_is_atomic_against_concurrent_takers`] | racing takers win exactly the capacity |
-//! | [`never_overdrawn_under_concurrent_takes_and_gives`] | takes and gives in parallel never hold more than the capacity |
+//! | [`a_taking_ask_that_is_taken_debits_exactly_mine`] | a take removes its own amount, never the reservation's |
+//! | [`a_look_changes_nothing`] | a look answers what the take would, and takes nothing |
+//! | [`not_now_and_never_change_nothing`] | a taking ask answered "not now" or "never" debits nothing |
+//! | [`never_fitting_amount_is_refused_as_too_large_or_other_never_as_not_now`] | "never" is a refusal naming what was asked, fresh or drained |
+//! | [`fits_alone_but_not_beside_the_reservation_is_not_now`] | a reservation makes "not now", never "never" |
+//! | [`not_now_instant_is_when_time_alone_makes_it_fit`] | a clocked account's instant is the earliest, not a nanosecond off |
+//! | [`a_release_account_answers_not_now_without_an_instant`] | only a give can help a release account |
+//! | [`asks_are_atomic_against_concurrent_takers`] | racing takers win exactly the capacity |
+//! | [`never_overdrawn_under_concurrent_asks_and_gives`] | asks and gives in parallel never hold more than the capacity |
 //! | [`give_credits_back`] | a give makes room at once, without the clock moving |
-//! | [`earliest_fit_semantics`] | `None` for event-driven accounts, a reachable future instant for clocked ones |
 //! | [`replenishment_is_declared`] | the declared replenishment, and only that one, brings capacity back |
 //! | [`status_has_a_one_line_summary`] | the status names the account, fits one line and serializes to an object |
-//! | [`wake_slot_is_called_when_capacity_grows_and_cleared_by_none`] | a give calls the installed wake; `None` silences it |
+//! | [`wake_slot_is_called_when_capacity_grows_and_cleared_by_none`] | a give calls the installed wake once; `None` silences it |
 //! | [`a_later_wake_replaces_an_earlier_one`] | only the last installed wake is called |
+//! | [`forget_capacity_change_clears_only_its_own_wake`] | forgetting a wake clears it, and never a wake someone else installed |
 //!
 //! No rule waits on real time: clocked accounts are moved with the subject's [`FakeClock`]. The
-//! threaded rules give up after [`PATIENCE`] and report the hang as a blocking account.
+//! threaded rules give up after the subject's [`patience`](Subject::patience) and report the
+//! hang as a blocking account.
 //!
 //! # Examples
 //!
@@ -71,7 +81,8 @@
 //! ```
 //! use std::sync::{Arc, Mutex};
 //! use admission_core::{
-//!     Account, AccountStatus, Amount, Category, Instant, Refusal, Replenishment, WakeFn, WakeSlot,
+//!     Account, AccountStatus, Amount, Answer, Ask, Category, Refusal, Replenishment, WakeFn,
+//!     WakeSlot,
 //! };
 //! use admission_testkit::contract::{self, Subject};
 //! use admission_testkit::reference::ReferenceStatus;
@@ -81,23 +92,6 @@
 //!     capacity: u64,
 //!     free: Mutex<u64>,
 //!     wake: WakeSlot,
-//! }
-//!
-//! impl Slots {
-//!     fn new(capacity: u64) -> Slots {
-//!         Slots { capacity, free: Mutex::new(capacity), wake: WakeSlot::new() }
-//!     }
-//!
-//!     fn check(&self, free: u64, mine: Amount, reserved: Amount) -> Result<bool, Refusal> {
-//!         if mine.primary() > self.capacity {
-//!             return Err(Refusal::new(format!(
-//!                 "slots holds {} at most; ask for fewer than {}",
-//!                 self.capacity,
-//!                 mine.primary()
-//!             )));
-//!         }
-//!         Ok(mine.primary().saturating_add(reserved.primary()) <= free)
-//!     }
 //! }
 //!
 //! impl Account for Slots {
@@ -110,16 +104,18 @@
 //!     fn replenishment(&self) -> Replenishment {
 //!         Replenishment::Release
 //!     }
-//!     fn fits(&self, mine: Amount, reserved: Amount) -> Result<bool, Refusal> {
-//!         self.check(*self.free.lock().unwrap(), mine, reserved)
-//!     }
-//!     fn try_take(&self, mine: Amount, reserved: Amount) -> Result<bool, Refusal> {
+//!     fn ask(&self, mine: Amount, ask: Ask) -> Answer {
+//!         if mine.primary() > self.capacity {
+//!             return Answer::Never(Refusal::too_large(mine, Amount::units(self.capacity)));
+//!         }
 //!         let mut free = self.free.lock().unwrap();
-//!         let fits = self.check(*free, mine, reserved)?;
-//!         if fits {
+//!         if mine.primary() + ask.reserved_ahead().primary() > *free {
+//!             return Answer::NotNow(None); // only a give brings slots back
+//!         }
+//!         if ask.takes() {
 //!             *free -= mine.primary();
 //!         }
-//!         Ok(fits)
+//!         Answer::Taken
 //!     }
 //!     fn give(&self, amount: Amount) {
 //!         {
@@ -127,9 +123,6 @@
 //!             *free = free.saturating_add(amount.primary()).min(self.capacity);
 //!         }
 //!         self.wake.notify();
-//!     }
-//!     fn earliest_fit(&self, _mine: Amount, _reserved: Amount) -> Option<Instant> {
-//!         None
 //!     }
 //!     fn status(&self) -> Box<dyn AccountStatus> {
 //!         Box::new(ReferenceStatus {
@@ -142,11 +135,15 @@
 //!     fn on_capacity_change(&self, wake: Option<WakeFn>) {
 //!         self.wake.install(wake);
 //!     }
+//!     fn forget_capacity_change(&self, wake: &WakeFn) {
+//!         self.wake.clear_if(wake);
+//!     }
 //! }
 //!
 //! // The few lines a third party writes:
 //! contract::run_all(|| {
-//!     Subject::release(Arc::new(Slots::new(3)), Amount::ONE, 3).with_never_fits(Amount::units(4))
+//!     let slots = Slots { capacity: 3, free: Mutex::new(3), wake: WakeSlot::new() };
+//!     Subject::release(Arc::new(slots), Amount::ONE, 3).with_never_fits(Amount::units(4))
 //! });
 //! ```
 
@@ -157,7 +154,9 @@ use std::sync::{Arc, Barrier, mpsc};
 use std::thread;
 use std::time::Duration;
 
-use admission_core::{Account, Amount, Clock, Refusal, Replenishment, WakeFn};
+use admission_core::{
+    Account, Amount, Answer, Ask, Clock, Instant, RefusalKind, Replenishment, WakeFn,
+};
 
 use crate::FakeClock;
 use crate::monitor::PATIENCE;
@@ -177,14 +176,18 @@ pub struct Subject {
     pub clock: FakeClock,
     /// An amount that fits a fresh account on its own.
     pub fits_alone: Amount,
-    /// How many `fits_alone` amounts a fresh account holds at once: exactly this many takes in a
-    /// row succeed and the next is refused while the clock stands still. At least one.
+    /// How many `fits_alone` amounts a fresh account holds at once: exactly this many taking
+    /// asks in a row are taken and the next is "not now" while the clock stands still. At least
+    /// one.
     pub capacity: u64,
     /// An amount the account can never hold, when it has such a bound; `None` skips the rule
     /// about it.
     pub never_fits: Option<Amount>,
     /// What [`Account::replenishment`] must answer.
     pub expected_replenishment: Replenishment,
+    /// How long the threaded rules wait for their threads before calling the account blocking;
+    /// [`PATIENCE`] unless [`Subject::with_patience`] says otherwise. Only a hang spends it.
+    pub patience: Duration,
 }
 
 impl Subject {
@@ -246,12 +249,20 @@ impl Subject {
             capacity,
             never_fits: None,
             expected_replenishment,
+            patience: PATIENCE,
         }
     }
 
     /// Declares an amount larger than the account can ever hold.
     pub fn with_never_fits(mut self, amount: Amount) -> Subject {
         self.never_fits = Some(amount);
+        self
+    }
+
+    /// Waits `patience` instead of [`PATIENCE`] before a threaded rule calls the account
+    /// blocking (a test that plants a blocking account on purpose need not wait twenty seconds).
+    pub fn with_patience(mut self, patience: Duration) -> Subject {
+        self.patience = patience;
         self
     }
 }
@@ -263,27 +274,39 @@ pub type Rule = fn(&dyn Fn() -> Subject);
 pub const RULES: &[(&str, Rule)] = &[
     ("never_blocks", never_blocks),
     (
-        "refuses_never_fitting_amount_with_err",
-        refuses_never_fitting_amount_with_err,
+        "a_taking_ask_that_is_taken_debits_exactly_mine",
+        a_taking_ask_that_is_taken_debits_exactly_mine,
+    ),
+    ("a_look_changes_nothing", a_look_changes_nothing),
+    (
+        "not_now_and_never_change_nothing",
+        not_now_and_never_change_nothing,
     ),
     (
-        "answers_false_not_err_when_only_the_reservation_is_in_the_way",
-        answers_false_not_err_when_only_the_reservation_is_in_the_way,
+        "never_fitting_amount_is_refused_as_too_large_or_other_never_as_not_now",
+        never_fitting_amount_is_refused_as_too_large_or_other_never_as_not_now,
     ),
     (
-        "try_take_debits_exactly_what_fits_reports",
-        try_take_debits_exactly_what_fits_reports,
+        "fits_alone_but_not_beside_the_reservation_is_not_now",
+        fits_alone_but_not_beside_the_reservation_is_not_now,
     ),
     (
-        "try_take_is_atomic_against_concurrent_takers",
-        try_take_is_atomic_against_concurrent_takers,
+        "not_now_instant_is_when_time_alone_makes_it_fit",
+        not_now_instant_is_when_time_alone_makes_it_fit,
     ),
     (
-        "never_overdrawn_under_concurrent_takes_and_gives",
-        never_overdrawn_under_concurrent_takes_and_gives,
+        "a_release_account_answers_not_now_without_an_instant",
+        a_release_account_answers_not_now_without_an_instant,
+    ),
+    (
+        "asks_are_atomic_against_concurrent_takers",
+        asks_are_atomic_against_concurrent_takers,
+    ),
+    (
+        "never_overdrawn_under_concurrent_asks_and_gives",
+        never_overdrawn_under_concurrent_asks_and_gives,
     ),
     ("give_credits_back", give_credits_back),
-    ("earliest_fit_semantics", earliest_fit_semantics),
     ("replenishment_is_declared", replenishment_is_declared),
     (
         "status_has_a_one_line_summary",
@@ -296,6 +319,10 @@ pub const RULES: &[(&str, Rule)] = &[
     (
         "a_later_wake_replaces_an_earlier_one",
         a_later_wake_replaces_an_earlier_one,
+    ),
+    (
+        "forget_capacity_change_clears_only_its_own_wake",
+        forget_capacity_change_clears_only_its_own_wake,
     ),
 ];
 
@@ -317,43 +344,45 @@ const ROUNDS: usize = 500;
 const THREADS: usize = 4;
 /// How far the suite moves the clock to show what time alone does: a year covers any window.
 const LONG_AGO: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+/// The clock's grain: an instant one nanosecond early is too early.
+const NANOSECOND: Duration = Duration::from_nanos(1);
 
 /// Every method returns promptly while other threads are calling it.
 ///
-/// Four threads hammer `fits`, `try_take` (giving back every success), `give`, `earliest_fit`,
-/// `status` and `on_capacity_change` for a bounded number of rounds; the rule holds when they all
+/// Four threads hammer `ask` (head and behind, taking and looking, giving back every amount
+/// taken, and the never-fitting amount), `status`, `status_indicator`, `on_capacity_change`
+/// and `forget_capacity_change` for a bounded number of rounds; the rule holds when they all
 /// finish, and the account is full again afterwards. No timing is measured; only a hang (beyond
-/// [`PATIENCE`]) fails.
+/// the subject's [`patience`](Subject::patience)) fails.
 ///
 /// # Panics
 ///
-/// When a thread does not finish within [`PATIENCE`], or the account is not full afterwards.
+/// When a thread does not finish in time, or the account is not full afterwards.
 pub fn never_blocks(make: &dyn Fn() -> Subject) {
     let run = Run::new("never_blocks", make);
     let unit = run.unit();
     let never = run.subject.never_fits;
-    let wakes = Arc::new(AtomicUsize::new(0));
     let account = run.subject.account.clone();
-    let counter = wakes.clone();
-    let wake: WakeFn = Arc::new(move || {
-        counter.fetch_add(1, Ordering::Relaxed);
-    });
+    let (_, wake) = counting_wake();
+    let (_, stranger) = counting_wake();
     run.on_threads(THREADS, move |t| {
         for round in 0..ROUNDS {
-            let _ = account.fits(unit, Amount::ZERO);
-            let _ = account.fits(unit, unit);
-            if let Ok(true) = account.try_take(unit, Amount::ZERO) {
-                let _ = account.earliest_fit(unit, Amount::ZERO);
+            let _ = account.ask(unit, Ask::HEAD.look());
+            let _ = account.ask(unit, Ask::behind(unit).look());
+            if account.ask(unit, Ask::HEAD).is_taken() {
                 account.give(unit);
             }
-            let _ = account.earliest_fit(unit, unit);
+            if account.ask(unit, Ask::behind(unit)).is_taken() {
+                account.give(unit);
+            }
             if let Some(never) = never {
-                let _ = account.fits(never, Amount::ZERO);
+                let _ = account.ask(never, Ask::HEAD);
             }
             if round % 16 == t {
                 let _ = account.status().summary();
                 let _ = account.status_indicator();
                 account.on_capacity_change(Some(wake.clone()));
+                account.forget_capacity_change(&stranger);
             }
         }
     });
@@ -364,142 +393,332 @@ pub fn never_blocks(make: &dyn Fn() -> Subject) {
     );
 }
 
-/// An amount larger than the account can ever hold is an `Err` from both `fits` and `try_take`,
-/// whatever the reservation, and the refused take debits nothing.
+/// A taking ask answered [`Answer::Taken`] debits exactly `mine`: after `k` takes of
+/// `fits_alone` as the head exactly `capacity - k` amounts are free and the next take is "not
+/// now"; a take of two amounts at once leaves `capacity - 2`; and a waiter behind a head's one
+/// amount that is taken debits its own amount, not the reservation too.
+///
+/// # Panics
+///
+/// When a take is not taken, or the free count after it is off.
+pub fn a_taking_ask_that_is_taken_debits_exactly_mine(make: &dyn Fn() -> Subject) {
+    const RULE: &str = "a_taking_ask_that_is_taken_debits_exactly_mine";
+    let run = Run::new(RULE, make);
+    let unit = run.unit();
+    let capacity = run.subject.capacity;
+    for taken in 1..=capacity {
+        run.expect(
+            unit,
+            Ask::HEAD,
+            &Said::Taken,
+            &format!("take {taken} of {capacity}"),
+        );
+        run.expect_free(capacity - taken, &format!("after {taken} takes"));
+    }
+    run.expect_not_now(unit, Ask::HEAD, "once drained");
+    run.expect_free(0, "after a take answered not now on a drained account");
+    if capacity < 2 {
+        return;
+    }
+
+    let run = Run::new(RULE, make);
+    let two = times(unit, 2);
+    run.expect(two, Ask::HEAD, &Said::Taken, "on a fresh account");
+    run.expect_free(capacity - 2, &format!("after one take of {two}"));
+
+    let run = Run::new(RULE, make);
+    run.expect(
+        unit,
+        Ask::behind(unit),
+        &Said::Taken,
+        "on a fresh account, behind a head holding one amount",
+    );
+    run.expect_free(
+        capacity - 1,
+        "after a take behind the head (the reservation stays, it is not debited)",
+    );
+}
+
+/// A look answers what the same taking ask would, and changes nothing: any number of looks
+/// leaves a fresh account full; while amounts are free a look says [`Answer::Taken`] and the
+/// take after it is taken and debits one amount; drained, a look and a take both answer "not
+/// now" with the same instant.
+///
+/// # Panics
+///
+/// When a look changes the free count, or disagrees with the take after it.
+pub fn a_look_changes_nothing(make: &dyn Fn() -> Subject) {
+    let run = Run::new("a_look_changes_nothing", make);
+    let unit = run.unit();
+    let capacity = run.subject.capacity;
+    let account = &run.subject.account;
+    for _ in 0..3 {
+        let _ = account.ask(unit, Ask::HEAD.look());
+        let _ = account.ask(unit, Ask::behind(unit).look());
+        let _ = account.ask(times(unit, capacity), Ask::HEAD.look());
+        if let Some(never) = run.subject.never_fits {
+            let _ = account.ask(never, Ask::HEAD.look());
+        }
+    }
+    run.expect_free(capacity, "after looks only");
+    for taken in 1..=capacity {
+        let when = format!("before take {taken} of {capacity}");
+        run.expect(unit, Ask::HEAD.look(), &Said::Taken, &when);
+        run.expect(unit, Ask::HEAD, &Said::Taken, &when);
+        run.expect_free(capacity - taken, &format!("after {taken} looks and takes"));
+    }
+    let looked = run.expect_not_now(unit, Ask::HEAD.look(), "once drained");
+    run.expect(
+        unit,
+        Ask::HEAD,
+        &Said::NotNow(looked),
+        "once drained, right after a look answered so",
+    );
+    run.expect_free(0, "after a look and a take on a drained account");
+}
+
+/// A taking ask answered "not now" or "never" changes nothing: not now for the reservation on a
+/// fresh account and on one with a single amount left, not now on a drained account, and never
+/// for the never-fitting amount (when declared) at each of those points.
+///
+/// # Panics
+///
+/// When any of those answers is not the expected kind, or the free count moved.
+pub fn not_now_and_never_change_nothing(make: &dyn Fn() -> Subject) {
+    let run = Run::new("not_now_and_never_change_nothing", make);
+    let unit = run.unit();
+    let capacity = run.subject.capacity;
+    let never = run.subject.never_fits;
+    let refuse = |ask: Ask, free: u64, when: &str| {
+        if let Some(never) = never {
+            run.expect_never(never, ask, when);
+            run.expect_free(free, &format!("{when}, after a take answered never"));
+        }
+    };
+
+    let when = "on a fresh account with all of it reserved ahead";
+    run.expect_not_now(unit, Ask::behind(times(unit, capacity)), when);
+    run.expect_free(capacity, &format!("{when}, after a take answered not now"));
+    refuse(Ask::HEAD, capacity, "on a fresh account");
+
+    for _ in 1..capacity {
+        run.expect(
+            unit,
+            Ask::HEAD,
+            &Said::Taken,
+            "while filling to one amount left",
+        );
+    }
+    let when = "with one amount left, reserved for the head";
+    run.expect_not_now(unit, Ask::behind(unit), when);
+    run.expect_free(1, &format!("{when}, after a take answered not now"));
+    refuse(Ask::behind(unit), 1, when);
+
+    run.expect(unit, Ask::HEAD, &Said::Taken, "taking the last amount");
+    run.expect_not_now(unit, Ask::HEAD, "once drained");
+    run.expect_free(0, "once drained, after a take answered not now");
+    refuse(Ask::HEAD, 0, "once drained");
+}
+
+/// An amount larger than the account can ever hold is [`Answer::Never`], fresh and drained, as
+/// the head and behind one, looking and taking: never "not now" (the job would park forever)
+/// and never [`RefusalKind::RefusingAll`] (that says "try later", and later will not help). A
+/// [`RefusalKind::TooLarge`] names exactly the amount asked, and a maximum that the amount
+/// exceeds in some dimension and `fits_alone` exceeds in none; [`RefusalKind::Other`] is the
+/// account's own words. Nothing is debited.
 ///
 /// Skipped (passes) when the subject declares no `never_fits` amount.
 ///
 /// # Panics
 ///
-/// When either call answers `Ok`, or capacity is missing afterwards.
-pub fn refuses_never_fitting_amount_with_err(make: &dyn Fn() -> Subject) {
-    let run = Run::new("refuses_never_fitting_amount_with_err", make);
+/// When any answer is not such a refusal, or capacity is missing afterwards.
+pub fn never_fitting_amount_is_refused_as_too_large_or_other_never_as_not_now(
+    make: &dyn Fn() -> Subject,
+) {
+    let run = Run::new(
+        "never_fitting_amount_is_refused_as_too_large_or_other_never_as_not_now",
+        make,
+    );
     let Some(never) = run.subject.never_fits else {
         return;
     };
-    let account = &run.subject.account;
-    for reserved in [Amount::ZERO, run.unit()] {
-        let seen = account.fits(never, reserved);
-        assert!(
-            seen.is_err(),
-            "{}: expected fits({never}, reserved {reserved}) to be Err (the amount can never \
-             fit), saw {}",
-            run.at(),
-            show(&seen)
-        );
-        let seen = account.try_take(never, reserved);
-        assert!(
-            seen.is_err(),
-            "{}: expected try_take({never}, reserved {reserved}) to be Err (the amount can \
-             never fit), saw {}",
-            run.at(),
-            show(&seen)
-        );
+    let unit = run.unit();
+    let asks = [
+        Ask::HEAD,
+        Ask::HEAD.look(),
+        Ask::behind(unit),
+        Ask::behind(unit).look(),
+    ];
+    for ask in asks {
+        run.expect_too_large_or_other(never, ask, "on a fresh account");
     }
-    run.expect_fits(
-        run.unit(),
-        Amount::ZERO,
-        true,
-        "after refusing the never-fitting amount",
-    );
     run.expect_free(
         run.subject.capacity,
         "after refusing the never-fitting amount",
     );
+    run.drain();
+    for ask in asks {
+        run.expect_too_large_or_other(never, ask, "once drained");
+    }
+    run.expect_free(0, "drained, after refusing the never-fitting amount");
 }
 
-/// When `fits_alone` fits but not together with the reservation, `fits` and `try_take` answer
-/// `Ok(false)` (not now), never `Err` (never), and nothing is debited.
-///
-/// Checked on a fresh account whose whole capacity is reserved and on an account with exactly one
-/// amount left, reserved for the head.
+/// When `fits_alone` fits the account alone but not beside the head's reservation, the answer
+/// is "not now", looking or taking, never "never" and never "taken": on a fresh account with
+/// the whole capacity reserved ahead, and with one amount left reserved for the head, which then
+/// takes it.
 ///
 /// # Panics
 ///
-/// When either answer is anything but `Ok(false)`, or capacity changed.
-pub fn answers_false_not_err_when_only_the_reservation_is_in_the_way(make: &dyn Fn() -> Subject) {
-    let run = Run::new(
-        "answers_false_not_err_when_only_the_reservation_is_in_the_way",
-        make,
-    );
+/// When an answer is anything but "not now", or the head cannot take what was left for it.
+pub fn fits_alone_but_not_beside_the_reservation_is_not_now(make: &dyn Fn() -> Subject) {
+    let run = Run::new("fits_alone_but_not_beside_the_reservation_is_not_now", make);
     let unit = run.unit();
     let capacity = run.subject.capacity;
     let everything = times(unit, capacity);
-    run.expect_fits(
-        unit,
-        everything,
-        false,
-        "on a fresh account with all of it reserved",
-    );
-    run.expect_take(
-        unit,
-        everything,
-        false,
-        "on a fresh account with all of it reserved",
-    );
-    run.expect_free(capacity, "after a take refused for the reservation");
+    let when = "on a fresh account with all of it reserved ahead";
+    run.expect_not_now(unit, Ask::behind(everything).look(), when);
+    run.expect_not_now(unit, Ask::behind(everything), when);
+    run.expect(unit, Ask::HEAD.look(), &Said::Taken, "on a fresh account");
 
     for _ in 1..capacity {
-        run.expect_take(unit, Amount::ZERO, true, "while filling to one amount left");
-    }
-    run.expect_fits(unit, Amount::ZERO, true, "with one amount left");
-    run.expect_fits(
-        unit,
-        unit,
-        false,
-        "with one amount left, reserved for the head",
-    );
-    run.expect_take(
-        unit,
-        unit,
-        false,
-        "with one amount left, reserved for the head",
-    );
-    run.expect_free(1, "after a take refused for the reservation");
-}
-
-/// `fits` changes nothing, and each successful `try_take` removes exactly one `fits_alone`:
-/// after `k` takes, exactly `capacity - k` amounts are free (probed through the reservation), and
-/// `try_take` succeeds exactly when `fits` said it would.
-///
-/// # Panics
-///
-/// When `try_take` disagrees with the `fits` just before it, or the free count is off.
-pub fn try_take_debits_exactly_what_fits_reports(make: &dyn Fn() -> Subject) {
-    let run = Run::new("try_take_debits_exactly_what_fits_reports", make);
-    let unit = run.unit();
-    let capacity = run.subject.capacity;
-    for _ in 0..3 {
-        let _ = run.subject.account.fits(unit, Amount::ZERO);
-        let _ = run.subject.account.fits(unit, unit);
-    }
-    run.expect_free(capacity, "after calling only fits");
-    for taken in 1..=capacity {
-        let said = run.subject.account.fits(unit, Amount::ZERO);
-        let did = run.subject.account.try_take(unit, Amount::ZERO);
-        assert!(
-            matches!((&said, &did), (Ok(true), Ok(true))),
-            "{}: take {taken} of {capacity}: expected fits and try_take both Ok(true), saw fits \
-             {} then try_take {}",
-            run.at(),
-            show(&said),
-            show(&did)
+        run.expect(
+            unit,
+            Ask::HEAD,
+            &Said::Taken,
+            "while filling to one amount left",
         );
-        run.expect_free(capacity - taken, &format!("after {taken} takes"));
     }
-    run.expect_fits(unit, Amount::ZERO, false, "once drained");
-    run.expect_take(unit, Amount::ZERO, false, "once drained");
-    run.expect_free(0, "after a refused take on a drained account");
+    run.expect(unit, Ask::HEAD.look(), &Said::Taken, "with one amount left");
+    let when = "with one amount left, reserved for the head";
+    run.expect_not_now(unit, Ask::behind(unit).look(), when);
+    run.expect_not_now(unit, Ask::behind(unit), when);
+    run.expect(
+        unit,
+        Ask::HEAD,
+        &Said::Taken,
+        "the head taking the amount left for it",
+    );
+    run.expect_free(0, "after the head took the amount left for it");
 }
 
-/// Threads racing `try_take(fits_alone)` on a fresh account win exactly `capacity` times between
-/// them: no two takes see the same free amount.
+/// A [`Replenishment::Time`] account's "not now" carries the earliest instant time alone makes
+/// the amount fit, to the nanosecond.
+///
+/// Drained, a look and a take as the head both answer `NotNow(Some(at))` with `at` after now.
+/// One nanosecond before `at` the look still answers `NotNow(Some(at))` (the instant is not
+/// late, and does not drift as time passes); at `at` it is taken. Behind a head's one amount
+/// (when the account holds two) the instant `later` is no earlier than `at`, is named again
+/// one nanosecond before it (and before `at`), and is taken at `later`. No give, only the
+/// subject's [`FakeClock`].
+///
+/// Skipped (passes) for a [`Replenishment::Release`] subject.
 ///
 /// # Panics
 ///
-/// When the successes are not exactly the capacity, or a thread hangs.
-pub fn try_take_is_atomic_against_concurrent_takers(make: &dyn Fn() -> Subject) {
-    let run = Run::new("try_take_is_atomic_against_concurrent_takers", make);
+/// When an instant is missing, past, early or late.
+pub fn not_now_instant_is_when_time_alone_makes_it_fit(make: &dyn Fn() -> Subject) {
+    let run = Run::new("not_now_instant_is_when_time_alone_makes_it_fit", make);
+    if run.subject.expected_replenishment != Replenishment::Time {
+        return;
+    }
+    let unit = run.unit();
+    let clock = &run.subject.clock;
+    run.drain();
+    let now = clock.now();
+    let seen = run.expect_not_now(unit, Ask::HEAD.look(), "once drained");
+    let Some(at) = seen.filter(|&at| at > now) else {
+        panic!(
+            "{} once drained: expected ask({unit}, Ask::HEAD.look()) to be not now with an \
+             instant after now ({now:?}), time alone refilling a clocked account; saw \
+             NotNow({seen:?})",
+            run.at()
+        );
+    };
+    run.expect(unit, Ask::HEAD, &Said::NotNow(Some(at)), "once drained");
+    let behind = Ask::behind(unit).look();
+    let later = if run.subject.capacity >= 2 {
+        let seen = run.expect_not_now(unit, behind, "once drained");
+        let Some(later) = seen.filter(|&later| later >= at) else {
+            panic!(
+                "{} once drained: expected {} to be not now with an instant no earlier than \
+                 the head's {at:?} (a reservation never brings the instant forward); saw \
+                 NotNow({seen:?})",
+                run.at(),
+                show_ask(unit, behind)
+            );
+        };
+        Some(later)
+    } else {
+        None
+    };
+
+    clock.advance_to(at.saturating_sub(NANOSECOND));
+    let when = format!("one nanosecond before its instant {at:?}");
+    run.expect(unit, Ask::HEAD.look(), &Said::NotNow(Some(at)), &when);
+    if let Some(later) = later {
+        run.expect(unit, behind, &Said::NotNow(Some(later)), &when);
+    }
+    clock.advance_to(at);
+    run.expect(
+        unit,
+        Ask::HEAD.look(),
+        &Said::Taken,
+        &format!("at its instant {at:?}"),
+    );
+    if let Some(later) = later {
+        if later > at {
+            clock.advance_to(later.saturating_sub(NANOSECOND));
+            run.expect(
+                unit,
+                behind,
+                &Said::NotNow(Some(later)),
+                &format!("one nanosecond before the instant {later:?} it named behind a head"),
+            );
+        }
+        clock.advance_to(later);
+        run.expect(
+            unit,
+            behind,
+            &Said::Taken,
+            &format!("at the instant {later:?} it named behind a head"),
+        );
+    }
+    run.expect(unit, Ask::HEAD, &Said::Taken, "taking at its instant");
+}
+
+/// A [`Replenishment::Release`] account's "not now" has no instant (`NotNow(None)`): only a
+/// give brings capacity back, so the monitor must not set a timer. Checked looking and taking,
+/// with the whole capacity reserved ahead of a fresh account and on a drained one.
+///
+/// Skipped (passes) for a [`Replenishment::Time`] subject.
+///
+/// # Panics
+///
+/// When an answer is anything but `NotNow(None)`.
+pub fn a_release_account_answers_not_now_without_an_instant(make: &dyn Fn() -> Subject) {
+    let run = Run::new("a_release_account_answers_not_now_without_an_instant", make);
+    if run.subject.expected_replenishment != Replenishment::Release {
+        return;
+    }
+    let unit = run.unit();
+    let everything = Ask::behind(times(unit, run.subject.capacity));
+    let when = "on a fresh account with all of it reserved ahead";
+    run.expect(unit, everything.look(), &Said::NotNow(None), when);
+    run.expect(unit, everything, &Said::NotNow(None), when);
+    run.drain();
+    run.expect(unit, Ask::HEAD.look(), &Said::NotNow(None), "once drained");
+    run.expect(unit, Ask::HEAD, &Said::NotNow(None), "once drained");
+}
+
+/// Threads racing taking asks of `fits_alone` as the head on a fresh account are taken exactly
+/// `capacity` times between them: no two takes see the same free amount.
+///
+/// # Panics
+///
+/// When the takes are not exactly the capacity, or a thread hangs.
+pub fn asks_are_atomic_against_concurrent_takers(make: &dyn Fn() -> Subject) {
+    let run = Run::new("asks_are_atomic_against_concurrent_takers", make);
     let unit = run.unit();
     let capacity = run.subject.capacity;
     let threads = usize::try_from(capacity)
@@ -507,13 +726,13 @@ pub fn try_take_is_atomic_against_concurrent_takers(make: &dyn Fn() -> Subject) 
         .clamp(THREADS, 4 * THREADS);
     let account = run.subject.account.clone();
     let wins = run.on_threads(threads, move |_| {
-        // A correct account refuses once drained; the bound only stops a broken one.
+        // A correct account says "not now" once drained; the bound only stops a broken one.
         let mut wins = 0u64;
         for _ in 0..=capacity {
-            match account.try_take(unit, Amount::ZERO) {
-                Ok(true) => wins += 1,
-                _ => break,
+            if !account.ask(unit, Ask::HEAD).is_taken() {
+                break;
             }
+            wins += 1;
         }
         wins
     });
@@ -521,33 +740,39 @@ pub fn try_take_is_atomic_against_concurrent_takers(make: &dyn Fn() -> Subject) 
     assert_eq!(
         total,
         capacity,
-        "{}: expected {threads} racing takers to win exactly the capacity, {capacity} takes of \
-         {unit}, between them; they won {total} ({wins:?} per thread)",
+        "{}: expected {threads} racing takers to be taken exactly the capacity, {capacity} takes \
+         of {unit}, between them; they were taken {total} times ({wins:?} per thread)",
         run.at()
     );
     run.expect_free(0, "after the race drained it");
 }
 
-/// Threads taking and giving back in parallel never hold more than the capacity at once, and
+/// Threads asking and giving back in parallel never hold more than the capacity at once, and
 /// the account is full again when they are done.
 ///
-/// Each thread counts what it holds in a shared tally between a successful take and its give; a
-/// tally above the capacity means two takes were granted the same room.
+/// Half the threads ask as the head, half as waiters behind a head that holds nothing here
+/// ([`Ask::behind`]`(ZERO)`). Each counts what it holds in a shared tally between a take and its
+/// give; a tally above the capacity means two takes were granted the same room.
 ///
 /// # Panics
 ///
 /// When the tally ever exceeds the capacity, or the account is not full afterwards.
-pub fn never_overdrawn_under_concurrent_takes_and_gives(make: &dyn Fn() -> Subject) {
-    let run = Run::new("never_overdrawn_under_concurrent_takes_and_gives", make);
+pub fn never_overdrawn_under_concurrent_asks_and_gives(make: &dyn Fn() -> Subject) {
+    let run = Run::new("never_overdrawn_under_concurrent_asks_and_gives", make);
     let unit = run.unit();
     let capacity = run.subject.capacity;
     let held = Arc::new(AtomicU64::new(0));
     let most = Arc::new(AtomicU64::new(0));
     let account = run.subject.account.clone();
     let (tally, peak) = (held.clone(), most.clone());
-    run.on_threads(THREADS * 2, move |_| {
+    run.on_threads(THREADS * 2, move |t| {
+        let ask = if t % 2 == 0 {
+            Ask::HEAD
+        } else {
+            Ask::behind(Amount::ZERO)
+        };
         for _ in 0..ROUNDS {
-            if let Ok(true) = account.try_take(unit, Amount::ZERO) {
+            if account.ask(unit, ask).is_taken() {
                 let now = tally.fetch_add(1, Ordering::SeqCst) + 1;
                 peak.fetch_max(now, Ordering::SeqCst);
                 thread::yield_now();
@@ -565,100 +790,28 @@ pub fn never_overdrawn_under_concurrent_takes_and_gives(make: &dyn Fn() -> Subje
     run.expect_free(capacity, "after every thread gave back what it took");
 }
 
-/// A give makes room at once: drained, one `give(fits_alone)` lets exactly one more take
-/// succeed, without the clock moving (for clocked accounts too: a give is the rollback path).
+/// A give makes room at once: drained, one `give(fits_alone)` lets exactly one more take be
+/// taken, without the clock moving (for clocked accounts too: a give is the rollback path).
 ///
 /// # Panics
 ///
-/// When the take after the give is refused, or a second one succeeds.
+/// When the take after the give is not taken, or a second one is.
 pub fn give_credits_back(make: &dyn Fn() -> Subject) {
     let run = Run::new("give_credits_back", make);
     let unit = run.unit();
     run.drain();
     run.subject.account.give(unit);
-    run.expect_fits(unit, Amount::ZERO, true, "after giving one amount back");
-    run.expect_take(unit, Amount::ZERO, true, "after giving one amount back");
-    run.expect_take(
-        unit,
-        Amount::ZERO,
-        false,
-        "after retaking the amount given back",
-    );
-}
-
-/// `earliest_fit` means what it says.
-///
-/// - While `fits_alone` fits, the answer is `None` or an instant no later than now.
-/// - A [`Replenishment::Release`] account answers `None` when it does not fit: only a give can
-///   change that.
-/// - A [`Replenishment::Time`] account, drained, answers an instant in the future; moving the
-///   clock there makes `fits` true; a larger reservation never moves the instant earlier.
-///
-/// # Panics
-///
-/// When any of these answers is off.
-pub fn earliest_fit_semantics(make: &dyn Fn() -> Subject) {
-    let run = Run::new("earliest_fit_semantics", make);
-    let unit = run.unit();
-    let account = &run.subject.account;
-    let clock = &run.subject.clock;
-    run.expect_fit_now(unit, "on a fresh account");
-
-    match run.subject.expected_replenishment {
-        Replenishment::Release => {
-            let everything = times(unit, run.subject.capacity);
-            let seen = account.earliest_fit(unit, everything);
-            assert_eq!(
-                seen,
-                None,
-                "{}: expected earliest_fit({unit}, reserved {everything}) to be None on a release \
-                 account where it does not fit; saw {seen:?}",
-                run.at()
-            );
-            run.drain();
-            let seen = account.earliest_fit(unit, Amount::ZERO);
-            assert_eq!(
-                seen,
-                None,
-                "{}: expected earliest_fit({unit}) to be None on a drained release account (only \
-                 a give can help); saw {seen:?}",
-                run.at()
-            );
-        }
-        Replenishment::Time => {
-            run.drain();
-            let now = clock.now();
-            let alone = account.earliest_fit(unit, Amount::ZERO);
-            let Some(at) = alone.filter(|&at| at > now) else {
-                panic!(
-                    "{}: expected earliest_fit({unit}) on a drained clocked account to be an \
-                     instant after now ({now:?}); saw {alone:?}",
-                    run.at()
-                );
-            };
-            if let Some(later) = account.earliest_fit(unit, unit) {
-                assert!(
-                    later >= at,
-                    "{}: expected earliest_fit({unit}, reserved {unit}) to be no earlier than \
-                     earliest_fit({unit}) = {at:?}; saw {later:?}",
-                    run.at()
-                );
-            }
-            clock.advance_to(at);
-            run.expect_fits(
-                unit,
-                Amount::ZERO,
-                true,
-                &format!("at its earliest fit {at:?}"),
-            );
-            run.expect_fit_now(unit, &format!("at its earliest fit {at:?}"));
-        }
-    }
+    let when = "after giving one amount back";
+    run.expect_free(1, when);
+    run.expect(unit, Ask::HEAD.look(), &Said::Taken, when);
+    run.expect(unit, Ask::HEAD, &Said::Taken, when);
+    run.expect_not_now(unit, Ask::HEAD, "after retaking the amount given back");
+    run.expect_free(0, "after retaking the amount given back");
 }
 
 /// The account declares the replenishment the subject expects, and behaves by it: a drained
-/// release account stays drained however far the clock moves; a drained clocked account fits
-/// again once the clock has moved far enough (a year).
+/// release account answers `NotNow(None)` however far the clock moves; a drained clocked
+/// account is taken again once the clock has moved far enough (a year).
 ///
 /// # Panics
 ///
@@ -675,12 +828,15 @@ pub fn replenishment_is_declared(make: &dyn Fn() -> Subject) {
     );
     run.drain();
     run.subject.clock.advance(LONG_AGO);
-    let after = format!("drained, then a year later by the clock ({expected:?})");
-    run.expect_fits(
+    let after = match expected {
+        Replenishment::Time => Said::Taken,
+        Replenishment::Release => Said::NotNow(None),
+    };
+    run.expect(
         run.unit(),
-        Amount::ZERO,
-        expected == Replenishment::Time,
+        Ask::HEAD.look(),
         &after,
+        &format!("drained, then a year later by the clock ({expected:?})"),
     );
 }
 
@@ -729,68 +885,105 @@ pub fn status_has_a_one_line_summary(make: &dyn Fn() -> Subject) {
     }
 }
 
-/// A give that grows capacity calls the installed wake at least once; after `None` is installed,
-/// the same take and give call nothing.
+/// A give that grows capacity calls the installed wake exactly once; after `None` is
+/// installed, the same take and give call nothing.
 ///
 /// # Panics
 ///
-/// When the wake is not called after the give, or is still called after being cleared.
+/// When the wake is not called exactly once after the give, or is called after being cleared.
 pub fn wake_slot_is_called_when_capacity_grows_and_cleared_by_none(make: &dyn Fn() -> Subject) {
     let run = Run::new(
         "wake_slot_is_called_when_capacity_grows_and_cleared_by_none",
         make,
     );
-    let unit = run.unit();
     let account = &run.subject.account;
     let (calls, wake) = counting_wake();
     account.on_capacity_change(Some(wake));
-    run.expect_take(unit, Amount::ZERO, true, "with a wake installed");
-    account.give(unit);
+    run.take_and_give_back("with a wake installed");
     let seen = calls.load(Ordering::SeqCst);
-    assert!(
-        seen >= 1,
-        "{}: expected the installed wake to be called at least once after a take and a give; \
-         it was called {seen} times",
+    assert_eq!(
+        seen,
+        1,
+        "{}: expected the installed wake to be called exactly once by a take and a give; it was \
+         called {seen} times",
         run.at()
     );
     account.on_capacity_change(None);
-    run.expect_take(unit, Amount::ZERO, true, "with the wake cleared");
-    account.give(unit);
+    run.take_and_give_back("with the wake cleared");
     let after = calls.load(Ordering::SeqCst);
     assert_eq!(
         after,
-        seen,
-        "{}: expected a cleared wake never to be called again; calls went from {seen} to {after}",
+        1,
+        "{}: expected a wake cleared by None never to be called again; it was called {after} \
+         times in all",
         run.at()
     );
 }
 
-/// Installing a second wake replaces the first: a give then calls only the second.
+/// Installing a second wake replaces the first: a give then calls only the second, once.
 ///
 /// # Panics
 ///
-/// When the first wake is called after being replaced, or the second is not called.
+/// When the first wake is called after being replaced, or the second is not called once.
 pub fn a_later_wake_replaces_an_earlier_one(make: &dyn Fn() -> Subject) {
     let run = Run::new("a_later_wake_replaces_an_earlier_one", make);
-    let unit = run.unit();
     let account = &run.subject.account;
     let (first_calls, first) = counting_wake();
     let (second_calls, second) = counting_wake();
     account.on_capacity_change(Some(first));
     account.on_capacity_change(Some(second));
-    run.expect_take(unit, Amount::ZERO, true, "with two wakes installed in turn");
-    account.give(unit);
-    let (first, second) = (
+    run.take_and_give_back("with two wakes installed in turn");
+    let seen = (
         first_calls.load(Ordering::SeqCst),
         second_calls.load(Ordering::SeqCst),
     );
-    assert!(
-        first == 0 && second >= 1,
-        "{}: expected only the later wake to be called after a take and a give (first 0, \
-         second at least 1); saw first {first}, second {second}",
+    assert_eq!(
+        seen,
+        (0, 1),
+        "{}: expected a take and a give to call the later wake once and the earlier never \
+         (first, second); saw {seen:?}",
         run.at()
     );
     account.on_capacity_change(None);
+}
+
+/// [`Account::forget_capacity_change`] clears the slot only when it holds that same wake: with
+/// wake A installed, forgetting B (which another monitor might have installed and since lost
+/// the slot) leaves A, which a give then calls once; forgetting A clears it, and the next give
+/// calls nothing.
+///
+/// # Panics
+///
+/// When forgetting B silences A, or forgetting A does not.
+pub fn forget_capacity_change_clears_only_its_own_wake(make: &dyn Fn() -> Subject) {
+    let run = Run::new("forget_capacity_change_clears_only_its_own_wake", make);
+    let account = &run.subject.account;
+    let (a_calls, a) = counting_wake();
+    let (b_calls, b) = counting_wake();
+    account.on_capacity_change(Some(a.clone()));
+    account.forget_capacity_change(&b);
+    run.take_and_give_back("with A installed and B forgotten");
+    let seen = (
+        a_calls.load(Ordering::SeqCst),
+        b_calls.load(Ordering::SeqCst),
+    );
+    assert_eq!(
+        seen,
+        (1, 0),
+        "{}: expected wake A, installed, to be called once by a take and a give after wake B \
+         (never installed) was forgotten, and B never (A, B); saw {seen:?}",
+        run.at()
+    );
+    account.forget_capacity_change(&a);
+    run.take_and_give_back("with A forgotten");
+    let after = a_calls.load(Ordering::SeqCst);
+    assert_eq!(
+        after,
+        1,
+        "{}: expected wake A, once forgotten, never to be called again; it was called {after} \
+         times in all",
+        run.at()
+    );
 }
 
 /// A wake that counts its calls.
@@ -808,12 +1001,42 @@ fn times(amount: Amount, n: u64) -> Amount {
     Amount::from_dimensions(amount.dimensions().map(|d| d.saturating_mul(n)))
 }
 
-/// An answer of `fits` or `try_take`, printed for a failure message.
-fn show(answer: &Result<bool, Refusal>) -> String {
-    match answer {
-        Ok(fits) => format!("Ok({fits})"),
-        Err(refusal) => format!("Err({:?})", refusal.message()),
+/// An answer as the rules compare it: a refusal stands for its kind.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Said {
+    Taken,
+    NotNow(Option<Instant>),
+    Never(RefusalKind),
+}
+
+impl From<&Answer> for Said {
+    fn from(answer: &Answer) -> Said {
+        match answer {
+            Answer::Taken => Said::Taken,
+            Answer::NotNow(at) => Said::NotNow(*at),
+            Answer::Never(refusal) => Said::Never(refusal.kind()),
+        }
     }
+}
+
+/// An answer, printed for a failure message (a refusal with its message).
+fn show(answer: &Answer) -> String {
+    match answer {
+        Answer::Taken => "Taken".to_owned(),
+        Answer::NotNow(at) => format!("NotNow({at:?})"),
+        Answer::Never(refusal) => format!("Never({:?}: {:?})", refusal.kind(), refusal.message()),
+    }
+}
+
+/// The call, printed for a failure message: `ask(2, Ask::behind(4).look())`.
+fn show_ask(mine: Amount, ask: Ask) -> String {
+    let who = if ask.is_head() {
+        "Ask::HEAD".to_owned()
+    } else {
+        format!("Ask::behind({})", ask.reserved_ahead())
+    };
+    let look = if ask.takes() { "" } else { ".look()" };
+    format!("ask({mine}, {who}{look})")
 }
 
 /// One rule running on one fresh subject.
@@ -840,16 +1063,16 @@ impl Run {
             "{}: the subject declares a capacity of 0",
             run.at()
         );
-        run.expect_fits(
+        run.expect(
             run.unit(),
-            Amount::ZERO,
-            true,
+            Ask::HEAD.look(),
+            &Said::Taken,
             "fresh from the factory (is the subject declared right?)",
         );
         run
     }
 
-    /// "rule `r` on account `a`", the head of every failure message.
+    /// "contract rule `r` on account `a`", the head of every failure message.
     fn at(&self) -> String {
         format!(
             "contract rule `{}` on account `{}`",
@@ -862,53 +1085,96 @@ impl Run {
         self.subject.fits_alone
     }
 
-    fn expect_fits(&self, mine: Amount, reserved: Amount, expected: bool, when: &str) {
-        let seen = self.subject.account.fits(mine, reserved);
+    /// Asks and checks the answer is exactly `expected`.
+    fn expect(&self, mine: Amount, ask: Ask, expected: &Said, when: &str) {
+        let seen = self.subject.account.ask(mine, ask);
         assert!(
-            matches!(seen, Ok(fits) if fits == expected),
-            "{} {when}: expected fits({mine}, reserved {reserved}) to be Ok({expected}), saw {}",
+            Said::from(&seen) == *expected,
+            "{} {when}: expected {} to answer {expected:?}, saw {}",
             self.at(),
+            show_ask(mine, ask),
             show(&seen)
         );
     }
 
-    fn expect_take(&self, mine: Amount, reserved: Amount, expected: bool, when: &str) {
-        let seen = self.subject.account.try_take(mine, reserved);
+    /// Asks, checks the answer is "not now", and returns its instant.
+    fn expect_not_now(&self, mine: Amount, ask: Ask, when: &str) -> Option<Instant> {
+        let seen = self.subject.account.ask(mine, ask);
+        match seen {
+            Answer::NotNow(at) => at,
+            _ => panic!(
+                "{} {when}: expected {} to answer NotNow(_), saw {}",
+                self.at(),
+                show_ask(mine, ask),
+                show(&seen)
+            ),
+        }
+    }
+
+    /// Asks, and checks the answer is "never", of any kind.
+    fn expect_never(&self, mine: Amount, ask: Ask, when: &str) {
+        let seen = self.subject.account.ask(mine, ask);
         assert!(
-            matches!(seen, Ok(taken) if taken == expected),
-            "{} {when}: expected try_take({mine}, reserved {reserved}) to be Ok({expected}), saw \
-             {}",
+            matches!(seen, Answer::Never(_)),
+            "{} {when}: expected {} to answer Never(_) (the amount can never fit), saw {}",
             self.at(),
+            show_ask(mine, ask),
             show(&seen)
         );
     }
 
-    /// `earliest_fit(mine)` is `None` or not after now, for an amount that fits now.
-    fn expect_fit_now(&self, mine: Amount, when: &str) {
-        let now = self.subject.clock.now();
-        let seen = self.subject.account.earliest_fit(mine, Amount::ZERO);
+    /// Asks `never`, and checks the answer is a refusal as too large (naming exactly `never`
+    /// and a maximum it exceeds while `fits_alone` does not) or in the account's own words.
+    fn expect_too_large_or_other(&self, never: Amount, ask: Ask, when: &str) {
+        let seen = self.subject.account.ask(never, ask);
+        let unit = self.unit();
+        let exceeds = |a: Amount, max: Amount| {
+            a.dimensions()
+                .iter()
+                .zip(max.dimensions())
+                .any(|(&a, m)| a > m)
+        };
+        let right = match &seen {
+            Answer::Never(refusal) => match refusal.kind() {
+                RefusalKind::TooLarge { asked, max } => {
+                    asked == never && exceeds(never, max) && !exceeds(unit, max)
+                }
+                RefusalKind::Other => true,
+                _ => false,
+            },
+            _ => false,
+        };
         assert!(
-            seen.is_none_or(|at| at <= now),
-            "{} {when}: {mine} fits now, so expected earliest_fit({mine}) to be None or no later \
-             than now ({now:?}); saw {seen:?}",
-            self.at()
+            right,
+            "{} {when}: expected {} to answer Never with RefusalKind::TooLarge {{ asked: {never:?}, \
+             max }} (a max that {never} exceeds and {unit} does not) or RefusalKind::Other: the \
+             amount can never fit, so neither not now nor refusing all; saw {}",
+            self.at(),
+            show_ask(never, ask),
+            show(&seen)
         );
     }
 
-    /// How many `fits_alone` amounts are free now, read without changing anything: the smallest
-    /// `k` for which `fits_alone` no longer fits with `k` of them reserved; `capacity + 1` when
-    /// even the whole capacity reserved leaves room.
+    /// How many `fits_alone` amounts are free now, read with looks only: the smallest `k` for
+    /// which `fits_alone` is not taken behind `k` of them (`k = 0`: as the head);
+    /// `capacity + 1` when even the whole capacity reserved leaves room.
     fn free(&self) -> u64 {
         let unit = self.unit();
         for k in 0..=self.subject.capacity {
-            let reserved = times(unit, k);
-            match self.subject.account.fits(unit, reserved) {
-                Ok(true) => {}
-                Ok(false) => return k,
-                Err(refusal) => panic!(
-                    "{}: expected fits({unit}, reserved {reserved}) to be Ok (the amount fits the \
-                     configuration), saw Err({:?})",
+            let ask = if k == 0 {
+                Ask::HEAD.look()
+            } else {
+                Ask::behind(times(unit, k)).look()
+            };
+            match self.subject.account.ask(unit, ask) {
+                Answer::Taken => {}
+                Answer::NotNow(_) => return k,
+                Answer::Never(refusal) => panic!(
+                    "{}: expected {} to be taken or not now (the amount fits the \
+                     configuration), saw Never({:?}: {:?})",
                     self.at(),
+                    show_ask(unit, ask),
+                    refusal.kind(),
                     refusal.message()
                 ),
             }
@@ -935,29 +1201,37 @@ impl Run {
         );
     }
 
-    /// Takes the whole capacity, one `fits_alone` at a time, and checks the next take is refused.
+    /// Takes the whole capacity as the head, one `fits_alone` at a time, and checks the next
+    /// take is "not now".
     fn drain(&self) {
         let capacity = self.subject.capacity;
         for taken in 1..=capacity {
-            self.expect_take(
+            self.expect(
                 self.unit(),
-                Amount::ZERO,
-                true,
+                Ask::HEAD,
+                &Said::Taken,
                 &format!("taking {taken} of {capacity}"),
             );
         }
-        self.expect_take(self.unit(), Amount::ZERO, false, "once drained");
+        self.expect_not_now(self.unit(), Ask::HEAD, "once drained");
+    }
+
+    /// One take of `fits_alone` as the head and its give, for the wake rules.
+    fn take_and_give_back(&self, when: &str) {
+        self.expect(self.unit(), Ask::HEAD, &Said::Taken, when);
+        self.subject.account.give(self.unit());
     }
 
     /// Runs `work(i)` on `n` threads released together, returning their results in thread order.
     ///
-    /// A thread that has not finished within [`PATIENCE`] is reported as a blocking account; a
-    /// thread that panicked re-raises its panic here.
+    /// A thread that has not finished within the subject's patience is reported as a blocking
+    /// account; a thread that panicked re-raises its panic here.
     fn on_threads<T: Send + 'static>(
         &self,
         n: usize,
         work: impl Fn(usize) -> T + Send + Sync + 'static,
     ) -> Vec<T> {
+        let patience = self.subject.patience;
         let work = Arc::new(work);
         let start = Arc::new(Barrier::new(n));
         let (done, finished) = mpsc::channel();
@@ -974,7 +1248,7 @@ impl Run {
         let mut results: Vec<Option<T>> = (0..n).map(|_| None).collect();
         let mut count = 0;
         while count < n {
-            match finished.recv_timeout(PATIENCE) {
+            match finished.recv_timeout(patience) {
                 Ok((i, result)) => {
                     results[i] = Some(result);
                     count += 1;
@@ -983,7 +1257,7 @@ impl Run {
                 Err(mpsc::RecvTimeoutError::Timeout) => {
                     panic!(
                         "{}: expected all {n} threads to finish their calls; only {count} had \
-                         after {PATIENCE:?}, so some method blocks",
+                         after {patience:?}, so some method blocks",
                         self.at()
                     );
                 }

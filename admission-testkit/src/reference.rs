@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use admission_core::{
-    Account, AccountStatus, Amount, Category, Clock, Instant, Refusal, Replenishment, SystemClock,
-    WakeFn, WakeSlot,
+    Account, AccountStatus, Amount, Answer, Ask, Category, Clock, Instant, Refusal, Replenishment,
+    SystemClock, WakeFn, WakeSlot,
 };
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -44,7 +44,9 @@ impl AccountStatus for ReferenceStatus {
 
 /// A counting gate of `capacity` permits that come back on release ([`Replenishment::Release`]).
 ///
-/// Reads only the primary dimension of an amount.
+/// Reads only the primary dimension of an amount. A demand of more than `capacity` permits is
+/// refused as [`RefusalKind::TooLarge`](admission_core::RefusalKind::TooLarge); a shortfall is
+/// "not now" with no instant, since only a give brings permits back.
 #[derive(Debug)]
 pub struct Permits {
     name: String,
@@ -85,16 +87,16 @@ impl Permits {
         self.wake.is_installed()
     }
 
-    fn check(&self, in_use: u64, mine: Amount, reserved: Amount) -> Result<bool, Refusal> {
-        let mine = mine.primary();
-        if mine > self.capacity {
-            return Err(Refusal::new(format!(
-                "`{}` has {} permits in all; a demand of {mine} can never fit",
-                self.name, self.capacity
-            )));
-        }
-        let free = self.capacity - in_use;
-        Ok(mine.saturating_add(reserved.primary()) <= free)
+    /// The refusal of `mine` when it is more than the gate holds in all.
+    fn too_large(&self, mine: Amount) -> Option<Refusal> {
+        (mine.primary() > self.capacity).then(|| {
+            Refusal::too_large(mine, Amount::units(self.capacity)).with_message(format!(
+                "`{}` has {} permits in all; a demand of {} can never fit",
+                self.name,
+                self.capacity,
+                mine.primary()
+            ))
+        })
     }
 }
 
@@ -108,16 +110,23 @@ impl Account for Permits {
     fn replenishment(&self) -> Replenishment {
         Replenishment::Release
     }
-    fn fits(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
-        self.check(*self.in_use.lock(), mine, reserved_ahead)
-    }
-    fn try_take(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
+    /// One lock, one answer: too large is refused, a shortfall waits for a give (no instant),
+    /// and a fitting taking ask is debited under the same lock that checked it.
+    fn ask(&self, mine: Amount, ask: Ask) -> Answer {
+        if let Some(refusal) = self.too_large(mine) {
+            return Answer::Never(refusal);
+        }
         let mut in_use = self.in_use.lock();
-        let fits = self.check(*in_use, mine, reserved_ahead)?;
-        if fits {
+        let want = mine
+            .primary()
+            .saturating_add(ask.reserved_ahead().primary());
+        if want > self.capacity - *in_use {
+            return Answer::NotNow(None);
+        }
+        if ask.takes() {
             *in_use += mine.primary();
         }
-        Ok(fits)
+        Answer::Taken
     }
     fn give(&self, amount: Amount) {
         {
@@ -127,9 +136,6 @@ impl Account for Permits {
         if amount.primary() > 0 {
             self.wake.notify();
         }
-    }
-    fn earliest_fit(&self, _mine: Amount, _reserved_ahead: Amount) -> Option<Instant> {
-        None
     }
     fn status(&self) -> Box<dyn AccountStatus> {
         Box::new(ReferenceStatus {
@@ -153,7 +159,10 @@ const NANOS_PER_SECOND: u128 = 1_000_000_000;
 /// ([`Replenishment::Time`]): the level at any instant is the stored level plus what the rate
 /// produced since it was last read, capped at the capacity. No refill thread.
 ///
-/// Reads only the primary dimension of an amount.
+/// Reads only the primary dimension of an amount. A demand of more than `capacity` units is
+/// refused as [`RefusalKind::TooLarge`](admission_core::RefusalKind::TooLarge); a shortfall is
+/// "not now" until the instant the refill covers it (the deficit over the rate), or with no
+/// instant when the refill never will (a zero rate, or more than the capacity reserved ahead).
 #[derive(Debug)]
 pub struct Meter {
     name: String,
@@ -215,17 +224,29 @@ impl Meter {
         level.1 = level.1.max(now);
     }
 
-    fn check(&self, level: u128, mine: Amount, reserved: Amount) -> Result<bool, Refusal> {
-        if mine.primary() > self.capacity {
-            return Err(Refusal::new(format!(
+    /// The refusal of `mine` when it is more than the meter holds when full.
+    fn too_large(&self, mine: Amount) -> Option<Refusal> {
+        (mine.primary() > self.capacity).then(|| {
+            Refusal::too_large(mine, Amount::units(self.capacity)).with_message(format!(
                 "`{}` holds at most {} units; a demand of {} can never fit",
                 self.name,
                 self.capacity,
                 mine.primary()
-            )));
+            ))
+        })
+    }
+
+    /// The instant the refill alone brings a `level` read at `at` up to `want` billionths:
+    /// the deficit over the rate, rounded up to the next nanosecond. `None` when it never will
+    /// (no refill, or more than the meter holds: only the reservation leaving can help).
+    fn refilled_to(&self, want: u128, level: u128, at: Instant) -> Option<Instant> {
+        if self.per_second == 0 || want > self.cap() {
+            return None;
         }
-        let want = u128::from(mine.primary().saturating_add(reserved.primary())) * NANOS_PER_SECOND;
-        Ok(want <= level)
+        let nanos = (want - level).div_ceil(u128::from(self.per_second));
+        Some(at.saturating_add(Duration::from_nanos(
+            u64::try_from(nanos).unwrap_or(u64::MAX),
+        )))
     }
 }
 
@@ -239,19 +260,26 @@ impl Account for Meter {
     fn replenishment(&self) -> Replenishment {
         Replenishment::Time
     }
-    fn fits(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
+    /// One lock, one answer: too large is refused; otherwise the level is brought up to now,
+    /// and either a fitting taking ask is debited or the answer names when the refill alone
+    /// covers `mine` beside the reservation.
+    fn ask(&self, mine: Amount, ask: Ask) -> Answer {
+        if let Some(refusal) = self.too_large(mine) {
+            return Answer::Never(refusal);
+        }
         let mut level = self.level.lock();
         self.refill(&mut level);
-        self.check(level.0, mine, reserved_ahead)
-    }
-    fn try_take(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
-        let mut level = self.level.lock();
-        self.refill(&mut level);
-        let fits = self.check(level.0, mine, reserved_ahead)?;
-        if fits {
+        let want = u128::from(
+            mine.primary()
+                .saturating_add(ask.reserved_ahead().primary()),
+        ) * NANOS_PER_SECOND;
+        if want > level.0 {
+            return Answer::NotNow(self.refilled_to(want, level.0, level.1));
+        }
+        if ask.takes() {
             level.0 -= u128::from(mine.primary()) * NANOS_PER_SECOND;
         }
-        Ok(fits)
+        Answer::Taken
     }
     fn give(&self, amount: Amount) {
         {
@@ -265,23 +293,6 @@ impl Account for Meter {
         if amount.primary() > 0 {
             self.wake.notify();
         }
-    }
-    fn earliest_fit(&self, mine: Amount, reserved_ahead: Amount) -> Option<Instant> {
-        let mut level = self.level.lock();
-        self.refill(&mut level);
-        let want =
-            u128::from(mine.primary().saturating_add(reserved_ahead.primary())) * NANOS_PER_SECOND;
-        if want <= level.0 {
-            return Some(level.1);
-        }
-        if self.per_second == 0 || want > self.cap() {
-            return None;
-        }
-        let deficit = want - level.0;
-        let nanos = deficit.div_ceil(u128::from(self.per_second));
-        Some(level.1.saturating_add(Duration::from_nanos(
-            u64::try_from(nanos).unwrap_or(u64::MAX),
-        )))
     }
     fn status(&self) -> Box<dyn AccountStatus> {
         Box::new(ReferenceStatus {

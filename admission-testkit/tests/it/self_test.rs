@@ -1,5 +1,6 @@
 //! The suite can fail: an account with one deliberate flaw makes the rule that guards against
 //! that flaw panic, naming the rule, while the same account without the flaw passes every rule.
+//! Every rule of the suite is broken by at least one planted flaw.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -7,11 +8,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use admission_core::{
-    Account, AccountStatus, Amount, Category, Clock, Instant, Refusal, Replenishment, WakeFn,
+    Account, AccountStatus, Amount, Answer, Ask, Category, Clock, Refusal, RefusalKind,
+    Replenishment, WakeFn,
 };
 use admission_testkit::FakeClock;
 use admission_testkit::contract::{self, Subject};
 use admission_testkit::reference::{Meter, Permits};
+use parking_lot::{Condvar, Mutex};
 use serde::Serialize;
 
 /// The one thing a [`Flawed`] account gets wrong.
@@ -19,24 +22,45 @@ use serde::Serialize;
 enum Flaw {
     /// Nothing: the wrapper only delegates.
     None,
-    /// `try_take` reports success even when nothing fits (and then debits nothing).
-    TakeIgnoresTheLimit,
-    /// `try_take` debits twice what it was asked.
-    TakeDebitsTwice,
-    /// `fits` debits what it checks.
-    FitsTakes,
-    /// A never-fitting amount is "not now" instead of "never".
+    /// A look takes what it asks about.
+    LookTakes,
+    /// A taking ask is answered `Taken` whatever the account says (and debits nothing more).
+    TakenIgnoresTheLimit,
+    /// A taking ask that is taken debits `mine` twice.
+    TakenDebitsTwice,
+    /// A taking ask behind a head that is taken debits the head's reservation too.
+    BehindDebitsTheReservation,
+    /// A taking ask answered "not now" debits `mine` anyway when it fits alone.
+    NotNowDebits,
+    /// A taking ask answered "never" debits one unit anyway.
+    NeverDebits,
+    /// "Never" is answered "not now", with no instant.
     NeverIsNotNow,
-    /// A reservation in the way is "never" instead of "not now".
+    /// "Never" is answered as refusing everyone for a minute.
+    NeverIsRefusingAll,
+    /// A too-large refusal names the maximum as the amount asked.
+    TooLargeNamesTheMaxAsAsked,
+    /// "Never" only while something is free: drained, the never-fitting amount is "not now".
+    NeverIsNotNowWhenDrained,
+    /// "Not now" because of the reservation is answered "never".
     ReservationIsNever,
+    /// A waiter behind a head is answered as the head: the reservation is ignored.
+    ReservationIgnored,
+    /// "Not now" always names the present instant ("ask again now").
+    NotNowIsAlwaysNow,
+    /// "Not now" names an instant a nanosecond before the true one.
+    NotNowTooEarly,
+    /// "Not now" names an instant a nanosecond after the true one.
+    NotNowTooLate,
+    /// "Not now, only an event can help" names an instant a second ahead instead.
+    NotNowWithAnInstant,
+    /// A taking ask that is "not now" waits (for a latch only the test opens) instead of
+    /// answering.
+    NotNowBlocks,
     /// `give` credits nothing.
     GiveLosesCredit,
     /// Declares the other replenishment.
     WrongReplenishment,
-    /// `earliest_fit` always answers now.
-    EarliestFitIsAlwaysNow,
-    /// `earliest_fit` answers a nanosecond before the true instant.
-    EarliestFitTooEarly,
     /// The summary spans two lines.
     TwoLineSummary,
     /// The status names some other account.
@@ -49,6 +73,30 @@ enum Flaw {
     WakeNeverCleared,
     /// A second install does not replace the first.
     WakeKeepsTheFirst,
+    /// `forget_capacity_change` clears whatever wake is installed, someone else's too.
+    ForgetClearsAnyWake,
+    /// `forget_capacity_change` keeps the wake (the trait's default body).
+    ForgetKeepsTheWake,
+}
+
+/// A gate a blocking flaw waits on until the test opens it, so no thread outlives its test.
+#[derive(Clone, Default)]
+struct Latch(Arc<(Mutex<bool>, Condvar)>);
+
+impl Latch {
+    fn wait(&self) {
+        let (open, opened) = &*self.0;
+        let mut open = open.lock();
+        while !*open {
+            opened.wait(&mut open);
+        }
+    }
+
+    fn open(&self) {
+        let (open, opened) = &*self.0;
+        *open.lock() = true;
+        opened.notify_all();
+    }
 }
 
 /// A reference account with one [`Flaw`] layered on top.
@@ -58,6 +106,8 @@ struct Flawed {
     flaw: Flaw,
     /// True once any wake has been installed (for [`Flaw::WakeKeepsTheFirst`]).
     installed: AtomicBool,
+    /// What [`Flaw::NotNowBlocks`] waits on.
+    latch: Latch,
 }
 
 /// A status record written by hand, to break it on purpose.
@@ -104,6 +154,15 @@ impl AccountStatus for BareStatus {
     }
 }
 
+/// The same question, taking.
+fn taking(ask: Ask) -> Ask {
+    if ask.is_head() {
+        Ask::HEAD
+    } else {
+        Ask::behind(ask.reserved_ahead())
+    }
+}
+
 impl Account for Flawed {
     fn name(&self) -> &str {
         self.inner.name()
@@ -118,36 +177,77 @@ impl Account for Flawed {
             (_, declared) => declared,
         }
     }
-    fn fits(&self, mine: Amount, reserved: Amount) -> Result<bool, Refusal> {
-        match self.flaw {
-            Flaw::FitsTakes => self.inner.try_take(mine, reserved),
-            _ => self.answer(self.inner.fits(mine, reserved), mine),
-        }
-    }
-    fn try_take(&self, mine: Amount, reserved: Amount) -> Result<bool, Refusal> {
-        let taken = self.answer(self.inner.try_take(mine, reserved), mine);
-        match self.flaw {
-            Flaw::TakeIgnoresTheLimit => Ok(true),
-            Flaw::TakeDebitsTwice if matches!(taken, Ok(true)) => {
-                let _ = self.inner.try_take(mine, Amount::ZERO);
-                taken
+    fn ask(&self, mine: Amount, ask: Ask) -> Answer {
+        let inner = &self.inner;
+        let asked = match self.flaw {
+            Flaw::LookTakes => taking(ask),
+            Flaw::ReservationIgnored if ask.takes() => Ask::HEAD,
+            Flaw::ReservationIgnored => Ask::HEAD.look(),
+            _ => ask,
+        };
+        let answer = inner.ask(mine, asked);
+        let takes = ask.takes();
+        match (self.flaw, answer) {
+            (Flaw::TakenIgnoresTheLimit, _) if takes => Answer::Taken,
+            (Flaw::TakenDebitsTwice, Answer::Taken) if takes => {
+                let _ = inner.ask(mine, Ask::HEAD);
+                Answer::Taken
             }
-            _ => taken,
+            (Flaw::BehindDebitsTheReservation, Answer::Taken) if takes => {
+                let _ = inner.ask(ask.reserved_ahead(), Ask::HEAD);
+                Answer::Taken
+            }
+            (Flaw::NotNowDebits, Answer::NotNow(at)) if takes => {
+                let _ = inner.ask(mine, Ask::HEAD);
+                Answer::NotNow(at)
+            }
+            (Flaw::NeverDebits, Answer::Never(refusal)) if takes => {
+                let _ = inner.ask(Amount::ONE, Ask::HEAD);
+                Answer::Never(refusal)
+            }
+            (Flaw::NeverIsNotNow, Answer::Never(_)) => Answer::NotNow(None),
+            (Flaw::NeverIsRefusingAll, Answer::Never(_)) => Answer::Never(Refusal::temporary(
+                "refusing everyone",
+                Duration::from_secs(60),
+            )),
+            (Flaw::TooLargeNamesTheMaxAsAsked, Answer::Never(refusal)) => match refusal.kind() {
+                RefusalKind::TooLarge { max, .. } => Answer::Never(Refusal::too_large(max, max)),
+                _ => Answer::Never(refusal),
+            },
+            (Flaw::NeverIsNotNowWhenDrained, Answer::Never(refusal)) => {
+                if inner.ask(Amount::ONE, Ask::HEAD.look()).is_taken() {
+                    Answer::Never(refusal)
+                } else {
+                    Answer::NotNow(None)
+                }
+            }
+            (Flaw::ReservationIsNever, Answer::NotNow(at)) => {
+                if inner.ask(mine, Ask::HEAD.look()).is_taken() {
+                    Answer::Never(Refusal::new("refused for the reservation"))
+                } else {
+                    Answer::NotNow(at)
+                }
+            }
+            (Flaw::NotNowIsAlwaysNow, Answer::NotNow(_)) => Answer::NotNow(Some(self.clock.now())),
+            (Flaw::NotNowTooEarly, Answer::NotNow(Some(at))) => {
+                Answer::NotNow(Some(at.saturating_sub(Duration::from_nanos(1))))
+            }
+            (Flaw::NotNowTooLate, Answer::NotNow(Some(at))) => {
+                Answer::NotNow(Some(at.saturating_add(Duration::from_nanos(1))))
+            }
+            (Flaw::NotNowWithAnInstant, Answer::NotNow(None)) => Answer::NotNow(Some(
+                self.clock.now().saturating_add(Duration::from_secs(1)),
+            )),
+            (Flaw::NotNowBlocks, Answer::NotNow(at)) if takes => {
+                self.latch.wait();
+                Answer::NotNow(at)
+            }
+            (_, answer) => answer,
         }
     }
     fn give(&self, amount: Amount) {
         if self.flaw != Flaw::GiveLosesCredit {
             self.inner.give(amount);
-        }
-    }
-    fn earliest_fit(&self, mine: Amount, reserved: Amount) -> Option<Instant> {
-        let true_answer = self.inner.earliest_fit(mine, reserved);
-        match self.flaw {
-            Flaw::EarliestFitIsAlwaysNow => Some(self.clock.now()),
-            Flaw::EarliestFitTooEarly => {
-                true_answer.map(|at| at.saturating_sub(Duration::from_nanos(1)))
-            }
-            _ => true_answer,
         }
     }
     fn status(&self) -> Box<dyn AccountStatus> {
@@ -176,78 +276,250 @@ impl Account for Flawed {
             _ => self.inner.on_capacity_change(wake),
         }
     }
-}
-
-impl Flawed {
-    /// The inner account's answer, bent by the flaws that concern "not now" and "never".
-    fn answer(&self, answer: Result<bool, Refusal>, mine: Amount) -> Result<bool, Refusal> {
-        match (self.flaw, answer) {
-            (Flaw::NeverIsNotNow, Err(_)) => Ok(false),
-            (Flaw::ReservationIsNever, Ok(false))
-                if matches!(self.inner.fits(mine, Amount::ZERO), Ok(true)) =>
-            {
-                Err(Refusal::new("refused for the reservation"))
-            }
-            (_, answer) => answer,
+    fn forget_capacity_change(&self, wake: &WakeFn) {
+        match self.flaw {
+            Flaw::ForgetClearsAnyWake => self.inner.on_capacity_change(None),
+            Flaw::ForgetKeepsTheWake => {}
+            _ => self.inner.forget_capacity_change(wake),
         }
     }
 }
 
-/// Four permits asked one at a time, with `flaw`.
-fn flawed_permits(flaw: Flaw) -> Subject {
-    let clock = FakeClock::new();
-    let account = Flawed {
-        inner: Arc::new(Permits::new("flawed-permits", 4)),
-        clock: clock.clone(),
-        flaw,
-        installed: AtomicBool::new(false),
-    };
-    Subject::new(
-        Arc::new(account),
-        clock,
-        Amount::ONE,
-        4,
-        Replenishment::Release,
-    )
-    .with_never_fits(Amount::units(5))
+/// Which reference account a flaw is planted on.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum On {
+    /// Four permits asked one at a time; five never fit.
+    Permits,
+    /// A single permit, with no never-fitting amount declared.
+    SinglePermit,
+    /// A meter of four units refilling two a second, asked two at a time; five never fit.
+    Meter,
 }
 
-/// A single permit, with `flaw`.
-fn flawed_single_permit(flaw: Flaw) -> Subject {
+/// A fresh subject: the reference account `on`, with `flaw`, blocking (if it does) on `latch`.
+fn flawed(on: On, flaw: Flaw, latch: &Latch) -> Subject {
     let clock = FakeClock::new();
-    let account = Flawed {
-        inner: Arc::new(Permits::new("flawed-single", 1)),
+    let inner: Arc<dyn Account> = match on {
+        On::Permits => Arc::new(Permits::new("flawed-permits", 4)),
+        On::SinglePermit => Arc::new(Permits::new("flawed-single", 1)),
+        On::Meter => Arc::new(Meter::new("flawed-meter", 4, 2, clock.shared())),
+    };
+    let account = Arc::new(Flawed {
+        inner,
         clock: clock.clone(),
         flaw,
         installed: AtomicBool::new(false),
+        latch: latch.clone(),
+    });
+    let subject = match on {
+        On::Permits => Subject::new(account, clock, Amount::ONE, 4, Replenishment::Release)
+            .with_never_fits(Amount::units(5)),
+        On::SinglePermit => Subject::new(account, clock, Amount::ONE, 1, Replenishment::Release),
+        On::Meter => Subject::new(account, clock, Amount::units(2), 2, Replenishment::Time)
+            .with_never_fits(Amount::units(5)),
     };
-    Subject::new(
-        Arc::new(account),
-        clock,
-        Amount::ONE,
-        1,
-        Replenishment::Release,
-    )
+    if flaw == Flaw::NotNowBlocks {
+        // The flaw blocks for good; a fifth of a second is patience enough to see it.
+        subject.with_patience(Duration::from_millis(200))
+    } else {
+        subject
+    }
 }
 
-/// A meter of four units refilling two a second, asked two at a time, with `flaw`.
-fn flawed_meter(flaw: Flaw) -> Subject {
-    let clock = FakeClock::new();
-    let account = Flawed {
-        inner: Arc::new(Meter::new("flawed-meter", 4, 2, clock.shared())),
-        clock: clock.clone(),
-        flaw,
-        installed: AtomicBool::new(false),
-    };
-    Subject::new(
-        Arc::new(account),
-        clock,
-        Amount::units(2),
-        2,
-        Replenishment::Time,
-    )
-    .with_never_fits(Amount::units(5))
-}
+/// Every planted flaw, the account it is planted on, and a rule that must catch it.
+const CAUGHT: &[(Flaw, On, &str)] = &[
+    (Flaw::NotNowBlocks, On::SinglePermit, "never_blocks"),
+    (
+        Flaw::TakenIgnoresTheLimit,
+        On::Permits,
+        "a_taking_ask_that_is_taken_debits_exactly_mine",
+    ),
+    (
+        Flaw::TakenDebitsTwice,
+        On::Permits,
+        "a_taking_ask_that_is_taken_debits_exactly_mine",
+    ),
+    (
+        Flaw::BehindDebitsTheReservation,
+        On::Permits,
+        "a_taking_ask_that_is_taken_debits_exactly_mine",
+    ),
+    (Flaw::LookTakes, On::Permits, "a_look_changes_nothing"),
+    (Flaw::LookTakes, On::Meter, "a_look_changes_nothing"),
+    (
+        Flaw::NotNowDebits,
+        On::Permits,
+        "not_now_and_never_change_nothing",
+    ),
+    (
+        Flaw::NotNowDebits,
+        On::Meter,
+        "not_now_and_never_change_nothing",
+    ),
+    (
+        Flaw::NeverDebits,
+        On::Permits,
+        "not_now_and_never_change_nothing",
+    ),
+    (
+        Flaw::NeverIsNotNow,
+        On::Permits,
+        "never_fitting_amount_is_refused_as_too_large_or_other_never_as_not_now",
+    ),
+    (
+        Flaw::NeverIsNotNow,
+        On::Meter,
+        "never_fitting_amount_is_refused_as_too_large_or_other_never_as_not_now",
+    ),
+    (
+        Flaw::NeverIsRefusingAll,
+        On::Permits,
+        "never_fitting_amount_is_refused_as_too_large_or_other_never_as_not_now",
+    ),
+    (
+        Flaw::TooLargeNamesTheMaxAsAsked,
+        On::Meter,
+        "never_fitting_amount_is_refused_as_too_large_or_other_never_as_not_now",
+    ),
+    (
+        Flaw::NeverIsNotNowWhenDrained,
+        On::Permits,
+        "never_fitting_amount_is_refused_as_too_large_or_other_never_as_not_now",
+    ),
+    (
+        Flaw::NeverDebits,
+        On::Permits,
+        "never_fitting_amount_is_refused_as_too_large_or_other_never_as_not_now",
+    ),
+    (
+        Flaw::TakenIgnoresTheLimit,
+        On::Permits,
+        "never_fitting_amount_is_refused_as_too_large_or_other_never_as_not_now",
+    ),
+    (
+        Flaw::ReservationIsNever,
+        On::Permits,
+        "fits_alone_but_not_beside_the_reservation_is_not_now",
+    ),
+    (
+        Flaw::ReservationIsNever,
+        On::Meter,
+        "fits_alone_but_not_beside_the_reservation_is_not_now",
+    ),
+    (
+        Flaw::ReservationIgnored,
+        On::Permits,
+        "fits_alone_but_not_beside_the_reservation_is_not_now",
+    ),
+    (
+        Flaw::ReservationIgnored,
+        On::Meter,
+        "fits_alone_but_not_beside_the_reservation_is_not_now",
+    ),
+    (
+        Flaw::NotNowIsAlwaysNow,
+        On::Meter,
+        "not_now_instant_is_when_time_alone_makes_it_fit",
+    ),
+    (
+        Flaw::NotNowTooEarly,
+        On::Meter,
+        "not_now_instant_is_when_time_alone_makes_it_fit",
+    ),
+    (
+        Flaw::NotNowTooLate,
+        On::Meter,
+        "not_now_instant_is_when_time_alone_makes_it_fit",
+    ),
+    (
+        Flaw::NotNowWithAnInstant,
+        On::Permits,
+        "a_release_account_answers_not_now_without_an_instant",
+    ),
+    (
+        Flaw::NotNowIsAlwaysNow,
+        On::Permits,
+        "a_release_account_answers_not_now_without_an_instant",
+    ),
+    (
+        Flaw::TakenIgnoresTheLimit,
+        On::Permits,
+        "asks_are_atomic_against_concurrent_takers",
+    ),
+    (
+        Flaw::TakenDebitsTwice,
+        On::Permits,
+        "asks_are_atomic_against_concurrent_takers",
+    ),
+    (
+        Flaw::TakenIgnoresTheLimit,
+        On::SinglePermit,
+        "never_overdrawn_under_concurrent_asks_and_gives",
+    ),
+    (
+        Flaw::GiveLosesCredit,
+        On::Permits,
+        "never_overdrawn_under_concurrent_asks_and_gives",
+    ),
+    (Flaw::GiveLosesCredit, On::Permits, "give_credits_back"),
+    (Flaw::GiveLosesCredit, On::Meter, "give_credits_back"),
+    (Flaw::TakenIgnoresTheLimit, On::Permits, "give_credits_back"),
+    (
+        Flaw::WrongReplenishment,
+        On::Permits,
+        "replenishment_is_declared",
+    ),
+    (
+        Flaw::WrongReplenishment,
+        On::Meter,
+        "replenishment_is_declared",
+    ),
+    (
+        Flaw::TwoLineSummary,
+        On::Permits,
+        "status_has_a_one_line_summary",
+    ),
+    (
+        Flaw::StatusNamesAnother,
+        On::Permits,
+        "status_has_a_one_line_summary",
+    ),
+    (
+        Flaw::StatusIsNotAnObject,
+        On::Permits,
+        "status_has_a_one_line_summary",
+    ),
+    (
+        Flaw::WakeNeverInstalled,
+        On::Permits,
+        "wake_slot_is_called_when_capacity_grows_and_cleared_by_none",
+    ),
+    (
+        Flaw::WakeNeverCleared,
+        On::Meter,
+        "wake_slot_is_called_when_capacity_grows_and_cleared_by_none",
+    ),
+    (
+        Flaw::WakeKeepsTheFirst,
+        On::Permits,
+        "a_later_wake_replaces_an_earlier_one",
+    ),
+    (
+        Flaw::ForgetClearsAnyWake,
+        On::Permits,
+        "forget_capacity_change_clears_only_its_own_wake",
+    ),
+    (
+        Flaw::ForgetKeepsTheWake,
+        On::Meter,
+        "forget_capacity_change_clears_only_its_own_wake",
+    ),
+    (
+        Flaw::WakeNeverInstalled,
+        On::Meter,
+        "forget_capacity_change_clears_only_its_own_wake",
+    ),
+];
 
 /// The rule named `name`, looked up in the suite's own list.
 fn rule(name: &str) -> contract::Rule {
@@ -272,95 +544,91 @@ fn failure_of(name: &str, make: &dyn Fn() -> Subject) -> String {
         .unwrap_or_default()
 }
 
-/// Asserts the rule `name` fails on `make`, with a message naming the rule.
-fn assert_caught(name: &str, make: &dyn Fn() -> Subject) {
+/// Asserts the rule `name` fails on `make`, with a message naming the rule and what it expected.
+fn assert_caught(name: &str, make: &dyn Fn() -> Subject) -> String {
     let message = failure_of(name, make);
     assert!(
         message.contains(&format!("contract rule `{name}`")) && message.contains("expected"),
         "expected the failure of `{name}` to name the rule and what it expected; saw {message:?}"
     );
+    message
+}
+
+/// Asserts `rule` fails on `flaw` planted on `on`, and returns its message.
+fn caught(flaw: Flaw, on: On, rule: &str) -> String {
+    let latch = Latch::default();
+    let message = failure_of(rule, &|| flawed(on, flaw, &latch));
+    latch.open();
+    assert!(
+        message.contains(&format!("contract rule `{rule}`")) && message.contains("expected"),
+        "expected {flaw:?} on {on:?} to make `{rule}` fail naming the rule and what it \
+         expected; saw {message:?}"
+    );
+    message
 }
 
 #[test]
 fn the_wrapper_without_a_flaw_passes_every_rule() {
-    contract::run_all(|| flawed_permits(Flaw::None));
-    contract::run_all(|| flawed_single_permit(Flaw::None));
-    contract::run_all(|| flawed_meter(Flaw::None));
+    let latch = Latch::default();
+    for on in [On::Permits, On::SinglePermit, On::Meter] {
+        contract::run_all(|| flawed(on, Flaw::None, &latch));
+    }
 }
 
 #[test]
-fn a_take_that_ignores_the_limit_is_caught() {
-    let make = || flawed_permits(Flaw::TakeIgnoresTheLimit);
-    assert_caught("try_take_debits_exactly_what_fits_reports", &make);
-    assert_caught("try_take_is_atomic_against_concurrent_takers", &make);
-    assert_caught("give_credits_back", &make);
-    assert_caught("refuses_never_fitting_amount_with_err", &make);
+fn every_planted_flaw_is_caught_by_the_rule_that_guards_against_it() {
+    for &(flaw, on, rule) in CAUGHT {
+        caught(flaw, on, rule);
+    }
 }
 
 #[test]
-fn a_take_that_ignores_the_limit_is_caught_overdrawing_under_contention() {
-    assert_caught("never_overdrawn_under_concurrent_takes_and_gives", &|| {
-        flawed_single_permit(Flaw::TakeIgnoresTheLimit)
-    });
+fn every_rule_of_the_suite_is_broken_by_some_planted_flaw() {
+    let unbroken: Vec<&str> = contract::RULES
+        .iter()
+        .map(|(name, _)| *name)
+        .filter(|name| !CAUGHT.iter().any(|(_, _, rule)| rule == name))
+        .collect();
+    assert_eq!(unbroken, Vec::<&str>::new(), "rules no planted flaw breaks");
 }
 
 #[test]
-fn a_take_that_debits_twice_is_caught() {
-    assert_caught("try_take_debits_exactly_what_fits_reports", &|| {
-        flawed_permits(Flaw::TakeDebitsTwice)
-    });
-    assert_caught("try_take_is_atomic_against_concurrent_takers", &|| {
-        flawed_permits(Flaw::TakeDebitsTwice)
-    });
+fn a_not_now_that_blocks_is_reported_as_blocking() {
+    let message = caught(Flaw::NotNowBlocks, On::SinglePermit, "never_blocks");
+    assert!(message.contains("so some method blocks"), "{message}");
 }
 
 #[test]
-fn a_fits_that_takes_is_caught() {
-    assert_caught("try_take_debits_exactly_what_fits_reports", &|| {
-        flawed_permits(Flaw::FitsTakes)
-    });
-}
-
-#[test]
-fn never_answered_as_not_now_is_caught() {
-    assert_caught("refuses_never_fitting_amount_with_err", &|| {
-        flawed_permits(Flaw::NeverIsNotNow)
-    });
-    assert_caught("refuses_never_fitting_amount_with_err", &|| {
-        flawed_meter(Flaw::NeverIsNotNow)
-    });
-}
-
-#[test]
-fn a_reservation_answered_as_never_is_caught() {
-    assert_caught(
-        "answers_false_not_err_when_only_the_reservation_is_in_the_way",
-        &|| flawed_permits(Flaw::ReservationIsNever),
+fn a_not_now_instant_a_nanosecond_early_or_late_is_caught_at_the_nanosecond() {
+    let rule = "not_now_instant_is_when_time_alone_makes_it_fit";
+    let early = caught(Flaw::NotNowTooEarly, On::Meter, rule);
+    assert!(
+        early.contains("at its instant Instant(999.999999ms)")
+            && early.contains("to answer Taken, saw NotNow(Some(Instant(999.999999ms)))"),
+        "{early}"
     );
-    assert_caught(
-        "answers_false_not_err_when_only_the_reservation_is_in_the_way",
-        &|| flawed_meter(Flaw::ReservationIsNever),
+    let late = caught(Flaw::NotNowTooLate, On::Meter, rule);
+    assert!(
+        late.contains("one nanosecond before its instant Instant(1.000000001s)")
+            && late.contains("to answer NotNow(Some(Instant(1.000000001s))), saw Taken"),
+        "{late}"
     );
 }
 
 #[test]
-fn a_give_that_loses_credit_is_caught() {
-    assert_caught("give_credits_back", &|| {
-        flawed_permits(Flaw::GiveLosesCredit)
-    });
-    assert_caught("never_overdrawn_under_concurrent_takes_and_gives", &|| {
-        flawed_permits(Flaw::GiveLosesCredit)
-    });
-}
-
-#[test]
-fn a_wrong_replenishment_is_caught() {
-    assert_caught("replenishment_is_declared", &|| {
-        flawed_permits(Flaw::WrongReplenishment)
-    });
-    assert_caught("replenishment_is_declared", &|| {
-        flawed_meter(Flaw::WrongReplenishment)
-    });
+fn a_refusal_of_the_wrong_kind_is_caught_naming_the_kinds_allowed() {
+    let rule = "never_fitting_amount_is_refused_as_too_large_or_other_never_as_not_now";
+    let refusing = caught(Flaw::NeverIsRefusingAll, On::Permits, rule);
+    assert!(
+        refusing.contains("saw Never(RefusingAll { retry_after: 60s }"),
+        "{refusing}"
+    );
+    let misnamed = caught(Flaw::TooLargeNamesTheMaxAsAsked, On::Meter, rule);
+    assert!(
+        misnamed.contains("RefusalKind::TooLarge { asked: Amount(5), max }")
+            && misnamed.contains("saw Never(TooLarge { asked: Amount(4), max: Amount(4) }"),
+        "{misnamed}"
+    );
 }
 
 #[test]
@@ -379,7 +647,8 @@ fn a_release_account_that_never_refills_by_time_but_claims_to_is_caught() {
         message.contains("expected replenishment Time, saw Release"),
         "{message}"
     );
-    assert_caught("earliest_fit_semantics", &make);
+    let message = assert_caught("not_now_instant_is_when_time_alone_makes_it_fit", &make);
+    assert!(message.contains("saw NotNow(None)"), "{message}");
 }
 
 #[test]
@@ -389,26 +658,12 @@ fn a_clocked_account_that_never_refills_is_caught() {
         let meter = Meter::new("stuck", 2, 0, clock.shared());
         Subject::time(Arc::new(meter), clock, Amount::ONE, 2)
     };
-    assert_caught("replenishment_is_declared", &make);
-    assert_caught("earliest_fit_semantics", &make);
-}
-
-#[test]
-fn an_earliest_fit_of_now_when_nothing_fits_is_caught() {
-    assert_caught("earliest_fit_semantics", &|| {
-        flawed_permits(Flaw::EarliestFitIsAlwaysNow)
-    });
-    assert_caught("earliest_fit_semantics", &|| {
-        flawed_meter(Flaw::EarliestFitIsAlwaysNow)
-    });
-}
-
-#[test]
-fn an_earliest_fit_that_comes_too_early_is_caught() {
-    let message = failure_of("earliest_fit_semantics", &|| {
-        flawed_meter(Flaw::EarliestFitTooEarly)
-    });
-    assert!(message.contains("at its earliest fit"), "{message}");
+    let message = assert_caught("replenishment_is_declared", &make);
+    assert!(
+        message.contains("to answer Taken, saw NotNow(None)"),
+        "{message}"
+    );
+    assert_caught("not_now_instant_is_when_time_alone_makes_it_fit", &make);
 }
 
 #[test]
@@ -421,7 +676,7 @@ fn broken_statuses_are_caught() {
         ),
         (Flaw::StatusIsNotAnObject, "serialize to a JSON object"),
     ] {
-        let message = failure_of("status_has_a_one_line_summary", &|| flawed_permits(flaw));
+        let message = caught(flaw, On::Permits, "status_has_a_one_line_summary");
         assert!(
             message.contains(check),
             "{flaw:?}: expected a failure about {check:?}; saw {message:?}"
@@ -430,24 +685,22 @@ fn broken_statuses_are_caught() {
 }
 
 #[test]
-fn broken_wake_slots_are_caught() {
-    assert_caught(
-        "wake_slot_is_called_when_capacity_grows_and_cleared_by_none",
-        &|| flawed_permits(Flaw::WakeNeverInstalled),
+fn a_forget_that_clears_another_monitors_wake_is_caught() {
+    let rule = "forget_capacity_change_clears_only_its_own_wake";
+    let message = caught(Flaw::ForgetClearsAnyWake, On::Permits, rule);
+    assert!(message.contains("(A, B); saw (0, 0)"), "{message}");
+    let message = caught(Flaw::ForgetKeepsTheWake, On::Meter, rule);
+    assert!(
+        message.contains("it was called 2 times in all"),
+        "{message}"
     );
-    assert_caught(
-        "wake_slot_is_called_when_capacity_grows_and_cleared_by_none",
-        &|| flawed_meter(Flaw::WakeNeverCleared),
-    );
-    assert_caught("a_later_wake_replaces_an_earlier_one", &|| {
-        flawed_permits(Flaw::WakeKeepsTheFirst)
-    });
 }
 
 #[test]
 fn run_all_stops_at_the_first_broken_rule() {
+    let latch = Latch::default();
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        contract::run_all(|| flawed_permits(Flaw::GiveLosesCredit));
+        contract::run_all(|| flawed(On::Permits, Flaw::GiveLosesCredit, &latch));
     }));
     assert!(
         outcome.is_err(),

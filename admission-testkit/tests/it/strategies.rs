@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use admission_core::{Amount, Replenishment};
+use admission_core::{Amount, Ask, Refusal, RefusalKind, Replenishment};
 use admission_testkit::FakeClock;
 use admission_testkit::strategies::{
     self, AccountSpec, MAX_ACCOUNTS, MAX_CAPACITY, MAX_JOBS, MIN_CAPACITY,
@@ -18,8 +18,15 @@ proptest! {
         prop_assert!((1..=MAX_ACCOUNTS).contains(&accounts.len()));
         for account in &accounts {
             // Fresh: the least capacity fits; within bounds: one unit past the most never does.
-            prop_assert_eq!(account.fits(Amount::units(MIN_CAPACITY), Amount::ZERO).ok(), Some(true));
-            prop_assert!(account.fits(Amount::units(MAX_CAPACITY + 1), Amount::ZERO).is_err());
+            let least = account.ask(Amount::units(MIN_CAPACITY), Ask::HEAD.look());
+            prop_assert!(least.is_taken(), "{:?}", least);
+            let most = Amount::units(MAX_CAPACITY + 1);
+            let refused = account.ask(most, Ask::HEAD.look()).refusal().map(Refusal::kind);
+            prop_assert!(
+                matches!(refused, Some(RefusalKind::TooLarge { asked, .. }) if asked == most),
+                "{:?}",
+                refused
+            );
         }
     }
 
@@ -32,8 +39,14 @@ proptest! {
             let suffix = format!("-{i}");
             prop_assert!(account.name().ends_with(&suffix));
             let whole = Amount::units(spec.capacity());
-            prop_assert_eq!(account.fits(whole, Amount::ZERO).ok(), Some(true));
-            prop_assert!(account.fits(whole + Amount::ONE, Amount::ZERO).is_err());
+            let all = account.ask(whole, Ask::HEAD.look());
+            prop_assert!(all.is_taken(), "{:?}", all);
+            let too_many = whole + Amount::ONE;
+            let refused = account.ask(too_many, Ask::HEAD.look()).refusal().map(Refusal::kind);
+            prop_assert_eq!(
+                refused,
+                Some(RefusalKind::TooLarge { asked: too_many, max: whole })
+            );
             if let AccountSpec::Meter { capacity, per_second } = *spec {
                 prop_assert!((1..=capacity).contains(&per_second));
             }
