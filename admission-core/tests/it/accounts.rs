@@ -4,8 +4,8 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use admission_core::{
-    Account, AccountStatus, Amount, Capability, Category, Instant, Refusal, Replenishment, WakeFn,
-    WakeSlot,
+    Account, AccountStatus, Amount, Answer, Ask, Capability, Category, Instant, Refusal,
+    Replenishment, WakeFn, WakeSlot,
 };
 use admission_testkit::reference::ReferenceStatus;
 use parking_lot::Mutex;
@@ -41,23 +41,20 @@ impl Account for GreedyWindow {
     fn replenishment(&self) -> Replenishment {
         Replenishment::Time
     }
-    fn fits(&self, mine: Amount, _reserved: Amount) -> Result<bool, Refusal> {
-        Ok(mine.primary() <= *self.free.lock())
-    }
-    fn try_take(&self, mine: Amount, _reserved: Amount) -> Result<bool, Refusal> {
+    /// Ignores the reservation on purpose: only the monitor's sharp rule protects the head.
+    fn ask(&self, mine: Amount, ask: Ask) -> Answer {
         let mut free = self.free.lock();
-        if mine.primary() <= *free {
-            *free -= mine.primary();
-            return Ok(true);
+        if mine.primary() > *free {
+            return Answer::NotNow(Some(self.refill_at));
         }
-        Ok(false)
+        if ask.takes() {
+            *free -= mine.primary();
+        }
+        Answer::Taken
     }
     fn give(&self, amount: Amount) {
         *self.free.lock() += amount.primary();
         self.wake.notify();
-    }
-    fn earliest_fit(&self, _mine: Amount, _reserved: Amount) -> Option<Instant> {
-        Some(self.refill_at)
     }
     fn status(&self) -> Box<dyn AccountStatus> {
         Box::new(ReferenceStatus {
@@ -100,13 +97,13 @@ impl Moody {
         }
     }
 
-    fn answer(&self) -> Result<bool, Refusal> {
+    fn answer(&self) -> Answer {
         self.asked.fetch_add(1, Ordering::SeqCst);
         assert!(!self.panic.load(Ordering::SeqCst), "moody account exploded");
         if self.refuse.load(Ordering::SeqCst) {
-            return Err(Refusal::new("circuit open for 30 s; pick another tool"));
+            return Answer::Never(Refusal::new("circuit open for 30 s; pick another tool"));
         }
-        Ok(true)
+        Answer::Taken
     }
 }
 
@@ -120,16 +117,10 @@ impl Account for Moody {
     fn replenishment(&self) -> Replenishment {
         Replenishment::Release
     }
-    fn fits(&self, _mine: Amount, _reserved: Amount) -> Result<bool, Refusal> {
-        self.answer()
-    }
-    fn try_take(&self, _mine: Amount, _reserved: Amount) -> Result<bool, Refusal> {
+    fn ask(&self, _mine: Amount, _ask: Ask) -> Answer {
         self.answer()
     }
     fn give(&self, _amount: Amount) {}
-    fn earliest_fit(&self, _mine: Amount, _reserved: Amount) -> Option<Instant> {
-        None
-    }
     fn status(&self) -> Box<dyn AccountStatus> {
         Box::new(ReferenceStatus {
             name: self.name.into(),

@@ -5,7 +5,7 @@ use std::io;
 use std::sync::Arc;
 
 use admission_core::{
-    Account, AccountStatus, Amount, Category, Demand, Instant, JobContext, Monitor, Refusal,
+    Account, AccountStatus, Amount, Answer, Ask, Category, Demand, JobContext, Monitor, Refusal,
     Replenishment, WakeFn, WakeSlot,
 };
 use admission_events::{
@@ -52,16 +52,18 @@ impl Account for Counter {
     fn replenishment(&self) -> Replenishment {
         Replenishment::Release
     }
-    fn fits(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
-        self.check(*self.in_use.lock(), mine, reserved_ahead)
-    }
-    fn try_take(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
+    fn ask(&self, mine: Amount, ask: Ask) -> Answer {
         let mut in_use = self.in_use.lock();
-        let fits = self.check(*in_use, mine, reserved_ahead)?;
-        if fits {
-            *in_use += mine.primary();
+        match self.check(*in_use, mine, ask.reserved_ahead()) {
+            Ok(true) => {
+                if ask.takes() {
+                    *in_use += mine.primary();
+                }
+                Answer::Taken
+            }
+            Ok(false) => Answer::NotNow(None),
+            Err(refusal) => Answer::Never(refusal),
         }
-        Ok(fits)
     }
     fn give(&self, amount: Amount) {
         {
@@ -69,9 +71,6 @@ impl Account for Counter {
             *in_use = in_use.saturating_sub(amount.primary());
         }
         self.wake.notify();
-    }
-    fn earliest_fit(&self, _: Amount, _: Amount) -> Option<Instant> {
-        None
     }
     fn status(&self) -> Box<dyn AccountStatus> {
         Box::new(SemaphoreStatus {
