@@ -11,8 +11,8 @@ use admission_accounts::memory_gate::{
     READING_AGE, RECHECK, ResidentSetProbe, curve, next_penalty, wait,
 };
 use admission_core::{
-    Account, AccountRef, AccountStatus, Admit, AdmitError, Amount, Category, Demand, Gate,
-    GateAnswer, GateView, Grant, Instant, JobContext, MemoryProbe, Monitor, WakeFn,
+    Account, AccountRef, AccountStatus, Admit, AdmitError, Amount, Answer, Ask, Category, Demand,
+    Gate, GateAnswer, GateView, Grant, Instant, JobContext, MemoryProbe, Monitor, WakeFn,
 };
 use admission_events::MemoryZone;
 use admission_testkit::monitor::{poll_once, spawn_thread_waiter, wait_for_queue};
@@ -590,10 +590,10 @@ fn a_line_held_on_an_account_is_released_by_that_account_not_by_memory() {
     let rig = rig(96, 1);
     let free = Arc::new(Permits::new("free", 100));
     // Someone outside admission holds the pool's only permit.
-    assert_eq!(
-        rig.pool.try_take(Amount::ONE, Amount::ZERO).ok(),
-        Some(true)
-    );
+    assert!(matches!(
+        rig.pool.ask(Amount::ONE, Ask::HEAD),
+        Answer::Taken
+    ));
     let free_job = || {
         let account: AccountRef = free.clone();
         Demand::new().with(account, Amount::ONE)
