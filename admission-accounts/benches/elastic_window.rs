@@ -1,13 +1,13 @@
 //! Criterion benches of the elastic window, run beside `governor`'s `check_n` (a direct rate
 //! limiter with a quota nothing can exhaust) as the baseline, in the same run.
 //!
-//! - `elastic_window_single_thread`: `try_take` + `give` of one request on the system clock and
-//!   on a frozen fake clock (the window's own cost without the OS clock read);
+//! - `elastic_window_single_thread`: a taking `ask` as the head + `give` of one request on the
+//!   system clock and on a frozen fake clock (the window's own cost without the OS clock read);
 //!   `governor/check_n`.
 //! - `elastic_window_two_threads`: two threads doing the same on one shared window (or one shared
 //!   governor limiter); the time is per operation of one thread while the other competes.
 //!
-//! Only `try_take` + `give` pairs are measured: a take that is given back leaves the log empty,
+//! Only take + `give` pairs are measured: a take that is given back leaves the log empty,
 //! so the window never fills and the log never grows however many iterations criterion runs.
 //! Runs are kept short (two seconds of measurement per bench).
 
@@ -18,7 +18,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
-use admission_core::{Account, Amount, Clock, SystemClock};
+use admission_core::{Account, Amount, Answer, Ask, Clock, SystemClock};
 use admission_testkit::FakeClock;
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
@@ -45,8 +45,11 @@ fn governor() -> DefaultDirectRateLimiter {
 }
 
 fn take_give(window: &ElasticWindow) {
-    let taken = window.try_take(black_box(Amount::ONE), Amount::ZERO);
-    assert!(matches!(taken, Ok(true)), "the bench window never fills");
+    let taken = window.ask(black_box(Amount::ONE), Ask::HEAD);
+    assert!(
+        matches!(taken, Answer::Taken),
+        "the bench window never fills"
+    );
     window.give(black_box(Amount::ONE));
 }
 
@@ -78,8 +81,11 @@ fn single_thread(c: &mut Criterion) {
     .expect("a valid configuration");
     group.bench_function("elastic_window/take_only", |b| {
         b.iter(|| {
-            let taken = short.try_take(black_box(Amount::ONE), Amount::ZERO);
-            assert!(matches!(taken, Ok(true)), "the bench window never fills");
+            let taken = short.ask(black_box(Amount::ONE), Ask::HEAD);
+            assert!(
+                matches!(taken, Answer::Taken),
+                "the bench window never fills"
+            );
         })
     });
     let limiter = governor();

@@ -5,7 +5,8 @@
 //!   `FakeRelativeClock`), so the clock's own cost can be told apart from the limiter's.
 //! - `acquire/2_threads`: two threads taking permits from one shared limiter at once; the time is
 //!   per permit per thread (one iteration is one permit on each thread).
-//! - `account/try_take_give`: the `Account` path a monitor uses, a take and its rollback.
+//! - `account/ask_take_give`: the `Account` path a monitor uses, a taking `ask` as the head and
+//!   its rollback.
 //! - `reference/clock_now`: one read of each real clock alone, for scale.
 //!
 //! Both limiters are configured so that no call is ever refused during the run (a fixed window
@@ -19,7 +20,7 @@ use std::thread;
 use std::time::Duration;
 
 use admission_accounts::fixed_window::FixedWindow;
-use admission_core::{Account, Amount};
+use admission_core::{Account, Amount, Ask};
 use admission_testkit::FakeClock;
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::clock::FakeRelativeClock;
@@ -151,18 +152,18 @@ fn clock_reads(c: &mut Criterion) {
 }
 
 fn account_take_give(c: &mut Criterion) {
-    let mut group = c.benchmark_group("account/try_take_give");
+    let mut group = c.benchmark_group("account/ask_take_give");
     for (name, account) in [
         ("fixed_window/system_clock", window()),
         ("fixed_window/fake_clock", fake_window()),
     ] {
         group.bench_function(name, |b| {
             b.iter(|| {
-                let taken = account.try_take(black_box(Amount::ONE), Amount::ZERO);
-                if matches!(taken, Ok(true)) {
+                let taken = account.ask(black_box(Amount::ONE), Ask::HEAD);
+                if taken.is_taken() {
                     account.give(Amount::ONE);
                 }
-                black_box(taken.is_ok())
+                black_box(taken.refusal().is_none())
             })
         });
     }

@@ -1,8 +1,9 @@
 //! Criterion benches of the counting gate and the token bucket, run beside `governor`'s
 //! `check_n` (a direct rate limiter with a quota nothing can exhaust) as the baseline.
 //!
-//! - `single_thread`: `try_take` + `give` of one unit, `try_take` alone, and the same pair on a
-//!   frozen fake clock (the account's own cost without the OS clock read); `governor/check_n`.
+//! - `single_thread`: a taking `ask` as the head + `give` of one unit, the `ask` alone, and the
+//!   same pair on a frozen fake clock (the account's own cost without the OS clock read);
+//!   `governor/check_n`.
 //! - `two_threads`: two threads doing the same on one shared account; the time is per operation
 //!   of one thread while the other competes.
 //!
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use admission_accounts::counting_gate::CountingGate;
 use admission_accounts::token_bucket::{TokenBucket, TokenBucketConfig};
-use admission_core::{Account, Amount};
+use admission_core::{Account, Amount, Answer, Ask};
 use admission_testkit::FakeClock;
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
@@ -40,14 +41,20 @@ fn governor() -> DefaultDirectRateLimiter {
 }
 
 fn take_give(account: &dyn Account) {
-    let taken = account.try_take(black_box(ONE_CALL), Amount::ZERO);
-    assert!(matches!(taken, Ok(true)), "the bench budget never runs out");
+    let taken = account.ask(black_box(ONE_CALL), Ask::HEAD);
+    assert!(
+        matches!(taken, Answer::Taken),
+        "the bench budget never runs out"
+    );
     account.give(black_box(ONE_CALL));
 }
 
 fn take_only(account: &dyn Account) {
-    let taken = account.try_take(black_box(ONE_CALL), Amount::ZERO);
-    assert!(matches!(taken, Ok(true)), "the bench budget never runs out");
+    let taken = account.ask(black_box(ONE_CALL), Ask::HEAD);
+    assert!(
+        matches!(taken, Answer::Taken),
+        "the bench budget never runs out"
+    );
 }
 
 fn check_n(limiter: &DefaultDirectRateLimiter) {

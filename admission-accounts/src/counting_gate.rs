@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use admission_core::{
-    Account, AccountStatus, Amount, Capability, Category, Clock, Instant, Refusal, Replenishment,
-    SystemClock, WakeFn, WakeSlot,
+    Account, AccountStatus, Amount, Answer, Ask, Capability, Category, Clock, Instant, Refusal,
+    Replenishment, SystemClock, WakeFn, WakeSlot,
 };
 use admission_events::SemaphoreStatus;
 
@@ -30,23 +30,25 @@ const NO_ACTIVITY: u64 = 0;
 
 /// A counting semaphore of `capacity` permits, as an [`Account`].
 ///
-/// Reads only the primary dimension of an [`Amount`]. A demand for more permits than the gate
-/// has is refused at once with a [`Refusal`] naming the gate, the demand and the capacity, on
-/// [`fits`](Account::fits) and on [`try_take`](Account::try_take) alike; anything smaller is
-/// granted as soon as enough permits are free. [`earliest_fit`](Account::earliest_fit) is always
-/// `None`: only a give can free a permit.
+/// Reads only the primary dimension of an [`Amount`]. Each [`ask`](Account::ask) is one
+/// compare-and-swap and one [`Answer`]: a demand for more permits than the gate has is
+/// [`Answer::Never`] at once, a [`RefusalKind::TooLarge`](admission_core::RefusalKind::TooLarge)
+/// whose message names the gate, the demand and the capacity, whether the asker takes or only
+/// looks; anything smaller is [`Answer::Taken`] as soon as enough permits are free beside the
+/// head's reservation. "Not now" is always [`Answer::NotNow(None)`](Answer::NotNow): time frees
+/// no permit, only a give does.
 ///
 /// Every successful take and every give stamps the last-activity instant, read from the clock
 /// the gate was built with (pass the monitor's, so that stamps are on the monitor's scale).
 ///
 /// # Fairness
 ///
-/// The gate itself is not a queue: a `try_take` either debits now or answers "not now". Order
-/// among waiters is the monitor's business (one line, head reservation).
+/// The gate itself is not a queue: an ask either debits now or answers "not now". Order among
+/// waiters is the monitor's business (one line, head reservation).
 ///
 /// # Cancel safety
 ///
-/// Nothing here waits, so there is nothing to cancel; a refused `try_take` changes nothing.
+/// Nothing here waits, so there is nothing to cancel; an ask that is not taken changes nothing.
 ///
 /// # Panics
 ///
@@ -57,7 +59,7 @@ const NO_ACTIVITY: u64 = 0;
 ///
 /// ```
 /// use admission_accounts::counting_gate::CountingGate;
-/// use admission_core::{Account, Amount, Capability};
+/// use admission_core::{Account, Amount, Answer, Ask, Capability, RefusalKind};
 /// use admission_testkit::FakeClock;
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -65,10 +67,16 @@ const NO_ACTIVITY: u64 = 0;
 /// let http = CountingGate::http(2, clock.shared())?;
 /// assert_eq!(http.provides(), Some(Capability::HTTP_CONNECTION));
 ///
-/// assert!(http.try_take(Amount::ONE, Amount::ZERO)?);
-/// assert!(http.try_take(Amount::ONE, Amount::ZERO)?);
-/// assert!(!http.try_take(Amount::ONE, Amount::ZERO)?); // not now: both permits are out
-/// assert!(http.fits(Amount::units(3), Amount::ZERO).is_err()); // never: the gate has two
+/// assert!(matches!(http.ask(Amount::ONE, Ask::HEAD), Answer::Taken));
+/// assert!(matches!(http.ask(Amount::ONE, Ask::HEAD), Answer::Taken));
+/// // Not now, and only a give can change that: both permits are out.
+/// assert_eq!(http.ask(Amount::ONE, Ask::HEAD).not_now(), Some(None));
+/// // Never: the gate has two.
+/// let never = http.ask(Amount::units(3), Ask::HEAD.look());
+/// assert_eq!(
+///     never.refusal().map(|r| r.kind()),
+///     Some(RefusalKind::TooLarge { asked: Amount::units(3), max: Amount::units(2) })
+/// );
 /// http.give(Amount::ONE);
 /// assert_eq!((http.available(), http.in_use()), (1, 1));
 ///
@@ -210,15 +218,15 @@ impl CountingGate {
         }
     }
 
-    /// "Never" for a demand larger than the gate.
-    fn check_bound(&self, mine: u64) -> Result<(), Refusal> {
-        if mine > self.capacity {
-            return Err(Refusal::new(format!(
-                "`{}` has {} permits in all; a demand of {mine} can never fit (ask for at most {})",
-                self.name, self.capacity, self.capacity
-            )));
-        }
-        Ok(())
+    /// The "never" of `mine`, a demand of more permits than the gate has.
+    fn too_large(&self, mine: Amount) -> Refusal {
+        let capacity = self.capacity;
+        Refusal::too_large(mine, Amount::units(capacity)).with_message(format!(
+            "`{}` has {capacity} permits in all; a demand of {} can never fit (ask for at most \
+             {capacity})",
+            self.name,
+            mine.primary(),
+        ))
     }
 
     /// Whether `want` permits (the asking demand plus the reservation) are free besides `in_use`.
@@ -253,27 +261,34 @@ impl Account for CountingGate {
         Replenishment::Release
     }
 
-    fn fits(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
-        let mine = mine.primary();
-        self.check_bound(mine)?;
-        let want = mine.saturating_add(reserved_ahead.primary());
-        Ok(self.room(self.in_use(), want))
-    }
-
-    fn try_take(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
-        let mine = mine.primary();
-        self.check_bound(mine)?;
-        let want = mine.saturating_add(reserved_ahead.primary());
-        let taken = self
-            .in_use
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |in_use| {
-                self.room(in_use, want).then(|| in_use.saturating_add(mine))
-            })
-            .is_ok();
-        if taken {
-            self.stamp();
+    /// One compare-and-swap: `mine` permits are taken when they are free beside the head's
+    /// reservation; "not now" waits for a give.
+    fn ask(&self, mine: Amount, ask: Ask) -> Answer {
+        let asked = mine.primary();
+        if asked > self.capacity {
+            return Answer::Never(self.too_large(mine));
         }
-        Ok(taken)
+        let want = asked.saturating_add(ask.reserved_ahead().primary());
+        let fits = if ask.takes() {
+            let taken = self
+                .in_use
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |in_use| {
+                    self.room(in_use, want)
+                        .then(|| in_use.saturating_add(asked))
+                })
+                .is_ok();
+            if taken {
+                self.stamp();
+            }
+            taken
+        } else {
+            self.room(self.in_use(), want)
+        };
+        if fits {
+            Answer::Taken
+        } else {
+            Answer::NotNow(None)
+        }
     }
 
     fn give(&self, amount: Amount) {
@@ -289,10 +304,6 @@ impl Account for CountingGate {
         if back > 0 {
             self.wake.notify();
         }
-    }
-
-    fn earliest_fit(&self, _mine: Amount, _reserved_ahead: Amount) -> Option<Instant> {
-        None
     }
 
     fn status(&self) -> Box<dyn AccountStatus> {

@@ -8,7 +8,8 @@
 //! successes bring it back down. When the upstream keeps failing although the throttle is at its
 //! cap, the circuit breaker (Nygard's closed / open / half-open machine) opens: every caller is
 //! refused at once with a message a model choosing tools can act on, until a cooldown has passed
-//! and a single probe request, taken by the head of the line, has reported back.
+//! and a single probe request, taken by the head of the line (the asker whose
+//! [`Ask::is_head`] holds), has reported back.
 //!
 //! Submodules: `log` (the stamps, run-length encoded), `throttle` (the stretch, in exact
 //! thousandths), `circuit` (the breaker's states) and `config` ([`ElasticWindowConfig`]).
@@ -23,8 +24,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use admission_core::{
-    Account, AccountStatus, Amount, Capability, Category, Clock, Instant, Refusal, Replenishment,
-    SystemClock, WakeFn, WakeSlot,
+    Account, AccountStatus, Amount, Answer, Ask, Capability, Category, Clock, Instant, Refusal,
+    Replenishment, SystemClock, WakeFn, WakeSlot,
 };
 use admission_events::ElasticWindowStatus;
 use parking_lot::{Mutex, MutexGuard};
@@ -54,10 +55,13 @@ pub const FAILURE_TEXT_LIMIT: usize = 200;
 /// back with time ([`Replenishment::Time`]): a request counts while its stamp is inside the
 /// effective window, and a [`give`](Account::give) (a rollback) drops the newest stamps.
 ///
-/// - **Window.** `fits(mine, reserved)` holds when the requests inside the effective window plus
-///   `mine` plus `reserved` are at most `max_requests`. A demand above `max_requests` is refused
-///   outright. [`earliest_fit`](Account::earliest_fit) is the instant the k-th oldest stamp
-///   leaves the window, k being the shortfall.
+/// - **Window.** [`ask`](Account::ask) answers [`Answer::Taken`] (stamping `mine` at now, unless
+///   the ask is a [`look`](Ask::look)) when the requests inside the effective window plus `mine`
+///   plus the head's reservation ([`Ask::reserved_ahead`]) are at most `max_requests`. A demand
+///   above `max_requests` is [`Answer::Never`] outright, a
+///   [`RefusalKind::TooLarge`](admission_core::RefusalKind::TooLarge). Otherwise it is
+///   [`Answer::NotNow`] with the instant the k-th oldest stamp leaves the window, k being the
+///   shortfall (`None` when `mine` and the reservation together exceed `max_requests`).
 /// - **Throttle.** [`record_failure`](ElasticWindow::record_failure),
 ///   [`record_pressure`](ElasticWindow::record_pressure) and
 ///   [`record_advisory_pressure`](ElasticWindow::record_advisory_pressure) add 1.0, up to the
@@ -68,11 +72,16 @@ pub const FAILURE_TEXT_LIMIT: usize = 200;
 ///   is merely re-asked early).
 /// - **Circuit.** `failures_at_max_to_block` consecutive failures (3 by default), each arriving
 ///   with the throttle already at its cap, open the circuit for `initial_cooldown`. While the
-///   cooldown runs, every caller gets an `Err(Refusal)` naming the window, its nominal rate, the
-///   cooldown left and the upstream's last failure, and telling it to use another tool. Then the
-///   head of the line (the caller asking with `reserved_ahead` zero) may take one probe through
-///   [`try_take`](Account::try_take), subject to room in the window; everyone else is refused as
-///   though the probe were already out, and so is everyone while it is out. A success closes the
+///   cooldown runs, every caller gets an [`Answer::Never`] with a temporary refusal
+///   ([`RefusalKind::RefusingAll`](admission_core::RefusalKind::RefusingAll), the cooldown left
+///   as its retry-after) naming the window, its nominal rate, the cooldown left and the
+///   upstream's last failure, and telling it to use another tool. Then the head of the line, and
+///   only the head (an [`Ask`] whose [`is_head`](Ask::is_head) holds, never a waiter behind it,
+///   whatever its reservation), takes the one probe with a taking ask, subject to room in the
+///   window. A waiter behind a head that needs the window too is refused as though the probe
+///   were already out; a waiter behind a head that does not use the window (a zero reservation)
+///   is [`Answer::NotNow`] with no instant: the probe is for whoever asks as the head, which it
+///   may become. While the probe is out, everyone is refused. A success closes the
 ///   circuit; a failure re-opens it with the cooldown doubled (kept within
 ///   `[initial_cooldown, max_cooldown]`); a give while probing (the probe rolled back, no
 ///   verdict) returns to blocked with the same cooldown, already over; a probe with no verdict
@@ -94,12 +103,12 @@ pub const FAILURE_TEXT_LIMIT: usize = 200;
 ///
 /// # Fairness
 ///
-/// The window is not a queue: `try_take` debits now or answers "not now". Order among waiters is
+/// The window is not a queue: an ask debits now or answers "not now". Order among waiters is
 /// the monitor's (one line, head reservation); the probe goes to whoever asks as the head.
 ///
 /// # Cancel safety
 ///
-/// Nothing here waits, so there is nothing to cancel; a refused `try_take` changes nothing.
+/// Nothing here waits, so there is nothing to cancel; an ask that is not taken changes nothing.
 ///
 /// # Panics
 ///
@@ -111,7 +120,7 @@ pub const FAILURE_TEXT_LIMIT: usize = 200;
 /// ```
 /// use std::time::Duration;
 /// use admission_accounts::elastic_window::{CircuitState, ElasticWindow, ElasticWindowConfig};
-/// use admission_core::{Account, Amount, Instant};
+/// use admission_core::{Account, Amount, Answer, Ask, Instant, RefusalKind};
 /// use admission_testkit::FakeClock;
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -119,13 +128,18 @@ pub const FAILURE_TEXT_LIMIT: usize = 200;
 /// let config = ElasticWindowConfig::new(2, Duration::from_secs(10));
 /// let search = ElasticWindow::new("search", config, clock.shared())?;
 ///
-/// assert!(search.try_take(Amount::ONE, Amount::ZERO)?);
+/// assert!(matches!(search.ask(Amount::ONE, Ask::HEAD), Answer::Taken));
 /// clock.advance(Duration::from_secs(4));
-/// assert!(search.try_take(Amount::ONE, Amount::ZERO)?);
-/// assert!(!search.try_take(Amount::ONE, Amount::ZERO)?); // not now: two in the last 10 s
+/// assert!(matches!(search.ask(Amount::ONE, Ask::HEAD), Answer::Taken));
+/// // Not now: two in the last 10 s, until the first stamp leaves the window.
 /// let ten_s = Instant::from_nanos(10_000_000_000);
-/// assert_eq!(search.earliest_fit(Amount::ONE, Amount::ZERO), Some(ten_s));
-/// assert!(search.fits(Amount::units(3), Amount::ZERO).is_err()); // never: two per window
+/// assert_eq!(search.ask(Amount::ONE, Ask::HEAD).not_now(), Some(Some(ten_s)));
+/// // Never: two per window.
+/// let never = search.ask(Amount::units(3), Ask::HEAD.look());
+/// assert_eq!(
+///     never.refusal().map(|r| r.kind()),
+///     Some(RefusalKind::TooLarge { asked: Amount::units(3), max: Amount::units(2) })
+/// );
 ///
 /// search.record_pressure(); // the upstream pushed back: the window now spans 20 s
 /// assert_eq!(search.effective_window(), Duration::from_secs(20));
@@ -194,15 +208,6 @@ impl State {
     }
 }
 
-/// What a check found, when it found no refusal.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Fit {
-    /// Fits; `probe` when taking it would claim the circuit's one probe.
-    Yes { probe: bool },
-    /// Not now.
-    No,
-}
-
 impl ElasticWindow {
     /// A window named `name` built from `config`, with nothing taken, reading `clock` (the
     /// monitor's: its stamps, cooldown and recovery interval are all read there).
@@ -217,16 +222,16 @@ impl ElasticWindow {
     /// ```
     /// use std::time::Duration;
     /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
-    /// use admission_core::{Account, Amount};
+    /// use admission_core::{Account, Amount, Answer, Ask};
     /// use admission_testkit::FakeClock;
     ///
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let clock = FakeClock::new();
     /// let config = ElasticWindowConfig::new(1, Duration::from_secs(1));
     /// let search = ElasticWindow::new("search", config, clock.shared())?;
-    /// assert!(search.try_take(Amount::ONE, Amount::ZERO)?);
+    /// assert!(matches!(search.ask(Amount::ONE, Ask::HEAD), Answer::Taken));
     /// clock.advance(Duration::from_secs(1)); // the stamp leaves the window
-    /// assert!(search.try_take(Amount::ONE, Amount::ZERO)?);
+    /// assert!(matches!(search.ask(Amount::ONE, Ask::HEAD), Answer::Taken));
     ///
     /// let config = ElasticWindowConfig::new(60, Duration::from_secs(60)).with_max_throttle(-1.0);
     /// let refused = ElasticWindow::new("search", config, clock.shared()).unwrap_err();
@@ -256,7 +261,7 @@ impl ElasticWindow {
 
     /// A window named `name` built from `config` on the operating system's clock.
     ///
-    /// Its deadlines ([`Account::earliest_fit`]) are then on the system clock's scale, which is
+    /// The instants of its [`Answer::NotNow`] are then on the system clock's scale, which is
     /// the monitor's when the monitor runs on the system clock too.
     ///
     /// # Errors
@@ -306,13 +311,13 @@ impl ElasticWindow {
     /// ```
     /// use std::time::Duration;
     /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
-    /// use admission_core::{Account, Amount};
+    /// use admission_core::{Account, Amount, Answer, Ask};
     /// use admission_testkit::FakeClock;
     ///
     /// let clock = FakeClock::new();
     /// let w = ElasticWindow::new("search", ElasticWindowConfig::new(5, Duration::from_secs(1)), clock.shared())
     ///     .unwrap();
-    /// w.try_take(Amount::units(3), Amount::ZERO).unwrap();
+    /// assert!(matches!(w.ask(Amount::units(3), Ask::HEAD), Answer::Taken));
     /// assert_eq!(w.in_use(), 3);
     /// clock.advance(Duration::from_secs(1));
     /// assert_eq!(w.in_use(), 0);
@@ -603,10 +608,10 @@ impl ElasticWindow {
     /// ```
     /// use std::time::Duration;
     /// use admission_accounts::elastic_window::{CircuitState, ElasticWindow, ElasticWindowConfig};
-    /// use admission_core::{Account, Amount};
+    /// use admission_core::{Account, Amount, Answer, Ask};
     ///
     /// let w = ElasticWindow::on_system_clock("search", ElasticWindowConfig::new(5, Duration::from_secs(10))).unwrap();
-    /// w.try_take(Amount::units(2), Amount::ZERO).unwrap();
+    /// assert!(matches!(w.ask(Amount::units(2), Ask::HEAD), Answer::Taken));
     /// let status = w.status_record();
     /// assert_eq!((status.in_use, status.max_requests), (2, 5));
     /// assert_eq!(status.circuit, CircuitState::Healthy);
@@ -641,45 +646,18 @@ impl ElasticWindow {
         (st, now)
     }
 
-    /// The breaker's word and the window's room for `mine` with `reserved` set aside.
-    fn check(
-        &self,
-        st: &State,
-        now: Instant,
-        mine: Amount,
-        reserved: Amount,
-    ) -> Result<Fit, Refusal> {
-        let probe = match st.circuit.pass(now, reserved.is_zero()) {
-            Pass::Open => false,
-            Pass::Probe => true,
-            Pass::Cooling(left) => return Err(self.blocked_refusal(st, left)),
-            Pass::ProbeOut => return Err(self.probe_refusal(st)),
-        };
-        let want = st
-            .log
-            .in_use(now, st.window)
-            .saturating_add(mine.primary())
-            .saturating_add(reserved.primary());
-        Ok(if want <= self.config.max_requests {
-            Fit::Yes { probe }
-        } else {
-            Fit::No
-        })
-    }
-
-    /// `mine` above `max_requests` can never fit.
-    fn never_fits(&self, mine: Amount) -> Result<(), Refusal> {
+    /// The "never" of `mine`, a demand above `max_requests`, if it is one.
+    fn too_large(&self, mine: Amount) -> Option<Refusal> {
         let asked = mine.primary();
         let max = self.config.max_requests;
-        if asked <= max {
-            return Ok(());
-        }
-        Err(Refusal::new(format!(
-            "The rate limiter `{}` allows at most {}; a demand of {asked} requests can never \
-             fit. Ask for at most {max} requests at a time.",
-            self.name,
-            self.rate()
-        )))
+        (asked > max).then(|| {
+            Refusal::too_large(mine, Amount::units(max)).with_message(format!(
+                "The rate limiter `{}` allows at most {}; a demand of {asked} requests can never \
+                 fit. Ask for at most {max} requests at a time.",
+                self.name,
+                self.rate()
+            ))
+        })
     }
 
     /// The refusal while the cooldown runs.
@@ -698,7 +676,7 @@ impl ElasticWindow {
         )
     }
 
-    /// The refusal while the probe is out, or is the head's to take.
+    /// The refusal while the probe is out, or is about to be the head's.
     fn probe_refusal(&self, st: &State) -> Refusal {
         Refusal::temporary(
             format!(
@@ -737,29 +715,55 @@ impl Account for ElasticWindow {
         Replenishment::Time
     }
 
-    /// Whether `mine` requests fit the effective window now with `reserved_ahead` set aside.
-    /// `Err` when `mine` exceeds `max_requests` or the circuit refuses this caller.
-    fn fits(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
-        self.never_fits(mine)?;
-        let (st, now) = self.lock_now();
-        Ok(self.check(&st, now, mine, reserved_ahead)? != Fit::No)
-    }
-
-    /// The same check and, when it fits, `mine` stamps at now; the head of the line takes the
-    /// circuit's probe here when the cooldown is over.
-    fn try_take(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
-        self.never_fits(mine)?;
-        let (mut st, now) = self.lock_now();
-        let Fit::Yes { probe } = self.check(&st, now, mine, reserved_ahead)? else {
-            return Ok(false);
-        };
-        st.log.push(now, mine.primary(), self.config.max_requests);
-        if probe {
-            st.circuit.claim_probe(now, self.probe_timeout);
-            drop(st);
-            tracing::info!(limiter = %self.name, "elastic window probe sent: the circuit is half open");
+    /// One lock: the breaker's word for this asker, then the window's room for `mine` beside the
+    /// head's reservation. A taking ask that fits stamps `mine` at now; the head's claims the
+    /// circuit's probe when the cooldown is over.
+    fn ask(&self, mine: Amount, ask: Ask) -> Answer {
+        if let Some(refusal) = self.too_large(mine) {
+            return Answer::Never(refusal);
         }
-        Ok(true)
+        let reserved = ask.reserved_ahead().primary();
+        let (mut st, now) = self.lock_now();
+        let probe = match st.circuit.pass(now, ask.is_head()) {
+            Pass::Open => false,
+            Pass::Probe => true,
+            Pass::Cooling(left) => return Answer::Never(self.blocked_refusal(&st, left)),
+            Pass::ProbeOut => return Answer::Never(self.probe_refusal(&st)),
+            // The probe is the head's. A head that needs this window will take it, so a waiter
+            // behind it is refused as though it were out already; a head that does not use the
+            // window leaves it to whoever asks as the head, which this waiter may become.
+            Pass::HeadsProbe if reserved > 0 => return Answer::Never(self.probe_refusal(&st)),
+            Pass::HeadsProbe => return Answer::NotNow(None),
+        };
+        let max = self.config.max_requests;
+        let asked = mine.primary();
+        let window = st.window;
+        let want = st
+            .log
+            .in_use(now, window)
+            .saturating_add(asked)
+            .saturating_add(reserved);
+        if want <= max {
+            if ask.takes() {
+                st.log.push(now, asked, max);
+                if probe {
+                    st.circuit.claim_probe(now, self.probe_timeout);
+                    drop(st);
+                    tracing::info!(limiter = %self.name, "elastic window probe sent: the circuit is half open");
+                }
+            }
+            return Answer::Taken;
+        }
+        if asked.saturating_add(reserved) > max {
+            // Time alone never makes room for more than a whole window.
+            return Answer::NotNow(None);
+        }
+        // The k-th oldest stamp leaving the window makes room for a shortfall of k.
+        Answer::NotNow(
+            st.log
+                .kth_leaves(now, window, want - max)
+                .map(|at| at.max(now)),
+        )
     }
 
     /// Drops the newest `amount` stamps (the oldest, which deadlines read, stay). While probing,
@@ -782,36 +786,6 @@ impl Account for ElasticWindow {
         if dropped > 0 || reverted {
             self.wake.notify();
         }
-    }
-
-    /// The instant the k-th oldest stamp inside the window leaves it, k being the shortfall;
-    /// no earlier than the end of a running cooldown (or a probe's expiry) for the head.
-    /// `None` when time alone cannot help: `mine` plus `reserved_ahead` exceed `max_requests`,
-    /// or the circuit refuses this caller whatever the time.
-    fn earliest_fit(&self, mine: Amount, reserved_ahead: Amount) -> Option<Instant> {
-        let max = self.config.max_requests;
-        let (asked, reserved) = (mine.primary(), reserved_ahead.primary());
-        if asked.saturating_add(reserved) > max {
-            return None;
-        }
-        let (st, now) = self.lock_now();
-        let head = reserved_ahead.is_zero();
-        let circuit_at = match st.circuit.pass(now, head) {
-            Pass::Open | Pass::Probe => now,
-            Pass::Cooling(_) | Pass::ProbeOut if head => st.circuit.head_passes_at(),
-            Pass::Cooling(_) | Pass::ProbeOut => return None,
-        };
-        let window = st.window;
-        let want = st
-            .log
-            .in_use(now, window)
-            .saturating_add(asked)
-            .saturating_add(reserved);
-        let window_at = match want.checked_sub(max) {
-            None | Some(0) => now,
-            Some(short) => st.log.kth_leaves(now, window, short)?,
-        };
-        Some(window_at.max(circuit_at))
     }
 
     fn status(&self) -> Box<dyn AccountStatus> {

@@ -51,8 +51,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use admission_core::{
-    Account, AccountStatus, Amount, Category, Clock, Instant, Refusal, Replenishment, SystemClock,
-    WakeFn, WakeSlot,
+    Account, AccountStatus, Amount, Answer, Ask, Category, Clock, Instant, Refusal, Replenishment,
+    SystemClock, WakeFn, WakeSlot,
 };
 use admission_events::FixedWindowStatus;
 
@@ -93,7 +93,11 @@ struct Config {
 /// [`acquire`](FixedWindow::acquire), [`acquire_async`](FixedWindow::acquire_async) or the
 /// [`call`](FixedWindow::call) helpers, and reports each outcome to its listener. As an
 /// [`Account`] it counts the primary dimension of an amount against the current window and
-/// replenishes with time.
+/// replenishes with time: each [`ask`](Account::ask) is one compare-and-swap that takes the
+/// permits when they fit the window beside the head's reservation, answers "not now" until the
+/// next window opens, or refuses for good an amount above the limit
+/// ([`RefusalKind::TooLarge`](admission_core::RefusalKind::TooLarge)). It reports nothing to its
+/// listener when asked as an account: the monitor reports its own events.
 ///
 /// # Fairness
 ///
@@ -507,11 +511,13 @@ impl FixedWindow {
         let n = mine.primary();
         let config = &self.config;
         if n > config.limit {
-            return Err(Refusal::new(format!(
-                "fixed window `{}` allows {} calls per {:?} window, so a demand of {n} can never \
-                 fit; ask for at most {} at a time",
-                config.name, config.limit, config.period, config.limit
-            )));
+            return Err(
+                Refusal::too_large(mine, Amount::units(config.limit)).with_message(format!(
+                    "fixed window `{}` allows {} calls per {:?} window, so a demand of {n} can \
+                     never fit; ask for at most {} at a time",
+                    config.name, config.limit, config.period, config.limit
+                )),
+            );
         }
         Ok(n)
     }
@@ -572,21 +578,33 @@ impl Account for FixedWindow {
         Replenishment::Time
     }
 
-    /// Whether `mine` permits fit the current window with `reserved_ahead` set aside.
-    fn fits(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
-        let n = self.permits_of(mine)?;
-        let view = self.word.read(self.config.clock.now());
-        let free = self.config.limit.saturating_sub(view.used);
-        Ok(n.saturating_add(reserved_ahead.primary()) <= free)
-    }
-
-    fn try_take(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
-        let n = self.permits_of(mine)?;
+    /// One compare-and-swap (one read for a look): `mine` permits are taken when they fit the
+    /// current window beside the head's reservation. "Not now" names the start of the next
+    /// window, when a fresh window holds `mine` with the reservation, and `None` when no window
+    /// ever can (or the next one is past the end of the clock).
+    fn ask(&self, mine: Amount, ask: Ask) -> Answer {
+        let n = match self.permits_of(mine) {
+            Ok(n) => n,
+            Err(refusal) => return Answer::Never(refusal),
+        };
+        let reserved = ask.reserved_ahead().primary();
+        let limit = self.config.limit;
         let now = self.config.clock.now();
-        let taken = self
-            .word
-            .take(now, n, reserved_ahead.primary(), self.config.limit);
-        Ok(taken.is_ok())
+        let fits = if ask.takes() {
+            self.word.take(now, n, reserved, limit)
+        } else {
+            let view = self.word.read(now);
+            if n.saturating_add(reserved) <= limit.saturating_sub(view.used) {
+                Ok(view)
+            } else {
+                Err(view)
+            }
+        };
+        match fits {
+            Ok(_) => Answer::Taken,
+            Err(_) if n.saturating_add(reserved) > limit => Answer::NotNow(None),
+            Err(view) => Answer::NotNow(self.word.next_start(view.index)),
+        }
     }
 
     /// Returns permits to the current window, never below zero used, and wakes the monitor.
@@ -599,24 +617,6 @@ impl Account for FixedWindow {
         let credited = self.word.give(self.config.clock.now(), amount.primary());
         if credited > 0 {
             self.wake.notify();
-        }
-    }
-
-    /// Now when `mine` fits; else the start of the next window, when a fresh window holds `mine`
-    /// with the reservation; `None` when no window ever can (or the next one is past the end of
-    /// the clock).
-    fn earliest_fit(&self, mine: Amount, reserved_ahead: Amount) -> Option<Instant> {
-        let want = mine.primary().saturating_add(reserved_ahead.primary());
-        let limit = self.config.limit;
-        if want > limit {
-            return None;
-        }
-        let now = self.config.clock.now();
-        let view = self.word.read(now);
-        if want <= limit.saturating_sub(view.used) {
-            Some(now)
-        } else {
-            self.word.next_start(view.index)
         }
     }
 

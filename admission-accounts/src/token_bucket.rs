@@ -3,9 +3,10 @@
 //! The bucket is the Generic Cell Rate Algorithm's continuous form: no thread refills it. Each
 //! time it is read, the level becomes the stored level plus what the rate produced since the last
 //! read, capped at the budget, and the instant a shortfall closes is computed rather than polled
-//! for ([`Account::earliest_fit`]), so the monitor sleeps exactly until then. The check and the
-//! debit happen under one lock at the moment of the grant, which is also the moment the call is
-//! sent, so the local level charges the same minute the provider's quota does.
+//! for (the instant of an [`Answer::NotNow`]), so the monitor sleeps exactly until then. One
+//! [`Account::ask`] settles, checks and debits under one lock at the moment of the grant, which
+//! is also the moment the call is sent, so the local level charges the same minute the
+//! provider's quota does.
 //!
 //! An [`Amount`] asks two things of a bucket: dimension 0 is tokens, dimension 1 is requests
 //! (`Amount::pair(tokens, 1)` for one call). Both refill continuously at their per-minute rate
@@ -21,8 +22,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use admission_core::{
-    Account, AccountStatus, Amount, Category, Clock, Instant, Refusal, Replenishment, SystemClock,
-    WakeFn, WakeSlot,
+    Account, AccountStatus, Amount, Answer, Ask, Category, Clock, Instant, Refusal, Replenishment,
+    SystemClock, WakeFn, WakeSlot,
 };
 use admission_events::TokenBucketStatus;
 use parking_lot::Mutex;
@@ -144,6 +145,27 @@ impl State {
             || want.get(REQUESTS) > self.config.requests_per_minute
     }
 
+    /// The instant the refill alone makes both levels hold `want` (the later of the two);
+    /// `None` when `want` is more than a full bucket, which time alone never makes room for.
+    fn holds_at(&self, want: Amount) -> Option<Instant> {
+        if self.exceeds_budget(want) {
+            return None;
+        }
+        let TokenBucketConfig {
+            tokens_per_minute,
+            requests_per_minute,
+        } = self.config;
+        let tenths = self.throttle.tenths();
+        let wait = self
+            .tokens
+            .nanos_until(want.get(TOKENS), tokens_per_minute, tenths)
+            .max(
+                self.requests
+                    .nanos_until(want.get(REQUESTS), requests_per_minute, tenths),
+            );
+        Some(self.settled_at.saturating_add(Duration::from_nanos(wait)))
+    }
+
     /// A throttle change: the pending fractions counted in the old divisor are dropped.
     fn throttle_changed(&mut self) {
         self.tokens.forget_fraction();
@@ -169,10 +191,14 @@ pub const REQUESTS: usize = 1;
 /// # Never, not now
 ///
 /// A demand for more tokens than the budget or more requests than the per-minute budget can
-/// never fit and is refused with a [`Refusal`]. That is judged against the budgets in force at
-/// each check, so lowering a budget under an amount already waiting refuses it at the next check,
-/// which [`set_config`](TokenBucket::set_config) makes happen at once by calling the wake slot.
-/// Dimensions 2 and 3 of an amount are ignored.
+/// never fit: [`ask`](Account::ask) answers [`Answer::Never`] with a
+/// [`RefusalKind::TooLarge`](admission_core::RefusalKind::TooLarge) naming the demand and both
+/// budgets. That is judged against the budgets in force at each ask, so lowering a budget under
+/// an amount already waiting refuses it at the next ask, which
+/// [`set_config`](TokenBucket::set_config) makes happen at once by calling the wake slot. An
+/// amount that fits the budgets but not the levels now (beside the head's reservation) is
+/// [`Answer::NotNow`] with the instant the refill makes room, or with `None` when only the
+/// reservation makes it more than a full bucket. Dimensions 2 and 3 of an amount are ignored.
 ///
 /// # Adaptive throttle
 ///
@@ -186,12 +212,12 @@ pub const REQUESTS: usize = 1;
 ///
 /// # Fairness
 ///
-/// The bucket is not a queue: a `try_take` debits now or answers "not now". The monitor's one
-/// line decides who is asked first, and `reserved_ahead` keeps the head's amount aside.
+/// The bucket is not a queue: an ask debits now or answers "not now". The monitor's one line
+/// decides who is asked first, and [`Ask::reserved_ahead`] keeps the head's amount aside.
 ///
 /// # Cancel safety
 ///
-/// Nothing here waits. A refused `try_take` changes nothing; [`give`](Account::give) is the
+/// Nothing here waits. An ask that is not taken changes nothing; [`give`](Account::give) is the
 /// rollback path and credits at once.
 ///
 /// # Panics
@@ -203,7 +229,7 @@ pub const REQUESTS: usize = 1;
 /// ```
 /// use std::time::Duration;
 /// use admission_accounts::token_bucket::{TokenBucket, TokenBucketConfig};
-/// use admission_core::{Account, Amount, Instant};
+/// use admission_core::{Account, Amount, Answer, Ask, Instant, RefusalKind};
 /// use admission_testkit::FakeClock;
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -211,25 +237,30 @@ pub const REQUESTS: usize = 1;
 /// let bucket = TokenBucket::new("gpt", TokenBucketConfig::new(6_000, 60), clock.shared())?;
 ///
 /// let call = Amount::pair(5_900, 1); // 5,900 tokens and one request
-/// assert!(bucket.try_take(call, Amount::ZERO)?);
+/// assert!(matches!(bucket.ask(call, Ask::HEAD), Answer::Taken));
 /// assert_eq!(bucket.level(), 100);
 ///
 /// // 200 more tokens are 100 short: at 6,000 a minute that is one second.
 /// let next = Amount::pair(200, 1);
-/// assert!(!bucket.fits(next, Amount::ZERO)?);
-/// assert_eq!(bucket.earliest_fit(next, Amount::ZERO), Some(Instant::from_nanos(1_000_000_000)));
+/// let one_s = Instant::from_nanos(1_000_000_000);
+/// assert_eq!(bucket.ask(next, Ask::HEAD.look()).not_now(), Some(Some(one_s)));
 ///
 /// // Two 429s double the wait.
 /// bucket.record_429();
 /// bucket.record_429();
 /// assert_eq!(bucket.status_indicator().as_deref(), Some("throttle:2.0x"));
-/// assert_eq!(bucket.earliest_fit(next, Amount::ZERO), Some(Instant::from_nanos(2_000_000_000)));
+/// let two_s = Instant::from_nanos(2_000_000_000);
+/// assert_eq!(bucket.ask(next, Ask::HEAD).not_now(), Some(Some(two_s)));
 ///
 /// clock.advance(Duration::from_secs(2));
-/// assert!(bucket.try_take(next, Amount::ZERO)?);
+/// assert!(matches!(bucket.ask(next, Ask::HEAD), Answer::Taken));
 ///
 /// // More than a minute's budget is never granted.
-/// assert!(bucket.fits(Amount::pair(6_001, 1), Amount::ZERO).is_err());
+/// let never = bucket.ask(Amount::pair(6_001, 1), Ask::HEAD);
+/// assert_eq!(
+///     never.refusal().map(|r| r.kind()),
+///     Some(RefusalKind::TooLarge { asked: Amount::pair(6_001, 1), max: Amount::pair(6_000, 60) })
+/// );
 /// # Ok(())
 /// # }
 /// ```
@@ -274,8 +305,8 @@ impl TokenBucket {
 
     /// A full bucket on the operating system's clock, counting from now.
     ///
-    /// The bucket only compares its own readings, so its clock need not be the monitor's; a
-    /// deadline from [`Account::earliest_fit`] is on this clock's scale, though, so a bucket that
+    /// The bucket only compares its own readings, so its clock need not be the monitor's; the
+    /// instant of an [`Answer::NotNow`] is on this clock's scale, though, so a bucket that
     /// sits in a monitor's demands should share the monitor's clock ([`TokenBucket::new`] with
     /// `monitor.clock().clone()`).
     ///
@@ -453,23 +484,21 @@ impl TokenBucket {
         state
     }
 
-    /// "Never" for an amount beyond the budgets in force.
-    fn check_bound(&self, state: &State, mine: Amount) -> Result<(), Refusal> {
-        if !state.exceeds_budget(mine) {
-            return Ok(());
-        }
+    /// The "never" of `mine`, an amount beyond the budgets in force.
+    fn too_large(&self, state: &State, mine: Amount) -> Refusal {
         let TokenBucketConfig {
             tokens_per_minute,
             requests_per_minute,
         } = state.config;
-        Err(Refusal::new(format!(
+        let max = Amount::pair(tokens_per_minute, requests_per_minute);
+        Refusal::too_large(mine, max).with_message(format!(
             "`{}` allows {tokens_per_minute} tokens and {requests_per_minute} requests per \
              minute; a demand of {} tokens and {} requests can never fit: split it into smaller \
              calls or use a model with a larger budget",
             self.name,
             mine.get(TOKENS),
             mine.get(REQUESTS),
-        )))
+        ))
     }
 }
 
@@ -486,21 +515,23 @@ impl Account for TokenBucket {
         Replenishment::Time
     }
 
-    fn fits(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
-        let state = self.settled();
-        self.check_bound(&state, mine)?;
-        Ok(state.holds(mine.saturating_add(reserved_ahead)))
-    }
-
-    fn try_take(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
+    /// One lock: the levels are brought up to now, then `mine` is refused if it exceeds the
+    /// budgets, taken if both levels hold it beside the head's reservation, or answered "not now"
+    /// with the instant the refill makes room.
+    fn ask(&self, mine: Amount, ask: Ask) -> Answer {
         let mut state = self.settled();
-        self.check_bound(&state, mine)?;
-        if !state.holds(mine.saturating_add(reserved_ahead)) {
-            return Ok(false);
+        if state.exceeds_budget(mine) {
+            return Answer::Never(self.too_large(&state, mine));
         }
-        state.tokens.take(mine.get(TOKENS));
-        state.requests.take(mine.get(REQUESTS));
-        Ok(true)
+        let want = mine.saturating_add(ask.reserved_ahead());
+        if !state.holds(want) {
+            return Answer::NotNow(state.holds_at(want));
+        }
+        if ask.takes() {
+            state.tokens.take(mine.get(TOKENS));
+            state.requests.take(mine.get(REQUESTS));
+        }
+        Answer::Taken
     }
 
     fn give(&self, amount: Amount) {
@@ -518,29 +549,6 @@ impl Account for TokenBucket {
             state.requests.give(requests, config.requests_per_minute);
         }
         self.wake.notify();
-    }
-
-    fn earliest_fit(&self, mine: Amount, reserved_ahead: Amount) -> Option<Instant> {
-        let state = self.settled();
-        let want = mine.saturating_add(reserved_ahead);
-        if state.exceeds_budget(want) {
-            // Time alone never makes room for more than a full bucket.
-            return None;
-        }
-        let TokenBucketConfig {
-            tokens_per_minute,
-            requests_per_minute,
-        } = state.config;
-        let tenths = state.throttle.tenths();
-        let wait = state
-            .tokens
-            .nanos_until(want.get(TOKENS), tokens_per_minute, tenths)
-            .max(
-                state
-                    .requests
-                    .nanos_until(want.get(REQUESTS), requests_per_minute, tenths),
-            );
-        Some(state.settled_at.saturating_add(Duration::from_nanos(wait)))
     }
 
     fn status(&self) -> Box<dyn AccountStatus> {

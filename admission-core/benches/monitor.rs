@@ -20,7 +20,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use admission_core::{
-    AccountRef, Admit, Amount, Clock, Demand, Event, EventKind, EventSink, Grant, JobContext,
+    AccountRef, Admit, Amount, Ask, Clock, Demand, Event, EventKind, EventSink, Grant, JobContext,
     Monitor, SystemClock, WakeSlot, event::SinkError,
 };
 use admission_testkit::monitor::{park_waiters, poll_once};
@@ -261,8 +261,8 @@ fn uncontended_parts(c: &mut Criterion) {
         // What the three accounts cost by themselves: no monitor, no demand, no grant.
         b.iter(|| {
             for entry in prebuilt.entries() {
-                let taken = entry.account().try_take(entry.amount(), Amount::ZERO);
-                assert!(matches!(taken, Ok(true)));
+                let taken = entry.account().ask(entry.amount(), Ask::HEAD);
+                assert!(taken.is_taken());
             }
             limits.http.give(Amount::ONE);
             limits.db.give(Amount::ONE);
@@ -362,9 +362,7 @@ fn pass_over_10k_parked(c: &mut Criterion) {
             b.iter(|| {
                 for _ in 0..PARKED {
                     for (account, amount) in &line.accounts {
-                        if !account.fits(*amount, Amount::ONE).expect("fits a capacity") {
-                            black_box(account.earliest_fit(*amount, Amount::ONE));
-                        }
+                        let _ = black_box(account.ask(*amount, Ask::behind(Amount::ONE).look()));
                     }
                 }
             })

@@ -379,53 +379,7 @@ pub trait Account: Send + Sync + 'static {
     ///
     /// On [`Answer::Taken`] for a taking ask the account has been debited by exactly `mine`;
     /// every other answer, and every answer to a look, changes nothing.
-    ///
-    /// The default answers from [`fits`](Account::fits), [`try_take`](Account::try_take) and
-    /// [`earliest_fit`](Account::earliest_fit), for accounts written before `ask` existed;
-    /// implement `ask` itself (and none of those three), since only `ask` hears whether the
-    /// asker is the head.
-    fn ask(&self, mine: Amount, ask: Ask) -> Answer {
-        let reserved = ask.reserved_ahead();
-        let answer = if ask.takes() {
-            self.try_take(mine, reserved)
-        } else {
-            self.fits(mine, reserved)
-        };
-        match answer {
-            Ok(true) => Answer::Taken,
-            Ok(false) => Answer::NotNow(self.earliest_fit(mine, reserved)),
-            Err(refusal) => Answer::Never(refusal),
-        }
-    }
-
-    /// Whether `mine` fits now with `reserved_ahead` set aside; changes nothing. Derived from
-    /// [`ask`](Account::ask) (a look; a zero reservation is taken as the head's ask).
-    fn fits(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
-        match self.ask(mine, legacy_ask(reserved_ahead).look()) {
-            Answer::Taken => Ok(true),
-            Answer::NotNow(_) => Ok(false),
-            Answer::Never(refusal) => Err(refusal),
-        }
-    }
-
-    /// The check and the debit of `mine` in one step. Derived from [`ask`](Account::ask).
-    fn try_take(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
-        match self.ask(mine, legacy_ask(reserved_ahead)) {
-            Answer::Taken => Ok(true),
-            Answer::NotNow(_) => Ok(false),
-            Answer::Never(refusal) => Err(refusal),
-        }
-    }
-
-    /// The instant at which `mine` would fit from the passage of time alone (`None`: only an
-    /// event). Derived from [`ask`](Account::ask).
-    fn earliest_fit(&self, mine: Amount, reserved_ahead: Amount) -> Option<Instant> {
-        match self.ask(mine, legacy_ask(reserved_ahead).look()) {
-            Answer::Taken => Some(Instant::ZERO),
-            Answer::NotNow(at) => at,
-            Answer::Never(_) => None,
-        }
-    }
+    fn ask(&self, mine: Amount, ask: Ask) -> Answer;
 
     /// Credits `amount` back: at release for [`Replenishment::Release`] accounts, at rollback and
     /// as compensation for every account. A give that grows capacity calls the wake slot.
@@ -575,15 +529,6 @@ impl fmt::Debug for WakeSlot {
         f.debug_struct("WakeSlot")
             .field("installed", &self.is_installed())
             .finish()
-    }
-}
-
-/// The ask that the three derived questions stand for: a zero reservation is taken as the head's.
-fn legacy_ask(reserved_ahead: Amount) -> Ask {
-    if reserved_ahead.is_zero() {
-        Ask::HEAD
-    } else {
-        Ask::behind(reserved_ahead)
     }
 }
 

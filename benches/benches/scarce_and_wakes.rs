@@ -15,9 +15,9 @@
 //!   B's completed calls per second under the monitor against the hold-and-wait chain, which
 //!   takes an HTTP permit first and then waits for its model's tokens while holding it. Both
 //!   sides use our `TokenBucket` for the token limits, so only the way of acquiring differs; the
-//!   chain waits for tokens with tokio sleeps computed from the bucket's `earliest_fit` (what
-//!   governor's `until_n_ready` does with its own limiter), retrying when another job got there
-//!   first.
+//!   chain asks the bucket and, told "not now", sleeps in tokio until the instant the answer
+//!   names (what governor's `until_n_ready` does with its own limiter), asking again when another
+//!   job got there first.
 //! - `wake` (item 5): from a release to the parked async waiter running, p50/p99, a task awaiting
 //!   `Monitor::admit` against a task awaiting tokio's `Semaphore::acquire`. Two shapes: `settled`
 //!   (released 50 us after the waiter parked, when its core has gone idle) and `hot` (released as
@@ -40,7 +40,9 @@ use std::time::{Duration, Instant};
 use admission_accounts::token_bucket::TokenBucketConfig;
 use admission_accounts::{CountingGate, TokenBucket};
 use admission_benches::Results;
-use admission_core::{Account, AccountRef, Amount, Clock, Demand, Grant, JobContext, Monitor};
+use admission_core::{
+    Account, AccountRef, Amount, Answer, Ask, Clock, Demand, Grant, JobContext, Monitor,
+};
 use admission_testkit::FakeClock;
 use admission_testkit::monitor::poll_once;
 use governor::clock::{Clock as _, FakeRelativeClock, Reference as _};
@@ -270,10 +272,7 @@ fn model_b_config() -> TokenBucketConfig {
 fn drain(bucket: &TokenBucket) {
     let whole = bucket.level();
     if whole > 0 {
-        assert_eq!(
-            bucket.try_take(Amount::pair(whole, 0), Amount::ZERO).ok(),
-            Some(true)
-        );
+        assert!(bucket.ask(Amount::pair(whole, 0), Ask::HEAD).is_taken());
     }
 }
 
@@ -390,11 +389,13 @@ fn goodput_chain() -> Goodput {
                     let permit = http.clone().acquire_owned().await.expect("not closed");
                     held.fetch_add(1, Ordering::Relaxed);
                     // Hold the connection and wait for the tokens: sleep until the bucket says
-                    // they will be there, try again (another job may have taken them first).
-                    while !bucket.try_take(call, Amount::ZERO).expect("fits") {
-                        let at = bucket
-                            .earliest_fit(call, Amount::ZERO)
-                            .expect("a call fits the budget");
+                    // they will be there, ask again (another job may have taken them first).
+                    loop {
+                        let at = match bucket.ask(call, Ask::HEAD) {
+                            Answer::Taken => break,
+                            Answer::NotNow(Some(at)) => at,
+                            other => panic!("a call fits the budget; the bucket said {other:?}"),
+                        };
                         tokio::time::sleep(at.saturating_duration_since(clock.now())).await;
                     }
                     held.fetch_sub(1, Ordering::Relaxed);
@@ -430,7 +431,7 @@ fn goodput() -> Results {
         .number("chain_permits_held_waiting", chain.held_waiting)
         .text(
             "chain_token_wait",
-            "tokio::time::sleep until TokenBucket::earliest_fit, then try_take again",
+            "tokio::time::sleep until the instant of the bucket's not-now answer, then ask again",
         )
 }
 
@@ -739,10 +740,12 @@ impl OursDeadline {
     /// and returns how late after that instant the task ran, in nanoseconds.
     fn sample(&self, rt: &tokio::runtime::Runtime) -> u64 {
         drain(&self.bucket);
-        let due = self
-            .bucket
-            .earliest_fit(Amount::pair(1, 1), Amount::ZERO)
-            .expect("a token fits the budget");
+        let due = match self.bucket.ask(Amount::pair(1, 1), Ask::HEAD.look()) {
+            Answer::NotNow(Some(at)) => at,
+            // A token landed since the drain: it is due now.
+            Answer::Taken => self.monitor.clock().now(),
+            other => panic!("a token fits the budget; the bucket said {other:?}"),
+        };
         let (tx, rx) = mpsc::channel();
         let (monitor, demand) = (self.monitor.clone(), self.demand.clone());
         rt.spawn(async move {

@@ -5,8 +5,8 @@
 //! `admission-accounts` (`CountingGate`, `TokenBucket`), never the test-kit's reference accounts.
 //!
 //! - `single_limit` (issue 5, item 1): one take from a token bucket that never runs dry, on the
-//!   system clock. Ours is `TokenBucket::try_take` through the `Account` trait (tokens and one
-//!   request in one step); the peers are governor's `check` / `check_n` and leaky-bucket's
+//!   system clock. Ours is a taking `Account::ask` on a `TokenBucket` (tokens and one request
+//!   in one step, one answer); the peers are governor's `check` / `check_n` and leaky-bucket's
 //!   `try_acquire`. This is the floor any rate limit costs.
 //! - `semaphore` (item 2): admit and release one permit of a `CountingGate` through the monitor,
 //!   against tokio's `Semaphore::try_acquire_many` and a drop.
@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use admission_accounts::token_bucket::TokenBucketConfig;
 use admission_accounts::{CountingGate, TokenBucket};
-use admission_core::{AccountRef, Admit, Amount, Demand, Grant, JobContext, Monitor};
+use admission_core::{AccountRef, Admit, Amount, Ask, Demand, Grant, JobContext, Monitor};
 use admission_testkit::monitor::{park_waiters, poll_once};
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
@@ -122,14 +122,14 @@ fn single_limit(c: &mut Criterion) {
     let ours: AccountRef = Arc::new(ours);
     let one = Amount::pair(1, 1);
     let n = Amount::pair(TOKENS, 1);
-    assert_eq!(ours.try_take(n, Amount::ZERO).ok(), Some(true));
+    assert!(ours.ask(n, Ask::HEAD).is_taken());
     let peer = governor();
     let leaky = leaky();
     assert!(leaky.try_acquire(TOKENS as usize));
 
     let mut group = c.benchmark_group("single_limit");
     group.bench_function("ours_token_bucket_take_1", |b| {
-        b.iter(|| black_box(ours.try_take(black_box(one), Amount::ZERO).expect("fits")))
+        b.iter(|| black_box(ours.ask(black_box(one), Ask::HEAD).is_taken()))
     });
     group.bench_function("governor_check", |b| {
         b.iter(|| black_box(peer.check().is_ok()))
@@ -138,7 +138,7 @@ fn single_limit(c: &mut Criterion) {
         b.iter(|| black_box(leaky.try_acquire(black_box(1))))
     });
     group.bench_function("ours_token_bucket_take_100", |b| {
-        b.iter(|| black_box(ours.try_take(black_box(n), Amount::ZERO).expect("fits")))
+        b.iter(|| black_box(ours.ask(black_box(n), Ask::HEAD).is_taken()))
     });
     group.bench_function("governor_check_n_100", |b| {
         b.iter_custom(|iters| {
@@ -396,14 +396,16 @@ fn pass_over_10k_parked(c: &mut Criterion) {
         assert_eq!(line.monitor.queue_size(), PARKED, "a pass grants nobody");
     }
     for (name, line) in [("floor_one_gate", &one), ("floor_gate_bucket_gate", &three)] {
-        // The accounts' share of a pass: the same questions asked directly, 10,000 times.
+        // The accounts' share of a pass: the same questions asked directly, 10,000 times, one
+        // look per account behind a reservation.
+        let behind = Ask::behind(Amount::ONE).look();
         group.bench_function(name, |b| {
             b.iter(|| {
                 for _ in 0..PARKED {
                     for (account, amount) in &line.accounts {
-                        if !account.fits(*amount, Amount::ONE).expect("fits a capacity") {
-                            black_box(account.earliest_fit(*amount, Amount::ONE));
-                        }
+                        let answer = account.ask(*amount, behind);
+                        assert!(answer.refusal().is_none(), "fits a capacity");
+                        let _ = black_box(answer);
                     }
                 }
             })

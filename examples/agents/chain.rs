@@ -3,8 +3,8 @@
 //!
 //! Each step takes its limits one after another, in a fixed order (which at least avoids
 //! deadlock) and keeps each one while it waits for the next: a tokio [`Semaphore`] permit for the
-//! HTTP connection, then the model gate's permit, then the model's tokens (a loop of `try_take`
-//! and a sleep until the bucket's `earliest_fit`), the model's window, a database permit and the
+//! HTTP connection, then the model gate's permit, then the model's tokens (a loop of one `ask`
+//! and a sleep until the instant its "not now" names), the model's window, a database permit and the
 //! search API's window. The limiters are the same families the monitor strategy uses; only the
 //! way of waiting differs. While a model-a step waits minutes for tokens it holds an HTTP
 //! connection nobody else can use, and model-b steps queue behind it at the semaphore. The
@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use admission_core::{Account, Amount, Clock, Instant};
+use admission_core::{Account, Amount, Answer, Ask, Clock, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::stats::{Holding, JobOutcome, add_duration};
@@ -237,8 +237,8 @@ async fn acquire_permit(
     }
 }
 
-/// Takes `amount` from a time-replenished account, sleeping until its `earliest_fit` between
-/// tries: the wait a single-limit rate limiter does on its own.
+/// Takes `amount` from a time-replenished account, asking once per try and sleeping until the
+/// instant its "not now" names: the wait a single-limit rate limiter does on its own.
 async fn wait_account(
     world: &World,
     account: &dyn Account,
@@ -246,23 +246,23 @@ async fn wait_account(
     deadline: Instant,
 ) -> Result<(), JobOutcome> {
     loop {
-        match account.try_take(amount, Amount::ZERO) {
-            Ok(true) => return Ok(()),
-            Ok(false) => {}
-            Err(refusal) => {
+        let at = match account.ask(amount, Ask::HEAD) {
+            Answer::Taken => return Ok(()),
+            Answer::NotNow(Some(at)) => at,
+            Answer::NotNow(None) => {
+                return Err(JobOutcome::Failed(format!(
+                    "`{}` can never grant {amount:?}",
+                    account.name()
+                )));
+            }
+            Answer::Never(refusal) => {
                 return Err(JobOutcome::Failed(format!(
                     "`{}` refused: {refusal}",
                     account.name()
                 )));
             }
-        }
-        let now = world.clock.now();
-        let Some(at) = account.earliest_fit(amount, Amount::ZERO) else {
-            return Err(JobOutcome::Failed(format!(
-                "`{}` can never grant {amount:?}",
-                account.name()
-            )));
         };
+        let now = world.clock.now();
         if at > deadline {
             // It cannot fit in time: wait out the deadline, as a timed-out admission does.
             tokio::select! {

@@ -361,7 +361,7 @@ fn rows() -> Vec<Row> {
     vec![
         row(
             "1",
-            "token bucket take, 1 token + 1 request: `TokenBucket::try_take` vs governor `check`",
+            "token bucket take, 1 token + 1 request: `TokenBucket::ask` (taking, as the head) vs governor `check`",
             Unit::Time,
             C("single_limit", "ours_token_bucket_take_1"),
             C("single_limit", "governor_check"),

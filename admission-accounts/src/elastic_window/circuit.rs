@@ -38,9 +38,12 @@ pub(super) enum Pass {
     Open,
     /// The cooldown is over and this caller is the head of the line: it may take the probe.
     Probe,
+    /// The cooldown is over, but this caller is not the head of the line: the probe is the
+    /// head's to take, not this caller's.
+    HeadsProbe,
     /// Blocked with this much cooldown left.
     Cooling(Duration),
-    /// A probe is out, or is the head's to take: refused as if it were out.
+    /// The probe is out: everyone is refused until its verdict, refund or expiry.
     ProbeOut,
 }
 
@@ -116,18 +119,8 @@ impl Circuit {
                 Pass::Cooling(until.saturating_duration_since(now))
             }
             Phase::Blocked { .. } if head => Pass::Probe,
-            Phase::Blocked { .. } | Phase::Probing { .. } => Pass::ProbeOut,
-        }
-    }
-
-    /// The instant from which [`pass`](Circuit::pass) could let the head through by time alone:
-    /// the origin when healthy, the cooldown's end while blocked, the probe's expiry while
-    /// probing.
-    pub(super) fn head_passes_at(&self) -> Instant {
-        match self.phase {
-            Phase::Healthy => Instant::ZERO,
-            Phase::Blocked { until } => until,
-            Phase::Probing { expires, .. } => expires,
+            Phase::Blocked { .. } => Pass::HeadsProbe,
+            Phase::Probing { .. } => Pass::ProbeOut,
         }
     }
 

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use admission_accounts::counting_gate::CountingGate;
 use admission_core::{
-    Account, Amount, Capability, Category, Demand, Instant, JobContext, Monitor, Replenishment,
-    WakeFn,
+    Account, Amount, Answer, Ask, Capability, Category, Demand, Instant, JobContext, Monitor,
+    RefusalKind, Replenishment, WakeFn,
 };
 use admission_events::SemaphoreStatus;
 use admission_testkit::FakeClock;
@@ -56,18 +56,21 @@ fn a_zero_capacity_is_a_config_error_naming_the_field() {
 }
 
 #[test]
-fn a_demand_above_capacity_is_refused_on_fits_and_on_try_take_naming_gate_demand_and_capacity() {
+fn a_demand_above_capacity_is_never_on_a_look_and_on_a_take_naming_gate_demand_and_capacity() {
     let gate = gate(10);
-    for refusal in [
-        gate.fits(Amount::units(11), Amount::ZERO).unwrap_err(),
-        gate.try_take(Amount::units(11), Amount::ZERO).unwrap_err(),
-        gate.try_take(Amount::units(11), Amount::units(5))
-            .unwrap_err(),
-    ] {
-        let message = refusal.message();
-        assert!(
-            message.contains("`pool`") && message.contains("11") && message.contains("10"),
-            "{message}"
+    for ask in [Ask::HEAD.look(), Ask::HEAD, Ask::behind(Amount::units(5))] {
+        let answer = gate.ask(Amount::units(11), ask);
+        let refusal = answer.refusal().expect("never");
+        assert_eq!(
+            refusal.kind(),
+            RefusalKind::TooLarge {
+                asked: Amount::units(11),
+                max: Amount::units(10)
+            }
+        );
+        assert_eq!(
+            refusal.message(),
+            "`pool` has 10 permits in all; a demand of 11 can never fit (ask for at most 10)"
         );
     }
     assert_eq!(gate.in_use(), 0);
@@ -77,43 +80,82 @@ fn a_demand_above_capacity_is_refused_on_fits_and_on_try_take_naming_gate_demand
 #[test]
 fn a_demand_of_exactly_the_capacity_fits_a_free_gate() {
     let gate = gate(10);
-    assert!(gate.fits(Amount::units(10), Amount::ZERO).unwrap());
-    assert!(gate.try_take(Amount::units(10), Amount::ZERO).unwrap());
+    assert!(matches!(
+        gate.ask(Amount::units(10), Ask::HEAD.look()),
+        Answer::Taken
+    ));
+    assert_eq!(gate.in_use(), 0, "a look takes nothing");
+    assert!(matches!(
+        gate.ask(Amount::units(10), Ask::HEAD),
+        Answer::Taken
+    ));
     assert_eq!((gate.available(), gate.in_use()), (0, 10));
 }
 
 #[test]
 fn only_the_primary_dimension_is_read() {
     let gate = gate(2);
-    assert!(
-        gate.try_take(Amount::from_dimensions([2, 99, 99, 99]), Amount::ZERO)
-            .unwrap()
-    );
+    assert!(matches!(
+        gate.ask(Amount::from_dimensions([2, 99, 99, 99]), Ask::HEAD),
+        Answer::Taken
+    ));
     assert_eq!(gate.in_use(), 2);
 }
 
 #[test]
 fn the_reservation_makes_not_now_never_never() {
     let gate = gate(10);
-    assert!(gate.try_take(Amount::units(6), Amount::ZERO).unwrap());
-    assert!(gate.fits(Amount::units(4), Amount::ZERO).unwrap());
-    assert!(!gate.fits(Amount::units(4), Amount::ONE).unwrap());
-    assert!(!gate.try_take(Amount::units(1), Amount::units(4)).unwrap());
-    assert!(
-        !gate
-            .try_take(Amount::units(10), Amount::units(u64::MAX))
-            .unwrap()
+    assert!(matches!(
+        gate.ask(Amount::units(6), Ask::HEAD),
+        Answer::Taken
+    ));
+    assert!(matches!(
+        gate.ask(Amount::units(4), Ask::HEAD.look()),
+        Answer::Taken
+    ));
+    assert_eq!(
+        gate.ask(Amount::units(4), Ask::behind(Amount::ONE).look())
+            .not_now(),
+        Some(None)
+    );
+    assert_eq!(
+        gate.ask(Amount::units(1), Ask::behind(Amount::units(4)))
+            .not_now(),
+        Some(None)
+    );
+    assert_eq!(
+        gate.ask(Amount::units(10), Ask::behind(Amount::units(u64::MAX)))
+            .not_now(),
+        Some(None)
     );
     assert_eq!(gate.in_use(), 6);
 }
 
 #[test]
-fn earliest_fit_is_always_none_because_only_a_give_frees_a_permit() {
+fn not_now_never_names_an_instant_because_only_a_give_frees_a_permit() {
     let gate = gate(3);
-    assert_eq!(gate.earliest_fit(Amount::ONE, Amount::ZERO), None);
-    assert!(gate.try_take(Amount::units(3), Amount::ZERO).unwrap());
-    assert_eq!(gate.earliest_fit(Amount::ONE, Amount::ZERO), None);
-    assert_eq!(gate.earliest_fit(Amount::units(4), Amount::ZERO), None);
+    assert!(matches!(
+        gate.ask(Amount::units(3), Ask::HEAD),
+        Answer::Taken
+    ));
+    assert_eq!(
+        gate.ask(Amount::ONE, Ask::HEAD.look()).not_now(),
+        Some(None)
+    );
+    assert_eq!(gate.ask(Amount::ONE, Ask::HEAD).not_now(), Some(None));
+    assert_eq!(
+        gate.ask(Amount::ONE, Ask::behind(Amount::ONE)).not_now(),
+        Some(None)
+    );
+    assert_eq!(
+        gate.ask(Amount::units(4), Ask::HEAD.look())
+            .refusal()
+            .map(|r| r.kind()),
+        Some(RefusalKind::TooLarge {
+            asked: Amount::units(4),
+            max: Amount::units(3)
+        })
+    );
 }
 
 #[test]
@@ -122,11 +164,11 @@ fn every_take_and_give_stamps_last_activity_from_the_injected_clock() {
     let gate = gate_on(2, &clock);
     assert_eq!(gate.last_activity(), None);
 
-    assert!(gate.try_take(Amount::ONE, Amount::ZERO).unwrap());
+    assert!(matches!(gate.ask(Amount::ONE, Ask::HEAD), Answer::Taken));
     assert_eq!(gate.last_activity(), Some(Instant::ZERO));
 
     clock.advance(Duration::from_secs(2));
-    assert!(gate.try_take(Amount::ONE, Amount::ZERO).unwrap());
+    assert!(matches!(gate.ask(Amount::ONE, Ask::HEAD), Answer::Taken));
     assert_eq!(
         gate.last_activity(),
         Some(Instant::from_nanos(2_000_000_000))
@@ -144,10 +186,18 @@ fn every_take_and_give_stamps_last_activity_from_the_injected_clock() {
 fn a_refused_take_changes_nothing_not_even_the_stamp() {
     let clock = FakeClock::new();
     let gate = gate_on(1, &clock);
-    assert!(gate.try_take(Amount::ONE, Amount::ZERO).unwrap());
+    assert!(matches!(gate.ask(Amount::ONE, Ask::HEAD), Answer::Taken));
     clock.advance(Duration::from_secs(1));
-    assert!(!gate.try_take(Amount::ONE, Amount::ZERO).unwrap());
-    assert!(gate.try_take(Amount::units(2), Amount::ZERO).is_err());
+    assert_eq!(gate.ask(Amount::ONE, Ask::HEAD).not_now(), Some(None));
+    assert_eq!(
+        gate.ask(Amount::units(2), Ask::HEAD)
+            .refusal()
+            .map(|r| r.kind()),
+        Some(RefusalKind::TooLarge {
+            asked: Amount::units(2),
+            max: Amount::ONE
+        })
+    );
     assert_eq!(gate.last_activity(), Some(Instant::ZERO));
     assert_eq!(gate.in_use(), 1);
 }
@@ -157,14 +207,17 @@ fn give_calls_the_wake_slot_and_take_never_does() {
     let gate = gate(2);
     let (calls, wake) = counting_wake();
     gate.on_capacity_change(Some(wake));
-    assert!(gate.try_take(Amount::units(2), Amount::ZERO).unwrap());
+    assert!(matches!(
+        gate.ask(Amount::units(2), Ask::HEAD),
+        Answer::Taken
+    ));
     assert_eq!(calls.load(Ordering::SeqCst), 0);
     gate.give(Amount::ONE);
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     gate.give(Amount::ONE);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     gate.on_capacity_change(None);
-    assert!(gate.try_take(Amount::ONE, Amount::ZERO).unwrap());
+    assert!(matches!(gate.ask(Amount::ONE, Ask::HEAD), Answer::Taken));
     gate.give(Amount::ONE);
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
@@ -172,11 +225,14 @@ fn give_calls_the_wake_slot_and_take_never_does() {
 #[test]
 fn giving_back_more_than_is_in_use_never_underflows() {
     let gate = gate(4);
-    assert!(gate.try_take(Amount::ONE, Amount::ZERO).unwrap());
+    assert!(matches!(gate.ask(Amount::ONE, Ask::HEAD), Answer::Taken));
     gate.give(Amount::units(u64::MAX));
     assert_eq!((gate.available(), gate.in_use()), (4, 0));
-    assert!(gate.try_take(Amount::units(4), Amount::ZERO).unwrap());
-    assert!(!gate.try_take(Amount::ONE, Amount::ZERO).unwrap());
+    assert!(matches!(
+        gate.ask(Amount::units(4), Ask::HEAD),
+        Answer::Taken
+    ));
+    assert_eq!(gate.ask(Amount::ONE, Ask::HEAD).not_now(), Some(None));
 }
 
 #[test]
@@ -184,7 +240,10 @@ fn status_reports_max_concurrent_available_active_and_the_stamp() {
     let clock = FakeClock::new();
     let gate = gate_on(8, &clock);
     clock.advance(Duration::from_secs(2));
-    assert!(gate.try_take(Amount::units(3), Amount::ZERO).unwrap());
+    assert!(matches!(
+        gate.ask(Amount::units(3), Ask::HEAD),
+        Answer::Taken
+    ));
     let expected = SemaphoreStatus {
         name: "pool".into(),
         max_concurrent: 8,
@@ -225,7 +284,7 @@ fn it_is_a_release_account_of_category_semaphore() {
 #[test]
 fn debug_names_the_gate_and_its_counts() {
     let gate = gate(3);
-    assert!(gate.try_take(Amount::ONE, Amount::ZERO).unwrap());
+    assert!(matches!(gate.ask(Amount::ONE, Ask::HEAD), Answer::Taken));
     let shown = format!("{gate:?}");
     assert!(
         shown.starts_with("CountingGate")

@@ -7,18 +7,19 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::Duration;
 
+use admission_accounts::counting_gate::CountingGate;
 use admission_accounts::elastic_window::{
     CircuitState, ElasticWindow, ElasticWindowConfig, FAILURE_TEXT_LIMIT, FAST_RECOVERY_AFTER,
     PRESSURE_TEXT,
 };
 use admission_core::{
-    Account, AccountStatus, AdmitError, Amount, Capability, Category, Demand, Instant, JobContext,
-    Monitor, Refusal, Replenishment, WakeFn,
+    Account, AccountStatus, AdmitError, Amount, Answer, Ask, Capability, Category, Demand, Instant,
+    JobContext, Monitor, RefusalKind, Replenishment, WakeFn,
 };
 use admission_events::{EventKind, Recorder, RejectReason};
 use admission_testkit::FakeClock;
 use admission_testkit::contract::{self, Subject};
-use admission_testkit::monitor::{spawn_thread_waiter, wait_for_queue};
+use admission_testkit::monitor::{poll_once, spawn_thread_waiter, wait_for_queue};
 use admission_testkit::reference::Permits;
 use proptest::prelude::*;
 
@@ -61,15 +62,27 @@ fn open(w: &ElasticWindow, text: &str) {
     assert_eq!(w.circuit_state(), CircuitState::Blocked);
 }
 
-fn take(w: &ElasticWindow, n: u64) -> Result<bool, Refusal> {
-    w.try_take(Amount::units(n), Amount::ZERO)
+/// Asks for `n` requests as the head of the line, taking them if they fit.
+fn take(w: &ElasticWindow, n: u64) -> Answer {
+    w.ask(Amount::units(n), Ask::HEAD)
 }
 
-fn message(answer: Result<bool, Refusal>) -> String {
+/// A look as the head of the line at `n` requests.
+fn look(w: &ElasticWindow, n: u64) -> Answer {
+    w.ask(Amount::units(n), Ask::HEAD.look())
+}
+
+/// The message of a "never".
+fn message(answer: Answer) -> String {
     match answer {
-        Err(refusal) => refusal.message().to_owned(),
-        Ok(fits) => panic!("expected a refusal, saw Ok({fits})"),
+        Answer::Never(refusal) => refusal.message().to_owned(),
+        other => panic!("expected a refusal, saw {other:?}"),
     }
+}
+
+/// The kind of a "never", if the answer is one.
+fn refusal_kind(answer: Answer) -> Option<RefusalKind> {
+    answer.refusal().map(|r| r.kind())
 }
 
 /// A wake that counts its calls.
@@ -119,17 +132,11 @@ impl Account for Http {
     fn replenishment(&self) -> Replenishment {
         self.0.replenishment()
     }
-    fn fits(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
-        self.0.fits(mine, reserved_ahead)
-    }
-    fn try_take(&self, mine: Amount, reserved_ahead: Amount) -> Result<bool, Refusal> {
-        self.0.try_take(mine, reserved_ahead)
+    fn ask(&self, mine: Amount, ask: Ask) -> Answer {
+        self.0.ask(mine, ask)
     }
     fn give(&self, amount: Amount) {
         self.0.give(amount)
-    }
-    fn earliest_fit(&self, mine: Amount, reserved_ahead: Amount) -> Option<Instant> {
-        self.0.earliest_fit(mine, reserved_ahead)
     }
     fn status(&self) -> Box<dyn AccountStatus> {
         self.0.status()
@@ -157,7 +164,7 @@ fn a_fresh_window_is_healthy_at_throttle_zero_and_a_take_counts_in_use() {
     assert_eq!(w.in_use(), 0);
     assert_eq!(w.replenishment(), Replenishment::Time);
     assert_eq!(w.category(), Category::ELASTIC_WINDOW);
-    assert!(take(&w, 2).unwrap());
+    assert!(take(&w, 2).is_taken());
     assert_eq!(w.in_use(), 2);
     assert_eq!(w.status_indicator(), None);
 }
@@ -166,16 +173,16 @@ fn a_fresh_window_is_healthy_at_throttle_zero_and_a_take_counts_in_use() {
 fn a_request_counts_until_its_stamp_leaves_the_window() {
     let clock = FakeClock::new();
     let w = window(2, 10, &clock);
-    assert!(take(&w, 1).unwrap());
+    assert!(take(&w, 1).is_taken());
     clock.advance(secs(4));
-    assert!(take(&w, 1).unwrap());
-    assert!(!take(&w, 1).unwrap());
+    assert!(take(&w, 1).is_taken());
+    assert_eq!(take(&w, 1).not_now(), Some(Some(at(10))));
     clock.advance_to(Instant::from_nanos(10 * SECOND - 1));
     assert_eq!(w.in_use(), 2);
-    assert!(!w.fits(Amount::ONE, Amount::ZERO).unwrap());
+    assert_eq!(look(&w, 1).not_now(), Some(Some(at(10))));
     clock.advance_to(at(10));
     assert_eq!(w.in_use(), 1);
-    assert!(w.fits(Amount::ONE, Amount::ZERO).unwrap());
+    assert!(look(&w, 1).is_taken());
     clock.advance_to(at(14));
     assert_eq!(w.in_use(), 0);
 }
@@ -186,45 +193,68 @@ fn a_demand_above_max_requests_is_refused_outright_and_debits_nothing() {
     let w = window(60, 60, &clock);
     let expected = "The rate limiter `search` allows at most 60 requests per 60 s; a demand of 61 \
                     requests can never fit. Ask for at most 60 requests at a time.";
-    assert_eq!(message(w.fits(Amount::units(61), Amount::ZERO)), expected);
-    assert_eq!(
-        message(w.try_take(Amount::units(61), Amount::units(3))),
-        expected
-    );
-    assert_eq!(w.earliest_fit(Amount::units(61), Amount::ZERO), None);
+    let too_large = RefusalKind::TooLarge {
+        asked: Amount::units(61),
+        max: Amount::units(60),
+    };
+    for ask in [Ask::HEAD.look(), Ask::behind(Amount::units(3)), Ask::HEAD] {
+        assert_eq!(refusal_kind(w.ask(Amount::units(61), ask)), Some(too_large));
+        assert_eq!(message(w.ask(Amount::units(61), ask)), expected);
+    }
     assert_eq!(w.in_use(), 0);
-    assert!(take(&w, 60).unwrap());
+    assert!(take(&w, 60).is_taken());
 }
 
 #[test]
 fn a_reservation_in_the_way_is_not_now_never_never() {
     let clock = FakeClock::new();
     let w = window(5, 10, &clock);
-    assert!(take(&w, 3).unwrap());
-    assert!(w.fits(Amount::units(2), Amount::ZERO).unwrap());
-    assert!(!w.fits(Amount::units(2), Amount::ONE).unwrap());
-    assert!(!w.try_take(Amount::units(2), Amount::ONE).unwrap());
-    assert!(!w.fits(Amount::ONE, Amount::units(5)).unwrap());
+    assert!(take(&w, 3).is_taken());
+    assert!(look(&w, 2).is_taken());
+    // Short by one beside the head's reservation: until the three stamps at 0 s leave.
+    let behind_one = Ask::behind(Amount::ONE);
+    assert_eq!(
+        w.ask(Amount::units(2), behind_one.look()).not_now(),
+        Some(Some(at(10)))
+    );
+    assert_eq!(
+        w.ask(Amount::units(2), behind_one).not_now(),
+        Some(Some(at(10)))
+    );
+    // More than the window together with the reservation: not by time alone.
+    assert_eq!(
+        w.ask(Amount::ONE, Ask::behind(Amount::units(5)).look())
+            .not_now(),
+        Some(None)
+    );
     assert_eq!(w.in_use(), 3);
 }
 
 #[test]
-fn earliest_fit_is_when_the_kth_oldest_stamp_leaves_the_window() {
+fn not_now_lasts_until_the_kth_oldest_stamp_leaves_the_window() {
     let clock = FakeClock::new();
     let w = window(4, 10, &clock);
     for _ in 0..4 {
-        assert!(take(&w, 1).unwrap());
+        assert!(take(&w, 1).is_taken());
         clock.advance(secs(1));
     }
     // Stamps at 0, 1, 2 and 3 s; now 4 s.
-    assert_eq!(w.earliest_fit(Amount::ONE, Amount::ZERO), Some(at(10)));
-    assert_eq!(w.earliest_fit(Amount::units(2), Amount::ZERO), Some(at(11)));
-    assert_eq!(w.earliest_fit(Amount::units(2), Amount::ONE), Some(at(12)));
-    assert_eq!(w.earliest_fit(Amount::units(4), Amount::ZERO), Some(at(13)));
-    assert_eq!(w.earliest_fit(Amount::units(3), Amount::units(2)), None);
+    assert_eq!(look(&w, 1).not_now(), Some(Some(at(10))));
+    assert_eq!(look(&w, 2).not_now(), Some(Some(at(11))));
+    assert_eq!(
+        w.ask(Amount::units(2), Ask::behind(Amount::ONE).look())
+            .not_now(),
+        Some(Some(at(12)))
+    );
+    assert_eq!(look(&w, 4).not_now(), Some(Some(at(13))));
+    assert_eq!(
+        w.ask(Amount::units(3), Ask::behind(Amount::units(2)).look())
+            .not_now(),
+        Some(None)
+    );
     clock.advance_to(at(11));
-    assert_eq!(w.earliest_fit(Amount::units(2), Amount::ZERO), Some(at(11)));
-    assert!(w.fits(Amount::units(2), Amount::ZERO).unwrap());
+    assert!(look(&w, 2).is_taken());
+    assert!(take(&w, 2).is_taken());
 }
 
 #[test]
@@ -232,13 +262,13 @@ fn give_drops_the_newest_stamps_so_the_oldest_deadline_stays() {
     let clock = FakeClock::new();
     let w = window(3, 10, &clock);
     for _ in 0..3 {
-        assert!(take(&w, 1).unwrap());
+        assert!(take(&w, 1).is_taken());
         clock.advance(secs(1));
     }
     w.give(Amount::ONE);
     assert_eq!(w.in_use(), 2);
     // Stamps at 0 and 1 s remain: two more need the one at 0 s gone.
-    assert_eq!(w.earliest_fit(Amount::units(2), Amount::ZERO), Some(at(10)));
+    assert_eq!(look(&w, 2).not_now(), Some(Some(at(10))));
     w.give(Amount::units(9));
     assert_eq!(w.in_use(), 0);
 }
@@ -247,10 +277,10 @@ fn give_drops_the_newest_stamps_so_the_oldest_deadline_stays() {
 fn the_effective_window_is_the_base_window_times_one_plus_the_throttle() {
     let clock = FakeClock::new();
     let w = window(1, 10, &clock);
-    assert!(take(&w, 1).unwrap());
+    assert!(take(&w, 1).is_taken());
     w.record_pressure();
     assert_eq!(w.effective_window(), secs(20));
-    assert_eq!(w.earliest_fit(Amount::ONE, Amount::ZERO), Some(at(20)));
+    assert_eq!(look(&w, 1).not_now(), Some(Some(at(20))));
     clock.advance(secs(15));
     assert_eq!(w.in_use(), 1);
     clock.advance(secs(5));
@@ -261,21 +291,21 @@ fn the_effective_window_is_the_base_window_times_one_plus_the_throttle() {
 fn a_stretched_window_counts_stamps_the_base_window_had_let_go() {
     let clock = FakeClock::new();
     let w = window(2, 10, &clock);
-    assert!(take(&w, 1).unwrap());
+    assert!(take(&w, 1).is_taken());
     clock.advance(secs(12));
     assert_eq!(w.in_use(), 0);
     w.record_advisory_pressure();
     assert_eq!(w.in_use(), 1);
-    assert_eq!(w.earliest_fit(Amount::units(2), Amount::ZERO), Some(at(20)));
+    assert_eq!(look(&w, 2).not_now(), Some(Some(at(20))));
 }
 
 #[test]
 fn the_log_keeps_no_more_than_max_requests_stamps() {
     let clock = FakeClock::new();
     let w = window(3, 10, &clock);
-    assert!(take(&w, 3).unwrap());
+    assert!(take(&w, 3).is_taken());
     clock.advance(secs(10));
-    assert!(take(&w, 3).unwrap());
+    assert!(take(&w, 3).is_taken());
     w.record_advisory_pressure();
     assert_eq!(w.in_use(), 3);
     assert_eq!(w.status_record().in_use, 3);
@@ -397,7 +427,7 @@ fn advisory_pressure_raises_the_throttle_and_never_opens_the_circuit() {
     }
     assert_eq!(w.throttle(), 9.0);
     assert_eq!(w.circuit_state(), CircuitState::Healthy);
-    assert!(take(&w, 1).unwrap());
+    assert!(take(&w, 1).is_taken());
 }
 
 #[test]
@@ -420,7 +450,7 @@ fn the_indicator_is_blocked_probing_or_the_stretch_factor() {
     assert_eq!(w.status_indicator().as_deref(), Some("blocked"));
     assert_eq!(w.status().indicator().as_deref(), Some("blocked"));
     clock.advance(secs(30));
-    assert!(take(&w, 1).unwrap());
+    assert!(take(&w, 1).is_taken());
     assert_eq!(w.status_indicator().as_deref(), Some("probing"));
     assert_eq!(w.status().indicator().as_deref(), Some("probing"));
 }
@@ -468,39 +498,60 @@ fn while_the_cooldown_runs_everyone_is_refused_with_a_readable_message() {
     let w = breakable(&clock);
     open(&w, "HTTP 503 Service Unavailable");
     let expected = blocked_message("30 s", "HTTP 503 Service Unavailable");
-    assert_eq!(message(w.fits(Amount::ONE, Amount::ZERO)), expected);
-    assert_eq!(message(w.try_take(Amount::ONE, Amount::ZERO)), expected);
-    assert_eq!(message(w.try_take(Amount::ONE, Amount::ONE)), expected);
-    assert_eq!(message(w.fits(Amount::ZERO, Amount::ZERO)), expected);
+    assert_eq!(message(look(&w, 1)), expected);
+    assert_eq!(message(take(&w, 1)), expected);
+    assert_eq!(
+        message(w.ask(Amount::ONE, Ask::behind(Amount::ONE))),
+        expected
+    );
+    assert_eq!(
+        message(w.ask(Amount::ONE, Ask::behind(Amount::ZERO))),
+        expected
+    );
+    assert_eq!(message(look(&w, 0)), expected);
     clock.advance(Duration::from_millis(12_300));
     assert_eq!(
-        message(w.fits(Amount::ONE, Amount::ZERO)),
+        message(look(&w, 1)),
         blocked_message("18 s", "HTTP 503 Service Unavailable")
     );
     clock.advance(Duration::from_millis(17_500));
     assert_eq!(
-        message(w.fits(Amount::ONE, Amount::ZERO)),
+        message(look(&w, 1)),
         blocked_message("200 ms", "HTTP 503 Service Unavailable")
     );
     assert_eq!(w.in_use(), 0);
-    // The head's earliest fit is the cooldown's end; a follower's is never by time alone.
-    assert_eq!(w.earliest_fit(Amount::ONE, Amount::ZERO), Some(at(30)));
-    assert_eq!(w.earliest_fit(Amount::ONE, Amount::ONE), None);
+    // The refusal holds for the rest of the cooldown, for the head and a follower alike.
+    let for_now = Some(RefusalKind::RefusingAll {
+        retry_after: Duration::from_millis(200),
+    });
+    assert_eq!(refusal_kind(look(&w, 1)), for_now);
+    assert_eq!(
+        refusal_kind(w.ask(Amount::ONE, Ask::behind(Amount::ONE).look())),
+        for_now
+    );
 }
 
 #[test]
 fn an_open_circuit_refuses_for_now_and_an_oversized_demand_for_good() {
     let clock = FakeClock::new();
     let w = breakable(&clock);
-    let oversized = w.fits(Amount::units(61), Amount::ZERO).unwrap_err();
+    let answer = look(&w, 61);
+    let oversized = answer.refusal().expect("never");
     assert!(oversized.is_permanent());
     assert_eq!(oversized.retry_after(), None);
 
     open(&w, "HTTP 503");
     clock.advance(Duration::from_millis(12_300));
-    let blocked = w.fits(Amount::ONE, Amount::ZERO).unwrap_err();
+    let answer = look(&w, 1);
+    let blocked = answer.refusal().expect("refused while the cooldown runs");
     assert!(!blocked.is_permanent());
     assert_eq!(blocked.retry_after(), Some(Duration::from_millis(17_700)));
+    assert_eq!(
+        blocked.kind(),
+        RefusalKind::RefusingAll {
+            retry_after: Duration::from_millis(17_700)
+        }
+    );
 }
 
 #[test]
@@ -514,7 +565,7 @@ fn cooldown_remaining_is_zero_unless_blocked() {
     assert_eq!(w.status_record().cooldown_remaining, secs(20));
     clock.advance(secs(20));
     assert_eq!(w.cooldown_remaining(), Duration::ZERO);
-    assert!(take(&w, 1).unwrap());
+    assert!(take(&w, 1).is_taken());
     assert_eq!(w.circuit_state(), CircuitState::Probing);
     assert_eq!(w.cooldown_remaining(), Duration::ZERO);
     w.record_success();
@@ -529,39 +580,66 @@ fn after_the_cooldown_only_the_head_claims_the_probe() {
     open(&w, "HTTP 503");
     clock.advance(secs(30));
     let probe = probe_message("HTTP 503");
-    // A follower (something reserved ahead of it) is refused as if the probe were out.
-    assert_eq!(message(w.fits(Amount::ONE, Amount::ONE)), probe);
-    assert_eq!(message(w.try_take(Amount::ONE, Amount::ONE)), probe);
-    assert_eq!(w.earliest_fit(Amount::ONE, Amount::ONE), None);
-    // The head may take it.
-    assert!(w.fits(Amount::ONE, Amount::ZERO).unwrap());
-    assert_eq!(w.earliest_fit(Amount::ONE, Amount::ZERO), Some(at(30)));
+    // A follower of a head that needs the window too is refused as if the probe were out.
+    let follower = Ask::behind(Amount::ONE);
+    assert_eq!(message(w.ask(Amount::ONE, follower.look())), probe);
+    assert_eq!(message(w.ask(Amount::ONE, follower)), probe);
+    // The head may take it; a look changes nothing.
+    assert!(look(&w, 1).is_taken());
     assert_eq!(w.circuit_state(), CircuitState::Blocked);
-    assert!(w.try_take(Amount::ONE, Amount::ZERO).unwrap());
+    assert!(take(&w, 1).is_taken());
     assert_eq!(w.circuit_state(), CircuitState::Probing);
     assert_eq!(w.in_use(), 1);
     // While the probe is out, everyone is refused, the head included.
-    assert_eq!(message(w.fits(Amount::ONE, Amount::ZERO)), probe);
-    assert_eq!(message(w.try_take(Amount::ONE, Amount::ZERO)), probe);
-    assert_eq!(message(w.try_take(Amount::ONE, Amount::ONE)), probe);
+    assert_eq!(message(look(&w, 1)), probe);
+    assert_eq!(message(take(&w, 1)), probe);
+    assert_eq!(message(w.ask(Amount::ONE, follower)), probe);
+    assert_eq!(
+        message(w.ask(Amount::ONE, Ask::behind(Amount::ZERO))),
+        probe
+    );
     assert_eq!(w.in_use(), 1);
+}
+
+#[test]
+fn a_waiter_behind_a_head_that_does_not_use_the_window_never_claims_the_probe() {
+    let clock = FakeClock::new();
+    let w = breakable(&clock);
+    open(&w, "HTTP 503");
+    clock.advance(secs(30));
+    // The probe is the head's, and a zero reservation (the head does not use this window) does
+    // not make the asker the head: not now, and only an event (the head leaving) can change it.
+    let behind = Ask::behind(Amount::ZERO);
+    assert_eq!(w.ask(Amount::ONE, behind).not_now(), Some(None));
+    assert_eq!(w.ask(Amount::ONE, behind.look()).not_now(), Some(None));
+    assert_eq!(w.circuit_state(), CircuitState::Blocked);
+    assert_eq!(w.in_use(), 0);
+    // The head takes it.
+    assert!(w.ask(Amount::ONE, Ask::HEAD).is_taken());
+    assert_eq!(w.circuit_state(), CircuitState::Probing);
+    assert_eq!(w.in_use(), 1);
+    // Once it is out, that waiter is refused like everyone else.
+    assert_eq!(
+        message(w.ask(Amount::ONE, behind)),
+        probe_message("HTTP 503")
+    );
 }
 
 #[test]
 fn the_probe_still_needs_room_in_the_window() {
     let clock = FakeClock::new();
     let w = window_with(config(1, 60).with_max_throttle(0.0), &clock);
-    assert!(take(&w, 1).unwrap());
+    assert!(take(&w, 1).is_taken());
     for _ in 0..3 {
         w.record_failure("HTTP 503");
     }
     clock.advance(secs(30));
-    assert!(!w.fits(Amount::ONE, Amount::ZERO).unwrap());
-    assert!(!w.try_take(Amount::ONE, Amount::ZERO).unwrap());
+    // The stamp at 0 s fills the window until 60 s.
+    assert_eq!(look(&w, 1).not_now(), Some(Some(at(60))));
+    assert_eq!(take(&w, 1).not_now(), Some(Some(at(60))));
     assert_eq!(w.circuit_state(), CircuitState::Blocked);
-    assert_eq!(w.earliest_fit(Amount::ONE, Amount::ZERO), Some(at(60)));
     clock.advance_to(at(60));
-    assert!(w.try_take(Amount::ONE, Amount::ZERO).unwrap());
+    assert!(take(&w, 1).is_taken());
     assert_eq!(w.circuit_state(), CircuitState::Probing);
 }
 
@@ -576,11 +654,11 @@ fn a_successful_probe_closes_the_circuit_and_wakes() {
     );
     open(&w, "HTTP 503");
     clock.advance(secs(30));
-    assert!(take(&w, 1).unwrap());
+    assert!(take(&w, 1).is_taken());
     w.record_failure("HTTP 503");
     assert_eq!(w.cooldown(), secs(60));
     clock.advance(secs(60));
-    assert!(take(&w, 1).unwrap());
+    assert!(take(&w, 1).is_taken());
     let (calls, wake) = counting_wake();
     w.on_capacity_change(Some(wake));
     w.record_success();
@@ -591,8 +669,8 @@ fn a_successful_probe_closes_the_circuit_and_wakes() {
         secs(30),
         "the next opening starts from the initial cooldown"
     );
-    assert!(take(&w, 1).unwrap());
-    assert!(w.try_take(Amount::ONE, Amount::ONE).unwrap());
+    assert!(take(&w, 1).is_taken());
+    assert!(w.ask(Amount::ONE, Ask::behind(Amount::ONE)).is_taken());
     open(&w, "HTTP 503");
     assert_eq!(w.cooldown_remaining(), secs(30));
 }
@@ -610,7 +688,7 @@ fn a_failed_probe_reopens_with_the_cooldown_doubled_and_clamped() {
     let mut seen = Vec::new();
     for _ in 0..4 {
         clock.advance(w.cooldown_remaining());
-        assert!(take(&w, 1).unwrap(), "the head takes the probe");
+        assert!(take(&w, 1).is_taken(), "the head takes the probe");
         w.record_failure("HTTP 503");
         assert_eq!(w.circuit_state(), CircuitState::Blocked);
         seen.push((w.cooldown(), w.cooldown_remaining()));
@@ -639,7 +717,7 @@ fn a_cooldown_equal_to_its_maximum_stays_there() {
     );
     open(&w, "HTTP 503");
     clock.advance(secs(45));
-    assert!(take(&w, 1).unwrap());
+    assert!(take(&w, 1).is_taken());
     w.record_failure("HTTP 503");
     assert_eq!(w.cooldown(), secs(45));
     assert_eq!(w.cooldown_remaining(), secs(45));
@@ -651,7 +729,7 @@ fn a_refund_without_a_verdict_reverts_the_probe_to_blocked() {
     let w = breakable(&clock);
     open(&w, "HTTP 503");
     clock.advance(secs(30));
-    assert!(take(&w, 1).unwrap());
+    assert!(take(&w, 1).is_taken());
     let (calls, wake) = counting_wake();
     w.on_capacity_change(Some(wake));
     w.give(Amount::ONE);
@@ -667,10 +745,10 @@ fn a_refund_without_a_verdict_reverts_the_probe_to_blocked() {
     assert_eq!(w.circuit_openings(), 1);
     // The next head probes again at once; a follower is still refused.
     assert_eq!(
-        message(w.try_take(Amount::ONE, Amount::ONE)),
+        message(w.ask(Amount::ONE, Ask::behind(Amount::ONE))),
         probe_message("HTTP 503")
     );
-    assert!(take(&w, 1).unwrap());
+    assert!(take(&w, 1).is_taken());
     assert_eq!(w.circuit_state(), CircuitState::Probing);
 }
 
@@ -685,15 +763,21 @@ fn a_probe_without_a_verdict_expires_after_the_probe_timeout() {
     );
     open(&w, "HTTP 503");
     clock.advance(secs(30));
-    assert!(take(&w, 1).unwrap());
-    assert_eq!(w.earliest_fit(Amount::ONE, Amount::ZERO), Some(at(330)));
+    assert!(take(&w, 1).is_taken());
+    // Refused while the probe is out, for as long as the probe may stay out: until 330 s.
+    assert_eq!(
+        refusal_kind(look(&w, 1)),
+        Some(RefusalKind::RefusingAll {
+            retry_after: secs(300)
+        })
+    );
     clock.advance_to(Instant::from_nanos(330 * SECOND - 1));
     assert_eq!(w.circuit_state(), CircuitState::Probing);
     clock.advance_to(at(330));
     assert_eq!(w.circuit_state(), CircuitState::Blocked);
     assert_eq!(w.cooldown(), secs(30));
     assert_eq!(w.cooldown_remaining(), Duration::ZERO);
-    assert!(take(&w, 1).unwrap(), "the next head probes again");
+    assert!(take(&w, 1).is_taken(), "the next head probes again");
     assert_eq!(w.circuit_state(), CircuitState::Probing);
 }
 
@@ -704,7 +788,7 @@ fn the_probe_timeout_defaults_to_the_max_cooldown() {
     assert_eq!(w.config().resolved_probe_timeout(), secs(3_600));
     open(&w, "HTTP 503");
     clock.advance(secs(30));
-    assert!(take(&w, 1).unwrap());
+    assert!(take(&w, 1).is_taken());
     clock.advance_to(Instant::from_nanos(3_630 * SECOND - 1));
     assert_eq!(w.circuit_state(), CircuitState::Probing);
     clock.advance_to(at(3_630));
@@ -721,7 +805,7 @@ fn failures_while_blocked_change_only_the_throttle_and_the_text() {
     assert_eq!(w.circuit_openings(), 1);
     assert_eq!(w.cooldown_remaining(), secs(25));
     assert_eq!(
-        message(w.fits(Amount::ONE, Amount::ZERO)),
+        message(look(&w, 1)),
         blocked_message("25 s", "HTTP 504 Gateway Timeout")
     );
 }
@@ -746,7 +830,7 @@ fn record_pressure_is_a_failure_with_a_fixed_text() {
     assert_eq!(w.circuit_state(), CircuitState::Blocked);
     assert_eq!(w.last_failure().as_deref(), Some(PRESSURE_TEXT));
     assert_eq!(
-        message(w.fits(Amount::ONE, Amount::ZERO)),
+        message(look(&w, 1)),
         blocked_message("30 s", "rate limited by the upstream")
     );
 }
@@ -761,10 +845,7 @@ fn the_refusal_quotes_a_tidied_and_bounded_failure_text() {
     assert_eq!(kept.chars().count(), FAILURE_TEXT_LIMIT + 3);
     assert!(kept.starts_with("<html> <body>xxx"));
     assert!(kept.ends_with("xxx..."));
-    assert_eq!(
-        message(w.fits(Amount::ONE, Amount::ZERO)),
-        blocked_message("30 s", &kept)
-    );
+    assert_eq!(message(look(&w, 1)), blocked_message("30 s", &kept));
 }
 
 #[test]
@@ -918,7 +999,7 @@ fn every_window_requires_an_http_connection_in_the_same_demand() {
 fn the_status_reads_every_number_at_that_instant() {
     let clock = FakeClock::new();
     let w = window(5, 10, &clock);
-    assert!(take(&w, 2).unwrap());
+    assert!(take(&w, 2).is_taken());
     w.record_pressure();
     clock.advance(secs(15));
     let status = w.status_record();
@@ -1085,6 +1166,128 @@ fn inside_a_monitor_an_open_circuit_refuses_a_parked_waiter_with_circuit_blocked
     monitor.stop();
 }
 
+/// A monitor with manual passes on `clock`, an HTTP gate of four, a `db` gate of one permit held
+/// by the returned grant (taken outside any line), and a breakable `search` window whose circuit
+/// is half open: blocked, its cooldown over, the probe the head's to take.
+fn half_open_rig(clock: &FakeClock) -> (Monitor, Arc<Http>, Arc<CountingGate>, Arc<ElasticWindow>) {
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .clock(clock.shared())
+        .build();
+    let http = Arc::new(Http::new(4));
+    let db = Arc::new(CountingGate::new("db", 1, clock.shared()).expect("one permit is valid"));
+    let search = Arc::new(breakable(clock));
+    open(&search, "HTTP 503");
+    clock.advance(secs(30));
+    (monitor, http, db, search)
+}
+
+#[test]
+fn inside_a_monitor_a_waiter_behind_a_head_that_does_not_use_the_window_never_takes_the_probe() {
+    let clock = FakeClock::new();
+    let (monitor, http, db, search) = half_open_rig(&clock);
+    let holder = monitor
+        .admit_blocking(
+            Demand::new().with(db.clone(), Amount::ONE),
+            &JobContext::new("holder"),
+            None,
+        )
+        .unwrap();
+
+    // The older job heads the line, parked on the db, which it cannot get; it does not use the
+    // window.
+    let mut head = monitor.admit(
+        Demand::new().with(db.clone(), Amount::ONE),
+        &JobContext::new("head"),
+        None,
+    );
+    assert!(poll_once(&mut head).is_none());
+    // The newer job needs only the window (and its connection). It is not the head, so the
+    // window's one probe is not its to take, on arrival or in any pass.
+    let mut newer = monitor.admit(
+        Demand::new()
+            .with(http.clone(), Amount::ONE)
+            .with(search.clone(), Amount::ONE),
+        &JobContext::new("newer"),
+        None,
+    );
+    assert!(
+        poll_once(&mut newer).is_none(),
+        "the newer waiter took the probe while the head was not the one asking"
+    );
+    assert_eq!(monitor.pass_now(), None, "only an event can change this");
+    assert!(poll_once(&mut newer).is_none());
+    assert_eq!(monitor.queue_size(), 2);
+    assert_eq!(search.circuit_state(), CircuitState::Blocked);
+    assert_eq!((search.in_use(), http.0.in_use()), (0, 0));
+
+    // The db comes back: the head is granted and leaves, the newer job heads the line and,
+    // asking as the head, takes the probe.
+    drop(holder);
+    monitor.pass_now();
+    let head = poll_once(&mut head)
+        .expect("the head is granted the db")
+        .unwrap();
+    let newer = poll_once(&mut newer)
+        .expect("the new head takes the probe")
+        .unwrap();
+    assert_eq!(search.circuit_state(), CircuitState::Probing);
+    assert_eq!((search.in_use(), http.0.in_use(), db.in_use()), (1, 1, 1));
+    assert_eq!(monitor.queue_size(), 0);
+    drop((head, newer));
+}
+
+#[test]
+fn inside_a_monitor_a_head_that_uses_the_window_takes_the_probe_and_its_follower_is_refused() {
+    let clock = FakeClock::new();
+    let (monitor, http, db, search) = half_open_rig(&clock);
+    let holder = monitor
+        .admit_blocking(
+            Demand::new().with(db.clone(), Amount::ONE),
+            &JobContext::new("holder"),
+            None,
+        )
+        .unwrap();
+
+    // The head needs the db and the window; it parks on the db.
+    let mut head = monitor.admit(
+        Demand::new()
+            .with(db.clone(), Amount::ONE)
+            .with(http.clone(), Amount::ONE)
+            .with(search.clone(), Amount::ONE),
+        &JobContext::new("head"),
+        None,
+    );
+    assert!(poll_once(&mut head).is_none());
+    assert_eq!(search.circuit_state(), CircuitState::Blocked);
+    // A follower that needs the window is refused as though the head's probe were out.
+    let mut follower = monitor.admit(
+        Demand::new()
+            .with(http.clone(), Amount::ONE)
+            .with(search.clone(), Amount::ONE),
+        &JobContext::new("follower"),
+        None,
+    );
+    match poll_once(&mut follower) {
+        Some(Err(AdmitError::Refused { account, refusal })) => {
+            assert_eq!(account, "search");
+            assert_eq!(refusal.message(), probe_message("HTTP 503"));
+        }
+        other => panic!("expected a refusal from `search`, saw {other:?}"),
+    }
+
+    // The db comes back: the head, asking as the head, takes the probe with its demand.
+    drop(holder);
+    monitor.pass_now();
+    let head = poll_once(&mut head)
+        .expect("the head is granted with the probe")
+        .unwrap();
+    assert_eq!(search.circuit_state(), CircuitState::Probing);
+    assert_eq!((search.in_use(), http.0.in_use(), db.in_use()), (1, 1, 1));
+    drop(head);
+    assert_eq!((http.0.in_use(), db.in_use()), (0, 0));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Concurrency
 
@@ -1114,9 +1317,9 @@ fn of_fifty_threads_racing_for_the_probe_exactly_one_wins() {
     open(&w, "HTTP 503");
     clock.advance(secs(30));
     let racer = w.clone();
-    let answers = race(50, move |_| racer.try_take(Amount::ONE, Amount::ZERO));
-    let won = answers.iter().filter(|a| matches!(a, Ok(true))).count();
-    let refused = answers.iter().filter(|a| a.is_err()).count();
+    let answers = race(50, move |_| racer.ask(Amount::ONE, Ask::HEAD));
+    let won = answers.iter().filter(|a| a.is_taken()).count();
+    let refused = answers.iter().filter(|a| a.refusal().is_some()).count();
     assert_eq!((won, refused), (1, 49));
     assert_eq!(w.circuit_state(), CircuitState::Probing);
     assert_eq!(w.in_use(), 1);
@@ -1154,7 +1357,7 @@ fn concurrent_status_reads_never_drop_a_live_stamp() {
         let mut last = 0;
         if i < TAKERS {
             for _ in 0..EACH {
-                assert!(racer.try_take(Amount::ONE, Amount::ZERO).unwrap());
+                assert!(racer.ask(Amount::ONE, Ask::HEAD).is_taken());
                 count.fetch_add(1, Ordering::SeqCst);
             }
             finished.fetch_add(1, Ordering::SeqCst);
@@ -1162,7 +1365,7 @@ fn concurrent_status_reads_never_drop_a_live_stamp() {
             while finished.load(Ordering::SeqCst) < TAKERS {
                 let floor = count.load(Ordering::SeqCst);
                 let status = racer.status_record();
-                let _ = racer.earliest_fit(Amount::ONE, Amount::ZERO);
+                let _ = racer.ask(Amount::ONE, Ask::HEAD.look());
                 let _ = racer.status_indicator();
                 assert!(
                     status.in_use >= floor && status.in_use >= last,
@@ -1237,11 +1440,16 @@ fn a_soak_of_twenty_threads_of_mixed_operations_stays_within_bounds() {
     race(20, move |i| {
         let mut rng = XorShift(0x9E37_79B9_7F4A_7C15 ^ (i as u64 + 1));
         for _ in 0..500 {
-            let reserved = Amount::units(rng.next(2));
+            // The head, a waiter behind a head that does not use the window, or behind one that
+            // reserves one request of it.
+            let ask = match rng.next(3) {
+                0 => Ask::HEAD,
+                n => Ask::behind(Amount::units(n - 1)),
+            };
             match rng.next(10) {
                 0 | 1 => {
-                    let taken = racer.try_take(Amount::units(1 + rng.next(3)), reserved);
-                    if matches!(taken, Ok(true)) && rng.next(4) == 0 {
+                    let taken = racer.ask(Amount::units(1 + rng.next(3)), ask);
+                    if taken.is_taken() && rng.next(4) == 0 {
                         racer.give(Amount::ONE);
                     }
                 }
@@ -1251,8 +1459,7 @@ fn a_soak_of_twenty_threads_of_mixed_operations_stays_within_bounds() {
                 5 => racer.record_pressure(),
                 6 => racer.record_advisory_pressure(),
                 7 => {
-                    let _ = racer.fits(Amount::units(rng.next(12)), reserved);
-                    let _ = racer.earliest_fit(Amount::units(rng.next(12)), reserved);
+                    let _ = racer.ask(Amount::units(rng.next(12)), ask.look());
                 }
                 8 => {
                     let _ = racer.status_indicator();
@@ -1272,9 +1479,9 @@ fn a_soak_of_twenty_threads_of_mixed_operations_stays_within_bounds() {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Take(u64, u64),
-    Fits(u64, u64),
-    EarliestFit(u64, u64),
+    /// Asks for the first count, as the head (`None`) or behind a head reserving the second.
+    Take(u64, Option<u64>),
+    Look(u64, Option<u64>),
     Give(u64),
     Success,
     Failure,
@@ -1283,15 +1490,19 @@ enum Op {
     Status,
 }
 
+/// The head for `None`, else a waiter behind a head reserving that many requests.
+fn asker(reserved: Option<u64>) -> Ask {
+    reserved.map_or(Ask::HEAD, |r| Ask::behind(Amount::units(r)))
+}
+
 fn any_count() -> impl Strategy<Value = u64> {
     prop_oneof![0..20u64, Just(u64::MAX), Just(u64::MAX - 1), any::<u64>()]
 }
 
 fn any_op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        (any_count(), any_count()).prop_map(|(m, r)| Op::Take(m, r)),
-        (any_count(), any_count()).prop_map(|(m, r)| Op::Fits(m, r)),
-        (any_count(), any_count()).prop_map(|(m, r)| Op::EarliestFit(m, r)),
+        (any_count(), prop::option::of(any_count())).prop_map(|(m, r)| Op::Take(m, r)),
+        (any_count(), prop::option::of(any_count())).prop_map(|(m, r)| Op::Look(m, r)),
         any_count().prop_map(Op::Give),
         Just(Op::Success),
         Just(Op::Failure),
@@ -1336,11 +1547,8 @@ proptest! {
         let w = window_with(config, &clock);
         for op in ops {
             match op {
-                Op::Take(m, r) => { let _ = w.try_take(Amount::units(m), Amount::units(r)); }
-                Op::Fits(m, r) => { let _ = w.fits(Amount::units(m), Amount::units(r)); }
-                Op::EarliestFit(m, r) => {
-                    let _ = w.earliest_fit(Amount::units(m), Amount::units(r));
-                }
+                Op::Take(m, r) => { let _ = w.ask(Amount::units(m), asker(r)); }
+                Op::Look(m, r) => { let _ = w.ask(Amount::units(m), asker(r).look()); }
                 Op::Give(n) => w.give(Amount::units(n)),
                 Op::Success => w.record_success(),
                 Op::Failure => w.record_failure("HTTP 503"),

@@ -14,7 +14,8 @@ use admission_accounts::fixed_window::{
     CancelToken, FixedWindow, FixedWindowError, FixedWindowEvent, Sleeper, ThreadSleeper,
 };
 use admission_core::{
-    Account, Amount, Category, Clock, Demand, Instant, JobContext, Monitor, Replenishment, WakeFn,
+    Account, Amount, Answer, Ask, Category, Clock, Demand, Instant, JobContext, Monitor,
+    RefusalKind, Replenishment, WakeFn,
 };
 use admission_events::FixedWindowStatus;
 use admission_testkit::FakeClock;
@@ -593,8 +594,11 @@ fn takes_through_the_account_report_no_listener_events() {
         .unwrap()
         .with_clock(clock.shared())
         .with_listener(listener);
-    assert_eq!(window.try_take(Amount::ONE, Amount::ZERO).ok(), Some(true));
-    assert_eq!(window.try_take(Amount::ONE, Amount::ZERO).ok(), Some(false));
+    assert!(matches!(window.ask(Amount::ONE, Ask::HEAD), Answer::Taken));
+    assert_eq!(
+        window.ask(Amount::ONE, Ask::HEAD).not_now(),
+        Some(Some(at(1_000_000_000)))
+    );
     assert!(events.lock().unwrap().is_empty());
 }
 
@@ -631,7 +635,10 @@ fn a_next_window_past_the_end_of_the_clock_is_rejected_at_once_whatever_the_max_
             estimated_wait: Duration::MAX,
         })
     );
-    assert_eq!(window.earliest_fit(Amount::ONE, Amount::ZERO), None);
+    assert_eq!(
+        window.ask(Amount::ONE, Ask::HEAD.look()).not_now(),
+        Some(None)
+    );
     clock.advance(Duration::MAX);
     assert_eq!(
         window.try_acquire(),
@@ -649,8 +656,8 @@ fn a_period_of_duration_max_is_clamped_before_conversion_and_still_counts_window
     window.acquire().unwrap();
     // Window 1 starts at u64::MAX nanoseconds: the last instant of the clock.
     assert_eq!(
-        window.earliest_fit(Amount::ONE, Amount::ZERO),
-        Some(Instant::MAX)
+        window.ask(Amount::ONE, Ask::HEAD.look()).not_now(),
+        Some(Some(Instant::MAX))
     );
     assert_eq!(window.acquire(), Ok(()));
     assert_eq!(sleeper.sleeps(), vec![Duration::from_nanos(u64::MAX)]);
@@ -678,14 +685,17 @@ fn a_window_idle_for_most_of_the_clock_is_placed_exactly_without_overflow() {
     let index = (u64::MAX - 2_000) / 1_000;
     assert_eq!(window.snapshot().window_start, at(index * 1_000));
     assert_eq!(
-        window.earliest_fit(Amount::ONE, Amount::ZERO),
-        Some(at((index + 1) * 1_000))
+        window.ask(Amount::ONE, Ask::HEAD.look()).not_now(),
+        Some(Some(at((index + 1) * 1_000)))
     );
     // The last window the clock can start: the one after it would begin past Instant::MAX.
     clock.advance_to(Instant::MAX);
     window.try_acquire().unwrap();
     assert_eq!(window.snapshot().window_start, at(u64::MAX / 1_000 * 1_000));
-    assert_eq!(window.earliest_fit(Amount::units(500), Amount::ZERO), None);
+    assert_eq!(
+        window.ask(Amount::units(500), Ask::HEAD.look()).not_now(),
+        Some(None)
+    );
 }
 
 /// A clock a test sets by hand, free to go backwards (which a real clock must not).
@@ -868,18 +878,31 @@ fn the_account_declares_its_category_and_replenishment() {
 #[test]
 fn the_account_refuses_a_demand_above_the_limit_outright() {
     let window = FixedWindow::of("sms", 100, SECOND).unwrap();
-    let refusal = window
-        .try_take(Amount::units(101), Amount::ZERO)
-        .unwrap_err();
+    let too_large = Some(RefusalKind::TooLarge {
+        asked: Amount::units(101),
+        max: Amount::units(100),
+    });
+    let answer = window.ask(Amount::units(101), Ask::HEAD);
+    let refusal = answer.refusal().expect("never");
+    assert_eq!(Some(refusal.kind()), too_large);
     assert_eq!(
         refusal.message(),
         "fixed window `sms` allows 100 calls per 1s window, so a demand of 101 can never fit; \
          ask for at most 100 at a time"
     );
-    assert!(window.fits(Amount::units(101), Amount::ZERO).is_err());
     assert_eq!(
-        window.fits(Amount::units(100), Amount::units(1)).ok(),
-        Some(false)
+        window
+            .ask(Amount::units(101), Ask::HEAD.look())
+            .refusal()
+            .map(|r| r.kind()),
+        too_large
+    );
+    // Beyond the limit only with the reservation: not now, and no window will ever hold both.
+    assert_eq!(
+        window
+            .ask(Amount::units(100), Ask::behind(Amount::ONE).look())
+            .not_now(),
+        Some(None)
     );
     assert_eq!(window.snapshot().used, 0);
 }
@@ -890,51 +913,72 @@ fn the_account_counts_the_primary_dimension_with_the_reservation_set_aside() {
     let window = FixedWindow::of("sms", 10, SECOND)
         .unwrap()
         .with_clock(clock.shared());
+    assert!(matches!(
+        window.ask(Amount::pair(6, 99), Ask::HEAD),
+        Answer::Taken
+    ));
+    let next_window = Some(Some(at(1_000_000_000)));
     assert_eq!(
-        window.try_take(Amount::pair(6, 99), Amount::ZERO).ok(),
-        Some(true)
+        window
+            .ask(Amount::units(3), Ask::behind(Amount::units(2)).look())
+            .not_now(),
+        next_window
     );
     assert_eq!(
-        window.fits(Amount::units(3), Amount::units(2)).ok(),
-        Some(false)
+        window
+            .ask(Amount::units(3), Ask::behind(Amount::units(2)))
+            .not_now(),
+        next_window
     );
-    assert_eq!(
-        window.try_take(Amount::units(3), Amount::units(2)).ok(),
-        Some(false)
-    );
-    assert_eq!(
-        window.try_take(Amount::units(3), Amount::units(1)).ok(),
-        Some(true)
-    );
+    assert!(matches!(
+        window.ask(Amount::units(3), Ask::behind(Amount::ONE)),
+        Answer::Taken
+    ));
     assert_eq!(window.snapshot().used, 9);
 }
 
 #[test]
-fn earliest_fit_is_now_or_the_next_window_start_or_never() {
+fn the_answer_is_taken_now_or_not_until_the_next_window_start_or_never() {
     let clock = FakeClock::new();
     clock.advance(ms(40));
     let window = FixedWindow::of("sms", 4, ms(100))
         .unwrap()
         .with_clock(clock.shared());
     clock.advance(ms(30));
+    assert!(matches!(
+        window.ask(Amount::units(4), Ask::HEAD.look()),
+        Answer::Taken
+    ));
+    assert!(matches!(
+        window.ask(Amount::units(3), Ask::HEAD),
+        Answer::Taken
+    ));
     assert_eq!(
-        window.earliest_fit(Amount::units(4), Amount::ZERO),
-        Some(at(70_000_000))
-    );
-    window.try_take(Amount::units(3), Amount::ZERO).unwrap();
-    assert_eq!(
-        window.earliest_fit(Amount::units(2), Amount::ZERO),
-        Some(at(140_000_000))
+        window.ask(Amount::units(2), Ask::HEAD.look()).not_now(),
+        Some(Some(at(140_000_000)))
     );
     assert_eq!(
-        window.earliest_fit(Amount::units(2), Amount::units(2)),
-        Some(at(140_000_000))
+        window
+            .ask(Amount::units(2), Ask::behind(Amount::units(2)).look())
+            .not_now(),
+        Some(Some(at(140_000_000)))
     );
     assert_eq!(
-        window.earliest_fit(Amount::units(2), Amount::units(3)),
-        None
+        window
+            .ask(Amount::units(2), Ask::behind(Amount::units(3)).look())
+            .not_now(),
+        Some(None)
     );
-    assert_eq!(window.earliest_fit(Amount::units(5), Amount::ZERO), None);
+    assert_eq!(
+        window
+            .ask(Amount::units(5), Ask::HEAD.look())
+            .refusal()
+            .map(|r| r.kind()),
+        Some(RefusalKind::TooLarge {
+            asked: Amount::units(5),
+            max: Amount::units(4)
+        })
+    );
 }
 
 #[test]
@@ -950,7 +994,10 @@ fn a_give_returns_permits_to_the_open_window_only_and_never_below_zero() {
     });
     window.on_capacity_change(Some(wake));
 
-    window.try_take(Amount::units(3), Amount::ZERO).unwrap();
+    assert!(matches!(
+        window.ask(Amount::units(3), Ask::HEAD),
+        Answer::Taken
+    ));
     window.give(Amount::units(2));
     assert_eq!(
         (window.snapshot().used, wakes.load(Ordering::SeqCst)),
@@ -962,7 +1009,10 @@ fn a_give_returns_permits_to_the_open_window_only_and_never_below_zero() {
         (0, 2)
     );
 
-    window.try_take(Amount::units(4), Amount::ZERO).unwrap();
+    assert!(matches!(
+        window.ask(Amount::units(4), Ask::HEAD),
+        Answer::Taken
+    ));
     clock.advance(SECOND);
     window.give(Amount::units(4));
     assert_eq!(
@@ -970,11 +1020,14 @@ fn a_give_returns_permits_to_the_open_window_only_and_never_below_zero() {
         (0, 2),
         "a give after its window ended credits nothing and wakes no one"
     );
+    assert!(matches!(
+        window.ask(Amount::units(5), Ask::HEAD),
+        Answer::Taken
+    ));
     assert_eq!(
-        window.try_take(Amount::units(5), Amount::ZERO).ok(),
-        Some(true)
+        window.ask(Amount::ONE, Ask::HEAD).not_now(),
+        Some(Some(at(2_000_000_000)))
     );
-    assert_eq!(window.try_take(Amount::ONE, Amount::ZERO).ok(), Some(false));
 }
 
 #[test]
@@ -983,9 +1036,12 @@ fn the_status_is_the_window_read_from_the_clock() {
     let window = FixedWindow::of("sms", 4, SECOND)
         .unwrap()
         .with_clock(clock.shared());
-    window.try_take(Amount::units(3), Amount::ZERO).unwrap();
+    assert!(matches!(
+        window.ask(Amount::units(3), Ask::HEAD),
+        Answer::Taken
+    ));
     clock.advance(ms(2_500));
-    window.try_take(Amount::ONE, Amount::ZERO).unwrap();
+    assert!(matches!(window.ask(Amount::ONE, Ask::HEAD), Answer::Taken));
     let status = window.status();
     assert_eq!(status.category(), Category::FIXED_WINDOW);
     assert_eq!(
@@ -1090,9 +1146,21 @@ fn matches_the_model(limit: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
         match op {
             Op::Advance(by) => clock.advance(ms(by)),
             Op::Take(n, reserved) => {
+                // `None` for never, `Some(true)` for taken, `Some(false)` for not now.
                 let expected = (n <= limit).then(|| n + reserved <= limit - used);
-                let seen = window.try_take(Amount::units(n), Amount::units(reserved));
-                prop_assert_eq!(seen.ok(), expected);
+                let seen = window.ask(Amount::units(n), Ask::behind(Amount::units(reserved)));
+                let seen_kind = match &seen {
+                    Answer::Taken => Some(true),
+                    Answer::NotNow(_) => Some(false),
+                    Answer::Never(_) => None,
+                };
+                prop_assert_eq!(seen_kind, expected);
+                if expected == Some(false) {
+                    // The next window's start, unless no window holds `n` and the reservation.
+                    let next = at(ORIGIN + (index + 1) * PERIOD);
+                    let at_next = (n + reserved <= limit).then_some(next);
+                    prop_assert_eq!(seen.not_now(), Some(at_next));
+                }
                 if expected == Some(true) {
                     used += n;
                 }

@@ -12,8 +12,8 @@ use admission_accounts::memory_gate::{
 };
 use admission_accounts::memory_gate::{ManualProbe, MemoryProbe};
 use admission_core::{
-    Account, AccountRef, AccountStatus, Admit, AdmitError, Amount, Category, Demand, Gate,
-    GateAnswer, GateView, Grant, Instant, JobContext, Monitor, WakeFn,
+    Account, AccountRef, AccountStatus, Admit, AdmitError, Amount, Answer, Ask, Category, Demand,
+    Gate, GateAnswer, GateView, Grant, Instant, JobContext, Monitor, WakeFn,
 };
 use admission_events::MemoryZone;
 use admission_testkit::FakeClock;
@@ -596,10 +596,10 @@ fn a_line_held_on_an_account_is_released_by_that_account_not_by_memory() {
     let rig = rig(96, 1);
     let free = Arc::new(Permits::new("free", 100));
     // Someone outside admission holds the pool's only permit.
-    assert_eq!(
-        rig.pool.try_take(Amount::ONE, Amount::ZERO).ok(),
-        Some(true)
-    );
+    assert!(matches!(
+        rig.pool.ask(Amount::ONE, Ask::HEAD),
+        Answer::Taken
+    ));
     let free_job = || {
         let account: AccountRef = free.clone();
         Demand::new().with(account, Amount::ONE)

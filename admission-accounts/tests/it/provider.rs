@@ -12,7 +12,7 @@ use admission_accounts::provider::{
 };
 use admission_accounts::spend::Money;
 use admission_accounts::{CountingGate, RateLimitInfo};
-use admission_core::{Account, AdmitError, Amount, Instant, JobContext, Monitor};
+use admission_core::{Account, AdmitError, Amount, Answer, Ask, Instant, JobContext, Monitor};
 use admission_testkit::FakeClock;
 use admission_testkit::monitor::poll_once;
 
@@ -72,7 +72,10 @@ fn endpoint_variants_of_one_wire_model_keep_separate_buckets() {
     let eu = ModelSpec::new("gpt-4o-eu", "gpt-4o", 10_000);
     let (a, b) = (factory.bucket(&us).unwrap(), factory.bucket(&eu).unwrap());
     assert!(!Arc::ptr_eq(&a, &b));
-    assert!(a.try_take(Amount::pair(30_000, 1), Amount::ZERO).unwrap());
+    assert!(matches!(
+        a.ask(Amount::pair(30_000, 1), Ask::HEAD),
+        Answer::Taken
+    ));
     assert_eq!((a.level(), b.level()), (0, 10_000));
 }
 
@@ -272,11 +275,10 @@ fn update_limits_applies_in_place_and_keeps_the_throttle() {
     let clock = FakeClock::new();
     let factory = LimiterFactory::new(clock.shared());
     let bucket = factory.bucket(&sonnet()).unwrap();
-    assert!(
-        bucket
-            .try_take(Amount::pair(10_000, 1), Amount::ZERO)
-            .unwrap()
-    );
+    assert!(matches!(
+        bucket.ask(Amount::pair(10_000, 1), Ask::HEAD),
+        Answer::Taken
+    ));
     bucket.record_429();
     bucket.record_429();
     assert_eq!(bucket.throttle(), 1.0);
@@ -402,11 +404,10 @@ fn registering_an_id_twice_is_refused_naming_it_and_changes_nothing() {
     let clock = FakeClock::new();
     let registry = registry(&clock);
     let bucket = registry.bucket("sonnet").unwrap();
-    assert!(
-        bucket
-            .try_take(Amount::pair(1_000, 1), Amount::ZERO)
-            .unwrap()
-    );
+    assert!(matches!(
+        bucket.ask(Amount::pair(1_000, 1), Ask::HEAD),
+        Answer::Taken
+    ));
     let gate = registry.gate("sonnet").unwrap();
 
     let changed = ModelSpec::new("sonnet", "claude-sonnet-4-5", 1_000).with_max_concurrent(9);
@@ -710,7 +711,7 @@ fn the_http_gate_reads_the_registry_s_clock() {
     clock.advance(Duration::from_secs(7));
     let http = registry.http();
     assert_eq!(http.capacity(), HttpGate::DEFAULT_CAPACITY);
-    assert!(http.try_take(Amount::ONE, Amount::ZERO).unwrap());
+    assert!(matches!(http.ask(Amount::ONE, Ask::HEAD), Answer::Taken));
     assert_eq!(
         http.last_activity(),
         Some(Instant::from_nanos(7 * SECOND)),
@@ -728,7 +729,7 @@ fn clear_keeps_the_configured_http_gate_s_capacity_and_clock() {
     clock.advance(Duration::from_secs(2));
     let http = registry.http();
     assert_eq!(http.capacity(), 3, "not reverted to the default");
-    assert!(http.try_take(Amount::ONE, Amount::ZERO).unwrap());
+    assert!(matches!(http.ask(Amount::ONE, Ask::HEAD), Answer::Taken));
     assert_eq!(http.last_activity(), Some(Instant::from_nanos(2 * SECOND)));
     http.give(Amount::ONE);
     assert!(Arc::ptr_eq(&http, &registry.http()));

@@ -9,8 +9,8 @@ use std::time::Duration;
 use admission_accounts::counting_gate::CountingGate;
 use admission_accounts::token_bucket::{TokenBucket, TokenBucketConfig};
 use admission_core::{
-    Account, AdmitError, Amount, Category, Clock, Demand, Instant, JobContext, Monitor,
-    Replenishment, WakeFn,
+    Account, AdmitError, Amount, Answer, Ask, Category, Clock, Demand, Instant, JobContext,
+    Monitor, RefusalKind, Replenishment, WakeFn,
 };
 use admission_events::TokenBucketStatus;
 use admission_testkit::FakeClock;
@@ -41,10 +41,34 @@ fn at(nanos: u64) -> Option<Instant> {
     Some(Instant::from_nanos(nanos))
 }
 
+/// Asks as the head and takes: true when taken, false when not now.
 fn take(bucket: &TokenBucket, amount: Amount) -> bool {
+    match bucket.ask(amount, Ask::HEAD) {
+        Answer::Taken => true,
+        Answer::NotNow(_) => false,
+        Answer::Never(refusal) => panic!("expected the amount to fit the budgets: {refusal}"),
+    }
+}
+
+/// The instant a look as the head says time alone makes `amount` fit (`Some(None)`: only an
+/// event); `None` when it is taken or refused.
+fn not_now(bucket: &TokenBucket, amount: Amount) -> Option<Option<Instant>> {
+    bucket.ask(amount, Ask::HEAD.look()).not_now()
+}
+
+/// The kind of refusal a look as the head meets, if it meets one.
+fn refusal_kind(bucket: &TokenBucket, amount: Amount) -> Option<RefusalKind> {
     bucket
-        .try_take(amount, Amount::ZERO)
-        .expect("the amount fits the budgets")
+        .ask(amount, Ask::HEAD.look())
+        .refusal()
+        .map(|r| r.kind())
+}
+
+fn too_large(asked: Amount, tokens_per_minute: u64, requests_per_minute: u64) -> RefusalKind {
+    RefusalKind::TooLarge {
+        asked,
+        max: Amount::pair(tokens_per_minute, requests_per_minute),
+    }
 }
 
 fn counting_wake() -> (Arc<AtomicUsize>, WakeFn) {
@@ -152,7 +176,7 @@ fn refilling_in_many_small_reads_loses_nothing() {
     // 7 a minute is one every 8.571... seconds: read every millisecond for one minute.
     for _ in 0..60_000 {
         clock.advance(Duration::from_millis(1));
-        let _ = bucket.fits(call(1), Amount::ZERO);
+        let _ = bucket.ask(call(1), Ask::HEAD.look());
     }
     assert_eq!((bucket.level(), bucket.requests_available()), (7, 7));
 }
@@ -174,12 +198,11 @@ fn one_hundred_tokens_short_at_six_thousand_a_minute_is_exactly_one_second() {
     let clock = FakeClock::new();
     let bucket = hundred_left(&clock);
     let next = call(200);
-    assert!(!bucket.fits(next, Amount::ZERO).unwrap());
-    assert_eq!(bucket.earliest_fit(next, Amount::ZERO), at(SECOND));
+    assert_eq!(not_now(&bucket, next), Some(at(SECOND)));
     clock.advance(Duration::from_nanos(SECOND - 1));
-    assert!(!bucket.fits(next, Amount::ZERO).unwrap());
+    assert_eq!(not_now(&bucket, next), Some(at(SECOND)));
     clock.advance(Duration::from_nanos(1));
-    assert!(bucket.fits(next, Amount::ZERO).unwrap());
+    assert!(matches!(bucket.ask(next, Ask::HEAD.look()), Answer::Taken));
     assert!(take(&bucket, next));
 }
 
@@ -188,9 +211,9 @@ fn one_request_short_at_two_a_minute_is_exactly_thirty_seconds() {
     let clock = FakeClock::new();
     let bucket = bucket(&clock, 6_000, 2);
     assert!(take(&bucket, Amount::pair(10, 2)));
-    assert_eq!(bucket.earliest_fit(call(10), Amount::ZERO), at(30 * SECOND));
+    assert_eq!(not_now(&bucket, call(10)), Some(at(30 * SECOND)));
     clock.advance(Duration::from_nanos(30 * SECOND - 1));
-    assert!(!bucket.fits(call(10), Amount::ZERO).unwrap());
+    assert_eq!(not_now(&bucket, call(10)), Some(at(30 * SECOND)));
     clock.advance(Duration::from_nanos(1));
     assert!(take(&bucket, call(10)));
 }
@@ -201,47 +224,71 @@ fn the_deadline_is_the_later_of_the_two_dimensions() {
     // Tokens 1 s short, requests 30 s short: the requests decide.
     let bucket = bucket(&clock, 6_000, 2);
     assert!(take(&bucket, Amount::pair(5_900, 2)));
-    assert_eq!(
-        bucket.earliest_fit(call(200), Amount::ZERO),
-        at(30 * SECOND)
-    );
+    assert_eq!(not_now(&bucket, call(200)), Some(at(30 * SECOND)));
     // Tokens 30 s short, requests free: the tokens decide.
     let other = self::bucket(&clock, 6_000, 60);
     assert!(take(&other, call(6_000)));
     assert_eq!(
-        other.earliest_fit(call(3_000), Amount::ZERO),
-        Some(clock.now().saturating_add(Duration::from_secs(30)))
+        not_now(&other, call(3_000)),
+        Some(Some(clock.now().saturating_add(Duration::from_secs(30))))
     );
 }
 
 #[test]
-fn earliest_fit_honours_the_reservation_of_the_head() {
+fn not_now_honours_the_reservation_of_the_head() {
     let clock = FakeClock::new();
     let bucket = hundred_left(&clock);
     // 100 left; mine 100 fits alone, but with 200 reserved it is 200 short: two seconds.
-    assert_eq!(bucket.earliest_fit(call(100), Amount::ZERO), at(0));
-    assert!(!bucket.fits(call(100), call(200)).unwrap());
-    assert_eq!(bucket.earliest_fit(call(100), call(200)), at(2 * SECOND));
+    assert!(matches!(
+        bucket.ask(call(100), Ask::HEAD.look()),
+        Answer::Taken
+    ));
+    assert_eq!(
+        bucket
+            .ask(call(100), Ask::behind(call(200)).look())
+            .not_now(),
+        Some(at(2 * SECOND))
+    );
+    assert_eq!(
+        bucket.ask(call(100), Ask::behind(call(200))).not_now(),
+        Some(at(2 * SECOND))
+    );
+    assert_eq!(bucket.level(), 100);
 }
 
 #[test]
-fn earliest_fit_is_now_when_the_amount_fits_now() {
+fn an_amount_that_fits_now_is_taken_now_not_told_to_wait() {
     let clock = FakeClock::new();
     clock.advance(Duration::from_secs(7));
     let bucket = bucket(&clock, 6_000, 60);
-    assert_eq!(
-        bucket.earliest_fit(call(6_000), Amount::ZERO),
-        at(7 * SECOND)
-    );
+    assert!(matches!(
+        bucket.ask(call(6_000), Ask::HEAD.look()),
+        Answer::Taken
+    ));
+    assert!(matches!(bucket.ask(call(6_000), Ask::HEAD), Answer::Taken));
+    assert_eq!(bucket.level(), 0);
 }
 
 #[test]
-fn earliest_fit_is_none_when_time_alone_can_never_make_room() {
+fn time_alone_never_makes_room_beyond_a_full_bucket() {
     let clock = FakeClock::new();
     let bucket = bucket(&clock, 6_000, 60);
-    assert_eq!(bucket.earliest_fit(call(6_001), Amount::ZERO), None);
-    assert_eq!(bucket.earliest_fit(call(4_000), call(4_000)), None);
-    assert_eq!(bucket.earliest_fit(Amount::pair(1, 61), Amount::ZERO), None);
+    // Beyond the budgets alone: never.
+    assert_eq!(
+        refusal_kind(&bucket, call(6_001)),
+        Some(too_large(call(6_001), 6_000, 60))
+    );
+    assert_eq!(
+        refusal_kind(&bucket, Amount::pair(1, 61)),
+        Some(too_large(Amount::pair(1, 61), 6_000, 60))
+    );
+    // Beyond them only with the head's reservation: not now, and no instant (only an event).
+    assert_eq!(
+        bucket
+            .ask(call(4_000), Ask::behind(call(4_000)).look())
+            .not_now(),
+        Some(None)
+    );
 }
 
 // Never ----------------------------------------------------------------------------------------
@@ -249,14 +296,15 @@ fn earliest_fit_is_none_when_time_alone_can_never_make_room() {
 #[test]
 fn more_tokens_than_the_budget_is_refused_outright_naming_bucket_and_numbers() {
     let bucket = bucket(&FakeClock::new(), 6_000, 60);
-    for refusal in [
-        bucket.fits(call(6_001), Amount::ZERO).unwrap_err(),
-        bucket.try_take(call(6_001), Amount::ZERO).unwrap_err(),
-    ] {
-        let message = refusal.message();
-        assert!(
-            message.contains("`gpt`") && message.contains("6000") && message.contains("6001"),
-            "{message}"
+    for ask in [Ask::HEAD.look(), Ask::HEAD] {
+        let answer = bucket.ask(call(6_001), ask);
+        let refusal = answer.refusal().expect("never");
+        assert_eq!(refusal.kind(), too_large(call(6_001), 6_000, 60));
+        assert_eq!(
+            refusal.message(),
+            "`gpt` allows 6000 tokens and 60 requests per minute; a demand of 6001 tokens and 1 \
+             requests can never fit: split it into smaller calls or use a model with a larger \
+             budget"
         );
     }
     assert_eq!(bucket.level(), 6_000);
@@ -265,37 +313,47 @@ fn more_tokens_than_the_budget_is_refused_outright_naming_bucket_and_numbers() {
 #[test]
 fn more_requests_than_a_minute_allows_is_refused_outright() {
     let bucket = bucket(&FakeClock::new(), 6_000, 60);
-    let refusal = bucket
-        .try_take(Amount::pair(1, 61), Amount::ZERO)
-        .unwrap_err();
+    let answer = bucket.ask(Amount::pair(1, 61), Ask::HEAD);
+    let refusal = answer.refusal().expect("never");
+    assert_eq!(refusal.kind(), too_large(Amount::pair(1, 61), 6_000, 60));
     assert!(
         refusal.message().contains("60 requests") && refusal.message().contains("61"),
         "{}",
         refusal.message()
     );
-    assert!(bucket.fits(Amount::pair(1, 61), Amount::ZERO).is_err());
+    assert_eq!(
+        refusal_kind(&bucket, Amount::pair(1, 61)),
+        Some(too_large(Amount::pair(1, 61), 6_000, 60))
+    );
     assert_eq!(bucket.requests_available(), 60);
 }
 
 #[test]
 fn a_reservation_beyond_the_budget_is_not_now_never_never() {
     let bucket = bucket(&FakeClock::new(), 6_000, 60);
-    assert!(!bucket.fits(call(4_000), call(4_000)).unwrap());
-    assert!(!bucket.try_take(call(4_000), call(4_000)).unwrap());
+    let behind = Ask::behind(call(4_000));
+    assert_eq!(bucket.ask(call(4_000), behind.look()).not_now(), Some(None));
+    assert_eq!(bucket.ask(call(4_000), behind).not_now(), Some(None));
     assert_eq!(bucket.level(), 6_000);
 }
 
 #[test]
-fn a_cap_lowered_under_a_parked_amount_refuses_it_at_the_next_check() {
+fn a_cap_lowered_under_a_parked_amount_refuses_it_at_the_next_ask() {
     let clock = FakeClock::new();
     let bucket = bucket(&clock, 6_000, 60);
     assert!(take(&bucket, call(6_000)));
     let parked = call(5_000);
-    assert!(!bucket.fits(parked, Amount::ZERO).unwrap());
+    // 5,000 short at 6,000 a minute: fifty seconds.
+    assert_eq!(not_now(&bucket, parked), Some(at(50 * SECOND)));
     bucket.set_config(config(4_000, 60)).unwrap();
-    assert!(bucket.fits(parked, Amount::ZERO).is_err());
-    assert!(bucket.try_take(parked, Amount::ZERO).is_err());
-    assert_eq!(bucket.earliest_fit(parked, Amount::ZERO), None);
+    assert_eq!(
+        refusal_kind(&bucket, parked),
+        Some(too_large(parked, 4_000, 60))
+    );
+    assert_eq!(
+        bucket.ask(parked, Ask::HEAD).refusal().map(|r| r.kind()),
+        Some(too_large(parked, 4_000, 60))
+    );
 }
 
 // Refunds --------------------------------------------------------------------------------------
@@ -343,18 +401,15 @@ fn a_give_calls_the_wake_slot_and_a_take_never_does() {
 fn a_429_adds_half_and_two_429s_double_the_wait() {
     let clock = FakeClock::new();
     let bucket = hundred_left(&clock);
-    assert_eq!(bucket.earliest_fit(call(200), Amount::ZERO), at(SECOND));
+    assert_eq!(not_now(&bucket, call(200)), Some(at(SECOND)));
     bucket.record_429();
     assert_eq!(bucket.throttle(), 0.5);
-    assert_eq!(
-        bucket.earliest_fit(call(200), Amount::ZERO),
-        at(1_500_000_000)
-    );
+    assert_eq!(not_now(&bucket, call(200)), Some(at(1_500_000_000)));
     bucket.record_429();
     assert_eq!(bucket.throttle(), 1.0);
-    assert_eq!(bucket.earliest_fit(call(200), Amount::ZERO), at(2 * SECOND));
+    assert_eq!(not_now(&bucket, call(200)), Some(at(2 * SECOND)));
     clock.advance(Duration::from_nanos(2 * SECOND - 1));
-    assert!(!bucket.fits(call(200), Amount::ZERO).unwrap());
+    assert_eq!(not_now(&bucket, call(200)), Some(at(2 * SECOND)));
     clock.advance(Duration::from_nanos(1));
     assert!(take(&bucket, call(200)));
 }
@@ -365,7 +420,7 @@ fn the_throttle_slows_the_request_refill_too() {
     let bucket = bucket(&clock, 6_000, 2);
     assert!(take(&bucket, Amount::pair(0, 2)));
     bucket.record_backpressure(2);
-    assert_eq!(bucket.earliest_fit(call(0), Amount::ZERO), at(60 * SECOND));
+    assert_eq!(not_now(&bucket, call(0)), Some(at(60 * SECOND)));
 }
 
 #[test]
@@ -390,10 +445,7 @@ fn the_throttle_is_capped_at_nine_a_tenth_of_the_rate() {
     }
     assert_eq!(bucket.throttle(), 9.0);
     assert_eq!(bucket.status_indicator().as_deref(), Some("throttle:10.0x"));
-    assert_eq!(
-        bucket.earliest_fit(call(200), Amount::ZERO),
-        at(10 * SECOND)
-    );
+    assert_eq!(not_now(&bucket, call(200)), Some(at(10 * SECOND)));
 }
 
 #[test]
@@ -757,23 +809,23 @@ proptest! {
             match op {
                 Op::Take(tokens, requests) => {
                     let amount = Amount::pair(tokens, requests);
-                    let said = bucket.fits(amount, Amount::ZERO);
-                    let did = bucket.try_take(amount, Amount::ZERO);
+                    let said = bucket.ask(amount, Ask::HEAD.look());
+                    let did = bucket.ask(amount, Ask::HEAD);
                     match (said, did) {
-                        (Ok(true), Ok(true)) => prop_assert_eq!(
+                        (Answer::Taken, Answer::Taken) => prop_assert_eq!(
                             (bucket.level(), bucket.requests_available()),
                             (before.0 - tokens, before.1 - requests)
                         ),
-                        (Ok(false), Ok(false)) => {
+                        (Answer::NotNow(_), Answer::NotNow(_)) => {
                             prop_assert!(before.0 < tokens || before.1 < requests);
                             prop_assert_eq!((bucket.level(), bucket.requests_available()), before);
                         }
-                        (Err(_), Err(_)) => {
+                        (Answer::Never(_), Answer::Never(_)) => {
                             let budget = bucket.config();
                             prop_assert!(tokens > budget.tokens_per_minute
                                 || requests > budget.requests_per_minute);
                         }
-                        (said, did) => prop_assert!(false, "fits {:?} but try_take {:?}", said, did),
+                        (said, did) => prop_assert!(false, "a look said {:?} but the take {:?}", said, did),
                     }
                 }
                 Op::Give(tokens, requests) => bucket.give(Amount::pair(tokens, requests)),
@@ -857,7 +909,10 @@ fn a_budget_lowered_under_a_parked_demand_refuses_it_at_once_without_the_clock_m
     // marker holds its grant, that pass has asked the bucket with the old budget and the
     // evaluator sleeps until rung (the fake clock gives it no real-time deadline).
     let marker_gate = Arc::new(CountingGate::new("marker", 1, clock.shared()).unwrap());
-    assert!(marker_gate.try_take(Amount::ONE, Amount::ZERO).unwrap());
+    assert!(matches!(
+        marker_gate.ask(Amount::ONE, Ask::HEAD),
+        Answer::Taken
+    ));
     let mut marker = monitor.admit(
         Demand::new().with(marker_gate.clone(), Amount::ONE),
         &JobContext::new("marker"),
