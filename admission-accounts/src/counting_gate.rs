@@ -18,9 +18,11 @@ use admission_core::{
     Account, AccountStatus, Amount, Answer, Ask, Capability, Category, Clock, Instant, Refusal,
     Replenishment, SystemClock, WakeFn, WakeSlot,
 };
-use admission_events::SemaphoreStatus;
 
 use crate::ConfigError;
+
+mod status;
+pub use status::SemaphoreStatus;
 
 /// The family name used in configuration errors.
 const LIMITER: &str = "counting gate";
@@ -105,6 +107,9 @@ pub struct CountingGate {
 }
 
 impl CountingGate {
+    /// The category this family reports: a counting gate (a semaphore of permits).
+    pub const CATEGORY: Category = Category::custom("semaphore");
+
     /// A gate named `name` with `capacity` permits, all free, stamping its activity on `clock`
     /// (the monitor's: `monitor.clock().clone()`).
     ///
@@ -254,7 +259,7 @@ impl Account for CountingGate {
     }
 
     fn category(&self) -> Category {
-        Category::SEMAPHORE
+        CountingGate::CATEGORY
     }
 
     fn replenishment(&self) -> Replenishment {

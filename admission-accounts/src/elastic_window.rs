@@ -17,6 +17,7 @@
 mod circuit;
 mod config;
 mod log;
+mod status;
 mod throttle;
 
 use std::fmt;
@@ -27,7 +28,6 @@ use admission_core::{
     Account, AccountStatus, Amount, Answer, Ask, Capability, Category, Clock, Instant, Refusal,
     Replenishment, SystemClock, WakeFn, WakeSlot,
 };
-use admission_events::ElasticWindowStatus;
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::ConfigError;
@@ -36,8 +36,8 @@ use circuit::{Circuit, Pass};
 use log::Log;
 use throttle::Throttle;
 
-pub use admission_events::CircuitState;
 pub use config::ElasticWindowConfig;
+pub use status::{CircuitState, ElasticWindowStatus};
 
 /// How long after the last pressure signal every success takes 0.5 off the throttle instead of
 /// 0.2 per round of successes: five minutes.
@@ -209,6 +209,9 @@ impl State {
 }
 
 impl ElasticWindow {
+    /// The category this family reports: a sliding-log rate window with a circuit breaker.
+    pub const CATEGORY: Category = Category::custom("elastic_window");
+
     /// A window named `name` built from `config`, with nothing taken, reading `clock` (the
     /// monitor's: its stamps, cooldown and recovery interval are all read there).
     ///
@@ -706,7 +709,7 @@ impl Account for ElasticWindow {
     }
 
     fn category(&self) -> Category {
-        Category::ELASTIC_WINDOW
+        ElasticWindow::CATEGORY
     }
 
     /// Always [`Replenishment::Time`]: a request keeps counting after the call that made it has

@@ -42,6 +42,7 @@
 
 mod event;
 mod sleep;
+mod status;
 mod word;
 
 use std::fmt;
@@ -54,10 +55,10 @@ use admission_core::{
     Account, AccountStatus, Amount, Answer, Ask, Category, Clock, Instant, Refusal, Replenishment,
     SystemClock, WakeFn, WakeSlot,
 };
-use admission_events::FixedWindowStatus;
 
 pub use event::{FixedWindowError, FixedWindowEvent};
 pub use sleep::{CancelToken, Sleeper, ThreadSleeper};
+pub use status::FixedWindowStatus;
 
 use crate::ConfigError;
 use word::Word;
@@ -131,6 +132,9 @@ pub struct FixedWindow {
 }
 
 impl FixedWindow {
+    /// The category this family reports: a fixed-window rate limiter.
+    pub const CATEGORY: Category = Category::custom("fixed_window");
+
     /// A limiter named `name` allowing `limit` calls per `period`, on the system clock, with no
     /// max wait (a spent window rejects at once), no listener, and the [`ThreadSleeper`].
     ///
@@ -571,7 +575,7 @@ impl Account for FixedWindow {
     }
 
     fn category(&self) -> Category {
-        Category::FIXED_WINDOW
+        FixedWindow::CATEGORY
     }
 
     fn replenishment(&self) -> Replenishment {

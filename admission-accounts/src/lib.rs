@@ -26,6 +26,7 @@ pub mod model_spec;
 pub mod provider;
 pub mod rate_limit_info;
 pub mod spend;
+mod status;
 pub mod token_bucket;
 
 /// The README's examples, compiled and run as doc tests so they stay true (here, where both the
@@ -35,12 +36,12 @@ pub mod token_bucket;
 struct ReadmeDoctests;
 
 pub use config::ConfigError;
-pub use counting_gate::CountingGate;
-pub use elastic_window::ElasticWindow;
-pub use fixed_window::FixedWindow;
-pub use memory_gate::MemoryGate;
+pub use counting_gate::{CountingGate, SemaphoreStatus};
+pub use elastic_window::{CircuitState, ElasticWindow, ElasticWindowStatus};
+pub use fixed_window::{FixedWindow, FixedWindowStatus};
+pub use memory_gate::{MemoryGate, MemoryStatus, MemoryZone};
 pub use model_spec::{ModelCatalog, ModelSpec, SpecError};
 pub use provider::{HttpGate, LimiterFactory, ModelCall, ProviderError, Registry};
 pub use rate_limit_info::RateLimitInfo;
 pub use spend::{CostLedger, Money, Reservation, SpendGate, SpendRefused};
-pub use token_bucket::TokenBucket;
+pub use token_bucket::{TokenBucket, TokenBucketStatus};

@@ -29,13 +29,13 @@ mod manual;
 mod probe;
 mod reading;
 mod rule;
+mod status;
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use admission_core::{Category, Gate, GateAnswer, GateView, Instant, WakeFn, WakeSlot};
-use admission_events::{MemoryStatus, MemoryZone};
 use parking_lot::Mutex;
 
 pub use manual::ManualProbe;
@@ -45,6 +45,7 @@ pub use rule::{
     CURVE_BOTTOM_PERCENT, CURVE_TOP_PERCENT, Growth, LATCH_CLEAR_PERCENT, LATCH_SET_PERCENT, Latch,
     LatchChange, MAX_CURVE, MAX_PENALTY, MAX_WAIT, MIN_SPACING, RECHECK, curve, next_penalty, wait,
 };
+pub use status::{MemoryStatus, MemoryZone};
 
 /// Everything that moves, under the gate's one lock (taken only inside the monitor's calls and
 /// by [`MemoryGate::status`]).
@@ -91,7 +92,7 @@ struct State {
 /// use std::sync::Arc;
 /// use admission_accounts::MemoryGate;
 /// use admission_core::{Amount, Demand, JobContext, Monitor};
-/// use admission_events::MemoryZone;
+/// use admission_accounts::MemoryZone;
 /// use admission_accounts::memory_gate::ManualProbe;
 /// use admission_testkit::FakeClock;
 /// use admission_testkit::reference::Permits;

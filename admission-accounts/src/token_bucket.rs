@@ -15,7 +15,10 @@
 //! Levels are integers (see `level.rs`); the throttle is counted in tenths (see `throttle.rs`).
 
 mod level;
+mod status;
 mod throttle;
+
+pub use status::TokenBucketStatus;
 
 use std::fmt;
 use std::sync::Arc;
@@ -25,7 +28,6 @@ use admission_core::{
     Account, AccountStatus, Amount, Answer, Ask, Category, Clock, Instant, Refusal, Replenishment,
     SystemClock, WakeFn, WakeSlot,
 };
-use admission_events::TokenBucketStatus;
 use parking_lot::Mutex;
 
 use crate::ConfigError;
@@ -277,6 +279,9 @@ pub struct TokenBucket {
 }
 
 impl TokenBucket {
+    /// The category this family reports: a clocked token bucket.
+    pub const CATEGORY: Category = Category::custom("token_bucket");
+
     /// A full bucket named `name` with `config`'s budgets, reading time from `clock`.
     ///
     /// # Errors
@@ -508,7 +513,7 @@ impl Account for TokenBucket {
     }
 
     fn category(&self) -> Category {
-        Category::TOKEN_BUCKET
+        TokenBucket::CATEGORY
     }
 
     fn replenishment(&self) -> Replenishment {

@@ -29,24 +29,13 @@ pub enum Replenishment {
 
 /// What kind of limit an account is: a short, stable, machine-readable name.
 ///
-/// The families of this project use the constants; a third party may name its own with
-/// [`Category::custom`].
+/// Each family names its own (the counting gate's is `semaphore`, the token bucket's
+/// `token_bucket`, ...), as a third party names its own, with [`Category::custom`].
 #[derive(Copy, Clone, PartialEq, Eq, Hash, Serialize)]
 #[serde(transparent)]
 pub struct Category(&'static str);
 
 impl Category {
-    /// The memory pressure gate.
-    pub const MEMORY: Category = Category("memory");
-    /// A clocked token bucket.
-    pub const TOKEN_BUCKET: Category = Category("token_bucket");
-    /// A sliding-log rate window with a circuit breaker.
-    pub const ELASTIC_WINDOW: Category = Category("elastic_window");
-    /// A counting gate (a semaphore of permits).
-    pub const SEMAPHORE: Category = Category("semaphore");
-    /// A fixed-window rate limiter.
-    pub const FIXED_WINDOW: Category = Category("fixed_window");
-
     /// A category of the caller's own.
     pub const fn custom(name: &'static str) -> Category {
         Category(name)

@@ -170,7 +170,7 @@ mod tests {
     fn entry(amount: Amount) -> EventEntry {
         EventEntry {
             account: "a".into(),
-            category: Category::SEMAPHORE,
+            category: Category::custom("permits"),
             amount,
         }
     }

@@ -1,4 +1,4 @@
-//! Where admission events go, and the status records accounts report.
+//! Where admission events go.
 //!
 //! The monitor in `admission-core` is the only emitter of [`Event`]s; this crate re-exports that
 //! vocabulary and adds what consumes it. A sink is any [`EventSink`]: the [`Recorder`] keeps events
@@ -6,20 +6,12 @@
 //! [`JsonLinesSink`] writes one JSON object per line, and [`Fanout`] feeds several sinks at once.
 //! Sinks run outside every admission lock; one that errs or panics is dropped by whoever calls it,
 //! and admission itself never fails because of a sink.
-//!
-//! The [`status`] records (one per account family) are plain serializable snapshots implementing
-//! [`AccountStatus`](admission_core::AccountStatus); they read nothing and change nothing.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod sink;
-pub mod status;
 
 pub use admission_core::event::{
     Event, EventEntry, EventKind, EventSink, RejectReason, SinkError, amount_of,
 };
 pub use sink::{Fanout, FlushPolicy, JsonLinesSink, Recorder, TracingSink};
-pub use status::{
-    CircuitState, ElasticWindowStatus, FixedWindowStatus, MemoryStatus, MemoryZone,
-    SemaphoreStatus, TokenBucketStatus,
-};

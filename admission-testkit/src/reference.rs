@@ -57,6 +57,9 @@ pub struct Permits {
 }
 
 impl Permits {
+    /// The category permits report.
+    pub const CATEGORY: Category = Category::custom("permits");
+
     /// A gate named `name` with `capacity` permits, all free.
     pub fn new(name: impl Into<String>, capacity: u64) -> Permits {
         Permits {
@@ -105,7 +108,7 @@ impl Account for Permits {
         &self.name
     }
     fn category(&self) -> Category {
-        Category::SEMAPHORE
+        Permits::CATEGORY
     }
     fn replenishment(&self) -> Replenishment {
         Replenishment::Release
@@ -140,7 +143,7 @@ impl Account for Permits {
     fn status(&self) -> Box<dyn AccountStatus> {
         Box::new(ReferenceStatus {
             name: self.name.clone(),
-            category: Category::SEMAPHORE,
+            category: Permits::CATEGORY,
             capacity: self.capacity,
             available: self.available(),
         })
@@ -175,6 +178,9 @@ pub struct Meter {
 }
 
 impl Meter {
+    /// The category a meter reports.
+    pub const CATEGORY: Category = Category::custom("meter");
+
     /// A full meter on `clock`. A zero rate never refills.
     pub fn new(
         name: impl Into<String>,
@@ -255,7 +261,7 @@ impl Account for Meter {
         &self.name
     }
     fn category(&self) -> Category {
-        Category::TOKEN_BUCKET
+        Meter::CATEGORY
     }
     fn replenishment(&self) -> Replenishment {
         Replenishment::Time
@@ -297,7 +303,7 @@ impl Account for Meter {
     fn status(&self) -> Box<dyn AccountStatus> {
         Box::new(ReferenceStatus {
             name: self.name.clone(),
-            category: Category::TOKEN_BUCKET,
+            category: Meter::CATEGORY,
             capacity: self.capacity,
             available: self.level(),
         })

@@ -8,8 +8,8 @@
 
 use std::time::Duration;
 
+use super::status::CircuitState;
 use admission_core::Instant;
-use admission_events::CircuitState;
 
 /// Where the breaker stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,12 +4,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use admission_accounts::SemaphoreStatus;
 use admission_accounts::counting_gate::CountingGate;
 use admission_core::{
     Account, Amount, Answer, Ask, Capability, Category, Demand, Instant, JobContext, Monitor,
     RefusalKind, Replenishment, WakeFn,
 };
-use admission_events::SemaphoreStatus;
 use admission_testkit::FakeClock;
 use admission_testkit::contract::{self, Subject};
 use admission_testkit::monitor::poll_once;
@@ -254,7 +254,7 @@ fn status_reports_max_concurrent_available_active_and_the_stamp() {
     assert_eq!(gate.semaphore_status().active_count(), 3);
     let boxed = gate.status();
     assert_eq!(boxed.name(), "pool");
-    assert_eq!(boxed.category(), Category::SEMAPHORE);
+    assert_eq!(boxed.category(), Category::custom("semaphore"));
     assert_eq!(
         boxed.summary(),
         "pool [semaphore]: 3 of 8 permits in use, 5 available, last activity at 2s"
@@ -277,7 +277,7 @@ fn the_http_gate_provides_the_http_connection_capability() {
 #[test]
 fn it_is_a_release_account_of_category_semaphore() {
     let gate = gate(1);
-    assert_eq!(gate.category(), Category::SEMAPHORE);
+    assert_eq!(gate.category(), Category::custom("semaphore"));
     assert_eq!(gate.replenishment(), Replenishment::Release);
 }
 

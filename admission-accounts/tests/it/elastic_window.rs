@@ -163,7 +163,7 @@ fn a_fresh_window_is_healthy_at_throttle_zero_and_a_take_counts_in_use() {
     assert_eq!(w.throttle(), 0.0);
     assert_eq!(w.in_use(), 0);
     assert_eq!(w.replenishment(), Replenishment::Time);
-    assert_eq!(w.category(), Category::ELASTIC_WINDOW);
+    assert_eq!(w.category(), Category::custom("elastic_window"));
     assert!(take(&w, 2).is_taken());
     assert_eq!(w.in_use(), 2);
     assert_eq!(w.status_indicator(), None);
@@ -1012,7 +1012,7 @@ fn the_status_reads_every_number_at_that_instant() {
     assert_eq!(status.circuit, CircuitState::Healthy);
     assert_eq!(status.cooldown_remaining, Duration::ZERO);
     let boxed = w.status();
-    assert_eq!(boxed.category(), Category::ELASTIC_WINDOW);
+    assert_eq!(boxed.category(), Category::custom("elastic_window"));
     assert_eq!(
         boxed.summary(),
         "search [elastic_window]: 2 of 5 requests in a 20s window (base 10s), throttle 1.0, \

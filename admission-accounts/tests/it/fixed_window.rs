@@ -10,6 +10,7 @@ use std::thread;
 use std::time::Duration;
 
 use admission_accounts::ConfigError;
+use admission_accounts::FixedWindowStatus;
 use admission_accounts::fixed_window::{
     CancelToken, FixedWindow, FixedWindowError, FixedWindowEvent, Sleeper, ThreadSleeper,
 };
@@ -17,7 +18,6 @@ use admission_core::{
     Account, Amount, Answer, Ask, Category, Clock, Demand, Instant, JobContext, Monitor,
     RefusalKind, Replenishment, WakeFn,
 };
-use admission_events::FixedWindowStatus;
 use admission_testkit::FakeClock;
 use admission_testkit::contract::{self, Subject};
 use admission_testkit::monitor::{poll_once, spawn_thread_waiter, wait_for_queue};
@@ -871,7 +871,7 @@ fn the_account_passes_the_whole_contract_suite() {
 fn the_account_declares_its_category_and_replenishment() {
     let window = FixedWindow::of("sms", 1, SECOND).unwrap();
     assert_eq!(Account::name(&window), "sms");
-    assert_eq!(window.category(), Category::FIXED_WINDOW);
+    assert_eq!(window.category(), Category::custom("fixed_window"));
     assert_eq!(window.replenishment(), Replenishment::Time);
 }
 
@@ -1043,7 +1043,7 @@ fn the_status_is_the_window_read_from_the_clock() {
     clock.advance(ms(2_500));
     assert!(matches!(window.ask(Amount::ONE, Ask::HEAD), Answer::Taken));
     let status = window.status();
-    assert_eq!(status.category(), Category::FIXED_WINDOW);
+    assert_eq!(status.category(), Category::custom("fixed_window"));
     assert_eq!(
         status.summary(),
         "sms [fixed_window]: 1 of 4 used in the 1s window from 2s, 3 remaining"

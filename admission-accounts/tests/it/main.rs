@@ -10,4 +10,5 @@ mod model_spec;
 mod provider;
 mod rate_limit_info;
 mod spend;
+mod status;
 mod token_bucket;

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use admission_accounts::MemoryGate;
+use admission_accounts::MemoryZone;
 use admission_accounts::memory_gate::{
     CgroupV2Probe, Growth, Latch, LatchChange, MAX_CURVE, MAX_PENALTY, MAX_WAIT, MIN_SPACING,
     READING_AGE, RECHECK, ResidentSetProbe, curve, next_penalty, wait,
@@ -15,7 +16,6 @@ use admission_core::{
     Account, AccountRef, AccountStatus, Admit, AdmitError, Amount, Answer, Ask, Category, Demand,
     Gate, GateAnswer, GateView, Grant, Instant, JobContext, Monitor, WakeFn,
 };
-use admission_events::MemoryZone;
 use admission_testkit::FakeClock;
 use admission_testkit::monitor::{poll_once, spawn_thread_waiter, wait_for_queue};
 use admission_testkit::reference::Permits;
@@ -367,7 +367,7 @@ fn the_status_names_its_zone_numbers_and_category() {
     gate.check(lone(0));
     let status = gate.status();
     assert_eq!(status.zone, MemoryZone::Green);
-    assert_eq!(status.category(), Category::MEMORY);
+    assert_eq!(status.category(), Category::custom("memory"));
     assert_eq!(status.used_bytes, 85 * ManualProbe::GB);
     assert_eq!(status.limit_bytes, ManualProbe::DEFAULT_LIMIT);
     assert_eq!(status.floor_percent, 85.0);

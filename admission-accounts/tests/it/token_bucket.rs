@@ -6,13 +6,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread;
 use std::time::Duration;
 
+use admission_accounts::TokenBucketStatus;
 use admission_accounts::counting_gate::CountingGate;
 use admission_accounts::token_bucket::{TokenBucket, TokenBucketConfig};
 use admission_core::{
     Account, AdmitError, Amount, Answer, Ask, Category, Clock, Demand, Instant, JobContext,
     Monitor, RefusalKind, Replenishment, WakeFn,
 };
-use admission_events::TokenBucketStatus;
 use admission_testkit::FakeClock;
 use admission_testkit::contract::{self, Subject};
 use admission_testkit::monitor::{poll_once, wait_until};
@@ -121,7 +121,7 @@ fn passes_the_whole_account_contract_while_throttled() {
 #[test]
 fn it_is_a_time_account_of_category_token_bucket() {
     let bucket = bucket(&FakeClock::new(), 6_000, 60);
-    assert_eq!(bucket.category(), Category::TOKEN_BUCKET);
+    assert_eq!(bucket.category(), Category::custom("token_bucket"));
     assert_eq!(bucket.replenishment(), Replenishment::Time);
     assert_eq!(bucket.name(), "gpt");
 }
@@ -675,7 +675,7 @@ fn status_reads_the_level_from_the_clock_at_that_instant() {
     assert!(bucket.token_status().has_capacity(250));
     assert!(!bucket.token_status().has_capacity(251));
     let boxed = bucket.status();
-    assert_eq!(boxed.category(), Category::TOKEN_BUCKET);
+    assert_eq!(boxed.category(), Category::custom("token_bucket"));
     assert_eq!(
         boxed.summary(),
         "gpt [token_bucket]: 250 of 6000 tokens, 2 of 60 requests/min available, throttle 0.0"

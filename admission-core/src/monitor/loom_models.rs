@@ -35,7 +35,7 @@ impl AccountStatus for GateStatus {
         "gate"
     }
     fn category(&self) -> Category {
-        Category::SEMAPHORE
+        Category::custom("gate")
     }
     fn summary(&self) -> String {
         format!("gate: {} free", self.free)
@@ -59,7 +59,7 @@ impl Account for Gate {
         "gate"
     }
     fn category(&self) -> Category {
-        Category::SEMAPHORE
+        Category::custom("gate")
     }
     fn replenishment(&self) -> Replenishment {
         Replenishment::Release

@@ -36,7 +36,7 @@ impl Account for GreedyWindow {
         "greedy"
     }
     fn category(&self) -> Category {
-        Category::ELASTIC_WINDOW
+        Category::custom("greedy_window")
     }
     fn replenishment(&self) -> Replenishment {
         Replenishment::Time
@@ -59,7 +59,7 @@ impl Account for GreedyWindow {
     fn status(&self) -> Box<dyn AccountStatus> {
         Box::new(ReferenceStatus {
             name: "greedy".into(),
-            category: Category::ELASTIC_WINDOW,
+            category: Category::custom("greedy_window"),
             capacity: self.capacity,
             available: *self.free.lock(),
         })

@@ -81,12 +81,12 @@ fn a_rejection_is_one_line_with_exactly_its_fields() {
         entries: vec![
             EventEntry {
                 account: "search".into(),
-                category: Category::ELASTIC_WINDOW,
+                category: Category::custom("elastic_window"),
                 amount: Amount::ONE,
             },
             EventEntry {
                 account: "gpt".into(),
-                category: Category::TOKEN_BUCKET,
+                category: Category::custom("token_bucket"),
                 amount: Amount::pair(1_200, 1),
             },
         ],

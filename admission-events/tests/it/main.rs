@@ -5,7 +5,6 @@ mod fanout;
 mod json_lines;
 mod monitor;
 mod recorder;
-mod status;
 mod tracing_sink;
 
 use std::time::Duration;
@@ -27,7 +26,7 @@ pub fn job(id: u64, name: &str) -> JobSnapshot {
 pub fn entry(account: &str, amount: Amount) -> EventEntry {
     EventEntry {
         account: account.into(),
-        category: Category::SEMAPHORE,
+        category: Category::custom("semaphore"),
         amount,
     }
 }

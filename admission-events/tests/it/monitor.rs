@@ -8,9 +8,7 @@ use admission_core::{
     Account, AccountStatus, Amount, Answer, Ask, Category, Demand, JobContext, Monitor, Refusal,
     Replenishment, WakeFn, WakeSlot,
 };
-use admission_events::{
-    EventKind, EventSink, Fanout, JsonLinesSink, Recorder, SemaphoreStatus, amount_of,
-};
+use admission_events::{EventKind, EventSink, Fanout, JsonLinesSink, Recorder, amount_of};
 use parking_lot::Mutex;
 
 /// The smallest counting account: `capacity` permits returned on release.
@@ -42,12 +40,30 @@ impl Counter {
     }
 }
 
+#[derive(Debug, serde::Serialize)]
+struct CounterStatus {
+    in_use: u64,
+    capacity: u64,
+}
+
+impl AccountStatus for CounterStatus {
+    fn name(&self) -> &str {
+        "counter"
+    }
+    fn category(&self) -> Category {
+        Category::custom("semaphore")
+    }
+    fn summary(&self) -> String {
+        format!("counter: {} of {} in use", self.in_use, self.capacity)
+    }
+}
+
 impl Account for Counter {
     fn name(&self) -> &str {
         "counter"
     }
     fn category(&self) -> Category {
-        Category::SEMAPHORE
+        Category::custom("semaphore")
     }
     fn replenishment(&self) -> Replenishment {
         Replenishment::Release
@@ -73,11 +89,9 @@ impl Account for Counter {
         self.wake.notify();
     }
     fn status(&self) -> Box<dyn AccountStatus> {
-        Box::new(SemaphoreStatus {
-            name: "counter".into(),
-            max_concurrent: self.capacity,
-            available_permits: self.capacity - self.in_use(),
-            last_activity: None,
+        Box::new(CounterStatus {
+            in_use: self.in_use(),
+            capacity: self.capacity,
         })
     }
     fn on_capacity_change(&self, wake: Option<WakeFn>) {
@@ -121,7 +135,7 @@ fn a_fast_path_grant_records_granted_immediate_then_released() {
     assert_eq!(events.len(), 2);
     assert_eq!(&*events[0].job.name, "j");
     assert_eq!(events[0].entries[0].account, "counter");
-    assert_eq!(events[0].entries[0].category, Category::SEMAPHORE);
+    assert_eq!(events[0].entries[0].category, Category::custom("semaphore"));
     assert_eq!(amount_of(&events[0]), 1);
     assert_eq!(events[1].kind, EventKind::Released { rolled_back: false });
 }

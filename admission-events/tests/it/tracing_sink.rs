@@ -101,12 +101,12 @@ fn every_event_names_the_job_its_accounts_and_its_amount() {
         entries: vec![
             EventEntry {
                 account: "http".into(),
-                category: Category::SEMAPHORE,
+                category: Category::custom("semaphore"),
                 amount: Amount::units(2),
             },
             EventEntry {
                 account: "gpt".into(),
-                category: Category::TOKEN_BUCKET,
+                category: Category::custom("token_bucket"),
                 amount: Amount::pair(1_200, 1),
             },
         ],

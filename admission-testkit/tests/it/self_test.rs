@@ -122,7 +122,7 @@ impl AccountStatus for HandStatus {
         &self.name
     }
     fn category(&self) -> Category {
-        Category::SEMAPHORE
+        Permits::CATEGORY
     }
     fn summary(&self) -> String {
         self.summary.clone()
@@ -147,7 +147,7 @@ impl AccountStatus for BareStatus {
         &self.name
     }
     fn category(&self) -> Category {
-        Category::SEMAPHORE
+        Permits::CATEGORY
     }
     fn summary(&self) -> String {
         self.summary.clone()

@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
-use admission_core::{AccountStatus, Category, Instant};
-use admission_events::{
+use admission_accounts::{
     CircuitState, ElasticWindowStatus, FixedWindowStatus, MemoryStatus, MemoryZone,
     SemaphoreStatus, TokenBucketStatus,
 };
+use admission_core::{AccountStatus, Category, Instant};
 
 fn semaphore(max: u64, available: u64) -> SemaphoreStatus {
     SemaphoreStatus {
@@ -85,7 +85,7 @@ fn semaphore_summary_names_its_numbers() {
         "http [semaphore]: 3 of 8 permits in use, 5 available, last activity at 1.5s"
     );
     assert_eq!(status.name(), "http");
-    assert_eq!(status.category(), Category::SEMAPHORE);
+    assert_eq!(status.category(), Category::custom("semaphore"));
     assert_eq!(status.indicator(), None);
 }
 
@@ -137,7 +137,7 @@ fn token_bucket_summary_names_its_numbers() {
         status.summary(),
         "gpt [token_bucket]: 1200 of 90000 tokens, 4 of 60 requests/min available, throttle 0.5"
     );
-    assert_eq!(status.category(), Category::TOKEN_BUCKET);
+    assert_eq!(status.category(), Category::custom("token_bucket"));
     assert_eq!(status.name(), "gpt");
 }
 
@@ -197,7 +197,7 @@ fn elastic_window_summary_names_its_numbers() {
         "search [elastic_window]: 4 of 10 requests in a 1.5s window (base 1s), throttle 0.5, \
          circuit blocked, cooldown 250ms"
     );
-    assert_eq!(status.category(), Category::ELASTIC_WINDOW);
+    assert_eq!(status.category(), Category::custom("elastic_window"));
 }
 
 #[test]
@@ -278,7 +278,7 @@ fn memory_summary_names_its_numbers() {
         "memory [memory]: DRAINING, 900 of 1000 bytes used (90.0%), floor 80.0%, penalty 2.00, \
          spacing 17.777777778s, 2 waiting"
     );
-    assert_eq!(status.category(), Category::MEMORY);
+    assert_eq!(status.category(), Category::custom("memory"));
 }
 
 #[test]
@@ -306,7 +306,7 @@ fn fixed_window_summary_category_and_serialized_form() {
         status.summary(),
         "sms [fixed_window]: 40 of 100 used in the 60s window from 120s, 60 remaining"
     );
-    assert_eq!(status.category(), Category::FIXED_WINDOW);
+    assert_eq!(status.category(), Category::custom("fixed_window"));
     assert_eq!(status.category().as_str(), "fixed_window");
     assert_eq!(status.indicator(), None);
     assert_eq!(

@@ -3,7 +3,7 @@
 use admission_core::{AccountStatus, Category};
 use serde::Serialize;
 
-use super::throttle_indicator;
+use crate::status::throttle_indicator;
 
 /// A token bucket's tokens and request slots at one instant.
 ///
@@ -14,7 +14,7 @@ use super::throttle_indicator;
 ///
 /// ```
 /// use admission_core::AccountStatus;
-/// use admission_events::TokenBucketStatus;
+/// use admission_accounts::token_bucket::TokenBucketStatus;
 ///
 /// let status = TokenBucketStatus {
 ///     name: "gpt".into(),
@@ -58,7 +58,7 @@ impl AccountStatus for TokenBucketStatus {
     }
 
     fn category(&self) -> Category {
-        Category::TOKEN_BUCKET
+        crate::TokenBucket::CATEGORY
     }
 
     /// `throttle:<1 + throttle>x` (one decimal) while throttled, else `None`.
@@ -70,7 +70,7 @@ impl AccountStatus for TokenBucketStatus {
         format!(
             "{} [{}]: {} of {} tokens, {} of {} requests/min available, throttle {:.1}",
             self.name,
-            Category::TOKEN_BUCKET,
+            crate::TokenBucket::CATEGORY,
             self.level,
             self.capacity,
             self.requests_available,

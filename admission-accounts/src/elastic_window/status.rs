@@ -6,7 +6,7 @@ use std::time::Duration;
 use admission_core::{AccountStatus, Category};
 use serde::Serialize;
 
-use super::{duration_ms, throttle_indicator};
+use crate::status::{duration_ms, throttle_indicator};
 
 /// The state of an elastic window's circuit breaker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -47,7 +47,7 @@ impl fmt::Display for CircuitState {
 /// ```
 /// use std::time::Duration;
 /// use admission_core::AccountStatus;
-/// use admission_events::{CircuitState, ElasticWindowStatus};
+/// use admission_accounts::elastic_window::{CircuitState, ElasticWindowStatus};
 ///
 /// let mut status = ElasticWindowStatus {
 ///     name: "search".into(),
@@ -92,7 +92,7 @@ impl AccountStatus for ElasticWindowStatus {
     }
 
     fn category(&self) -> Category {
-        Category::ELASTIC_WINDOW
+        crate::ElasticWindow::CATEGORY
     }
 
     /// `blocked` or `probing` while the circuit is not healthy, else `throttle:<1 + throttle>x`
@@ -108,7 +108,7 @@ impl AccountStatus for ElasticWindowStatus {
         format!(
             "{} [{}]: {} of {} requests in a {:?} window (base {:?}), throttle {:.1}, circuit {}, cooldown {:?}",
             self.name,
-            Category::ELASTIC_WINDOW,
+            crate::ElasticWindow::CATEGORY,
             self.in_use,
             self.max_requests,
             self.effective_window,

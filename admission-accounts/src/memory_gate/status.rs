@@ -6,7 +6,7 @@ use std::time::Duration;
 use admission_core::{AccountStatus, Category};
 use serde::Serialize;
 
-use super::duration_ms;
+use crate::status::duration_ms;
 
 /// Which regime the memory gate is in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -46,7 +46,7 @@ impl fmt::Display for MemoryZone {
 /// ```
 /// use std::time::Duration;
 /// use admission_core::AccountStatus;
-/// use admission_events::{MemoryStatus, MemoryZone};
+/// use admission_accounts::memory_gate::{MemoryStatus, MemoryZone};
 ///
 /// let status = MemoryStatus {
 ///     name: "memory".into(),
@@ -100,7 +100,7 @@ impl AccountStatus for MemoryStatus {
     }
 
     fn category(&self) -> Category {
-        Category::MEMORY
+        crate::MemoryGate::CATEGORY
     }
 
     /// `None` in the green zone, else `pace:<n>ms`, `n` the spacing in whole milliseconds
@@ -120,7 +120,7 @@ impl AccountStatus for MemoryStatus {
             "{} [{}]: {}, {} of {} bytes used ({:.1}%), floor {:.1}%, penalty {:.2}, spacing {:?}, \
              {} waiting",
             self.name,
-            Category::MEMORY,
+            crate::MemoryGate::CATEGORY,
             self.zone,
             self.used_bytes,
             self.limit_bytes,

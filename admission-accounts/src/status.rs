@@ -1,4 +1,5 @@
-//! Status records: one plain, serializable snapshot type per account family.
+//! What the families' status records share: each family keeps its own record type beside it
+//! (`counting_gate/status.rs`, ...), and these helpers.
 //!
 //! An account builds its record when asked (`Account::status`) and hands it out as a
 //! `Box<dyn AccountStatus>`; the record holds copies of the numbers, so reading it never touches
@@ -8,18 +9,6 @@
 //!
 //! Serialized, instants are nanoseconds on the monitor's clock (as [`Instant`](admission_core::Instant)
 //! itself serializes) and durations are milliseconds as a float.
-
-mod elastic_window;
-mod fixed_window;
-mod memory;
-mod semaphore;
-mod token_bucket;
-
-pub use elastic_window::{CircuitState, ElasticWindowStatus};
-pub use fixed_window::FixedWindowStatus;
-pub use memory::{MemoryStatus, MemoryZone};
-pub use semaphore::SemaphoreStatus;
-pub use token_bucket::TokenBucketStatus;
 
 /// `serde(serialize_with)` helper: a [`Duration`](std::time::Duration) as milliseconds (`f64`).
 pub(crate) mod duration_ms {

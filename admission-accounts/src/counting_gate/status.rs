@@ -3,7 +3,7 @@
 use admission_core::{AccountStatus, Category, Instant};
 use serde::Serialize;
 
-use super::since_origin;
+use crate::status::since_origin;
 
 /// A counting gate's permits at one instant.
 ///
@@ -11,7 +11,7 @@ use super::since_origin;
 ///
 /// ```
 /// use admission_core::{AccountStatus, Instant};
-/// use admission_events::SemaphoreStatus;
+/// use admission_accounts::counting_gate::SemaphoreStatus;
 ///
 /// let status = SemaphoreStatus {
 ///     name: "http".into(),
@@ -49,7 +49,7 @@ impl AccountStatus for SemaphoreStatus {
     }
 
     fn category(&self) -> Category {
-        Category::SEMAPHORE
+        crate::CountingGate::CATEGORY
     }
 
     fn summary(&self) -> String {
@@ -60,7 +60,7 @@ impl AccountStatus for SemaphoreStatus {
         format!(
             "{} [{}]: {} of {} permits in use, {} available, {last}",
             self.name,
-            Category::SEMAPHORE,
+            crate::CountingGate::CATEGORY,
             self.active_count(),
             self.max_concurrent,
             self.available_permits,

@@ -5,7 +5,7 @@ use std::time::Duration;
 use admission_core::{AccountStatus, Category, Instant};
 use serde::Serialize;
 
-use super::{duration_ms, since_origin};
+use crate::status::{duration_ms, since_origin};
 
 /// A fixed window's count at one instant.
 ///
@@ -17,7 +17,7 @@ use super::{duration_ms, since_origin};
 /// ```
 /// use std::time::Duration;
 /// use admission_core::{AccountStatus, Instant};
-/// use admission_events::FixedWindowStatus;
+/// use admission_accounts::fixed_window::FixedWindowStatus;
 ///
 /// let status = FixedWindowStatus {
 ///     name: "sms".into(),
@@ -62,14 +62,14 @@ impl AccountStatus for FixedWindowStatus {
     }
 
     fn category(&self) -> Category {
-        Category::FIXED_WINDOW
+        crate::FixedWindow::CATEGORY
     }
 
     fn summary(&self) -> String {
         format!(
             "{} [{}]: {} of {} used in the {:?} window from {:?}, {} remaining",
             self.name,
-            Category::FIXED_WINDOW,
+            crate::FixedWindow::CATEGORY,
             self.used,
             self.limit,
             self.period,
