@@ -224,6 +224,8 @@ impl CountingGate {
     }
 
     /// The "never" of `mine`, a demand of more permits than the gate has.
+    #[cold]
+    #[inline(never)]
     fn too_large(&self, mine: Amount) -> Refusal {
         let capacity = self.capacity;
         Refusal::too_large(mine, Amount::units(capacity)).with_message(format!(

@@ -27,9 +27,22 @@ type Listener = Box<dyn FnOnce() + Send>;
 
 struct Inner {
     snapshot: JobSnapshot,
-    /// Shared by every context derived from one job (`with_workflow`, `with_tenant`), so a
-    /// clone taken before the job was labelled cancels the labelled one too.
-    switch: Arc<Switch>,
+    /// The job's switch, in the same allocation (the monitor reads it for every waiter of a
+    /// pass, so it costs no second pointer to follow)...
+    own: Switch,
+    /// ...unless this context is a labelled copy (`with_workflow`, `with_tenant`): then the
+    /// switch is the job's first context's, so a clone taken before the job was labelled
+    /// cancels the labelled one too.
+    labelled_from: Option<Arc<Inner>>,
+}
+
+impl Inner {
+    fn switch(&self) -> &Switch {
+        match &self.labelled_from {
+            Some(first) => &first.own,
+            None => &self.own,
+        }
+    }
 }
 
 /// A job's cancellation switch.
@@ -37,6 +50,15 @@ struct Switch {
     cancelled: AtomicBool,
     /// Callbacks run once by `cancel()`; each admission in progress registers one.
     listeners: Mutex<Listeners>,
+}
+
+impl Switch {
+    fn new() -> Switch {
+        Switch {
+            cancelled: AtomicBool::new(false),
+            listeners: Mutex::new(Listeners::default()),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -82,10 +104,8 @@ impl JobContext {
         JobContext {
             inner: Arc::new(Inner {
                 snapshot,
-                switch: Arc::new(Switch {
-                    cancelled: AtomicBool::new(false),
-                    listeners: Mutex::new(Listeners::default()),
-                }),
+                own: Switch::new(),
+                labelled_from: None,
             }),
         }
     }
@@ -97,7 +117,12 @@ impl JobContext {
         JobContext {
             inner: Arc::new(Inner {
                 snapshot,
-                switch: self.inner.switch.clone(),
+                // Unused: the first context's switch is this one's.
+                own: Switch::new(),
+                labelled_from: Some(match &self.inner.labelled_from {
+                    Some(first) => first.clone(),
+                    None => self.inner.clone(),
+                }),
             }),
         }
     }
@@ -126,13 +151,13 @@ impl JobContext {
 
     /// True once [`cancel`](JobContext::cancel) has been called.
     pub fn is_cancelled(&self) -> bool {
-        self.inner.switch.cancelled.load(Ordering::Acquire)
+        self.inner.switch().cancelled.load(Ordering::Acquire)
     }
 
     /// Cancels the job: every admission it waits in leaves at once. Idempotent.
     pub fn cancel(&self) {
-        self.inner.switch.cancelled.store(true, Ordering::Release);
-        let listeners = std::mem::take(&mut self.inner.switch.listeners.lock().entries);
+        self.inner.switch().cancelled.store(true, Ordering::Release);
+        let listeners = std::mem::take(&mut self.inner.switch().listeners.lock().entries);
         for (_, listener) in listeners {
             listener();
         }
@@ -140,7 +165,7 @@ impl JobContext {
 
     /// Registers `listener` to run on cancellation. `None` if already cancelled (nothing kept).
     pub(crate) fn on_cancel(&self, listener: Listener) -> Option<u64> {
-        let mut listeners = self.inner.switch.listeners.lock();
+        let mut listeners = self.inner.switch().listeners.lock();
         if self.is_cancelled() {
             return None;
         }
@@ -153,7 +178,7 @@ impl JobContext {
     /// Forgets a listener that is no longer needed.
     pub(crate) fn forget(&self, key: u64) {
         self.inner
-            .switch
+            .switch()
             .listeners
             .lock()
             .entries

@@ -301,7 +301,7 @@ impl Shared {
     ) -> Arrival {
         // Behind a line, the head as it stands now; first in line, nobody's amounts to respect.
         let head = match st.queue.values().next() {
-            Some(first) => match Head::now_of(&first.demand, &first.ctx) {
+            Some(first) => match Head::now_of(&first.demand) {
                 Some(head) => Some(head),
                 None => return Arrival::Deferred,
             },

@@ -52,12 +52,12 @@ impl Head {
     /// (an account consumed outside the monitor may have drained since the last pass). `None`
     /// when it is short on nothing: a pass is due that will grant it, after which another waiter
     /// is the head, so the caller leaves the asking to that pass.
-    pub(crate) fn now_of(demand: &Demand, ctx: &JobContext) -> Option<Head> {
+    pub(crate) fn now_of(demand: &Demand) -> Option<Head> {
         let mut short = Vec::new();
         for (i, entry) in demand.entries().iter().enumerate() {
             let account = entry.account();
             // A refusal or a panic is the pass's to report; here it only means "not granted".
-            let answer = asked(account, ctx, entry.amount(), Ask::HEAD.look());
+            let answer = asked(account, entry.amount(), Ask::HEAD.look());
             if !matches!(answer, Ok(Answer::Taken)) {
                 short.push(Some(i));
             }
@@ -120,6 +120,7 @@ pub(crate) fn earlier(a: Option<Instant>, b: Option<Instant>) -> Option<Instant>
 ///
 /// `short` is cleared, then holds the entries the job is short on when it is held. While the head
 /// is short on an account, nobody behind it is even asked about that account (see `pass.rs`).
+#[inline(always)]
 pub(crate) fn ask_demand(
     bell: &Doorbell,
     demand: &Demand,
@@ -128,51 +129,59 @@ pub(crate) fn ask_demand(
     learn: Learn,
     short: &mut Vec<Option<usize>>,
 ) -> Attempt {
+    short.clear();
     let entries = demand.entries();
-    claimed_by_head(demand, head, short);
-    let sharp = !short.is_empty();
+    let claims = Claims::of(demand, head);
     // The head's own deadline on an account it claims (or the event it waits for) covers this
     // waiter's wake-up.
-    let mut wake = if sharp { None } else { Some(Instant::ZERO) };
+    let mut wake = if claims.any {
+        None
+    } else {
+        Some(Instant::ZERO)
+    };
     let mut taken = 0;
     for (i, entry) in entries.iter().enumerate() {
         let account = entry.account();
-        let key = account_key(account);
         let mut ask = match head {
             None => Ask::HEAD,
             Some(head) => {
-                if sharp && head.is_short_on(key) {
+                let key = account_key(account);
+                if claims.any && claims.has(i, head, key) {
+                    short.push(Some(i));
                     continue;
                 }
                 Ask::behind(head.reserved(key))
             }
         };
-        if !short.is_empty() {
+        if claims.any || !short.is_empty() {
             ask = ask.look();
         }
-        match asked(account, ctx, entry.amount(), ask) {
-            Ok(Answer::Taken) => {
+        let answer = match asked(account, entry.amount(), ask) {
+            Ok(answer) => answer,
+            Err(panic) => {
+                give_back(bell, &entries[..taken]);
+                return Attempt::Refused(aborted(account, ctx, &*panic));
+            }
+        };
+        match answer {
+            Answer::Taken => {
                 if ask.takes() {
                     taken = i + 1;
                 }
             }
-            Ok(Answer::NotNow(at)) => {
+            Answer::NotNow(at) => {
                 short.push(Some(i));
                 wake = later(wake, at);
                 if learn == Learn::FirstShort {
                     break;
                 }
             }
-            Ok(Answer::Never(refusal)) => {
+            Answer::Never(refusal) => {
                 give_back(bell, &entries[..taken]);
                 return Attempt::Refused(AdmitError::Refused {
                     account: account.name().to_owned(),
                     refusal,
                 });
-            }
-            Err(error) => {
-                give_back(bell, &entries[..taken]);
-                return Attempt::Refused(error);
             }
         }
     }
@@ -180,22 +189,44 @@ pub(crate) fn ask_demand(
         return Attempt::Granted;
     }
     give_back(bell, &entries[..taken]);
-    if sharp {
-        short.sort_unstable();
-    }
     Attempt::Held { wake }
 }
 
-/// Clears `short`, then lists the entries of `demand` on accounts the head is short on: those are
-/// not asked at all, and with one of them in the demand nothing will be taken, so every other
-/// account is only looked at.
-fn claimed_by_head(demand: &Demand, head: Option<&Head>, short: &mut Vec<Option<usize>>) {
-    short.clear();
-    if let Some(head) = head {
+/// The entries of a demand on accounts the head of the line is short on: those are not asked at
+/// all, and with one of them in the demand nothing will be taken, so every other account is only
+/// looked at. The first 64 entries are a bit mask; any further ones are looked up as asked.
+struct Claims {
+    any: bool,
+    mask: u64,
+}
+
+impl Claims {
+    #[inline]
+    fn of(demand: &Demand, head: Option<&Head>) -> Claims {
+        let mut claims = Claims {
+            any: false,
+            mask: 0,
+        };
+        let Some(head) = head.filter(|h| !h.short.is_empty()) else {
+            return claims;
+        };
         for (i, entry) in demand.entries().iter().enumerate() {
             if head.is_short_on(account_key(entry.account())) {
-                short.push(Some(i));
+                claims.any = true;
+                if i < 64 {
+                    claims.mask |= 1 << i;
+                }
             }
+        }
+        claims
+    }
+
+    #[inline]
+    fn has(&self, i: usize, head: &Head, key: usize) -> bool {
+        if i < 64 {
+            self.mask & (1 << i) != 0
+        } else {
+            head.is_short_on(key)
         }
     }
 }
@@ -213,19 +244,30 @@ fn give_back(bell: &Doorbell, taken: &[Entry]) {
     });
 }
 
-/// Asks `account`, turning a panic into [`AdmitError::Aborted`]: the account is at fault, not
-/// the job, and the monitor goes on.
+/// Asks `account`, catching a panic: the account is at fault, not the job, and the monitor goes
+/// on.
+#[inline(always)]
 fn asked(
     account: &AccountRef,
-    ctx: &JobContext,
     mine: Amount,
     ask: Ask,
-) -> Result<Answer, AdmitError> {
-    catch_unwind(AssertUnwindSafe(|| account.ask(mine, ask))).map_err(|panic| AdmitError::Aborted {
+) -> Result<Answer, Box<dyn std::any::Any + Send>> {
+    catch_unwind(AssertUnwindSafe(|| account.ask(mine, ask)))
+}
+
+/// The error for an account that panicked while asked about job `ctx`.
+#[cold]
+#[inline(never)]
+fn aborted(
+    account: &AccountRef,
+    ctx: &JobContext,
+    panic: &(dyn std::any::Any + Send),
+) -> AdmitError {
+    AdmitError::Aborted {
         account: account.name().to_owned(),
         job: ctx.id(),
-        panic: panic_message(&*panic),
-    })
+        panic: panic_message(panic),
+    }
 }
 
 /// A panic's message, when it has one.
