@@ -41,10 +41,7 @@ use parking_lot::Mutex;
 pub use manual::ManualProbe;
 pub use probe::{CgroupV2Probe, READING_AGE, ResidentSetProbe};
 pub use reading::{MemoryProbe, MemoryReading, ProbeError};
-pub use rule::{
-    CURVE_BOTTOM_PERCENT, CURVE_TOP_PERCENT, Growth, LATCH_CLEAR_PERCENT, LATCH_SET_PERCENT, Latch,
-    LatchChange, MAX_CURVE, MAX_PENALTY, MAX_WAIT, MIN_SPACING, RECHECK, curve, next_penalty, wait,
-};
+use rule::{Growth, Latch, LatchChange, RECHECK, curve, wait};
 pub use status::{MemoryStatus, MemoryZone};
 
 /// Everything that moves, under the gate's one lock (taken only inside the monitor's calls and

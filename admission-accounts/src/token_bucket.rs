@@ -37,19 +37,6 @@ use throttle::Throttle;
 /// The family name used in configuration errors.
 const LIMITER: &str = "token bucket";
 
-/// The throttle added by one backpressure increment ([`TokenBucket::record_429`] is one).
-pub const THROTTLE_STEP: f64 = throttle::STEP_TENTHS as f64 / 10.0;
-/// The most the throttle reaches: refills then run at a tenth of the configured rate.
-pub const MAX_THROTTLE: f64 = throttle::MAX_TENTHS as f64 / 10.0;
-/// The throttle taken off by every [`SUCCESSES_PER_RELIEF`]th success.
-pub const SUCCESS_RELIEF: f64 = throttle::RELIEF_TENTHS as f64 / 10.0;
-/// How many successes, while backpressure is recent, take [`SUCCESS_RELIEF`] off.
-pub const SUCCESSES_PER_RELIEF: u32 = throttle::SUCCESSES_PER_RELIEF;
-/// The throttle taken off by every success once [`QUIET_PERIOD`] has passed without backpressure.
-pub const QUIET_RELIEF: f64 = throttle::QUIET_RELIEF_TENTHS as f64 / 10.0;
-/// How long without backpressure before every success relieves by [`QUIET_RELIEF`].
-pub const QUIET_PERIOD: Duration = throttle::QUIET_PERIOD;
-
 /// A token bucket's limits: its token budget and its request budget, both per minute.
 ///
 /// The bucket holds at most one minute's worth of each, and refills each continuously at its
@@ -206,10 +193,9 @@ pub const REQUESTS: usize = 1;
 ///
 /// Rate-limit signals from the upstream slow the refill: [`record_429`](TokenBucket::record_429)
 /// and [`record_backpressure`](TokenBucket::record_backpressure) raise the throttle by
-/// [`THROTTLE_STEP`] per increment up to [`MAX_THROTTLE`];
-/// [`record_success`](TokenBucket::record_success) lowers it ([`SUCCESS_RELIEF`] every
-/// [`SUCCESSES_PER_RELIEF`] successes, or [`QUIET_RELIEF`] per success once [`QUIET_PERIOD`] has
-/// passed without backpressure). Lowering calls the wake slot; raising never does: a deadline
+/// 0.5 per increment up to 9.0 (refills then run at a tenth of the configured rate);
+/// [`record_success`](TokenBucket::record_success) lowers it (0.2 every third success, or 0.5
+/// per success once five minutes have passed without backpressure). Lowering calls the wake slot; raising never does: a deadline
 /// computed at the faster rate merely has the monitor look again a little early.
 ///
 /// # Fairness
@@ -397,13 +383,13 @@ impl TokenBucket {
     }
 
     /// The upstream answered 429 (too many requests): one backpressure increment,
-    /// [`THROTTLE_STEP`] more throttle. Never calls the wake slot.
+    /// 0.5 more throttle. Never calls the wake slot.
     pub fn record_429(&self) {
         self.record_backpressure(1);
     }
 
     /// The upstream asked the fleet to yield with weight `increments`: the throttle rises by
-    /// `increments` x [`THROTTLE_STEP`], up to [`MAX_THROTTLE`].
+    /// `increments` x 0.5, up to 9.0.
     ///
     /// The caller weighs the signal by how hard it asks: say 3 for an explicit overload status,
     /// 1 for a 429, and 0 for a plain server error, which says nothing about load. Zero is no
@@ -425,9 +411,8 @@ impl TokenBucket {
     /// A call succeeded: relieves the throttle by the rule in the type's docs.
     ///
     /// On a healthy bucket (throttle zero) this does nothing. While backpressure is recent,
-    /// every [`SUCCESSES_PER_RELIEF`]th success takes [`SUCCESS_RELIEF`] off; once
-    /// [`QUIET_PERIOD`] has passed since the last backpressure, every success takes
-    /// [`QUIET_RELIEF`] off; never below zero. Each relief calls the wake slot.
+    /// every third success takes 0.2 off; once five minutes have passed since the last
+    /// backpressure, every success takes 0.5 off; never below zero. Each relief calls the wake slot.
     ///
     /// # Examples
     ///
