@@ -7,15 +7,23 @@
 //! - [`contract`]: the account contract suite, one plain function per rule of
 //!   [`Account`](admission_core::Account); any implementation runs all of them with
 //!   [`contract::run_all`] and a factory of fresh [`contract::Subject`]s.
+//! - [`gate_contract`]: the same for a [`Gate`](admission_core::Gate), with a
+//!   [`gate_contract::GateSubject`] saying how to press and relieve it.
 //! - [`monitor`]: helpers for monitor tests (waiters on threads and tasks, waiting for a queue size).
-//! - [`strategies`]: proptest strategies for random demands over random accounts.
+//! - `strategies` (feature `proptest`): proptest strategies for random demands over random
+//!   accounts.
+//!
+//! Both optional dependencies are default features: `default-features = false` leaves a third
+//! party's tests with neither tokio nor proptest.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod clock;
 pub mod contract;
+pub mod gate_contract;
 pub mod monitor;
 pub mod reference;
+#[cfg(feature = "proptest")]
 pub mod strategies;
 
 pub use clock::FakeClock;

@@ -104,13 +104,15 @@ pub fn spawn_thread_waiter(
     }
 }
 
-/// A waiter running the [`admit`](Monitor::admit) future as a tokio task.
+/// A waiter running the [`admit`](Monitor::admit) future as a tokio task (feature `tokio`).
+#[cfg(feature = "tokio")]
 #[derive(Debug)]
 pub struct TaskWaiter {
     ctx: JobContext,
     handle: tokio::task::JoinHandle<Result<Grant, AdmitError>>,
 }
 
+#[cfg(feature = "tokio")]
 impl TaskWaiter {
     /// The waiter's job context.
     pub fn context(&self) -> &JobContext {
@@ -128,11 +130,12 @@ impl TaskWaiter {
     }
 }
 
-/// Spawns `admit(demand, ctx, timeout)` on the current tokio runtime.
+/// Spawns `admit(demand, ctx, timeout)` on the current tokio runtime (feature `tokio`).
 ///
 /// # Panics
 ///
 /// Outside a tokio runtime.
+#[cfg(feature = "tokio")]
 pub fn spawn_task_waiter(
     monitor: &Monitor,
     demand: Demand,

@@ -750,3 +750,16 @@ fn the_resident_set_probe_reads_vmrss_in_kilobytes() {
     assert!(error.contains("VmRSS"), "{error}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn the_memory_gate_passes_the_gate_contract_suite() {
+    admission_testkit::gate_contract::run_all(|| {
+        let (gate, probe) = gate_at(50);
+        let (high, low) = (probe.clone(), probe);
+        let stopping = gate.clone();
+        admission_testkit::gate_contract::GateSubject::new(gate, FakeClock::new())
+            .press(move || high.set_percent(96))
+            .relieve(move || low.set_percent(50))
+            .event(move || stopping.stop())
+    });
+}

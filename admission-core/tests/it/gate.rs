@@ -201,3 +201,17 @@ fn a_job_held_by_the_gate_is_reported_with_the_gates_own_category() {
         Category::custom("pressure")
     );
 }
+
+#[test]
+fn the_test_gate_passes_the_gate_contract_suite() {
+    admission_testkit::gate_contract::run_all(|| {
+        let gate = Arc::new(TestGate::default());
+        let (up, down) = (gate.clone(), gate.clone());
+        admission_testkit::gate_contract::GateSubject::new(
+            gate,
+            admission_testkit::FakeClock::new(),
+        )
+        .press(move || up.hold_all.store(true, Ordering::SeqCst))
+        .relieve(move || down.hold_all.store(false, Ordering::SeqCst))
+    });
+}
