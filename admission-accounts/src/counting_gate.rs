@@ -48,10 +48,6 @@ const NO_ACTIVITY: u64 = 0;
 /// The gate itself is not a queue: an ask either debits now or answers "not now". Order among
 /// waiters is the monitor's business (one line, head reservation).
 ///
-/// # Cancel safety
-///
-/// Nothing here waits, so there is nothing to cancel; an ask that is not taken changes nothing.
-///
 /// # Panics
 ///
 /// Never. Counts saturate; a give of more than is in use empties the gate's tally instead of

@@ -11,6 +11,45 @@
 //! and a single probe request, taken by the head of the line (the asker whose
 //! [`Ask::is_head`] holds), has reported back.
 //!
+//! # The rule
+//!
+//! - **Window.** [`ask`](Account::ask) answers [`Answer::Taken`] (stamping `mine` at now, unless
+//!   the ask is a [`look`](Ask::look)) when the requests inside the effective window plus `mine`
+//!   plus the head's reservation ([`Ask::reserved_ahead`]) are at most `max_requests`. A demand
+//!   above `max_requests` is [`Answer::Never`] outright, a
+//!   [`RefusalKind::TooLarge`](admission_core::RefusalKind::TooLarge). Otherwise it is
+//!   [`Answer::NotNow`] with the instant the k-th oldest stamp leaves the window, k being the
+//!   shortfall (`None` when `mine` and the reservation together exceed `max_requests`).
+//! - **Throttle.** [`record_failure`](ElasticWindow::record_failure),
+//!   [`record_pressure`](ElasticWindow::record_pressure) and
+//!   [`record_advisory_pressure`](ElasticWindow::record_advisory_pressure) add 1.0, up to the
+//!   configured cap (9.0 by default). [`record_success`](ElasticWindow::record_success) takes 0.2
+//!   off every `successes_per_decrease` successes (3 by default), or 0.5 off every success once
+//!   [`FAST_RECOVERY_AFTER`] has passed without pressure; never below zero. A relaxation calls
+//!   the monitor's wake slot; a tightening does not (a deadline computed under the shorter window
+//!   is merely re-asked early).
+//! - **Circuit.** `failures_at_max_to_block` consecutive failures (3 by default), each arriving
+//!   with the throttle already at its cap, open the circuit for `initial_cooldown`. While the
+//!   cooldown runs, every caller gets an [`Answer::Never`] with a temporary refusal
+//!   ([`RefusalKind::RefusingAll`](admission_core::RefusalKind::RefusingAll), the cooldown left
+//!   as its retry-after) naming the window, its nominal rate, the cooldown left and the
+//!   upstream's last failure, and telling it to use another tool. Then the head of the line, and
+//!   only the head (an [`Ask`] whose [`is_head`](Ask::is_head) holds, never a waiter behind it,
+//!   whatever its reservation), takes the one probe with a taking ask, subject to room in the
+//!   window. A waiter behind a head that needs the window too is refused as though the probe
+//!   were already out; a waiter behind a head that does not use the window (a zero reservation)
+//!   is [`Answer::NotNow`] with no instant: the probe is for whoever asks as the head, which it
+//!   may become. While the probe is out, everyone is refused. A success closes the
+//!   circuit; a failure re-opens it with the cooldown doubled (kept within
+//!   `[initial_cooldown, max_cooldown]`); a give while probing (the probe rolled back, no
+//!   verdict) returns to blocked with the same cooldown, already over; a probe with no verdict
+//!   after `probe_timeout` returns to blocked the same way. Opening calls the wake slot, so
+//!   waiters parked on the window hear their refusal at once instead of at their deadline.
+//!
+//! Any success or failure while probing is taken as the probe's verdict, and any give while
+//! probing as its refund: the window cannot tell one request from another.
+//!
+//!
 //! Submodules: `log` (the stamps, run-length encoded), `throttle` (the stretch, in exact
 //! thousandths), `circuit` (the breaker's states) and `config` ([`ElasticWindowConfig`]).
 
@@ -55,41 +94,8 @@ pub const FAILURE_TEXT_LIMIT: usize = 200;
 /// back with time ([`Replenishment::Time`]): a request counts while its stamp is inside the
 /// effective window, and a [`give`](Account::give) (a rollback) drops the newest stamps.
 ///
-/// - **Window.** [`ask`](Account::ask) answers [`Answer::Taken`] (stamping `mine` at now, unless
-///   the ask is a [`look`](Ask::look)) when the requests inside the effective window plus `mine`
-///   plus the head's reservation ([`Ask::reserved_ahead`]) are at most `max_requests`. A demand
-///   above `max_requests` is [`Answer::Never`] outright, a
-///   [`RefusalKind::TooLarge`](admission_core::RefusalKind::TooLarge). Otherwise it is
-///   [`Answer::NotNow`] with the instant the k-th oldest stamp leaves the window, k being the
-///   shortfall (`None` when `mine` and the reservation together exceed `max_requests`).
-/// - **Throttle.** [`record_failure`](ElasticWindow::record_failure),
-///   [`record_pressure`](ElasticWindow::record_pressure) and
-///   [`record_advisory_pressure`](ElasticWindow::record_advisory_pressure) add 1.0, up to the
-///   configured cap (9.0 by default). [`record_success`](ElasticWindow::record_success) takes 0.2
-///   off every `successes_per_decrease` successes (3 by default), or 0.5 off every success once
-///   [`FAST_RECOVERY_AFTER`] has passed without pressure; never below zero. A relaxation calls
-///   the monitor's wake slot; a tightening does not (a deadline computed under the shorter window
-///   is merely re-asked early).
-/// - **Circuit.** `failures_at_max_to_block` consecutive failures (3 by default), each arriving
-///   with the throttle already at its cap, open the circuit for `initial_cooldown`. While the
-///   cooldown runs, every caller gets an [`Answer::Never`] with a temporary refusal
-///   ([`RefusalKind::RefusingAll`](admission_core::RefusalKind::RefusingAll), the cooldown left
-///   as its retry-after) naming the window, its nominal rate, the cooldown left and the
-///   upstream's last failure, and telling it to use another tool. Then the head of the line, and
-///   only the head (an [`Ask`] whose [`is_head`](Ask::is_head) holds, never a waiter behind it,
-///   whatever its reservation), takes the one probe with a taking ask, subject to room in the
-///   window. A waiter behind a head that needs the window too is refused as though the probe
-///   were already out; a waiter behind a head that does not use the window (a zero reservation)
-///   is [`Answer::NotNow`] with no instant: the probe is for whoever asks as the head, which it
-///   may become. While the probe is out, everyone is refused. A success closes the
-///   circuit; a failure re-opens it with the cooldown doubled (kept within
-///   `[initial_cooldown, max_cooldown]`); a give while probing (the probe rolled back, no
-///   verdict) returns to blocked with the same cooldown, already over; a probe with no verdict
-///   after `probe_timeout` returns to blocked the same way. Opening calls the wake slot, so
-///   waiters parked on the window hear their refusal at once instead of at their deadline.
-///
-/// Any success or failure while probing is taken as the probe's verdict, and any give while
-/// probing as its refund: the window cannot tell one request from another.
+/// The rule, in full, is in the [module docs](self): what fits the window, how the throttle
+/// moves, and the circuit's states.
 ///
 /// Every window requires [`Capability::HTTP_CONNECTION`] in the same demand: a call to an
 /// upstream needs a connection, so the monitor refuses a demand that names a window without an
@@ -105,10 +111,6 @@ pub const FAILURE_TEXT_LIMIT: usize = 200;
 ///
 /// The window is not a queue: an ask debits now or answers "not now". Order among waiters is
 /// the monitor's (one line, head reservation); the probe goes to whoever asks as the head.
-///
-/// # Cancel safety
-///
-/// Nothing here waits, so there is nothing to cancel; an ask that is not taken changes nothing.
 ///
 /// # Panics
 ///

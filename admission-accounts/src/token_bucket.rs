@@ -12,6 +12,28 @@
 //! (`Amount::pair(tokens, 1)` for one call). Both refill continuously at their per-minute rate
 //! and both must be there for a take; the later of the two decides the deadline.
 //!
+//! # Never and not now
+//!
+//! A demand for more tokens than the budget or more requests than the per-minute budget can
+//! never fit: [`ask`](Account::ask) answers [`Answer::Never`] with a
+//! [`RefusalKind::TooLarge`](admission_core::RefusalKind::TooLarge) naming the demand and both
+//! budgets. That is judged against the budgets in force at each ask, so lowering a budget under
+//! an amount already waiting refuses it at the next ask, which
+//! [`set_config`](TokenBucket::set_config) makes happen at once by calling the wake slot. An
+//! amount that fits the budgets but not the levels now (beside the head's reservation) is
+//! [`Answer::NotNow`] with the instant the refill makes room, or with `None` when only the
+//! reservation makes it more than a full bucket. Dimensions 2 and 3 of an amount are ignored.
+//!
+//! # The adaptive throttle
+//!
+//! Rate-limit signals from the upstream slow the refill: [`record_429`](TokenBucket::record_429)
+//! and [`record_backpressure`](TokenBucket::record_backpressure) raise the throttle by
+//! 0.5 per increment up to 9.0 (refills then run at a tenth of the configured rate);
+//! [`record_success`](TokenBucket::record_success) lowers it (0.2 every third success, or 0.5
+//! per success once five minutes have passed without backpressure). Lowering calls the wake slot; raising never does: a deadline
+//! computed at the faster rate merely has the monitor look again a little early.
+//!
+//!
 //! Levels are integers (see `level.rs`); the throttle is counted in tenths (see `throttle.rs`).
 
 mod level;
@@ -177,36 +199,10 @@ pub const REQUESTS: usize = 1;
 /// in integer fractions of a token, so no rounding accumulates: 100 tokens short at 6,000 a
 /// minute is a wait of exactly one second, one request short at 2 a minute exactly thirty.
 ///
-/// # Never, not now
-///
-/// A demand for more tokens than the budget or more requests than the per-minute budget can
-/// never fit: [`ask`](Account::ask) answers [`Answer::Never`] with a
-/// [`RefusalKind::TooLarge`](admission_core::RefusalKind::TooLarge) naming the demand and both
-/// budgets. That is judged against the budgets in force at each ask, so lowering a budget under
-/// an amount already waiting refuses it at the next ask, which
-/// [`set_config`](TokenBucket::set_config) makes happen at once by calling the wake slot. An
-/// amount that fits the budgets but not the levels now (beside the head's reservation) is
-/// [`Answer::NotNow`] with the instant the refill makes room, or with `None` when only the
-/// reservation makes it more than a full bucket. Dimensions 2 and 3 of an amount are ignored.
-///
-/// # Adaptive throttle
-///
-/// Rate-limit signals from the upstream slow the refill: [`record_429`](TokenBucket::record_429)
-/// and [`record_backpressure`](TokenBucket::record_backpressure) raise the throttle by
-/// 0.5 per increment up to 9.0 (refills then run at a tenth of the configured rate);
-/// [`record_success`](TokenBucket::record_success) lowers it (0.2 every third success, or 0.5
-/// per success once five minutes have passed without backpressure). Lowering calls the wake slot; raising never does: a deadline
-/// computed at the faster rate merely has the monitor look again a little early.
-///
 /// # Fairness
 ///
 /// The bucket is not a queue: an ask debits now or answers "not now". The monitor's one line
 /// decides who is asked first, and [`Ask::reserved_ahead`] keeps the head's amount aside.
-///
-/// # Cancel safety
-///
-/// Nothing here waits. An ask that is not taken changes nothing; [`give`](Account::give) is the
-/// rollback path and credits at once.
 ///
 /// # Panics
 ///

@@ -23,6 +23,22 @@ mod imp {
         }
     }
 
+    /// A reader-writer lock without poisoning.
+    #[derive(Debug, Default)]
+    pub(crate) struct RwLock<T>(parking_lot::RwLock<T>);
+
+    impl<T> RwLock<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Self(parking_lot::RwLock::new(value))
+        }
+        pub(crate) fn read(&self) -> parking_lot::RwLockReadGuard<'_, T> {
+            self.0.read()
+        }
+        pub(crate) fn write(&self) -> parking_lot::RwLockWriteGuard<'_, T> {
+            self.0.write()
+        }
+    }
+
     /// The monitor's own lock, without poisoning: the standard library's futex mutex, which
     /// spins briefly and then sleeps in the kernel. `parking_lot`'s yields the processor in a
     /// loop before it sleeps, which two busy cores taking one lock for every admit and release
@@ -101,6 +117,21 @@ mod imp {
         }
         pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
             self.0.lock().unwrap_or_else(|e| e.into_inner())
+        }
+    }
+
+    #[derive(Debug)]
+    pub(crate) struct RwLock<T>(loom::sync::RwLock<T>);
+
+    impl<T> RwLock<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Self(loom::sync::RwLock::new(value))
+        }
+        pub(crate) fn read(&self) -> loom::sync::RwLockReadGuard<'_, T> {
+            self.0.read().unwrap_or_else(|e| e.into_inner())
+        }
+        pub(crate) fn write(&self) -> loom::sync::RwLockWriteGuard<'_, T> {
+            self.0.write().unwrap_or_else(|e| e.into_inner())
         }
     }
 

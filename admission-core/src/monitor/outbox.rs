@@ -6,13 +6,13 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::clock::Clock;
 use crate::context::JobContext;
 use crate::demand::{Demand, Entry};
 use crate::error::AdmitError;
 use crate::event::{Event, EventEntry, EventKind, EventSink};
+use crate::sync::{AtomicBool, Ordering, RwLock};
 
 use super::ask::panic_message;
 use super::cell::{Cell, Outcome};
@@ -20,7 +20,7 @@ use super::grant::Grant;
 
 /// The monitor's event sink, swappable at any time.
 pub(crate) struct Sink {
-    sink: parking_lot::RwLock<Option<Arc<dyn EventSink>>>,
+    sink: RwLock<Option<Arc<dyn EventSink>>>,
     /// Whether a sink is installed: read without the lock by every transition.
     installed: AtomicBool,
 }
@@ -29,7 +29,7 @@ impl Sink {
     pub(crate) fn new(sink: Option<Arc<dyn EventSink>>) -> Sink {
         Sink {
             installed: AtomicBool::new(sink.is_some()),
-            sink: parking_lot::RwLock::new(sink),
+            sink: RwLock::new(sink),
         }
     }
 
