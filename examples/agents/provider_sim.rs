@@ -25,8 +25,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use admission_accounts::model_spec::ModelCatalog;
-use admission_accounts::rate_limit_info::RateLimitInfo;
+use admission_llm::model_spec::ModelCatalog;
+use admission_llm::rate_limit_info::RateLimitInfo;
 use anyhow::{Context as _, anyhow};
 use serde::Serialize;
 
@@ -430,7 +430,7 @@ pub fn go_duration(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use admission_accounts::rate_limit_info::parse_reset;
+    use admission_llm::rate_limit_info::parse_reset;
     use std::time::SystemTime;
 
     #[test]

@@ -13,9 +13,9 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use admission_accounts::model_spec::ModelSpec;
-//! use admission_accounts::provider::Registry;
-//! use admission_accounts::RateLimitInfo;
+//! use admission_llm::model_spec::ModelSpec;
+//! use admission_llm::provider::Registry;
+//! use admission_llm::RateLimitInfo;
 //! use admission_core::{JobContext, Monitor};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -53,15 +53,15 @@ use std::num::NonZeroU64;
 use std::ops::Deref;
 use std::sync::Arc;
 
+use admission_accounts::elastic_window::ElasticWindow;
+use admission_accounts::token_bucket::{TokenBucket, TokenBucketConfig};
+use admission_accounts::{ConfigError, CountingGate};
 use admission_core::{Account, AccountStatus, Amount, Clock, Demand};
 use parking_lot::{Mutex, RwLock};
 
-use crate::elastic_window::ElasticWindow;
 use crate::model_spec::{ModelCatalog, ModelSpec, SpecError};
 use crate::rate_limit_info::RateLimitInfo;
 use crate::spend::Money;
-use crate::token_bucket::{TokenBucket, TokenBucketConfig};
-use crate::{ConfigError, CountingGate};
 
 /// The weight of an explicit overload answer (HTTP 529/503 "overloaded") as backpressure on a
 /// model's bucket: three 429s' worth.
@@ -248,8 +248,8 @@ type Slot = Arc<Mutex<Option<Arc<dyn Any + Send + Sync>>>>;
 ///
 /// ```
 /// use std::sync::Arc;
-/// use admission_accounts::model_spec::ModelSpec;
-/// use admission_accounts::provider::{LimiterFactory, LimitsUpdate};
+/// use admission_llm::model_spec::ModelSpec;
+/// use admission_llm::provider::{LimiterFactory, LimitsUpdate};
 /// use admission_testkit::FakeClock;
 ///
 /// let factory = LimiterFactory::new(FakeClock::new().shared());
@@ -396,7 +396,7 @@ impl LimiterFactory {
     /// ```
     /// use std::sync::Arc;
     /// use std::sync::atomic::AtomicU64;
-    /// use admission_accounts::provider::LimiterFactory;
+    /// use admission_llm::provider::LimiterFactory;
     /// use admission_testkit::FakeClock;
     ///
     /// #[derive(Default)]
@@ -460,7 +460,7 @@ impl LimiterFactory {
     /// # Examples
     ///
     /// ```
-    /// use admission_accounts::provider::{HttpGate, LimiterFactory};
+    /// use admission_llm::provider::{HttpGate, LimiterFactory};
     /// use admission_testkit::FakeClock;
     ///
     /// let factory = LimiterFactory::new(FakeClock::new().shared());
@@ -469,7 +469,7 @@ impl LimiterFactory {
     ///     .unwrap_err();
     /// assert_eq!(
     ///     refused.to_string(),
-    ///     "cannot build the shared limiter `admission_accounts::provider::HttpGate`: invalid \
+    ///     "cannot build the shared limiter `admission_llm::provider::HttpGate`: invalid \
     ///      counting gate configuration: `capacity` must be positive, was 0 (a gate without \
     ///      permits would refuse everyone)"
     /// );

@@ -7,7 +7,7 @@
 //! Specs are validated as they are loaded, and a refusal names the model and the field:
 //!
 //! ```
-//! use admission_accounts::model_spec::ModelCatalog;
+//! use admission_llm::model_spec::ModelCatalog;
 //!
 //! let refused = ModelCatalog::from_toml(r#"
 //!     [[models]]
@@ -24,9 +24,9 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use admission_accounts::elastic_window::ElasticWindowConfig;
 use serde::{Deserialize, Serialize};
 
-use crate::elastic_window::ElasticWindowConfig;
 use crate::spend::Money;
 
 /// What one model endpoint allows and costs.
@@ -38,7 +38,7 @@ use crate::spend::Money;
 /// # Examples
 ///
 /// ```
-/// use admission_accounts::model_spec::ModelSpec;
+/// use admission_llm::model_spec::ModelSpec;
 ///
 /// let spec: ModelSpec = serde_json::from_str(r#"{
 ///     "id": "claude-sonnet",
@@ -82,7 +82,7 @@ pub struct ModelSpec {
 }
 
 /// A sliding window of at most `max_requests` calls per `window`, which the provider layer builds
-/// as an [`ElasticWindow`](crate::ElasticWindow) for the model.
+/// as an [`ElasticWindow`](admission_accounts::ElasticWindow) for the model.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WindowSpec {
@@ -224,7 +224,7 @@ impl ModelSpec {
 /// # Examples
 ///
 /// ```
-/// use admission_accounts::model_spec::ModelCatalog;
+/// use admission_llm::model_spec::ModelCatalog;
 ///
 /// let catalog = ModelCatalog::from_toml(r#"
 ///     [[models]]

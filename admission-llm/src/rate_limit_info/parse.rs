@@ -50,7 +50,7 @@ pub enum ResetParseError {
 /// # Examples
 ///
 /// ```
-/// use admission_accounts::rate_limit_info::parse_int;
+/// use admission_llm::rate_limit_info::parse_int;
 ///
 /// assert_eq!(parse_int(Some(" 42 ")), Some(42));
 /// assert_eq!(parse_int(Some("many")), None);
@@ -79,7 +79,7 @@ pub fn parse_int(value: Option<&str>) -> Option<u64> {
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
-/// use admission_accounts::rate_limit_info::parse_reset;
+/// use admission_llm::rate_limit_info::parse_reset;
 ///
 /// let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600); // 2026-01-01T00:00:00Z
 /// assert_eq!(parse_reset("6m0s", now), Ok(Duration::from_secs(360)));
@@ -122,7 +122,7 @@ pub fn parse_reset(value: &str, now: SystemTime) -> Result<Duration, ResetParseE
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
-/// use admission_accounts::rate_limit_info::parse_retry_after;
+/// use admission_llm::rate_limit_info::parse_retry_after;
 ///
 /// let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_445_412_470); // 07:27:50 GMT
 /// assert_eq!(

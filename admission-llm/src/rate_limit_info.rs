@@ -51,7 +51,7 @@ impl LimitKind {
     /// # Examples
     ///
     /// ```
-    /// use admission_accounts::rate_limit_info::LimitKind;
+    /// use admission_llm::rate_limit_info::LimitKind;
     ///
     /// assert_eq!(LimitKind::from_name(Some("Input-Tokens")), LimitKind::InputTokens);
     /// assert_eq!(LimitKind::from_name(None), LimitKind::Unknown);
@@ -104,8 +104,8 @@ impl LimitKind {
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
-/// use admission_accounts::RateLimitInfo;
-/// use admission_accounts::rate_limit_info::LimitKind;
+/// use admission_llm::RateLimitInfo;
+/// use admission_llm::rate_limit_info::LimitKind;
 ///
 /// let arrived = SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600);
 /// let info = RateLimitInfo::from_pairs(
@@ -206,8 +206,8 @@ impl RateLimitInfo {
     ///
     /// ```
     /// use std::time::{Duration, SystemTime};
-    /// use admission_accounts::RateLimitInfo;
-    /// use admission_accounts::rate_limit_info::LimitKind;
+    /// use admission_llm::RateLimitInfo;
+    /// use admission_llm::rate_limit_info::LimitKind;
     ///
     /// let now = SystemTime::UNIX_EPOCH;
     /// let hit = RateLimitInfo::rate_limited_from_pairs("gpt-4o", [
@@ -305,7 +305,7 @@ impl RateLimitInfo {
     ///
     /// ```
     /// use std::time::SystemTime;
-    /// use admission_accounts::RateLimitInfo;
+    /// use admission_llm::RateLimitInfo;
     ///
     /// let info = RateLimitInfo::from_pairs("gpt-4o", [
     ///     ("x-ratelimit-limit-tokens", "30000"),

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use admission_accounts::model_spec::{ModelCatalog, ModelSpec, SpecError, WindowSpec};
-use admission_accounts::spend::Money;
+use admission_llm::model_spec::{ModelCatalog, ModelSpec, SpecError, WindowSpec};
+use admission_llm::spend::Money;
 use proptest::prelude::*;
 
 const TOML: &str = r#"

@@ -4,8 +4,8 @@
 
 use std::time::{Duration, SystemTime};
 
-use admission_accounts::RateLimitInfo;
-use admission_accounts::rate_limit_info::{
+use admission_llm::RateLimitInfo;
+use admission_llm::rate_limit_info::{
     LimitKind, ResetParseError, parse_int, parse_reset, parse_retry_after,
 };
 use http::{HeaderMap, HeaderName, HeaderValue};
