@@ -430,11 +430,10 @@ pub fn go_duration(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use admission_llm::rate_limit_info::parse_reset;
     use std::time::SystemTime;
 
     #[test]
-    fn reset_values_are_go_durations_the_parser_reads_back() {
+    fn reset_values_are_go_durations_the_provider_layer_reads_back() {
         for (d, text) in [
             (Duration::from_millis(20), "20ms"),
             (Duration::from_secs(6), "6s"),
@@ -442,7 +441,9 @@ mod tests {
             (Duration::from_secs(360), "6m0s"),
         ] {
             assert_eq!(go_duration(d), text);
-            assert_eq!(parse_reset(text, SystemTime::now()), Ok(d));
+            let headers = [("x-ratelimit-reset-tokens", text)];
+            let info = RateLimitInfo::from_pairs("m", headers, SystemTime::now());
+            assert_eq!(info.token_reset, Some(d));
         }
     }
 }

@@ -247,9 +247,7 @@ fn a_shared_limiter_that_cannot_be_built_is_refused_naming_its_type_and_kept_now
                  without permits would refuse everyone)"
             );
             assert_eq!(source.to_string(), *reason);
-            let config = source
-                .error()
-                .downcast_ref::<admission_accounts::ConfigError>();
+            let config = source.downcast_ref::<admission_accounts::ConfigError>();
             assert_eq!(config.map(|c| c.field), Some("capacity"));
         }
         other => panic!("expected Unbuildable, got {other:?}"),
