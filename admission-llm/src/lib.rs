@@ -25,7 +25,7 @@ pub mod spend;
 #[doc = include_str!("../../README.md")]
 struct ReadmeDoctests;
 
-pub use model_spec::{ModelCatalog, ModelSpec, SpecError};
+pub use model_spec::{ModelCatalog, ModelRef, ModelSpec, SpecError};
 pub use provider::{HttpGate, LimiterFactory, ModelCall, ProviderError, Registry};
 pub use rate_limit_info::RateLimitInfo;
 pub use spend::{CostLedger, Money, Reservation, SpendGate, SpendRefused};

@@ -1,9 +1,10 @@
-//! Model specs: loading from JSON and TOML, validation that names the model and the field, the
-//! derived request budget and the price of a call.
+//! Model specs: loading from JSON and TOML, refusals that name the model, the field's path and
+//! the line of a wrong value, validation that names the model and the field, the derived request
+//! budget and the price of a call.
 
 use std::time::Duration;
 
-use admission_llm::model_spec::{ModelCatalog, ModelSpec, SpecError, WindowSpec};
+use admission_llm::model_spec::{ModelCatalog, ModelRef, ModelSpec, SpecError, WindowSpec};
 use admission_llm::spend::Money;
 use proptest::prelude::*;
 
@@ -165,31 +166,331 @@ fn a_repeated_id_is_refused() {
     );
 }
 
+/// A two-model TOML catalog whose second model (`haiku`, line 7 on) ends with `last`.
+fn toml_with(last: &str) -> String {
+    format!(
+        "[[models]]\n\
+         id = \"gpt-4o\"\n\
+         wire_model = \"gpt-4o-2024-08-06\"\n\
+         tokens_per_minute = 30000\n\
+         \n\
+         [[models]]\n\
+         id = \"haiku\"\n\
+         wire_model = \"claude-haiku-4-5\"\n\
+         {last}\n"
+    )
+}
+
+/// A two-model JSON catalog, one model a line, whose second model (`haiku`, line 3) ends with
+/// `last`.
+fn json_with(last: &str) -> String {
+    format!(
+        "{{\"models\": [\n\
+         {{\"id\": \"gpt-4o\", \"wire_model\": \"gpt-4o-2024-08-06\", \"tokens_per_minute\": 30000}},\n\
+         {{\"id\": \"haiku\", \"wire_model\": \"claude-haiku-4-5\", {last}}}\n\
+         ]}}"
+    )
+}
+
+fn value_error(
+    format: &'static str,
+    model: ModelRef,
+    path: &str,
+    (line, column): (usize, usize),
+    message: &str,
+) -> SpecError {
+    SpecError::Value {
+        format,
+        model: Some(model),
+        path: path.into(),
+        line: Some(line),
+        column: Some(column),
+        message: message.into(),
+    }
+}
+
+fn haiku() -> ModelRef {
+    ModelRef::Id("haiku".into())
+}
+
+/// The five ways a value can be wrong, each refused naming the model, the field's path, the
+/// line and column, and the value seen.
 #[test]
-fn unknown_fields_and_bad_syntax_are_parse_errors() {
-    let unknown = ModelCatalog::from_json(
-        r#"{"models": [{"id": "a", "wire_model": "x", "tokens_per_minute": 10, "tpm": 5}]}"#,
-    )
-    .unwrap_err();
-    assert!(
-        matches!(&unknown, SpecError::Parse { format: "JSON", message } if message.contains("unknown field `tpm`")),
-        "{unknown}"
+fn a_wrong_value_in_toml_names_the_model_the_path_and_the_line() {
+    let tpm = "models[1].tokens_per_minute";
+    let cases = [
+        (
+            "tokens_per_minute = -1",
+            value_error(
+                "TOML",
+                haiku(),
+                tpm,
+                (9, 21),
+                "invalid value: integer `-1`, expected u64",
+            ),
+            "model spec `haiku`: `models[1].tokens_per_minute` invalid value: integer `-1`, \
+             expected u64 (TOML line 9, column 21)",
+        ),
+        (
+            "tokens_per_minute = 1.5",
+            value_error(
+                "TOML",
+                haiku(),
+                tpm,
+                (9, 21),
+                "invalid type: floating point `1.5`, expected u64",
+            ),
+            "model spec `haiku`: `models[1].tokens_per_minute` invalid type: floating point \
+             `1.5`, expected u64 (TOML line 9, column 21)",
+        ),
+        (
+            "tokens_per_minute = \"1000\"",
+            value_error(
+                "TOML",
+                haiku(),
+                tpm,
+                (9, 21),
+                "invalid type: string \"1000\", expected u64",
+            ),
+            "model spec `haiku`: `models[1].tokens_per_minute` invalid type: string \"1000\", \
+             expected u64 (TOML line 9, column 21)",
+        ),
+        (
+            "tokens_per_minute = 18446744073709551616",
+            value_error(
+                "TOML",
+                haiku(),
+                tpm,
+                (9, 21),
+                "invalid type: integer `18446744073709551616` as i128, expected u64",
+            ),
+            "model spec `haiku`: `models[1].tokens_per_minute` invalid type: integer \
+             `18446744073709551616` as i128, expected u64 (TOML line 9, column 21)",
+        ),
+        (
+            "tokens_per_minute = 1000\nwindow = { max_requests = 5, window = \"soon\" }",
+            value_error(
+                "TOML",
+                haiku(),
+                "models[1].window.window",
+                (10, 39),
+                "`soon` is not a duration: expected number at 0",
+            ),
+            "model spec `haiku`: `models[1].window.window` `soon` is not a duration: expected \
+             number at 0 (TOML line 10, column 39)",
+        ),
+    ];
+    for (last, error, message) in cases {
+        let refused = ModelCatalog::from_toml(&toml_with(last));
+        assert_eq!(
+            refused.as_ref().map_err(ToString::to_string),
+            Err(message.to_owned()),
+            "{last}"
+        );
+        assert_eq!(refused, Err(error), "{last}");
+    }
+}
+
+#[test]
+fn a_wrong_value_in_json_names_the_model_the_path_and_the_line() {
+    let tpm = "models[1].tokens_per_minute";
+    let cases = [
+        (
+            "\"tokens_per_minute\": -1",
+            value_error(
+                "JSON",
+                haiku(),
+                tpm,
+                (3, 73),
+                "invalid value: integer `-1`, expected u64",
+            ),
+            "model spec `haiku`: `models[1].tokens_per_minute` invalid value: integer `-1`, \
+             expected u64 (JSON line 3, column 73)",
+        ),
+        (
+            "\"tokens_per_minute\": 1.5",
+            value_error(
+                "JSON",
+                haiku(),
+                tpm,
+                (3, 74),
+                "invalid type: floating point `1.5`, expected u64",
+            ),
+            "model spec `haiku`: `models[1].tokens_per_minute` invalid type: floating point \
+             `1.5`, expected u64 (JSON line 3, column 74)",
+        ),
+        (
+            "\"tokens_per_minute\": \"1000\"",
+            value_error(
+                "JSON",
+                haiku(),
+                tpm,
+                (3, 77),
+                "invalid type: string \"1000\", expected u64",
+            ),
+            "model spec `haiku`: `models[1].tokens_per_minute` invalid type: string \"1000\", \
+             expected u64 (JSON line 3, column 77)",
+        ),
+        (
+            // serde_json reads an integer past u64::MAX as a float, and says so.
+            "\"tokens_per_minute\": 18446744073709551616",
+            value_error(
+                "JSON",
+                haiku(),
+                tpm,
+                (3, 91),
+                "invalid type: floating point `1.8446744073709552e+19`, expected u64",
+            ),
+            "model spec `haiku`: `models[1].tokens_per_minute` invalid type: floating point \
+             `1.8446744073709552e+19`, expected u64 (JSON line 3, column 91)",
+        ),
+        (
+            "\"tokens_per_minute\": 1000, \"window\": {\"max_requests\": 5, \"window\": \"soon\"}",
+            value_error(
+                "JSON",
+                haiku(),
+                "models[1].window.window",
+                (3, 124),
+                "`soon` is not a duration: expected number at 0",
+            ),
+            "model spec `haiku`: `models[1].window.window` `soon` is not a duration: expected \
+             number at 0 (JSON line 3, column 124)",
+        ),
+    ];
+    for (last, error, message) in cases {
+        let refused = ModelCatalog::from_json(&json_with(last));
+        assert_eq!(
+            refused.as_ref().map_err(ToString::to_string),
+            Err(message.to_owned()),
+            "{last}"
+        );
+        assert_eq!(refused, Err(error), "{last}");
+    }
+}
+
+#[test]
+fn the_catalogs_around_the_bad_values_load_when_the_values_are_right() {
+    let toml = ModelCatalog::from_toml(&toml_with(
+        "tokens_per_minute = 1000\nwindow = { max_requests = 5, window = \"10s\" }",
+    ))
+    .unwrap();
+    let json = ModelCatalog::from_json(&json_with(
+        "\"tokens_per_minute\": 1000, \"window\": {\"max_requests\": 5, \"window\": \"10s\"}",
+    ))
+    .unwrap();
+    assert_eq!(toml, json);
+    assert_eq!(
+        toml.models,
+        [
+            ModelSpec::new("gpt-4o", "gpt-4o-2024-08-06", 30_000),
+            ModelSpec::new("haiku", "claude-haiku-4-5", 1_000)
+                .with_window(5, Duration::from_secs(10)),
+        ]
     );
-    let negative = ModelCatalog::from_toml(
-        "[[models]]\nid = \"a\"\nwire_model = \"x\"\ntokens_per_minute = -5\n",
-    )
-    .unwrap_err();
-    assert!(
-        matches!(&negative, SpecError::Parse { format: "TOML", .. }),
-        "{negative}"
+}
+
+#[test]
+fn a_model_whose_id_cannot_be_read_is_named_by_its_index() {
+    let toml = "[[models]]\nid = \"a\"\nwire_model = \"x\"\ntokens_per_minute = 1\n\
+                [[models]]\nid = 7\nwire_model = \"x\"\ntokens_per_minute = 1\n";
+    assert_eq!(
+        ModelCatalog::from_toml(toml),
+        Err(value_error(
+            "TOML",
+            ModelRef::Index(1),
+            "models[1].id",
+            (6, 6),
+            "invalid type: integer `7`, expected a string"
+        ))
     );
-    let duration = ModelCatalog::from_toml(
-        "[[models]]\nid = \"a\"\nwire_model = \"x\"\ntokens_per_minute = 5\nwindow = { max_requests = 1, window = \"soon\" }\n",
-    )
-    .unwrap_err();
+    let json = r#"{"models": [{"wire_model": "x", "tokens_per_minute": -1}]}"#;
+    let refused = ModelCatalog::from_json(json).unwrap_err();
+    assert_eq!(
+        refused.to_string(),
+        "model spec at index 0: `models[0].tokens_per_minute` invalid value: integer `-1`, \
+         expected u64 (JSON line 1, column 55)"
+    );
+}
+
+#[test]
+fn a_model_is_named_by_an_id_written_after_the_bad_value() {
+    let json = r#"{"models": [{"tokens_per_minute": "lots", "wire_model": "x", "id": "late"}]}"#;
+    let refused = ModelCatalog::from_json(json).unwrap_err();
     assert!(
-        duration.to_string().contains("`soon` is not a duration"),
-        "{duration}"
+        matches!(&refused, SpecError::Value { model: Some(ModelRef::Id(id)), .. } if id == "late"),
+        "{refused}"
+    );
+}
+
+#[test]
+fn unknown_and_missing_fields_name_the_model_and_the_path() {
+    let unknown = ModelCatalog::from_json(&json_with("\"tokens_per_minute\": 10, \"tpm\": 5"));
+    assert_eq!(
+        unknown.map_err(|e| e.to_string()),
+        Err(
+            "model spec `haiku`: `models[1].tpm` unknown field `tpm`, expected one of `id`, \
+             `wire_model`, `tokens_per_minute`, `requests_per_minute`, `max_concurrent`, \
+             `input_micros_per_million`, `output_micros_per_million`, `window` (JSON line 3, \
+             column 80)"
+                .to_owned()
+        )
+    );
+    let missing = ModelCatalog::from_toml(&toml_with("max_concurrent = 2")).unwrap_err();
+    assert!(
+        matches!(
+            &missing,
+            SpecError::Value { format: "TOML", model: Some(ModelRef::Id(id)), path, message, .. }
+                if id == "haiku" && path == "models[1]" && message == "missing field `tokens_per_minute`"
+        ),
+        "{missing}"
+    );
+    let top = ModelCatalog::from_toml("models = 3\n").unwrap_err();
+    assert_eq!(
+        top,
+        SpecError::Value {
+            format: "TOML",
+            model: None,
+            path: "models".into(),
+            line: Some(1),
+            column: Some(10),
+            message: "invalid type: integer `3`, expected a sequence".into(),
+        }
+    );
+}
+
+#[test]
+fn text_that_is_not_json_or_toml_is_a_parse_error_with_its_line() {
+    let toml =
+        ModelCatalog::from_toml("[[models]]\nid = \"a\"\ntokens_per_minute = \n").unwrap_err();
+    assert!(
+        matches!(
+            &toml,
+            SpecError::Parse {
+                format: "TOML",
+                line: Some(3),
+                ..
+            }
+        ),
+        "{toml:?}"
+    );
+    let json = ModelCatalog::from_json("{\"models\": [\n  {\"id\": }\n]}").unwrap_err();
+    assert_eq!(
+        json,
+        SpecError::Parse {
+            format: "JSON",
+            line: Some(2),
+            column: Some(10),
+            message: "expected value".into(),
+        }
+    );
+    assert_eq!(
+        json.to_string(),
+        "model catalog is not valid JSON line 2, column 10: expected value"
+    );
+    let trailing = ModelCatalog::from_json("{} {}").unwrap_err();
+    assert!(
+        matches!(&trailing, SpecError::Parse { format: "JSON", message, .. } if message == "trailing characters"),
+        "{trailing:?}"
     );
     assert_eq!(
         ModelCatalog::from_json("{}").unwrap(),
