@@ -129,7 +129,7 @@ impl CountingGate {
 
     /// A gate named `name` with `capacity` permits, all free, stamping its activity on `clock`;
     /// cannot fail, the capacity being positive by its type.
-    pub(crate) fn with_capacity(
+    pub fn with_capacity(
         name: impl Into<String>,
         capacity: NonZeroU64,
         clock: Arc<dyn Clock>,

@@ -52,7 +52,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use admission_accounts::model_spec::ModelCatalog;
+use admission_llm::model_spec::ModelCatalog;
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum, value_parser};
 

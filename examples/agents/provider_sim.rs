@@ -25,8 +25,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use admission_accounts::model_spec::ModelCatalog;
-use admission_accounts::rate_limit_info::RateLimitInfo;
+use admission_llm::model_spec::ModelCatalog;
+use admission_llm::rate_limit_info::RateLimitInfo;
 use anyhow::{Context as _, anyhow};
 use serde::Serialize;
 
@@ -430,11 +430,10 @@ pub fn go_duration(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use admission_accounts::rate_limit_info::parse_reset;
     use std::time::SystemTime;
 
     #[test]
-    fn reset_values_are_go_durations_the_parser_reads_back() {
+    fn reset_values_are_go_durations_the_provider_layer_reads_back() {
         for (d, text) in [
             (Duration::from_millis(20), "20ms"),
             (Duration::from_secs(6), "6s"),
@@ -442,7 +441,9 @@ mod tests {
             (Duration::from_secs(360), "6m0s"),
         ] {
             assert_eq!(go_duration(d), text);
-            assert_eq!(parse_reset(text, SystemTime::now()), Ok(d));
+            let headers = [("x-ratelimit-reset-tokens", text)];
+            let info = RateLimitInfo::from_pairs("m", headers, SystemTime::now());
+            assert_eq!(info.token_reset, Some(d));
         }
     }
 }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use admission_accounts::model_spec::ModelCatalog;
 use admission_core::{Clock, JobContext, Monitor};
+use admission_llm::model_spec::ModelCatalog;
 use anyhow::Context as _;
 use tokio::task::JoinSet;
 

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use admission_accounts::model_spec::ModelCatalog;
-use admission_accounts::provider::Registry;
 use admission_accounts::{CountingGate, FixedWindow};
 use admission_core::{Amount, Clock, Demand};
+use admission_llm::model_spec::ModelCatalog;
+use admission_llm::provider::Registry;
 use anyhow::Context as _;
 
 use crate::clock::ScaledClock;

@@ -1,6 +1,9 @@
 //! Parsers for single rate-limit header values: integers, reset values in every form providers
 //! use (Go-style durations, bare seconds, RFC 3339 instants) and `retry-after` seconds. None of
 //! them panics on any input; arithmetic is checked and saturates or fails with a typed error.
+//!
+//! Private to the crate: callers read headers through [`RateLimitInfo`](super::RateLimitInfo).
+//! The exact answers of each parser are held by the unit tests beside them (`parse/tests.rs`).
 
 use std::time::{Duration, SystemTime};
 
@@ -12,8 +15,7 @@ const MAX_FRACTION_DIGITS: usize = 18;
 
 /// Why a reset value could not be read as a duration.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ResetParseError {
+pub(crate) enum ResetParseError {
     /// The value was empty or only whitespace.
     #[error("reset value {value:?} is empty")]
     Empty {
@@ -46,17 +48,7 @@ pub enum ResetParseError {
 ///
 /// Surrounding whitespace is trimmed. Answers `None` when the value is missing, empty, negative,
 /// fractional, too large for `u64` or not a number at all.
-///
-/// # Examples
-///
-/// ```
-/// use admission_accounts::rate_limit_info::parse_int;
-///
-/// assert_eq!(parse_int(Some(" 42 ")), Some(42));
-/// assert_eq!(parse_int(Some("many")), None);
-/// assert_eq!(parse_int(None), None);
-/// ```
-pub fn parse_int(value: Option<&str>) -> Option<u64> {
+pub(crate) fn parse_int(value: Option<&str>) -> Option<u64> {
     value?.trim().parse().ok()
 }
 
@@ -74,20 +66,7 @@ pub fn parse_int(value: Option<&str>) -> Option<u64> {
 /// # Errors
 ///
 /// A [`ResetParseError`] naming the value: empty, negative, too large, or none of the forms.
-///
-/// # Examples
-///
-/// ```
-/// use std::time::{Duration, SystemTime};
-/// use admission_accounts::rate_limit_info::parse_reset;
-///
-/// let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600); // 2026-01-01T00:00:00Z
-/// assert_eq!(parse_reset("6m0s", now), Ok(Duration::from_secs(360)));
-/// assert_eq!(parse_reset("2026-01-01T00:01:00Z", now), Ok(Duration::from_secs(60)));
-/// assert_eq!(parse_reset("0.5", now), Ok(Duration::from_millis(500)));
-/// assert!(parse_reset("soon", now).is_err());
-/// ```
-pub fn parse_reset(value: &str, now: SystemTime) -> Result<Duration, ResetParseError> {
+pub(crate) fn parse_reset(value: &str, now: SystemTime) -> Result<Duration, ResetParseError> {
     let trimmed = value.trim();
     let owned = || value.to_owned();
     if trimmed.is_empty() {
@@ -117,22 +96,7 @@ pub fn parse_reset(value: &str, now: SystemTime) -> Result<Duration, ResetParseE
 ///
 /// `now` is the wall-clock time the answer arrived, given by the caller: nothing here reads a
 /// clock.
-///
-/// # Examples
-///
-/// ```
-/// use std::time::{Duration, SystemTime};
-/// use admission_accounts::rate_limit_info::parse_retry_after;
-///
-/// let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_445_412_470); // 07:27:50 GMT
-/// assert_eq!(
-///     parse_retry_after(Some("Wed, 21 Oct 2015 07:28:00 GMT"), now),
-///     Some(Duration::from_secs(10))
-/// );
-/// assert_eq!(parse_retry_after(Some(" 20 "), now), Some(Duration::from_secs(20)));
-/// assert_eq!(parse_retry_after(Some("-1"), now), None);
-/// ```
-pub fn parse_retry_after(value: Option<&str>, now: SystemTime) -> Option<Duration> {
+pub(crate) fn parse_retry_after(value: Option<&str>, now: SystemTime) -> Option<Duration> {
     let value = value?;
     if let Some(seconds) = parse_int(Some(value)) {
         return Some(Duration::from_secs(seconds));
@@ -253,3 +217,6 @@ fn duration_from_nanos(nanos: u128) -> Option<Duration> {
     let sub = u32::try_from(nanos % NANOS_PER_SEC).ok()?;
     Some(Duration::new(secs, sub))
 }
+
+#[cfg(test)]
+mod tests;

@@ -47,7 +47,7 @@ use super::{Money, SpendGate, SpendRefused, reservations_noun};
 /// ```
 /// use std::sync::Arc;
 ///
-/// use admission_accounts::spend::{CostLedger, Money, SpendGate};
+/// use admission_llm::spend::{CostLedger, Money, SpendGate};
 ///
 /// let ledger = CostLedger::new("nightly-review", Money::from_units(1));
 ///
@@ -324,7 +324,7 @@ impl Settlement {
 /// # Examples
 ///
 /// ```
-/// use admission_accounts::spend::{CostLedger, LedgerStatus, Money, SpendGate};
+/// use admission_llm::spend::{CostLedger, LedgerStatus, Money, SpendGate};
 ///
 /// let ledger = CostLedger::new("w", Money::from_units(2));
 /// let _held = ledger.reserve(Money::from_micros(500_000)).unwrap();

@@ -27,7 +27,7 @@ const TOKENS_PER_PRICE: u128 = 1_000_000;
 /// # Examples
 ///
 /// ```
-/// use admission_accounts::spend::Money;
+/// use admission_llm::spend::Money;
 ///
 /// let input = Money::per_million(12_000, 3_000_000); // 12k tokens at 3 units per million
 /// let output = Money::per_million(800, 15_000_000);

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::thread;
 
-use admission_accounts::spend::{
+use admission_llm::spend::{
     CostLedger, LedgerStatus, Money, Reservation, Settlement, SpendGate, SpendRefused,
 };
 use proptest::prelude::*;

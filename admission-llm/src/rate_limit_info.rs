@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime};
 use http::HeaderMap;
 use serde::Serialize;
 
-pub use parse::{ResetParseError, parse_int, parse_reset, parse_retry_after};
+use self::parse::{parse_int, parse_reset, parse_retry_after};
 
 /// How long [`RateLimitInfo::rate_limited`] asks a caller to wait when nothing more is known.
 pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(60);
@@ -51,7 +51,7 @@ impl LimitKind {
     /// # Examples
     ///
     /// ```
-    /// use admission_accounts::rate_limit_info::LimitKind;
+    /// use admission_llm::rate_limit_info::LimitKind;
     ///
     /// assert_eq!(LimitKind::from_name(Some("Input-Tokens")), LimitKind::InputTokens);
     /// assert_eq!(LimitKind::from_name(None), LimitKind::Unknown);
@@ -104,8 +104,8 @@ impl LimitKind {
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
-/// use admission_accounts::RateLimitInfo;
-/// use admission_accounts::rate_limit_info::LimitKind;
+/// use admission_llm::RateLimitInfo;
+/// use admission_llm::rate_limit_info::LimitKind;
 ///
 /// let arrived = SystemTime::UNIX_EPOCH + Duration::from_secs(1_767_225_600);
 /// let info = RateLimitInfo::from_pairs(
@@ -206,8 +206,8 @@ impl RateLimitInfo {
     ///
     /// ```
     /// use std::time::{Duration, SystemTime};
-    /// use admission_accounts::RateLimitInfo;
-    /// use admission_accounts::rate_limit_info::LimitKind;
+    /// use admission_llm::RateLimitInfo;
+    /// use admission_llm::rate_limit_info::LimitKind;
     ///
     /// let now = SystemTime::UNIX_EPOCH;
     /// let hit = RateLimitInfo::rate_limited_from_pairs("gpt-4o", [
@@ -251,8 +251,12 @@ impl RateLimitInfo {
     /// Read headers: `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` and
     /// `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}`.
     ///
-    /// Resets are read by [`parse_reset`], an RFC 3339 instant counting from `now`: the
-    /// wall-clock time the answer arrived, which the caller reads (nothing here reads a clock).
+    /// Limits and remaining counts are non-negative integers (surrounding whitespace trimmed).
+    /// A reset is a Go-style duration (`6m0s`, `20ms`, `1h2m3.5s`; units `h`, `m`, `s`, `ms`,
+    /// `us` or `µs`, `ns`), a number of seconds (`30`, `0.5`), or an RFC 3339 instant in UTC or
+    /// with an offset (`2026-01-01T00:01:00Z`, `2026-01-01T01:01:00+01:00`) counted from `now`,
+    /// zero once passed: `now` is the wall-clock time the answer arrived, which the caller reads
+    /// (nothing here reads a clock).
     pub fn from_pairs<'a>(
         model: impl Into<String>,
         pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
@@ -305,7 +309,7 @@ impl RateLimitInfo {
     ///
     /// ```
     /// use std::time::SystemTime;
-    /// use admission_accounts::RateLimitInfo;
+    /// use admission_llm::RateLimitInfo;
     ///
     /// let info = RateLimitInfo::from_pairs("gpt-4o", [
     ///     ("x-ratelimit-limit-tokens", "30000"),

@@ -6,13 +6,12 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, SystemTime};
 
-use admission_accounts::model_spec::{ModelCatalog, ModelSpec};
-use admission_accounts::provider::{
-    HttpGate, LimiterFactory, LimitsUpdate, ProviderError, Registry,
-};
-use admission_accounts::spend::Money;
-use admission_accounts::{CountingGate, RateLimitInfo};
+use admission_accounts::CountingGate;
 use admission_core::{Account, AdmitError, Amount, Answer, Ask, Instant, JobContext, Monitor};
+use admission_llm::RateLimitInfo;
+use admission_llm::model_spec::{ModelCatalog, ModelSpec};
+use admission_llm::provider::{HttpGate, LimiterFactory, LimitsUpdate, ProviderError, Registry};
+use admission_llm::spend::Money;
 use admission_testkit::FakeClock;
 use admission_testkit::monitor::poll_once;
 
@@ -241,16 +240,14 @@ fn a_shared_limiter_that_cannot_be_built_is_refused_naming_its_type_and_kept_now
             reason,
             source,
         } => {
-            assert_eq!(*limiter, "admission_accounts::provider::HttpGate");
+            assert_eq!(*limiter, "admission_llm::provider::HttpGate");
             assert_eq!(
                 reason,
                 "invalid counting gate configuration: `capacity` must be positive, was 0 (a gate \
                  without permits would refuse everyone)"
             );
             assert_eq!(source.to_string(), *reason);
-            let config = source
-                .error()
-                .downcast_ref::<admission_accounts::ConfigError>();
+            let config = source.downcast_ref::<admission_accounts::ConfigError>();
             assert_eq!(config.map(|c| c.field), Some("capacity"));
         }
         other => panic!("expected Unbuildable, got {other:?}"),
@@ -787,7 +784,7 @@ fn a_429_logs_the_upstream_s_reading_at_warn() {
     let logged = String::from_utf8(out.0.lock().clone()).unwrap();
     assert_eq!(
         logged.trim_end(),
-        " WARN admission_accounts::provider: upstream rate limited a call model=\"sonnet\" \
+        " WARN admission_llm::provider: upstream rate limited a call model=\"sonnet\" \
          reading=sonnet rate limited kind=tokens tokens=0/40000 retry-after 7s"
     );
 }

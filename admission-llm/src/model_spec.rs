@@ -4,10 +4,12 @@
 //! bucket per spec id, a model gate where the spec caps concurrency, an elastic window where it
 //! configures one, and the prices that turn a call's tokens into [`Money`].
 //!
-//! Specs are validated as they are loaded, and a refusal names the model and the field:
+//! Specs are checked as they are loaded, and a refusal names the model and the field: a value of
+//! the wrong type or out of range with its path, line and column ([`SpecError::Value`], read
+//! through `serde_path_to_error`), a value that breaks a rule ([`SpecError::Invalid`]):
 //!
 //! ```
-//! use admission_accounts::model_spec::ModelCatalog;
+//! use admission_llm::model_spec::ModelCatalog;
 //!
 //! let refused = ModelCatalog::from_toml(r#"
 //!     [[models]]
@@ -21,12 +23,15 @@
 //! );
 //! ```
 
+mod load;
+
 use std::collections::BTreeSet;
+use std::fmt;
 use std::time::Duration;
 
+use admission_accounts::elastic_window::ElasticWindowConfig;
 use serde::{Deserialize, Serialize};
 
-use crate::elastic_window::ElasticWindowConfig;
 use crate::spend::Money;
 
 /// What one model endpoint allows and costs.
@@ -38,7 +43,7 @@ use crate::spend::Money;
 /// # Examples
 ///
 /// ```
-/// use admission_accounts::model_spec::ModelSpec;
+/// use admission_llm::model_spec::ModelSpec;
 ///
 /// let spec: ModelSpec = serde_json::from_str(r#"{
 ///     "id": "claude-sonnet",
@@ -82,7 +87,7 @@ pub struct ModelSpec {
 }
 
 /// A sliding window of at most `max_requests` calls per `window`, which the provider layer builds
-/// as an [`ElasticWindow`](crate::ElasticWindow) for the model.
+/// as an [`ElasticWindow`](admission_accounts::ElasticWindow) for the model.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WindowSpec {
@@ -224,7 +229,7 @@ impl ModelSpec {
 /// # Examples
 ///
 /// ```
-/// use admission_accounts::model_spec::ModelCatalog;
+/// use admission_llm::model_spec::ModelCatalog;
 ///
 /// let catalog = ModelCatalog::from_toml(r#"
 ///     [[models]]
@@ -257,13 +262,31 @@ impl ModelCatalog {
     ///
     /// # Errors
     ///
-    /// [`SpecError::Parse`] when the text is not a catalog, else as [`ModelCatalog::validate`].
+    /// [`SpecError::Parse`] when the text is not JSON; [`SpecError::Value`] naming the model,
+    /// the field's path and the line when a value has the wrong type or is out of range, or a
+    /// field is unknown or missing; else as [`ModelCatalog::validate`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission_llm::model_spec::{ModelCatalog, ModelRef, SpecError};
+    ///
+    /// let refused = ModelCatalog::from_json(r#"{"models": [
+    ///     {"id": "gpt-4o", "wire_model": "gpt-4o", "tokens_per_minute": 1.5}
+    /// ]}"#).unwrap_err();
+    /// assert!(matches!(
+    ///     &refused,
+    ///     SpecError::Value { model: Some(ModelRef::Id(id)), path, line: Some(2), .. }
+    ///         if id == "gpt-4o" && path == "models[0].tokens_per_minute"
+    /// ));
+    /// assert_eq!(
+    ///     refused.to_string(),
+    ///     "model spec `gpt-4o`: `models[0].tokens_per_minute` invalid type: floating point \
+    ///      `1.5`, expected u64 (JSON line 2, column 69)"
+    /// );
+    /// ```
     pub fn from_json(text: &str) -> Result<ModelCatalog, SpecError> {
-        let catalog: ModelCatalog =
-            serde_json::from_str(text).map_err(|error| SpecError::Parse {
-                format: "JSON",
-                message: error.to_string(),
-            })?;
+        let catalog = load::from_json(text)?;
         catalog.validate()?;
         Ok(catalog)
     }
@@ -272,12 +295,29 @@ impl ModelCatalog {
     ///
     /// # Errors
     ///
-    /// [`SpecError::Parse`] when the text is not a catalog, else as [`ModelCatalog::validate`].
+    /// [`SpecError::Parse`] when the text is not TOML; [`SpecError::Value`] naming the model,
+    /// the field's path, the line and the column when a value has the wrong type or is out of
+    /// range, or a field is unknown or missing; else as [`ModelCatalog::validate`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission_llm::model_spec::ModelCatalog;
+    ///
+    /// let refused = ModelCatalog::from_toml(r#"
+    /// [[models]]
+    /// id = "gpt-4o"
+    /// wire_model = "gpt-4o"
+    /// tokens_per_minute = -1
+    /// "#).unwrap_err();
+    /// assert_eq!(
+    ///     refused.to_string(),
+    ///     "model spec `gpt-4o`: `models[0].tokens_per_minute` invalid value: integer `-1`, \
+    ///      expected u64 (TOML line 5, column 21)"
+    /// );
+    /// ```
     pub fn from_toml(text: &str) -> Result<ModelCatalog, SpecError> {
-        let catalog: ModelCatalog = toml::from_str(text).map_err(|error| SpecError::Parse {
-            format: "TOML",
-            message: error.message().to_owned(),
-        })?;
+        let catalog = load::from_toml(text)?;
         catalog.validate()?;
         Ok(catalog)
     }
@@ -319,14 +359,81 @@ pub enum SpecError {
         /// What is wrong, with the value seen.
         reason: String,
     },
-    /// The text is not a catalog at all.
-    #[error("model catalog is not valid {format}: {message}")]
+    /// A value in the catalog's text has the wrong type or is out of range (`-1`, `1.5` or
+    /// `"1000"` for a count, a number past `u64::MAX`, `"soon"` for a duration), or a field is
+    /// unknown or missing.
+    #[error(
+        "{}: `{path}` {message} ({format}{})",
+        subject(.model),
+        position(*.line, *.column)
+    )]
+    Value {
+        /// `JSON` or `TOML`.
+        format: &'static str,
+        /// The model the value belongs to; `None` for a value outside every model (`models`
+        /// itself, or an unknown top-level field).
+        model: Option<ModelRef>,
+        /// Where the value sits, from the catalog's root: `models[1].tokens_per_minute`,
+        /// `models[0].window.window`.
+        path: String,
+        /// The line the parser placed the error on, from 1; `None` only when it placed it
+        /// nowhere.
+        line: Option<usize>,
+        /// The column on that line, from 1: where the value starts in TOML; in JSON, where
+        /// serde_json stopped reading (the value's last character, or just past it).
+        column: Option<usize>,
+        /// What is wrong, with the value seen (the deserializer's words).
+        message: String,
+    },
+    /// The text is not a catalog at all: not JSON or TOML, or not a table at its root.
+    #[error("model catalog is not valid {format}{}: {message}", position(*.line, *.column))]
     Parse {
         /// `JSON` or `TOML`.
         format: &'static str,
-        /// The parser's message, with its line and column.
+        /// The line of the error, from 1, when the parser placed it.
+        line: Option<usize>,
+        /// The column of the error on that line, from 1, when the parser placed it.
+        column: Option<usize>,
+        /// The parser's message, without the position.
         message: String,
     },
+}
+
+/// Which model of a catalog a [`SpecError::Value`] is about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ModelRef {
+    /// The model's `id`, as written.
+    Id(String),
+    /// The model's position in `models`, from 0, when its `id` cannot be read (missing, not a
+    /// string, or the text too broken to read it).
+    Index(usize),
+}
+
+impl fmt::Display for ModelRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ModelRef::Id(id) => write!(f, "`{id}`"),
+            ModelRef::Index(index) => write!(f, "at index {index}"),
+        }
+    }
+}
+
+/// Who a [`SpecError::Value`] is about, as its message opens.
+fn subject(model: &Option<ModelRef>) -> String {
+    match model {
+        Some(model) => format!("model spec {model}"),
+        None => "model catalog".to_owned(),
+    }
+}
+
+/// ` line 4, column 21`, or nothing when the parser placed the error nowhere.
+fn position(line: Option<usize>, column: Option<usize>) -> String {
+    match (line, column) {
+        (Some(line), Some(column)) => format!(" line {line}, column {column}"),
+        (Some(line), None) => format!(" line {line}"),
+        _ => String::new(),
+    }
 }
 
 /// Durations written as "60s", "1m30s", "250ms" in catalogs, through `humantime`.

@@ -13,9 +13,9 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use admission_accounts::model_spec::ModelSpec;
-//! use admission_accounts::provider::Registry;
-//! use admission_accounts::RateLimitInfo;
+//! use admission_llm::model_spec::ModelSpec;
+//! use admission_llm::provider::Registry;
+//! use admission_llm::RateLimitInfo;
 //! use admission_core::{JobContext, Monitor};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -53,15 +53,15 @@ use std::num::NonZeroU64;
 use std::ops::Deref;
 use std::sync::Arc;
 
+use admission_accounts::elastic_window::ElasticWindow;
+use admission_accounts::token_bucket::{TokenBucket, TokenBucketConfig};
+use admission_accounts::{ConfigError, CountingGate};
 use admission_core::{Account, AccountStatus, Amount, Clock, Demand};
 use parking_lot::{Mutex, RwLock};
 
-use crate::elastic_window::ElasticWindow;
 use crate::model_spec::{ModelCatalog, ModelSpec, SpecError};
 use crate::rate_limit_info::RateLimitInfo;
 use crate::spend::Money;
-use crate::token_bucket::{TokenBucket, TokenBucketConfig};
-use crate::{ConfigError, CountingGate};
 
 /// The weight of an explicit overload answer (HTTP 529/503 "overloaded") as backpressure on a
 /// model's bucket: three 429s' worth.
@@ -133,7 +133,12 @@ pub enum LimitsUpdate {
 }
 
 /// A call that needs a registered model, a model gate or a limiter could not be served.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+///
+/// Two errors are equal when their variants and fields are; an [`Unbuildable`]'s source is
+/// compared by identity (the same builder's error), since errors in general have no equality.
+///
+/// [`Unbuildable`]: ProviderError::Unbuildable
+#[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ProviderError {
     /// No spec of that id is registered.
@@ -169,9 +174,9 @@ pub enum ProviderError {
         limiter: &'static str,
         /// Why, from the builder's error.
         reason: String,
-        /// The builder's error itself.
+        /// The builder's error itself (downcast it to the builder's own error type).
         #[source]
-        source: BuildFailure,
+        source: Arc<dyn std::error::Error + Send + Sync>,
     },
     /// The spec is invalid.
     #[error(transparent)]
@@ -181,37 +186,43 @@ pub enum ProviderError {
     Config(#[from] ConfigError),
 }
 
-/// A shared limiter's build error, the source of [`ProviderError::Unbuildable`]. Two are equal
-/// when they are the same error.
-#[derive(Clone, Debug)]
-pub struct BuildFailure(Arc<dyn std::error::Error + Send + Sync>);
-
-impl BuildFailure {
-    /// The builder's error.
-    pub fn error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
-        &*self.0
+impl PartialEq for ProviderError {
+    fn eq(&self, other: &ProviderError) -> bool {
+        use ProviderError::{Config, Duplicate, NoModelGate, Spec, Unbuildable, UnknownModel};
+        match (self, other) {
+            (
+                UnknownModel { model, known },
+                UnknownModel {
+                    model: other_model,
+                    known: other_known,
+                },
+            ) => model == other_model && known == other_known,
+            (Duplicate { model }, Duplicate { model: other }) => model == other,
+            (NoModelGate { model }, NoModelGate { model: other }) => model == other,
+            (
+                Unbuildable {
+                    limiter,
+                    reason,
+                    source,
+                },
+                Unbuildable {
+                    limiter: other_limiter,
+                    reason: other_reason,
+                    source: other_source,
+                },
+            ) => {
+                limiter == other_limiter
+                    && reason == other_reason
+                    && Arc::ptr_eq(source, other_source)
+            }
+            (Spec(error), Spec(other)) => error == other,
+            (Config(error), Config(other)) => error == other,
+            _ => false,
+        }
     }
 }
 
-impl PartialEq for BuildFailure {
-    fn eq(&self, other: &BuildFailure) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
-}
-
-impl Eq for BuildFailure {}
-
-impl fmt::Display for BuildFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.0, f)
-    }
-}
-
-impl std::error::Error for BuildFailure {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.0.source()
-    }
-}
+impl Eq for ProviderError {}
 
 fn known_list(known: &[String]) -> String {
     if known.is_empty() {
@@ -248,8 +259,8 @@ type Slot = Arc<Mutex<Option<Arc<dyn Any + Send + Sync>>>>;
 ///
 /// ```
 /// use std::sync::Arc;
-/// use admission_accounts::model_spec::ModelSpec;
-/// use admission_accounts::provider::{LimiterFactory, LimitsUpdate};
+/// use admission_llm::model_spec::ModelSpec;
+/// use admission_llm::provider::{LimiterFactory, LimitsUpdate};
 /// use admission_testkit::FakeClock;
 ///
 /// let factory = LimiterFactory::new(FakeClock::new().shared());
@@ -380,8 +391,8 @@ impl LimiterFactory {
 
     /// The one shared instance of limiter type `T`, built with `T::default()` on first use.
     ///
-    /// `T::default()` runs exactly once per factory (and again only after
-    /// [`clear`](LimiterFactory::clear)): callers racing for a type that is not built yet wait
+    /// `T::default()` runs exactly once per factory (and again only after `clear`, a test hook
+    /// of feature `test-util`): callers racing for a type that is not built yet wait
     /// for the one construction and all get its instance. Building holds no lock but the type's
     /// own, so other limiters stay available meanwhile.
     ///
@@ -396,7 +407,7 @@ impl LimiterFactory {
     /// ```
     /// use std::sync::Arc;
     /// use std::sync::atomic::AtomicU64;
-    /// use admission_accounts::provider::LimiterFactory;
+    /// use admission_llm::provider::LimiterFactory;
     /// use admission_testkit::FakeClock;
     ///
     /// #[derive(Default)]
@@ -460,7 +471,7 @@ impl LimiterFactory {
     /// # Examples
     ///
     /// ```
-    /// use admission_accounts::provider::{HttpGate, LimiterFactory};
+    /// use admission_llm::provider::{HttpGate, LimiterFactory};
     /// use admission_testkit::FakeClock;
     ///
     /// let factory = LimiterFactory::new(FakeClock::new().shared());
@@ -469,7 +480,7 @@ impl LimiterFactory {
     ///     .unwrap_err();
     /// assert_eq!(
     ///     refused.to_string(),
-    ///     "cannot build the shared limiter `admission_accounts::provider::HttpGate`: invalid \
+    ///     "cannot build the shared limiter `admission_llm::provider::HttpGate`: invalid \
     ///      counting gate configuration: `capacity` must be positive, was 0 (a gate without \
     ///      permits would refuse everyone)"
     /// );
@@ -488,7 +499,7 @@ impl LimiterFactory {
             build().map_err(|error| ProviderError::Unbuildable {
                 limiter: std::any::type_name::<T>(),
                 reason: error.to_string(),
-                source: BuildFailure(Arc::new(error)),
+                source: Arc::new(error),
             })
         })
     }
@@ -564,8 +575,9 @@ impl LimiterFactory {
         all.into_iter().map(|(_, _, status)| status).collect()
     }
 
-    /// Forgets every limiter, shared instances included. For tests: jobs holding a limiter keep
-    /// theirs, but the next lookup builds a new one.
+    /// Forgets every limiter, shared instances included. A test hook (feature `test-util`): jobs
+    /// holding a limiter keep theirs, but the next lookup builds a new one.
+    #[cfg(feature = "test-util")]
     pub fn clear(&self) {
         *self.limiters.lock() = Limiters::default();
     }
@@ -629,7 +641,8 @@ pub struct Registry {
     factory: LimiterFactory,
     specs: RwLock<BTreeMap<String, Arc<ModelSpec>>>,
     /// The HTTP gate's connections: [`HttpGate::DEFAULT_CAPACITY`] unless configured. Kept here,
-    /// not only in the gate, so that a gate built after [`Registry::clear`] has them too.
+    /// not only in the gate, so that a gate built after `Registry::clear` (`test-util`) has them
+    /// too.
     http_capacity: NonZeroU64,
 }
 
@@ -646,8 +659,8 @@ impl Registry {
 
     /// The same registry with an HTTP gate of `capacity` connections (instead of
     /// [`HttpGate::DEFAULT_CAPACITY`]) as its shared [`HttpGate`], a new gate on the registry's
-    /// clock replacing any built before. The capacity is the registry's from then on,
-    /// [`clear`](Registry::clear) included.
+    /// clock replacing any built before. The capacity is the registry's from then on, across
+    /// the `test-util` hook `clear` too.
     ///
     /// # Errors
     ///
@@ -671,8 +684,8 @@ impl Registry {
     /// a spec never sits over limiters built from another (a model's bucket, gate and window are
     /// built from the spec registered first, on first use). To change a model's ceilings keep
     /// its id and use [`update_limits`](Registry::update_limits); to change anything else,
-    /// register the new spec under a new id ([`clear`](Registry::clear) forgets everything, for
-    /// tests). A bucket that [`update_limits`](Registry::update_limits) created for an id no
+    /// register the new spec under a new id (in tests, `clear` of feature `test-util` forgets
+    /// everything). A bucket that [`update_limits`](Registry::update_limits) created for an id no
     /// spec had yet is kept when the spec arrives: its ceilings are the provider's.
     ///
     /// # Errors
@@ -895,9 +908,11 @@ impl Registry {
         all
     }
 
-    /// Forgets every spec and every limiter. For tests. The HTTP gate is forgotten too, but not
-    /// its configuration: the next one is built with the registry's capacity (the one
-    /// [`with_http_connections`](Registry::with_http_connections) set, if it did) and clock.
+    /// Forgets every spec and every limiter. A test hook (feature `test-util`). The HTTP gate is
+    /// forgotten too, but not its configuration: the next one is built with the registry's
+    /// capacity (the one [`with_http_connections`](Registry::with_http_connections) set, if it
+    /// did) and clock.
+    #[cfg(feature = "test-util")]
     pub fn clear(&self) {
         self.specs.write().clear();
         self.factory.clear();
