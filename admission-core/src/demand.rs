@@ -45,17 +45,22 @@ impl fmt::Debug for Entry {
 ///
 /// ```
 /// use std::sync::Arc;
+/// use admission_accounts::token_bucket::TokenBucketConfig;
+/// use admission_accounts::{CountingGate, TokenBucket};
 /// use admission_core::{Amount, Demand};
-/// use admission_testkit::reference::{Meter, Permits};
 ///
-/// let http = Arc::new(Permits::new("http", 8));
-/// let tokens = Arc::new(Meter::per_second("model", 1_000, 1_000));
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let http = Arc::new(CountingGate::on_system_clock("http", 8)?);
+/// let config = TokenBucketConfig::new(60_000, 60);
+/// let tokens = Arc::new(TokenBucket::on_system_clock("model", config)?);
 /// let demand = Demand::new()
 ///     .with(http.clone(), Amount::ONE)
-///     .with(tokens, Amount::units(400))
+///     .with(tokens, Amount::pair(400, 1))
 ///     .with(http, Amount::ONE);
 /// assert_eq!(demand.len(), 2);
 /// assert_eq!(demand.entries()[0].amount(), Amount::units(2));
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Clone, Default)]
 pub struct Demand {

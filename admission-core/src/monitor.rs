@@ -79,18 +79,21 @@ impl Drop for StopOnDrop {
 ///
 /// ```
 /// use std::sync::Arc;
+/// use admission_accounts::token_bucket::TokenBucketConfig;
+/// use admission_accounts::{CountingGate, TokenBucket};
 /// use admission_core::{Amount, Demand, JobContext, Monitor};
-/// use admission_testkit::reference::{Meter, Permits};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let monitor = Monitor::new();
 /// monitor.start()?;
-/// let http = Arc::new(Permits::new("http", 16));
-/// let model = Arc::new(Meter::per_second("model-tokens", 10_000, 10_000));
+/// // The accounts read time on the monitor's clock.
+/// let clock = monitor.clock().clone();
+/// let http = Arc::new(CountingGate::http(16, clock.clone())?);
+/// let model = Arc::new(TokenBucket::new("model", TokenBucketConfig::new(90_000, 60), clock)?);
 ///
 /// let demand = Demand::new()
 ///     .with(http.clone(), Amount::ONE)
-///     .with(model.clone(), Amount::units(1_500));
+///     .with(model.clone(), Amount::pair(1_500, 1)); // 1,500 tokens and one request
 /// let grant = monitor.admit_blocking(demand, &JobContext::new("summarize"), None)?;
 /// assert_eq!(http.available(), 15);
 /// drop(grant); // the HTTP permit comes back; the tokens stay spent

@@ -30,18 +30,17 @@
 //! Percentiles come from `hdrhistogram`. Everything runs on the system clock and real time except
 //! the leak count.
 
-use std::future::Future;
 use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, mpsc};
-use std::thread;
 use std::time::{Duration, Instant};
 
 use admission_accounts::token_bucket::TokenBucketConfig;
 use admission_accounts::{CountingGate, TokenBucket};
 use admission_benches::Results;
+use admission_benches::support::{self, HandOff, MonitorTask, Parked, SemaphoreTask, runtime};
 use admission_core::{
-    Account, AccountRef, Amount, Answer, Ask, Clock, Demand, Grant, JobContext, Monitor,
+    Account, AccountRef, Amount, Answer, Ask, Clock, Demand, JobContext, Monitor,
 };
 use admission_testkit::FakeClock;
 use admission_testkit::monitor::poll_once;
@@ -121,14 +120,6 @@ fn gate(name: &str, permits: u64, clock: &Arc<dyn Clock>) -> Arc<CountingGate> {
 
 fn bucket(name: &str, config: TokenBucketConfig, clock: &Arc<dyn Clock>) -> Arc<TokenBucket> {
     Arc::new(TokenBucket::new(name, config, clock.clone()).expect("a valid config"))
-}
-
-fn runtime(workers: usize) -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_time()
-        .build()
-        .expect("a runtime")
 }
 
 fn histogram() -> Histogram<u64> {
@@ -445,220 +436,12 @@ const WAKE_BLOCK: usize = 100;
 /// How long the `settled` shape waits after the waiter parked before it releases.
 const SETTLE: Duration = Duration::from_micros(50);
 
-/// Nanoseconds since the harness's origin, plus one (zero means "not yet").
-fn stamp() -> u64 {
-    static ORIGIN: OnceLock<Instant> = OnceLock::new();
-    let origin = *ORIGIN.get_or_init(Instant::now);
-    u64::try_from(origin.elapsed().as_nanos()).unwrap_or(u64::MAX) + 1
-}
-
-enum Cmd {
-    Park,
-    Release,
-}
-
-/// What the bench thread and the waiting task share.
-struct Link {
-    cmd: tokio::sync::mpsc::UnboundedSender<Cmd>,
-    done: mpsc::Receiver<()>,
-    /// When the waiter ran with the resource ([`stamp`]), zero before.
-    ran: Arc<AtomicU64>,
-}
-
-impl Link {
-    fn send(&self, cmd: Cmd) {
-        self.cmd.send(cmd).map_err(|_| ()).expect("the task lives");
-    }
-
-    fn park(&self) {
-        self.ran.store(0, Ordering::Release);
-        self.send(Cmd::Park);
-    }
-
-    fn take_back(&self) {
-        self.send(Cmd::Release);
-        self.done.recv().expect("the task gives back");
-    }
-}
-
-/// One release-to-running round trip, cut into the timed part and the rest.
-trait HandOff {
-    /// Untimed: has the waiter park and returns once it is parked.
-    fn arm(&mut self);
-    /// Timed: gives the resource back.
-    fn release(&mut self);
-    fn link(&self) -> &Link;
-    /// Untimed: takes the resource back.
-    fn reset(&mut self);
-}
-
-/// Ours: a task on a one-worker runtime awaiting `Monitor::admit` on a one-permit gate the bench
-/// thread holds.
-struct OursWake {
-    monitor: Monitor,
-    demand: Demand,
-    held: Option<Grant>,
-    link: Link,
-    _rt: tokio::runtime::Runtime,
-}
-
-impl OursWake {
-    fn new() -> OursWake {
-        let rt = runtime(1);
-        let monitor = Monitor::new();
-        monitor.start().expect("a fresh monitor starts");
-        let demand = Demand::new().with(gate("one", 1, monitor.clock()), Amount::ONE);
-        let held = monitor
-            .admit_blocking(demand.clone(), &job("holder"), None)
-            .expect("free");
-        let (cmd, mut cmds) = tokio::sync::mpsc::unbounded_channel();
-        let (done_tx, done) = mpsc::channel();
-        let ran = Arc::new(AtomicU64::new(0));
-        {
-            let (monitor, demand, ran) = (monitor.clone(), demand.clone(), ran.clone());
-            rt.spawn(async move {
-                let ctx = job("waiter");
-                while let Some(Cmd::Park) = cmds.recv().await {
-                    let grant = monitor
-                        .admit(demand.clone(), &ctx, None)
-                        .await
-                        .expect("granted");
-                    ran.store(stamp(), Ordering::Release);
-                    let Some(Cmd::Release) = cmds.recv().await else {
-                        return;
-                    };
-                    drop(grant);
-                    let _ = done_tx.send(());
-                }
-            });
-        }
-        OursWake {
-            monitor,
-            demand,
-            held: Some(held),
-            link: Link { cmd, done, ran },
-            _rt: rt,
-        }
-    }
-}
-
-impl HandOff for OursWake {
-    fn arm(&mut self) {
-        self.link.park();
-        while self.monitor.queue_size() == 0 {
-            thread::yield_now();
-        }
-    }
-    fn release(&mut self) {
-        drop(self.held.take());
-    }
-    fn link(&self) -> &Link {
-        &self.link
-    }
-    fn reset(&mut self) {
-        self.link.take_back();
-        let grant = self
-            .monitor
-            .admit_blocking(self.demand.clone(), &job("holder"), None)
-            .expect("free");
-        self.held = Some(grant);
-    }
-}
-
-/// The peer: a task on a one-worker runtime awaiting tokio's `Semaphore::acquire` on the one
-/// permit the bench thread holds.
-struct TokioWake {
-    semaphore: Arc<Semaphore>,
-    held: Option<OwnedSemaphorePermit>,
-    waiting: Arc<AtomicU64>,
-    link: Link,
-    _rt: tokio::runtime::Runtime,
-}
-
-impl TokioWake {
-    fn new() -> TokioWake {
-        let rt = runtime(1);
-        let semaphore = Arc::new(Semaphore::new(1));
-        let held = semaphore.clone().try_acquire_owned().expect("free");
-        let (cmd, mut cmds) = tokio::sync::mpsc::unbounded_channel();
-        let (done_tx, done) = mpsc::channel();
-        let ran = Arc::new(AtomicU64::new(0));
-        let waiting = Arc::new(AtomicU64::new(0));
-        {
-            let (semaphore, waiting, ran) = (semaphore.clone(), waiting.clone(), ran.clone());
-            rt.spawn(async move {
-                while let Some(Cmd::Park) = cmds.recv().await {
-                    // "Parked" once the first poll has queued the task on the semaphore, which
-                    // is when our `queue_size` turns 1 on the other side.
-                    let mut acquire = std::pin::pin!(semaphore.acquire());
-                    let permit = std::future::poll_fn(|cx| {
-                        let polled = acquire.as_mut().poll(cx);
-                        if polled.is_pending() {
-                            waiting.store(1, Ordering::Release);
-                        }
-                        polled
-                    })
-                    .await
-                    .expect("not closed");
-                    ran.store(stamp(), Ordering::Release);
-                    let Some(Cmd::Release) = cmds.recv().await else {
-                        return;
-                    };
-                    drop(permit);
-                    let _ = done_tx.send(());
-                }
-            });
-        }
-        TokioWake {
-            semaphore,
-            held: Some(held),
-            waiting,
-            link: Link { cmd, done, ran },
-            _rt: rt,
-        }
-    }
-}
-
-impl HandOff for TokioWake {
-    fn arm(&mut self) {
-        self.waiting.store(0, Ordering::Release);
-        self.link.park();
-        while self.waiting.load(Ordering::Acquire) == 0 {
-            thread::yield_now();
-        }
-    }
-    fn release(&mut self) {
-        drop(self.held.take());
-    }
-    fn link(&self) -> &Link {
-        &self.link
-    }
-    fn reset(&mut self) {
-        self.link.take_back();
-        self.held = Some(self.semaphore.clone().try_acquire_owned().expect("free"));
-    }
-}
-
-/// One hand-off: nanoseconds from just before the release to the waiter running.
+/// One hand-off on `side`, in nanoseconds; `settled` ones wait [`SETTLE`] after the waiter
+/// parked.
 fn hand_off(side: &mut impl HandOff, settled: bool) -> u64 {
-    side.arm();
-    if settled {
-        let parked = Instant::now();
-        while parked.elapsed() < SETTLE {
-            std::hint::spin_loop();
-        }
-    }
-    let released = stamp();
-    side.release();
-    let ran = loop {
-        let ran = side.link().ran.load(Ordering::Acquire);
-        if ran != 0 {
-            break ran;
-        }
-        thread::yield_now();
-    };
-    side.reset();
-    ran.saturating_sub(released).max(1)
+    let settle = if settled { SETTLE } else { Duration::ZERO };
+    let took = support::hand_off(side, settle);
+    u64::try_from(took.as_nanos()).unwrap_or(u64::MAX)
 }
 
 fn wake() -> Results {
@@ -669,8 +452,10 @@ fn wake() -> Results {
     } = *plan();
     let mut results = Results::new("wake").number("samples", wake_samples as f64);
     for (shape, settled) in [("settled", true), ("hot", false)] {
-        let mut ours = OursWake::new();
-        let mut peer = TokioWake::new();
+        let one: AccountRef =
+            Arc::new(CountingGate::on_system_clock("one", 1).expect("one permit"));
+        let mut ours = MonitorTask::new(one, Parked::InLine);
+        let mut peer = SemaphoreTask::new();
         let (mut ours_h, mut peer_h) = (histogram(), histogram());
         // Warm both up, then alternate blocks so drift on the machine hits both sides alike.
         for _ in 0..wake_block {
@@ -685,7 +470,7 @@ fn wake() -> Results {
                 peer_h.saturating_record(hand_off(&mut peer, settled));
             }
         }
-        ours.monitor.stop();
+        ours.stop();
         for (side, h) in [("ours", &ours_h), ("tokio", &peer_h)] {
             results = results
                 .number(

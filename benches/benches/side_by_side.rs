@@ -34,10 +34,11 @@ use std::time::{Duration, Instant};
 
 use admission_accounts::token_bucket::TokenBucketConfig;
 use admission_accounts::{CountingGate, TokenBucket};
-use admission_core::{AccountRef, Admit, Amount, Ask, Demand, Grant, JobContext, Monitor};
-use admission_testkit::monitor::{park_waiters, poll_once};
+use admission_benches::support::{self, ParkedLine, admit_release};
+use admission_core::{AccountRef, Amount, Ask, Demand, JobContext, Monitor};
+use admission_testkit::monitor::poll_once;
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
-use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use governor::DefaultDirectRateLimiter;
 use tokio::sync::Semaphore;
 
 /// A per-minute budget no bench can spend: tokens and requests alike.
@@ -73,15 +74,6 @@ fn bucket(monitor: &Monitor) -> Arc<TokenBucket> {
     Arc::new(TokenBucket::new("model", config, monitor.clock().clone()).expect("a valid config"))
 }
 
-/// A governor limiter that replenishes one cell a nanosecond (its finest period) with a burst of
-/// `u32::MAX` cells: a take of one cell per iteration can never empty it.
-fn governor() -> DefaultDirectRateLimiter {
-    let quota = Quota::with_period(Duration::from_nanos(1))
-        .expect("a non-zero period")
-        .allow_burst(NonZeroU32::MAX);
-    RateLimiter::direct(quota)
-}
-
 fn n_tokens() -> NonZeroU32 {
     NonZeroU32::new(TOKENS as u32).expect("non-zero")
 }
@@ -95,7 +87,7 @@ fn governor_chunks(iters: u64, mut op: impl FnMut(&DefaultDirectRateLimiter)) ->
     let mut left = iters;
     while left > 0 {
         let n = left.min(REFRESH);
-        let limiter = governor();
+        let limiter = support::governor_one_cell_per_ns();
         let started = Instant::now();
         for _ in 0..n {
             op(&limiter);
@@ -123,7 +115,7 @@ fn single_limit(c: &mut Criterion) {
     let one = Amount::pair(1, 1);
     let n = Amount::pair(TOKENS, 1);
     assert!(ours.ask(n, Ask::HEAD).is_taken());
-    let peer = governor();
+    let peer = support::governor_one_cell_per_ns();
     let leaky = leaky();
     assert!(leaky.try_acquire(TOKENS as usize));
 
@@ -162,12 +154,7 @@ fn semaphore(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("semaphore");
     group.bench_function("ours_admit_blocking_release", |b| {
-        b.iter(|| {
-            let grant = monitor
-                .admit_blocking(demand.clone(), &job, None)
-                .expect(FREE);
-            drop(black_box(grant));
-        })
+        b.iter(|| admit_release(&monitor, demand.clone(), &job))
     });
     group.bench_function("ours_admit_future_polled_once_release", |b| {
         b.iter(|| {
@@ -311,22 +298,10 @@ fn three_limits(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("three_limits");
     group.bench_function("ours_cloned_demand", |b| {
-        b.iter(|| {
-            let grant: Grant = ours
-                .monitor
-                .admit_blocking(prebuilt.clone(), &job, None)
-                .expect(FREE);
-            drop(black_box(grant));
-        })
+        b.iter(|| admit_release(&ours.monitor, prebuilt.clone(), &job))
     });
     group.bench_function("ours_fresh_demand", |b| {
-        b.iter(|| {
-            let grant = ours
-                .monitor
-                .admit_blocking(ours.demand(), &job, None)
-                .expect(FREE);
-            drop(black_box(grant));
-        })
+        b.iter(|| admit_release(&ours.monitor, ours.demand(), &job))
     });
     group.bench_function("chain_tokio_governor_tokio", |b| {
         b.iter_custom(|iters| {
@@ -342,48 +317,18 @@ fn three_limits(c: &mut Criterion) {
     group.finish();
 }
 
-/// A monitor that was never started, holding parked waiters that cannot be granted.
-struct ParkedLine {
-    monitor: Monitor,
-    /// Holds the only permit of the scarce gate.
-    _holder: Grant,
-    /// The pending admits: alive, so their waiters stay in the line.
-    _waiters: Vec<Admit>,
-    /// The accounts and amounts of every waiter, for the floor.
-    accounts: Vec<(AccountRef, Amount)>,
-}
-
-/// Parks `parked` waiters short on a one-permit gate. With `three`, each also names a plentiful
-/// HTTP gate and a token bucket that never runs dry.
+/// `parked` waiters short on a one-permit gate. With `three`, each also names a plentiful HTTP
+/// gate and a token bucket that never runs dry.
 fn park_line(parked: usize, three: bool) -> ParkedLine {
-    let monitor = Monitor::builder().manual_passes().build();
-    let scarce: AccountRef = gate("scarce", 1);
     let mut accounts: Vec<(AccountRef, Amount)> = Vec::new();
     if three {
+        let config = TokenBucketConfig::new(NEVER_DRY, NEVER_DRY);
+        let tokens = TokenBucket::on_system_clock("model", config).expect("a valid config");
         accounts.push((gate("http", PLENTY), Amount::ONE));
-        accounts.push((bucket(&monitor), Amount::pair(TOKENS, 1)));
+        accounts.push((Arc::new(tokens), Amount::pair(TOKENS, 1)));
     }
-    accounts.push((scarce.clone(), Amount::ONE));
-    let holder = monitor
-        .admit_blocking(Demand::new().with(scarce, Amount::ONE), &job(), None)
-        .expect("the scarce permit is free");
-    let waiters = park_waiters(&monitor, parked, || {
-        let mut demand = Demand::new();
-        for (account, amount) in &accounts {
-            demand.add(account.clone(), *amount);
-        }
-        demand
-    });
-    assert_eq!(monitor.queue_size(), parked);
-    // The first pass records when each waiter began to be held; later passes only ask.
-    monitor.pass_now();
-    assert_eq!(monitor.queue_size(), parked);
-    ParkedLine {
-        monitor,
-        _holder: holder,
-        _waiters: waiters,
-        accounts,
-    }
+    accounts.push((gate("scarce", 1), Amount::ONE));
+    ParkedLine::new(parked, accounts)
 }
 
 fn pass_over_10k_parked(c: &mut Criterion) {
@@ -392,24 +337,13 @@ fn pass_over_10k_parked(c: &mut Criterion) {
     let mut group = c.benchmark_group("pass_over_10k_parked");
     group.sample_size(30);
     for (name, line) in [("ours_one_gate", &one), ("ours_gate_bucket_gate", &three)] {
-        group.bench_function(name, |b| b.iter(|| black_box(line.monitor.pass_now())));
-        assert_eq!(line.monitor.queue_size(), PARKED, "a pass grants nobody");
+        group.bench_function(name, |b| b.iter(|| line.pass()));
+        assert_eq!(line.len(), PARKED, "a pass grants nobody");
     }
     for (name, line) in [("floor_one_gate", &one), ("floor_gate_bucket_gate", &three)] {
         // The accounts' share of a pass: the same questions asked directly, 10,000 times, one
         // look per account behind a reservation.
-        let behind = Ask::behind(Amount::ONE).look();
-        group.bench_function(name, |b| {
-            b.iter(|| {
-                for _ in 0..PARKED {
-                    for (account, amount) in &line.accounts {
-                        let answer = account.ask(*amount, behind);
-                        assert!(answer.refusal().is_none(), "fits a capacity");
-                        let _ = black_box(answer);
-                    }
-                }
-            })
-        });
+        group.bench_function(name, |b| b.iter(|| line.ask_floor(PARKED)));
     }
     group.finish();
 }

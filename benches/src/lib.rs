@@ -1,7 +1,7 @@
-//! Benchmarks of admission side by side with the crates people use today; see `benches/` and
-//! BENCHMARKS.md.
+//! Every benchmark of the workspace, each beside the peer it is measured against; see `benches/`
+//! and BENCHMARKS.md.
 //!
-//! Two bench targets, both run by `cargo bench -p admission-benches`:
+//! The side-by-side comparisons that `cargo xtask bench` runs and tabulates:
 //!
 //! - `side_by_side` (criterion): the single-limit take, the semaphore (uncontended and with 64
 //!   contending tasks), three limits at once, and one evaluator pass over 10,000 parked waiters.
@@ -10,11 +10,19 @@
 //!   scarce model, and wake-up latencies as percentiles. It writes one small JSON file per part
 //!   under `target/side-by-side/` with [`Results`].
 //!
-//! `cargo xtask bench` runs both and rewrites the side-by-side table in BENCHMARKS.md from those
-//! files. This library holds only what both sides of that exchange agree on, with no dependency.
+//! The earlier criterion benches, run by `cargo xtask bench --all` (`cargo bench -p
+//! admission-benches`): `monitor` (the uncontended path and its parts, the pass over parked
+//! waiters, release to running), `gate_and_bucket`, `elastic_window` and `fixed_window` (each
+//! family beside governor's `check_n`), and `memory_gate` (what a green gate adds to an admit).
+//!
+//! `cargo xtask bench` rewrites the side-by-side table in BENCHMARKS.md from the files the first
+//! two leave. This library holds [`Results`], what both sides of that exchange agree on, and
+//! [`support`], the loops the targets share.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
+
+pub mod support;
 
 /// The directory the custom harness writes its results to: `$CARGO_TARGET_DIR/side-by-side`, or
 /// `target/side-by-side` at the workspace root.

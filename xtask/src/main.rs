@@ -40,8 +40,9 @@ commands:
   test                     steps 3 and 4
   loom                     step 8
   bench [--all] [--report-only] [args...]
-                           the side-by-side benchmarks: cargo bench -p admission-benches [args...]
-                           (--all: cargo bench --workspace [args...]), then rewrites the table
+                           the side-by-side benchmarks: cargo bench -p admission-benches
+                           --bench side_by_side --bench scarce_and_wakes [args...] (--all: every
+                           bench, cargo bench -p admission-benches [args...]), then rewrites the table
                            between the side-by-side markers in BENCHMARKS.md from
                            target/criterion and target/side-by-side (--report-only: no run)
   with-services -- CMD...  run CMD with Redis and PostgreSQL up (ADMISSION_REDIS_URL, ADMISSION_PG_URL)

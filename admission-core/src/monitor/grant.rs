@@ -51,18 +51,20 @@ impl Hold {
 ///
 /// ```
 /// use std::sync::Arc;
+/// use admission_accounts::CountingGate;
 /// use admission_core::{Amount, Demand, JobContext, Monitor};
-/// use admission_testkit::reference::Permits;
 ///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let monitor = Monitor::new();
-/// let http = Arc::new(Permits::new("http", 2));
+/// let http = Arc::new(CountingGate::http(2, monitor.clock().clone())?);
 /// let demand = Demand::new().with(http.clone(), Amount::ONE);
 /// let mut grant = monitor.admit_blocking(demand, &JobContext::new("job"), None)?;
 /// assert_eq!(http.available(), 1);
 /// grant.release();
 /// grant.release(); // settled once: a no-op
 /// assert_eq!(http.available(), 2);
-/// # Ok::<(), admission_core::AdmitError>(())
+/// # Ok(())
+/// # }
 /// ```
 #[must_use = "dropping a grant releases it at once"]
 pub struct Grant {

@@ -11,20 +11,20 @@
 //!
 //! Both limiters are configured so that no call is ever refused during the run (a fixed window
 //! of 2 x 10^12 per hour, a GCRA burst of `u32::MAX` per second): the benches measure the
-//! permitted path. Run with `cargo bench -p admission-accounts --bench fixed_window`.
+//! permitted path. Run with `cargo bench -p admission-benches --bench fixed_window`.
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::sync::{Arc, Barrier};
-use std::thread;
+use std::sync::Arc;
 use std::time::Duration;
 
 use admission_accounts::fixed_window::FixedWindow;
+use admission_benches::support::{on_two_threads, quota_never_empty};
 use admission_core::{Account, Amount, Ask};
 use admission_testkit::FakeClock;
 use criterion::{Criterion, criterion_group, criterion_main};
+use governor::RateLimiter;
 use governor::clock::FakeRelativeClock;
-use governor::{Quota, RateLimiter};
 
 const HOUR: Duration = Duration::from_secs(3_600);
 /// Far more permits than a run can take, and within `FixedWindow::max_limit(HOUR)`.
@@ -38,34 +38,6 @@ fn fake_window() -> FixedWindow {
     window().with_clock(FakeClock::new().shared())
 }
 
-fn quota() -> Quota {
-    Quota::per_second(NonZeroU32::MAX)
-}
-
-/// Runs `op` `iters` times on each of two threads started together; the slower thread's time.
-fn on_two_threads(iters: u64, op: impl Fn() + Send + Sync + 'static) -> Duration {
-    let op = Arc::new(op);
-    let start = Arc::new(Barrier::new(2));
-    let threads: Vec<_> = (0..2)
-        .map(|_| {
-            let (op, start) = (op.clone(), start.clone());
-            thread::spawn(move || {
-                start.wait();
-                let began = std::time::Instant::now();
-                for _ in 0..iters {
-                    op();
-                }
-                began.elapsed()
-            })
-        })
-        .collect();
-    threads
-        .into_iter()
-        .map(|t| t.join().expect("a bench thread panicked"))
-        .max()
-        .unwrap_or_default()
-}
-
 fn acquire_one_thread(c: &mut Criterion) {
     let mut group = c.benchmark_group("acquire/1_thread");
     let one = NonZeroU32::MIN;
@@ -74,7 +46,7 @@ fn acquire_one_thread(c: &mut Criterion) {
     group.bench_function("fixed_window/system_clock", |b| {
         b.iter(|| black_box(fixed.try_acquire()))
     });
-    let governor = RateLimiter::direct(quota());
+    let governor = RateLimiter::direct(quota_never_empty());
     group.bench_function("governor_check_n/quanta_clock", |b| {
         b.iter(|| black_box(governor.check_n(black_box(one))))
     });
@@ -83,7 +55,8 @@ fn acquire_one_thread(c: &mut Criterion) {
     group.bench_function("fixed_window/fake_clock", |b| {
         b.iter(|| black_box(fixed.try_acquire()))
     });
-    let governor = RateLimiter::direct_with_clock(quota(), FakeRelativeClock::default());
+    let governor =
+        RateLimiter::direct_with_clock(quota_never_empty(), FakeRelativeClock::default());
     group.bench_function("governor_check_n/fake_clock", |b| {
         b.iter(|| black_box(governor.check_n(black_box(one))))
     });
@@ -97,17 +70,15 @@ fn acquire_two_threads(c: &mut Criterion) {
     let fixed = Arc::new(window());
     group.bench_function("fixed_window/system_clock", |b| {
         b.iter_custom(|iters| {
-            let fixed = fixed.clone();
-            on_two_threads(iters, move || {
+            on_two_threads(&fixed, iters, |fixed| {
                 let _ = black_box(fixed.try_acquire());
             })
         })
     });
-    let governor = Arc::new(RateLimiter::direct(quota()));
+    let governor = Arc::new(RateLimiter::direct(quota_never_empty()));
     group.bench_function("governor_check_n/quanta_clock", |b| {
         b.iter_custom(|iters| {
-            let governor = governor.clone();
-            on_two_threads(iters, move || {
+            on_two_threads(&governor, iters, move |governor| {
                 let _ = black_box(governor.check_n(black_box(one)));
             })
         })
@@ -116,20 +87,18 @@ fn acquire_two_threads(c: &mut Criterion) {
     let fixed = Arc::new(fake_window());
     group.bench_function("fixed_window/fake_clock", |b| {
         b.iter_custom(|iters| {
-            let fixed = fixed.clone();
-            on_two_threads(iters, move || {
+            on_two_threads(&fixed, iters, |fixed| {
                 let _ = black_box(fixed.try_acquire());
             })
         })
     });
     let governor = Arc::new(RateLimiter::direct_with_clock(
-        quota(),
+        quota_never_empty(),
         FakeRelativeClock::default(),
     ));
     group.bench_function("governor_check_n/fake_clock", |b| {
         b.iter_custom(|iters| {
-            let governor = governor.clone();
-            on_two_threads(iters, move || {
+            on_two_threads(&governor, iters, move |governor| {
                 let _ = black_box(governor.check_n(black_box(one)));
             })
         })

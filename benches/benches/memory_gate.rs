@@ -5,26 +5,22 @@
 //! `/proc/self/status` per admit, since every uncontended admit is a fresh instant on the system
 //! clock), and with that probe's default, readings reused for 5 ms.
 //!
-//! Read the medians as a difference: the gate's row minus `no_gate` is what the gate adds.
+//! Read the medians as a difference: the gate's row minus `no_gate` is what the gate adds. Run
+//! with `cargo bench -p admission-benches --bench memory_gate`.
 
-use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Duration;
 
 use admission_accounts::MemoryGate;
 use admission_accounts::memory_gate::ManualProbe;
 use admission_accounts::memory_gate::ResidentSetProbe;
+use admission_benches::support::admit_release;
 use admission_core::{AccountRef, Amount, Demand, JobContext, Monitor};
 use admission_testkit::reference::Permits;
 use criterion::{Criterion, criterion_group, criterion_main};
 
 /// Permits nobody can exhaust.
 const PLENTY: u64 = 1_000_000;
-
-fn admit_release(monitor: &Monitor, demand: &Demand, job: &JobContext) {
-    let grant = monitor.admit_blocking(demand.clone(), job, None);
-    drop(black_box(grant.expect("the bench pool never runs out")));
-}
 
 fn uncontended_gate(c: &mut Criterion) {
     let pool: AccountRef = Arc::new(Permits::new("pool", PLENTY));
@@ -52,16 +48,16 @@ fn uncontended_gate(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("memory_gate_uncontended_one_limit");
     group.bench_function("no_gate", |b| {
-        b.iter(|| admit_release(&plain, &demand, &job))
+        b.iter(|| admit_release(&plain, demand.clone(), &job))
     });
     group.bench_function("gate_green_fake_probe", |b| {
-        b.iter(|| admit_release(&green, &demand, &job))
+        b.iter(|| admit_release(&green, demand.clone(), &job))
     });
     group.bench_function("gate_green_resident_set_probe", |b| {
-        b.iter(|| admit_release(&real, &demand, &job))
+        b.iter(|| admit_release(&real, demand.clone(), &job))
     });
     group.bench_function("gate_green_resident_set_probe_5ms_age", |b| {
-        b.iter(|| admit_release(&aged, &demand, &job))
+        b.iter(|| admit_release(&aged, demand.clone(), &job))
     });
     group.finish();
 }

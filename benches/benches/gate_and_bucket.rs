@@ -8,20 +8,19 @@
 //!   of one thread while the other competes.
 //!
 //! Budgets are so large that no bench drains them, so every take succeeds. Runs are kept short
-//! (about a second of measurement per bench); `BENCHMARKS.md` records a run and the ratios.
+//! (about a second of measurement per bench); `BENCHMARKS.md` records a run and the ratios. The
+//! accounts are called through `&dyn Account`, as the monitor calls them. Run with
+//! `cargo bench -p admission-benches --bench gate_and_bucket`.
 
-use std::hint::black_box;
-use std::num::NonZeroU32;
-use std::sync::{Arc, Barrier};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use admission_accounts::counting_gate::CountingGate;
 use admission_accounts::token_bucket::{TokenBucket, TokenBucketConfig};
-use admission_core::{Account, Amount, Answer, Ask};
+use admission_benches::support::{self, check_n, on_two_threads};
+use admission_core::{Account, Amount};
 use admission_testkit::FakeClock;
 use criterion::{Criterion, criterion_group, criterion_main};
-use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 
 /// A budget no bench can spend: tokens and requests per minute, permits.
 const HUGE: u64 = 1 << 50;
@@ -36,34 +35,12 @@ fn bucket() -> TokenBucket {
     TokenBucket::on_system_clock("bench", TokenBucketConfig::new(HUGE, HUGE)).expect("budgets")
 }
 
-fn governor() -> DefaultDirectRateLimiter {
-    RateLimiter::direct(Quota::per_second(NonZeroU32::MAX).allow_burst(NonZeroU32::MAX))
-}
-
 fn take_give(account: &dyn Account) {
-    let taken = account.ask(black_box(ONE_CALL), Ask::HEAD);
-    assert!(
-        matches!(taken, Answer::Taken),
-        "the bench budget never runs out"
-    );
-    account.give(black_box(ONE_CALL));
+    support::take_give(account, ONE_CALL);
 }
 
 fn take_only(account: &dyn Account) {
-    let taken = account.ask(black_box(ONE_CALL), Ask::HEAD);
-    assert!(
-        matches!(taken, Answer::Taken),
-        "the bench budget never runs out"
-    );
-}
-
-fn check_n(limiter: &DefaultDirectRateLimiter) {
-    let one = NonZeroU32::MIN;
-    let checked = limiter.check_n(black_box(one));
-    assert!(
-        matches!(checked, Ok(Ok(()))),
-        "the bench quota never runs out"
-    );
+    support::take(account, ONE_CALL);
 }
 
 fn single_thread(c: &mut Criterion) {
@@ -95,33 +72,9 @@ fn single_thread(c: &mut Criterion) {
         b.iter(|| take_give(&frozen))
     });
 
-    let limiter = governor();
+    let limiter = support::governor_never_empty();
     group.bench_function("governor/check_n", |b| b.iter(|| check_n(&limiter)));
     group.finish();
-}
-
-/// Runs `op` `iters` times on each of two threads started together; the elapsed wall time of the
-/// slower thread, so the reported time is per operation of one thread under contention.
-fn on_two_threads<T: Send + Sync + 'static>(shared: &Arc<T>, iters: u64, op: fn(&T)) -> Duration {
-    let start = Arc::new(Barrier::new(2));
-    let other = {
-        let (shared, start) = (shared.clone(), start.clone());
-        thread::spawn(move || {
-            start.wait();
-            let began = Instant::now();
-            for _ in 0..iters {
-                op(&shared);
-            }
-            began.elapsed()
-        })
-    };
-    start.wait();
-    let began = Instant::now();
-    for _ in 0..iters {
-        op(shared);
-    }
-    let mine = began.elapsed();
-    mine.max(other.join().expect("the bench thread does not panic"))
 }
 
 fn two_threads(c: &mut Criterion) {
@@ -134,7 +87,7 @@ fn two_threads(c: &mut Criterion) {
     group.bench_function("token_bucket/take_give", |b| {
         b.iter_custom(|iters| on_two_threads(&bucket, iters, |t| take_give(t)))
     });
-    let limiter = Arc::new(governor());
+    let limiter = Arc::new(support::governor_never_empty());
     group.bench_function("governor/check_n", |b| {
         b.iter_custom(|iters| on_two_threads(&limiter, iters, check_n))
     });

@@ -9,19 +9,17 @@
 //!
 //! Only take + `give` pairs are measured: a take that is given back leaves the log empty,
 //! so the window never fills and the log never grows however many iterations criterion runs.
-//! Runs are kept short (two seconds of measurement per bench).
+//! Runs are kept short (two seconds of measurement per bench). Run with
+//! `cargo bench -p admission-benches --bench elastic_window`.
 
-use std::hint::black_box;
-use std::num::NonZeroU32;
-use std::sync::{Arc, Barrier};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
-use admission_core::{Account, Amount, Answer, Ask, Clock, SystemClock};
+use admission_benches::support::{self, check_n, on_two_threads};
+use admission_core::{Amount, Clock, SystemClock};
 use admission_testkit::FakeClock;
 use criterion::{Criterion, criterion_group, criterion_main};
-use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 
 /// Requests per window no bench can spend.
 const HUGE: u64 = 1 << 50;
@@ -40,25 +38,8 @@ fn system() -> Arc<dyn Clock> {
     Arc::new(SystemClock::new())
 }
 
-fn governor() -> DefaultDirectRateLimiter {
-    RateLimiter::direct(Quota::per_second(NonZeroU32::MAX).allow_burst(NonZeroU32::MAX))
-}
-
 fn take_give(window: &ElasticWindow) {
-    let taken = window.ask(black_box(Amount::ONE), Ask::HEAD);
-    assert!(
-        matches!(taken, Answer::Taken),
-        "the bench window never fills"
-    );
-    window.give(black_box(Amount::ONE));
-}
-
-fn check_n(limiter: &DefaultDirectRateLimiter) {
-    let checked = limiter.check_n(black_box(NonZeroU32::MIN));
-    assert!(
-        matches!(checked, Ok(Ok(()))),
-        "the bench quota never runs out"
-    );
+    support::take_give(window, Amount::ONE);
 }
 
 fn single_thread(c: &mut Criterion) {
@@ -80,41 +61,11 @@ fn single_thread(c: &mut Criterion) {
     )
     .expect("a valid configuration");
     group.bench_function("elastic_window/take_only", |b| {
-        b.iter(|| {
-            let taken = short.ask(black_box(Amount::ONE), Ask::HEAD);
-            assert!(
-                matches!(taken, Answer::Taken),
-                "the bench window never fills"
-            );
-        })
+        b.iter(|| support::take(&short, Amount::ONE))
     });
-    let limiter = governor();
+    let limiter = support::governor_never_empty();
     group.bench_function("governor/check_n", |b| b.iter(|| check_n(&limiter)));
     group.finish();
-}
-
-/// Runs `op` `iters` times on each of two threads released together; answers the slower thread's
-/// wall time, so the reported time is per operation of one thread under contention.
-fn on_two_threads<T: Send + Sync + 'static>(shared: &Arc<T>, iters: u64, op: fn(&T)) -> Duration {
-    let start = Arc::new(Barrier::new(2));
-    let other = {
-        let (shared, start) = (shared.clone(), start.clone());
-        thread::spawn(move || {
-            start.wait();
-            let began = Instant::now();
-            for _ in 0..iters {
-                op(&shared);
-            }
-            began.elapsed()
-        })
-    };
-    start.wait();
-    let began = Instant::now();
-    for _ in 0..iters {
-        op(shared);
-    }
-    let mine = began.elapsed();
-    mine.max(other.join().expect("the bench thread does not panic"))
 }
 
 fn two_threads(c: &mut Criterion) {
@@ -123,7 +74,7 @@ fn two_threads(c: &mut Criterion) {
     group.bench_function("elastic_window/take_give", |b| {
         b.iter_custom(|iters| on_two_threads(&system, iters, take_give))
     });
-    let limiter = Arc::new(governor());
+    let limiter = Arc::new(support::governor_never_empty());
     group.bench_function("governor/check_n", |b| {
         b.iter_custom(|iters| on_two_threads(&limiter, iters, check_n))
     });
