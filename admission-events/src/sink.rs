@@ -1,6 +1,6 @@
-//! The event sinks: where the monitor's [`Event`](crate::Event)s end up.
+//! The event sinks: where the monitor's [`Event`](admission_core::event::Event)s end up.
 //!
-//! Every sink here implements [`EventSink`](crate::EventSink) and is meant to be installed as an
+//! Every sink here implements [`EventSink`](admission_core::event::EventSink) and is meant to be installed as an
 //! `Arc<dyn EventSink>` (through `MonitorBuilder::sink` or `Monitor::set_sink`):
 //!
 //! - [`Recorder`]: keeps events in memory, optionally only the most recent ones.

@@ -12,11 +12,12 @@ use admission_accounts::elastic_window::{
     CircuitState, ElasticWindow, ElasticWindowConfig, FAILURE_TEXT_LIMIT, FAST_RECOVERY_AFTER,
     PRESSURE_TEXT,
 };
+use admission_core::event::{EventKind, RejectReason};
 use admission_core::{
     Account, AccountStatus, AdmitError, Amount, Answer, Ask, Capability, Category, Demand, Instant,
     JobContext, Monitor, RefusalKind, Replenishment, WakeFn,
 };
-use admission_events::{EventKind, Recorder, RejectReason};
+use admission_events::Recorder;
 use admission_testkit::FakeClock;
 use admission_testkit::contract::{self, Subject};
 use admission_testkit::monitor::{poll_once, spawn_thread_waiter, wait_for_queue};

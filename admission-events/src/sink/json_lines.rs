@@ -36,7 +36,8 @@ pub enum FlushPolicy {
 ///
 /// ```
 /// use admission_core::{Instant, JobSnapshot};
-/// use admission_events::{Event, EventKind, EventSink, JsonLinesSink};
+/// use admission_core::event::{Event, EventKind, EventSink};
+/// use admission_events::JsonLinesSink;
 ///
 /// let sink = JsonLinesSink::new(Vec::new());
 /// let job = JobSnapshot { id: 3, name: "j".into(), workflow: None, tenant: None };
@@ -48,7 +49,7 @@ pub enum FlushPolicy {
 ///     r#"{"type":"released","rolled_back":false,"at":5,"job":{"id":3,"name":"j","workflow":null,"tenant":null},"entries":[]}"#
 ///         .to_owned() + "\n"
 /// );
-/// # Ok::<(), admission_events::SinkError>(())
+/// # Ok::<(), admission_core::event::SinkError>(())
 /// ```
 pub struct JsonLinesSink<W: Write + Send> {
     flush: FlushPolicy,

@@ -20,7 +20,8 @@ use parking_lot::Mutex;
 /// ```
 /// use std::sync::Arc;
 /// use admission_core::{Instant, JobSnapshot};
-/// use admission_events::{Event, EventKind, EventSink, Recorder};
+/// use admission_core::event::{Event, EventKind, EventSink};
+/// use admission_events::Recorder;
 ///
 /// let recorder = Arc::new(Recorder::new());
 /// let sink: Arc<dyn EventSink> = recorder.clone();
@@ -34,7 +35,7 @@ use parking_lot::Mutex;
 /// sink.emit(&event)?;
 /// assert_eq!(recorder.kinds(), ["granted_immediate"]);
 /// assert_eq!(recorder.for_job(7), [event]);
-/// # Ok::<(), admission_events::SinkError>(())
+/// # Ok::<(), admission_core::event::SinkError>(())
 /// ```
 pub struct Recorder {
     /// The most events kept; `None` keeps everything.
@@ -60,7 +61,8 @@ impl Recorder {
     ///
     /// ```
     /// use admission_core::{Instant, JobSnapshot};
-    /// use admission_events::{Event, EventKind, EventSink, Recorder};
+    /// use admission_core::event::{Event, EventKind, EventSink};
+    /// use admission_events::Recorder;
     ///
     /// let recorder = Recorder::with_capacity(2);
     /// for id in 1..=3 {
@@ -70,7 +72,7 @@ impl Recorder {
     /// }
     /// let ids: Vec<u64> = recorder.events().iter().map(|e| e.job.id).collect();
     /// assert_eq!(ids, [2, 3]);
-    /// # Ok::<(), admission_events::SinkError>(())
+    /// # Ok::<(), admission_core::event::SinkError>(())
     /// ```
     pub fn with_capacity(capacity: usize) -> Recorder {
         Recorder {
@@ -89,7 +91,7 @@ impl Recorder {
         self.events.lock().iter().cloned().collect()
     }
 
-    /// The wire names of the kept events' kinds ([`EventKind::as_str`](crate::EventKind::as_str)),
+    /// The wire names of the kept events' kinds ([`EventKind::as_str`](admission_core::event::EventKind::as_str)),
     /// oldest first.
     pub fn kinds(&self) -> Vec<&'static str> {
         self.events.lock().iter().map(|e| e.kind.as_str()).collect()

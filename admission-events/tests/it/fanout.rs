@@ -3,7 +3,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use admission_events::{Event, EventKind, EventSink, Fanout, Recorder, SinkError};
+use admission_core::event::{Event, EventKind, EventSink, SinkError};
+use admission_events::{Fanout, Recorder};
 
 use crate::event;
 

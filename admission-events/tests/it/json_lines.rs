@@ -4,10 +4,9 @@ use std::io::{self, Write};
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 
+use admission_core::event::{Event, EventEntry, EventKind, EventSink, RejectReason};
 use admission_core::{Amount, Category, Instant, JobSnapshot};
-use admission_events::{
-    Event, EventEntry, EventKind, EventSink, FlushPolicy, JsonLinesSink, RejectReason,
-};
+use admission_events::{FlushPolicy, JsonLinesSink};
 use parking_lot::Mutex;
 
 use crate::{event, from_hold, rejected};

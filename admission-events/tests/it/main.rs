@@ -9,8 +9,8 @@ mod tracing_sink;
 
 use std::time::Duration;
 
+use admission_core::event::{Event, EventEntry, EventKind, RejectReason};
 use admission_core::{Amount, Category, Instant, JobSnapshot};
-use admission_events::{Event, EventEntry, EventKind, RejectReason};
 
 /// A job snapshot with no workflow or tenant.
 pub fn job(id: u64, name: &str) -> JobSnapshot {

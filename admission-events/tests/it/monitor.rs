@@ -4,11 +4,12 @@
 use std::io;
 use std::sync::Arc;
 
+use admission_core::event::{EventKind, EventSink, amount_of};
 use admission_core::{
     Account, AccountStatus, Amount, Answer, Ask, Category, Demand, JobContext, Monitor, Refusal,
     Replenishment, WakeFn, WakeSlot,
 };
-use admission_events::{EventKind, EventSink, Fanout, JsonLinesSink, Recorder, amount_of};
+use admission_events::{Fanout, JsonLinesSink, Recorder};
 use parking_lot::Mutex;
 
 /// The smallest counting account: `capacity` permits returned on release.

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 use std::thread;
 
-use admission_events::{EventKind, EventSink, Recorder, RejectReason};
+use admission_core::event::{EventKind, EventSink, RejectReason};
+use admission_events::Recorder;
 
 use crate::{event, from_hold, rejected};
 

@@ -3,8 +3,9 @@
 use std::io;
 use std::sync::Arc;
 
+use admission_core::event::{Event, EventEntry, EventKind, EventSink, RejectReason};
 use admission_core::{Amount, Category, Instant, JobSnapshot};
-use admission_events::{Event, EventEntry, EventKind, EventSink, RejectReason, TracingSink};
+use admission_events::TracingSink;
 use parking_lot::Mutex;
 
 use crate::{event, from_hold, rejected};
