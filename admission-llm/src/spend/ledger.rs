@@ -32,10 +32,8 @@ use super::{Money, SpendGate, SpendRefused, reservations_noun};
 /// None is needed: the ledger is not a queue. Reservations are judged in the order they take the
 /// lock, and a refusal is final for that job (nothing waits for money to come back).
 ///
-/// # Cancel safety
-///
-/// Nothing here waits or is async. A reservation dropped at any point (a cancelled future that
-/// owned it, a panic unwinding past it) frees what it held and spends nothing.
+/// Nothing here waits. A reservation dropped at any point (a cancelled future that owned it, a
+/// panic unwinding past it) frees what it held and spends nothing.
 ///
 /// # Panics
 ///
@@ -226,7 +224,7 @@ impl fmt::Debug for CostLedger {
 /// moment it is granted until it is [settled](Reservation::settle) or dropped, whichever comes
 /// first, exactly once.
 ///
-/// # Cancel safety
+/// # Dropping
 ///
 /// Dropping it anywhere frees it and spends nothing; that is the right outcome for a job that
 /// never reached its provider. A job that did reach it should settle with what it cost.
