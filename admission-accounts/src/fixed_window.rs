@@ -1,5 +1,5 @@
-//! [`FixedWindow`]: a standalone fixed-window rate limiter (`limit` calls per `period`) that is
-//! also an [`Account`], so a fixed window can sit in a demand beside the other families.
+//! [`FixedWindow`]: a fixed-window rate limiter (`limit` calls per `period`), used alone or as an
+//! [`Account`](admission_core::Account) in a demand beside the other families.
 //!
 //! The algorithm is the classic fixed-window counter: time is cut into back-to-back windows of
 //! one period each, and each window admits at most `limit` calls. Unlike GCRA (governor's
@@ -17,6 +17,9 @@
 //!   sleeps (through its [`Sleeper`]) until the next window opens and races for a permit there,
 //!   round after round, until it wins one or its deadline falls before the next window's start;
 //!   a wait that cannot end in time is refused on the spot rather than slept through.
+//! - Asked as an account, it counts the primary dimension of an amount against the same window,
+//!   leaves the head's reservation aside, and reports nothing to its listener (the monitor
+//!   reports its own events).
 //!
 //! # The state
 //!
@@ -39,22 +42,28 @@
 //!   overflow; the one reading that cannot be placed, a clock reading earlier than the limiter's
 //!   creation (a clock breaking its monotonic promise), counts against the window already
 //!   current, so the window never moves backwards and no count is lost.
+//!
+//! # Layout
+//!
+//! This file holds the type, its configuration and what reads it back; `limiter.rs` the
+//! standalone API (acquire, call, the listener); `account.rs` the [`Account`] implementation;
+//! `word.rs` the state word; `sleep.rs`, `event.rs` and `status.rs` what waiters sleep with, what
+//! the listener hears and the status record.
+//!
+//! [`Account`]: admission_core::Account
 
+mod account;
 mod event;
+mod limiter;
 mod sleep;
 mod status;
 mod word;
 
 use std::fmt;
-use std::future::Future;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::Duration;
 
-use admission_core::{
-    Account, AccountStatus, Amount, Answer, Ask, Category, Clock, Instant, Refusal, Replenishment,
-    SystemClock, WakeFn, WakeSlot,
-};
+use admission_core::{Category, Clock, Instant, SystemClock, WakeSlot};
 
 pub use event::{FixedWindowError, FixedWindowEvent};
 pub use sleep::{CancelToken, Sleeper, ThreadSleeper};
@@ -83,22 +92,19 @@ struct Config {
     listener: Option<Listener>,
 }
 
-/// A fixed-window rate limiter: at most `limit` permits in each `period`, windows aligned to the
-/// limiter's creation.
+/// A fixed-window rate limiter: at most `limit` permits in each window of `period`, the windows
+/// back to back from the limiter's creation.
 ///
-/// Build one with [`FixedWindow::of`] and the `with_` methods; each `with_` returns a new limiter
-/// with a fresh window (anchored at the moment it is built, with nothing used). Share one limiter
-/// (in an `Arc`) among every caller that must stay under the same budget.
+/// One limiter is one budget: share it (in an `Arc`) among every caller that must stay under it.
+/// Build it with [`FixedWindow::of`] and the `with_` methods; each `with_` returns a new limiter
+/// with a fresh window (anchored at the moment it is built, with nothing used).
 ///
-/// As a standalone limiter it is asked with [`try_acquire`](FixedWindow::try_acquire),
+/// Alone, it is asked with [`try_acquire`](FixedWindow::try_acquire),
 /// [`acquire`](FixedWindow::acquire), [`acquire_async`](FixedWindow::acquire_async) or the
-/// [`call`](FixedWindow::call) helpers, and reports each outcome to its listener. As an
-/// [`Account`] it counts the primary dimension of an amount against the current window and
-/// replenishes with time: each [`ask`](Account::ask) is one compare-and-swap that takes the
-/// permits when they fit the window beside the head's reservation, answers "not now" until the
-/// next window opens, or refuses for good an amount above the limit
-/// ([`RefusalKind::TooLarge`](admission_core::RefusalKind::TooLarge)). It reports nothing to its
-/// listener when asked as an account: the monitor reports its own events.
+/// [`call`](FixedWindow::call) helpers, and reports each outcome to its listener. In a
+/// [`Demand`](admission_core::Demand) it is an [`Account`](admission_core::Account) that never
+/// blocks: a take, "not now" until the next window opens, or a refusal of an amount above the
+/// limit. Both draw on the same count, and no window ever counts more than `limit`.
 ///
 /// # Fairness
 ///
@@ -275,141 +281,6 @@ impl FixedWindow {
         }
     }
 
-    /// Takes a permit of the current window if one is left; never waits, whatever the max wait.
-    ///
-    /// # Errors
-    ///
-    /// [`FixedWindowError::Rejected`] when the window is spent.
-    pub fn try_acquire(&self) -> Result<(), FixedWindowError> {
-        match self.round(None) {
-            Round::Done(outcome) => outcome,
-            Round::Sleep(_) => Err(self.rejected()),
-        }
-    }
-
-    /// Takes a permit, blocking the thread (through the sleeper) for later windows up to the max
-    /// wait.
-    ///
-    /// A call that finds the window spent sleeps until the next window opens and races for a
-    /// permit there, round after round. Its deadline is now plus the max wait; once the next
-    /// window starts after the deadline, the call is rejected at once instead of sleeping towards
-    /// a window it could not use.
-    ///
-    /// # Errors
-    ///
-    /// [`FixedWindowError::Rejected`] when no permit could be had within the max wait.
-    ///
-    /// # Panics
-    ///
-    /// When the sleeper panics; nothing is held.
-    ///
-    /// # Cancel safety
-    ///
-    /// This call cannot be cancelled; use [`acquire_cancellable`](FixedWindow::acquire_cancellable)
-    /// for a wait another thread may end.
-    pub fn acquire(&self) -> Result<(), FixedWindowError> {
-        self.acquire_blocking(None)
-    }
-
-    /// [`acquire`](FixedWindow::acquire), ended early with an error when `cancel` is cancelled.
-    ///
-    /// # Errors
-    ///
-    /// [`FixedWindowError::Cancelled`] when `cancel` is cancelled before a permit is won (also
-    /// when it already was on entry), [`FixedWindowError::Rejected`] as for `acquire`.
-    ///
-    /// # Cancel safety
-    ///
-    /// A cancelled wait fails; it is never retried silently, and it holds nothing: a permit is
-    /// taken only in the step that returns `Ok`. The token is checked before every attempt; with
-    /// [`ThreadSleeper`] a cancel also ends the sleep at once, while a sleeper that ignores the
-    /// token is noticed when its sleep ends.
-    pub fn acquire_cancellable(&self, cancel: &CancelToken) -> Result<(), FixedWindowError> {
-        self.acquire_blocking(Some(cancel))
-    }
-
-    /// Takes a permit, waiting for later windows up to the max wait on the sleeper's async sleep.
-    ///
-    /// The deadline is read from the clock when this method is called, not at the first poll.
-    /// The returned future is `Send` and runs on any executor that its sleeper's futures run on.
-    ///
-    /// # Errors
-    ///
-    /// [`FixedWindowError::Rejected`] when no permit could be had within the max wait.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future is the cancellation: the pending sleep is dropped, nothing is retried
-    /// and nothing is held, because a permit is taken only in the poll that returns it.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use admission_accounts::fixed_window::FixedWindow;
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let api = FixedWindow::of("api", 100, Duration::from_secs(1))?;
-    /// api.acquire_async().await?;
-    /// assert_eq!(api.snapshot().used, 1);
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn acquire_async(&self) -> impl Future<Output = Result<(), FixedWindowError>> + Send + '_ {
-        let deadline = self.deadline();
-        async move {
-            loop {
-                match self.round(Some(deadline)) {
-                    Round::Done(outcome) => return outcome,
-                    Round::Sleep(duration) => self.config.sleeper.sleep_async(duration).await,
-                }
-            }
-        }
-    }
-
-    /// Runs `operation` on a permit from [`acquire`](FixedWindow::acquire) and returns what it
-    /// returns.
-    ///
-    /// # Errors
-    ///
-    /// As for `acquire`; on an error `operation` has not run.
-    ///
-    /// # Panics
-    ///
-    /// When `operation` panics; the permit stays spent.
-    pub fn call<T>(&self, operation: impl FnOnce() -> T) -> Result<T, FixedWindowError> {
-        self.acquire()?;
-        Ok(operation())
-    }
-
-    /// Runs the future `operation` makes on a permit from
-    /// [`acquire_async`](FixedWindow::acquire_async) and returns its output. `operation` is
-    /// called only once the permit is won.
-    ///
-    /// # Errors
-    ///
-    /// As for `acquire_async`; on an error `operation` has not been called.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped while waiting, nothing is held and `operation` is never called. Dropped while the
-    /// operation runs, the permit stays spent, as it would had the operation finished.
-    pub fn call_async<F, Fut>(
-        &self,
-        operation: F,
-    ) -> impl Future<Output = Result<Fut::Output, FixedWindowError>>
-    where
-        F: FnOnce() -> Fut,
-        Fut: Future,
-    {
-        let permit = self.acquire_async();
-        async move {
-            permit.await?;
-            Ok(operation().await)
-        }
-    }
-
     /// A new limiter from this one's configuration, changed by `change`, with a fresh window.
     fn rebuilt(&self, change: impl FnOnce(&mut Config)) -> FixedWindow {
         let mut config = self.config.clone();
@@ -426,113 +297,6 @@ impl FixedWindow {
             wake: WakeSlot::new(),
         }
     }
-
-    /// Now plus the max wait, clamped to [`Instant::MAX`].
-    fn deadline(&self) -> Instant {
-        self.config.clock.now().saturating_add(self.config.max_wait)
-    }
-
-    fn blocking_sleep(&self, duration: Duration, cancel: Option<&CancelToken>) {
-        match cancel {
-            Some(cancel) => self.config.sleeper.sleep_cancellable(duration, cancel),
-            None => self.config.sleeper.sleep(duration),
-        }
-    }
-
-    fn acquire_blocking(&self, cancel: Option<&CancelToken>) -> Result<(), FixedWindowError> {
-        let deadline = self.deadline();
-        loop {
-            if cancel.is_some_and(CancelToken::is_cancelled) {
-                return Err(FixedWindowError::Cancelled {
-                    name: self.config.name,
-                });
-            }
-            match self.round(Some(deadline)) {
-                Round::Done(outcome) => return outcome,
-                Round::Sleep(duration) => self.blocking_sleep(duration, cancel),
-            }
-        }
-    }
-
-    /// One attempt: a permit (reported), a rejection (reported), or how long to sleep until the
-    /// next window when it opens no later than `deadline`. `None` never sleeps.
-    fn round(&self, deadline: Option<Instant>) -> Round {
-        let config = &self.config;
-        let now = config.clock.now();
-        match self.word.take(now, 1, 0, config.limit) {
-            Ok(view) => {
-                self.emit(|| FixedWindowEvent::Permitted {
-                    at: now,
-                    name: config.name,
-                    remaining: config.limit.saturating_sub(view.used),
-                });
-                Round::Done(Ok(()))
-            }
-            Err(view) => {
-                let next = self.word.next_start(view.index);
-                if let (Some(next), Some(deadline)) = (next, deadline)
-                    && next <= deadline
-                {
-                    return Round::Sleep(next.saturating_duration_since(now));
-                }
-                self.emit(|| FixedWindowEvent::Rejected {
-                    at: now,
-                    name: config.name,
-                    estimated_wait: next
-                        .map_or(Duration::MAX, |next| next.saturating_duration_since(now)),
-                });
-                Round::Done(Err(self.rejected()))
-            }
-        }
-    }
-
-    fn rejected(&self) -> FixedWindowError {
-        FixedWindowError::Rejected {
-            name: self.config.name,
-            limit: self.config.limit,
-            period: self.config.period,
-            max_wait: self.config.max_wait,
-        }
-    }
-
-    /// Hands the event `make` builds to the listener, if there is one; a panic in it is caught
-    /// and dropped. No event is built without a listener.
-    fn emit(&self, make: impl FnOnce() -> FixedWindowEvent) {
-        let Some(listener) = &self.config.listener else {
-            return;
-        };
-        let event = make();
-        if catch_unwind(AssertUnwindSafe(|| listener(&event))).is_err() {
-            tracing::debug!(
-                limiter = self.config.name,
-                "a fixed window listener panicked; the panic was ignored"
-            );
-        }
-    }
-
-    /// The primary dimension of `mine`, or the refusal of an amount no window can hold.
-    fn permits_of(&self, mine: Amount) -> Result<u64, Refusal> {
-        let n = mine.primary();
-        let config = &self.config;
-        if n > config.limit {
-            return Err(
-                Refusal::too_large(mine, Amount::units(config.limit)).with_message(format!(
-                    "fixed window `{}` allows {} calls per {:?} window, so a demand of {n} can \
-                     never fit; ask for at most {} at a time",
-                    config.name, config.limit, config.period, config.limit
-                )),
-            );
-        }
-        Ok(n)
-    }
-}
-
-/// What one attempt of an acquire decided.
-enum Round {
-    /// A permit, or a rejection; reported to the listener already.
-    Done(Result<(), FixedWindowError>),
-    /// Sleep this long, then try again.
-    Sleep(Duration),
 }
 
 fn check_period(period: Duration) -> Result<(), ConfigError> {
@@ -567,73 +331,6 @@ fn check_limit(limit: u64, period: Duration, field: &'static str) -> Result<(), 
         ));
     }
     Ok(())
-}
-
-impl Account for FixedWindow {
-    fn name(&self) -> &str {
-        self.config.name
-    }
-
-    fn category(&self) -> Category {
-        FixedWindow::CATEGORY
-    }
-
-    fn replenishment(&self) -> Replenishment {
-        Replenishment::Time
-    }
-
-    /// One compare-and-swap (one read for a look): `mine` permits are taken when they fit the
-    /// current window beside the head's reservation. "Not now" names the start of the next
-    /// window, when a fresh window holds `mine` with the reservation, and `None` when no window
-    /// ever can (or the next one is past the end of the clock).
-    fn ask(&self, mine: Amount, ask: Ask) -> Answer {
-        let n = match self.permits_of(mine) {
-            Ok(n) => n,
-            Err(refusal) => return Answer::Never(refusal),
-        };
-        let reserved = ask.reserved_ahead().primary();
-        let limit = self.config.limit;
-        let now = self.config.clock.now();
-        let fits = if ask.takes() {
-            self.word.take(now, n, reserved, limit)
-        } else {
-            let view = self.word.read(now);
-            if n.saturating_add(reserved) <= limit.saturating_sub(view.used) {
-                Ok(view)
-            } else {
-                Err(view)
-            }
-        };
-        match fits {
-            Ok(_) => Answer::Taken,
-            Err(_) if n.saturating_add(reserved) > limit => Answer::NotNow(None),
-            Err(view) => Answer::NotNow(self.word.next_start(view.index)),
-        }
-    }
-
-    /// Returns permits to the current window, never below zero used, and wakes the monitor.
-    ///
-    /// A give cannot tell which window its permits were taken in: it credits the window stored
-    /// now if that window is still open, and credits nothing once it has ended (the window that
-    /// follows starts empty anyway). The monitor rolls a take back within the same pass, so in
-    /// practice the window has not turned in between.
-    fn give(&self, amount: Amount) {
-        let credited = self.word.give(self.config.clock.now(), amount.primary());
-        if credited > 0 {
-            self.wake.notify();
-        }
-    }
-
-    fn status(&self) -> Box<dyn AccountStatus> {
-        Box::new(self.snapshot())
-    }
-
-    fn on_capacity_change(&self, wake: Option<WakeFn>) {
-        self.wake.install(wake);
-    }
-    fn forget_capacity_change(&self, wake: &WakeFn) {
-        self.wake.clear_if(wake);
-    }
 }
 
 impl fmt::Debug for FixedWindow {
