@@ -7,11 +7,11 @@
 //! any point of a window and forgets everything when the window turns.
 //!
 //! - The windows are laid on a grid anchored at the limiter's creation, as read from its
-//!   [`Clock`], not at wall-clock boundaries; a call places itself on the grid by whole periods,
-//!   however long the limiter sat idle.
-//! - The whole state is one atomic word, the window's index and the permits used in it, updated
-//!   by compare-and-swap (see [the state](self#the-state) below for the packing and its bounds).
-//!   There is no lock; callers race for permits.
+//!   [`Clock`], not at wall-clock boundaries; a call moves the window forward by the whole
+//!   periods elapsed, however long the limiter sat idle.
+//! - The whole state is one atomic word, the window's start and the permits used in it, updated
+//!   by compare-and-swap (see [the state](self#the-state) below). There is no lock; callers race
+//!   for permits.
 //! - Permits left unused in a window are lost when it ends; each window begins at zero.
 //! - By default a call that finds the window spent is rejected at once. With a max wait it
 //!   sleeps (through its [`Sleeper`]) until the next window opens and races for a permit there,
@@ -23,11 +23,12 @@
 //!
 //! # The state
 //!
-//! The word keeps the window index (periods since creation) in its high bits and the used count
-//! in its low bits. The index gets exactly the bits needed to count every window a 64-bit
-//! nanosecond clock can reach, so it never wraps; the count gets the rest. That bounds the limit
-//! to about one permit per nanosecond of period ([`FixedWindow::max_limit`]: 536,870,911 for a
-//! second, 524,287 for a millisecond); a larger limit is a [`ConfigError`].
+//! The word is 128 bits wide: the current window's start (a `u64` of nanoseconds, as every
+//! [`Instant`]) in the high half, the permits used in it (at most the limit, a `u64`) in the low
+//! half. Each half holds every value it can be asked to, so every limit of at least 1 is accepted
+//! with every period of at least 1 ns, and a window anywhere on the clock's range is counted
+//! exactly. It is one `AtomicU128` (`portable-atomic`): one `cmpxchg16b` on x86-64, one 128-bit
+//! compare-and-swap on AArch64.
 //!
 //! # Extreme values
 //!
@@ -38,10 +39,11 @@
 //!   as long as the clock lasts";
 //! - a spent window whose successor would begin past [`Instant::MAX`] refuses the call on the
 //!   spot, since no max wait could reach that window;
-//! - a reading is placed in its window by dividing the time elapsed since creation, which cannot
-//!   overflow; the one reading that cannot be placed, a clock reading earlier than the limiter's
-//!   creation (a clock breaking its monotonic promise), counts against the window already
-//!   current, so the window never moves backwards and no count is lost.
+//! - a reading moves the window forward by whole periods, to a start between the old one and the
+//!   reading, which cannot overflow; a reading earlier than the stored window's start (a thread
+//!   that read the clock before another moved the window, or a clock breaking its monotonic
+//!   promise) counts against the stored window, so the window never moves backwards and no count
+//!   is lost.
 //!
 //! # Layout
 //!
@@ -82,7 +84,7 @@ type Listener = Arc<dyn Fn(&FixedWindowEvent) + Send + Sync>;
 #[derive(Clone)]
 struct Config {
     name: &'static str,
-    /// At least 1 and at most [`FixedWindow::max_limit`] of `period`.
+    /// At least 1.
     limit: u64,
     /// Positive.
     period: Duration,
@@ -131,6 +133,8 @@ struct Config {
 /// ```
 pub struct FixedWindow {
     config: Config,
+    /// Where the first window started: the clock's reading at construction.
+    origin: Instant,
     /// The window and its count; the only state that changes after construction.
     word: Word,
     /// The monitor's wake-up, called when a give credits the current window.
@@ -148,15 +152,16 @@ impl FixedWindow {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] naming `limit` when it is zero or above [`FixedWindow::max_limit`] for
-    /// the period, or naming `period` when it is zero.
+    /// A [`ConfigError`] naming `limit` when it is zero, or naming `period` when it is zero.
+    /// Every other limit and period is accepted: the state counts up to `u64::MAX` permits in
+    /// windows as short as 1 ns.
     pub fn of(
         name: &'static str,
         limit: u64,
         period: Duration,
     ) -> Result<FixedWindow, ConfigError> {
         check_period(period)?;
-        check_limit(limit, period, "limit")?;
+        check_limit(limit)?;
         Ok(FixedWindow::fresh(Config {
             name,
             limit,
@@ -168,31 +173,13 @@ impl FixedWindow {
         }))
     }
 
-    /// The largest limit a window of `period` can count: `2^b - 1`, where `b` is what the state
-    /// word has left after the window index takes the bits it needs (see the module docs). Zero
-    /// for a 1 ns period.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use admission_accounts::fixed_window::FixedWindow;
-    ///
-    /// assert_eq!(FixedWindow::max_limit(Duration::from_secs(1)), 536_870_911);
-    /// assert_eq!(FixedWindow::max_limit(Duration::from_millis(1)), 524_287);
-    /// assert!(FixedWindow::of("too-many", 524_288, Duration::from_millis(1)).is_err());
-    /// ```
-    pub fn max_limit(period: Duration) -> u64 {
-        word::max_used(word::period_nanos(period))
-    }
-
     /// The same limiter allowing `limit` calls per period, with a fresh window.
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] naming `limit` when it is zero or above [`FixedWindow::max_limit`].
+    /// A [`ConfigError`] naming `limit` when it is zero.
     pub fn with_limit(&self, limit: u64) -> Result<FixedWindow, ConfigError> {
-        check_limit(limit, self.config.period, "limit")?;
+        check_limit(limit)?;
         Ok(self.rebuilt(|config| config.limit = limit))
     }
 
@@ -200,11 +187,9 @@ impl FixedWindow {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] naming `period` when it is zero, or when the current limit does not fit
-    /// a window that short ([`FixedWindow::max_limit`]).
+    /// A [`ConfigError`] naming `period` when it is zero.
     pub fn with_period(&self, period: Duration) -> Result<FixedWindow, ConfigError> {
         check_period(period)?;
-        check_limit(self.config.limit, period, "period")?;
         Ok(self.rebuilt(|config| config.period = period))
     }
 
@@ -265,7 +250,7 @@ impl FixedWindow {
     /// Where window 0 starts: the clock's reading when this limiter was built. Every window
     /// starts a whole number of periods after it.
     pub fn origin(&self) -> Instant {
-        self.word.origin()
+        self.origin
     }
 
     /// The current window read from the clock now: its start, the permits used in it, and the
@@ -277,7 +262,7 @@ impl FixedWindow {
             limit: self.config.limit,
             period: self.config.period,
             used: view.used,
-            window_start: self.word.start_of(view.index),
+            window_start: view.start,
         }
     }
 
@@ -290,10 +275,11 @@ impl FixedWindow {
 
     /// A limiter from a validated configuration; its window 0 starts at the clock's reading now.
     fn fresh(config: Config) -> FixedWindow {
-        let word = Word::new(config.clock.now(), word::period_nanos(config.period));
+        let origin = config.clock.now();
         FixedWindow {
+            word: Word::new(origin, word::period_nanos(config.period)),
+            origin,
             config,
-            word,
             wake: WakeSlot::new(),
         }
     }
@@ -310,24 +296,12 @@ fn check_period(period: Duration) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Checks `limit` against `period`, blaming `field` when it does not fit the state word.
-fn check_limit(limit: u64, period: Duration, field: &'static str) -> Result<(), ConfigError> {
+fn check_limit(limit: u64) -> Result<(), ConfigError> {
     if limit == 0 {
         return Err(ConfigError::new(
             LIMITER,
             "limit",
             "must be at least 1; got 0",
-        ));
-    }
-    let max = FixedWindow::max_limit(period);
-    if limit > max {
-        return Err(ConfigError::new(
-            LIMITER,
-            field,
-            format!(
-                "leaves room for at most {max} permits per {period:?} window (the count shares \
-                 one 64-bit word with the window index); got a limit of {limit}"
-            ),
         ));
     }
     Ok(())
@@ -341,7 +315,7 @@ impl fmt::Debug for FixedWindow {
             .field("limit", &self.config.limit)
             .field("period", &self.config.period)
             .field("max_wait", &self.config.max_wait)
-            .field("window", &view.index)
+            .field("window_start", &view.start)
             .field("used", &view.used)
             .field("listener", &self.config.listener.is_some())
             .finish_non_exhaustive()

@@ -67,7 +67,7 @@ impl Account for FixedWindow {
         match fits {
             Ok(_) => Answer::Taken,
             Err(_) if n.saturating_add(reserved) > limit => Answer::NotNow(None),
-            Err(view) => Answer::NotNow(self.word.next_start(view.index)),
+            Err(view) => Answer::NotNow(self.word.next_start(view)),
         }
     }
 

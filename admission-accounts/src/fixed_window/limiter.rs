@@ -198,7 +198,7 @@ impl FixedWindow {
                 Round::Done(Ok(()))
             }
             Err(view) => {
-                let next = self.word.next_start(view.index);
+                let next = self.word.next_start(view);
                 if let (Some(next), Some(deadline)) = (next, deadline)
                     && next <= deadline
                 {
