@@ -13,6 +13,9 @@
 //!   by compare-and-swap (see [the state](self#the-state) below). There is no lock; callers race
 //!   for permits.
 //! - Permits left unused in a window are lost when it ends; each window begins at zero.
+//! - The `with_` settings keep the window in progress, its start and its count; a new period
+//!   applies from that window on. A new clock keeps the count only (see
+//!   [`FixedWindow::with_clock`]).
 //! - By default a call that finds the window spent is rejected at once. With a max wait it
 //!   sleeps (through its [`Sleeper`]) until the next window opens and races for a permit there,
 //!   round after round, until it wins one or its deadline falls before the next window's start;
@@ -28,7 +31,8 @@
 //! half. Each half holds every value it can be asked to, so every limit of at least 1 is accepted
 //! with every period of at least 1 ns, and a window anywhere on the clock's range is counted
 //! exactly. It is one `AtomicU128` (`portable-atomic`): one `cmpxchg16b` on x86-64, one 128-bit
-//! compare-and-swap on AArch64.
+//! compare-and-swap on AArch64; only a target without a 128-bit compare-and-swap would fall back
+//! to a lock.
 //!
 //! # Extreme values
 //!
@@ -72,7 +76,7 @@ pub use sleep::{CancelToken, Sleeper, ThreadSleeper};
 pub use status::FixedWindowStatus;
 
 use crate::ConfigError;
-use word::Word;
+use word::{View, Word};
 
 /// The family's name in configuration errors.
 const LIMITER: &str = "fixed window";
@@ -80,8 +84,7 @@ const LIMITER: &str = "fixed window";
 /// The listener installed with [`FixedWindow::with_listener`].
 type Listener = Arc<dyn Fn(&FixedWindowEvent) + Send + Sync>;
 
-/// What a limiter was built from; every `with_` copies it, changes one thing and starts afresh.
-#[derive(Clone)]
+/// What a limiter was built from; each `with_` changes one thing.
 struct Config {
     name: &'static str,
     /// At least 1.
@@ -98,8 +101,10 @@ struct Config {
 /// back to back from the limiter's creation.
 ///
 /// One limiter is one budget: share it (in an `Arc`) among every caller that must stay under it.
-/// Build it with [`FixedWindow::of`] and the `with_` methods; each `with_` returns a new limiter
-/// with a fresh window (anchored at the moment it is built, with nothing used).
+/// Build it with [`FixedWindow::of`] and the `with_` methods, which take the limiter and give it
+/// back changed, its window in progress kept (start and count): a setting changed after takes
+/// never forgets them. [`with_clock`](FixedWindow::with_clock) alone moves the window's start,
+/// which means nothing on another clock.
 ///
 /// Alone, it is asked with [`try_acquire`](FixedWindow::try_acquire),
 /// [`acquire`](FixedWindow::acquire), [`acquire_async`](FixedWindow::acquire_async) or the
@@ -133,7 +138,8 @@ struct Config {
 /// ```
 pub struct FixedWindow {
     config: Config,
-    /// Where the first window started: the clock's reading at construction.
+    /// Where the first window started: the clock's reading at construction (or at
+    /// [`with_clock`](FixedWindow::with_clock)).
     origin: Instant,
     /// The window and its count; the only state that changes after construction.
     word: Word,
@@ -162,69 +168,104 @@ impl FixedWindow {
     ) -> Result<FixedWindow, ConfigError> {
         check_period(period)?;
         check_limit(limit)?;
-        Ok(FixedWindow::fresh(Config {
-            name,
-            limit,
-            period,
-            max_wait: Duration::ZERO,
-            clock: Arc::new(SystemClock::new()),
-            sleeper: Arc::new(ThreadSleeper),
-            listener: None,
-        }))
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
+        let origin = clock.now();
+        Ok(FixedWindow {
+            config: Config {
+                name,
+                limit,
+                period,
+                max_wait: Duration::ZERO,
+                clock,
+                sleeper: Arc::new(ThreadSleeper),
+                listener: None,
+            },
+            origin,
+            word: Word::new(
+                View {
+                    start: origin,
+                    used: 0,
+                },
+                word::period_nanos(period),
+            ),
+            wake: WakeSlot::new(),
+        })
     }
 
-    /// The same limiter allowing `limit` calls per period, with a fresh window.
+    /// The same limiter allowing `limit` calls per period from now on. The window in progress
+    /// keeps its start and its count; a limit lowered below the count leaves that window spent
+    /// until it ends.
     ///
     /// # Errors
     ///
     /// A [`ConfigError`] naming `limit` when it is zero.
-    pub fn with_limit(&self, limit: u64) -> Result<FixedWindow, ConfigError> {
+    pub fn with_limit(mut self, limit: u64) -> Result<FixedWindow, ConfigError> {
         check_limit(limit)?;
-        Ok(self.rebuilt(|config| config.limit = limit))
+        self.config.limit = limit;
+        Ok(self)
     }
 
-    /// The same limiter with windows of `period`, with a fresh window.
+    /// The same limiter with windows of `period` from now on. The window in progress keeps its
+    /// start and its count and lasts `period` from that start (it ends at once if that is past);
+    /// the windows after it follow on back to back.
     ///
     /// # Errors
     ///
     /// A [`ConfigError`] naming `period` when it is zero.
-    pub fn with_period(&self, period: Duration) -> Result<FixedWindow, ConfigError> {
+    pub fn with_period(mut self, period: Duration) -> Result<FixedWindow, ConfigError> {
         check_period(period)?;
-        Ok(self.rebuilt(|config| config.period = period))
+        // Placed on the old period first, so that a window already over is not revived.
+        let current = self.word.read(self.config.clock.now());
+        self.word = Word::new(current, word::period_nanos(period));
+        self.config.period = period;
+        Ok(self)
     }
 
     /// The same limiter, where a call that finds the window spent may wait up to `max_wait` for
-    /// a later window, with a fresh window. Zero (the default) rejects at once; any length is
-    /// accepted, [`Duration::MAX`] included.
-    pub fn with_max_wait(&self, max_wait: Duration) -> FixedWindow {
-        self.rebuilt(|config| config.max_wait = max_wait)
+    /// a later window. Zero (the default) rejects at once; any length is accepted,
+    /// [`Duration::MAX`] included. The window in progress is kept.
+    pub fn with_max_wait(mut self, max_wait: Duration) -> FixedWindow {
+        self.config.max_wait = max_wait;
+        self
     }
 
     /// The same limiter reporting every permit and rejection of the standalone API to
-    /// `listener`, with a fresh window. A later listener replaces an earlier one.
+    /// `listener`. A later listener replaces an earlier one. The window in progress is kept.
     ///
     /// The listener runs on the caller's thread, after the decision; a listener that panics is
     /// ignored (the panic is caught, after the panic hook has run, and the call goes on as
     /// decided).
     pub fn with_listener(
-        &self,
+        mut self,
         listener: impl Fn(&FixedWindowEvent) + Send + Sync + 'static,
     ) -> FixedWindow {
-        let listener: Listener = Arc::new(listener);
-        self.rebuilt(|config| config.listener = Some(listener))
+        self.config.listener = Some(Arc::new(listener));
+        self
     }
 
-    /// The same limiter reading `clock`, with a fresh window anchored at `clock`'s present
-    /// reading. Mainly for tests: pass the test-kit's fake clock.
-    pub fn with_clock(&self, clock: Arc<dyn Clock>) -> FixedWindow {
-        self.rebuilt(|config| config.clock = clock)
+    /// The same limiter reading `clock`. Mainly for tests: pass the test-kit's fake clock, right
+    /// after [`of`](FixedWindow::of).
+    ///
+    /// An instant of the old clock means nothing on the new one, so the window in progress
+    /// cannot keep its start: it restarts at `clock`'s present reading, which becomes the
+    /// [`origin`](FixedWindow::origin), and keeps its count, so permits taken before the switch
+    /// still count. Right after construction the count is zero and this is a fresh window on
+    /// `clock`.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> FixedWindow {
+        let used = self.word.read(self.config.clock.now()).used;
+        let start = clock.now();
+        self.word = Word::new(View { start, used }, word::period_nanos(self.config.period));
+        self.origin = start;
+        self.config.clock = clock;
+        self
     }
 
-    /// The same limiter waiting through `sleeper`, with a fresh window. Async services pass their
-    /// runtime's timer here (see [`Sleeper`] for tokio); tests pass a sleeper that advances a
-    /// fake clock.
-    pub fn with_sleeper(&self, sleeper: Arc<dyn Sleeper>) -> FixedWindow {
-        self.rebuilt(|config| config.sleeper = sleeper)
+    /// The same limiter waiting through `sleeper`. Async services pass their runtime's timer
+    /// here (see [`Sleeper`] for tokio); tests pass a sleeper that advances a fake clock. The
+    /// window in progress is kept.
+    pub fn with_sleeper(mut self, sleeper: Arc<dyn Sleeper>) -> FixedWindow {
+        self.config.sleeper = sleeper;
+        self
     }
 
     /// The limiter's name.
@@ -247,8 +288,9 @@ impl FixedWindow {
         self.config.max_wait
     }
 
-    /// Where window 0 starts: the clock's reading when this limiter was built. Every window
-    /// starts a whole number of periods after it.
+    /// Where the first window started: the clock's reading when this limiter was built (or given
+    /// its clock). Windows follow it back to back, a whole number of periods after it unless
+    /// [`with_period`](FixedWindow::with_period) changed the period since.
     pub fn origin(&self) -> Instant {
         self.origin
     }
@@ -263,24 +305,6 @@ impl FixedWindow {
             period: self.config.period,
             used: view.used,
             window_start: view.start,
-        }
-    }
-
-    /// A new limiter from this one's configuration, changed by `change`, with a fresh window.
-    fn rebuilt(&self, change: impl FnOnce(&mut Config)) -> FixedWindow {
-        let mut config = self.config.clone();
-        change(&mut config);
-        FixedWindow::fresh(config)
-    }
-
-    /// A limiter from a validated configuration; its window 0 starts at the clock's reading now.
-    fn fresh(config: Config) -> FixedWindow {
-        let origin = config.clock.now();
-        FixedWindow {
-            word: Word::new(origin, word::period_nanos(config.period)),
-            origin,
-            config,
-            wake: WakeSlot::new(),
         }
     }
 }

@@ -79,11 +79,11 @@ pub(super) fn period_nanos(period: Duration) -> u64 {
 }
 
 impl Word {
-    /// A window starting at `start` with nothing used, of `period_nanos` (at least 1).
-    pub(super) fn new(start: Instant, period_nanos: u64) -> Word {
+    /// The window `current`, of `period_nanos` (at least 1).
+    pub(super) fn new(current: View, period_nanos: u64) -> Word {
         Word {
             period: period_nanos.max(1),
-            state: AtomicU128::new(View { start, used: 0 }.pack()),
+            state: AtomicU128::new(current.pack()),
         }
     }
 
@@ -219,6 +219,10 @@ mod tests {
         Instant::from_nanos(nanos)
     }
 
+    fn fresh(start: Instant) -> View {
+        View { start, used: 0 }
+    }
+
     #[test]
     fn a_word_round_trips_every_start_with_every_count() {
         for start in [0, 1, SECOND, u64::MAX - 1, u64::MAX] {
@@ -247,7 +251,7 @@ mod tests {
 
     #[test]
     fn a_reading_moves_the_window_by_whole_periods_from_its_start() {
-        let word = Word::new(at(7), 1_000);
+        let word = Word::new(fresh(at(7)), 1_000);
         assert_eq!(
             word.read(at(1_006)),
             View {
@@ -260,16 +264,16 @@ mod tests {
             word.read(at(u64::MAX)).start,
             at((u64::MAX - 7) / 1_000 * 1_000 + 7)
         );
-        let nanosecond = Word::new(at(0), 1);
+        let nanosecond = Word::new(fresh(at(0)), 1);
         assert_eq!(nanosecond.read(at(u64::MAX)).start, at(u64::MAX));
     }
 
     #[test]
     fn the_next_window_past_the_end_of_the_clock_is_none() {
-        let word = Word::new(at(u64::MAX - 10), 100);
+        let word = Word::new(fresh(at(u64::MAX - 10)), 100);
         assert_eq!(word.next_start(word.read(at(u64::MAX))), None);
         assert_eq!(word.read(at(u64::MAX)).start, at(u64::MAX - 10));
-        let word = Word::new(Instant::ZERO, u64::MAX);
+        let word = Word::new(fresh(Instant::ZERO), u64::MAX);
         assert_eq!(word.next_start(word.read(at(5))), Some(Instant::MAX));
         let last = word.read(Instant::MAX);
         assert_eq!((last.start, word.next_start(last)), (Instant::MAX, None));
@@ -277,7 +281,7 @@ mod tests {
 
     #[test]
     fn a_reading_before_the_stored_start_stays_in_the_stored_window() {
-        let word = Word::new(at(5 * SECOND), SECOND);
+        let word = Word::new(fresh(at(5 * SECOND)), SECOND);
         assert_eq!(
             word.take(at(7 * SECOND), 1, 0, 10),
             Ok(View {
@@ -296,7 +300,7 @@ mod tests {
 
     #[test]
     fn a_count_of_u64_max_is_taken_and_given_back_exactly() {
-        let word = Word::new(at(u64::MAX - 1), 1);
+        let word = Word::new(fresh(at(u64::MAX - 1)), 1);
         let now = at(u64::MAX - 1);
         assert_eq!(
             word.take(now, u64::MAX, 0, u64::MAX).map(|v| v.used),

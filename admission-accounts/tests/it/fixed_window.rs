@@ -1,5 +1,6 @@
-//! The fixed-window rate limiter: configuration, exact counting under contention, alignment,
-//! waiting through a sleeper, events, every extreme value, async acquire, the account contract
+//! The fixed-window rate limiter: configuration and settings changed after takes, exact counting
+//! under contention, alignment, waiting through a sleeper, events, every extreme value (1 ns
+//! windows, limits up to `u64::MAX`, the end of the clock), async acquire, the account contract
 //! and one monitor scenario. Time is a `FakeClock`; every sleep is a fake that advances it.
 
 use std::future::Future;
@@ -135,6 +136,13 @@ fn limiter(
         .with_sleeper(sleeper.clone())
 }
 
+/// A limiter of `limit` per `period` on `clock`, built at the clock's present reading.
+fn on_clock(limit: u64, period: Duration, clock: &FakeClock) -> FixedWindow {
+    FixedWindow::of("sms", limit, period)
+        .expect("every limit >= 1 with every positive period is accepted")
+        .with_clock(clock.shared())
+}
+
 fn rejected(limit: u64, period: Duration, max_wait: Duration) -> FixedWindowError {
     FixedWindowError::Rejected {
         name: "sms",
@@ -188,60 +196,142 @@ fn every_limit_from_one_is_accepted_with_every_positive_period() {
 
 #[test]
 fn with_limit_and_with_period_validate_again_naming_the_field_they_change() {
-    let window = FixedWindow::of("sms", 1_000, SECOND).unwrap();
-    assert_eq!(window.with_limit(0).unwrap_err().field, "limit");
+    let window = || FixedWindow::of("sms", 1_000, SECOND).unwrap();
+    assert_eq!(window().with_limit(0).unwrap_err().field, "limit");
     assert_eq!(
-        window.with_period(Duration::ZERO).unwrap_err().field,
+        window().with_period(Duration::ZERO).unwrap_err().field,
         "period"
     );
     assert_eq!(
-        window
+        window()
             .with_period(Duration::from_nanos(1))
             .unwrap()
             .period(),
         Duration::from_nanos(1),
         "a limit of 1,000 fits a 1 ns window"
     );
-    assert_eq!(window.with_limit(7).unwrap().limit(), 7);
-    assert_eq!(window.with_period(ms(5)).unwrap().period(), ms(5));
+    assert_eq!(window().with_limit(7).unwrap().limit(), 7);
+    assert_eq!(window().with_period(ms(5)).unwrap().period(), ms(5));
+}
+
+/// A limiter of 2 per second built at 300 ms with both permits taken, read at 500 ms.
+fn spent_at_500_ms(clock: &FakeClock) -> FixedWindow {
+    clock.advance_to(at(300_000_000));
+    let spent = on_clock(2, SECOND, clock);
+    spent.try_acquire().unwrap();
+    spent.try_acquire().unwrap();
+    clock.advance_to(at(500_000_000));
+    spent
+}
+
+/// The window's start and count as the limiter reads them now.
+fn window_of(window: &FixedWindow) -> (Instant, u64) {
+    let status = window.snapshot();
+    (status.window_start, status.used)
 }
 
 #[test]
-fn every_with_returns_a_new_limiter_with_a_fresh_window_and_reads_back_its_values() {
+fn a_setting_changed_after_takes_keeps_the_window_start_and_the_count() {
     let clock = FakeClock::new();
-    clock.advance(ms(300));
-    let spent = FixedWindow::of("sms", 2, SECOND)
-        .unwrap()
-        .with_clock(clock.shared());
-    spent.try_acquire().unwrap();
-    spent.try_acquire().unwrap();
-    assert_eq!(spent.origin(), at(300_000_000));
-    clock.advance(ms(200));
-
-    let waiting = spent.with_max_wait(ms(1_500));
+    let kept = (at(300_000_000), 2);
+    let (events, listener) = recorder();
+    let window = spent_at_500_ms(&clock)
+        .with_max_wait(ms(1_500))
+        .with_listener(listener)
+        .with_sleeper(Arc::new(ThreadSleeper));
+    assert_eq!(window_of(&window), kept);
+    assert_eq!(window.origin(), at(300_000_000));
     assert_eq!(
         (
-            waiting.name(),
-            waiting.limit(),
-            waiting.period(),
-            waiting.max_wait()
+            window.name(),
+            window.limit(),
+            window.period(),
+            window.max_wait()
         ),
         ("sms", 2, SECOND, ms(1_500))
     );
-    assert_eq!(waiting.origin(), at(500_000_000));
-    assert_eq!(waiting.snapshot().used, 0);
-    for fresh in [
-        spent.with_limit(3).unwrap(),
-        spent.with_period(ms(10)).unwrap(),
-        spent.with_listener(|_| {}),
-        spent.with_sleeper(Arc::new(ThreadSleeper)),
-        spent.with_clock(clock.shared()),
-    ] {
-        assert_eq!(fresh.snapshot().used, 0, "{fresh:?}");
-        assert_eq!(fresh.origin(), at(500_000_000), "{fresh:?}");
-    }
-    assert_eq!(spent.snapshot().used, 2, "the original keeps its window");
-    assert_eq!(spent.max_wait(), Duration::ZERO);
+    assert!(events.lock().unwrap().is_empty());
+
+    let window = window.with_limit(3).unwrap();
+    assert_eq!(window_of(&window), kept);
+    assert_eq!(
+        window.try_acquire(),
+        Ok(()),
+        "the third permit of the raised limit"
+    );
+    assert_eq!(
+        window.ask(Amount::ONE, Ask::HEAD).not_now(),
+        Some(Some(at(1_300_000_000)))
+    );
+    clock.advance_to(at(1_300_000_000));
+    assert_eq!(window_of(&window), (at(1_300_000_000), 0));
+}
+
+#[test]
+fn a_limit_lowered_below_the_count_leaves_the_window_spent_until_it_ends() {
+    let clock = FakeClock::new();
+    let window = spent_at_500_ms(&clock).with_limit(1).unwrap();
+    assert_eq!(window_of(&window), (at(300_000_000), 2));
+    assert_eq!(window.snapshot().remaining(), 0);
+    assert_eq!(
+        window.try_acquire(),
+        Err(rejected(1, SECOND, Duration::ZERO))
+    );
+    clock.advance_to(at(1_300_000_000));
+    assert_eq!(window.try_acquire(), Ok(()));
+    assert_eq!(window_of(&window), (at(1_300_000_000), 1));
+}
+
+#[test]
+fn a_period_changed_after_takes_keeps_the_window_in_progress_for_the_new_length() {
+    let clock = FakeClock::new();
+    let window = spent_at_500_ms(&clock).with_period(ms(400)).unwrap();
+    assert_eq!(window_of(&window), (at(300_000_000), 2));
+    assert_eq!(window.origin(), at(300_000_000));
+    assert_eq!(
+        window.ask(Amount::ONE, Ask::HEAD).not_now(),
+        Some(Some(at(700_000_000))),
+        "the window in progress now ends 400 ms after its start"
+    );
+    clock.advance_to(at(1_550_000_000));
+    assert_eq!(window_of(&window), (at(1_500_000_000), 0));
+
+    // Shortened past its end, the window in progress is over at once.
+    let clock = FakeClock::new();
+    let window = spent_at_500_ms(&clock).with_period(ms(100)).unwrap();
+    assert_eq!(window_of(&window), (at(500_000_000), 0));
+}
+
+#[test]
+fn a_period_changed_after_the_window_ended_does_not_revive_its_count() {
+    let clock = FakeClock::new();
+    let window = spent_at_500_ms(&clock);
+    clock.advance_to(at(3_800_000_000));
+    let window = window.with_period(SECOND * 10).unwrap();
+    assert_eq!(window_of(&window), (at(3_300_000_000), 0));
+}
+
+#[test]
+fn a_new_clock_restarts_the_window_at_its_reading_and_keeps_the_count() {
+    let clock = FakeClock::new();
+    let other = FakeClock::new();
+    other.advance_to(at(5_000_000_000));
+    let window = spent_at_500_ms(&clock).with_clock(other.shared());
+    assert_eq!(window_of(&window), (at(5_000_000_000), 2));
+    assert_eq!(window.origin(), at(5_000_000_000));
+    assert_eq!(
+        window.try_acquire(),
+        Err(rejected(2, SECOND, Duration::ZERO))
+    );
+    other.advance(SECOND);
+    assert_eq!(window_of(&window), (at(6_000_000_000), 0));
+
+    // Right after construction there is nothing to keep: a fresh window on the new clock.
+    let fresh = FixedWindow::of("sms", 2, SECOND)
+        .unwrap()
+        .with_clock(clock.shared());
+    assert_eq!(window_of(&fresh), (at(500_000_000), 0));
+    assert_eq!(fresh.origin(), at(500_000_000));
 }
 
 // ---- counting -----------------------------------------------------------------------------
@@ -1185,13 +1275,6 @@ fn matches_the_model(limit: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
 const NANO: Duration = Duration::from_nanos(1);
 const MICRO: Duration = Duration::from_micros(1);
 const U32_MAX: u64 = u32::MAX as u64;
-
-/// A limiter of `limit` per `period` on `clock`, built at the clock's present reading.
-fn on_clock(limit: u64, period: Duration, clock: &FakeClock) -> FixedWindow {
-    FixedWindow::of("sms", limit, period)
-        .expect("every limit >= 1 with every positive period is accepted")
-        .with_clock(clock.shared())
-}
 
 /// Fills the current window to exactly `limit`: all but one permit through the account in one
 /// ask, the last through `try_acquire`; then checks the next permit is refused.
