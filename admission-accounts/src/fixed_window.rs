@@ -1,5 +1,5 @@
-//! [`FixedWindow`]: a standalone fixed-window rate limiter (`limit` calls per `period`) that is
-//! also an [`Account`], so a fixed window can sit in a demand beside the other families.
+//! [`FixedWindow`]: a fixed-window rate limiter (`limit` calls per `period`), used alone or as an
+//! [`Account`](admission_core::Account) in a demand beside the other families.
 //!
 //! The algorithm is the classic fixed-window counter: time is cut into back-to-back windows of
 //! one period each, and each window admits at most `limit` calls. Unlike GCRA (governor's
@@ -7,24 +7,32 @@
 //! any point of a window and forgets everything when the window turns.
 //!
 //! - The windows are laid on a grid anchored at the limiter's creation, as read from its
-//!   [`Clock`], not at wall-clock boundaries; a call places itself on the grid by whole periods,
-//!   however long the limiter sat idle.
-//! - The whole state is one atomic word, the window's index and the permits used in it, updated
-//!   by compare-and-swap (see [the state](self#the-state) below for the packing and its bounds).
-//!   There is no lock; callers race for permits.
+//!   [`Clock`], not at wall-clock boundaries; a call moves the window forward by the whole
+//!   periods elapsed, however long the limiter sat idle.
+//! - The whole state is one atomic word, the window's start and the permits used in it, updated
+//!   by compare-and-swap (see [the state](self#the-state) below). There is no lock; callers race
+//!   for permits.
 //! - Permits left unused in a window are lost when it ends; each window begins at zero.
+//! - The `with_` settings keep the window in progress, its start and its count; a new period
+//!   applies from that window on. A new clock keeps the count only (see
+//!   [`FixedWindow::with_clock`]).
 //! - By default a call that finds the window spent is rejected at once. With a max wait it
 //!   sleeps (through its [`Sleeper`]) until the next window opens and races for a permit there,
 //!   round after round, until it wins one or its deadline falls before the next window's start;
 //!   a wait that cannot end in time is refused on the spot rather than slept through.
+//! - Asked as an account, it counts the primary dimension of an amount against the same window,
+//!   leaves the head's reservation aside, and reports nothing to its listener (the monitor
+//!   reports its own events).
 //!
 //! # The state
 //!
-//! The word keeps the window index (periods since creation) in its high bits and the used count
-//! in its low bits. The index gets exactly the bits needed to count every window a 64-bit
-//! nanosecond clock can reach, so it never wraps; the count gets the rest. That bounds the limit
-//! to about one permit per nanosecond of period ([`FixedWindow::max_limit`]: 536,870,911 for a
-//! second, 524,287 for a millisecond); a larger limit is a [`ConfigError`].
+//! The word is 128 bits wide: the current window's start (a `u64` of nanoseconds, as every
+//! [`Instant`]) in the high half, the permits used in it (at most the limit, a `u64`) in the low
+//! half. Each half holds every value it can be asked to, so every limit of at least 1 is accepted
+//! with every period of at least 1 ns, and a window anywhere on the clock's range is counted
+//! exactly. It is one `AtomicU128` (`portable-atomic`): one `cmpxchg16b` on x86-64, one 128-bit
+//! compare-and-swap on AArch64; only a target without a 128-bit compare-and-swap would fall back
+//! to a lock.
 //!
 //! # Extreme values
 //!
@@ -35,33 +43,40 @@
 //!   as long as the clock lasts";
 //! - a spent window whose successor would begin past [`Instant::MAX`] refuses the call on the
 //!   spot, since no max wait could reach that window;
-//! - a reading is placed in its window by dividing the time elapsed since creation, which cannot
-//!   overflow; the one reading that cannot be placed, a clock reading earlier than the limiter's
-//!   creation (a clock breaking its monotonic promise), counts against the window already
-//!   current, so the window never moves backwards and no count is lost.
+//! - a reading moves the window forward by whole periods, to a start between the old one and the
+//!   reading, which cannot overflow; a reading earlier than the stored window's start (a thread
+//!   that read the clock before another moved the window, or a clock breaking its monotonic
+//!   promise) counts against the stored window, so the window never moves backwards and no count
+//!   is lost.
+//!
+//! # Layout
+//!
+//! This file holds the type, its configuration and what reads it back; `limiter.rs` the
+//! standalone API (acquire, call, the listener); `account.rs` the [`Account`] implementation;
+//! `word.rs` the state word; `sleep.rs`, `event.rs` and `status.rs` what waiters sleep with, what
+//! the listener hears and the status record.
+//!
+//! [`Account`]: admission_core::Account
 
+mod account;
 mod event;
+mod limiter;
 mod sleep;
 mod status;
 mod word;
 
 use std::fmt;
-use std::future::Future;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::Duration;
 
-use admission_core::{
-    Account, AccountStatus, Amount, Answer, Ask, Category, Clock, Instant, Refusal, Replenishment,
-    SystemClock, WakeFn, WakeSlot,
-};
+use admission_core::{Category, Clock, Instant, SystemClock, WakeSlot};
 
 pub use event::{FixedWindowError, FixedWindowEvent};
 pub use sleep::{CancelToken, Sleeper, ThreadSleeper};
 pub use status::FixedWindowStatus;
 
 use crate::ConfigError;
-use word::Word;
+use word::{View, Word};
 
 /// The family's name in configuration errors.
 const LIMITER: &str = "fixed window";
@@ -69,11 +84,10 @@ const LIMITER: &str = "fixed window";
 /// The listener installed with [`FixedWindow::with_listener`].
 type Listener = Arc<dyn Fn(&FixedWindowEvent) + Send + Sync>;
 
-/// What a limiter was built from; every `with_` copies it, changes one thing and starts afresh.
-#[derive(Clone)]
+/// What a limiter was built from; each `with_` changes one thing.
 struct Config {
     name: &'static str,
-    /// At least 1 and at most [`FixedWindow::max_limit`] of `period`.
+    /// At least 1.
     limit: u64,
     /// Positive.
     period: Duration,
@@ -83,22 +97,21 @@ struct Config {
     listener: Option<Listener>,
 }
 
-/// A fixed-window rate limiter: at most `limit` permits in each `period`, windows aligned to the
-/// limiter's creation.
+/// A fixed-window rate limiter: at most `limit` permits in each window of `period`, the windows
+/// back to back from the limiter's creation.
 ///
-/// Build one with [`FixedWindow::of`] and the `with_` methods; each `with_` returns a new limiter
-/// with a fresh window (anchored at the moment it is built, with nothing used). Share one limiter
-/// (in an `Arc`) among every caller that must stay under the same budget.
+/// One limiter is one budget: share it (in an `Arc`) among every caller that must stay under it.
+/// Build it with [`FixedWindow::of`] and the `with_` methods, which take the limiter and give it
+/// back changed, its window in progress kept (start and count): a setting changed after takes
+/// never forgets them. [`with_clock`](FixedWindow::with_clock) alone moves the window's start,
+/// which means nothing on another clock.
 ///
-/// As a standalone limiter it is asked with [`try_acquire`](FixedWindow::try_acquire),
+/// Alone, it is asked with [`try_acquire`](FixedWindow::try_acquire),
 /// [`acquire`](FixedWindow::acquire), [`acquire_async`](FixedWindow::acquire_async) or the
-/// [`call`](FixedWindow::call) helpers, and reports each outcome to its listener. As an
-/// [`Account`] it counts the primary dimension of an amount against the current window and
-/// replenishes with time: each [`ask`](Account::ask) is one compare-and-swap that takes the
-/// permits when they fit the window beside the head's reservation, answers "not now" until the
-/// next window opens, or refuses for good an amount above the limit
-/// ([`RefusalKind::TooLarge`](admission_core::RefusalKind::TooLarge)). It reports nothing to its
-/// listener when asked as an account: the monitor reports its own events.
+/// [`call`](FixedWindow::call) helpers, and reports each outcome to its listener. In a
+/// [`Demand`](admission_core::Demand) it is an [`Account`](admission_core::Account) that never
+/// blocks: a take, "not now" until the next window opens, or a refusal of an amount above the
+/// limit. Both draw on the same count, and no window ever counts more than `limit`.
 ///
 /// # Fairness
 ///
@@ -125,6 +138,9 @@ struct Config {
 /// ```
 pub struct FixedWindow {
     config: Config,
+    /// Where the first window started: the clock's reading at construction (or at
+    /// [`with_clock`](FixedWindow::with_clock)).
+    origin: Instant,
     /// The window and its count; the only state that changes after construction.
     word: Word,
     /// The monitor's wake-up, called when a give credits the current window.
@@ -142,98 +158,114 @@ impl FixedWindow {
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] naming `limit` when it is zero or above [`FixedWindow::max_limit`] for
-    /// the period, or naming `period` when it is zero.
+    /// A [`ConfigError`] naming `limit` when it is zero, or naming `period` when it is zero.
+    /// Every other limit and period is accepted: the state counts up to `u64::MAX` permits in
+    /// windows as short as 1 ns.
     pub fn of(
         name: &'static str,
         limit: u64,
         period: Duration,
     ) -> Result<FixedWindow, ConfigError> {
         check_period(period)?;
-        check_limit(limit, period, "limit")?;
-        Ok(FixedWindow::fresh(Config {
-            name,
-            limit,
-            period,
-            max_wait: Duration::ZERO,
-            clock: Arc::new(SystemClock::new()),
-            sleeper: Arc::new(ThreadSleeper),
-            listener: None,
-        }))
+        check_limit(limit)?;
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
+        let origin = clock.now();
+        Ok(FixedWindow {
+            config: Config {
+                name,
+                limit,
+                period,
+                max_wait: Duration::ZERO,
+                clock,
+                sleeper: Arc::new(ThreadSleeper),
+                listener: None,
+            },
+            origin,
+            word: Word::new(
+                View {
+                    start: origin,
+                    used: 0,
+                },
+                word::period_nanos(period),
+            ),
+            wake: WakeSlot::new(),
+        })
     }
 
-    /// The largest limit a window of `period` can count: `2^b - 1`, where `b` is what the state
-    /// word has left after the window index takes the bits it needs (see the module docs). Zero
-    /// for a 1 ns period.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use admission_accounts::fixed_window::FixedWindow;
-    ///
-    /// assert_eq!(FixedWindow::max_limit(Duration::from_secs(1)), 536_870_911);
-    /// assert_eq!(FixedWindow::max_limit(Duration::from_millis(1)), 524_287);
-    /// assert!(FixedWindow::of("too-many", 524_288, Duration::from_millis(1)).is_err());
-    /// ```
-    pub fn max_limit(period: Duration) -> u64 {
-        word::max_used(word::period_nanos(period))
-    }
-
-    /// The same limiter allowing `limit` calls per period, with a fresh window.
+    /// The same limiter allowing `limit` calls per period from now on. The window in progress
+    /// keeps its start and its count; a limit lowered below the count leaves that window spent
+    /// until it ends.
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] naming `limit` when it is zero or above [`FixedWindow::max_limit`].
-    pub fn with_limit(&self, limit: u64) -> Result<FixedWindow, ConfigError> {
-        check_limit(limit, self.config.period, "limit")?;
-        Ok(self.rebuilt(|config| config.limit = limit))
+    /// A [`ConfigError`] naming `limit` when it is zero.
+    pub fn with_limit(mut self, limit: u64) -> Result<FixedWindow, ConfigError> {
+        check_limit(limit)?;
+        self.config.limit = limit;
+        Ok(self)
     }
 
-    /// The same limiter with windows of `period`, with a fresh window.
+    /// The same limiter with windows of `period` from now on. The window in progress keeps its
+    /// start and its count and lasts `period` from that start (it ends at once if that is past);
+    /// the windows after it follow on back to back.
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] naming `period` when it is zero, or when the current limit does not fit
-    /// a window that short ([`FixedWindow::max_limit`]).
-    pub fn with_period(&self, period: Duration) -> Result<FixedWindow, ConfigError> {
+    /// A [`ConfigError`] naming `period` when it is zero.
+    pub fn with_period(mut self, period: Duration) -> Result<FixedWindow, ConfigError> {
         check_period(period)?;
-        check_limit(self.config.limit, period, "period")?;
-        Ok(self.rebuilt(|config| config.period = period))
+        // Placed on the old period first, so that a window already over is not revived.
+        let current = self.word.read(self.config.clock.now());
+        self.word = Word::new(current, word::period_nanos(period));
+        self.config.period = period;
+        Ok(self)
     }
 
     /// The same limiter, where a call that finds the window spent may wait up to `max_wait` for
-    /// a later window, with a fresh window. Zero (the default) rejects at once; any length is
-    /// accepted, [`Duration::MAX`] included.
-    pub fn with_max_wait(&self, max_wait: Duration) -> FixedWindow {
-        self.rebuilt(|config| config.max_wait = max_wait)
+    /// a later window. Zero (the default) rejects at once; any length is accepted,
+    /// [`Duration::MAX`] included. The window in progress is kept.
+    pub fn with_max_wait(mut self, max_wait: Duration) -> FixedWindow {
+        self.config.max_wait = max_wait;
+        self
     }
 
     /// The same limiter reporting every permit and rejection of the standalone API to
-    /// `listener`, with a fresh window. A later listener replaces an earlier one.
+    /// `listener`. A later listener replaces an earlier one. The window in progress is kept.
     ///
     /// The listener runs on the caller's thread, after the decision; a listener that panics is
     /// ignored (the panic is caught, after the panic hook has run, and the call goes on as
     /// decided).
     pub fn with_listener(
-        &self,
+        mut self,
         listener: impl Fn(&FixedWindowEvent) + Send + Sync + 'static,
     ) -> FixedWindow {
-        let listener: Listener = Arc::new(listener);
-        self.rebuilt(|config| config.listener = Some(listener))
+        self.config.listener = Some(Arc::new(listener));
+        self
     }
 
-    /// The same limiter reading `clock`, with a fresh window anchored at `clock`'s present
-    /// reading. Mainly for tests: pass the test-kit's fake clock.
-    pub fn with_clock(&self, clock: Arc<dyn Clock>) -> FixedWindow {
-        self.rebuilt(|config| config.clock = clock)
+    /// The same limiter reading `clock`. Mainly for tests: pass the test-kit's fake clock, right
+    /// after [`of`](FixedWindow::of).
+    ///
+    /// An instant of the old clock means nothing on the new one, so the window in progress
+    /// cannot keep its start: it restarts at `clock`'s present reading, which becomes the
+    /// [`origin`](FixedWindow::origin), and keeps its count, so permits taken before the switch
+    /// still count. Right after construction the count is zero and this is a fresh window on
+    /// `clock`.
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> FixedWindow {
+        let used = self.word.read(self.config.clock.now()).used;
+        let start = clock.now();
+        self.word = Word::new(View { start, used }, word::period_nanos(self.config.period));
+        self.origin = start;
+        self.config.clock = clock;
+        self
     }
 
-    /// The same limiter waiting through `sleeper`, with a fresh window. Async services pass their
-    /// runtime's timer here (see [`Sleeper`] for tokio); tests pass a sleeper that advances a
-    /// fake clock.
-    pub fn with_sleeper(&self, sleeper: Arc<dyn Sleeper>) -> FixedWindow {
-        self.rebuilt(|config| config.sleeper = sleeper)
+    /// The same limiter waiting through `sleeper`. Async services pass their runtime's timer
+    /// here (see [`Sleeper`] for tokio); tests pass a sleeper that advances a fake clock. The
+    /// window in progress is kept.
+    pub fn with_sleeper(mut self, sleeper: Arc<dyn Sleeper>) -> FixedWindow {
+        self.config.sleeper = sleeper;
+        self
     }
 
     /// The limiter's name.
@@ -256,10 +288,11 @@ impl FixedWindow {
         self.config.max_wait
     }
 
-    /// Where window 0 starts: the clock's reading when this limiter was built. Every window
-    /// starts a whole number of periods after it.
+    /// Where the first window started: the clock's reading when this limiter was built (or given
+    /// its clock). Windows follow it back to back, a whole number of periods after it unless
+    /// [`with_period`](FixedWindow::with_period) changed the period since.
     pub fn origin(&self) -> Instant {
-        self.word.origin()
+        self.origin
     }
 
     /// The current window read from the clock now: its start, the permits used in it, and the
@@ -271,268 +304,9 @@ impl FixedWindow {
             limit: self.config.limit,
             period: self.config.period,
             used: view.used,
-            window_start: self.word.start_of(view.index),
+            window_start: view.start,
         }
     }
-
-    /// Takes a permit of the current window if one is left; never waits, whatever the max wait.
-    ///
-    /// # Errors
-    ///
-    /// [`FixedWindowError::Rejected`] when the window is spent.
-    pub fn try_acquire(&self) -> Result<(), FixedWindowError> {
-        match self.round(None) {
-            Round::Done(outcome) => outcome,
-            Round::Sleep(_) => Err(self.rejected()),
-        }
-    }
-
-    /// Takes a permit, blocking the thread (through the sleeper) for later windows up to the max
-    /// wait.
-    ///
-    /// A call that finds the window spent sleeps until the next window opens and races for a
-    /// permit there, round after round. Its deadline is now plus the max wait; once the next
-    /// window starts after the deadline, the call is rejected at once instead of sleeping towards
-    /// a window it could not use.
-    ///
-    /// # Errors
-    ///
-    /// [`FixedWindowError::Rejected`] when no permit could be had within the max wait.
-    ///
-    /// # Panics
-    ///
-    /// When the sleeper panics; nothing is held.
-    ///
-    /// # Cancel safety
-    ///
-    /// This call cannot be cancelled; use [`acquire_cancellable`](FixedWindow::acquire_cancellable)
-    /// for a wait another thread may end.
-    pub fn acquire(&self) -> Result<(), FixedWindowError> {
-        self.acquire_blocking(None)
-    }
-
-    /// [`acquire`](FixedWindow::acquire), ended early with an error when `cancel` is cancelled.
-    ///
-    /// # Errors
-    ///
-    /// [`FixedWindowError::Cancelled`] when `cancel` is cancelled before a permit is won (also
-    /// when it already was on entry), [`FixedWindowError::Rejected`] as for `acquire`.
-    ///
-    /// # Cancel safety
-    ///
-    /// A cancelled wait fails; it is never retried silently, and it holds nothing: a permit is
-    /// taken only in the step that returns `Ok`. The token is checked before every attempt; with
-    /// [`ThreadSleeper`] a cancel also ends the sleep at once, while a sleeper that ignores the
-    /// token is noticed when its sleep ends.
-    pub fn acquire_cancellable(&self, cancel: &CancelToken) -> Result<(), FixedWindowError> {
-        self.acquire_blocking(Some(cancel))
-    }
-
-    /// Takes a permit, waiting for later windows up to the max wait on the sleeper's async sleep.
-    ///
-    /// The deadline is read from the clock when this method is called, not at the first poll.
-    /// The returned future is `Send` and runs on any executor that its sleeper's futures run on.
-    ///
-    /// # Errors
-    ///
-    /// [`FixedWindowError::Rejected`] when no permit could be had within the max wait.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future is the cancellation: the pending sleep is dropped, nothing is retried
-    /// and nothing is held, because a permit is taken only in the poll that returns it.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use admission_accounts::fixed_window::FixedWindow;
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let api = FixedWindow::of("api", 100, Duration::from_secs(1))?;
-    /// api.acquire_async().await?;
-    /// assert_eq!(api.snapshot().used, 1);
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn acquire_async(&self) -> impl Future<Output = Result<(), FixedWindowError>> + Send + '_ {
-        let deadline = self.deadline();
-        async move {
-            loop {
-                match self.round(Some(deadline)) {
-                    Round::Done(outcome) => return outcome,
-                    Round::Sleep(duration) => self.config.sleeper.sleep_async(duration).await,
-                }
-            }
-        }
-    }
-
-    /// Runs `operation` on a permit from [`acquire`](FixedWindow::acquire) and returns what it
-    /// returns.
-    ///
-    /// # Errors
-    ///
-    /// As for `acquire`; on an error `operation` has not run.
-    ///
-    /// # Panics
-    ///
-    /// When `operation` panics; the permit stays spent.
-    pub fn call<T>(&self, operation: impl FnOnce() -> T) -> Result<T, FixedWindowError> {
-        self.acquire()?;
-        Ok(operation())
-    }
-
-    /// Runs the future `operation` makes on a permit from
-    /// [`acquire_async`](FixedWindow::acquire_async) and returns its output. `operation` is
-    /// called only once the permit is won.
-    ///
-    /// # Errors
-    ///
-    /// As for `acquire_async`; on an error `operation` has not been called.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropped while waiting, nothing is held and `operation` is never called. Dropped while the
-    /// operation runs, the permit stays spent, as it would had the operation finished.
-    pub fn call_async<F, Fut>(
-        &self,
-        operation: F,
-    ) -> impl Future<Output = Result<Fut::Output, FixedWindowError>>
-    where
-        F: FnOnce() -> Fut,
-        Fut: Future,
-    {
-        let permit = self.acquire_async();
-        async move {
-            permit.await?;
-            Ok(operation().await)
-        }
-    }
-
-    /// A new limiter from this one's configuration, changed by `change`, with a fresh window.
-    fn rebuilt(&self, change: impl FnOnce(&mut Config)) -> FixedWindow {
-        let mut config = self.config.clone();
-        change(&mut config);
-        FixedWindow::fresh(config)
-    }
-
-    /// A limiter from a validated configuration; its window 0 starts at the clock's reading now.
-    fn fresh(config: Config) -> FixedWindow {
-        let word = Word::new(config.clock.now(), word::period_nanos(config.period));
-        FixedWindow {
-            config,
-            word,
-            wake: WakeSlot::new(),
-        }
-    }
-
-    /// Now plus the max wait, clamped to [`Instant::MAX`].
-    fn deadline(&self) -> Instant {
-        self.config.clock.now().saturating_add(self.config.max_wait)
-    }
-
-    fn blocking_sleep(&self, duration: Duration, cancel: Option<&CancelToken>) {
-        match cancel {
-            Some(cancel) => self.config.sleeper.sleep_cancellable(duration, cancel),
-            None => self.config.sleeper.sleep(duration),
-        }
-    }
-
-    fn acquire_blocking(&self, cancel: Option<&CancelToken>) -> Result<(), FixedWindowError> {
-        let deadline = self.deadline();
-        loop {
-            if cancel.is_some_and(CancelToken::is_cancelled) {
-                return Err(FixedWindowError::Cancelled {
-                    name: self.config.name,
-                });
-            }
-            match self.round(Some(deadline)) {
-                Round::Done(outcome) => return outcome,
-                Round::Sleep(duration) => self.blocking_sleep(duration, cancel),
-            }
-        }
-    }
-
-    /// One attempt: a permit (reported), a rejection (reported), or how long to sleep until the
-    /// next window when it opens no later than `deadline`. `None` never sleeps.
-    fn round(&self, deadline: Option<Instant>) -> Round {
-        let config = &self.config;
-        let now = config.clock.now();
-        match self.word.take(now, 1, 0, config.limit) {
-            Ok(view) => {
-                self.emit(|| FixedWindowEvent::Permitted {
-                    at: now,
-                    name: config.name,
-                    remaining: config.limit.saturating_sub(view.used),
-                });
-                Round::Done(Ok(()))
-            }
-            Err(view) => {
-                let next = self.word.next_start(view.index);
-                if let (Some(next), Some(deadline)) = (next, deadline)
-                    && next <= deadline
-                {
-                    return Round::Sleep(next.saturating_duration_since(now));
-                }
-                self.emit(|| FixedWindowEvent::Rejected {
-                    at: now,
-                    name: config.name,
-                    estimated_wait: next
-                        .map_or(Duration::MAX, |next| next.saturating_duration_since(now)),
-                });
-                Round::Done(Err(self.rejected()))
-            }
-        }
-    }
-
-    fn rejected(&self) -> FixedWindowError {
-        FixedWindowError::Rejected {
-            name: self.config.name,
-            limit: self.config.limit,
-            period: self.config.period,
-            max_wait: self.config.max_wait,
-        }
-    }
-
-    /// Hands the event `make` builds to the listener, if there is one; a panic in it is caught
-    /// and dropped. No event is built without a listener.
-    fn emit(&self, make: impl FnOnce() -> FixedWindowEvent) {
-        let Some(listener) = &self.config.listener else {
-            return;
-        };
-        let event = make();
-        if catch_unwind(AssertUnwindSafe(|| listener(&event))).is_err() {
-            tracing::debug!(
-                limiter = self.config.name,
-                "a fixed window listener panicked; the panic was ignored"
-            );
-        }
-    }
-
-    /// The primary dimension of `mine`, or the refusal of an amount no window can hold.
-    fn permits_of(&self, mine: Amount) -> Result<u64, Refusal> {
-        let n = mine.primary();
-        let config = &self.config;
-        if n > config.limit {
-            return Err(
-                Refusal::too_large(mine, Amount::units(config.limit)).with_message(format!(
-                    "fixed window `{}` allows {} calls per {:?} window, so a demand of {n} can \
-                     never fit; ask for at most {} at a time",
-                    config.name, config.limit, config.period, config.limit
-                )),
-            );
-        }
-        Ok(n)
-    }
-}
-
-/// What one attempt of an acquire decided.
-enum Round {
-    /// A permit, or a rejection; reported to the listener already.
-    Done(Result<(), FixedWindowError>),
-    /// Sleep this long, then try again.
-    Sleep(Duration),
 }
 
 fn check_period(period: Duration) -> Result<(), ConfigError> {
@@ -546,8 +320,7 @@ fn check_period(period: Duration) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Checks `limit` against `period`, blaming `field` when it does not fit the state word.
-fn check_limit(limit: u64, period: Duration, field: &'static str) -> Result<(), ConfigError> {
+fn check_limit(limit: u64) -> Result<(), ConfigError> {
     if limit == 0 {
         return Err(ConfigError::new(
             LIMITER,
@@ -555,85 +328,7 @@ fn check_limit(limit: u64, period: Duration, field: &'static str) -> Result<(), 
             "must be at least 1; got 0",
         ));
     }
-    let max = FixedWindow::max_limit(period);
-    if limit > max {
-        return Err(ConfigError::new(
-            LIMITER,
-            field,
-            format!(
-                "leaves room for at most {max} permits per {period:?} window (the count shares \
-                 one 64-bit word with the window index); got a limit of {limit}"
-            ),
-        ));
-    }
     Ok(())
-}
-
-impl Account for FixedWindow {
-    fn name(&self) -> &str {
-        self.config.name
-    }
-
-    fn category(&self) -> Category {
-        FixedWindow::CATEGORY
-    }
-
-    fn replenishment(&self) -> Replenishment {
-        Replenishment::Time
-    }
-
-    /// One compare-and-swap (one read for a look): `mine` permits are taken when they fit the
-    /// current window beside the head's reservation. "Not now" names the start of the next
-    /// window, when a fresh window holds `mine` with the reservation, and `None` when no window
-    /// ever can (or the next one is past the end of the clock).
-    fn ask(&self, mine: Amount, ask: Ask) -> Answer {
-        let n = match self.permits_of(mine) {
-            Ok(n) => n,
-            Err(refusal) => return Answer::Never(refusal),
-        };
-        let reserved = ask.reserved_ahead().primary();
-        let limit = self.config.limit;
-        let now = self.config.clock.now();
-        let fits = if ask.takes() {
-            self.word.take(now, n, reserved, limit)
-        } else {
-            let view = self.word.read(now);
-            if n.saturating_add(reserved) <= limit.saturating_sub(view.used) {
-                Ok(view)
-            } else {
-                Err(view)
-            }
-        };
-        match fits {
-            Ok(_) => Answer::Taken,
-            Err(_) if n.saturating_add(reserved) > limit => Answer::NotNow(None),
-            Err(view) => Answer::NotNow(self.word.next_start(view.index)),
-        }
-    }
-
-    /// Returns permits to the current window, never below zero used, and wakes the monitor.
-    ///
-    /// A give cannot tell which window its permits were taken in: it credits the window stored
-    /// now if that window is still open, and credits nothing once it has ended (the window that
-    /// follows starts empty anyway). The monitor rolls a take back within the same pass, so in
-    /// practice the window has not turned in between.
-    fn give(&self, amount: Amount) {
-        let credited = self.word.give(self.config.clock.now(), amount.primary());
-        if credited > 0 {
-            self.wake.notify();
-        }
-    }
-
-    fn status(&self) -> Box<dyn AccountStatus> {
-        Box::new(self.snapshot())
-    }
-
-    fn on_capacity_change(&self, wake: Option<WakeFn>) {
-        self.wake.install(wake);
-    }
-    fn forget_capacity_change(&self, wake: &WakeFn) {
-        self.wake.clear_if(wake);
-    }
 }
 
 impl fmt::Debug for FixedWindow {
@@ -644,7 +339,7 @@ impl fmt::Debug for FixedWindow {
             .field("limit", &self.config.limit)
             .field("period", &self.config.period)
             .field("max_wait", &self.config.max_wait)
-            .field("window", &view.index)
+            .field("window_start", &view.start)
             .field("used", &view.used)
             .field("listener", &self.config.listener.is_some())
             .finish_non_exhaustive()

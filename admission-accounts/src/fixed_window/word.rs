@@ -1,67 +1,76 @@
-//! The fixed window's whole state: one `AtomicU64` packing the current window's index and the
-//! permits used in it, and the grid arithmetic that places a clock reading in a window.
+//! The fixed window's whole state: one 128-bit atomic word holding the current window's start
+//! and the permits used in it, and the arithmetic that moves a window forward to a clock reading.
 //!
 //! # The packing
 //!
-//! Windows are numbered from the limiter's creation: window `k` covers
-//! `[origin + k * period, origin + (k + 1) * period)`. The word holds `k` in its high bits and the
-//! used count in its low `used_bits`:
-//!
 //! ```text
-//!   63                      used_bits                     0
-//!  +-------------------------+----------------------------+
-//!  |  window index k         |  permits used in window k  |
-//!  +-------------------------+----------------------------+
+//!   127                           64 63                             0
+//!  +-------------------------------+--------------------------------+
+//!  |  window start (u64 ns)        |  permits used in that window   |
+//!  +-------------------------------+--------------------------------+
 //! ```
 //!
-//! The split depends on the period alone. The index field gets exactly enough bits to count every
-//! window a 64-bit nanosecond clock can reach, `u64::MAX / period` of them, so the index never
-//! wraps and a window idle for centuries is still told apart from the current one. The used count
-//! gets what is left, which caps the limit at `2^used_bits - 1`: roughly one permit per
-//! nanosecond of period (a 1 s window holds up to 536,870,911 permits, a 1 ms window 524,287, a
-//! 1 µs window 511). A larger limit is refused at construction, never silently clamped.
+//! Each half is as wide as what it holds, so nothing is lost for any configuration: a window
+//! start is an [`Instant`], a `u64` of nanoseconds, and lies between the limiter's creation and
+//! the latest reading, so it is any instant the clock can show; the count never exceeds the
+//! limit, a `u64`. Every limit of at least 1 with every period of at least 1 ns fits, over the
+//! clock's whole range.
 //!
-//! Every update is one compare-and-swap of the whole word, so the index and the count always
-//! change together; a thread that loses the race spins briefly, then yields, and retries.
+//! Every update is one compare-and-swap of all 128 bits, so the start and the count always change
+//! together; a thread that loses the race spins briefly, then yields, and retries. The atomic is
+//! [`portable_atomic::AtomicU128`]: `cmpxchg16b` on x86-64 (detected at run time unless enabled
+//! at compile time), `casp` or an exclusive pair on AArch64; only on a target with no 128-bit
+//! compare-and-swap does it fall back to a lock of its own.
 //!
-//! # Overflow
+//! # Moving forward
 //!
-//! Instants are `u64` nanoseconds and every step here is checked or saturating: the period is
-//! clamped to `u64::MAX` nanoseconds before it is converted; the elapsed time since creation is
-//! divided, never multiplied, so placing a reading cannot overflow; the start of the *next*
-//! window is `None` when it lies past [`Instant::MAX`]; and a reading earlier than the origin (a
-//! clock that broke its promise to be monotonic) counts as the window already stored rather than
-//! underflowing.
+//! A reading `now` at or past the stored window's end moves the window forward by the whole
+//! periods elapsed: the new start is `start + elapsed - elapsed % period`, at most `now`, so it
+//! cannot overflow and needs no multiplication. A reading inside the stored window, or before
+//! its start (a thread that read the clock before another moved the window, or a clock that broke
+//! its promise to be monotonic), counts in the stored window: the window never moves backwards.
+//! A window whose end lies past [`Instant::MAX`] never ends, and its successor is `None`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use admission_core::Instant;
+use portable_atomic::AtomicU128;
 
 /// How many compare-and-swap failures are answered with a short spin before the thread yields.
 const SPIN_ATTEMPTS: u32 = 6;
 
-/// A window as one caller sees it: which window, and how much of it is used.
+/// A window as one caller sees it: where it starts, and how much of it is used.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(super) struct View {
-    /// The window's index, counted in whole periods from the limiter's creation.
-    pub(super) index: u64,
+    /// Where the window starts on the limiter's clock.
+    pub(super) start: Instant,
     /// Permits used in that window.
     pub(super) used: u64,
 }
 
-/// The packed state and the grid it lives on.
+impl View {
+    fn pack(self) -> u128 {
+        (u128::from(self.start.as_nanos()) << 64) | u128::from(self.used)
+    }
+
+    fn unpack(word: u128) -> View {
+        View {
+            // Both casts keep exactly the half they name: the high and the low 64 bits.
+            start: Instant::from_nanos((word >> 64) as u64),
+            used: word as u64,
+        }
+    }
+}
+
+/// The packed state and the period it moves by.
 #[derive(Debug)]
 pub(super) struct Word {
-    /// The limiter's creation, in nanoseconds on its clock: the start of window 0.
-    origin: u64,
     /// The period in nanoseconds, at least 1 (clamped to `u64::MAX` for longer periods).
     period: u64,
-    /// How many low bits of `state` hold the used count.
-    used_bits: u32,
-    /// `index << used_bits | used`. Only ever changed by compare-and-swap of the whole word, so a
-    /// reader always sees an index together with the count that belongs to it.
-    state: AtomicU64,
+    /// A packed [`View`] of the stored window. Only ever changed by compare-and-swap of the whole
+    /// word, so a reader always sees a start together with the count that belongs to it.
+    state: AtomicU128,
 }
 
 /// The period in nanoseconds, clamped to `1..=u64::MAX` before any arithmetic uses it.
@@ -69,73 +78,31 @@ pub(super) fn period_nanos(period: Duration) -> u64 {
     u64::try_from(period.as_nanos()).unwrap_or(u64::MAX).max(1)
 }
 
-/// How many low bits hold the used count for a period of `period_nanos`: whatever the index of
-/// the last window a `u64` nanosecond clock can reach leaves free.
-pub(super) fn used_bits(period_nanos: u64) -> u32 {
-    let last_index = u64::MAX / period_nanos.max(1);
-    // `last_index` is at least 1, so the index needs at least one bit and the count at most 63.
-    last_index.leading_zeros()
-}
-
-/// The largest used count (and so the largest limit) the word can hold for `period_nanos`.
-pub(super) fn max_used(period_nanos: u64) -> u64 {
-    (1u64 << used_bits(period_nanos)) - 1
-}
-
 impl Word {
-    /// Window 0, nothing used, starting at `origin`.
-    pub(super) fn new(origin: Instant, period_nanos: u64) -> Word {
-        let period = period_nanos.max(1);
+    /// The window `current`, of `period_nanos` (at least 1).
+    pub(super) fn new(current: View, period_nanos: u64) -> Word {
         Word {
-            origin: origin.as_nanos(),
-            period,
-            used_bits: used_bits(period),
-            state: AtomicU64::new(0),
-        }
-    }
-
-    /// The limiter's creation instant: the start of window 0.
-    pub(super) fn origin(&self) -> Instant {
-        Instant::from_nanos(self.origin)
-    }
-
-    fn pack(&self, view: View) -> u64 {
-        (view.index << self.used_bits) | view.used
-    }
-
-    fn unpack(&self, word: u64) -> View {
-        let mask = (1u64 << self.used_bits) - 1;
-        View {
-            // A shift by 64 cannot happen: `used_bits` is at most 63.
-            index: word >> self.used_bits,
-            used: word & mask,
+            period: period_nanos.max(1),
+            state: AtomicU128::new(current.pack()),
         }
     }
 
     /// The window the stored word describes, moved forward to the one holding `now` if `now` is
-    /// past its end. Never moves backwards: a reading older than the stored window (a thread
-    /// that read the clock before another advanced the window) counts in the stored window.
-    fn at(&self, word: u64, now: Instant) -> View {
-        let stored = self.unpack(word);
-        // A reading before the origin has elapsed nothing; it belongs to the stored window.
-        let Some(elapsed) = now.as_nanos().checked_sub(self.origin) else {
-            return stored;
-        };
-        // The stored window ends `(index + 1) * period` after the origin; a product past `u64`
-        // is an end no reading can reach. Comparing with a product spares the division on the
-        // path where the window has not moved.
-        let still_open = stored
-            .index
-            .checked_add(1)
-            .and_then(|next| next.checked_mul(self.period))
-            .is_none_or(|end| elapsed < end);
-        if still_open {
-            stored
-        } else {
-            View {
-                index: elapsed / self.period,
+    /// at or past its end.
+    fn at(&self, word: u128, now: Instant) -> View {
+        let stored = View::unpack(word);
+        match now.as_nanos().checked_sub(stored.start.as_nanos()) {
+            // A reading before the stored start belongs to the stored window.
+            None => stored,
+            // Still inside; also every reading of a window whose end is past the clock's range.
+            Some(elapsed) if elapsed < self.period => stored,
+            // `start + elapsed` is `now`, so the sum cannot overflow.
+            Some(elapsed) => View {
+                start: Instant::from_nanos(
+                    stored.start.as_nanos() + (elapsed - elapsed % self.period),
+                ),
                 used: 0,
-            }
+            },
         }
     }
 
@@ -166,13 +133,14 @@ impl Word {
             if n == 0 {
                 return Ok(view);
             }
+            // `n <= free`, so the count stays at most `limit`.
             let taken = View {
-                index: view.index,
+                start: view.start,
                 used: view.used + n,
             };
             match self.state.compare_exchange_weak(
                 word,
-                self.pack(taken),
+                taken.pack(),
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
@@ -193,19 +161,18 @@ impl Word {
         let mut word = self.state.load(Ordering::Acquire);
         let mut failures = 0;
         loop {
-            let stored = self.unpack(word);
             let view = self.at(word, now);
-            if view.index != stored.index || view.used == 0 || n == 0 {
+            if view.start != View::unpack(word).start || view.used == 0 || n == 0 {
                 return 0;
             }
             let credited = n.min(view.used);
             let given = View {
-                index: view.index,
+                start: view.start,
                 used: view.used - credited,
             };
             match self.state.compare_exchange_weak(
                 word,
-                self.pack(given),
+                given.pack(),
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
@@ -218,22 +185,12 @@ impl Word {
         }
     }
 
-    /// Where window `index` starts. Saturates at [`Instant::MAX`], which no index read from the
-    /// clock reaches: `origin + index * period` is at most the reading the index came from.
-    pub(super) fn start_of(&self, index: u64) -> Instant {
-        let start = index
-            .checked_mul(self.period)
-            .and_then(|offset| offset.checked_add(self.origin));
-        Instant::from_nanos(start.unwrap_or(u64::MAX))
-    }
-
-    /// Where the window after `index` starts, or `None` when that instant is past
+    /// Where the window after `view` starts, or `None` when that instant is past
     /// [`Instant::MAX`]: a window that never opens, which no wait can reach.
-    pub(super) fn next_start(&self, index: u64) -> Option<Instant> {
-        index
-            .checked_add(1)
-            .and_then(|next| next.checked_mul(self.period))
-            .and_then(|offset| offset.checked_add(self.origin))
+    pub(super) fn next_start(&self, view: View) -> Option<Instant> {
+        view.start
+            .as_nanos()
+            .checked_add(self.period)
             .map(Instant::from_nanos)
     }
 }
@@ -258,23 +215,31 @@ mod tests {
 
     const SECOND: u64 = 1_000_000_000;
 
+    fn at(nanos: u64) -> Instant {
+        Instant::from_nanos(nanos)
+    }
+
+    fn fresh(start: Instant) -> View {
+        View { start, used: 0 }
+    }
+
     #[test]
-    fn the_split_leaves_the_index_room_for_every_window_of_the_clock() {
-        assert_eq!(used_bits(SECOND), 29);
-        assert_eq!(max_used(SECOND), 536_870_911);
-        assert_eq!(max_used(1_000_000), 524_287);
-        assert_eq!(max_used(1_000), 511);
-        assert_eq!(max_used(1), 0);
-        assert_eq!(used_bits(u64::MAX), 63);
-        for period in [1, 2, 3, 1_000, SECOND, u64::MAX / 2, u64::MAX] {
-            let last = u64::MAX / period;
-            let bits = used_bits(period);
-            assert!(
-                bits == 0 || last < (1u64 << (64 - bits)),
-                "{period}: {last} needs more than {} bits",
-                64 - bits
-            );
+    fn a_word_round_trips_every_start_with_every_count() {
+        for start in [0, 1, SECOND, u64::MAX - 1, u64::MAX] {
+            for used in [0, 1, u64::from(u32::MAX), u64::MAX - 1, u64::MAX] {
+                let view = View {
+                    start: at(start),
+                    used,
+                };
+                assert_eq!(View::unpack(view.pack()), view);
+            }
         }
+    }
+
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    #[test]
+    fn the_word_is_lock_free_on_this_machine() {
+        assert!(AtomicU128::is_lock_free());
     }
 
     #[test]
@@ -285,35 +250,69 @@ mod tests {
     }
 
     #[test]
-    fn a_word_round_trips_an_index_with_its_count() {
-        let word = Word::new(Instant::ZERO, SECOND);
-        let view = View {
-            index: u64::MAX / SECOND,
-            used: max_used(SECOND),
-        };
-        assert_eq!(word.unpack(word.pack(view)), view);
+    fn a_reading_moves_the_window_by_whole_periods_from_its_start() {
+        let word = Word::new(fresh(at(7)), 1_000);
+        assert_eq!(
+            word.read(at(1_006)),
+            View {
+                start: at(7),
+                used: 0
+            }
+        );
+        assert_eq!(word.read(at(1_007)).start, at(1_007));
+        assert_eq!(
+            word.read(at(u64::MAX)).start,
+            at((u64::MAX - 7) / 1_000 * 1_000 + 7)
+        );
+        let nanosecond = Word::new(fresh(at(0)), 1);
+        assert_eq!(nanosecond.read(at(u64::MAX)).start, at(u64::MAX));
     }
 
     #[test]
     fn the_next_window_past_the_end_of_the_clock_is_none() {
-        let word = Word::new(Instant::from_nanos(u64::MAX - 10), 100);
-        assert_eq!(word.next_start(0), None);
-        assert_eq!(word.start_of(0), Instant::from_nanos(u64::MAX - 10));
-        let word = Word::new(Instant::ZERO, u64::MAX);
-        assert_eq!(word.next_start(0), Some(Instant::MAX));
-        assert_eq!(word.next_start(1), None);
+        let word = Word::new(fresh(at(u64::MAX - 10)), 100);
+        assert_eq!(word.next_start(word.read(at(u64::MAX))), None);
+        assert_eq!(word.read(at(u64::MAX)).start, at(u64::MAX - 10));
+        let word = Word::new(fresh(Instant::ZERO), u64::MAX);
+        assert_eq!(word.next_start(word.read(at(5))), Some(Instant::MAX));
+        let last = word.read(Instant::MAX);
+        assert_eq!((last.start, word.next_start(last)), (Instant::MAX, None));
     }
 
     #[test]
-    fn a_reading_before_the_origin_stays_in_the_stored_window() {
-        let word = Word::new(Instant::from_nanos(5 * SECOND), SECOND);
+    fn a_reading_before_the_stored_start_stays_in_the_stored_window() {
+        let word = Word::new(fresh(at(5 * SECOND)), SECOND);
         assert_eq!(
-            word.take(Instant::from_nanos(7 * SECOND), 1, 0, 10),
-            Ok(View { index: 2, used: 1 })
+            word.take(at(7 * SECOND), 1, 0, 10),
+            Ok(View {
+                start: at(7 * SECOND),
+                used: 1
+            })
         );
         assert_eq!(
-            word.take(Instant::from_nanos(SECOND), 1, 0, 10),
-            Ok(View { index: 2, used: 2 })
+            word.take(at(SECOND), 1, 0, 10),
+            Ok(View {
+                start: at(7 * SECOND),
+                used: 2
+            })
         );
+    }
+
+    #[test]
+    fn a_count_of_u64_max_is_taken_and_given_back_exactly() {
+        let word = Word::new(fresh(at(u64::MAX - 1)), 1);
+        let now = at(u64::MAX - 1);
+        assert_eq!(
+            word.take(now, u64::MAX, 0, u64::MAX).map(|v| v.used),
+            Ok(u64::MAX)
+        );
+        assert_eq!(
+            word.take(now, 1, 0, u64::MAX).map_err(|v| v.used),
+            Err(u64::MAX)
+        );
+        assert_eq!(word.give(now, 1), 1);
+        assert_eq!(word.read(now).used, u64::MAX - 1);
+        assert_eq!(word.give(at(u64::MAX), 5), 0, "the window has turned");
+        assert_eq!(word.read(at(u64::MAX)).used, 0);
     }
 }

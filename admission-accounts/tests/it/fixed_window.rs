@@ -1,5 +1,6 @@
-//! The fixed-window rate limiter: configuration, exact counting under contention, alignment,
-//! waiting through a sleeper, events, every extreme value, async acquire, the account contract
+//! The fixed-window rate limiter: configuration and settings changed after takes, exact counting
+//! under contention, alignment, waiting through a sleeper, events, every extreme value (1 ns
+//! windows, limits up to `u64::MAX`, the end of the clock), async acquire, the account contract
 //! and one monitor scenario. Time is a `FakeClock`; every sleep is a fake that advances it.
 
 use std::future::Future;
@@ -135,6 +136,13 @@ fn limiter(
         .with_sleeper(sleeper.clone())
 }
 
+/// A limiter of `limit` per `period` on `clock`, built at the clock's present reading.
+fn on_clock(limit: u64, period: Duration, clock: &FakeClock) -> FixedWindow {
+    FixedWindow::of("sms", limit, period)
+        .expect("every limit >= 1 with every positive period is accepted")
+        .with_clock(clock.shared())
+}
+
 fn rejected(limit: u64, period: Duration, max_wait: Duration) -> FixedWindowError {
     FixedWindowError::Rejected {
         name: "sms",
@@ -169,82 +177,161 @@ fn of_refuses_a_zero_period_naming_the_period() {
 }
 
 #[test]
-fn a_limit_the_state_word_cannot_count_is_refused_not_clamped() {
-    let period = ms(1);
-    assert_eq!(FixedWindow::max_limit(period), 524_287);
-    let fits = FixedWindow::of("sms", 524_287, period).expect("the largest limit fits");
-    assert_eq!(fits.limit(), 524_287);
-    let error = FixedWindow::of("sms", 524_288, period).unwrap_err();
-    assert_eq!(error.field, "limit");
-    assert!(
-        error.reason.contains("at most 524287") && error.reason.contains("524288"),
-        "{error}"
-    );
-    assert_eq!(
-        FixedWindow::of("sms", 1, Duration::from_nanos(1))
-            .unwrap_err()
-            .field,
-        "limit"
-    );
+fn every_limit_from_one_is_accepted_with_every_positive_period() {
+    for period in [
+        Duration::from_nanos(1),
+        Duration::from_nanos(3),
+        Duration::from_micros(1),
+        ms(1),
+        SECOND,
+        Duration::MAX,
+    ] {
+        for limit in [1, 511, 512, u64::from(u32::MAX), u64::MAX] {
+            let window = FixedWindow::of("sms", limit, period)
+                .unwrap_or_else(|error| panic!("{limit} per {period:?}: {error}"));
+            assert_eq!((window.limit(), window.period()), (limit, period));
+        }
+    }
 }
 
 #[test]
 fn with_limit_and_with_period_validate_again_naming_the_field_they_change() {
-    let window = FixedWindow::of("sms", 1_000, SECOND).unwrap();
-    assert_eq!(window.with_limit(0).unwrap_err().field, "limit");
+    let window = || FixedWindow::of("sms", 1_000, SECOND).unwrap();
+    assert_eq!(window().with_limit(0).unwrap_err().field, "limit");
     assert_eq!(
-        window.with_period(Duration::ZERO).unwrap_err().field,
+        window().with_period(Duration::ZERO).unwrap_err().field,
         "period"
     );
-    // A 100 ns window counts at most 63 permits, so 1,000 no longer fit.
-    assert_eq!(FixedWindow::max_limit(Duration::from_nanos(100)), 63);
     assert_eq!(
-        window
-            .with_period(Duration::from_nanos(100))
-            .unwrap_err()
-            .field,
-        "period"
+        window()
+            .with_period(Duration::from_nanos(1))
+            .unwrap()
+            .period(),
+        Duration::from_nanos(1),
+        "a limit of 1,000 fits a 1 ns window"
     );
-    assert_eq!(window.with_limit(7).unwrap().limit(), 7);
-    assert_eq!(window.with_period(ms(5)).unwrap().period(), ms(5));
+    assert_eq!(window().with_limit(7).unwrap().limit(), 7);
+    assert_eq!(window().with_period(ms(5)).unwrap().period(), ms(5));
+}
+
+/// A limiter of 2 per second built at 300 ms with both permits taken, read at 500 ms.
+fn spent_at_500_ms(clock: &FakeClock) -> FixedWindow {
+    clock.advance_to(at(300_000_000));
+    let spent = on_clock(2, SECOND, clock);
+    spent.try_acquire().unwrap();
+    spent.try_acquire().unwrap();
+    clock.advance_to(at(500_000_000));
+    spent
+}
+
+/// The window's start and count as the limiter reads them now.
+fn window_of(window: &FixedWindow) -> (Instant, u64) {
+    let status = window.snapshot();
+    (status.window_start, status.used)
 }
 
 #[test]
-fn every_with_returns_a_new_limiter_with_a_fresh_window_and_reads_back_its_values() {
+fn a_setting_changed_after_takes_keeps_the_window_start_and_the_count() {
     let clock = FakeClock::new();
-    clock.advance(ms(300));
-    let spent = FixedWindow::of("sms", 2, SECOND)
-        .unwrap()
-        .with_clock(clock.shared());
-    spent.try_acquire().unwrap();
-    spent.try_acquire().unwrap();
-    assert_eq!(spent.origin(), at(300_000_000));
-    clock.advance(ms(200));
-
-    let waiting = spent.with_max_wait(ms(1_500));
+    let kept = (at(300_000_000), 2);
+    let (events, listener) = recorder();
+    let window = spent_at_500_ms(&clock)
+        .with_max_wait(ms(1_500))
+        .with_listener(listener)
+        .with_sleeper(Arc::new(ThreadSleeper));
+    assert_eq!(window_of(&window), kept);
+    assert_eq!(window.origin(), at(300_000_000));
     assert_eq!(
         (
-            waiting.name(),
-            waiting.limit(),
-            waiting.period(),
-            waiting.max_wait()
+            window.name(),
+            window.limit(),
+            window.period(),
+            window.max_wait()
         ),
         ("sms", 2, SECOND, ms(1_500))
     );
-    assert_eq!(waiting.origin(), at(500_000_000));
-    assert_eq!(waiting.snapshot().used, 0);
-    for fresh in [
-        spent.with_limit(3).unwrap(),
-        spent.with_period(ms(10)).unwrap(),
-        spent.with_listener(|_| {}),
-        spent.with_sleeper(Arc::new(ThreadSleeper)),
-        spent.with_clock(clock.shared()),
-    ] {
-        assert_eq!(fresh.snapshot().used, 0, "{fresh:?}");
-        assert_eq!(fresh.origin(), at(500_000_000), "{fresh:?}");
-    }
-    assert_eq!(spent.snapshot().used, 2, "the original keeps its window");
-    assert_eq!(spent.max_wait(), Duration::ZERO);
+    assert!(events.lock().unwrap().is_empty());
+
+    let window = window.with_limit(3).unwrap();
+    assert_eq!(window_of(&window), kept);
+    assert_eq!(
+        window.try_acquire(),
+        Ok(()),
+        "the third permit of the raised limit"
+    );
+    assert_eq!(
+        window.ask(Amount::ONE, Ask::HEAD).not_now(),
+        Some(Some(at(1_300_000_000)))
+    );
+    clock.advance_to(at(1_300_000_000));
+    assert_eq!(window_of(&window), (at(1_300_000_000), 0));
+}
+
+#[test]
+fn a_limit_lowered_below_the_count_leaves_the_window_spent_until_it_ends() {
+    let clock = FakeClock::new();
+    let window = spent_at_500_ms(&clock).with_limit(1).unwrap();
+    assert_eq!(window_of(&window), (at(300_000_000), 2));
+    assert_eq!(window.snapshot().remaining(), 0);
+    assert_eq!(
+        window.try_acquire(),
+        Err(rejected(1, SECOND, Duration::ZERO))
+    );
+    clock.advance_to(at(1_300_000_000));
+    assert_eq!(window.try_acquire(), Ok(()));
+    assert_eq!(window_of(&window), (at(1_300_000_000), 1));
+}
+
+#[test]
+fn a_period_changed_after_takes_keeps_the_window_in_progress_for_the_new_length() {
+    let clock = FakeClock::new();
+    let window = spent_at_500_ms(&clock).with_period(ms(400)).unwrap();
+    assert_eq!(window_of(&window), (at(300_000_000), 2));
+    assert_eq!(window.origin(), at(300_000_000));
+    assert_eq!(
+        window.ask(Amount::ONE, Ask::HEAD).not_now(),
+        Some(Some(at(700_000_000))),
+        "the window in progress now ends 400 ms after its start"
+    );
+    clock.advance_to(at(1_550_000_000));
+    assert_eq!(window_of(&window), (at(1_500_000_000), 0));
+
+    // Shortened past its end, the window in progress is over at once.
+    let clock = FakeClock::new();
+    let window = spent_at_500_ms(&clock).with_period(ms(100)).unwrap();
+    assert_eq!(window_of(&window), (at(500_000_000), 0));
+}
+
+#[test]
+fn a_period_changed_after_the_window_ended_does_not_revive_its_count() {
+    let clock = FakeClock::new();
+    let window = spent_at_500_ms(&clock);
+    clock.advance_to(at(3_800_000_000));
+    let window = window.with_period(SECOND * 10).unwrap();
+    assert_eq!(window_of(&window), (at(3_300_000_000), 0));
+}
+
+#[test]
+fn a_new_clock_restarts_the_window_at_its_reading_and_keeps_the_count() {
+    let clock = FakeClock::new();
+    let other = FakeClock::new();
+    other.advance_to(at(5_000_000_000));
+    let window = spent_at_500_ms(&clock).with_clock(other.shared());
+    assert_eq!(window_of(&window), (at(5_000_000_000), 2));
+    assert_eq!(window.origin(), at(5_000_000_000));
+    assert_eq!(
+        window.try_acquire(),
+        Err(rejected(2, SECOND, Duration::ZERO))
+    );
+    other.advance(SECOND);
+    assert_eq!(window_of(&window), (at(6_000_000_000), 0));
+
+    // Right after construction there is nothing to keep: a fresh window on the new clock.
+    let fresh = FixedWindow::of("sms", 2, SECOND)
+        .unwrap()
+        .with_clock(clock.shared());
+    assert_eq!(window_of(&fresh), (at(500_000_000), 0));
+    assert_eq!(fresh.origin(), at(500_000_000));
 }
 
 // ---- counting -----------------------------------------------------------------------------
@@ -652,7 +739,6 @@ fn a_period_of_duration_max_is_clamped_before_conversion_and_still_counts_window
     let sleeper = FakeSleeper::new(&clock);
     let window = limiter(1, Duration::MAX, Duration::MAX, &clock, &sleeper);
     assert_eq!(window.period(), Duration::MAX);
-    assert_eq!(FixedWindow::max_limit(Duration::MAX), (1 << 63) - 1);
     window.acquire().unwrap();
     // Window 1 starts at u64::MAX nanoseconds: the last instant of the clock.
     assert_eq!(
@@ -1182,4 +1268,155 @@ fn matches_the_model(limit: u64, ops: Vec<Op>) -> Result<(), TestCaseError> {
         prop_assert_eq!(status.window_start, at(ORIGIN + current * PERIOD));
     }
     Ok(())
+}
+
+// ---- the whole range: any period, any limit -----------------------------------------------
+
+const NANO: Duration = Duration::from_nanos(1);
+const MICRO: Duration = Duration::from_micros(1);
+const U32_MAX: u64 = u32::MAX as u64;
+
+/// Fills the current window to exactly `limit`: all but one permit through the account in one
+/// ask, the last through `try_acquire`; then checks the next permit is refused.
+fn fill_to_the_limit(window: &FixedWindow, limit: u64) {
+    assert!(window.ask(Amount::units(limit - 1), Ask::HEAD).is_taken());
+    assert_eq!(window.snapshot().used, limit - 1);
+    assert_eq!(window.try_acquire(), Ok(()));
+    assert_eq!(window.snapshot().used, limit);
+    assert_eq!(
+        window.try_acquire(),
+        Err(FixedWindowError::Rejected {
+            name: "sms",
+            limit,
+            period: window.period(),
+            max_wait: Duration::ZERO,
+        })
+    );
+    assert_eq!(window.snapshot().used, limit, "a refusal takes nothing");
+}
+
+#[test]
+fn a_one_nanosecond_window_counts_u32_max_permits_exactly_and_resets() {
+    let clock = FakeClock::new();
+    clock.advance_to(at(1_000));
+    let window = on_clock(U32_MAX, NANO, &clock);
+    fill_to_the_limit(&window, U32_MAX);
+    assert_eq!(
+        window.ask(Amount::ONE, Ask::HEAD).not_now(),
+        Some(Some(at(1_001)))
+    );
+    clock.advance(NANO);
+    assert_eq!(
+        (window.snapshot().window_start, window.snapshot().used),
+        (at(1_001), 0)
+    );
+    fill_to_the_limit(&window, U32_MAX);
+}
+
+#[test]
+fn a_one_microsecond_window_counts_u32_max_permits_exactly_and_resets() {
+    let clock = FakeClock::new();
+    let window = on_clock(U32_MAX, MICRO, &clock);
+    clock.advance(Duration::from_nanos(999));
+    fill_to_the_limit(&window, U32_MAX);
+    assert_eq!(
+        window.ask(Amount::ONE, Ask::HEAD.look()).not_now(),
+        Some(Some(at(1_000)))
+    );
+    clock.advance(NANO);
+    assert_eq!(
+        (window.snapshot().window_start, window.snapshot().used),
+        (at(1_000), 0)
+    );
+    fill_to_the_limit(&window, U32_MAX);
+}
+
+#[test]
+fn a_limit_of_u64_max_is_counted_to_the_last_permit_in_a_one_nanosecond_window() {
+    let clock = FakeClock::new();
+    let window = on_clock(u64::MAX, NANO, &clock);
+    fill_to_the_limit(&window, u64::MAX);
+    window.give(Amount::units(3));
+    assert_eq!(window.snapshot().used, u64::MAX - 3);
+    assert!(window.ask(Amount::units(3), Ask::HEAD).is_taken());
+    assert_eq!(window.snapshot().remaining(), 0);
+    clock.advance(NANO);
+    assert_eq!(window.snapshot().used, 0);
+}
+
+#[test]
+fn one_nanosecond_windows_at_the_end_of_the_clock_are_placed_and_counted_exactly() {
+    let clock = FakeClock::new();
+    let window = on_clock(U32_MAX, NANO, &clock);
+    clock.advance_to(at(u64::MAX - 1));
+    fill_to_the_limit(&window, U32_MAX);
+    assert_eq!(window.snapshot().window_start, at(u64::MAX - 1));
+    assert_eq!(
+        window.ask(Amount::ONE, Ask::HEAD).not_now(),
+        Some(Some(Instant::MAX))
+    );
+    // The last window of the clock: the next one would start past `Instant::MAX`.
+    clock.advance_to(Instant::MAX);
+    assert_eq!(
+        (window.snapshot().window_start, window.snapshot().used),
+        (Instant::MAX, 0)
+    );
+    fill_to_the_limit(&window, U32_MAX);
+    assert_eq!(window.ask(Amount::ONE, Ask::HEAD).not_now(), Some(None));
+}
+
+#[test]
+fn a_one_microsecond_window_near_the_end_of_the_clock_counts_u32_max_permits() {
+    let clock = FakeClock::new();
+    clock.advance_to(at(7));
+    let window = on_clock(U32_MAX, MICRO, &clock);
+    clock.advance_to(at(u64::MAX - 1_500));
+    fill_to_the_limit(&window, U32_MAX);
+    let start = (u64::MAX - 1_500 - 7) / 1_000 * 1_000 + 7;
+    assert_eq!(window.snapshot().window_start, at(start));
+    assert_eq!(
+        window.ask(Amount::ONE, Ask::HEAD).not_now(),
+        Some(Some(at(start + 1_000)))
+    );
+}
+
+/// `threads` threads race `tries` try_acquires each on `window`; the number that won.
+fn race(window: &Arc<FixedWindow>, threads: usize, tries: usize) -> u64 {
+    let start = Arc::new(Barrier::new(threads));
+    let racers: Vec<_> = (0..threads)
+        .map(|_| {
+            let (window, start) = (window.clone(), start.clone());
+            thread::spawn(move || {
+                start.wait();
+                (0..tries).filter(|_| window.try_acquire().is_ok()).count() as u64
+            })
+        })
+        .collect();
+    racers.into_iter().map(|racer| racer.join().unwrap()).sum()
+}
+
+#[test]
+fn threads_racing_for_the_last_permits_below_u64_max_win_exactly_the_limit() {
+    let clock = FakeClock::new();
+    clock.advance_to(at(u64::MAX - 10));
+    let window = Arc::new(on_clock(u64::MAX, NANO, &clock));
+    assert!(
+        window
+            .ask(Amount::units(u64::MAX - 20_000), Ask::HEAD)
+            .is_taken()
+    );
+    assert_eq!(race(&window, 8, 5_000), 20_000);
+    assert_eq!(window.snapshot().used, u64::MAX);
+    assert_eq!(window.snapshot().window_start, at(u64::MAX - 10));
+}
+
+#[test]
+fn threads_racing_in_a_one_nanosecond_window_win_exactly_the_limit_per_window() {
+    let clock = FakeClock::new();
+    let window = Arc::new(on_clock(30_000, NANO, &clock));
+    for round in 0..3 {
+        assert_eq!(race(&window, 8, 6_000), 30_000, "window {round}");
+        assert_eq!(window.snapshot().used, 30_000, "window {round}");
+        clock.advance(NANO);
+    }
 }
