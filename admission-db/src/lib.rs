@@ -11,9 +11,13 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "contract")]
+pub mod contract;
 mod counting;
 mod error;
 mod provider;
+#[cfg(feature = "r2d2-sqlite")]
+pub mod r2d2_sqlite;
 mod registry;
 mod session;
 

@@ -2,3 +2,5 @@
 
 mod registry;
 mod session;
+#[cfg(all(feature = "contract", feature = "r2d2-sqlite"))]
+mod sqlite;
