@@ -24,13 +24,13 @@ const POOL: u32 = 12;
 const JOBS: u32 = 200;
 
 /// A fresh SQLite file in WAL mode with the jobs' table.
-struct Db {
+pub(crate) struct Db {
     _dir: TempDir,
     path: PathBuf,
 }
 
 impl Db {
-    fn new() -> Db {
+    pub(crate) fn new() -> Db {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("jobs.db");
         let conn = Connection::open(&path).unwrap();
@@ -44,7 +44,7 @@ impl Db {
     }
 
     /// A pool of `size` connections over the file, each with a busy timeout.
-    fn pool(&self, size: u32) -> Pool<SqliteManager> {
+    pub(crate) fn pool(&self, size: u32) -> Pool<SqliteManager> {
         self.pool_with(size, Counter::default())
     }
 
@@ -59,7 +59,7 @@ impl Db {
     }
 
     /// The committed rows, read on a connection of its own.
-    fn rows(&self) -> Vec<i64> {
+    pub(crate) fn rows(&self) -> Vec<i64> {
         let conn = Connection::open(&self.path).unwrap();
         let mut stmt = conn.prepare("SELECT id FROM jobs ORDER BY id").unwrap();
         stmt.query_map([], |r| r.get(0))
@@ -79,7 +79,7 @@ impl HandleEvent for Counter {
     }
 }
 
-fn clock() -> Arc<dyn Clock> {
+pub(crate) fn clock() -> Arc<dyn Clock> {
     Arc::new(SystemClock::new())
 }
 
@@ -88,7 +88,7 @@ fn checked_out(pool: &Pool<SqliteManager>) -> u32 {
     state.connections - state.idle_connections
 }
 
-fn insert(conn: &Connection, row: i64) -> rusqlite::Result<usize> {
+pub(crate) fn insert(conn: &Connection, row: i64) -> rusqlite::Result<usize> {
     conn.execute("INSERT INTO jobs (id) VALUES (?1)", [row])
 }
 
