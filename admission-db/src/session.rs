@@ -12,6 +12,36 @@ use crate::{Aborter, DbError, DbErrors, DbHandle, DbResourceProvider};
 ///
 /// [`demand`](DbPlan::demand) adds one permit per entry to the job's whole demand;
 /// [`open`](DbPlan::open) materializes the handles under the grant.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use admission_core::{Demand, JobContext, Monitor};
+/// use admission_db::{CountingDbResourceProvider, DbPlan, DbResourceProvider};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let monitor = Monitor::new();
+/// let orders = Arc::new(CountingDbResourceProvider::new("orders", 4, monitor.clock().clone())?);
+/// let audit = Arc::new(CountingDbResourceProvider::new("audit", 1, monitor.clock().clone())?);
+///
+/// // One handle on each, the audit one read-only; their permits join the job's whole demand.
+/// let plan = DbPlan::new().with(orders.clone(), false).with(audit.clone(), true);
+/// let demand = plan.demand(Demand::new());
+/// let ctx = JobContext::new("settle invoices");
+/// let grant = monitor.admit_blocking(demand, &ctx, Some(Duration::from_secs(30)))?;
+/// let job = plan.open(grant)?;
+/// let on_timeout = job.force_closer(); // for a watchdog thread
+/// job.begin_all()?;
+/// // ... the job's statements ...
+/// job.commit_all()?;                     // orders first, then audit
+/// job.close()?;                          // connections back, then the permits
+/// on_timeout.force_close()?;             // too late: a no-op
+/// assert_eq!((orders.admission().in_use(), audit.admission().in_use()), (0, 0));
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone, Default)]
 pub struct DbPlan {
     uses: Vec<(Arc<dyn DbResourceProvider>, bool)>,
