@@ -161,15 +161,28 @@ impl R2d2SqliteProvider {
         if handed_query_only != read_only {
             set_query_only(&conn, read_only).map_err(|e| DbError::database(name, "acquire", e))?;
         }
+        let aborted = Arc::new(AtomicBool::new(false));
+        let flag = aborted.clone();
+        conn.progress_handler(PROGRESS_OPS, Some(move || flag.load(Ordering::Acquire)))
+            .map_err(|e| DbError::database(name, "acquire", e))?;
         Ok(SqliteHandle {
             provider: self.id.clone(),
             interrupt: Arc::new(conn.get_interrupt_handle()),
             conn: Some(conn),
             read_only,
             handed_query_only,
-            aborted: Arc::new(AtomicBool::new(false)),
+            aborted,
         })
     }
+}
+
+/// How many virtual-machine steps run between two looks at a handle's abort flag.
+const PROGRESS_OPS: i32 = 1_000;
+
+/// Removes the abort check, so that the rollback after an abort runs and a pooled connection
+/// keeps no closure of a closed handle.
+fn disarm(conn: &Connection) {
+    let _ = conn.progress_handler(0, None::<fn() -> bool>);
 }
 
 fn set_query_only(conn: &Connection, on: bool) -> rusqlite::Result<()> {
@@ -197,9 +210,10 @@ impl DbResourceProvider for R2d2SqliteProvider {
 /// One pooled rusqlite connection held under a permit.
 ///
 /// [`await_completion`](DbHandle::await_completion) is a no-op: a SQLite commit is visible to
-/// other connections once it returns. [`abort`](DbHandle::abort) interrupts the running statement
-/// (`sqlite3_interrupt`, safe from any thread), which rolls back an interrupted write's
-/// transaction; only `rollback` and `close` are accepted after it.
+/// other connections once it returns. [`abort`](DbHandle::abort) sets a flag that the connection's
+/// progress handler reads every thousand virtual-machine steps and interrupts the running
+/// statement (`sqlite3_interrupt`, safe from any thread), so a statement running or about to run
+/// stops with `SQLITE_INTERRUPT`; only `rollback` and `close` are accepted after it.
 pub struct SqliteHandle {
     provider: ProviderId,
     /// `None` once closed: the connection went back to the pool (or was discarded).
@@ -290,9 +304,13 @@ impl DbHandle for SqliteHandle {
 
     fn rollback(&mut self) -> Result<(), DbError> {
         match self.conn.as_deref() {
-            Some(conn) if !conn.is_autocommit() => conn
-                .execute_batch("ROLLBACK")
-                .map_err(|e| DbError::database(self.provider.name(), "rollback", e)),
+            Some(conn) if !conn.is_autocommit() => {
+                if self.aborted.load(Ordering::Acquire) {
+                    disarm(conn);
+                }
+                conn.execute_batch("ROLLBACK")
+                    .map_err(|e| DbError::database(self.provider.name(), "rollback", e))
+            }
             _ => Ok(()),
         }
     }
@@ -303,6 +321,7 @@ impl DbHandle for SqliteHandle {
         };
         let name = self.provider.name();
         let mut first = None;
+        disarm(&conn);
         if !conn.is_autocommit()
             && let Err(e) = conn.execute_batch("ROLLBACK")
         {

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use admission_core::{Clock, SystemClock};
+use admission_core::{Clock, Demand, JobContext, Monitor, SystemClock};
 use admission_db::contract::{self, DbSubject, TransactionalSubject};
 use admission_db::r2d2_sqlite::{R2d2SqliteProvider, SqliteHandle, SqliteManager};
-use admission_db::{CountingDbResourceProvider, DbError, DbHandle, DbResourceProvider};
+use admission_db::{CountingDbResourceProvider, DbError, DbHandle, DbPlan, DbResourceProvider};
 use r2d2::{HandleEvent, Pool, event::ReleaseEvent};
 use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::Connection;
@@ -340,4 +340,52 @@ fn begin_inside_a_transaction_and_commit_outside_one_are_refused() {
         err.to_string(),
         "db provider `sqlite`: the handle is closed, begin refused"
     );
+}
+
+#[test]
+fn force_close_interrupts_a_running_statement_and_gives_everything_back() {
+    let db = Db::new();
+    let monitor = Monitor::new();
+    let provider = Arc::new(
+        R2d2SqliteProvider::new("sqlite", 1, db.pool(2), monitor.clock().clone()).unwrap(),
+    );
+    let plan = DbPlan::new().with(provider.clone(), false);
+    let ctx = JobContext::new("runaway");
+    let grant = monitor
+        .admit_blocking(plan.demand(Demand::new()), &ctx, None)
+        .unwrap();
+    let job = plan.open(grant).unwrap();
+    let closer = job.force_closer();
+    let (started, start) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let runner = s.spawn(|| {
+            let handle = job.handle::<SqliteHandle>(0).unwrap();
+            let conn = handle.connection().unwrap();
+            conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+            started.send(()).unwrap();
+            // Endless without an interrupt.
+            conn.query_row(
+                "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) \
+                 SELECT count(*) FROM c",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+        });
+        start.recv().unwrap();
+        closer.force_close().unwrap();
+        let err = runner.join().unwrap().unwrap_err();
+        assert_eq!(
+            err.sqlite_error_code(),
+            Some(rusqlite::ErrorCode::OperationInterrupted)
+        );
+    });
+    assert_eq!(
+        (provider.checked_out(), provider.admission().in_use()),
+        (0, 0)
+    );
+    let conn = provider.pool().get().unwrap();
+    assert!(conn.is_autocommit());
+    drop(conn);
+    job.close().unwrap();
+    assert_eq!(provider.admission().in_use(), 0);
 }
