@@ -11,7 +11,8 @@
 //!
 //! Every rule panics when the subject breaks it.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use admission_core::{Account, AdmitError, Amount, Demand, JobContext, Monitor, Replenishment};
@@ -29,8 +30,10 @@ pub trait DbSubject: Send + Sync {
     fn checked_out(&self) -> u32;
 
     /// One job's write under `handle`: row `row` written in one transaction, committed when
-    /// `commit` says so and rolled back otherwise, with `while_connected` called once while the
-    /// job holds its pooled connection (where the suite samples [`checked_out`](DbSubject::checked_out)).
+    /// `commit` says so and rolled back otherwise. `while_connected` is called once while the job
+    /// holds its pooled connection and before its transaction begins (no job may hold a write
+    /// lock there: the suite makes jobs meet in it, and samples
+    /// [`checked_out`](DbSubject::checked_out)).
     ///
     /// # Errors
     ///
@@ -222,9 +225,11 @@ pub fn a_read_only_handle_refuses_writes_and_goes_back_as_handed_out(
     );
 }
 
-/// `jobs` jobs through a real monitor, each taking one permit with its demand and then a handle:
-/// the pool never has more connections out than the bound, every write is committed or rolled
-/// back as its job said (every fourth rolls back), and nothing is out at the end.
+/// `jobs` jobs (at least the bound) through a real monitor, each taking one permit with its
+/// demand and then a handle: the pool's most connections out at once is the bound exactly (the
+/// first `bound` jobs to connect meet at a barrier before sampling, so the bound is reached, and
+/// the permits keep it from being passed), every write is committed or rolled back as its job
+/// said (every fourth rolls back), and nothing is out at the end.
 pub fn jobs_sharing_a_bound_never_hold_more_connections_than_the_bound(
     subject: &dyn DbSubject,
     jobs: u32,
@@ -232,12 +237,16 @@ pub fn jobs_sharing_a_bound_never_hold_more_connections_than_the_bound(
     let provider = subject.provider();
     let gate = provider.admission().clone();
     let bound = u32::try_from(gate.capacity()).expect("a bound in u32");
+    assert!(jobs >= bound, "{jobs} jobs cannot fill a bound of {bound}");
+    let meet = Barrier::new(bound as usize);
+    let connected = AtomicU32::new(0);
     let monitor = Monitor::new();
     let plan = DbPlan::new().with(provider.clone(), false);
     let most = Mutex::new(0u32);
     std::thread::scope(|s| {
         for row in 0..jobs {
             let (monitor, plan, most) = (&monitor, &plan, &most);
+            let (meet, connected) = (&meet, &connected);
             s.spawn(move || {
                 let ctx = JobContext::new(format!("job {row}"));
                 let grant = monitor
@@ -246,6 +255,9 @@ pub fn jobs_sharing_a_bound_never_hold_more_connections_than_the_bound(
                 let job = plan.open(grant).expect("opened");
                 job.with(0, |handle| {
                     subject.job(handle, i64::from(row), row % 4 != 0, &mut || {
+                        if connected.fetch_add(1, Ordering::AcqRel) < bound {
+                            meet.wait();
+                        }
                         let mut most = most.lock();
                         *most = (*most).max(subject.checked_out());
                     })
@@ -256,10 +268,9 @@ pub fn jobs_sharing_a_bound_never_hold_more_connections_than_the_bound(
         }
     });
     let most = most.into_inner();
-    assert!(
-        (1..=bound).contains(&most),
-        "{most} connections were out at once under a bound of {bound}"
-    );
+    if most != bound {
+        panic!("the most connections out at once were {most}, under a bound of {bound}");
+    }
     let expected: Vec<i64> = (0..jobs).filter(|r| r % 4 != 0).map(i64::from).collect();
     assert_eq!(subject.rows(), expected);
     assert_eq!(

@@ -147,10 +147,10 @@ impl DbSubject for Subject {
     ) -> Result<(), DbError> {
         let second = (self.provider.flaw == Flaw::JobsHoldTwoConnections)
             .then(|| self.provider.inner.pool().get().unwrap());
-        handle.begin()?;
-        self.insert(handle, row)?;
         while_connected();
         drop(second);
+        handle.begin()?;
+        self.insert(handle, row)?;
         if commit {
             handle.commit()
         } else {
@@ -238,5 +238,8 @@ fn jobs_holding_more_connections_than_the_bound_are_caught() {
             4,
         )
     });
-    assert_eq!(message, "2 connections were out at once under a bound of 1");
+    assert_eq!(
+        message,
+        "the most connections out at once were 2, under a bound of 1"
+    );
 }

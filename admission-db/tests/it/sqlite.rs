@@ -123,9 +123,9 @@ impl DbSubject for Counting {
         let fail = |e: rusqlite::Error| DbError::database("counting", "job", e);
         handle.begin()?;
         let conn = self.pool.get().unwrap();
+        while_connected();
         conn.execute_batch("BEGIN IMMEDIATE").map_err(fail)?;
         insert(&conn, row).map_err(fail)?;
-        while_connected();
         conn.execute_batch(if commit { "COMMIT" } else { "ROLLBACK" })
             .map_err(fail)?;
         drop(conn);
@@ -175,9 +175,9 @@ impl DbSubject for R2d2 {
         commit: bool,
         while_connected: &mut dyn FnMut(),
     ) -> Result<(), DbError> {
+        while_connected();
         handle.begin()?;
         self.insert(handle, row)?;
-        while_connected();
         if commit {
             handle.commit()
         } else {
