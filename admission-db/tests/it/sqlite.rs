@@ -389,3 +389,28 @@ fn force_close_interrupts_a_running_statement_and_gives_everything_back() {
     job.close().unwrap();
     assert_eq!(provider.admission().in_use(), 0);
 }
+
+#[test]
+fn close_restores_the_read_only_state_the_pool_handed_out() {
+    let db = Db::new();
+    let provider = R2d2SqliteProvider::new("sqlite", 1, db.pool(1), clock()).unwrap();
+    let query_only = |conn: &Connection| -> bool {
+        conn.query_row("PRAGMA query_only", [], |r| r.get(0))
+            .unwrap()
+    };
+    let mut reader = provider.checkout(true).unwrap();
+    assert!(query_only(reader.connection().unwrap()));
+    let err = insert(reader.connection().unwrap(), 1).unwrap_err();
+    assert_eq!(err.sqlite_error_code(), Some(rusqlite::ErrorCode::ReadOnly));
+    reader.close().unwrap();
+    let conn = provider.pool().get().unwrap();
+    assert!(!query_only(&conn));
+    conn.execute_batch("PRAGMA query_only = ON").unwrap();
+    drop(conn);
+    // A connection handed out read-only goes back read-only after a writer used it.
+    let mut writer = provider.checkout(false).unwrap();
+    insert(writer.connection().unwrap(), 2).unwrap();
+    writer.close().unwrap();
+    assert!(query_only(&provider.pool().get().unwrap()));
+    assert_eq!(db.rows(), [2]);
+}
