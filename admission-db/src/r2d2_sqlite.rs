@@ -80,7 +80,10 @@ const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(5);
 /// let grant = monitor.admit_blocking(plan.demand(Demand::new()), &JobContext::new("job"), None)?;
 /// let job = plan.open(grant)?;
 /// job.begin_all()?;
-/// job.handle::<SqliteHandle>(0)?.connection()?.execute_batch("CREATE TABLE IF NOT EXISTS t (x)")?;
+/// job.with_handle(0, |db: &mut SqliteHandle| -> Result<(), Box<dyn std::error::Error>> {
+///     db.connection()?.execute_batch("CREATE TABLE IF NOT EXISTS t (x)")?;
+///     Ok(())
+/// })??;
 /// job.commit_all()?;
 /// job.close()?;
 /// assert_eq!(db.admission().in_use(), 0);

@@ -4,7 +4,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use admission_core::{Amount, Demand, Grant};
-use parking_lot::{MappedMutexGuard, Mutex, MutexGuard};
+use parking_lot::Mutex;
 
 use crate::{Aborter, DbError, DbErrors, DbHandle, DbResourceProvider};
 
@@ -218,29 +218,38 @@ impl JobDb {
         self.len() == 0
     }
 
-    /// Handle `index` (declaration order) as the type its provider makes.
+    /// Runs `f` on handle `index` (declaration order) as the type its provider makes, holding
+    /// the job's lock meanwhile (a [`ForceClose`] aborts without it, then waits for `f`).
     ///
     /// # Errors
     ///
-    /// [`DbError::WrongHandle`] for an index out of range or another type.
-    pub fn handle<H: DbHandle>(&self, index: usize) -> Result<MappedMutexGuard<'_, H>, DbError> {
-        let guard = self.shared.inner.lock();
-        let provider = guard
-            .slots
-            .get(index)
-            .map_or_else(String::new, |s| s.handle.provider().name().to_owned());
-        MutexGuard::try_map(guard, |inner| {
-            let handle: &mut dyn Any = inner.slots.get_mut(index)?.handle.as_mut();
-            handle.downcast_mut::<H>()
-        })
-        .map_err(|_| DbError::WrongHandle {
-            provider,
-            index,
-            asked: std::any::type_name::<H>(),
-        })
+    /// [`DbError::WrongHandle`] for an index out of range or another type; `f` is not run.
+    pub fn with_handle<H: DbHandle, R>(
+        &self,
+        index: usize,
+        f: impl FnOnce(&mut H) -> R,
+    ) -> Result<R, DbError> {
+        let mut inner = self.shared.inner.lock();
+        let Some(slot) = inner.slots.get_mut(index) else {
+            return Err(DbError::WrongHandle {
+                provider: String::new(),
+                index,
+                asked: std::any::type_name::<H>(),
+            });
+        };
+        let provider = slot.handle.provider().name().to_owned();
+        let handle: &mut dyn Any = slot.handle.as_mut();
+        match handle.downcast_mut::<H>() {
+            Some(handle) => Ok(f(handle)),
+            None => Err(DbError::WrongHandle {
+                provider,
+                index,
+                asked: std::any::type_name::<H>(),
+            }),
+        }
     }
 
-    /// Runs `f` on handle `index`, whatever its type.
+    /// Runs `f` on handle `index`, whatever its type, holding the job's lock meanwhile.
     ///
     /// # Panics
     ///

@@ -359,17 +359,19 @@ fn force_close_interrupts_a_running_statement_and_gives_everything_back() {
     let (started, start) = std::sync::mpsc::channel();
     std::thread::scope(|s| {
         let runner = s.spawn(|| {
-            let handle = job.handle::<SqliteHandle>(0).unwrap();
-            let conn = handle.connection().unwrap();
-            conn.execute_batch("BEGIN IMMEDIATE").unwrap();
-            started.send(()).unwrap();
-            // Endless without an interrupt.
-            conn.query_row(
-                "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) \
-                 SELECT count(*) FROM c",
-                [],
-                |r| r.get::<_, i64>(0),
-            )
+            job.with_handle(0, |handle: &mut SqliteHandle| {
+                let conn = handle.connection().unwrap();
+                conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+                started.send(()).unwrap();
+                // Endless without an interrupt.
+                conn.query_row(
+                    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) \
+                     SELECT count(*) FROM c",
+                    [],
+                    |r| r.get::<_, i64>(0),
+                )
+            })
+            .unwrap()
         });
         start.recv().unwrap();
         closer.force_close().unwrap();
@@ -413,4 +415,38 @@ fn close_restores_the_read_only_state_the_pool_handed_out() {
     writer.close().unwrap();
     assert!(query_only(&provider.pool().get().unwrap()));
     assert_eq!(db.rows(), [2]);
+}
+
+#[test]
+fn a_handle_asked_as_another_type_or_index_is_refused_without_running() {
+    let db = Db::new();
+    let monitor = Monitor::new();
+    let provider = Arc::new(
+        R2d2SqliteProvider::new("sqlite", 1, db.pool(2), monitor.clock().clone()).unwrap(),
+    );
+    let plan = DbPlan::new().with(provider.clone(), true);
+    let ctx = JobContext::new("typed");
+    let job = plan
+        .open(
+            monitor
+                .admit_blocking(plan.demand(Demand::new()), &ctx, None)
+                .unwrap(),
+        )
+        .unwrap();
+    let err = job
+        .with_handle(0, |_: &mut admission_db::CountingDbHandle| ())
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "db provider `sqlite`: the job's handle 0 is not a `admission_db::counting::CountingDbHandle`"
+    );
+    let err = job.with_handle(1, |_: &mut SqliteHandle| ()).unwrap_err();
+    assert!(
+        matches!(err, DbError::WrongHandle { index: 1, .. }),
+        "{err}"
+    );
+    assert!(
+        job.with_handle(0, |h: &mut SqliteHandle| h.read_only())
+            .unwrap()
+    );
 }
