@@ -334,3 +334,24 @@ fn a_demand_over_the_bound_is_refused_at_once() {
         "{err}"
     );
 }
+
+#[test]
+fn a_failed_begin_rolls_back_those_begun_before_it_in_reverse() {
+    let log = Log::default();
+    let (a, b, c) = (
+        Scripted::new("a", &log, &[]),
+        Scripted::new("b", &log, &[]),
+        Scripted::new("c", &log, &["begin"]),
+    );
+    let monitor = Monitor::new();
+    let plan = DbPlan::new().with(a, false).with(b, false).with(c, false);
+    let job = plan.open(admit(&monitor, &plan)).unwrap();
+    taken(&log);
+    let errors = job.begin_all().unwrap_err();
+    assert_eq!(errors.errors().len(), 1);
+    assert_eq!(errors.errors()[0].provider(), "c");
+    assert_eq!(
+        taken(&log),
+        ["a begin", "b begin", "c begin", "b rollback", "a rollback"]
+    );
+}

@@ -450,3 +450,42 @@ fn a_handle_asked_as_another_type_or_index_is_refused_without_running() {
             .unwrap()
     );
 }
+
+#[test]
+fn a_checkout_failing_while_materializing_gives_back_the_first_connection_and_the_permits() {
+    let db = Db::new();
+    let monitor = Monitor::new();
+    // A bound of 2 over a pool of 1: the misconfiguration the bound's documentation warns of.
+    let provider = Arc::new(
+        R2d2SqliteProvider::new("sqlite", 2, db.pool(1), monitor.clock().clone())
+            .unwrap()
+            .with_checkout_timeout(Duration::from_millis(20)),
+    );
+    let plan = DbPlan::new()
+        .with(provider.clone(), false)
+        .with(provider.clone(), true);
+    let ctx = JobContext::new("two handles");
+    let grant = monitor
+        .admit_blocking(plan.demand(Demand::new()), &ctx, None)
+        .unwrap();
+    assert_eq!(provider.admission().in_use(), 2);
+    let errors = plan.open(grant).unwrap_err().into_vec();
+    assert_eq!(errors.len(), 1);
+    assert!(
+        matches!(
+            errors[0],
+            DbError::Checkout {
+                size: 1,
+                idle: 0,
+                max_size: 1,
+                ..
+            }
+        ),
+        "{}",
+        errors[0]
+    );
+    assert_eq!(
+        (provider.checked_out(), provider.admission().in_use()),
+        (0, 0)
+    );
+}
