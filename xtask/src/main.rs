@@ -27,11 +27,11 @@ usage: cargo xtask <command> [args]
 commands:
   ci                       everything CI runs, in order, stopping at the first failure:
                              1 fmt        cargo fmt --all -- --check
-                             2 clippy     cargo clippy --workspace --all-targets -- -D warnings
-                             3 tests      cargo nextest run --workspace --no-fail-fast
-                                          (cargo test --workspace --all-targets without nextest)
-                             4 doc tests  cargo test --workspace --doc
-                             5 docs       cargo doc --workspace --no-deps with RUSTDOCFLAGS='-D warnings'
+                             2 clippy     cargo clippy --workspace --all-targets FEATURES -- -D warnings
+                             3 tests      cargo nextest run --workspace FEATURES --no-fail-fast
+                                          (cargo test --workspace --all-targets FEATURES without nextest)
+                             4 doc tests  cargo test --workspace --doc FEATURES
+                             5 docs       cargo doc --workspace --no-deps FEATURES with RUSTDOCFLAGS='-D warnings'
                              6 benches    cargo bench --workspace --no-run (compiled, not run)
                              7 agents     cargo run --release --example agents -- --time-scale 300 --check
                              8 loom       cargo test -p admission-core --lib --release -- loom
@@ -47,6 +47,9 @@ commands:
                            target/criterion and target/side-by-side (--report-only: no run)
   with-services -- CMD...  run CMD with Redis and PostgreSQL up (ADMISSION_REDIS_URL, ADMISSION_PG_URL)
   help                     this text
+
+FEATURES is `--features admission-db/r2d2-sqlite,admission-db/contract`: the database providers
+and their contract suite, which no default build compiles.
 
 The test steps run with the services listed in xtask/src/services.rs (REQUIRED) up; none today.";
 
@@ -81,20 +84,19 @@ fn run(args: &[String]) -> Result<ExitCode> {
                 Step::cargo("fmt", &["fmt", "--all", "--", "--check"]),
                 Step::cargo(
                     "clippy",
-                    &[
-                        "clippy",
-                        "--workspace",
-                        "--all-targets",
-                        "--",
-                        "-D",
-                        "warnings",
-                    ],
+                    &with_features(
+                        &["clippy", "--workspace", "--all-targets"],
+                        &["--", "-D", "warnings"],
+                    ),
                 ),
             ];
             steps.extend(test_steps(&ws));
             steps.push(
-                Step::cargo("docs", &["doc", "--workspace", "--no-deps"])
-                    .env("RUSTDOCFLAGS", "-D warnings"),
+                Step::cargo(
+                    "docs",
+                    &with_features(&["doc", "--workspace", "--no-deps"], &[]),
+                )
+                .env("RUSTDOCFLAGS", "-D warnings"),
             );
             steps.push(Step::cargo(
                 "benches",
@@ -148,16 +150,31 @@ fn run_plan(ws: &Workspace, steps: &[Step]) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The features the checks turn on beyond the defaults: the database providers and their
+/// contract suite (`admission-db`), which nothing in the workspace enables by default.
+const FEATURES: &[&str] = &[
+    "--features",
+    "admission-db/r2d2-sqlite,admission-db/contract",
+];
+
+/// `before`, then [`FEATURES`], then `after`: one cargo command's arguments.
+fn with_features<'a>(before: &[&'a str], after: &[&'a str]) -> Vec<&'a str> {
+    [before, FEATURES, after].concat()
+}
+
 /// Tests (nextest when available, which skips doc tests) and then doc tests, with services up.
 fn test_steps(ws: &Workspace) -> Vec<Step> {
     let tests = if ws.has_nextest() {
-        let args = ["nextest", "run", "--workspace", "--no-fail-fast"];
+        let args = with_features(&["nextest", "run", "--workspace"], &["--no-fail-fast"]);
         Step::cargo("tests", &args).counting_tests(Format::Nextest)
     } else {
-        let args = ["test", "--workspace", "--all-targets"];
+        let args = with_features(&["test", "--workspace", "--all-targets"], &[]);
         Step::cargo("tests", &args).counting_tests(Format::Libtest)
     };
-    let doc_tests = Step::cargo("doc tests", &["test", "--workspace", "--doc"]);
+    let doc_tests = Step::cargo(
+        "doc tests",
+        &with_features(&["test", "--workspace", "--doc"], &[]),
+    );
     vec![
         tests.with_services(),
         doc_tests.counting_tests(Format::Libtest).with_services(),

@@ -1,0 +1,8 @@
+//! The integration tests of `admission-db`: one binary, one module per part.
+
+#[cfg(all(feature = "contract", feature = "r2d2-sqlite"))]
+mod contract_self_test;
+mod registry;
+mod session;
+#[cfg(all(feature = "contract", feature = "r2d2-sqlite"))]
+mod sqlite;
