@@ -15,6 +15,7 @@ use std::time::Duration;
 use admission_accounts::CountingGate;
 use admission_core::Clock;
 use deadpool_postgres::{Object, Pool};
+use parking_lot::Mutex;
 use tokio::runtime::Handle as Runtime;
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
@@ -106,19 +107,23 @@ impl DeadpoolPostgresProvider {
             Ok(Err(e)) => return Err(self.pool_error(e.to_string(), matches_timeout(&e))),
             Err(_) => return Err(self.pool_error("timed out".to_owned(), true)),
         };
-        let cancel = obj.cancel_token();
+        let token = obj.cancel_token();
         let aborted = Arc::new(AtomicBool::new(false));
-        let flag = aborted.clone();
+        let cancel = Arc::new(Mutex::new(Cancel::default()));
+        let (flag, state) = (aborted.clone(), cancel.clone());
         let runtime = self.runtime.clone();
         let abort = Aborter::new(move || {
-            if !flag.swap(true, Ordering::AcqRel) {
-                let cancel = cancel.clone();
-                runtime.spawn(async move {
-                    if let Err(e) = cancel.cancel_query(NoTls).await {
-                        tracing::warn!(error = %e, "cancelling an aborted PostgreSQL handle failed");
-                    }
-                });
+            let mut state = state.lock();
+            // Once closed, the session may serve another job: never cancel it.
+            if state.closed || flag.swap(true, Ordering::AcqRel) {
+                return;
             }
+            let token = token.clone();
+            state.request = Some(runtime.spawn(async move {
+                if let Err(e) = token.cancel_query(NoTls).await {
+                    tracing::warn!(error = %e, "cancelling an aborted PostgreSQL handle failed");
+                }
+            }));
         });
         let handle = DeadpoolHandle {
             provider: self.id.clone(),
@@ -129,6 +134,7 @@ impl DeadpoolPostgresProvider {
             switched: read_only,
             in_transaction: false,
             aborted,
+            cancel,
             abort,
         };
         if read_only {
@@ -182,7 +188,10 @@ impl DbResourceProvider for DeadpoolPostgresProvider {
 /// The handle knows its transaction from its own verbs: open transactions with `begin`, not
 /// with a `BEGIN` of the job's own. `await_completion` is a no-op: a PostgreSQL commit is visible
 /// to other sessions once it returns. `abort` sets a flag and spawns the server's cancel request on
-/// the provider's runtime; only `rollback` and `close` are accepted after it.
+/// the provider's runtime; only `rollback` and `close` are accepted after it. `rollback` and
+/// `close` first wait for that request to reach the server, and an aborted session is detached
+/// rather than pooled, so a cancel meant for this handle never reaches another job; an abort after
+/// `close` (or drop) sends nothing.
 ///
 /// # Cancel safety
 ///
@@ -199,7 +208,17 @@ pub struct DeadpoolHandle {
     /// Set before `BEGIN` is sent, so a cancelled begin counts as open.
     in_transaction: bool,
     aborted: Arc<AtomicBool>,
+    /// Shared with the aborter: the cancel request in flight, and whether the handle closed.
+    cancel: Arc<Mutex<Cancel>>,
     abort: Aborter,
+}
+
+/// An abort's cancel request, and whether the handle closed (after which abort sends none).
+#[derive(Debug, Default)]
+struct Cancel {
+    closed: bool,
+    /// The task sending the request, awaited before the session is rolled back or given up.
+    request: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl DeadpoolHandle {
@@ -233,6 +252,20 @@ impl DeadpoolHandle {
             .batch_execute(sql)
             .await
             .map_err(|e| DbError::database(self.provider.name(), operation, e))
+    }
+
+    /// Waits for an abort's cancel request to reach the server (it then finds the session idle
+    /// and is ignored), so that it never cancels the rollback; with `close`, no later abort sends
+    /// one.
+    async fn settle_cancel(&self, close: bool) {
+        let request = {
+            let mut state = self.cancel.lock();
+            state.closed |= close;
+            state.request.take()
+        };
+        if let Some(request) = request {
+            let _ = request.await;
+        }
     }
 
     fn refuse(&self, operation: &'static str, reason: &'static str) -> DbError {
@@ -278,12 +311,13 @@ impl DeadpoolHandle {
     ///
     /// A driver error.
     pub async fn rollback_async(&mut self) -> Result<(), DbError> {
+        if self.obj.is_none() || !self.in_transaction {
+            return Ok(());
+        }
+        self.settle_cancel(false).await;
         let Some(obj) = self.obj.as_ref() else {
             return Ok(());
         };
-        if !self.in_transaction {
-            return Ok(());
-        }
         roll_back(obj)
             .await
             .map_err(|e| DbError::database(self.provider.name(), "rollback", e))?;
@@ -299,6 +333,10 @@ impl DeadpoolHandle {
     ///
     /// The first failure; the session went back or was detached all the same.
     pub async fn close_async(&mut self) -> Result<(), DbError> {
+        if self.obj.is_none() {
+            return Ok(());
+        }
+        self.settle_cancel(true).await;
         let Some(obj) = self.obj.as_ref() else {
             return Ok(());
         };
@@ -328,10 +366,12 @@ impl DeadpoolHandle {
         first.map_or(Ok(()), Err)
     }
 
-    /// Back to the pool when clean, else detached (closed; the server rolls back).
+    /// Back to the pool when clean, else detached (closed; the server rolls back). An aborted
+    /// session is always detached: a cancel request may still be on its way to it.
     fn give_back(&mut self) {
+        self.cancel.lock().closed = true;
         if let Some(obj) = self.obj.take()
-            && (self.in_transaction || self.switched)
+            && (self.in_transaction || self.switched || self.aborted.load(Ordering::Acquire))
         {
             drop(Object::take(obj));
         }

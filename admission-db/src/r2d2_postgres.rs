@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use admission_accounts::CountingGate;
 use admission_core::Clock;
+use parking_lot::Mutex;
 use postgres::error::SqlState;
 use postgres::{Client, NoTls};
 use r2d2::{ManageConnection, Pool, PooledConnection};
@@ -164,19 +165,23 @@ impl R2d2PostgresProvider {
             set_read_only(&mut conn, read_only)
                 .map_err(|e| DbError::database(self.name(), "acquire", e))?;
         }
-        let cancel = conn.client.cancel_token();
+        let token = conn.client.cancel_token();
         let aborted = Arc::new(AtomicBool::new(false));
-        let flag = aborted.clone();
+        let cancel = Arc::new(Mutex::new(Cancel::default()));
+        let (flag, state) = (aborted.clone(), cancel.clone());
         let abort = Aborter::new(move || {
-            if !flag.swap(true, Ordering::AcqRel) {
-                // The cancel request opens a connection of its own: never on the caller's thread.
-                let cancel = cancel.clone();
-                std::thread::spawn(move || {
-                    if let Err(e) = cancel.cancel_query(NoTls) {
-                        tracing::warn!(error = %e, "cancelling an aborted PostgreSQL handle failed");
-                    }
-                });
+            let mut state = state.lock();
+            // Once closed, the session may serve another job: never cancel it.
+            if state.closed || flag.swap(true, Ordering::AcqRel) {
+                return;
             }
+            // The cancel request opens a connection of its own: never on the caller's thread.
+            let token = token.clone();
+            state.request = Some(std::thread::spawn(move || {
+                if let Err(e) = token.cancel_query(NoTls) {
+                    tracing::warn!(error = %e, "cancelling an aborted PostgreSQL handle failed");
+                }
+            }));
         });
         Ok(PgHandle {
             provider: self.id.clone(),
@@ -185,6 +190,7 @@ impl R2d2PostgresProvider {
             handed_read_only,
             in_transaction: false,
             aborted,
+            cancel,
             abort,
         })
     }
@@ -198,6 +204,14 @@ fn set_read_only(conn: &mut PgConnection, on: bool) -> Result<(), postgres::Erro
     })?;
     conn.read_only = on;
     Ok(())
+}
+
+/// An abort's cancel request, and whether the handle closed (after which abort sends none).
+#[derive(Debug, Default)]
+struct Cancel {
+    closed: bool,
+    /// The thread sending the request, joined before the session is rolled back or given up.
+    request: Option<std::thread::JoinHandle<()>>,
 }
 
 /// `ROLLBACK`, once more if an abort's cancel request landed on the first.
@@ -229,7 +243,9 @@ impl DbResourceProvider for R2d2PostgresProvider {
 /// (DbHandle::await_completion) is a no-op: a PostgreSQL commit is visible to other sessions once
 /// it returns. [`abort`](DbHandle::abort) sets a flag and sends the server a cancel request from a
 /// thread of its own, so the running statement stops; only `rollback` and `close` are accepted
-/// after it.
+/// after it. `rollback` and `close` first wait for that request to reach the server, and an
+/// aborted session is dropped after its rollback rather than pooled, so a cancel meant for this
+/// handle never reaches another job; an abort after `close` sends nothing.
 pub struct PgHandle {
     provider: ProviderId,
     /// `None` once closed: the session went back to the pool (or was dropped).
@@ -239,6 +255,8 @@ pub struct PgHandle {
     handed_read_only: bool,
     in_transaction: bool,
     aborted: Arc<AtomicBool>,
+    /// Shared with the aborter: the cancel request in flight, and whether the handle closed.
+    cancel: Arc<Mutex<Cancel>>,
     abort: Aborter,
 }
 
@@ -265,6 +283,20 @@ impl PgHandle {
                 provider: self.provider.name().to_owned(),
                 operation,
             }),
+        }
+    }
+
+    /// Waits for an abort's cancel request to reach the server (it then finds the session idle
+    /// and is ignored), so that it never cancels the rollback or a later job's statement; with
+    /// `close`, no later abort sends one.
+    fn settle_cancel(&self, close: bool) {
+        let request = {
+            let mut state = self.cancel.lock();
+            state.closed |= close;
+            state.request.take()
+        };
+        if let Some(request) = request {
+            let _ = request.join();
         }
     }
 
@@ -321,6 +353,10 @@ impl DbHandle for PgHandle {
         if !self.in_transaction {
             return Ok(());
         }
+        if self.conn.is_none() {
+            return Ok(());
+        }
+        self.settle_cancel(false);
         let Some(conn) = self.conn.as_deref_mut() else {
             return Ok(());
         };
@@ -332,11 +368,18 @@ impl DbHandle for PgHandle {
     }
 
     fn close(&mut self) -> Result<(), DbError> {
+        if self.conn.is_none() {
+            return Ok(());
+        }
+        self.settle_cancel(true);
         let Some(mut conn) = self.conn.take() else {
             return Ok(());
         };
         let name = self.provider.name();
         let mut first = None;
+        // A cancel request may still be on its way through the network: an aborted session is
+        // dropped after its rollback, never pooled for another job.
+        conn.broken |= self.aborted.load(Ordering::Acquire);
         if self.in_transaction {
             if let Err(e) = roll_back(&mut conn.client) {
                 // Still inside: the pool drops the session instead of pooling it.

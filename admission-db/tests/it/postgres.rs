@@ -277,6 +277,42 @@ mod r2d2_pg {
         drop(held);
         assert_eq!(provider.checked_out(), 0);
     }
+
+    #[test]
+    fn r2d2_postgres_force_close_cancels_a_running_statement_and_gives_everything_back() {
+        let Some(url) = pg_url("r2d2_postgres_force_close_cancels_a_running_statement") else {
+            return;
+        };
+        let subject = subject(&url);
+        let provider = subject.provider.clone();
+        force_close_cancels_a_running_statement(&subject, |handle| {
+            pg(handle)
+                .client()?
+                .batch_execute("SELECT pg_sleep(60)")
+                .map_err(pg_err("sleep"))
+        });
+        assert_eq!(provider.checked_out(), 0);
+    }
+
+    #[test]
+    fn r2d2_postgres_an_abort_never_reaches_the_next_job_on_the_session() {
+        let Some(url) = pg_url("r2d2_postgres_an_abort_never_reaches_the_next_job") else {
+            return;
+        };
+        let db = PgDb::new(&url);
+        let pool = r2d2::Pool::builder()
+            .max_size(1)
+            .build(PgManager::new(db.config.clone()))
+            .unwrap();
+        let provider = R2d2PostgresProvider::new("pg", 1, pool, clock()).unwrap();
+        an_abort_never_reaches_the_next_job_on_the_session(&provider, |handle| {
+            pg(handle)
+                .client()?
+                .batch_execute("SELECT pg_sleep(0.3)")
+                .map_err(pg_err("sleep"))
+        });
+        assert_eq!(provider.checked_out(), 0);
+    }
 }
 
 #[cfg(feature = "deadpool-postgres")]
@@ -495,6 +531,41 @@ mod deadpool_pg {
         assert!(!handle.in_transaction());
         handle.close().unwrap();
     }
+
+    #[test]
+    fn deadpool_postgres_force_close_cancels_a_running_statement_and_gives_everything_back() {
+        let Some(url) = pg_url("deadpool_postgres_force_close_cancels_a_running_statement") else {
+            return;
+        };
+        let subject = subject(&url);
+        let runtime = subject.runtime.handle().clone();
+        force_close_cancels_a_running_statement(&subject, |handle| {
+            let client = dp(handle).client()?;
+            runtime
+                .block_on(client.batch_execute("SELECT pg_sleep(60)"))
+                .map_err(|e| DbError::database("pg", "sleep", e))
+        });
+        assert_eq!(subject.provider.checked_out(), 0);
+    }
+
+    #[test]
+    fn deadpool_postgres_an_abort_never_reaches_the_next_job_on_the_session() {
+        let Some(url) = pg_url("deadpool_postgres_an_abort_never_reaches_the_next_job") else {
+            return;
+        };
+        let db = PgDb::new(&url);
+        let runtime = runtime();
+        let provider =
+            DeadpoolPostgresProvider::new("pg", 1, pool(&db, 1), clock(), runtime.handle().clone())
+                .unwrap();
+        an_abort_never_reaches_the_next_job_on_the_session(&provider, |handle| {
+            let client = dp(handle).client()?;
+            runtime
+                .block_on(client.batch_execute("SELECT pg_sleep(0.3)"))
+                .map_err(|e| DbError::database("pg", "sleep", e))
+        });
+        assert_eq!(provider.checked_out(), 0);
+    }
 }
 
 /// The issue's run: `JOBS` jobs through the monitor sharing a bound of `BOUND`, each one of
@@ -580,4 +651,87 @@ fn jobs_with_drops_and_cancellations_leave_nothing_open(subject: &dyn PgSubject)
         cancelled.into_inner()
     );
     monitor.stop();
+}
+
+/// A job inside its transaction runs a statement that would last a minute; a force-close from
+/// another thread cancels it on the server, rolls back, gives the session back and releases the
+/// permit, and leaves no session idle in transaction.
+fn force_close_cancels_a_running_statement(
+    subject: &dyn PgSubject,
+    sleep: impl Fn(&mut dyn DbHandle) -> Result<(), DbError> + Sync,
+) {
+    let provider = subject.provider();
+    let monitor = Monitor::new();
+    let plan = DbPlan::new().with(provider.clone(), false);
+    let ctx = JobContext::new("runaway");
+    let grant = monitor
+        .admit_blocking(plan.demand(Demand::new()), &ctx, None)
+        .unwrap();
+    let job = plan.open(grant).unwrap();
+    let closer = job.force_closer();
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        let runner = s.spawn(|| {
+            job.with(0, |h| {
+                h.begin()?;
+                subject.insert(h, 1)?;
+                sleep(h)
+            })
+        });
+        // Until the statement runs on the server.
+        let mut admin = Client::connect(&subject.db().url, NoTls).unwrap();
+        while admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND state = 'active' \
+                 AND query LIKE '%pg_sleep(60)%' AND pid <> pg_backend_pid()",
+                &[&subject.db().name],
+            )
+            .unwrap()
+            .get::<_, i64>(0)
+            == 0
+        {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        closer.force_close().unwrap();
+        let err = runner.join().unwrap().unwrap_err();
+        assert!(matches!(err, DbError::Database { .. }), "{err}");
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the statement was not cancelled"
+    );
+    assert_eq!(provider.admission().in_use(), 0);
+    job.close().unwrap();
+    assert_eq!(subject.checked_out(), 0);
+    assert_eq!(subject.rows(), Vec::<i64>::new());
+    assert_eq!(subject.db().idle_in_transaction(), 0);
+    monitor.stop();
+}
+
+/// On a pool of one session: an abort after `close` sends no cancel request to the session's next
+/// user, and an aborted handle's request (sent from another thread) never cancels a statement of
+/// the next job, which runs `sleep` (a few tenths of a second) to its end every time.
+fn an_abort_never_reaches_the_next_job_on_the_session(
+    provider: &dyn DbResourceProvider,
+    sleep: impl Fn(&mut dyn DbHandle) -> Result<(), DbError> + Sync,
+) {
+    let mut first = provider.acquire(false).unwrap();
+    let late = first.aborter();
+    first.close().unwrap();
+    let mut next = provider.acquire(false).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(100));
+            late.abort();
+        });
+        sleep(next.as_mut()).expect("an abort after close cancelled the next job");
+    });
+    next.begin().unwrap();
+    next.abort();
+    next.close().unwrap();
+    let mut third = provider.acquire(false).unwrap();
+    for _ in 0..3 {
+        sleep(third.as_mut()).expect("an aborted handle's cancel reached the next job");
+    }
+    third.close().unwrap();
 }
