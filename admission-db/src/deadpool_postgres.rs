@@ -37,6 +37,36 @@ const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(5);
 /// `*_async` verbs. The sync [`DbResourceProvider`] / [`DbHandle`] face runs them on the runtime
 /// given to [`new`](DeadpoolPostgresProvider::new) with `block_on`: call it from a thread or
 /// from `spawn_blocking`, never from inside a task (tokio panics there).
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use admission_core::{Demand, JobContext, Monitor};
+/// use admission_db::deadpool_postgres::DeadpoolPostgresProvider;
+/// use admission_db::DbPlan;
+/// use deadpool_postgres::{Manager, Pool, Runtime};
+///
+/// # async fn job() -> Result<(), Box<dyn std::error::Error>> {
+/// let config: tokio_postgres::Config = "postgres://postgres@127.0.0.1/shop".parse()?;
+/// let manager = Manager::new(config, tokio_postgres::NoTls);
+/// let pool = Pool::builder(manager).max_size(16).runtime(Runtime::Tokio1).build()?;
+/// let monitor = Monitor::new();
+/// let runtime = tokio::runtime::Handle::current();
+/// // 12 of the pool's 16 sessions are the jobs'; the host keeps the rest for itself.
+/// let db = Arc::new(DeadpoolPostgresProvider::new("shop", 12, pool, monitor.clock().clone(), runtime)?);
+///
+/// let demand = DbPlan::new().with(db.clone(), false).demand(Demand::new());
+/// let grant = monitor.admit(demand, &JobContext::new("job"), None).await?;
+/// let mut handle = db.checkout(false).await?; // under the grant's permit: never waits for one
+/// handle.begin_async().await?;
+/// handle.client()?.execute("INSERT INTO orders (id) VALUES ($1)", &[&42_i64]).await?;
+/// handle.commit_async().await?;
+/// handle.close_async().await?; // the session goes back to the pool first,
+/// drop(grant);                 // then the permit to the gate
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct DeadpoolPostgresProvider {
     id: ProviderId,

@@ -94,6 +94,36 @@ const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(5);
 /// reserves for jobs (the pool's maximum, less what the host keeps for itself). A read-only
 /// handle's session runs with `default_transaction_read_only` on, in and outside its
 /// transactions; `close` sets it back.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use admission_core::{Demand, JobContext, Monitor};
+/// use admission_db::r2d2_postgres::{PgHandle, PgManager, R2d2PostgresProvider};
+/// use admission_db::{DbPlan, DbResourceProvider};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let config: postgres::Config = "postgres://postgres@127.0.0.1/shop".parse()?;
+/// let pool = r2d2::Pool::builder().max_size(16).build(PgManager::new(config))?;
+/// let monitor = Monitor::new();
+/// // 12 of the pool's 16 sessions are the jobs'; the host keeps the rest for itself.
+/// let db = Arc::new(R2d2PostgresProvider::new("shop", 12, pool, monitor.clock().clone())?);
+///
+/// let plan = DbPlan::new().with(db.clone(), false);
+/// let grant = monitor.admit_blocking(plan.demand(Demand::new()), &JobContext::new("job"), None)?;
+/// let job = plan.open(grant)?;
+/// job.begin_all()?;
+/// job.with_handle(0, |db: &mut PgHandle| -> Result<(), Box<dyn std::error::Error>> {
+///     db.client()?.execute("INSERT INTO orders (id) VALUES ($1)", &[&42_i64])?;
+///     Ok(())
+/// })??;
+/// job.commit_all()?;
+/// job.close()?; // the session goes back to the pool, then the permit to the gate
+/// assert_eq!(db.admission().in_use(), 0);
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug)]
 pub struct R2d2PostgresProvider {
     id: ProviderId,
@@ -239,9 +269,9 @@ impl DbResourceProvider for R2d2PostgresProvider {
 /// One pooled PostgreSQL session held under a permit.
 ///
 /// The handle knows its transaction from its own verbs: open transactions with
-/// [`begin`](DbHandle::begin), not with a `BEGIN` of the job's own. [`await_completion`]
-/// (DbHandle::await_completion) is a no-op: a PostgreSQL commit is visible to other sessions once
-/// it returns. [`abort`](DbHandle::abort) sets a flag and sends the server a cancel request from a
+/// [`begin`](DbHandle::begin), not with a `BEGIN` of the job's own.
+/// [`await_completion`](DbHandle::await_completion) is a no-op: a PostgreSQL commit is visible to
+/// other sessions once it returns. [`abort`](DbHandle::abort) sets a flag and sends the server a cancel request from a
 /// thread of its own, so the running statement stops; only `rollback` and `close` are accepted
 /// after it. `rollback` and `close` first wait for that request to reach the server, and an
 /// aborted session is dropped after its rollback rather than pooled, so a cancel meant for this
