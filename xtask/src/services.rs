@@ -29,7 +29,7 @@
 //! and make the tests read `ADMISSION_REDIS_URL`. A test that needs a service reads its variable;
 //! when it is unset (plain `cargo test`) it prints that it was skipped and why, except under
 //! `CI=true`, where it fails. `.ci/run` installs `redis-server` and `postgresql` when they are
-//! missing, and fails when it cannot. `cargo xtask with-services -- CMD ...`
+//! missing, and fails when PostgreSQL is still missing after that (Redis only warns). `cargo xtask with-services -- CMD ...`
 //! starts both, whatever [`REQUIRED`] says, to run one command against them by hand.
 //!
 //! # How each service is started
