@@ -37,6 +37,30 @@ pub enum DbError {
         /// The pool's own words.
         message: String,
     },
+    /// A pool that counts its waiters (deadpool) gave no connection within the checkout timeout.
+    /// Under a permit this means the bound exceeds the connections the host's pool reserves for
+    /// jobs.
+    #[error(
+        "db provider `{provider}`: no pooled connection within {timeout:?} (pool of at most \
+         {max_size}: {size} open, {available} available, {waiting} waiting): {message}; the \
+         bound must not exceed the connections the pool reserves for jobs"
+    )]
+    PoolTimeout {
+        /// The provider's name.
+        provider: String,
+        /// Connections the pool holds now, in use or idle.
+        size: usize,
+        /// Connections ready to be handed out now.
+        available: usize,
+        /// Checkouts waiting for a connection now.
+        waiting: usize,
+        /// The pool's configured maximum.
+        max_size: usize,
+        /// How long the checkout waited.
+        timeout: Duration,
+        /// The pool's own words.
+        message: String,
+    },
     /// The database refused a statement.
     #[error("db provider `{provider}`: {operation} failed: {source}")]
     Database {
@@ -115,6 +139,7 @@ impl DbError {
         match self {
             DbError::Config { provider, .. }
             | DbError::Checkout { provider, .. }
+            | DbError::PoolTimeout { provider, .. }
             | DbError::Database { provider, .. }
             | DbError::Closed { provider, .. }
             | DbError::Aborted { provider, .. }

@@ -14,8 +14,12 @@
 #[cfg(feature = "contract")]
 pub mod contract;
 mod counting;
+#[cfg(feature = "deadpool-postgres")]
+pub mod deadpool_postgres;
 mod error;
 mod provider;
+#[cfg(feature = "r2d2-postgres")]
+pub mod r2d2_postgres;
 #[cfg(feature = "r2d2-sqlite")]
 pub mod r2d2_sqlite;
 mod registry;

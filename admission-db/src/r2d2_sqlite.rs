@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use admission_accounts::CountingGate;
 use admission_core::Clock;
+use parking_lot::Mutex;
 use r2d2::{ManageConnection, Pool, PooledConnection};
 use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::{Connection, InterruptHandle};
@@ -170,7 +171,7 @@ impl R2d2SqliteProvider {
             .map_err(|e| DbError::database(name, "acquire", e))?;
         Ok(SqliteHandle {
             provider: self.id.clone(),
-            interrupt: Arc::new(conn.get_interrupt_handle()),
+            interrupt: Arc::new(Mutex::new(Some(conn.get_interrupt_handle()))),
             conn: Some(conn),
             read_only,
             handed_query_only,
@@ -216,12 +217,15 @@ impl DbResourceProvider for R2d2SqliteProvider {
 /// other connections once it returns. [`abort`](DbHandle::abort) sets a flag that the connection's
 /// progress handler reads every thousand virtual-machine steps and interrupts the running
 /// statement (`sqlite3_interrupt`, safe from any thread), so a statement running or about to run
-/// stops with `SQLITE_INTERRUPT`; only `rollback` and `close` are accepted after it.
+/// stops with `SQLITE_INTERRUPT`; only `rollback` and `close` are accepted after it. An abort after
+/// `close` interrupts nothing: the pooled connection may be running another job's statement.
 pub struct SqliteHandle {
     provider: ProviderId,
     /// `None` once closed: the connection went back to the pool (or was discarded).
     conn: Option<PooledConnection<SqliteManager>>,
-    interrupt: Arc<InterruptHandle>,
+    /// What `abort` interrupts; `None` once closed, since the connection may then serve
+    /// another job (an abort after close interrupts nothing).
+    interrupt: Arc<Mutex<Option<InterruptHandle>>>,
     read_only: bool,
     /// The `query_only` state the pool handed out, restored by `close`.
     handed_query_only: bool,
@@ -322,6 +326,8 @@ impl DbHandle for SqliteHandle {
         let Some(conn) = self.conn.take() else {
             return Ok(());
         };
+        // From here on an abort interrupts nothing: the connection is about to serve others.
+        self.interrupt.lock().take();
         let name = self.provider.name();
         let mut first = None;
         disarm(&conn);
@@ -343,8 +349,10 @@ impl DbHandle for SqliteHandle {
     fn aborter(&self) -> Aborter {
         let (aborted, interrupt) = (self.aborted.clone(), self.interrupt.clone());
         Aborter::new(move || {
-            aborted.store(true, Ordering::Release);
-            interrupt.interrupt();
+            if let Some(interrupt) = interrupt.lock().as_ref() {
+                aborted.store(true, Ordering::Release);
+                interrupt.interrupt();
+            }
         })
     }
 

@@ -48,10 +48,12 @@ commands:
   with-services -- CMD...  run CMD with Redis and PostgreSQL up (ADMISSION_REDIS_URL, ADMISSION_PG_URL)
   help                     this text
 
-FEATURES is `--features admission-db/r2d2-sqlite,admission-db/contract`: the database providers
-and their contract suite, which no default build compiles.
+FEATURES is `--features admission-db/r2d2-sqlite,admission-db/r2d2-postgres,
+admission-db/deadpool-postgres,admission-db/contract`: the database providers and their contract
+suite, which no default build compiles.
 
-The test steps run with the services listed in xtask/src/services.rs (REQUIRED) up; none today.";
+The test steps run with the services listed in xtask/src/services.rs (REQUIRED) up: PostgreSQL
+(ADMISSION_PG_URL), which admission-db's PostgreSQL tests need (unset under CI=true, they fail).";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -154,7 +156,8 @@ fn run_plan(ws: &Workspace, steps: &[Step]) -> Result<ExitCode> {
 /// contract suite (`admission-db`), which nothing in the workspace enables by default.
 const FEATURES: &[&str] = &[
     "--features",
-    "admission-db/r2d2-sqlite,admission-db/contract",
+    "admission-db/r2d2-sqlite,admission-db/r2d2-postgres,admission-db/deadpool-postgres,\
+     admission-db/contract",
 ];
 
 /// `before`, then [`FEATURES`], then `after`: one cargo command's arguments.

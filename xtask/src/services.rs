@@ -18,15 +18,18 @@
 //!
 //! # Enabling a service
 //!
-//! [`REQUIRED`] lists what `cargo xtask ci` and `cargo xtask test` start around the test steps. It
-//! is empty today, so nothing starts. When a crate's tests need a service, change that one line:
+//! [`REQUIRED`] lists what `cargo xtask ci` and `cargo xtask test` start around the test steps:
+//! PostgreSQL today, for `admission-db`'s providers over it (features `r2d2-postgres` and
+//! `deadpool-postgres`). When a crate's tests need Redis too, change that one line:
 //!
 //! ```text
 //! pub(crate) const REQUIRED: &[Service] = &[Service::Redis, Service::Postgres];
 //! ```
 //!
-//! and make the tests read `ADMISSION_REDIS_URL` / `ADMISSION_PG_URL`. `.ci/run` already installs
-//! `redis-server` and `postgresql` when they are missing. `cargo xtask with-services -- CMD ...`
+//! and make the tests read `ADMISSION_REDIS_URL`. A test that needs a service reads its variable;
+//! when it is unset (plain `cargo test`) it prints that it was skipped and why, except under
+//! `CI=true`, where it fails. `.ci/run` installs `redis-server` and `postgresql` when they are
+//! missing, and fails when PostgreSQL is still missing after that (Redis only warns). `cargo xtask with-services -- CMD ...`
 //! starts both, whatever [`REQUIRED`] says, to run one command against them by hand.
 //!
 //! # How each service is started
@@ -52,9 +55,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 
-/// The services started around the test steps of `ci` and `test`. Empty: nothing starts today.
-/// See the module docs for how to enable one.
-pub(crate) const REQUIRED: &[Service] = &[];
+/// The services started around the test steps of `ci` and `test`: PostgreSQL, for
+/// `admission-db`'s providers over it. See the module docs for how to enable another.
+pub(crate) const REQUIRED: &[Service] = &[Service::Postgres];
 
 /// Every service this module knows how to run.
 pub(crate) const ALL: &[Service] = &[Service::Redis, Service::Postgres];

@@ -2,6 +2,12 @@
 
 #[cfg(all(feature = "contract", feature = "r2d2-sqlite"))]
 mod contract_self_test;
+#[cfg(all(
+    feature = "contract",
+    feature = "r2d2-postgres",
+    feature = "deadpool-postgres"
+))]
+mod postgres;
 mod registry;
 mod session;
 #[cfg(all(feature = "contract", feature = "r2d2-sqlite"))]

@@ -489,3 +489,32 @@ fn a_checkout_failing_while_materializing_gives_back_the_first_connection_and_th
         (0, 0)
     );
 }
+
+#[test]
+fn an_abort_after_close_never_interrupts_the_next_job_on_the_connection() {
+    let db = Db::new();
+    let provider = R2d2SqliteProvider::new("sqlite", 1, db.pool(1), clock()).unwrap();
+    let mut first = provider.checkout(false).unwrap();
+    let late = first.aborter();
+    first.close().unwrap();
+    let next = provider.checkout(false).unwrap();
+    let (started, start) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            start.recv().unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            late.abort();
+        });
+        let conn = next.connection().unwrap();
+        started.send(()).unwrap();
+        let counted: i64 = conn
+            .query_row(
+                "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 3000000) \
+                 SELECT count(*) FROM c",
+                [],
+                |r| r.get(0),
+            )
+            .expect("an abort after close interrupted the next job");
+        assert_eq!(counted, 3_000_000);
+    });
+}

@@ -1,0 +1,462 @@
+//! The r2d2 provider over the sync `postgres::Client`: one pooled PostgreSQL session per permit,
+//! from acquire to close.
+//!
+//! The pool is built over [`PgManager`], which wraps `r2d2_postgres`'s manager and pools a
+//! [`PgConnection`]: the client and the session state the provider set on it. A connection whose
+//! handle could not bring it out of a transaction is marked broken, so r2d2 drops it (the server
+//! then rolls back) instead of pooling it: a session never goes back to the pool mid-transaction.
+//!
+//! The sync client runs its own runtime: call it from threads, or from `spawn_blocking` under an
+//! async runtime, never from inside a task.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use admission_accounts::CountingGate;
+use admission_core::Clock;
+use parking_lot::Mutex;
+use postgres::error::SqlState;
+use postgres::{Client, NoTls};
+use r2d2::{ManageConnection, Pool, PooledConnection};
+use r2d2_postgres::PostgresConnectionManager;
+
+use crate::{Aborter, DbError, DbHandle, DbResourceProvider, ProviderId};
+
+/// One pooled PostgreSQL session: the client, and the state the provider keeps on it.
+pub struct PgConnection {
+    client: Client,
+    /// `default_transaction_read_only` as last set through a handle (off when connected).
+    read_only: bool,
+    /// Set when a handle could not end the session's transaction: r2d2 drops it.
+    broken: bool,
+}
+
+impl PgConnection {
+    /// The client.
+    pub fn client(&mut self) -> &mut Client {
+        &mut self.client
+    }
+}
+
+impl std::fmt::Debug for PgConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgConnection")
+            .field("read_only", &self.read_only)
+            .field("broken", &self.broken)
+            .field("closed", &self.client.is_closed())
+            .finish()
+    }
+}
+
+/// `r2d2_postgres`'s manager over [`PgConnection`], refusing to pool a session its handle left
+/// inside a transaction.
+#[derive(Debug)]
+pub struct PgManager(PostgresConnectionManager<NoTls>);
+
+impl PgManager {
+    /// A manager connecting with `config`, without TLS (a session's default
+    /// `default_transaction_read_only` must be off: the provider sets it per handle).
+    pub fn new(config: postgres::Config) -> PgManager {
+        PgManager(PostgresConnectionManager::new(config, NoTls))
+    }
+}
+
+impl ManageConnection for PgManager {
+    type Connection = PgConnection;
+    type Error = postgres::Error;
+
+    fn connect(&self) -> Result<PgConnection, postgres::Error> {
+        Ok(PgConnection {
+            client: self.0.connect()?,
+            read_only: false,
+            broken: false,
+        })
+    }
+
+    fn is_valid(&self, conn: &mut PgConnection) -> Result<(), postgres::Error> {
+        self.0.is_valid(&mut conn.client)
+    }
+
+    /// A session its handle left inside a transaction, or a closed one, is dropped.
+    fn has_broken(&self, conn: &mut PgConnection) -> bool {
+        conn.broken || conn.client.is_closed()
+    }
+}
+
+/// The checkout timeout unless one is set: under a permit the pool should have a session at
+/// once, so waiting longer means the bound exceeds what the pool reserves.
+const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A provider over an r2d2 pool of sync PostgreSQL clients.
+///
+/// Its bound is given, never inferred from the pool: it must not exceed the sessions the pool
+/// reserves for jobs (the pool's maximum, less what the host keeps for itself). A read-only
+/// handle's session runs with `default_transaction_read_only` on, in and outside its
+/// transactions; `close` sets it back.
+///
+/// # Examples
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use admission_core::{Demand, JobContext, Monitor};
+/// use admission_db::r2d2_postgres::{PgHandle, PgManager, R2d2PostgresProvider};
+/// use admission_db::{DbPlan, DbResourceProvider};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let config: postgres::Config = "postgres://postgres@127.0.0.1/shop".parse()?;
+/// let pool = r2d2::Pool::builder().max_size(16).build(PgManager::new(config))?;
+/// let monitor = Monitor::new();
+/// // 12 of the pool's 16 sessions are the jobs'; the host keeps the rest for itself.
+/// let db = Arc::new(R2d2PostgresProvider::new("shop", 12, pool, monitor.clock().clone())?);
+///
+/// let plan = DbPlan::new().with(db.clone(), false);
+/// let grant = monitor.admit_blocking(plan.demand(Demand::new()), &JobContext::new("job"), None)?;
+/// let job = plan.open(grant)?;
+/// job.begin_all()?;
+/// job.with_handle(0, |db: &mut PgHandle| -> Result<(), Box<dyn std::error::Error>> {
+///     db.client()?.execute("INSERT INTO orders (id) VALUES ($1)", &[&42_i64])?;
+///     Ok(())
+/// })??;
+/// job.commit_all()?;
+/// job.close()?; // the session goes back to the pool, then the permit to the gate
+/// assert_eq!(db.admission().in_use(), 0);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct R2d2PostgresProvider {
+    id: ProviderId,
+    gate: Arc<CountingGate>,
+    pool: Pool<PgManager>,
+    checkout_timeout: Duration,
+}
+
+impl R2d2PostgresProvider {
+    /// A provider named `name` letting `bound` jobs hold a session of `pool` at once; its gate
+    /// stamps on `clock` (the monitor's).
+    ///
+    /// # Errors
+    ///
+    /// [`DbError::Config`] for a bound of zero.
+    pub fn new(
+        name: impl Into<Arc<str>>,
+        bound: u64,
+        pool: Pool<PgManager>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<R2d2PostgresProvider, DbError> {
+        let id = ProviderId::new(name);
+        let gate = id.gate(bound, clock)?;
+        Ok(R2d2PostgresProvider {
+            id,
+            gate,
+            pool,
+            checkout_timeout: CHECKOUT_TIMEOUT,
+        })
+    }
+
+    /// The same provider, waiting at most `timeout` for a pooled session (5 s by default).
+    pub fn with_checkout_timeout(mut self, timeout: Duration) -> R2d2PostgresProvider {
+        self.checkout_timeout = timeout;
+        self
+    }
+
+    /// The pool the handles come from.
+    pub fn pool(&self) -> &Pool<PgManager> {
+        &self.pool
+    }
+
+    /// Sessions of the pool checked out now: its size less its idle sessions.
+    pub fn checked_out(&self) -> u32 {
+        let state = self.pool.state();
+        state.connections.saturating_sub(state.idle_connections)
+    }
+
+    /// [`acquire`](DbResourceProvider::acquire), typed.
+    ///
+    /// # Errors
+    ///
+    /// [`DbError::Checkout`] naming the pool's size and idle count (r2d2 does not count its
+    /// waiters), or a driver error setting the read-only state.
+    pub fn checkout(&self, read_only: bool) -> Result<PgHandle, DbError> {
+        let mut conn = self.pool.get_timeout(self.checkout_timeout).map_err(|e| {
+            let state = self.pool.state();
+            DbError::Checkout {
+                provider: self.name().to_owned(),
+                size: state.connections,
+                idle: state.idle_connections,
+                max_size: self.pool.max_size(),
+                timeout: self.checkout_timeout,
+                message: e.to_string(),
+            }
+        })?;
+        let handed_read_only = conn.read_only;
+        if handed_read_only != read_only {
+            set_read_only(&mut conn, read_only)
+                .map_err(|e| DbError::database(self.name(), "acquire", e))?;
+        }
+        let token = conn.client.cancel_token();
+        let aborted = Arc::new(AtomicBool::new(false));
+        let cancel = Arc::new(Mutex::new(Cancel::default()));
+        let (flag, state) = (aborted.clone(), cancel.clone());
+        let abort = Aborter::new(move || {
+            let mut state = state.lock();
+            // Once closed, the session may serve another job: never cancel it.
+            if state.closed || flag.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            // The cancel request opens a connection of its own: never on the caller's thread.
+            let token = token.clone();
+            state.request = Some(std::thread::spawn(move || {
+                if let Err(e) = token.cancel_query(NoTls) {
+                    tracing::warn!(error = %e, "cancelling an aborted PostgreSQL handle failed");
+                }
+            }));
+        });
+        Ok(PgHandle {
+            provider: self.id.clone(),
+            conn: Some(conn),
+            read_only,
+            handed_read_only,
+            in_transaction: false,
+            aborted,
+            cancel,
+            abort,
+        })
+    }
+}
+
+fn set_read_only(conn: &mut PgConnection, on: bool) -> Result<(), postgres::Error> {
+    conn.client.batch_execute(if on {
+        "SET SESSION default_transaction_read_only = on"
+    } else {
+        "SET SESSION default_transaction_read_only = off"
+    })?;
+    conn.read_only = on;
+    Ok(())
+}
+
+/// An abort's cancel request, and whether the handle closed (after which abort sends none).
+#[derive(Debug, Default)]
+struct Cancel {
+    closed: bool,
+    /// The thread sending the request, joined before the session is rolled back or given up.
+    request: Option<std::thread::JoinHandle<()>>,
+}
+
+/// `ROLLBACK`, once more if an abort's cancel request landed on the first.
+fn roll_back(client: &mut Client) -> Result<(), postgres::Error> {
+    match client.batch_execute("ROLLBACK") {
+        Err(e) if e.code() == Some(&SqlState::QUERY_CANCELED) => client.batch_execute("ROLLBACK"),
+        other => other,
+    }
+}
+
+impl DbResourceProvider for R2d2PostgresProvider {
+    fn id(&self) -> &ProviderId {
+        &self.id
+    }
+
+    fn admission(&self) -> &Arc<CountingGate> {
+        &self.gate
+    }
+
+    fn acquire(&self, read_only: bool) -> Result<Box<dyn DbHandle>, DbError> {
+        Ok(Box::new(self.checkout(read_only)?))
+    }
+}
+
+/// One pooled PostgreSQL session held under a permit.
+///
+/// The handle knows its transaction from its own verbs: open transactions with
+/// [`begin`](DbHandle::begin), not with a `BEGIN` of the job's own.
+/// [`await_completion`](DbHandle::await_completion) is a no-op: a PostgreSQL commit is visible to
+/// other sessions once it returns. [`abort`](DbHandle::abort) sets a flag and sends the server a cancel request from a
+/// thread of its own, so the running statement stops; only `rollback` and `close` are accepted
+/// after it. `rollback` and `close` first wait for that request to reach the server, and an
+/// aborted session is dropped after its rollback rather than pooled, so a cancel meant for this
+/// handle never reaches another job; an abort after `close` sends nothing.
+pub struct PgHandle {
+    provider: ProviderId,
+    /// `None` once closed: the session went back to the pool (or was dropped).
+    conn: Option<PooledConnection<PgManager>>,
+    read_only: bool,
+    /// The read-only state the pool handed out, restored by `close`.
+    handed_read_only: bool,
+    in_transaction: bool,
+    aborted: Arc<AtomicBool>,
+    /// Shared with the aborter: the cancel request in flight, and whether the handle closed.
+    cancel: Arc<Mutex<Cancel>>,
+    abort: Aborter,
+}
+
+impl PgHandle {
+    /// The client, for the job's statements.
+    ///
+    /// # Errors
+    ///
+    /// On a closed or aborted handle.
+    pub fn client(&mut self) -> Result<&mut Client, DbError> {
+        Ok(&mut self.live("client")?.client)
+    }
+
+    fn live(&mut self, operation: &'static str) -> Result<&mut PgConnection, DbError> {
+        if self.conn.is_some() && self.aborted.load(Ordering::Acquire) {
+            return Err(DbError::Aborted {
+                provider: self.provider.name().to_owned(),
+                operation,
+            });
+        }
+        match self.conn.as_deref_mut() {
+            Some(conn) => Ok(conn),
+            None => Err(DbError::Closed {
+                provider: self.provider.name().to_owned(),
+                operation,
+            }),
+        }
+    }
+
+    /// Waits for an abort's cancel request to reach the server (it then finds the session idle
+    /// and is ignored), so that it never cancels the rollback or a later job's statement; with
+    /// `close`, no later abort sends one.
+    fn settle_cancel(&self, close: bool) {
+        let request = {
+            let mut state = self.cancel.lock();
+            state.closed |= close;
+            state.request.take()
+        };
+        if let Some(request) = request {
+            let _ = request.join();
+        }
+    }
+
+    fn refuse(&self, operation: &'static str, reason: &'static str) -> DbError {
+        DbError::Transaction {
+            provider: self.provider.name().to_owned(),
+            operation,
+            reason,
+        }
+    }
+}
+
+impl DbHandle for PgHandle {
+    fn provider(&self) -> &ProviderId {
+        &self.provider
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+
+    fn begin(&mut self) -> Result<(), DbError> {
+        self.live("begin")?;
+        if self.in_transaction {
+            return Err(self.refuse("begin", "a transaction is already open"));
+        }
+        // Counted open before the round trip: whatever happens to it, close rolls back.
+        self.in_transaction = true;
+        let name = self.provider.name().to_owned();
+        self.live("begin")?
+            .client
+            .batch_execute("BEGIN")
+            .map_err(|e| DbError::database(&name, "begin", e))
+    }
+
+    fn commit(&mut self) -> Result<(), DbError> {
+        self.live("commit")?;
+        if !self.in_transaction {
+            return Err(self.refuse("commit", "no transaction is open"));
+        }
+        let name = self.provider.name().to_owned();
+        let result = self.live("commit")?.client.batch_execute("COMMIT");
+        // A failed COMMIT still ends the transaction (PostgreSQL rolls it back).
+        self.in_transaction = false;
+        result.map_err(|e| DbError::database(&name, "commit", e))
+    }
+
+    /// A no-op: a PostgreSQL commit is visible to other sessions once it returns.
+    fn await_completion(&mut self) -> Result<(), DbError> {
+        Ok(())
+    }
+
+    fn rollback(&mut self) -> Result<(), DbError> {
+        if !self.in_transaction {
+            return Ok(());
+        }
+        if self.conn.is_none() {
+            return Ok(());
+        }
+        self.settle_cancel(false);
+        let Some(conn) = self.conn.as_deref_mut() else {
+            return Ok(());
+        };
+        let result = roll_back(&mut conn.client);
+        if result.is_ok() {
+            self.in_transaction = false;
+        }
+        result.map_err(|e| DbError::database(self.provider.name(), "rollback", e))
+    }
+
+    fn close(&mut self) -> Result<(), DbError> {
+        if self.conn.is_none() {
+            return Ok(());
+        }
+        self.settle_cancel(true);
+        let Some(mut conn) = self.conn.take() else {
+            return Ok(());
+        };
+        let name = self.provider.name();
+        let mut first = None;
+        // A cancel request may still be on its way through the network: an aborted session is
+        // dropped after its rollback, never pooled for another job.
+        conn.broken |= self.aborted.load(Ordering::Acquire);
+        if self.in_transaction {
+            if let Err(e) = roll_back(&mut conn.client) {
+                // Still inside: the pool drops the session instead of pooling it.
+                conn.broken = true;
+                first = Some(DbError::database(name, "close", e));
+            }
+            self.in_transaction = false;
+        }
+        if !conn.broken
+            && conn.read_only != self.handed_read_only
+            && let Err(e) = set_read_only(&mut conn, self.handed_read_only)
+        {
+            conn.broken = true;
+            first.get_or_insert(DbError::database(name, "close", e));
+        }
+        drop(conn);
+        first.map_or(Ok(()), Err)
+    }
+
+    fn aborter(&self) -> Aborter {
+        self.abort.clone()
+    }
+
+    fn in_transaction(&self) -> bool {
+        self.conn.is_some() && self.in_transaction
+    }
+
+    fn is_closed(&self) -> bool {
+        self.conn.is_none()
+    }
+}
+
+impl Drop for PgHandle {
+    fn drop(&mut self) {
+        if let Err(e) = self.close() {
+            tracing::warn!(error = %e, "closing a dropped PostgreSQL handle failed");
+        }
+    }
+}
+
+impl std::fmt::Debug for PgHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgHandle")
+            .field("provider", &self.provider)
+            .field("read_only", &self.read_only)
+            .field("in_transaction", &self.in_transaction())
+            .field("closed", &self.is_closed())
+            .finish()
+    }
+}
