@@ -20,6 +20,8 @@ mod provider;
 pub mod r2d2_sqlite;
 mod registry;
 mod session;
+#[cfg(feature = "sqlx-sqlite")]
+pub mod sqlx_sqlite;
 
 pub use counting::{CountingDbHandle, CountingDbResourceProvider};
 pub use error::{DbError, DbErrors, RegistryError};
