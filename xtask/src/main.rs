@@ -48,8 +48,9 @@ commands:
   with-services -- CMD...  run CMD with Redis and PostgreSQL up (ADMISSION_REDIS_URL, ADMISSION_PG_URL)
   help                     this text
 
-FEATURES is `--features admission-db/r2d2-sqlite,admission-db/sqlx-sqlite,admission-db/contract`:
-the database providers and their contract suite, which no default build compiles.
+FEATURES is `--features admission-db/r2d2-sqlite,admission-db/sqlx-sqlite,admission-db/sqlx-postgres,
+admission-db/contract`: the database providers and their contract suite, which no default build
+compiles.
 
 The test steps run with the services listed in xtask/src/services.rs (REQUIRED) up; none today.";
 
@@ -154,7 +155,7 @@ fn run_plan(ws: &Workspace, steps: &[Step]) -> Result<ExitCode> {
 /// contract suite (`admission-db`), which nothing in the workspace enables by default.
 const FEATURES: &[&str] = &[
     "--features",
-    "admission-db/r2d2-sqlite,admission-db/sqlx-sqlite,admission-db/contract",
+    "admission-db/r2d2-sqlite,admission-db/sqlx-sqlite,admission-db/sqlx-postgres,admission-db/contract",
 ];
 
 /// `before`, then [`FEATURES`], then `after`: one cargo command's arguments.
