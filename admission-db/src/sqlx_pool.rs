@@ -57,6 +57,13 @@ pub trait SqlxDatabase: Database + sealed::Sealed {
         conn: &mut Self::Connection,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + '_;
 
+    /// Fails when the open transaction can no longer commit (where a commit would quietly roll
+    /// back, as PostgreSQL's does after a failed statement).
+    #[doc(hidden)]
+    fn can_commit(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
+
     /// Makes `aborted` stop a running statement, where the driver can.
     #[doc(hidden)]
     fn arm(
@@ -373,12 +380,20 @@ impl<DB: SqlxDatabase> SqlxHandle<DB> {
     ///
     /// # Errors
     ///
-    /// Outside a transaction, on a closed or aborted handle, or a driver error.
+    /// Outside a transaction, on a closed or aborted handle, on a transaction that can no longer
+    /// commit (PostgreSQL's after a failed statement: the transaction stays open, to be rolled
+    /// back), or a driver error.
     pub async fn commit_async(&mut self) -> Result<(), DbError> {
         self.live("commit")?;
         if self.state != State::InTransaction {
             return Err(self.refuse("commit", "no transaction is open"));
         }
+        let name = self.provider.name().to_owned();
+        let conn = self.conn.as_deref_mut().expect("checked live");
+        // The state is unchanged whatever happens here: a refusal leaves the transaction open.
+        DB::can_commit(conn)
+            .await
+            .map_err(|e| DbError::database(&name, "commit", e))?;
         self.transition("commit", "COMMIT", State::Autocommit).await
     }
 

@@ -5,7 +5,8 @@
 //! refuse writes. sqlx 0.9.0 can hand a session back to the pool mid-`BEGIN` when a `begin` is
 //! cancelled; a handle whose begin (or any state-changing verb) was cut off closes its session
 //! instead of pooling it. sqlx offers no cancel request, so an abort refuses later verbs but lets
-//! a running statement finish. The engine, its blocking verbs and its cancel safety are
+//! a running statement finish. A commit first checks that the transaction did not fail (where
+//! `COMMIT` would quietly roll back), one round trip more. The engine, its blocking verbs and its cancel safety are
 //! [`SqlxProvider`]'s.
 //!
 //! # Examples
@@ -72,6 +73,12 @@ impl SqlxDatabase for Postgres {
             .fetch_one(conn)
             .await?;
         Ok(on == "on")
+    }
+
+    /// A statement in a failed transaction is refused ("current transaction is aborted"), where
+    /// `COMMIT` would answer with a quiet rollback.
+    async fn can_commit(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+        conn.execute("SELECT 1").await.map(drop)
     }
 
     /// Nothing to arm: sqlx has no cancel request; the flag alone refuses later verbs.

@@ -83,6 +83,13 @@ impl SqlxDatabase for Sqlite {
         sqlx::query_scalar("PRAGMA query_only").fetch_one(conn)
     }
 
+    /// Always: a failed statement leaves a SQLite transaction able to commit what succeeded.
+    fn can_commit(
+        _conn: &mut SqliteConnection,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_ {
+        std::future::ready(Ok(()))
+    }
+
     async fn arm(conn: &mut SqliteConnection, aborted: Arc<AtomicBool>) -> Result<(), sqlx::Error> {
         conn.lock_handle()
             .await?

@@ -395,3 +395,39 @@ fn close_restores_the_read_only_state_the_pool_handed_out() {
         provider.pool().close().await;
     });
 }
+
+#[test]
+fn a_commit_after_a_failed_statement_is_refused_not_a_quiet_rollback() {
+    let Some(url) = server_url("a_commit_after_a_failed_statement_is_refused_not_a_quiet_rollback")
+    else {
+        return;
+    };
+    let db = Db::new(&url);
+    let provider = db.provider("sqlx-pg", 1, 2);
+    db.runtime.block_on(async {
+        let mut handle = provider.checkout(false).await.unwrap();
+        handle.begin_async().await.unwrap();
+        insert(handle.connection().unwrap(), 1).await.unwrap();
+        assert!(
+            insert(handle.connection().unwrap(), 1).await.is_err(),
+            "a duplicate key"
+        );
+        let err = handle.commit_async().await.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                DbError::Database {
+                    operation: "commit",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(handle.in_transaction());
+        handle.rollback_async().await.unwrap();
+        handle.close_async().await.unwrap();
+        assert_eq!(db.rows_async().await, Vec::<i64>::new());
+        assert_the_pool_is_clean(&db, &provider, 2).await;
+        provider.pool().close().await;
+    });
+}
