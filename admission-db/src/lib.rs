@@ -24,6 +24,12 @@ pub mod r2d2_postgres;
 pub mod r2d2_sqlite;
 mod registry;
 mod session;
+#[cfg(any(feature = "sqlx-sqlite", feature = "sqlx-postgres"))]
+pub mod sqlx_pool;
+#[cfg(feature = "sqlx-postgres")]
+pub mod sqlx_postgres;
+#[cfg(feature = "sqlx-sqlite")]
+pub mod sqlx_sqlite;
 
 pub use counting::{CountingDbHandle, CountingDbResourceProvider};
 pub use error::{DbError, DbErrors, RegistryError};

@@ -49,8 +49,9 @@ commands:
   help                     this text
 
 FEATURES is `--features admission-db/r2d2-sqlite,admission-db/r2d2-postgres,
-admission-db/deadpool-postgres,admission-db/contract`: the database providers and their contract
-suite, which no default build compiles.
+admission-db/deadpool-postgres,admission-db/sqlx-sqlite,admission-db/sqlx-postgres,
+admission-db/contract`: the database providers and their contract suite, which no default build
+compiles.
 
 The test steps run with the services listed in xtask/src/services.rs (REQUIRED) up: PostgreSQL
 (ADMISSION_PG_URL), which admission-db's PostgreSQL tests need (unset under CI=true, they fail).";
@@ -157,7 +158,7 @@ fn run_plan(ws: &Workspace, steps: &[Step]) -> Result<ExitCode> {
 const FEATURES: &[&str] = &[
     "--features",
     "admission-db/r2d2-sqlite,admission-db/r2d2-postgres,admission-db/deadpool-postgres,\
-     admission-db/contract",
+     admission-db/sqlx-sqlite,admission-db/sqlx-postgres,admission-db/contract",
 ];
 
 /// `before`, then [`FEATURES`], then `after`: one cargo command's arguments.

@@ -12,3 +12,7 @@ mod registry;
 mod session;
 #[cfg(all(feature = "contract", feature = "r2d2-sqlite"))]
 mod sqlite;
+#[cfg(all(feature = "contract", feature = "sqlx-postgres"))]
+mod sqlx_postgres;
+#[cfg(all(feature = "contract", feature = "sqlx-sqlite"))]
+mod sqlx_sqlite;
