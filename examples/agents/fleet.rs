@@ -6,6 +6,11 @@
 //! that cannot have everything waits in the monitor's line holding *nothing*, so a model-b call
 //! never waits behind a connection that a model-a call holds while it waits for tokens.
 //!
+//! The database part is a permit on the results provider's gate (`results.rs`). Once granted, the
+//! step checks its connection out of the provider, makes its call, stores its result in one
+//! committed transaction and gives the connection back, all before its grant gives the permit
+//! back. The provider's verbs block: tasks run them with `spawn_blocking`.
+//!
 //! Most agents are tokio tasks awaiting [`Monitor::admit`]; some run on blocking threads and call
 //! [`Monitor::admit_blocking`]. Both stand in the same line. Every admission carries a timeout,
 //! and a cancelled [`JobContext`] (Ctrl-C) withdraws a waiter at once.
@@ -15,11 +20,13 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use admission_core::{AdmitError, Grant, JobContext, Monitor};
+use admission_db::r2d2_sqlite::SqliteHandle;
 
 use crate::provider_sim::Response;
+use crate::results::Results;
 use crate::stats::{Holding, JobOutcome, add_duration};
 use crate::workload::{JobPlan, StepPlan};
-use crate::world::{Next, World};
+use crate::world::{Next, World, result_row};
 
 /// What an admission error means for the job.
 enum Failure {
@@ -124,6 +131,10 @@ async fn attempt_call(
     step: &StepPlan,
     grant: Grant,
 ) -> Attempt {
+    let db = match open_results(world, step).await {
+        Ok(db) => db,
+        Err(outcome) => return Attempt::Fail(outcome),
+    };
     let (response, holding, granted_at) = match start_call(world, job, index, attempt, step, &grant)
     {
         Ok(started) => started,
@@ -134,14 +145,53 @@ async fn attempt_call(
     if next == Next::Done {
         world.clock.sleep(step.tool_time).await;
     }
+    if let Some((results, handle)) = db {
+        let row = result_row(job, index, attempt, step, &response, world.now());
+        let stored = tokio::task::spawn_blocking(move || results.store(handle, &row))
+            .await
+            .unwrap_or_else(|e| Err(anyhow::anyhow!("the results task failed: {e}")));
+        if let Err(outcome) = count_stored(world, stored) {
+            return Attempt::Fail(outcome);
+        }
+    }
     drop(response);
     holding.leave();
     add_duration(
         &world.metrics.http_held_ns,
         world.now().saturating_sub(granted_at),
     );
-    drop(grant); // the connection, the gate slot and the database connection come back
+    drop(grant); // the connection, the gate slot and the database permit come back
     Attempt::Next(next)
+}
+
+/// The step's results connection, checked out of the provider under the grant's permit on a
+/// blocking thread; `None` for a step without the database.
+async fn open_results(
+    world: &World,
+    step: &StepPlan,
+) -> Result<Option<(Arc<Results>, SqliteHandle)>, JobOutcome> {
+    let Some(results) = world.results.clone().filter(|_| step.uses_db) else {
+        return Ok(None);
+    };
+    let opener = results.clone();
+    let opened = tokio::task::spawn_blocking(move || opener.open())
+        .await
+        .unwrap_or_else(|e| Err(anyhow::anyhow!("the results task failed: {e}")));
+    match opened {
+        Ok(handle) => Ok(Some((results, handle))),
+        Err(error) => Err(JobOutcome::Failed(format!("{error:#}"))),
+    }
+}
+
+/// Counts a stored result, or ends the job with the failure.
+fn count_stored(world: &World, stored: anyhow::Result<()>) -> Result<(), JobOutcome> {
+    match stored {
+        Ok(()) => {
+            world.metrics.results_stored.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+        Err(error) => Err(JobOutcome::Failed(format!("{error:#}"))),
+    }
 }
 
 /// What a step does after its admission failed: retry after an open circuit's cooldown, or end
@@ -200,6 +250,13 @@ fn job_steps_blocking(
             let timeout = Some(world.settings.admit_timeout);
             let next = match monitor.admit_blocking(demand, ctx, timeout) {
                 Ok(grant) => {
+                    let db = match world.results.as_ref().filter(|_| step.uses_db) {
+                        Some(results) => match results.open() {
+                            Ok(handle) => Some((results, handle)),
+                            Err(error) => return JobOutcome::Failed(format!("{error:#}")),
+                        },
+                        None => None,
+                    };
                     let (response, holding, granted_at) =
                         match start_call(world, job, index, attempt, step, &grant) {
                             Ok(started) => started,
@@ -209,6 +266,12 @@ fn job_steps_blocking(
                     let next = world.feedback(job.model, &response, attempt);
                     if next == Next::Done {
                         std::thread::sleep(clock.to_real(step.tool_time));
+                    }
+                    if let Some((results, handle)) = db {
+                        let row = result_row(job, index, attempt, step, &response, world.now());
+                        if let Err(outcome) = count_stored(world, results.store(handle, &row)) {
+                            return outcome;
+                        }
                     }
                     drop(response);
                     holding.leave();

@@ -13,6 +13,12 @@
 //! search API's fixed window — built by the provider layer's `Registry::demand_for` from
 //! `models.toml`. The monitor grants it whole, or the step waits in one FIFO line holding nothing.
 //!
+//! The database is real: a fresh SQLite file (WAL) behind an r2d2 pool, reached through
+//! `admission_db`'s `R2d2SqliteProvider`, whose gate `db:results` is the database part of a
+//! demand. A step that holds it checks a connection out after its grant, stores its result in
+//! the `results` table in one committed transaction and gives the connection back before the
+//! permit (`results.rs`); the summary reads the row count back.
+//!
 //! The upstream is simulated (`provider_sim.rs`) and stricter than the catalog: the first
 //! responses' rate-limit headers correct the local buckets (`Registry::observe`), 429s and 529s
 //! raise each bucket's adaptive throttle (`on_rate_limit_error`, `on_overload`) and successes
@@ -26,8 +32,9 @@
 //!
 //! `--strategy hold-and-wait` runs the same seed twice, once on the monitor and once as the
 //! chain of single-limit waits services write today (`chain.rs`), and prints both summaries and
-//! a side-by-side table. Files land in `target/agents/`: `events.jsonl` (every monitor event),
-//! `timeline-<strategy>.svg` and `summary.json`.
+//! a side-by-side table (the chain takes its database permits from a plain semaphore and stores
+//! nothing). Files land in `target/agents/`: `events.jsonl` (every monitor event),
+//! `results.sqlite` (the monitor run's results), `timeline-<strategy>.svg` and `summary.json`.
 //!
 //! Every wait has a deadline (`--admit-timeout`, `--run-timeout`); Ctrl-C cancels every job
 //! through its `JobContext`, stops the monitor and still prints the summary.
@@ -39,6 +46,7 @@ mod fleet;
 mod progress;
 mod provider_sim;
 mod report;
+mod results;
 mod rng;
 mod run;
 mod stats;
@@ -110,7 +118,8 @@ struct Args {
     #[arg(long, default_value_t = 32, value_parser = value_parser!(u64).range(1..=100_000))]
     http: u64,
 
-    /// Database connections.
+    /// Steps holding a results-database connection at once (the provider's bound; its pool has
+    /// two more, the host's).
     #[arg(long, default_value_t = 8, value_parser = value_parser!(u64).range(1..=100_000))]
     db: u64,
 
@@ -135,8 +144,8 @@ struct Args {
     out_dir: Option<PathBuf>,
 
     /// Exit non-zero unless nothing went over capacity, every job ended with no cancellation or
-    /// failure (and, under the monitor, no timeout), and nothing was still held or parked
-    /// afterwards.
+    /// failure (and, under the monitor, no timeout), nothing was still held or parked
+    /// afterwards, and the results database holds one row per stored result.
     #[arg(long)]
     check: bool,
 
@@ -234,7 +243,9 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
         return Ok(false);
     }
     if problems.is_empty() {
-        say("check: passed (nothing over capacity, every job finished, nothing held afterwards)");
+        say(
+            "check: passed (nothing over capacity, every job finished, nothing held afterwards, every result stored)",
+        );
         Ok(true)
     } else {
         for problem in &problems {

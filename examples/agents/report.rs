@@ -82,6 +82,19 @@ pub struct ModelRow {
     pub over_concurrency: u64,
 }
 
+/// The results database, read back once every job ended (monitor runs only).
+#[derive(Clone, Debug, Serialize)]
+pub struct ResultsReading {
+    /// The SQLite file.
+    pub path: String,
+    /// Rows the `results` table holds.
+    pub rows: u64,
+    /// Steps that committed a result, as the jobs counted them.
+    pub stored: u64,
+    /// Pool connections still checked out: anything but 0 is a leak.
+    pub checked_out: u64,
+}
+
 /// Everything a run reports.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunSummary {
@@ -125,6 +138,8 @@ pub struct RunSummary {
     pub longest_line: u64,
     /// Limits still held, or waiters still parked, after the run.
     pub leaks: Vec<String>,
+    /// The results database (monitor runs only).
+    pub results: Option<ResultsReading>,
     /// The first failure messages.
     pub failures: Vec<String>,
     /// Files written.
@@ -388,6 +403,13 @@ impl RunSummary {
                 let _ = writeln!(out, "  rejected: {}", rejected.join(", "));
             }
         }
+        if let Some(r) = &self.results {
+            let _ = writeln!(
+                out,
+                "results database: {} rows read back from {} ({} steps stored a result), {} connections checked out",
+                r.rows, r.path, r.stored, r.checked_out
+            );
+        }
         for failure in &self.failures {
             let _ = writeln!(out, "failure: {failure}");
         }
@@ -404,7 +426,8 @@ impl RunSummary {
     ///
     /// Nothing over capacity (exact peaks and sampled peaks of every permit limit, the provider's
     /// true concurrency never exceeded), every job ended and none was cancelled or failed (nor,
-    /// under the monitor, timed out), and nothing held or parked once the run is over.
+    /// under the monitor, timed out), nothing held or parked once the run is over, and the
+    /// results database holds one row per stored result with no connection checked out.
     pub fn problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
         let name = self.strategy;
@@ -461,6 +484,20 @@ impl RunSummary {
                 problems.push(format!(
                     "{name}: the provider saw {} calls on {} above its concurrency cap",
                     m.over_concurrency, m.model
+                ));
+            }
+        }
+        if let Some(r) = &self.results {
+            if r.rows != r.stored {
+                problems.push(format!(
+                    "{name}: the results database holds {} rows, {} steps stored a result",
+                    r.rows, r.stored
+                ));
+            }
+            if r.checked_out != 0 {
+                problems.push(format!(
+                    "{name}: {} results connections still checked out after the run",
+                    r.checked_out
                 ));
             }
         }

@@ -16,7 +16,7 @@ use tokio::task::JoinSet;
 use crate::chain::Chain;
 use crate::events::Sinks;
 use crate::progress::Progress;
-use crate::report::{self, ModelTallyReading, RunSummary};
+use crate::report::{self, ModelTallyReading, ResultsReading, RunSummary};
 use crate::stop::Stop;
 use crate::timeline::{Probe, Probes, Timeline};
 use crate::workload::JobPlan;
@@ -88,10 +88,14 @@ pub async fn run(strategy: Strategy, input: &Input<'_>) -> anyhow::Result<RunSum
             stop.trigger(&interrupt.reason().unwrap_or_else(|| "interrupted".into()));
         })
     };
+    // The monitor run stores its results in a fresh SQLite database; the chain keeps a plain
+    // semaphore for its database permits.
+    let results_path = input.out_dir.join("results.sqlite");
     let world = Arc::new(World::new(
         input.catalog,
         input.plan,
         input.settings.clone(),
+        (strategy == Strategy::Monitor).then_some(results_path.as_path()),
         stop.clone(),
     )?);
     let started = std::time::Instant::now();
@@ -231,7 +235,21 @@ pub async fn run(strategy: Strategy, input: &Input<'_>) -> anyhow::Result<RunSum
     files.push(svg.display().to_string());
 
     let after = permits_in_use(&world, &setup);
-    Ok(summarize(
+    let results = match &world.results {
+        Some(results) => {
+            // Read before counting: the count checks a host connection out for a moment.
+            let checked_out = results.checked_out();
+            files.push(results.path().display().to_string());
+            Some(ResultsReading {
+                path: results.path().display().to_string(),
+                rows: results.count()?,
+                stored: world.metrics.results_stored.load(Ordering::Acquire),
+                checked_out,
+            })
+        }
+        None => None,
+    };
+    let mut summary = summarize(
         strategy,
         &world,
         input,
@@ -242,7 +260,9 @@ pub async fn run(strategy: Strategy, input: &Input<'_>) -> anyhow::Result<RunSum
         files,
         (real_seconds, simulated_seconds),
         interrupted,
-    ))
+    );
+    summary.results = results;
+    Ok(summary)
 }
 
 /// Samples until the world's stop is triggered (the run is over, or was stopped), driving the
@@ -284,14 +304,16 @@ fn probes(world: &Arc<World>, setup: &Setup) -> anyhow::Result<Probes> {
                 in_use: Box::new(move || http.in_use()),
                 capacity: Box::new(move || cap),
             });
-            let db = world.db.clone();
-            let cap = db.capacity();
-            accounts.push(Probe {
-                name: DB.into(),
-                unit: "connections",
-                in_use: Box::new(move || db.in_use()),
-                capacity: Box::new(move || cap),
-            });
+            if let Some(results) = &world.results {
+                let db = results.gate().clone();
+                let cap = db.capacity();
+                accounts.push(Probe {
+                    name: DB.into(),
+                    unit: "connections",
+                    in_use: Box::new(move || db.in_use()),
+                    capacity: Box::new(move || cap),
+                });
+            }
             for model in &models {
                 if let Ok(gate) = world.registry.gate(model) {
                     let cap = gate.capacity();
@@ -412,7 +434,9 @@ fn permits_in_use(world: &World, setup: &Setup) -> BTreeMap<String, u64> {
     match setup {
         Setup::Monitor { .. } => {
             after.insert(HTTP.to_owned(), world.registry.http().in_use());
-            after.insert(DB.to_owned(), world.db.in_use());
+            if let Some(results) = &world.results {
+                after.insert(DB.to_owned(), results.gate().in_use());
+            }
             for model in world.registry.models() {
                 if let Ok(gate) = world.registry.gate(&model) {
                     after.insert(gate.name().to_owned(), gate.in_use());
@@ -520,6 +544,7 @@ fn summarize(
         tokens_stranded: metrics.tokens_stranded.load(Ordering::Relaxed),
         longest_line: timeline.longest_line(),
         leaks,
+        results: None,
         failures: metrics.failures(),
         files,
     }

@@ -131,6 +131,9 @@ pub struct Metrics {
     /// Tokens debited from a bucket by a chain that then timed out before its call: paid for,
     /// never used.
     pub tokens_stranded: AtomicU64,
+    /// Results committed to the results database, one per admitted attempt of a step that
+    /// needs the database.
+    pub results_stored: AtomicU64,
     /// Per model.
     pub models: BTreeMap<String, ModelTally>,
     /// Admission waits in simulated microseconds, per model.
@@ -185,6 +188,7 @@ impl Metrics {
             http_held_ns: AtomicU64::new(0),
             http_idle_ns: AtomicU64::new(0),
             tokens_stranded: AtomicU64::new(0),
+            results_stored: AtomicU64::new(0),
             models: models
                 .into_iter()
                 .map(|m| (m.to_owned(), ModelTally::default()))

@@ -1,13 +1,14 @@
 //! [`World`]: everything one run shares — the scaled clock, the provider layer's [`Registry`]
-//! built from the catalog, the database gate, the search API's fixed window, the simulated
-//! provider and the counters — and the steps both strategies take the same way: building a
+//! built from the catalog, the results database (under the monitor), the search API's fixed
+//! window, the simulated provider and the counters — and the steps both strategies take the same way: building a
 //! step's demand, making the call, and feeding the answer back to the registry.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use admission_accounts::{CountingGate, FixedWindow};
+use admission_accounts::FixedWindow;
 use admission_core::{Amount, Clock, Demand};
 use admission_llm::model_spec::ModelCatalog;
 use admission_llm::provider::Registry;
@@ -15,13 +16,14 @@ use anyhow::Context as _;
 
 use crate::clock::ScaledClock;
 use crate::provider_sim::{Provider, Request, Response, Status};
+use crate::results::{Results, Row};
 use crate::rng;
 use crate::stats::{Gauge, Metrics};
 use crate::stop::Stop;
 use crate::workload::{JobPlan, StepPlan};
 
-/// The name of the database gate.
-pub const DB: &str = "db";
+/// The name of the database gate: the results provider's `db:<name>`.
+pub const DB: &str = "db:results";
 /// The name of the search API's fixed window.
 pub const SEARCH: &str = "search-api";
 /// The name of the provider layer's HTTP gate.
@@ -65,8 +67,9 @@ pub struct World {
     pub registry: Registry,
     /// The simulated upstream.
     pub provider: Provider,
-    /// The database gate.
-    pub db: Arc<CountingGate>,
+    /// The results database, whose provider's gate is the database part of a demand (monitor
+    /// runs; the hold-and-wait chain keeps a plain semaphore instead).
+    pub results: Option<Arc<Results>>,
     /// The search API's fixed window (an account too).
     pub search: Arc<FixedWindow>,
     /// The counters.
@@ -80,11 +83,13 @@ impl World {
     ///
     /// # Errors
     ///
-    /// When the catalog or a setting is refused by the limiters.
+    /// When the catalog or a setting is refused by the limiters, or the results database at
+    /// `results_path` cannot be created.
     pub fn new(
         catalog: &ModelCatalog,
         plan: &[Arc<JobPlan>],
         settings: Settings,
+        results_path: Option<&Path>,
         stop: Arc<Stop>,
     ) -> anyhow::Result<World> {
         let clock = ScaledClock::new(settings.time_scale);
@@ -100,10 +105,13 @@ impl World {
                 .spec(job.model)
                 .context("the workload names a model the catalog lacks")?;
         }
-        let db = Arc::new(
-            CountingGate::new(DB, settings.db_connections, shared.clone())
-                .context("building the database gate")?,
-        );
+        let results = match results_path {
+            Some(path) => Some(Arc::new(
+                Results::create(path, settings.db_connections, shared.clone())
+                    .context("creating the results database")?,
+            )),
+            None => None,
+        };
         let search = Arc::new(
             FixedWindow::of(SEARCH, settings.search_per_minute, Duration::from_secs(60))
                 .context("building the search API's window")?
@@ -125,7 +133,7 @@ impl World {
             settings,
             clock,
             registry,
-            db,
+            results,
             search,
             metrics,
             stop,
@@ -139,11 +147,11 @@ impl World {
 
     /// One step's whole demand: the model call from [`Registry::demand_for`] (HTTP connection,
     /// tokens and a request, the model gate and window where the catalog has them), plus a
-    /// database connection and a search call when the step needs them.
+    /// permit on the results provider's gate and a search call when the step needs them.
     ///
     /// # Errors
     ///
-    /// When the model is not registered.
+    /// When the model is not registered, or a step needs the database in a world without one.
     pub fn step_demand(&self, job: &JobPlan, step: &StepPlan) -> anyhow::Result<Demand> {
         let call = self
             .registry
@@ -151,7 +159,11 @@ impl World {
             .with_context(|| format!("building the demand of {}", job.name))?;
         let mut demand = call.demand;
         if step.uses_db {
-            demand.add(self.db.clone(), Amount::ONE);
+            let results = self
+                .results
+                .as_ref()
+                .context("a step needs the database, and this run has none")?;
+            demand.add(results.gate().clone(), Amount::ONE);
         }
         if step.uses_search {
             demand.add(self.search.clone(), Amount::ONE);
@@ -222,6 +234,31 @@ impl World {
     /// cooldown, kept between 1 s and 1 min (simulated).
     pub fn circuit_backoff(&self, retry_after: Duration) -> Duration {
         retry_after.clamp(Duration::from_secs(1), Duration::from_secs(60))
+    }
+}
+
+/// What a step stores once its call answered: `ok` with the tokens used, or the refusal with none.
+pub fn result_row(
+    job: &JobPlan,
+    index: usize,
+    attempt: u32,
+    step: &StepPlan,
+    response: &Response,
+    at: Duration,
+) -> Row {
+    let (outcome, tokens) = match response.status {
+        Status::Ok => ("ok", step.input_tokens + step.output_tokens),
+        Status::RateLimited => ("rate-limited", 0),
+        Status::Overloaded => ("overloaded", 0),
+    };
+    Row {
+        agent: job.name.clone(),
+        step: index,
+        attempt,
+        model: job.model,
+        tokens,
+        outcome,
+        at,
     }
 }
 
