@@ -13,7 +13,8 @@
 //! The earlier criterion benches, run by `cargo xtask bench --all` (`cargo bench -p
 //! admission-benches`): `monitor` (the uncontended path and its parts, the pass over parked
 //! waiters, release to running), `gate_and_bucket`, `elastic_window` and `fixed_window` (each
-//! family beside governor's `check_n`), and `memory_gate` (what a green gate adds to an admit).
+//! family beside governor's `check_n`), `memory_gate` (what a green gate adds to an admit), and `db`
+//! (the r2d2 SQLite provider of `admission-db` beside a bare checkout of the same pool).
 //!
 //! `cargo xtask bench` rewrites the side-by-side table in BENCHMARKS.md from the files the first
 //! two leave. This library holds [`Results`], what both sides of that exchange agree on, and
