@@ -17,6 +17,7 @@ mod counting;
 #[cfg(feature = "deadpool-postgres")]
 pub mod deadpool_postgres;
 mod error;
+mod metrics;
 mod provider;
 #[cfg(feature = "r2d2-postgres")]
 pub mod r2d2_postgres;

@@ -16,6 +16,7 @@ use r2d2::{ManageConnection, Pool, PooledConnection};
 use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::{Connection, InterruptHandle};
 
+use crate::metrics::{PoolMetrics, PoolState};
 use crate::{Aborter, DbError, DbHandle, DbResourceProvider, ProviderId};
 
 /// `r2d2_sqlite`'s manager, refusing to pool a connection left inside a transaction.
@@ -98,6 +99,7 @@ pub struct R2d2SqliteProvider {
     gate: Arc<CountingGate>,
     pool: Pool<SqliteManager>,
     checkout_timeout: Duration,
+    metrics: PoolMetrics,
 }
 
 impl R2d2SqliteProvider {
@@ -114,12 +116,14 @@ impl R2d2SqliteProvider {
         clock: Arc<dyn Clock>,
     ) -> Result<R2d2SqliteProvider, DbError> {
         let id = ProviderId::new(name);
-        let gate = id.gate(bound, clock)?;
+        let gate = id.gate(bound, clock.clone())?;
+        let metrics = PoolMetrics::new(id.name().into(), clock);
         Ok(R2d2SqliteProvider {
             id,
             gate,
             pool,
             checkout_timeout: CHECKOUT_TIMEOUT,
+            metrics,
         })
     }
 
@@ -140,6 +144,11 @@ impl R2d2SqliteProvider {
         state.connections.saturating_sub(state.idle_connections)
     }
 
+    /// The pool's state for the metrics (r2d2 does not count its waiters).
+    fn pool_state(&self) -> PoolState {
+        pool_state(&self.pool)
+    }
+
     /// [`acquire`](DbResourceProvider::acquire), typed.
     ///
     /// # Errors
@@ -147,7 +156,9 @@ impl R2d2SqliteProvider {
     /// [`DbError::Checkout`] naming the pool's size and idle count (r2d2 does not count its
     /// waiters), or a driver error setting the read-only state.
     pub fn checkout(&self, read_only: bool) -> Result<SqliteHandle, DbError> {
+        let started = self.metrics.now();
         let conn = self.pool.get_timeout(self.checkout_timeout).map_err(|e| {
+            self.metrics.timed_out(self.pool_state());
             let state = self.pool.state();
             DbError::Checkout {
                 provider: self.name().to_owned(),
@@ -158,6 +169,8 @@ impl R2d2SqliteProvider {
                 message: e.to_string(),
             }
         })?;
+        self.metrics.checked_out(started, self.pool_state());
+        let handed_out = self.metrics.now();
         let name = self.name();
         let handed_query_only: bool = conn
             .query_row("PRAGMA query_only", [], |row| row.get(0))
@@ -176,7 +189,20 @@ impl R2d2SqliteProvider {
             read_only,
             handed_query_only,
             aborted,
+            pool: self.pool.clone(),
+            metrics: self.metrics.clone(),
+            handed_out,
         })
+    }
+}
+
+fn pool_state(pool: &Pool<SqliteManager>) -> PoolState {
+    let state = pool.state();
+    PoolState {
+        idle: state.idle_connections,
+        used: state.connections.saturating_sub(state.idle_connections),
+        max: pool.max_size(),
+        pending: None,
     }
 }
 
@@ -231,6 +257,11 @@ pub struct SqliteHandle {
     handed_query_only: bool,
     /// Set by `abort`, from any thread.
     aborted: Arc<AtomicBool>,
+    /// The pool the connection came from, read for the metrics once it is back.
+    pool: Pool<SqliteManager>,
+    metrics: PoolMetrics,
+    /// When the pool handed the connection out (the provider's clock), for `use_time`.
+    handed_out: admission_core::Instant,
 }
 
 impl SqliteHandle {
@@ -343,6 +374,7 @@ impl DbHandle for SqliteHandle {
         }
         // Back to the pool; `SqliteManager::has_broken` discards it if still in a transaction.
         drop(conn);
+        self.metrics.closed(self.handed_out, pool_state(&self.pool));
         first.map_or(Ok(()), Err)
     }
 

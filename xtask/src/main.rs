@@ -50,8 +50,8 @@ commands:
 
 FEATURES is `--features admission-db/r2d2-sqlite,admission-db/r2d2-postgres,
 admission-db/deadpool-postgres,admission-db/sqlx-sqlite,admission-db/sqlx-postgres,
-admission-db/contract`: the database providers and their contract suite, which no default build
-compiles.
+admission-db/contract,admission-db/metrics`: the database providers, their contract suite and
+their pool metrics, which no default build compiles.
 
 The test steps run with the services listed in xtask/src/services.rs (REQUIRED) up: PostgreSQL
 (ADMISSION_PG_URL), which admission-db's PostgreSQL tests need (unset under CI=true, they fail).";
@@ -158,7 +158,8 @@ fn run_plan(ws: &Workspace, steps: &[Step]) -> Result<ExitCode> {
 const FEATURES: &[&str] = &[
     "--features",
     "admission-db/r2d2-sqlite,admission-db/r2d2-postgres,admission-db/deadpool-postgres,\
-     admission-db/sqlx-sqlite,admission-db/sqlx-postgres,admission-db/contract",
+     admission-db/sqlx-sqlite,admission-db/sqlx-postgres,admission-db/contract,\
+     admission-db/metrics",
 ];
 
 /// `before`, then [`FEATURES`], then `after`: one cargo command's arguments.

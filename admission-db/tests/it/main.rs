@@ -2,6 +2,8 @@
 
 #[cfg(all(feature = "contract", feature = "r2d2-sqlite"))]
 mod contract_self_test;
+#[cfg(all(feature = "contract", feature = "r2d2-sqlite", feature = "metrics"))]
+mod metrics;
 #[cfg(all(
     feature = "contract",
     feature = "r2d2-postgres",

@@ -1,0 +1,166 @@
+//! The pool metrics (feature `metrics`) of the r2d2 SQLite provider, read through a
+//! `DebuggingRecorder` installed for the test's thread only.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use admission_core::SystemClock;
+use admission_db::r2d2_sqlite::R2d2SqliteProvider;
+use admission_db::{DbError, DbHandle};
+use metrics::Unit;
+use metrics_util::CompositeKey;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+
+use crate::sqlite::Db;
+
+/// What the snapshot holds for one series: name, labels sorted, unit, value.
+type Series = (String, Vec<(String, String)>, Option<Unit>, DebugValue);
+
+/// Runs `f` with a fresh recorder current on this thread only; returns its snapshotter too.
+fn recorded<T>(f: impl FnOnce(&Snapshotter) -> T) -> T {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || f(&snapshotter))
+}
+
+/// The snapshot, drained (histograms empty after it).
+fn series(snapshotter: &Snapshotter) -> Vec<Series> {
+    snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, unit, _, value): (CompositeKey, _, _, _)| {
+            let (_, key) = key.into_parts();
+            let mut labels: Vec<_> = key
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            labels.sort();
+            (key.name().to_owned(), labels, unit, value)
+        })
+        .collect()
+}
+
+fn value<'a>(all: &'a [Series], name: &str, labels: &[(&str, &str)]) -> &'a DebugValue {
+    let mut want: Vec<(String, String)> = labels
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    want.push(("pool.name".to_owned(), "orders".to_owned()));
+    want.sort();
+    let found: Vec<_> = all
+        .iter()
+        .filter(|(n, l, _, _)| n == name && *l == want)
+        .collect();
+    assert_eq!(found.len(), 1, "{name} {want:?} in {all:?}");
+    &found[0].3
+}
+
+fn gauge(all: &[Series], name: &str, labels: &[(&str, &str)]) -> f64 {
+    match value(all, name, labels) {
+        DebugValue::Gauge(v) => v.into_inner(),
+        other => panic!("{name} is not a gauge: {other:?}"),
+    }
+}
+
+fn samples(all: &[Series], name: &str) -> usize {
+    match value(all, name, &[]) {
+        DebugValue::Histogram(v) => v.len(),
+        other => panic!("{name} is not a histogram: {other:?}"),
+    }
+}
+
+fn provider(db: &Db, pool: u32) -> R2d2SqliteProvider {
+    R2d2SqliteProvider::new("orders", 2, db.pool(pool), Arc::new(SystemClock::new())).unwrap()
+}
+
+#[test]
+fn use_time_has_one_sample_per_close() {
+    let db = Db::new();
+    recorded(|snapshotter| {
+        let provider = provider(&db, 4);
+        for _ in 0..5 {
+            provider.checkout(false).unwrap().close().unwrap();
+        }
+        let all = series(snapshotter);
+        assert_eq!(samples(&all, "db.client.connection.use_time"), 5);
+        assert_eq!(samples(&all, "db.client.connection.wait_time"), 5);
+    });
+}
+
+#[test]
+fn used_and_idle_gauges_read_the_pool_after_checkout_and_close() {
+    let db = Db::new();
+    recorded(|snapshotter| {
+        let provider = provider(&db, 4);
+        let mut handle = provider.checkout(false).unwrap();
+        let all = series(snapshotter);
+        let count = "db.client.connection.count";
+        assert_eq!(gauge(&all, count, &[("state", "used")]), 1.0);
+        assert_eq!(gauge(&all, count, &[("state", "idle")]), 3.0);
+        assert_eq!(gauge(&all, "db.client.connection.max", &[]), 4.0);
+
+        handle.close().unwrap();
+        let all = series(snapshotter);
+        assert_eq!(gauge(&all, count, &[("state", "used")]), 0.0);
+        assert_eq!(gauge(&all, count, &[("state", "idle")]), 4.0);
+    });
+}
+
+#[test]
+fn a_checkout_from_a_held_pool_of_one_counts_one_timeout() {
+    let db = Db::new();
+    recorded(|snapshotter| {
+        let provider = provider(&db, 1).with_checkout_timeout(Duration::from_millis(10));
+        let held = provider.checkout(false).unwrap();
+        let err = provider.checkout(false).unwrap_err();
+        assert!(matches!(err, DbError::Checkout { .. }), "{err}");
+        let all = series(snapshotter);
+        assert_eq!(
+            value(&all, "db.client.connection.timeouts", &[]),
+            &DebugValue::Counter(1)
+        );
+        assert_eq!(
+            gauge(&all, "db.client.connection.count", &[("state", "used")]),
+            1.0
+        );
+        drop(held);
+    });
+}
+
+#[test]
+fn every_series_names_its_pool_and_has_a_unit() {
+    let db = Db::new();
+    recorded(|snapshotter| {
+        let provider = provider(&db, 1).with_checkout_timeout(Duration::from_millis(10));
+        let held = provider.checkout(false).unwrap();
+        provider.checkout(false).unwrap_err();
+        drop(held);
+        let all = series(snapshotter);
+        let mut names: Vec<_> = all.iter().map(|(n, ..)| n.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(
+            names,
+            [
+                "db.client.connection.count",
+                "db.client.connection.max",
+                "db.client.connection.timeouts",
+                "db.client.connection.use_time",
+                "db.client.connection.wait_time",
+            ]
+        );
+        for (name, labels, unit, _) in &all {
+            assert!(
+                labels.contains(&("pool.name".to_owned(), "orders".to_owned())),
+                "{name} {labels:?}"
+            );
+            let want = if name.ends_with("_time") {
+                Unit::Seconds
+            } else {
+                Unit::Count
+            };
+            assert_eq!(unit.as_ref(), Some(&want), "{name}");
+        }
+    });
+}
