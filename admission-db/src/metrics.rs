@@ -15,6 +15,8 @@
 //! | `db.client.connection.timeouts` | counter | checkouts | checkouts that timed out |
 //!
 //! The gauges are set to the pool's state read right after each checkout, close and timeout.
+//! Where a close gives the connection back on a task (a sqlx handle closed or dropped inside a
+//! runtime), the gauges may still count it used until the next report.
 //! Durations are read on the provider's [`Clock`] (the monitor's), never on the OS clock.
 #![cfg_attr(not(feature = "metrics"), allow(dead_code))]
 

@@ -22,11 +22,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use admission_accounts::CountingGate;
-use admission_core::Clock;
+use admission_core::{Clock, Instant};
 use sqlx::pool::PoolConnection;
 use sqlx::{Database, Pool};
 use tokio::runtime::Handle;
 
+use crate::metrics::{PoolMetrics, PoolState};
 use crate::{Aborter, DbError, DbHandle, DbResourceProvider, ProviderId};
 
 /// The checkout timeout unless one is set: under a permit the pool should have a connection at
@@ -102,6 +103,7 @@ pub struct SqlxProvider<DB: SqlxDatabase> {
     pool: Pool<DB>,
     runtime: Handle,
     checkout_timeout: Duration,
+    metrics: PoolMetrics,
 }
 
 impl<DB: SqlxDatabase> SqlxProvider<DB> {
@@ -120,13 +122,15 @@ impl<DB: SqlxDatabase> SqlxProvider<DB> {
         runtime: Handle,
     ) -> Result<SqlxProvider<DB>, DbError> {
         let id = ProviderId::new(name);
-        let gate = id.gate(bound, clock)?;
+        let gate = id.gate(bound, clock.clone())?;
+        let metrics = PoolMetrics::new(id.name().into(), clock);
         Ok(SqlxProvider {
             id,
             gate,
             pool,
             runtime,
             checkout_timeout: CHECKOUT_TIMEOUT,
+            metrics,
         })
     }
 
@@ -159,13 +163,26 @@ impl<DB: SqlxDatabase> SqlxProvider<DB> {
     /// [`DbError::Checkout`] naming the pool's size and idle count (sqlx does not count its
     /// waiters), or a driver error setting the read-only state.
     pub async fn checkout(&self, read_only: bool) -> Result<SqlxHandle<DB>, DbError> {
+        let started = self.metrics.now();
         let acquired = tokio::time::timeout(self.checkout_timeout, self.pool.acquire()).await;
         let conn = match acquired {
             Ok(Ok(conn)) => conn,
-            Ok(Err(e)) => return Err(self.checkout_error(e.to_string())),
-            Err(_) => return Err(self.checkout_error("timed out".to_owned())),
+            Ok(Err(e)) => {
+                if matches!(e, sqlx::Error::PoolTimedOut) {
+                    self.metrics.timed_out(pool_state(&self.pool));
+                }
+                return Err(self.checkout_error(e.to_string()));
+            }
+            Err(_) => {
+                self.metrics.timed_out(pool_state(&self.pool));
+                return Err(self.checkout_error("timed out".to_owned()));
+            }
         };
+        self.metrics.checked_out(started, pool_state(&self.pool));
         let mut handle = SqlxHandle {
+            pool: self.pool.clone(),
+            metrics: self.metrics.clone(),
+            handed_out: self.metrics.now(),
             provider: self.id.clone(),
             runtime: self.runtime.clone(),
             conn: Some(conn),
@@ -187,6 +204,17 @@ impl<DB: SqlxDatabase> SqlxProvider<DB> {
             timeout: self.checkout_timeout,
             message,
         }
+    }
+}
+
+/// The pool's state for the metrics (sqlx does not count its waiters).
+fn pool_state<DB: SqlxDatabase>(pool: &Pool<DB>) -> PoolState {
+    let idle = u32::try_from(pool.num_idle()).unwrap_or(u32::MAX);
+    PoolState {
+        idle,
+        used: pool.size().saturating_sub(idle),
+        max: pool.options().get_max_connections(),
+        pending: None,
     }
 }
 
@@ -275,6 +303,11 @@ pub struct SqlxHandle<DB: SqlxDatabase> {
     state: State,
     /// Set by `abort`, from any thread (and read by SQLite's progress handler).
     aborted: Arc<AtomicBool>,
+    /// The pool the connection came from, read for the metrics once it is back.
+    pool: Pool<DB>,
+    metrics: PoolMetrics,
+    /// When the pool handed the connection out (the provider's clock), for `use_time`.
+    handed_out: Instant,
 }
 
 impl<DB: SqlxDatabase> SqlxHandle<DB> {
@@ -460,6 +493,7 @@ impl<DB: SqlxDatabase> SqlxHandle<DB> {
             first.get_or_insert(DbError::database(&name, "close", e));
         }
         self.state = State::Autocommit;
+        self.metrics.closed(self.handed_out, pool_state(&self.pool));
         first.map_or(Ok(()), Err)
     }
 
@@ -480,6 +514,8 @@ impl<DB: SqlxDatabase> SqlxHandle<DB> {
         self.state = State::Autocommit;
         let _entered = self.runtime.enter();
         drop(conn);
+        // The connection goes back (or is closed) on a task: the gauges may still count it used.
+        self.metrics.closed(self.handed_out, pool_state(&self.pool));
     }
 
     fn block<T>(

@@ -1,5 +1,6 @@
-//! The pool metrics (feature `metrics`) of the r2d2 SQLite provider, read through a
-//! `DebuggingRecorder` installed for the test's thread only.
+//! The pool metrics (feature `metrics`) of the r2d2 SQLite provider and the sqlx SQLite provider,
+//! read through a `DebuggingRecorder` installed for the test's thread only (the sqlx provider's
+//! blocking verbs run their futures on the calling thread).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -163,4 +164,76 @@ fn every_series_names_its_pool_and_has_a_unit() {
             assert_eq!(unit.as_ref(), Some(&want), "{name}");
         }
     });
+}
+
+#[cfg(feature = "sqlx-sqlite")]
+mod sqlx_sqlite {
+    use std::time::Duration;
+
+    use admission_db::{DbError, DbResourceProvider};
+
+    use super::{gauge, recorded, samples, series, value};
+    use crate::sqlx_sqlite::Db;
+    use metrics_util::debugging::DebugValue;
+
+    #[test]
+    fn use_time_has_one_sample_per_close() {
+        let db = Db::new();
+        recorded(|snapshotter| {
+            let provider = db.provider("orders", 2, 4);
+            for _ in 0..5 {
+                provider.acquire(false).unwrap().close().unwrap();
+            }
+            let all = series(snapshotter);
+            assert_eq!(samples(&all, "db.client.connection.use_time"), 5);
+            assert_eq!(samples(&all, "db.client.connection.wait_time"), 5);
+        });
+    }
+
+    #[test]
+    fn used_and_idle_gauges_read_the_pool_after_checkout_and_close() {
+        let db = Db::new();
+        recorded(|snapshotter| {
+            let provider = db.provider("orders", 2, 4);
+            let idle = |p: &admission_db::sqlx_sqlite::SqlxSqliteProvider| {
+                f64::from(u32::try_from(p.pool().num_idle()).unwrap())
+            };
+            let mut handle = provider.acquire(false).unwrap();
+            let all = series(snapshotter);
+            let count = "db.client.connection.count";
+            assert_eq!(gauge(&all, count, &[("state", "used")]), 1.0);
+            assert_eq!(gauge(&all, count, &[("state", "idle")]), idle(&provider));
+            assert_eq!(gauge(&all, "db.client.connection.max", &[]), 4.0);
+
+            handle.close().unwrap();
+            let all = series(snapshotter);
+            assert_eq!(gauge(&all, count, &[("state", "used")]), 0.0);
+            assert_eq!(gauge(&all, count, &[("state", "idle")]), idle(&provider));
+            assert_eq!(
+                gauge(&all, count, &[("state", "idle")]),
+                f64::from(provider.pool().size())
+            );
+        });
+    }
+
+    #[test]
+    fn a_checkout_from_a_held_pool_of_one_counts_one_timeout() {
+        let db = Db::new();
+        recorded(|snapshotter| {
+            let provider = db
+                .provider("orders", 2, 1)
+                .with_checkout_timeout(Duration::from_millis(10));
+            let held = provider.acquire(false).unwrap();
+            let Err(err) = provider.acquire(false) else {
+                panic!("a second checkout from a held pool of one succeeded");
+            };
+            assert!(matches!(err, DbError::Checkout { .. }), "{err}");
+            let all = series(snapshotter);
+            assert_eq!(
+                value(&all, "db.client.connection.timeouts", &[]),
+                &DebugValue::Counter(1)
+            );
+            drop(held);
+        });
+    }
 }

@@ -26,14 +26,14 @@ const POOL: u32 = 12;
 const JOBS: u32 = 200;
 
 /// A fresh SQLite file in WAL mode with the jobs' table, and the runtime its pool runs on.
-struct Db {
+pub(crate) struct Db {
     _dir: TempDir,
     path: PathBuf,
     runtime: Runtime,
 }
 
 impl Db {
-    fn new() -> Db {
+    pub(crate) fn new() -> Db {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("jobs.db");
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -83,7 +83,7 @@ impl Db {
         })
     }
 
-    fn provider(&self, name: &str, bound: u64, size: u32) -> SqlxSqliteProvider {
+    pub(crate) fn provider(&self, name: &str, bound: u64, size: u32) -> SqlxSqliteProvider {
         let pool = self.pool(size);
         SqlxSqliteProvider::new(name, bound, pool, clock(), self.runtime.handle().clone()).unwrap()
     }
