@@ -20,6 +20,7 @@ use tokio::runtime::Handle as Runtime;
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
+use crate::metrics::{PoolMetrics, PoolState};
 use crate::{Aborter, DbError, DbHandle, DbResourceProvider, ProviderId};
 
 /// The checkout timeout unless one is set: under a permit the pool should have a session at
@@ -74,6 +75,7 @@ pub struct DeadpoolPostgresProvider {
     pool: Pool,
     runtime: Runtime,
     checkout_timeout: Duration,
+    metrics: PoolMetrics,
 }
 
 impl DeadpoolPostgresProvider {
@@ -92,13 +94,15 @@ impl DeadpoolPostgresProvider {
         runtime: Runtime,
     ) -> Result<DeadpoolPostgresProvider, DbError> {
         let id = ProviderId::new(name);
-        let gate = id.gate(bound, clock)?;
+        let gate = id.gate(bound, clock.clone())?;
+        let metrics = PoolMetrics::new(id.name().into(), clock);
         Ok(DeadpoolPostgresProvider {
             id,
             gate,
             pool,
             runtime,
             checkout_timeout: CHECKOUT_TIMEOUT,
+            metrics,
         })
     }
 
@@ -132,11 +136,13 @@ impl DeadpoolPostgresProvider {
     /// error connecting or setting the read-only state.
     pub async fn checkout(&self, read_only: bool) -> Result<DeadpoolHandle, DbError> {
         let name = self.name();
+        let started = self.metrics.now();
         let obj = match tokio::time::timeout(self.checkout_timeout, self.pool.get()).await {
             Ok(Ok(obj)) => obj,
             Ok(Err(e)) => return Err(self.pool_error(e.to_string(), matches_timeout(&e))),
             Err(_) => return Err(self.pool_error("timed out".to_owned(), true)),
         };
+        self.metrics.checked_out(started, pool_state(&self.pool));
         let token = obj.cancel_token();
         let aborted = Arc::new(AtomicBool::new(false));
         let cancel = Arc::new(Mutex::new(Cancel::default()));
@@ -166,6 +172,9 @@ impl DeadpoolPostgresProvider {
             aborted,
             cancel,
             abort,
+            pool: self.pool.clone(),
+            metrics: self.metrics.clone(),
+            handed_out: self.metrics.now(),
         };
         if read_only {
             handle
@@ -180,6 +189,7 @@ impl DeadpoolPostgresProvider {
         if !timed_out {
             return DbError::database(self.name(), "acquire", message);
         }
+        self.metrics.timed_out(pool_state(&self.pool));
         let status = self.pool.status();
         DbError::PoolTimeout {
             provider: self.name().to_owned(),
@@ -190,6 +200,18 @@ impl DeadpoolPostgresProvider {
             timeout: self.checkout_timeout,
             message,
         }
+    }
+}
+
+/// The pool's state for the metrics, its waiters included.
+fn pool_state(pool: &Pool) -> PoolState {
+    let status = pool.status();
+    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    PoolState {
+        idle: count(status.available),
+        used: count(status.size.saturating_sub(status.available)),
+        max: count(status.max_size),
+        pending: Some(count(status.waiting)),
     }
 }
 
@@ -241,6 +263,11 @@ pub struct DeadpoolHandle {
     /// Shared with the aborter: the cancel request in flight, and whether the handle closed.
     cancel: Arc<Mutex<Cancel>>,
     abort: Aborter,
+    /// The pool the session came from, read for the metrics once it is back.
+    pool: Pool,
+    metrics: PoolMetrics,
+    /// When the pool handed the session out (the provider's clock), for `use_time`.
+    handed_out: admission_core::Instant,
 }
 
 /// An abort's cancel request, and whether the handle closed (after which abort sends none).
@@ -400,12 +427,17 @@ impl DeadpoolHandle {
     /// session is always detached: a cancel request may still be on its way to it.
     fn give_back(&mut self) {
         self.cancel.lock().closed = true;
-        if let Some(obj) = self.obj.take()
-            && (self.in_transaction || self.switched || self.aborted.load(Ordering::Acquire))
-        {
+        let Some(obj) = self.obj.take() else {
+            self.in_transaction = false;
+            return;
+        };
+        if self.in_transaction || self.switched || self.aborted.load(Ordering::Acquire) {
             drop(Object::take(obj));
+        } else {
+            drop(obj);
         }
         self.in_transaction = false;
+        self.metrics.closed(self.handed_out, pool_state(&self.pool));
     }
 }
 

@@ -9,7 +9,7 @@
 //! |---|---|---|---|
 //! | `db.client.connection.count` | gauge | connections | `state` = `idle` \| `used` |
 //! | `db.client.connection.max` | gauge | connections | |
-//! | `db.client.connection.pending_requests` | gauge | requests | only where the pool counts its waiters (deadpool's `waiting`); r2d2 and sqlx do not, so their providers omit it |
+//! | `db.client.connection.pending_requests` | gauge | requests | only where the pool counts its waiters: the deadpool-postgres provider reports deadpool's `waiting`; r2d2 and sqlx count none, so their providers omit it |
 //! | `db.client.connection.wait_time` | histogram | seconds | how long a successful checkout waited |
 //! | `db.client.connection.use_time` | histogram | seconds | checkout to close |
 //! | `db.client.connection.timeouts` | counter | checkouts | checkouts that timed out |

@@ -1,5 +1,5 @@
-//! The pool metrics (feature `metrics`) of the r2d2 SQLite provider and the sqlx SQLite provider,
-//! read through a `DebuggingRecorder` installed for the test's thread only (the sqlx provider's
+//! The pool metrics (feature `metrics`) of the r2d2 SQLite provider, the sqlx SQLite provider and
+//! the deadpool-postgres provider (against `ADMISSION_PG_URL`), read through a `DebuggingRecorder` installed for the test's thread only (the sqlx provider's
 //! blocking verbs run their futures on the calling thread).
 
 use std::sync::Arc;
@@ -228,6 +228,66 @@ mod sqlx_sqlite {
                 panic!("a second checkout from a held pool of one succeeded");
             };
             assert!(matches!(err, DbError::Checkout { .. }), "{err}");
+            let all = series(snapshotter);
+            assert_eq!(
+                value(&all, "db.client.connection.timeouts", &[]),
+                &DebugValue::Counter(1)
+            );
+            drop(held);
+        });
+    }
+}
+
+#[cfg(all(feature = "r2d2-postgres", feature = "deadpool-postgres"))]
+mod deadpool_postgres {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use admission_core::SystemClock;
+    use admission_db::DbHandle;
+    use admission_db::deadpool_postgres::DeadpoolPostgresProvider;
+    use metrics_util::debugging::DebugValue;
+
+    use super::{gauge, recorded, samples, series, value};
+    use crate::postgres::deadpool_pg::{pool, runtime};
+    use crate::postgres::{PgDb, pg_url};
+
+    #[test]
+    fn deadpool_gauges_use_time_pending_and_timeouts_follow_the_pool() {
+        let Some(url) = pg_url("deadpool_gauges_use_time_pending_and_timeouts") else {
+            return;
+        };
+        let db = PgDb::new(&url);
+        let runtime = runtime();
+        recorded(|snapshotter| {
+            let provider = DeadpoolPostgresProvider::new(
+                "orders",
+                2,
+                pool(&db, 1),
+                Arc::new(SystemClock::new()),
+                runtime.handle().clone(),
+            )
+            .unwrap()
+            .with_checkout_timeout(Duration::from_millis(50));
+            let count = "db.client.connection.count";
+            let pending = "db.client.connection.pending_requests";
+            for _ in 0..3 {
+                let mut handle = runtime.block_on(provider.checkout(false)).unwrap();
+                handle.close().unwrap();
+            }
+            let all = series(snapshotter);
+            assert_eq!(samples(&all, "db.client.connection.use_time"), 3);
+            assert_eq!(gauge(&all, count, &[("state", "used")]), 0.0);
+            assert_eq!(gauge(&all, count, &[("state", "idle")]), 1.0);
+
+            let held = runtime.block_on(provider.checkout(false)).unwrap();
+            let all = series(snapshotter);
+            assert_eq!(gauge(&all, count, &[("state", "used")]), 1.0);
+            assert_eq!(gauge(&all, count, &[("state", "idle")]), 0.0);
+            assert_eq!(gauge(&all, "db.client.connection.max", &[]), 1.0);
+            assert_eq!(gauge(&all, pending, &[]), 0.0);
+
+            runtime.block_on(provider.checkout(false)).unwrap_err();
             let all = series(snapshotter);
             assert_eq!(
                 value(&all, "db.client.connection.timeouts", &[]),

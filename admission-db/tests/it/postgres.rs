@@ -29,7 +29,7 @@ const JOBS: u32 = 200;
 /// # Panics
 ///
 /// When unset under `CI=true`.
-fn pg_url(test: &str) -> Option<String> {
+pub(crate) fn pg_url(test: &str) -> Option<String> {
     match std::env::var("ADMISSION_PG_URL") {
         Ok(url) if !url.is_empty() => Some(url),
         _ if std::env::var("CI").as_deref() == Ok("true") => panic!(
@@ -58,7 +58,7 @@ pub(crate) struct PgDb {
 }
 
 impl PgDb {
-    fn new(url: &str) -> PgDb {
+    pub(crate) fn new(url: &str) -> PgDb {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -316,7 +316,7 @@ mod r2d2_pg {
 }
 
 #[cfg(feature = "deadpool-postgres")]
-mod deadpool_pg {
+pub(crate) mod deadpool_pg {
     use admission_db::deadpool_postgres::{DeadpoolHandle, DeadpoolPostgresProvider};
     use deadpool_postgres::{Manager, Pool, Runtime};
 
@@ -330,7 +330,7 @@ mod deadpool_pg {
         runtime: tokio::runtime::Runtime,
     }
 
-    fn runtime() -> tokio::runtime::Runtime {
+    pub(crate) fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -338,7 +338,7 @@ mod deadpool_pg {
             .unwrap()
     }
 
-    fn pool(db: &PgDb, size: usize) -> Pool {
+    pub(crate) fn pool(db: &PgDb, size: usize) -> Pool {
         let mut config = tokio_postgres::Config::new();
         let c = &db.config;
         for host in c.get_hosts() {
