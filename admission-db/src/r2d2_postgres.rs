@@ -21,6 +21,7 @@ use postgres::{Client, NoTls};
 use r2d2::{ManageConnection, Pool, PooledConnection};
 use r2d2_postgres::PostgresConnectionManager;
 
+use crate::metrics::{PoolMetrics, PoolState};
 use crate::{Aborter, DbError, DbHandle, DbResourceProvider, ProviderId};
 
 /// One pooled PostgreSQL session: the client, and the state the provider keeps on it.
@@ -130,6 +131,7 @@ pub struct R2d2PostgresProvider {
     gate: Arc<CountingGate>,
     pool: Pool<PgManager>,
     checkout_timeout: Duration,
+    metrics: PoolMetrics,
 }
 
 impl R2d2PostgresProvider {
@@ -146,12 +148,14 @@ impl R2d2PostgresProvider {
         clock: Arc<dyn Clock>,
     ) -> Result<R2d2PostgresProvider, DbError> {
         let id = ProviderId::new(name);
-        let gate = id.gate(bound, clock)?;
+        let gate = id.gate(bound, clock.clone())?;
+        let metrics = PoolMetrics::new(id.name().into(), clock);
         Ok(R2d2PostgresProvider {
             id,
             gate,
             pool,
             checkout_timeout: CHECKOUT_TIMEOUT,
+            metrics,
         })
     }
 
@@ -179,7 +183,9 @@ impl R2d2PostgresProvider {
     /// [`DbError::Checkout`] naming the pool's size and idle count (r2d2 does not count its
     /// waiters), or a driver error setting the read-only state.
     pub fn checkout(&self, read_only: bool) -> Result<PgHandle, DbError> {
+        let started = self.metrics.now();
         let mut conn = self.pool.get_timeout(self.checkout_timeout).map_err(|e| {
+            self.metrics.timed_out(pool_state(&self.pool));
             let state = self.pool.state();
             DbError::Checkout {
                 provider: self.name().to_owned(),
@@ -190,6 +196,8 @@ impl R2d2PostgresProvider {
                 message: e.to_string(),
             }
         })?;
+        self.metrics.checked_out(started, pool_state(&self.pool));
+        let handed_out = self.metrics.now();
         let handed_read_only = conn.read_only;
         if handed_read_only != read_only {
             set_read_only(&mut conn, read_only)
@@ -222,7 +230,21 @@ impl R2d2PostgresProvider {
             aborted,
             cancel,
             abort,
+            pool: self.pool.clone(),
+            metrics: self.metrics.clone(),
+            handed_out,
         })
+    }
+}
+
+/// The pool's state for the metrics (r2d2 does not count its waiters).
+fn pool_state(pool: &Pool<PgManager>) -> PoolState {
+    let state = pool.state();
+    PoolState {
+        idle: state.idle_connections,
+        used: state.connections.saturating_sub(state.idle_connections),
+        max: pool.max_size(),
+        pending: None,
     }
 }
 
@@ -288,6 +310,11 @@ pub struct PgHandle {
     /// Shared with the aborter: the cancel request in flight, and whether the handle closed.
     cancel: Arc<Mutex<Cancel>>,
     abort: Aborter,
+    /// The pool the session came from, read for the metrics once it is back.
+    pool: Pool<PgManager>,
+    metrics: PoolMetrics,
+    /// When the pool handed the session out (the provider's clock), for `use_time`.
+    handed_out: admission_core::Instant,
 }
 
 impl PgHandle {
@@ -426,6 +453,7 @@ impl DbHandle for PgHandle {
             first.get_or_insert(DbError::database(name, "close", e));
         }
         drop(conn);
+        self.metrics.closed(self.handed_out, pool_state(&self.pool));
         first.map_or(Ok(()), Err)
     }
 

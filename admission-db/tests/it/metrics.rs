@@ -1,5 +1,5 @@
-//! The pool metrics (feature `metrics`) of the r2d2 SQLite provider, the sqlx SQLite provider and
-//! the deadpool-postgres provider (against `ADMISSION_PG_URL`), read through a `DebuggingRecorder` installed for the test's thread only (the sqlx provider's
+//! The pool metrics (feature `metrics`) of the r2d2 SQLite provider, the sqlx SQLite provider, and
+//! the deadpool-postgres and r2d2 PostgreSQL providers (against `ADMISSION_PG_URL`), read through a `DebuggingRecorder` installed for the test's thread only (the sqlx provider's
 //! blocking verbs run their futures on the calling thread).
 
 use std::sync::Arc;
@@ -288,6 +288,71 @@ mod deadpool_postgres {
             assert_eq!(gauge(&all, pending, &[]), 0.0);
 
             runtime.block_on(provider.checkout(false)).unwrap_err();
+            let all = series(snapshotter);
+            assert_eq!(
+                value(&all, "db.client.connection.timeouts", &[]),
+                &DebugValue::Counter(1)
+            );
+            drop(held);
+        });
+    }
+}
+
+#[cfg(all(feature = "r2d2-postgres", feature = "deadpool-postgres"))]
+mod r2d2_postgres {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use admission_core::SystemClock;
+    use admission_db::DbHandle;
+    use admission_db::r2d2_postgres::{PgManager, R2d2PostgresProvider};
+    use metrics_util::debugging::DebugValue;
+
+    use super::{gauge, recorded, samples, series, value};
+    use crate::postgres::{PgDb, pg_url};
+
+    fn pg_provider(db: &PgDb, size: u32) -> R2d2PostgresProvider {
+        let pool = r2d2::Pool::builder()
+            .max_size(size)
+            .build(PgManager::new(db.config.clone()))
+            .unwrap();
+        R2d2PostgresProvider::new("orders", 2, pool, Arc::new(SystemClock::new()))
+            .unwrap()
+            .with_checkout_timeout(Duration::from_millis(50))
+    }
+
+    #[test]
+    fn r2d2_postgres_gauges_use_time_and_timeouts_follow_the_pool() {
+        let Some(url) = pg_url("r2d2_postgres_gauges_use_time_and_timeouts") else {
+            return;
+        };
+        let db = PgDb::new(&url);
+        recorded(|snapshotter| {
+            let provider = pg_provider(&db, 2);
+            let count = "db.client.connection.count";
+            for _ in 0..3 {
+                provider.checkout(false).unwrap().close().unwrap();
+            }
+            let all = series(snapshotter);
+            assert_eq!(samples(&all, "db.client.connection.use_time"), 3);
+            assert_eq!(gauge(&all, count, &[("state", "used")]), 0.0);
+            assert_eq!(gauge(&all, count, &[("state", "idle")]), 2.0);
+            assert!(
+                all.iter()
+                    .all(|(name, ..)| name != "db.client.connection.pending_requests"),
+                "r2d2 counts no waiters"
+            );
+
+            let held = provider.checkout(false).unwrap();
+            let all = series(snapshotter);
+            assert_eq!(gauge(&all, count, &[("state", "used")]), 1.0);
+            assert_eq!(gauge(&all, count, &[("state", "idle")]), 1.0);
+            assert_eq!(gauge(&all, "db.client.connection.max", &[]), 2.0);
+            drop(held);
+
+            let small = pg_provider(&db, 1);
+            let held = small.checkout(false).unwrap();
+            small.checkout(false).unwrap_err();
             let all = series(snapshotter);
             assert_eq!(
                 value(&all, "db.client.connection.timeouts", &[]),

@@ -54,7 +54,7 @@ fn clock() -> Arc<dyn Clock> {
 pub(crate) struct PgDb {
     url: String,
     name: String,
-    config: postgres::Config,
+    pub(crate) config: postgres::Config,
 }
 
 impl PgDb {
