@@ -500,6 +500,7 @@ pub(crate) mod deadpool_pg {
         let provider = subject.provider.clone();
         subject.runtime.block_on(async {
             // A task cancelled inside its transaction: the handle is dropped, never closed.
+            let (inserted, in_transaction) = tokio::sync::oneshot::channel();
             let task = tokio::spawn({
                 let provider = provider.clone();
                 async move {
@@ -511,10 +512,12 @@ pub(crate) mod deadpool_pg {
                         .execute("INSERT INTO jobs (id) VALUES (1)", &[])
                         .await
                         .unwrap();
+                    let _ = inserted.send(());
                     std::future::pending::<()>().await;
                 }
             });
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            // Cancelled once its row is written inside the open transaction.
+            in_transaction.await.unwrap();
             task.abort();
             assert!(task.await.unwrap_err().is_cancelled());
             // A begin cancelled before its answer.
