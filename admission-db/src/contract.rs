@@ -60,6 +60,30 @@ pub trait TransactionalSubject: DbSubject {
     fn insert(&self, handle: &mut dyn DbHandle, row: i64) -> Result<(), DbError>;
 }
 
+/// The job a transactional subject's [`DbSubject::job`] usually is: `while_connected`, then
+/// `begin`, [`insert`](TransactionalSubject::insert) row `row`, and commit or roll back as
+/// `commit` says.
+///
+/// # Errors
+///
+/// The first verb's error.
+pub fn transactional_job<S: TransactionalSubject + ?Sized>(
+    subject: &S,
+    handle: &mut dyn DbHandle,
+    row: i64,
+    commit: bool,
+    while_connected: &mut dyn FnMut(),
+) -> Result<(), DbError> {
+    while_connected();
+    handle.begin()?;
+    subject.insert(handle, row)?;
+    if commit {
+        handle.commit()
+    } else {
+        handle.rollback()
+    }
+}
+
 /// How long a job of the suite may wait for its permit before the rule fails.
 const PATIENCE: Duration = Duration::from_secs(60);
 

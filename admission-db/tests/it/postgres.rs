@@ -149,24 +149,6 @@ fn pg_err(operation: &'static str) -> impl Fn(postgres::Error) -> DbError {
     move |e| DbError::database("pg", operation, e)
 }
 
-/// One job's write on a subject whose `insert` goes through the handle.
-fn write_job(
-    subject: &dyn TransactionalSubject,
-    handle: &mut dyn DbHandle,
-    row: i64,
-    commit: bool,
-    while_connected: &mut dyn FnMut(),
-) -> Result<(), DbError> {
-    while_connected();
-    handle.begin()?;
-    subject.insert(handle, row)?;
-    if commit {
-        handle.commit()
-    } else {
-        handle.rollback()
-    }
-}
-
 #[cfg(feature = "r2d2-postgres")]
 mod r2d2_pg {
     use admission_db::r2d2_postgres::{PgHandle, PgManager, R2d2PostgresProvider};
@@ -212,7 +194,7 @@ mod r2d2_pg {
             commit: bool,
             while_connected: &mut dyn FnMut(),
         ) -> Result<(), DbError> {
-            write_job(self, handle, row, commit, while_connected)
+            admission_db::contract::transactional_job(self, handle, row, commit, while_connected)
         }
         fn rows(&self) -> Vec<i64> {
             self.db.rows()
@@ -403,7 +385,7 @@ pub(crate) mod deadpool_pg {
             commit: bool,
             while_connected: &mut dyn FnMut(),
         ) -> Result<(), DbError> {
-            write_job(self, handle, row, commit, while_connected)
+            admission_db::contract::transactional_job(self, handle, row, commit, while_connected)
         }
         fn rows(&self) -> Vec<i64> {
             self.db.rows()

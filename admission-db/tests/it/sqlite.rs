@@ -175,14 +175,7 @@ impl DbSubject for R2d2 {
         commit: bool,
         while_connected: &mut dyn FnMut(),
     ) -> Result<(), DbError> {
-        while_connected();
-        handle.begin()?;
-        self.insert(handle, row)?;
-        if commit {
-            handle.commit()
-        } else {
-            handle.rollback()
-        }
+        admission_db::contract::transactional_job(self, handle, row, commit, while_connected)
     }
     fn rows(&self) -> Vec<i64> {
         self.db.rows()

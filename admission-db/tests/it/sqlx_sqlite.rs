@@ -150,14 +150,7 @@ impl DbSubject for Subject {
         commit: bool,
         while_connected: &mut dyn FnMut(),
     ) -> Result<(), DbError> {
-        while_connected();
-        handle.begin()?;
-        self.insert(handle, row)?;
-        if commit {
-            handle.commit()
-        } else {
-            handle.rollback()
-        }
+        admission_db::contract::transactional_job(self, handle, row, commit, while_connected)
     }
     fn rows(&self) -> Vec<i64> {
         self.db.rows()
