@@ -50,11 +50,13 @@ commands:
 
 FEATURES is `--features admission-db/r2d2-sqlite,admission-db/r2d2-postgres,
 admission-db/deadpool-postgres,admission-db/sqlx-sqlite,admission-db/sqlx-postgres,
-admission-db/contract,admission-db/metrics`: the database providers, their contract suite and
-their pool metrics, which no default build compiles.
+admission-db/contract,admission-db/metrics,admission-redis/tls,admission-redis/metrics,
+admission-redis/test-util`: the database providers, their contract suite and their pool
+metrics, and the Redis provider's TLS, metrics and test clock, which no default build compiles.
 
-The test steps run with the services listed in xtask/src/services.rs (REQUIRED) up: PostgreSQL
-(ADMISSION_PG_URL), which admission-db's PostgreSQL tests need (unset under CI=true, they fail).";
+The test steps run with the services listed in xtask/src/services.rs (REQUIRED) up: Redis
+(ADMISSION_REDIS_URL) for admission-redis and PostgreSQL (ADMISSION_PG_URL) for admission-db's
+PostgreSQL tests (unset under CI=true, they fail).";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -154,12 +156,13 @@ fn run_plan(ws: &Workspace, steps: &[Step]) -> Result<ExitCode> {
 }
 
 /// The features the checks turn on beyond the defaults: the database providers and their
-/// contract suite (`admission-db`), which nothing in the workspace enables by default.
+/// contract suite (`admission-db`), and the Redis provider's TLS, metrics and test clock
+/// (`admission-redis`), which nothing in the workspace enables by default.
 const FEATURES: &[&str] = &[
     "--features",
     "admission-db/r2d2-sqlite,admission-db/r2d2-postgres,admission-db/deadpool-postgres,\
      admission-db/sqlx-sqlite,admission-db/sqlx-postgres,admission-db/contract,\
-     admission-db/metrics",
+     admission-db/metrics,admission-redis/tls,admission-redis/metrics,admission-redis/test-util",
 ];
 
 /// `before`, then [`FEATURES`], then `after`: one cargo command's arguments.

@@ -19,17 +19,11 @@
 //! # Enabling a service
 //!
 //! [`REQUIRED`] lists what `cargo xtask ci` and `cargo xtask test` start around the test steps:
-//! PostgreSQL today, for `admission-db`'s providers over it (features `r2d2-postgres` and
-//! `deadpool-postgres`). When a crate's tests need Redis too, change that one line:
-//!
-//! ```text
-//! pub(crate) const REQUIRED: &[Service] = &[Service::Redis, Service::Postgres];
-//! ```
-//!
-//! and make the tests read `ADMISSION_REDIS_URL`. A test that needs a service reads its variable;
+//! Redis, for `admission-redis`, and PostgreSQL, for `admission-db`'s providers over it
+//! (features `r2d2-postgres`, `deadpool-postgres`, `sqlx-postgres`). A test that needs a service reads its variable;
 //! when it is unset (plain `cargo test`) it prints that it was skipped and why, except under
 //! `CI=true`, where it fails. `.ci/run` installs `redis-server` and `postgresql` when they are
-//! missing, and fails when PostgreSQL is still missing after that (Redis only warns). `cargo xtask with-services -- CMD ...`
+//! missing, and fails when either is still missing after that. `cargo xtask with-services -- CMD ...`
 //! starts both, whatever [`REQUIRED`] says, to run one command against them by hand.
 //!
 //! # How each service is started
@@ -55,9 +49,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail};
 
-/// The services started around the test steps of `ci` and `test`: PostgreSQL, for
-/// `admission-db`'s providers over it. See the module docs for how to enable another.
-pub(crate) const REQUIRED: &[Service] = &[Service::Postgres];
+/// The services started around the test steps of `ci` and `test`: Redis, for `admission-redis`,
+/// and PostgreSQL, for `admission-db`'s providers over it. See the module docs.
+pub(crate) const REQUIRED: &[Service] = &[Service::Redis, Service::Postgres];
 
 /// Every service this module knows how to run.
 pub(crate) const ALL: &[Service] = &[Service::Redis, Service::Postgres];

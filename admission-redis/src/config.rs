@@ -1,0 +1,412 @@
+//! The provider's configuration, checked at construction: a config that cannot work is refused
+//! with the field named, and the password is a [`Secret`] that never renders.
+
+use std::fmt;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use crate::error::ConfigError;
+
+/// A password or other credential: `Debug` and `Display` print `<redacted>`.
+///
+/// The only way to read it is [`Secret::expose`], which the provider calls once, when it builds
+/// the connection info from parts (never from a URL string, whose rendering would carry it).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a credential.
+    pub fn new(value: impl Into<String>) -> Secret {
+        Secret(value.into())
+    }
+
+    /// The credential itself. Keep the result out of logs and errors.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// The fleet's ceilings: what every instance of one cell enforces together.
+///
+/// The tenant figures are the defaults; a live override ([`RedisAdmission::set_tenant_override`])
+/// replaces them for one tenant.
+///
+/// [`RedisAdmission::set_tenant_override`]: crate::RedisAdmission::set_tenant_override
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Ceilings {
+    /// Bytes held by all leases of the cell at once.
+    pub service_bytes: u64,
+    /// Leases held in the cell at once.
+    pub service_transfers: u64,
+    /// Bytes held by one tenant's leases at once (default).
+    pub tenant_bytes: u64,
+    /// Leases held by one tenant at once (default).
+    pub tenant_transfers: u64,
+    /// Leases held on one backend at once.
+    pub backend_transfers: u64,
+}
+
+/// TLS to Redis.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Tls {
+    /// A PEM root certificate to trust instead of the platform's roots (a private CA or a
+    /// self-signed server certificate).
+    pub root_cert_pem: Option<Vec<u8>>,
+    /// Verify the server's certificate and host name. Turning this off is refused in tenant mode.
+    pub verify: bool,
+}
+
+impl fmt::Debug for Tls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tls")
+            .field(
+                "root_cert_pem",
+                &self.root_cert_pem.as_ref().map(|pem| pem.len()),
+            )
+            .field("verify", &self.verify)
+            .finish()
+    }
+}
+
+/// Traffic quotas, counted per tenant on the server's clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Quotas {
+    /// Requests one tenant may make per server-time minute.
+    pub requests_per_minute: u64,
+    /// Bytes one tenant may be delivered per server-time hour.
+    pub bytes_per_hour: u64,
+}
+
+/// What to do when the server's `maxmemory-policy` is not `noeviction` (an evicting server can
+/// drop a lease's record and hand its capacity out twice).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum EvictionCheck {
+    /// Refuse to start ([`ConnectError::Eviction`](crate::ConnectError::Eviction)).
+    #[default]
+    Refuse,
+    /// Start, with a warning in the log.
+    Warn,
+}
+
+/// Tenant mode: the cell serves several organisations' data plane, so the connection must be
+/// private and authenticated.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TenantMode {
+    /// The cell id of the tenant data plane this instance serves; must equal
+    /// [`RedisAdmissionConfig::cell`].
+    pub data_plane_cell: String,
+}
+
+/// Everything [`RedisAdmission::connect`](crate::RedisAdmission::connect) needs.
+///
+/// Built with [`RedisAdmissionConfig::new`] and adjusted through its public fields; every field
+/// is checked by [`validate`](RedisAdmissionConfig::validate) (which `connect` calls).
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use admission_redis::{Ceilings, RedisAdmissionConfig};
+///
+/// let ceilings = Ceilings {
+///     service_bytes: 1 << 30,
+///     service_transfers: 64,
+///     tenant_bytes: 256 << 20,
+///     tenant_transfers: 16,
+///     backend_transfers: 32,
+/// };
+/// let mut config = RedisAdmissionConfig::new("127.0.0.1", 6379, "uploads-eu-1", ceilings);
+/// config.lease_ttl = Duration::from_secs(10);
+/// config.renew_every = Duration::from_secs(3);
+/// assert!(config.validate().is_ok());
+///
+/// config.renew_every = Duration::from_secs(4); // 4 s * 3 > 10 s: too slow to survive a lost renewal
+/// let error = config.validate().unwrap_err();
+/// assert_eq!(error.field(), "renew_every");
+/// ```
+#[derive(Clone, Debug)]
+pub struct RedisAdmissionConfig {
+    /// Server host name or address.
+    pub host: String,
+    /// Server port.
+    pub port: u16,
+    /// Database number.
+    pub db: i64,
+    /// ACL user name, if any.
+    pub username: Option<String>,
+    /// Password (`AUTH`), if any.
+    pub password: Option<Secret>,
+    /// TLS, if any.
+    pub tls: Option<Tls>,
+    /// Key prefix: `[A-Za-z0-9_-]{1,64}`.
+    pub key_prefix: String,
+    /// The cell: one set of ceilings shared by the instances that name it, and the Redis Cluster
+    /// hash tag of all its keys. `[A-Za-z0-9_-]{1,64}`.
+    pub cell: String,
+    /// The ceilings.
+    pub ceilings: Ceilings,
+    /// How long a lease lives without a renewal (at least 3 s).
+    pub lease_ttl: Duration,
+    /// How often a held lease is renewed; three renewals must fit in one TTL.
+    pub renew_every: Duration,
+    /// The longest an acquisition waits for the fleet to have room.
+    pub redis_wait: Duration,
+    /// The outer local acquisition timeout (the process's own admission); `redis_wait` may not
+    /// exceed it.
+    pub local_timeout: Duration,
+    /// Traffic quotas, if enabled.
+    pub quotas: Option<Quotas>,
+    /// Most records kept in the events stream (`XADD MAXLEN`).
+    pub events_max_len: u64,
+    /// Most expired leases one call reaps.
+    pub reap_batch: u32,
+    /// Connection timeout, also the bound on a reconnection attempt.
+    pub connect_timeout: Duration,
+    /// Response timeout of every command (fail closed promptly).
+    pub response_timeout: Duration,
+    /// Reconnection attempts after a dropped connection before a command fails.
+    pub reconnect_retries: usize,
+    /// What to do when the server may evict keys.
+    pub eviction_check: EvictionCheck,
+    /// Tenant mode, if enabled.
+    pub tenant_mode: Option<TenantMode>,
+}
+
+impl RedisAdmissionConfig {
+    /// A config with the given server, cell and ceilings, and defaults for the rest: lease TTL
+    /// 10 s renewed every 3 s, a Redis wait of 5 s within a local timeout of 30 s, no TLS, no
+    /// password, no quotas, key prefix `admission`, 10,000 stream records, reaping 64 per call,
+    /// 1 s connect and response timeouts, 2 reconnection attempts, refusing an evicting server.
+    pub fn new(
+        host: impl Into<String>,
+        port: u16,
+        cell: impl Into<String>,
+        ceilings: Ceilings,
+    ) -> RedisAdmissionConfig {
+        RedisAdmissionConfig {
+            host: host.into(),
+            port,
+            db: 0,
+            username: None,
+            password: None,
+            tls: None,
+            key_prefix: "admission".into(),
+            cell: cell.into(),
+            ceilings,
+            lease_ttl: Duration::from_secs(10),
+            renew_every: Duration::from_secs(3),
+            redis_wait: Duration::from_secs(5),
+            local_timeout: Duration::from_secs(30),
+            quotas: None,
+            events_max_len: 10_000,
+            reap_batch: 64,
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(1),
+            reconnect_retries: 2,
+            eviction_check: EvictionCheck::Refuse,
+            tenant_mode: None,
+        }
+    }
+
+    /// Checks every field; the error names the first that cannot work.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming the field and saying why.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let c = &self.ceilings;
+        check_id("key_prefix", &self.key_prefix)?;
+        check_id("cell", &self.cell)?;
+        if self.host.is_empty() {
+            return Err(ConfigError::new("host", "is empty"));
+        }
+        for (field, value) in [
+            ("ceilings.service_bytes", c.service_bytes),
+            ("ceilings.service_transfers", c.service_transfers),
+            ("ceilings.tenant_bytes", c.tenant_bytes),
+            ("ceilings.tenant_transfers", c.tenant_transfers),
+            ("ceilings.backend_transfers", c.backend_transfers),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::new(
+                    field,
+                    "is 0: nothing could ever be admitted",
+                ));
+            }
+            // Lua keeps numbers as doubles: stay where every integer is exact.
+            if value > MAX_EXACT {
+                return Err(ConfigError::new(field, format!("is {value}, over 2^53")));
+            }
+        }
+        if c.tenant_bytes > c.service_bytes {
+            return Err(ConfigError::new(
+                "ceilings.tenant_bytes",
+                format!(
+                    "{} is over the service's {} bytes",
+                    c.tenant_bytes, c.service_bytes
+                ),
+            ));
+        }
+        if c.tenant_transfers > c.service_transfers {
+            return Err(ConfigError::new(
+                "ceilings.tenant_transfers",
+                format!(
+                    "{} is over the service's {} transfers",
+                    c.tenant_transfers, c.service_transfers
+                ),
+            ));
+        }
+        if c.backend_transfers > c.service_transfers {
+            return Err(ConfigError::new(
+                "ceilings.backend_transfers",
+                format!(
+                    "{} is over the service's {} transfers",
+                    c.backend_transfers, c.service_transfers
+                ),
+            ));
+        }
+        if self.lease_ttl < Duration::from_secs(3) {
+            return Err(ConfigError::new(
+                "lease_ttl",
+                format!("{:?} is under the 3 s minimum", self.lease_ttl),
+            ));
+        }
+        if self.renew_every.is_zero() || self.renew_every.saturating_mul(3) > self.lease_ttl {
+            return Err(ConfigError::new(
+                "renew_every",
+                format!(
+                    "{:?} * 3 is over the lease TTL of {:?}: a lease must survive two lost renewals",
+                    self.renew_every, self.lease_ttl
+                ),
+            ));
+        }
+        if self.redis_wait > self.local_timeout {
+            return Err(ConfigError::new(
+                "redis_wait",
+                format!(
+                    "{:?} is longer than the local timeout of {:?}",
+                    self.redis_wait, self.local_timeout
+                ),
+            ));
+        }
+        if self.events_max_len == 0 {
+            return Err(ConfigError::new("events_max_len", "is 0"));
+        }
+        if self.reap_batch == 0 {
+            return Err(ConfigError::new(
+                "reap_batch",
+                "is 0: expired leases would never be reaped",
+            ));
+        }
+        if self.connect_timeout.is_zero() || self.response_timeout.is_zero() {
+            let field = if self.connect_timeout.is_zero() {
+                "connect_timeout"
+            } else {
+                "response_timeout"
+            };
+            return Err(ConfigError::new(field, "is 0"));
+        }
+        if let Some(q) = &self.quotas {
+            if q.requests_per_minute == 0 {
+                return Err(ConfigError::new("quotas.requests_per_minute", "is 0"));
+            }
+            if q.bytes_per_hour == 0 || q.bytes_per_hour > MAX_EXACT {
+                return Err(ConfigError::new(
+                    "quotas.bytes_per_hour",
+                    "is 0 or over 2^53",
+                ));
+            }
+        }
+        if let Some(tenant) = &self.tenant_mode {
+            match &self.tls {
+                None => return Err(ConfigError::new("tls", "tenant mode requires TLS")),
+                Some(tls) if !tls.verify => {
+                    return Err(ConfigError::new(
+                        "tls.verify",
+                        "tenant mode requires certificate verification",
+                    ));
+                }
+                Some(_) => {}
+            }
+            if self.password.is_none() {
+                return Err(ConfigError::new(
+                    "password",
+                    "tenant mode requires authentication",
+                ));
+            }
+            if tenant.data_plane_cell != self.cell {
+                return Err(ConfigError::new(
+                    "tenant_mode.data_plane_cell",
+                    format!(
+                        "{:?} does not match the cell {:?}",
+                        tenant.data_plane_cell, self.cell
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A digest of everything two instances of one cell must agree on (the ceilings, the quotas
+    /// and the stream's bound). Stored in Redis by the first instance; another with a different
+    /// digest is refused at connect.
+    pub fn fingerprint(&self) -> String {
+        let c = &self.ceilings;
+        let q = self
+            .quotas
+            .map(|q| (q.requests_per_minute, q.bytes_per_hour))
+            .unwrap_or((0, 0));
+        let text = format!(
+            "v1|{}|{}|{}|{}|{}|{}|{}|{}",
+            c.service_bytes,
+            c.service_transfers,
+            c.tenant_bytes,
+            c.tenant_transfers,
+            c.backend_transfers,
+            q.0,
+            q.1,
+            self.events_max_len
+        );
+        hex(&Sha256::digest(text.as_bytes()))[..16].to_string()
+    }
+}
+
+/// The largest integer a Lua number (a double) holds exactly.
+pub(crate) const MAX_EXACT: u64 = 1 << 53;
+
+fn check_id(field: &'static str, value: &str) -> Result<(), ConfigError> {
+    let ok = (1..=64).contains(&value.len())
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::new(
+            field,
+            format!("{value:?} is not 1 to 64 of [A-Za-z0-9_-]"),
+        ))
+    }
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    use fmt::Write;
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}

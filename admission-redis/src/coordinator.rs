@@ -1,0 +1,935 @@
+//! [`RedisAdmission`]: one provider instance's connection to its cell, and every operation as one
+//! call of the cell's script (one round trip each).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::{AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, RedisConnectionInfo};
+use sha2::{Digest, Sha256};
+use tokio::time::Instant;
+
+use crate::config::{EvictionCheck, MAX_EXACT, RedisAdmissionConfig, hex};
+use crate::error::{
+    AcquireError, ConnectError, Dimension, LeaseError, NeverReason, PolicyError, QuotaError,
+    QuotaKind, Unavailable,
+};
+use crate::lease::{FencingToken, Lease, Occupancy, Outcome};
+use crate::wake::{StreamId, Wakeups};
+
+/// The one Lua program of every transition (see `lease.lua`).
+const SCRIPT: &str = include_str!("lease.lua");
+
+/// A provider instance: connected to one cell of one Redis server, shared by every task of the
+/// process (clone it; clones share the connection).
+///
+/// # Fail closed
+///
+/// Every operation is one script call with the config's response timeout, and the connection
+/// manager makes a bounded number of reconnection attempts: while Redis is unreachable, a new
+/// acquisition fails with [`AcquireError::Unavailable`] within about `response_timeout` (plus
+/// `connect_timeout` per attempt), never waits for Redis to come back, and never admits.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use admission_redis::{Ceilings, LeaseRequest, Outcome, RedisAdmission, RedisAdmissionConfig};
+///
+/// let ceilings = Ceilings {
+///     service_bytes: 8 << 30,
+///     service_transfers: 256,
+///     tenant_bytes: 2 << 30,
+///     tenant_transfers: 64,
+///     backend_transfers: 128,
+/// };
+/// let fleet = RedisAdmission::connect(RedisAdmissionConfig::new("127.0.0.1", 6379, "uploads", ceilings)).await?;
+/// let request = LeaseRequest::new("upload-7f3a", "tenant-42", "disk-a", 128 << 20, "upload");
+/// let lease = fleet.acquire(&request, Duration::from_secs(2)).await?;
+/// // Pass lease.token() to the store that receives the bytes (fencing).
+/// lease.release(Outcome::Completed).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisAdmission {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) config: RedisAdmissionConfig,
+    pub(crate) fingerprint: String,
+    keys: [String; 8],
+    pub(crate) conn: ConnectionManager,
+    pub(crate) client: Client,
+    script: redis::Script,
+    pub(crate) wakeups: Wakeups,
+    pub(crate) events_key: String,
+}
+
+/// What one tenant's and one backend's view of the cell holds (see [`RedisAdmission::snapshot`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The policy version in force.
+    pub policy_version: u64,
+    /// Occupancy of the service, the tenant and the backend asked about.
+    pub occupancy: Occupancy,
+    /// Leases held in the cell.
+    pub leases: u64,
+    /// The tenant's byte ceiling in force (its override or the default).
+    pub tenant_bytes_ceiling: u64,
+    /// The tenant's transfer ceiling in force.
+    pub tenant_transfers_ceiling: u64,
+    /// The server's clock, in milliseconds since the Unix epoch.
+    pub server_time_ms: u64,
+    /// Expired leases this call reaped.
+    pub reaped: u64,
+    /// The last fencing token issued.
+    pub last_token: u64,
+    /// Records in the events stream.
+    pub events: u64,
+}
+
+/// One request for a fleet lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseRequest {
+    /// The lease id, unique while held: 1 to 128 of `[A-Za-z0-9_.:-]`.
+    pub id: String,
+    /// The tenant (hashed with SHA-256 before it reaches Redis).
+    pub tenant: String,
+    /// The physical backend (hashed likewise).
+    pub backend: String,
+    /// Bytes the transfer may hold in memory at once.
+    pub footprint: u64,
+    /// A bounded operation label, 1 to 32 of `[a-z0-9_]` (`upload`, `download`, ...).
+    pub operation: String,
+}
+
+impl LeaseRequest {
+    /// A request.
+    pub fn new(
+        id: impl Into<String>,
+        tenant: impl Into<String>,
+        backend: impl Into<String>,
+        footprint: u64,
+        operation: impl Into<String>,
+    ) -> LeaseRequest {
+        LeaseRequest {
+            id: id.into(),
+            tenant: tenant.into(),
+            backend: backend.into(),
+            footprint,
+            operation: operation.into(),
+        }
+    }
+
+    fn check(&self) -> Result<(), NeverReason> {
+        let id_ok = (1..=128).contains(&self.id.len())
+            && self
+                .id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_.:-".contains(&b));
+        if !id_ok {
+            return Err(NeverReason::BadId(self.id.clone()));
+        }
+        let op_ok = (1..=32).contains(&self.operation.len())
+            && self
+                .operation
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if !op_ok {
+            return Err(NeverReason::BadOperation(self.operation.clone()));
+        }
+        if self.footprint == 0 {
+            return Err(NeverReason::EmptyFootprint);
+        }
+        Ok(())
+    }
+}
+
+/// The SHA-256 hex digest under which a tenant or backend id appears in keys and events.
+pub fn hashed_id(id: &str) -> String {
+    hex(&Sha256::digest(id.as_bytes()))
+}
+
+/// The outcome of one acquisition attempt.
+pub(crate) enum Attempt {
+    Admitted(Lease),
+    Full {
+        dimension: Dimension,
+        held: u64,
+        ceiling: u64,
+        last_event: StreamId,
+        /// When the earliest lease expires, as a local instant (reaping is lazy: whoever asks
+        /// then reaps it).
+        earliest_expiry: Option<Instant>,
+    },
+}
+
+impl RedisAdmission {
+    /// Validates `config`, connects, checks the server's eviction policy, and creates the cell
+    /// (or checks that the cell's stored config fingerprint is this config's).
+    ///
+    /// # Errors
+    ///
+    /// [`ConnectError::Config`] naming the field that cannot work, [`ConnectError::Unavailable`]
+    /// when the server cannot be reached, [`ConnectError::Eviction`] when it may evict keys and
+    /// the config says to refuse, [`ConnectError::Mismatch`] when another instance created the
+    /// cell with different ceilings.
+    pub async fn connect(config: RedisAdmissionConfig) -> Result<RedisAdmission, ConnectError> {
+        config.validate()?;
+        let client = build_client(&config).map_err(unavailable("connect"))?;
+        let manager_config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(config.connect_timeout))
+            .set_response_timeout(Some(config.response_timeout))
+            .set_number_of_retries(config.reconnect_retries)
+            .set_max_delay(config.connect_timeout);
+        let conn = ConnectionManager::new_with_config(client.clone(), manager_config)
+            .await
+            .map_err(unavailable("connect"))?;
+        let fingerprint = config.fingerprint();
+        let tag = format!("{}:{{{}}}", config.key_prefix, config.cell);
+        let keys = [
+            "cfg", "occ", "exp", "rec", "token", "ovr", "events", "quota",
+        ]
+        .map(|k| format!("{tag}:{k}"));
+        let events_key = keys[6].clone();
+        let inner = Arc::new(Inner {
+            config,
+            fingerprint,
+            keys,
+            conn,
+            client,
+            script: redis::Script::new(SCRIPT),
+            wakeups: Wakeups::default(),
+            events_key,
+        });
+        let admission = RedisAdmission { inner };
+        admission.check_eviction().await?;
+        match admission
+            .inner
+            .init()
+            .await
+            .map_err(unavailable("connect"))?
+        {
+            Ok(()) => Ok(admission),
+            Err(stored) => Err(ConnectError::Mismatch {
+                cell: admission.inner.config.cell.clone(),
+                stored,
+                ours: admission.inner.fingerprint.clone(),
+            }),
+        }
+    }
+
+    async fn check_eviction(&self) -> Result<(), ConnectError> {
+        let mut conn = self.inner.conn.clone();
+        let reply: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("maxmemory-policy")
+            .query_async(&mut conn)
+            .await;
+        match reply {
+            Ok(pair) => {
+                let policy = pair.get(1).cloned().unwrap_or_default();
+                if policy == "noeviction" {
+                    return Ok(());
+                }
+                match self.inner.config.eviction_check {
+                    EvictionCheck::Refuse => Err(ConnectError::Eviction { policy }),
+                    EvictionCheck::Warn => {
+                        tracing::warn!(
+                            policy = %policy,
+                            "admission-redis: the server may evict keys; a lost lease record would hand its capacity out twice"
+                        );
+                        Ok(())
+                    }
+                }
+            }
+            // Managed services often disable CONFIG: say so, and go on.
+            Err(error) => {
+                tracing::warn!(%error, "admission-redis: could not read maxmemory-policy; make sure it is noeviction");
+                Ok(())
+            }
+        }
+    }
+
+    /// The config this instance runs with.
+    pub fn config(&self) -> &RedisAdmissionConfig {
+        &self.inner.config
+    }
+
+    /// One attempt: a lease now, or [`AcquireError::Full`] naming the dimension without room.
+    ///
+    /// # Errors
+    ///
+    /// [`AcquireError::Never`] for a request that can never fit, [`AcquireError::Full`] when it
+    /// does not fit now, [`AcquireError::Unavailable`] when Redis fails (fail closed).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future after the script ran leaves the lease to its TTL; prefer a timeout
+    /// in [`acquire`](RedisAdmission::acquire).
+    pub async fn try_acquire(&self, request: &LeaseRequest) -> Result<Lease, AcquireError> {
+        match self.attempt(request, false).await? {
+            Attempt::Admitted(lease) => Ok(lease),
+            Attempt::Full {
+                dimension,
+                held,
+                ceiling,
+                ..
+            } => Err(AcquireError::Full {
+                dimension,
+                held,
+                asked: asked_on(dimension, request),
+                ceiling,
+            }),
+        }
+    }
+
+    /// A lease, waiting at most `wait` (and never longer than the config's `redis_wait`) for
+    /// room. The wait is woken by releases and expiries recorded in the cell's events stream (one
+    /// reader per process) and by the earliest lease expiry, never by a polling loop.
+    ///
+    /// # Errors
+    ///
+    /// As for [`try_acquire`](RedisAdmission::try_acquire), with [`AcquireError::TimedOut`] in
+    /// place of `Full` once the wait is over (a `timed_out` event is recorded).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future while it waits records a `timed_out` event (spawned) and takes
+    /// nothing. Dropping it while the script runs leaves a granted lease to its TTL.
+    pub async fn acquire(
+        &self,
+        request: &LeaseRequest,
+        wait: Duration,
+    ) -> Result<Lease, AcquireError> {
+        let start = Instant::now();
+        let deadline = start + wait.min(self.inner.config.redis_wait);
+        let mut queued = GaveUp::new(self, request);
+        loop {
+            let attempt = self.attempt(request, !queued.armed).await?;
+            let (dimension, held, ceiling, last_event, earliest_expiry) = match attempt {
+                Attempt::Admitted(lease) => {
+                    queued.armed = false;
+                    return Ok(lease);
+                }
+                Attempt::Full {
+                    dimension,
+                    held,
+                    ceiling,
+                    last_event,
+                    earliest_expiry,
+                } => (dimension, held, ceiling, last_event, earliest_expiry),
+            };
+            queued.armed = true;
+            let now = Instant::now();
+            if now >= deadline {
+                queued.armed = false;
+                self.inner.gave_up(request).await;
+                return Err(AcquireError::TimedOut {
+                    waited: now - start,
+                    dimension,
+                    held,
+                    asked: asked_on(dimension, request),
+                    ceiling,
+                });
+            }
+            let until = earliest_expiry.map_or(deadline, |at| at.min(deadline));
+            self.inner
+                .wakeups
+                .wait_after(&self.inner, last_event, until)
+                .await;
+        }
+    }
+
+    pub(crate) async fn attempt(
+        &self,
+        request: &LeaseRequest,
+        queued: bool,
+    ) -> Result<Attempt, AcquireError> {
+        request
+            .check()
+            .map_err(|reason| AcquireError::Never { reason })?;
+        if request.footprint > MAX_EXACT {
+            return Err(AcquireError::Never {
+                reason: NeverReason::OverCeiling {
+                    dimension: Dimension::ServiceBytes,
+                    asked: request.footprint,
+                    ceiling: self.inner.config.ceilings.service_bytes,
+                },
+            });
+        }
+        let inner = &self.inner;
+        let tenant = hashed_id(&request.tenant);
+        let backend = hashed_id(&request.backend);
+        let sent = Instant::now();
+        let reply = inner
+            .call(&[
+                "acquire",
+                &request.id,
+                &tenant,
+                &backend,
+                &request.footprint.to_string(),
+                &request.operation,
+                &inner.config.lease_ttl.as_millis().to_string(),
+                &inner.config.reap_batch.to_string(),
+                if queued { "1" } else { "0" },
+            ])
+            .await
+            .map_err(unavailable("acquire"))?;
+        let received = Instant::now();
+        match reply.first().map(String::as_str) {
+            Some("OK") => {
+                let occupancy = Occupancy::from_fields(&reply[3..8]);
+                let lease = Lease::start(
+                    self.inner.clone(),
+                    request,
+                    tenant,
+                    backend,
+                    FencingToken(int(&reply, 1)),
+                    int(&reply, 2),
+                    occupancy,
+                    sent,
+                );
+                Ok(Attempt::Admitted(lease))
+            }
+            Some("FULL") => {
+                let dimension = Dimension::parse(&reply[1]).unwrap_or(Dimension::ServiceBytes);
+                let expiry_ms = reply
+                    .get(5)
+                    .and_then(|s| s.parse::<i64>().ok())
+                    .unwrap_or(-1);
+                let now_ms = reply
+                    .get(6)
+                    .and_then(|s| s.parse::<i64>().ok())
+                    .unwrap_or(0);
+                let earliest_expiry = (expiry_ms >= 0).then(|| {
+                    // Wake just after the server's clock passes the expiry.
+                    let left = u64::try_from(expiry_ms - now_ms).unwrap_or(0) + 1;
+                    received + Duration::from_millis(left)
+                });
+                Ok(Attempt::Full {
+                    dimension,
+                    held: int(&reply, 2),
+                    ceiling: int(&reply, 3),
+                    last_event: StreamId::parse(&reply[4]),
+                    earliest_expiry,
+                })
+            }
+            Some("NEVER") => Err(AcquireError::Never {
+                reason: never(&reply),
+            }),
+            Some("MISMATCH") => Err(AcquireError::Mismatch {
+                stored: reply.get(1).cloned().unwrap_or_default(),
+                ours: inner.fingerprint.clone(),
+            }),
+            _ => Err(unexpected("acquire", &reply)),
+        }
+    }
+
+    /// The occupancy of the service, `tenant` and `backend`, the policy in force, and a
+    /// bounded reaping pass.
+    ///
+    /// # Errors
+    ///
+    /// [`Unavailable`] when Redis fails.
+    pub async fn snapshot(&self, tenant: &str, backend: &str) -> Result<Snapshot, Unavailable> {
+        let inner = &self.inner;
+        let reply = inner
+            .call(&[
+                "snapshot",
+                &hashed_id(tenant),
+                &hashed_id(backend),
+                &inner.config.reap_batch.to_string(),
+            ])
+            .await
+            .map_err(unavailable("snapshot"))?;
+        if reply.first().map(String::as_str) != Some("OK") {
+            return Err(unexpected_unavailable("snapshot", &reply));
+        }
+        Ok(Snapshot {
+            policy_version: int(&reply, 1),
+            occupancy: Occupancy::from_fields(&reply[2..7]),
+            leases: int(&reply, 7),
+            tenant_bytes_ceiling: int(&reply, 8),
+            tenant_transfers_ceiling: int(&reply, 9),
+            server_time_ms: int(&reply, 10),
+            reaped: int(&reply, 11),
+            last_token: int(&reply, 12),
+            events: int(&reply, 13),
+        })
+    }
+
+    /// Sets `tenant`'s ceilings live, for every instance of the cell; returns the new policy
+    /// version, greater than every earlier one.
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::Invalid`] for 0 or a figure over the service's ceiling.
+    pub async fn set_tenant_override(
+        &self,
+        tenant: &str,
+        bytes: u64,
+        transfers: u64,
+    ) -> Result<u64, PolicyError> {
+        let c = self.inner.config.ceilings;
+        if bytes == 0 || bytes > c.service_bytes {
+            return Err(PolicyError::Invalid {
+                field: "bytes",
+                value: bytes,
+                max: c.service_bytes,
+            });
+        }
+        if transfers == 0 || transfers > c.service_transfers {
+            return Err(PolicyError::Invalid {
+                field: "transfers",
+                value: transfers,
+                max: c.service_transfers,
+            });
+        }
+        self.policy(tenant, &bytes.to_string(), &transfers.to_string())
+            .await
+    }
+
+    /// Removes `tenant`'s override: the configured defaults apply again. Returns the new policy
+    /// version.
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::Unavailable`] when Redis fails.
+    pub async fn clear_tenant_override(&self, tenant: &str) -> Result<u64, PolicyError> {
+        self.policy(tenant, "", "").await
+    }
+
+    async fn policy(&self, tenant: &str, bytes: &str, transfers: &str) -> Result<u64, PolicyError> {
+        let inner = &self.inner;
+        let reply = inner
+            .call(&[
+                "policy",
+                &hashed_id(tenant),
+                bytes,
+                transfers,
+                &inner.config.reap_batch.to_string(),
+            ])
+            .await
+            .map_err(unavailable("policy"))?;
+        match reply.first().map(String::as_str) {
+            Some("OK") => Ok(int(&reply, 1)),
+            Some("INVALID") => Err(PolicyError::Invalid {
+                field: if reply[1] == "bytes" {
+                    "bytes"
+                } else {
+                    "transfers"
+                },
+                value: int(&reply, 2),
+                max: int(&reply, 3),
+            }),
+            Some("MISMATCH") => Err(PolicyError::Mismatch {
+                stored: reply[1].clone(),
+            }),
+            _ => Err(PolicyError::Unavailable(unexpected_unavailable(
+                "policy", &reply,
+            ))),
+        }
+    }
+
+    /// Charges one request to `tenant`'s quota for the current server-time minute.
+    ///
+    /// # Errors
+    ///
+    /// [`QuotaError::Exceeded`] with the time left in the minute, [`QuotaError::Unavailable`]
+    /// when Redis fails (fail closed), [`QuotaError::NotEnabled`] without quotas.
+    pub async fn charge_request(&self, tenant: &str) -> Result<QuotaUse, QuotaError> {
+        let limit = self.quotas()?.requests_per_minute;
+        self.charge(QuotaKind::Requests, tenant, 1, limit, 60_000)
+            .await
+    }
+
+    /// Charges `bytes` delivered to `tenant`'s quota for the current server-time hour, just
+    /// before they leave.
+    ///
+    /// # Errors
+    ///
+    /// As for [`charge_request`](RedisAdmission::charge_request).
+    pub async fn charge_delivered(&self, tenant: &str, bytes: u64) -> Result<QuotaUse, QuotaError> {
+        let limit = self.quotas()?.bytes_per_hour;
+        self.charge(QuotaKind::DeliveredBytes, tenant, bytes, limit, 3_600_000)
+            .await
+    }
+
+    fn quotas(&self) -> Result<crate::config::Quotas, QuotaError> {
+        self.inner.config.quotas.ok_or(QuotaError::NotEnabled)
+    }
+
+    async fn charge(
+        &self,
+        kind: QuotaKind,
+        tenant: &str,
+        amount: u64,
+        limit: u64,
+        window_ms: u64,
+    ) -> Result<QuotaUse, QuotaError> {
+        let code = if kind == QuotaKind::Requests {
+            "r"
+        } else {
+            "b"
+        };
+        let reply = self
+            .inner
+            .call(&[
+                "quota",
+                code,
+                &hashed_id(tenant),
+                &amount.min(MAX_EXACT).to_string(),
+                &limit.to_string(),
+                &window_ms.to_string(),
+            ])
+            .await
+            .map_err(unavailable("quota"))?;
+        let left = Duration::from_millis(int(&reply, 3));
+        match reply.first().map(String::as_str) {
+            Some("OK") => Ok(QuotaUse {
+                used: int(&reply, 1),
+                limit,
+                window_left: left,
+            }),
+            Some("OVER") => Err(QuotaError::Exceeded {
+                kind,
+                used: int(&reply, 1),
+                asked: amount,
+                limit,
+                retry_after: whole_seconds(left),
+            }),
+            Some("MISMATCH") => Err(QuotaError::Mismatch {
+                stored: reply[1].clone(),
+            }),
+            _ => Err(QuotaError::Unavailable(unexpected_unavailable(
+                "quota", &reply,
+            ))),
+        }
+    }
+
+    /// Releases lease `id` held with `token` on behalf of its holder (an operator's tool, or a
+    /// holder that lost its [`Lease`] value). The holder sees the loss at its next renewal.
+    ///
+    /// # Errors
+    ///
+    /// [`LeaseError::Lost`] when no such lease is held, [`LeaseError::Stale`] when `token` is
+    /// not the one it is held with.
+    pub async fn release_lease(
+        &self,
+        id: &str,
+        token: FencingToken,
+        outcome: Outcome,
+    ) -> Result<(), LeaseError> {
+        self.inner.release(id, token, outcome).await
+    }
+
+    /// Moves the cell's clock forward by `by`, as a fake clock would: expiries, quota windows
+    /// and tokens all read the server's time plus this skew. For tests (feature `test-util`);
+    /// there is no way back.
+    ///
+    /// # Errors
+    ///
+    /// [`Unavailable`] when Redis fails.
+    #[cfg(feature = "test-util")]
+    pub async fn advance_server_clock(&self, by: Duration) -> Result<(), Unavailable> {
+        let reply = self
+            .inner
+            .call(&["skew", &by.as_millis().to_string()])
+            .await
+            .map_err(unavailable("skew"))?;
+        match reply.first().map(String::as_str) {
+            Some("OK") => Ok(()),
+            _ => Err(unexpected_unavailable("skew", &reply)),
+        }
+    }
+
+    /// The events stream's key (read it with `XRANGE`/`XREAD`; records follow the
+    /// `admission-event-v1` schema described in the crate docs).
+    pub fn events_key(&self) -> &str {
+        &self.inner.events_key
+    }
+}
+
+/// A quota charge that was accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuotaUse {
+    /// Used in the current window, this charge included.
+    pub used: u64,
+    /// The window's limit.
+    pub limit: u64,
+    /// Until the window ends, on the server's clock.
+    pub window_left: Duration,
+}
+
+/// `left` in whole seconds, rounded up, at least one.
+pub(crate) fn whole_seconds(left: Duration) -> Duration {
+    let secs = left.as_millis().div_ceil(1000).max(1);
+    Duration::from_secs(u64::try_from(secs).unwrap_or(u64::MAX))
+}
+
+impl Inner {
+    /// Runs the script; a cell that is gone (a server restarted empty) is created again from
+    /// this instance's config and the call repeated once.
+    pub(crate) async fn call(&self, args: &[&str]) -> redis::RedisResult<Vec<String>> {
+        let reply = self.invoke(args).await?;
+        if reply.first().map(String::as_str) == Some("NOCONFIG") {
+            if let Err(stored) = self.init().await? {
+                return Ok(vec!["MISMATCH".into(), stored]);
+            }
+            return self.invoke(args).await;
+        }
+        Ok(reply)
+    }
+
+    async fn invoke(&self, args: &[&str]) -> redis::RedisResult<Vec<String>> {
+        let mut invocation = self.script.prepare_invoke();
+        for key in &self.keys {
+            invocation.key(key);
+        }
+        invocation.arg(args[0]).arg(&self.fingerprint);
+        for arg in &args[1..] {
+            invocation.arg(*arg);
+        }
+        let mut conn = self.conn.clone();
+        invocation.invoke_async(&mut conn).await
+    }
+
+    /// Creates the cell, or returns the fingerprint of a different config stored there.
+    async fn init(&self) -> redis::RedisResult<Result<(), String>> {
+        let c = self.config.ceilings;
+        let reply = self
+            .invoke(&[
+                "init",
+                &c.service_bytes.to_string(),
+                &c.service_transfers.to_string(),
+                &c.tenant_bytes.to_string(),
+                &c.tenant_transfers.to_string(),
+                &c.backend_transfers.to_string(),
+                &self.config.events_max_len.to_string(),
+            ])
+            .await?;
+        Ok(match reply.first().map(String::as_str) {
+            Some("MISMATCH") => Err(reply.get(1).cloned().unwrap_or_default()),
+            _ => Ok(()),
+        })
+    }
+
+    pub(crate) async fn renew(&self, id: &str, token: FencingToken) -> Result<(), LeaseError> {
+        let reply = self
+            .call(&[
+                "renew",
+                id,
+                &token.0.to_string(),
+                &self.config.lease_ttl.as_millis().to_string(),
+                &self.config.reap_batch.to_string(),
+            ])
+            .await
+            .map_err(unavailable("renew"))?;
+        lease_reply(id, token, &reply).map(|_| ())
+    }
+
+    pub(crate) async fn release(
+        &self,
+        id: &str,
+        token: FencingToken,
+        outcome: Outcome,
+    ) -> Result<(), LeaseError> {
+        let reply = self
+            .call(&[
+                "release",
+                id,
+                &token.0.to_string(),
+                outcome.as_str(),
+                &self.config.reap_batch.to_string(),
+            ])
+            .await
+            .map_err(unavailable("release"))?;
+        lease_reply(id, token, &reply).map(|_| ())
+    }
+
+    pub(crate) async fn gave_up(&self, request: &LeaseRequest) {
+        let result = self
+            .call(&[
+                "gave_up",
+                &request.id,
+                &hashed_id(&request.tenant),
+                &hashed_id(&request.backend),
+                &request.footprint.to_string(),
+                &request.operation,
+                &self.config.reap_batch.to_string(),
+            ])
+            .await;
+        if let Err(error) = result {
+            tracing::debug!(%error, lease = %request.id, "admission-redis: could not record timed_out");
+        }
+    }
+}
+
+fn lease_reply(id: &str, token: FencingToken, reply: &[String]) -> Result<(), LeaseError> {
+    match reply.first().map(String::as_str) {
+        Some("OK") => Ok(()),
+        Some("LOST") => Err(LeaseError::Lost {
+            lease: id.to_string(),
+        }),
+        Some("STALE") => Err(LeaseError::Stale {
+            lease: id.to_string(),
+            token: token.0,
+            current: int(reply, 1),
+        }),
+        Some("MISMATCH") => Err(LeaseError::Mismatch {
+            stored: reply[1].clone(),
+        }),
+        _ => Err(LeaseError::Unavailable(unexpected_unavailable(
+            "lease", reply,
+        ))),
+    }
+}
+
+/// What `request` adds to `dimension`.
+fn asked_on(dimension: Dimension, request: &LeaseRequest) -> u64 {
+    match dimension {
+        Dimension::ServiceBytes | Dimension::TenantBytes => request.footprint,
+        _ => 1,
+    }
+}
+
+fn never(reply: &[String]) -> NeverReason {
+    match reply.get(1).map(String::as_str) {
+        Some("lease_id") => NeverReason::DuplicateId(reply[2].clone()),
+        Some("footprint") => NeverReason::EmptyFootprint,
+        Some(name) => NeverReason::OverCeiling {
+            dimension: Dimension::parse(name).unwrap_or(Dimension::ServiceBytes),
+            asked: int(reply, 2),
+            ceiling: int(reply, 3),
+        },
+        None => NeverReason::EmptyFootprint,
+    }
+}
+
+pub(crate) fn int(reply: &[String], at: usize) -> u64 {
+    reply
+        .get(at)
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(0)
+}
+
+pub(crate) fn unavailable(operation: &'static str) -> impl Fn(redis::RedisError) -> Unavailable {
+    move |source| Unavailable { operation, source }
+}
+
+fn unexpected_unavailable(operation: &'static str, reply: &[String]) -> Unavailable {
+    Unavailable {
+        operation,
+        source: redis::RedisError::from((
+            redis::ErrorKind::UnexpectedReturnType,
+            "unexpected script reply",
+            format!("{reply:?}"),
+        )),
+    }
+}
+
+fn unexpected(operation: &'static str, reply: &[String]) -> AcquireError {
+    AcquireError::Unavailable(unexpected_unavailable(operation, reply))
+}
+
+/// Builds the client from parts: the password goes into `RedisConnectionInfo` (whose `Debug`
+/// redacts it), never into a URL string.
+fn build_client(config: &RedisAdmissionConfig) -> redis::RedisResult<Client> {
+    let mut redis_info = RedisConnectionInfo::default().set_db(config.db);
+    if let Some(user) = &config.username {
+        redis_info = redis_info.set_username(user);
+    }
+    if let Some(password) = &config.password {
+        redis_info = redis_info.set_password(password.expose());
+    }
+    match &config.tls {
+        None => {
+            let info = into_info(ConnectionAddr::Tcp(config.host.clone(), config.port))?
+                .set_redis_settings(redis_info);
+            Client::open(info)
+        }
+        Some(tls) => tls_client(config, tls, redis_info),
+    }
+}
+
+fn into_info(addr: ConnectionAddr) -> redis::RedisResult<ConnectionInfo> {
+    redis::IntoConnectionInfo::into_connection_info(addr)
+}
+
+#[cfg(feature = "tls")]
+fn tls_client(
+    config: &RedisAdmissionConfig,
+    tls: &crate::config::Tls,
+    redis_info: RedisConnectionInfo,
+) -> redis::RedisResult<Client> {
+    let addr = ConnectionAddr::TcpTls {
+        host: config.host.clone(),
+        port: config.port,
+        insecure: !tls.verify,
+        tls_params: None,
+    };
+    let info = into_info(addr)?.set_redis_settings(redis_info);
+    let certs = redis::TlsCertificates {
+        client_tls: None,
+        root_cert: tls.root_cert_pem.clone(),
+    };
+    Client::build_with_tls(info, certs)
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls_client(
+    _config: &RedisAdmissionConfig,
+    _tls: &crate::config::Tls,
+    _redis_info: RedisConnectionInfo,
+) -> redis::RedisResult<Client> {
+    Err(redis::RedisError::from((
+        redis::ErrorKind::InvalidClientConfig,
+        "TLS is configured but admission-redis was built without its `tls` feature",
+    )))
+}
+
+/// A connection of its own for blocking reads: no response timeout (`XREAD BLOCK`).
+pub(crate) async fn blocking_connection(
+    inner: &Inner,
+) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(inner.config.connect_timeout))
+        .set_response_timeout(None);
+    inner
+        .client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+}
+
+/// Records `timed_out` when an [`acquire`](RedisAdmission::acquire) that queued is dropped.
+struct GaveUp<'a> {
+    admission: &'a RedisAdmission,
+    request: &'a LeaseRequest,
+    armed: bool,
+}
+
+impl<'a> GaveUp<'a> {
+    fn new(admission: &'a RedisAdmission, request: &'a LeaseRequest) -> GaveUp<'a> {
+        GaveUp {
+            admission,
+            request,
+            armed: false,
+        }
+    }
+}
+
+impl Drop for GaveUp<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let inner = self.admission.inner.clone();
+            let request = self.request.clone();
+            runtime.spawn(async move { inner.gave_up(&request).await });
+        }
+    }
+}

@@ -1,0 +1,93 @@
+//! The events stream, read back as typed records (schema `admission-event-v1`).
+
+use std::collections::HashMap;
+
+use redis::streams::StreamRangeReply;
+
+use crate::coordinator::{RedisAdmission, unavailable};
+use crate::error::Unavailable;
+use crate::lease::Occupancy;
+
+/// One record of the cell's events stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FleetEvent {
+    /// The stream record id (`ms-seq`).
+    pub id: String,
+    /// The schema version (`admission-event-v1`).
+    pub schema: String,
+    /// `admitted`, `queued`, `timed_out`, `completed`, `interrupted`, `failed`, `expired` or
+    /// `policy_changed`.
+    pub kind: String,
+    /// Server time of the transition, milliseconds since the Unix epoch.
+    pub time_ms: u64,
+    /// The lease id (empty for a policy change).
+    pub lease: String,
+    /// The fencing token (0 where none applies).
+    pub token: u64,
+    /// SHA-256 of the tenant id.
+    pub tenant: String,
+    /// SHA-256 of the backend id (empty for a policy change).
+    pub backend: String,
+    /// The footprint in bytes.
+    pub footprint: u64,
+    /// The operation label.
+    pub operation: String,
+    /// The outcome label.
+    pub outcome: String,
+    /// The policy version in force.
+    pub policy_version: u64,
+    /// Occupancy after the transition.
+    pub occupancy: Occupancy,
+}
+
+impl FleetEvent {
+    fn from_fields(id: String, fields: &HashMap<String, redis::Value>) -> FleetEvent {
+        let text = |name: &str| -> String {
+            fields
+                .get(name)
+                .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
+                .unwrap_or_default()
+        };
+        let int = |name: &str| -> u64 { text(name).parse().unwrap_or(0) };
+        FleetEvent {
+            id,
+            schema: text("v"),
+            kind: text("kind"),
+            time_ms: int("time_ms"),
+            lease: text("lease"),
+            token: int("token"),
+            tenant: text("tenant"),
+            backend: text("backend"),
+            footprint: int("footprint"),
+            operation: text("operation"),
+            outcome: text("outcome"),
+            policy_version: int("policy"),
+            occupancy: Occupancy {
+                service_bytes: int("service_bytes"),
+                service_transfers: int("service_transfers"),
+                tenant_bytes: int("tenant_bytes"),
+                tenant_transfers: int("tenant_transfers"),
+                backend_transfers: int("backend_transfers"),
+            },
+        }
+    }
+}
+
+/// Every record of the cell's stream still kept (at most the config's `events_max_len`), oldest
+/// first.
+///
+/// # Errors
+///
+/// [`Unavailable`] when Redis fails.
+pub async fn read_events(admission: &RedisAdmission) -> Result<Vec<FleetEvent>, Unavailable> {
+    let mut conn = admission.inner.conn.clone();
+    let reply: StreamRangeReply =
+        redis::AsyncCommands::xrange_all(&mut conn, admission.events_key())
+            .await
+            .map_err(unavailable("read_events"))?;
+    Ok(reply
+        .ids
+        .into_iter()
+        .map(|record| FleetEvent::from_fields(record.id, &record.map))
+        .collect())
+}

@@ -1,0 +1,50 @@
+//! Fleet-wide admission on Redis: leases that keep a service's ceilings across every process of
+//! the fleet, on an engine operators already run.
+//!
+//! A process admits a job locally first (its own [`Monitor`](admission_core::Monitor) and byte
+//! budget), then asks its *cell* in Redis for a [`Lease`]: one call of one Lua program checks and
+//! reserves five dimensions at once (service bytes, service transfers, tenant bytes, tenant
+//! transfers, backend transfers), decides expiry on the server's clock, reaps a bounded number of
+//! expired leases, and appends an event to a bounded stream. A lease carries a [`FencingToken`]
+//! that never goes backwards, renews itself in the background, is released on every exit, and
+//! tells its holder when it is lost. Admission fails closed: while Redis is unreachable nothing
+//! new is admitted.
+//!
+//! # Keys
+//!
+//! Every key of a cell is `<prefix>:{<cell>}:<name>`, so the cell id is the Redis Cluster hash
+//! tag and a whole transition stays in one slot: `cfg` (ceilings, config fingerprint, policy
+//! version), `occ` (occupancy counters), `exp` (lease expiries, a sorted set on server time),
+//! `rec` (lease records), `token` (the last fencing token), `ovr` (tenant overrides), `events`
+//! (the stream), `quota` (per-tenant traffic windows). Tenant and backend ids appear only as
+//! SHA-256 hex digests ([`hashed_id`]); raw tenant ids never reach Redis, events or metric labels.
+//!
+//! # Events (`admission-event-v1`)
+//!
+//! Each transition appends one record to the stream (`XADD MAXLEN`, the config's
+//! `events_max_len`) with fields `v` (`admission-event-v1`), `kind` (`admitted`, `queued`,
+//! `timed_out`, `completed`, `interrupted`, `failed`, `expired`, `policy_changed`), `time_ms`
+//! (server time), `lease`, `token`, `tenant` and `backend` (digests), `footprint`, `operation`,
+//! `outcome`, `policy`, and the occupancy after the transition: `service_bytes`,
+//! `service_transfers`, `tenant_bytes`, `tenant_transfers`, `backend_transfers`. [`read_events`]
+//! parses them.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod config;
+mod coordinator;
+mod error;
+mod events;
+mod lease;
+mod local;
+mod wake;
+
+pub use config::{Ceilings, EvictionCheck, Quotas, RedisAdmissionConfig, Secret, TenantMode, Tls};
+pub use coordinator::{LeaseRequest, QuotaUse, RedisAdmission, Snapshot, hashed_id};
+pub use error::{
+    AcquireError, ConfigError, ConnectError, Dimension, LeaseError, NeverReason, PolicyError,
+    QuotaError, QuotaKind, Unavailable,
+};
+pub use events::{FleetEvent, read_events};
+pub use lease::{FencingToken, Lease, LossReason, Occupancy, Outcome};
+pub use local::{FleetAdmission, FleetGrant};

@@ -1,0 +1,274 @@
+//! What every test here shares: the server `cargo xtask ci` started (`ADMISSION_REDIS_URL`), a
+//! fresh cell per test, private servers for the tests that stop, restart or reconfigure one, and
+//! a blocking read of the events stream (tests wait for records, never for time to pass).
+//!
+//! Without `ADMISSION_REDIS_URL` a test prints that it was skipped and returns, unless `CI=true`,
+//! where it fails: CI never skips silently.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use admission_redis::{Ceilings, FleetEvent, RedisAdmission, RedisAdmissionConfig, read_events};
+use redis::streams::{StreamReadOptions, StreamReadReply};
+
+/// The shared server's host and port, or `None` (after saying why) when unset outside CI.
+///
+/// # Panics
+///
+/// When unset under `CI=true`.
+pub(crate) fn server(test: &str) -> Option<(String, u16)> {
+    match std::env::var("ADMISSION_REDIS_URL") {
+        Ok(url) if !url.is_empty() => {
+            let rest = url.trim_start_matches("redis://").trim_end_matches('/');
+            let (host, port) = rest
+                .rsplit_once(':')
+                .expect("ADMISSION_REDIS_URL has host:port");
+            Some((host.to_string(), port.parse().expect("a port number")))
+        }
+        _ if std::env::var("CI").as_deref() == Ok("true") => panic!(
+            "{test}: ADMISSION_REDIS_URL is unset under CI=true; `cargo xtask ci` starts Redis and \
+             sets it (xtask/src/services.rs REQUIRED)"
+        ),
+        _ => {
+            eprintln!(
+                "{test}: skipped: ADMISSION_REDIS_URL is unset (run `cargo xtask test`, or `cargo \
+                 xtask with-services -- cargo nextest run -p admission-redis`, to start Redis)"
+            );
+            None
+        }
+    }
+}
+
+/// A cell no other test (or earlier run) uses.
+pub(crate) fn cell(test: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let name: String = test
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .take(32)
+        .collect();
+    format!(
+        "{name}-{}-{}-{nanos}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+pub(crate) fn ceilings(
+    service_bytes: u64,
+    service_transfers: u64,
+    tenant_bytes: u64,
+    tenant_transfers: u64,
+    backend_transfers: u64,
+) -> Ceilings {
+    Ceilings {
+        service_bytes,
+        service_transfers,
+        tenant_bytes,
+        tenant_transfers,
+        backend_transfers,
+    }
+}
+
+/// A config for `cell` on `host:port` with a 3 s TTL renewed every second.
+pub(crate) fn config(
+    host: &str,
+    port: u16,
+    cell: &str,
+    ceilings: Ceilings,
+) -> RedisAdmissionConfig {
+    let mut config = RedisAdmissionConfig::new(host, port, cell, ceilings);
+    config.key_prefix = "it".into();
+    config.lease_ttl = Duration::from_secs(3);
+    config.renew_every = Duration::from_secs(1);
+    config
+}
+
+pub(crate) async fn connect(config: RedisAdmissionConfig) -> RedisAdmission {
+    RedisAdmission::connect(config)
+        .await
+        .expect("connects to the test server")
+}
+
+/// The kinds of the cell's events, oldest first.
+pub(crate) async fn kinds(admission: &RedisAdmission) -> Vec<String> {
+    read_events(admission)
+        .await
+        .expect("reads events")
+        .into_iter()
+        .map(|e| e.kind)
+        .collect()
+}
+
+/// Blocks (on the server, `XREAD BLOCK`) until a record of `kind` for `lease` appears, and
+/// returns it; fails after 10 s.
+pub(crate) async fn wait_for_event(
+    admission: &RedisAdmission,
+    host: &str,
+    port: u16,
+    kind: &str,
+    lease: &str,
+) -> FleetEvent {
+    let client = redis::Client::open(format!("redis://{host}:{port}/")).expect("client");
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+    let mut conn = client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .expect("connects");
+    let mut last = "0-0".to_string();
+    loop {
+        let options = StreamReadOptions::default().block(10_000).count(100);
+        let reply: Option<StreamReadReply> = redis::AsyncCommands::xread_options(
+            &mut conn,
+            &[admission.events_key()],
+            &[&last],
+            &options,
+        )
+        .await
+        .expect("xread");
+        let Some(reply) = reply else {
+            panic!("no {kind} event for {lease} within 10 s")
+        };
+        for stream in reply.keys {
+            for record in stream.ids {
+                last = record.id.clone();
+                let k: Option<String> = record.get("kind");
+                let l: Option<String> = record.get("lease");
+                if k.as_deref() == Some(kind) && l.as_deref() == Some(lease) {
+                    let events = read_events(admission).await.expect("reads events");
+                    return events
+                        .into_iter()
+                        .find(|e| e.id == record.id)
+                        .expect("the record");
+                }
+            }
+        }
+    }
+}
+
+/// A `redis-server` of a test's own, for tests that stop, restart or reconfigure one. Started
+/// in the foreground as a child process on a free loopback port, ready once it logs so.
+pub(crate) struct PrivateRedis {
+    child: Option<Child>,
+    pub(crate) port: u16,
+    args: Vec<String>,
+    _dir: tempfile::TempDir,
+}
+
+pub(crate) fn redis_server_binary(test: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join("redis-server"))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        if std::env::var("CI").as_deref() == Ok("true") {
+            panic!("{test}: redis-server is not on PATH under CI=true (.ci/run installs it)");
+        }
+        eprintln!("{test}: skipped: redis-server is not on PATH");
+    }
+    found
+}
+
+impl PrivateRedis {
+    /// Starts a server with `extra` arguments (`--port` is chosen here unless `extra` sets
+    /// `--tls-port`, in which case the chosen port is the TLS port and plain TCP is off).
+    pub(crate) fn start(binary: &PathBuf, extra: &[String]) -> PrivateRedis {
+        let port = free_port();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let tls = extra.iter().any(|a| a == "--tls-cert-file");
+        let mut args: Vec<String> = if tls {
+            vec![
+                "--port".into(),
+                "0".into(),
+                "--tls-port".into(),
+                port.to_string(),
+            ]
+        } else {
+            vec!["--port".into(), port.to_string()]
+        };
+        args.extend(
+            [
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--logfile",
+                "",
+                "--dir",
+            ]
+            .map(String::from),
+        );
+        args.push(dir.path().display().to_string());
+        args.extend(extra.iter().cloned());
+        let mut server = PrivateRedis {
+            child: None,
+            port,
+            args,
+            _dir: dir,
+        };
+        server.spawn(binary);
+        server
+    }
+
+    fn spawn(&mut self, binary: &PathBuf) {
+        let mut child = Command::new(binary)
+            .args(&self.args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starts redis-server");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        loop {
+            match lines.next() {
+                Some(Ok(line)) if line.contains("Ready to accept connections") => break,
+                Some(Ok(_)) => continue,
+                _ => panic!(
+                    "redis-server exited before it was ready: {:?}",
+                    child.wait()
+                ),
+            }
+        }
+        // Keep draining its log so that it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        self.child = Some(child);
+    }
+
+    /// Kills the server (its data is gone: it keeps none).
+    pub(crate) fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again on the same port, empty.
+    pub(crate) fn restart(&mut self, binary: &PathBuf) {
+        self.stop();
+        self.spawn(binary);
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
