@@ -270,20 +270,23 @@ impl RedisAdmission {
     /// Dropping the future after the script ran leaves the lease to its TTL; prefer a timeout
     /// in [`acquire`](RedisAdmission::acquire).
     pub async fn try_acquire(&self, request: &LeaseRequest) -> Result<Lease, AcquireError> {
-        match self.attempt(request, false).await? {
-            Attempt::Admitted(lease) => Ok(lease),
-            Attempt::Full {
+        let result = match self.attempt(request, false).await {
+            Ok(Attempt::Admitted(lease)) => Ok(lease),
+            Ok(Attempt::Full {
                 dimension,
                 held,
                 ceiling,
                 ..
-            } => Err(AcquireError::Full {
+            }) => Err(AcquireError::Full {
                 dimension,
                 held,
                 asked: asked_on(dimension, request),
                 ceiling,
             }),
-        }
+            Err(error) => Err(error),
+        };
+        record(request, &result);
+        result
     }
 
     /// A lease, waiting at most `wait` (and never longer than the config's `redis_wait`) for
@@ -300,6 +303,16 @@ impl RedisAdmission {
     /// Dropping the future while it waits records a `timed_out` event (spawned) and takes
     /// nothing. Dropping it while the script runs leaves a granted lease to its TTL.
     pub async fn acquire(
+        &self,
+        request: &LeaseRequest,
+        wait: Duration,
+    ) -> Result<Lease, AcquireError> {
+        let result = self.acquire_inner(request, wait).await;
+        record(request, &result);
+        result
+    }
+
+    async fn acquire_inner(
         &self,
         request: &LeaseRequest,
         wait: Duration,
@@ -786,6 +799,29 @@ fn lease_reply(id: &str, token: FencingToken, reply: &[String]) -> Result<(), Le
             "lease", reply,
         ))),
     }
+}
+
+/// Counts an acquisition's outcome (feature `metrics`): `admission_redis_acquisitions_total`
+/// labelled by operation, backend and outcome only (never the tenant).
+fn record(request: &LeaseRequest, result: &Result<Lease, AcquireError>) {
+    let outcome = match result {
+        Ok(_) => "admitted",
+        Err(AcquireError::Full { .. }) => "full",
+        Err(AcquireError::TimedOut { .. }) => "timed_out",
+        Err(AcquireError::Never { .. }) => "never",
+        Err(AcquireError::Unavailable(_)) => "unavailable",
+        Err(_) => "other",
+    };
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "admission_redis_acquisitions_total",
+        "operation" => request.operation.clone(),
+        "backend" => request.backend.clone(),
+        "outcome" => outcome,
+    )
+    .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (request, outcome);
 }
 
 /// What `request` adds to `dimension`.

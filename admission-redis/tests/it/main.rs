@@ -2,6 +2,8 @@
 //! ci` starts (`ADMISSION_REDIS_URL`), and private ones for stopping, restarting, TLS and a crash.
 
 mod config;
+mod fleet;
 mod leases;
+mod metrics;
 mod servers;
 mod support;
