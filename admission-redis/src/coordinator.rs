@@ -67,6 +67,12 @@ pub(crate) struct Inner {
     pub(crate) events_key: String,
 }
 
+/// The Lua program behind every transition, as sent to Redis (for review, and for comparing its
+/// cost with another script of the same size).
+pub fn script_source() -> &'static str {
+    SCRIPT
+}
+
 /// What one tenant's and one backend's view of the cell holds (see [`RedisAdmission::snapshot`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Snapshot {

@@ -40,7 +40,7 @@ mod local;
 mod wake;
 
 pub use config::{Ceilings, EvictionCheck, Quotas, RedisAdmissionConfig, Secret, TenantMode, Tls};
-pub use coordinator::{LeaseRequest, QuotaUse, RedisAdmission, Snapshot, hashed_id};
+pub use coordinator::{LeaseRequest, QuotaUse, RedisAdmission, Snapshot, hashed_id, script_source};
 pub use error::{
     AcquireError, ConfigError, ConnectError, Dimension, LeaseError, NeverReason, PolicyError,
     QuotaError, QuotaKind, Unavailable,

@@ -1,0 +1,233 @@
+//! Criterion benches of a fleet lease (`admission-redis`) on a private `redis-server` this bench
+//! starts on a free loopback port (issue 13):
+//!
+//! - `redis_acquire/lease_acquire`: `try_acquire` of a lease that fits (one script call; the
+//!   release after each is not timed), against `redis_acquire/evalsha_same_size`: one EVALSHA
+//!   of a script padded to the same byte length as the lease script, with the same eight keys
+//!   and nine arguments, reading `TIME` and returning ten strings, on a connection built the same
+//!   way. Acquire is one round trip; the ratio is what the script's work adds to it.
+//! - `redis_release/lease_release`: `release` of a held lease (the acquire before it untimed).
+//! - `redis_throughput/two_instances_x32`: 1,024 leases acquired and released by 2 provider
+//!   instances x 32 tasks, with a ceiling of 16 transfers so that tasks wait for each other;
+//!   criterion's throughput is leases per second.
+//!
+//! Run with `cargo bench -p admission-benches --bench redis` (needs `redis-server` on PATH).
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use admission_redis::{Ceilings, LeaseRequest, Outcome, RedisAdmission, RedisAdmissionConfig};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+
+/// A private server, killed when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start() -> Server {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let mut child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+            ])
+            .args(["--appendonly", "no", "--logfile", ""])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("redis-server on PATH");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        loop {
+            match lines.next() {
+                Some(Ok(line)) if line.contains("Ready to accept connections") => break,
+                Some(Ok(_)) => {}
+                _ => panic!("redis-server exited before it was ready"),
+            }
+        }
+        std::thread::spawn(move || for _ in lines {});
+        Server { child, port }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn config(port: u16, cell: &str, transfers: u64) -> RedisAdmissionConfig {
+    let ceilings = Ceilings {
+        service_bytes: 1 << 40,
+        service_transfers: transfers,
+        tenant_bytes: 1 << 40,
+        tenant_transfers: transfers,
+        backend_transfers: transfers,
+    };
+    RedisAdmissionConfig::new("127.0.0.1", port, cell, ceilings)
+}
+
+/// A script of the lease script's byte length that reads the server's clock and returns ten
+/// strings, as an admitted acquire does.
+fn same_size_script() -> redis::Script {
+    let body = "local t = redis.call('TIME')\n\
+                return {'OK', t[1], t[2], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]}\n";
+    let target = admission_redis::script_source().len();
+    let mut code = String::from(body);
+    while code.len() < target {
+        let line =
+            "-- padding to the lease script's length so both cost the same to send and hash\n";
+        code.push_str(&line[..line.len().min(target - code.len())]);
+    }
+    assert_eq!(code.len(), target);
+    redis::Script::new(&code)
+}
+
+fn benches(c: &mut Criterion) {
+    let server = Server::start();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let fleet = runtime
+        .block_on(RedisAdmission::connect(config(server.port, "bench", 1_000)))
+        .expect("connects");
+    let request = LeaseRequest::new("bench-lease", "tenant", "disk", 1 << 20, "upload");
+
+    let mut group = c.benchmark_group("redis_acquire");
+    group.bench_function("lease_acquire", |b| {
+        b.iter_custom(|iters| {
+            runtime.block_on(async {
+                let mut timed = Duration::ZERO;
+                for _ in 0..iters {
+                    let start = Instant::now();
+                    let lease = fleet.try_acquire(&request).await.expect("fits");
+                    timed += start.elapsed();
+                    lease.release(Outcome::Completed).await.expect("released");
+                }
+                timed
+            })
+        })
+    });
+    let script = same_size_script();
+    let manager = runtime.block_on(async {
+        let client =
+            redis::Client::open(format!("redis://127.0.0.1:{}/", server.port)).expect("client");
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_response_timeout(Some(Duration::from_secs(1)));
+        redis::aio::ConnectionManager::new_with_config(client, config)
+            .await
+            .expect("manager")
+    });
+    group.bench_function("evalsha_same_size", |b| {
+        b.iter_custom(|iters| {
+            runtime.block_on(async {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    let mut invocation = script.prepare_invoke();
+                    for k in [
+                        "cfg", "occ", "exp", "rec", "token", "ovr", "events", "quota",
+                    ] {
+                        invocation.key(format!("peer:{{bench}}:{k}"));
+                    }
+                    invocation
+                        .arg("acquire")
+                        .arg("fingerprint-0000")
+                        .arg("bench-lease");
+                    invocation
+                        .arg("0123456789abcdef")
+                        .arg("fedcba9876543210")
+                        .arg(1 << 20);
+                    invocation.arg("upload").arg(10_000).arg(64).arg(0);
+                    let mut conn = manager.clone();
+                    let reply: Vec<String> =
+                        invocation.invoke_async(&mut conn).await.expect("evalsha");
+                    assert_eq!(reply.len(), 10);
+                }
+                start.elapsed()
+            })
+        })
+    });
+    group.finish();
+
+    let mut group = c.benchmark_group("redis_release");
+    group.bench_function("lease_release", |b| {
+        b.iter_custom(|iters| {
+            runtime.block_on(async {
+                let mut timed = Duration::ZERO;
+                for _ in 0..iters {
+                    let lease = fleet.try_acquire(&request).await.expect("fits");
+                    let start = Instant::now();
+                    lease.release(Outcome::Completed).await.expect("released");
+                    timed += start.elapsed();
+                }
+                timed
+            })
+        })
+    });
+    group.finish();
+
+    const TASKS: u64 = 32;
+    const PER_TASK: u64 = 16;
+    let a = runtime
+        .block_on(RedisAdmission::connect(config(
+            server.port,
+            "throughput",
+            16,
+        )))
+        .expect("connects");
+    let b2 = runtime
+        .block_on(RedisAdmission::connect(config(
+            server.port,
+            "throughput",
+            16,
+        )))
+        .expect("connects");
+    let mut group = c.benchmark_group("redis_throughput");
+    group.throughput(Throughput::Elements(2 * TASKS * PER_TASK));
+    group.sample_size(20);
+    group.bench_function("two_instances_x32", |bench| {
+        bench.iter_custom(|iters| {
+            runtime.block_on(async {
+                let start = Instant::now();
+                for round in 0..iters {
+                    let mut tasks = Vec::new();
+                    for task in 0..2 * TASKS {
+                        let fleet = if task % 2 == 0 { a.clone() } else { b2.clone() };
+                        tasks.push(tokio::spawn(async move {
+                            for i in 0..PER_TASK {
+                                let id = format!("r{round}-t{task}-{i}");
+                                let request = LeaseRequest::new(id, "tenant", "disk", 1, "upload");
+                                let lease = fleet
+                                    .acquire(&request, Duration::from_secs(5))
+                                    .await
+                                    .expect("a lease");
+                                lease.release(Outcome::Completed).await.expect("released");
+                            }
+                        }));
+                    }
+                    for task in tasks {
+                        task.await.expect("task");
+                    }
+                }
+                start.elapsed()
+            })
+        })
+    });
+    group.finish();
+    drop(server);
+}
+
+criterion_group!(redis_benches, benches);
+criterion_main!(redis_benches);
