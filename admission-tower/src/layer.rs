@@ -8,6 +8,8 @@ use admission_core::Monitor;
 use tower::Layer;
 
 use crate::error::{Accounts, Refused};
+#[cfg(any(feature = "http", feature = "grpc"))]
+use crate::policy::RespondFn;
 use crate::policy::{Propagate, Respond};
 use crate::service::Admission;
 
@@ -146,18 +148,14 @@ impl<D, P> AdmissionLayer<D, P> {
     /// open circuit or a failing monitor, 429 for a quota, 413 or 503 for a demand that can
     /// never fit, with `Retry-After` when known.
     #[cfg(feature = "http")]
-    pub fn http_responses(
-        self,
-    ) -> AdmissionLayer<D, Respond<fn(&Refused) -> http::Response<String>>> {
+    pub fn http_responses(self) -> AdmissionLayer<D, RespondFn> {
         self.on_refusal(crate::http::response as fn(&Refused) -> http::Response<String>)
     }
 
     /// Answers refusals with gRPC statuses ([`crate::grpc::response`]): `RESOURCE_EXHAUSTED`
     /// for a quota, `UNAVAILABLE` for a timeout or a failing monitor.
     #[cfg(feature = "grpc")]
-    pub fn grpc_responses(
-        self,
-    ) -> AdmissionLayer<D, Respond<fn(&Refused) -> http::Response<String>>> {
+    pub fn grpc_responses(self) -> AdmissionLayer<D, RespondFn> {
         self.on_refusal(crate::grpc::response as fn(&Refused) -> http::Response<String>)
     }
 

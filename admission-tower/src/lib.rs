@@ -10,6 +10,41 @@
 //! is a typed [`Refused`] with [`retry_after`](Refused::retry_after); features `http` and `grpc`
 //! turn it into a response instead, and a handler of the user's own can replace either mapping.
 //! The time a request waited reaches the handler as the [`Waited`] request extension.
+//!
+//! # Cancel safety
+//!
+//! A request's future dropped while it waits (its client hung up) withdraws it from the line;
+//! dropped while the inner service runs, or with its response body unfinished, it releases the
+//! grant. No path keeps a permit after the request is gone.
+//!
+//! # Examples
+//!
+//! An axum service where each request holds one of 64 worker permits until its body is sent, and
+//! a refusal is a 503 or a 429 with `Retry-After`:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use admission_accounts::CountingGate;
+//! use admission_core::{Amount, Demand, JobContext, Monitor};
+//! use admission_tower::{AdmissionLayer, DemandError};
+//! use axum::{Router, extract::Request, routing::get};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let monitor = Monitor::new();
+//! let workers = Arc::new(CountingGate::new("workers", 64, monitor.clock().clone())?);
+//! let demand = move |request: &Request| {
+//!     let ctx = JobContext::new(request.uri().path().to_owned());
+//!     Ok::<_, DemandError>((Demand::new().with(workers.clone(), Amount::ONE), ctx))
+//! };
+//! let app: Router = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(AdmissionLayer::new(monitor, demand).timeout(Duration::from_secs(10)).http_responses());
+//! // axum::serve(listener, app).await?;
+//! # drop(app);
+//! # Ok(())
+//! # }
+//! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -26,5 +61,5 @@ mod service;
 pub use body::AdmittedBody;
 pub use error::{AdmissionError, Cause, DemandError, Reason, Refused, Waited};
 pub use layer::AdmissionLayer;
-pub use policy::{OnRefusal, Propagate, Respond};
+pub use policy::{OnRefusal, Propagate, Respond, RespondFn};
 pub use service::{Admission, ResponseFuture};

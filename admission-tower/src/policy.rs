@@ -59,6 +59,9 @@ pub struct Respond<H> {
     handler: H,
 }
 
+/// The policy the features' mappings install: [`Respond`] with a plain function.
+pub type RespondFn = Respond<fn(&Refused) -> Response<String>>;
+
 impl<H> Respond<H> {
     /// A policy answering refusals with `handler`'s responses.
     pub fn new(handler: H) -> Respond<H> {
