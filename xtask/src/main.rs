@@ -50,8 +50,10 @@ commands:
 
 FEATURES is `--features admission-db/r2d2-sqlite,admission-db/r2d2-postgres,
 admission-db/deadpool-postgres,admission-db/sqlx-sqlite,admission-db/sqlx-postgres,
-admission-db/contract,admission-db/metrics`: the database providers, their contract suite and
-their pool metrics, which no default build compiles.
+admission-db/contract,admission-db/metrics,admission-tower/http,admission-tower/grpc,
+admission-events/metrics`: the database providers, their contract suite and their pool metrics,
+the tower layer's HTTP and gRPC refusal mappings and the metrics sink, which no default build
+compiles.
 
 The test steps run with the services listed in xtask/src/services.rs (REQUIRED) up: PostgreSQL
 (ADMISSION_PG_URL), which admission-db's PostgreSQL tests need (unset under CI=true, they fail).";
@@ -154,12 +156,13 @@ fn run_plan(ws: &Workspace, steps: &[Step]) -> Result<ExitCode> {
 }
 
 /// The features the checks turn on beyond the defaults: the database providers and their
-/// contract suite (`admission-db`), which nothing in the workspace enables by default.
+/// contract suite (`admission-db`), the tower layer's refusal mappings (`admission-tower`) and
+/// the metrics sink (`admission-events`), which nothing in the workspace enables by default.
 const FEATURES: &[&str] = &[
     "--features",
     "admission-db/r2d2-sqlite,admission-db/r2d2-postgres,admission-db/deadpool-postgres,\
      admission-db/sqlx-sqlite,admission-db/sqlx-postgres,admission-db/contract,\
-     admission-db/metrics",
+     admission-db/metrics,admission-tower/http,admission-tower/grpc,admission-events/metrics",
 ];
 
 /// `before`, then [`FEATURES`], then `after`: one cargo command's arguments.
