@@ -27,10 +27,9 @@
 //! use std::time::Duration;
 //! use admission_accounts::CountingGate;
 //! use admission_core::{Amount, Demand, JobContext, Monitor};
-//! use admission_tower::{AdmissionLayer, DemandError};
+//! use admission_tower::{AdmissionLayer, DemandError, Waited};
 //! use axum::{Router, extract::Request, routing::get};
 //!
-//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let monitor = Monitor::new();
 //! let workers = Arc::new(CountingGate::new("workers", 64, monitor.clock().clone())?);
 //! let demand = move |request: &Request| {
@@ -38,12 +37,14 @@
 //!     Ok::<_, DemandError>((Demand::new().with(workers.clone(), Amount::ONE), ctx))
 //! };
 //! let app: Router = Router::new()
-//!     .route("/", get(|| async { "hello" }))
+//!     .route("/", get(|request: Request| async move {
+//!         let waited = request.extensions().get::<Waited>().map(|w| w.0);
+//!         format!("waited {waited:?}")
+//!     }))
 //!     .layer(AdmissionLayer::new(monitor, demand).timeout(Duration::from_secs(10)).http_responses());
 //! // axum::serve(listener, app).await?;
 //! # drop(app);
-//! # Ok(())
-//! # }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
