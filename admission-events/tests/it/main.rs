@@ -3,6 +3,7 @@
 
 mod fanout;
 mod json_lines;
+mod metrics;
 mod monitor;
 mod recorder;
 mod tracing_sink;

@@ -1,0 +1,290 @@
+//! The metrics sink (feature `metrics`), read through a `DebuggingRecorder` current on the test's
+//! thread only: the events are emitted on this thread (built by hand, or by a monitor whose
+//! passes run only when the test says).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use admission_core::event::{EventKind, EventSink, RejectReason};
+use admission_core::{Amount, Demand, Instant, JobContext, Monitor};
+use admission_events::MetricsSink;
+use admission_events::metrics::{ADMITTED, HELD, REJECTED, RELEASED, WAIT, WAITERS};
+use admission_testkit::FakeClock;
+use admission_testkit::monitor::poll_once;
+use admission_testkit::reference::Permits;
+use metrics::Unit;
+use metrics_util::CompositeKey;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+
+use crate::{entry, event, from_hold, rejected};
+
+/// One series: name, labels sorted, unit, value.
+type Series = (String, Vec<(String, String)>, Option<Unit>, Value);
+
+/// A snapshot value with plain floats, comparable with `==`.
+#[derive(Clone, Debug, PartialEq)]
+enum Value {
+    Counter(u64),
+    Gauge(f64),
+    Histogram(Vec<f64>),
+}
+
+/// Runs `f` with a fresh recorder current on this thread only.
+fn recorded<T>(f: impl FnOnce(&Snapshotter) -> T) -> T {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || f(&snapshotter))
+}
+
+/// The snapshot (counters reset and histograms drained by it), sorted by name and labels.
+fn series(snapshotter: &Snapshotter) -> Vec<Series> {
+    let mut all: Vec<Series> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, unit, _, value): (CompositeKey, _, _, _)| {
+            let (_, key) = key.into_parts();
+            let mut labels: Vec<_> = key
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            labels.sort();
+            let value = match value {
+                DebugValue::Counter(n) => Value::Counter(n),
+                DebugValue::Gauge(v) => Value::Gauge(v.into_inner()),
+                DebugValue::Histogram(v) => {
+                    Value::Histogram(v.into_iter().map(|f| f.into_inner()).collect())
+                }
+            };
+            (key.name().to_owned(), labels, unit, value)
+        })
+        .collect();
+    all.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+    all
+}
+
+fn s(name: &str, label: Option<(&str, &str)>, unit: Unit, value: Value) -> Series {
+    let labels = label
+        .map(|(k, v)| vec![(k.to_owned(), v.to_owned())])
+        .unwrap_or_default();
+    (name.to_owned(), labels, Some(unit), value)
+}
+
+fn at(millis: u64) -> Instant {
+    Instant::from_nanos(millis * 1_000_000)
+}
+
+#[test]
+fn every_event_kind_moves_its_series_by_exact_amounts() {
+    recorded(|snapshotter| {
+        let sink = MetricsSink::new();
+        let emit = |kind: EventKind, id: u64, at_ms: u64, account: &str| {
+            let mut e = event(kind, id);
+            e.at = at(at_ms);
+            e.entries = vec![entry(account, Amount::ONE)];
+            sink.emit(&e).unwrap();
+        };
+        // Job 1 is held on two accounts, then granted after 2 s; job 3 is held and times out
+        // 3 s later; job 2 goes at once; job 4 is refused without waiting.
+        emit(EventKind::Held, 1, 1_000, "http");
+        emit(EventKind::Held, 1, 1_500, "model");
+        emit(EventKind::Held, 3, 1_000, "http");
+        assert_eq!(
+            series(snapshotter),
+            [
+                s(
+                    HELD,
+                    Some(("account", "http")),
+                    Unit::Count,
+                    Value::Counter(2)
+                ),
+                s(
+                    HELD,
+                    Some(("account", "model")),
+                    Unit::Count,
+                    Value::Counter(1)
+                ),
+                s(WAITERS, None, Unit::Count, Value::Gauge(2.0)),
+            ]
+        );
+        emit(EventKind::GrantedImmediate, 2, 1_000, "http");
+        emit(from_hold(2_000, 1), 1, 3_000, "http");
+        emit(rejected(RejectReason::TimedOut), 3, 4_000, "http");
+        emit(rejected(RejectReason::CircuitBlocked), 4, 4_000, "window");
+        emit(EventKind::Released { rolled_back: false }, 2, 5_000, "http");
+        emit(EventKind::Released { rolled_back: true }, 1, 5_000, "http");
+        assert_eq!(
+            series(snapshotter),
+            [
+                s(
+                    ADMITTED,
+                    Some(("path", "after_wait")),
+                    Unit::Count,
+                    Value::Counter(1)
+                ),
+                s(
+                    ADMITTED,
+                    Some(("path", "immediate")),
+                    Unit::Count,
+                    Value::Counter(1)
+                ),
+                s(
+                    HELD,
+                    Some(("account", "http")),
+                    Unit::Count,
+                    Value::Counter(0)
+                ),
+                s(
+                    HELD,
+                    Some(("account", "model")),
+                    Unit::Count,
+                    Value::Counter(0)
+                ),
+                s(
+                    REJECTED,
+                    Some(("reason", "circuit_blocked")),
+                    Unit::Count,
+                    Value::Counter(1)
+                ),
+                s(
+                    REJECTED,
+                    Some(("reason", "timed_out")),
+                    Unit::Count,
+                    Value::Counter(1)
+                ),
+                s(
+                    RELEASED,
+                    Some(("kind", "release")),
+                    Unit::Count,
+                    Value::Counter(1)
+                ),
+                s(
+                    RELEASED,
+                    Some(("kind", "rollback")),
+                    Unit::Count,
+                    Value::Counter(1)
+                ),
+                s(
+                    WAIT,
+                    Some(("outcome", "circuit_blocked")),
+                    Unit::Seconds,
+                    Value::Histogram(vec![0.0])
+                ),
+                s(
+                    WAIT,
+                    Some(("outcome", "granted")),
+                    Unit::Seconds,
+                    Value::Histogram(vec![0.0, 2.0])
+                ),
+                s(
+                    WAIT,
+                    Some(("outcome", "timed_out")),
+                    Unit::Seconds,
+                    Value::Histogram(vec![3.0])
+                ),
+                s(WAITERS, None, Unit::Count, Value::Gauge(0.0)),
+            ]
+        );
+    });
+}
+
+#[test]
+fn labels_never_carry_a_job_workflow_or_tenant() {
+    recorded(|snapshotter| {
+        let sink = MetricsSink::new();
+        for kind in [
+            EventKind::Held,
+            EventKind::GrantedImmediate,
+            from_hold(10, 0),
+            rejected(RejectReason::Cancelled),
+            EventKind::Released { rolled_back: false },
+        ] {
+            let mut e = event(kind, 4_242);
+            e.job.name = "job-secret".into();
+            e.job.workflow = Some("workflow-secret".into());
+            e.job.tenant = Some("tenant-secret".into());
+            sink.emit(&e).unwrap();
+        }
+        let mut keys: Vec<(String, String)> = series(snapshotter)
+            .into_iter()
+            .flat_map(|(_, labels, _, _)| labels)
+            .collect();
+        keys.sort();
+        keys.dedup();
+        let pair = |k: &str, v: &str| (k.to_owned(), v.to_owned());
+        assert_eq!(
+            keys,
+            [
+                pair("account", "http"),
+                pair("kind", "release"),
+                pair("outcome", "cancelled"),
+                pair("outcome", "granted"),
+                pair("path", "after_wait"),
+                pair("path", "immediate"),
+                pair("reason", "cancelled"),
+            ]
+        );
+    });
+}
+
+#[test]
+fn a_monitors_passage_is_recorded_with_the_wait_on_its_clock() {
+    recorded(|snapshotter| {
+        let clock = FakeClock::new();
+        let sink: Arc<dyn EventSink> = Arc::new(MetricsSink::new());
+        let monitor = Monitor::builder()
+            .clock(clock.shared())
+            .sink(sink)
+            .manual_passes()
+            .build();
+        let permits = Arc::new(Permits::new("permits", 1));
+        let one = || Demand::new().with(permits.clone(), Amount::ONE);
+
+        let first = monitor.admit_blocking(one(), &JobContext::new("first"), None);
+        let mut second = monitor.admit(one(), &JobContext::new("second"), None);
+        assert!(poll_once(&mut second).is_none());
+        assert_eq!(monitor.queue_size(), 1);
+        clock.advance(Duration::from_millis(1_250));
+        drop(first); // the release hands the permit to `second` on this thread
+        let second = poll_once(&mut second).expect("granted by the hand-off");
+        drop(second);
+        monitor.stop();
+
+        assert_eq!(
+            series(snapshotter),
+            [
+                s(
+                    ADMITTED,
+                    Some(("path", "after_wait")),
+                    Unit::Count,
+                    Value::Counter(1)
+                ),
+                s(
+                    ADMITTED,
+                    Some(("path", "immediate")),
+                    Unit::Count,
+                    Value::Counter(1)
+                ),
+                s(
+                    HELD,
+                    Some(("account", "permits")),
+                    Unit::Count,
+                    Value::Counter(1)
+                ),
+                s(
+                    RELEASED,
+                    Some(("kind", "release")),
+                    Unit::Count,
+                    Value::Counter(2)
+                ),
+                s(
+                    WAIT,
+                    Some(("outcome", "granted")),
+                    Unit::Seconds,
+                    Value::Histogram(vec![0.0, 1.25])
+                ),
+                s(WAITERS, None, Unit::Count, Value::Gauge(0.0)),
+            ]
+        );
+    });
+}

@@ -1,0 +1,391 @@
+//! What the layer says when a request is not admitted: [`Refused`] (with its [`Reason`] and
+//! [`retry_after`](Refused::retry_after)), [`AdmissionError`] around the inner service's own
+//! errors, [`DemandError`] for a request no demand can be built from, and the [`Waited`]
+//! extension an admitted request carries.
+
+use std::fmt;
+use std::time::Duration;
+
+use admission_core::{AdmitError, RefusalKind};
+
+/// How long a request waited for its grant, on the monitor's clock; zero when granted on
+/// arrival. Every admitted request carries it as a request extension.
+///
+/// # Examples
+///
+/// ```
+/// use admission_tower::Waited;
+///
+/// async fn handler(request: http::Request<String>) -> String {
+///     let waited = request.extensions().get::<Waited>().map_or(0, |w| w.0.as_millis());
+///     format!("waited {waited} ms")
+/// }
+/// # drop(handler(http::Request::new(String::new())));
+/// ```
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Waited(pub std::time::Duration);
+
+/// The request's demand could not be built from the request: a malformed header, a body size
+/// past what the service takes, a spend cap already spent. The request is refused without
+/// waiting, and the inner service is not called.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct DemandError {
+    quota: bool,
+    message: String,
+    retry_after: Option<Duration>,
+}
+
+impl DemandError {
+    /// The request itself is wrong (HTTP 400, gRPC `INVALID_ARGUMENT`).
+    pub fn invalid(message: impl Into<String>) -> DemandError {
+        DemandError {
+            quota: false,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// The caller's quota is spent (HTTP 429, gRPC `RESOURCE_EXHAUSTED`), until `retry_after`
+    /// when known.
+    pub fn quota(message: impl Into<String>, retry_after: Option<Duration>) -> DemandError {
+        DemandError {
+            quota: true,
+            message: message.into(),
+            retry_after,
+        }
+    }
+
+    /// True for [`DemandError::quota`].
+    pub fn is_quota(&self) -> bool {
+        self.quota
+    }
+
+    /// When a spent quota expects to accept again, if known.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+}
+
+/// Why a request was refused, as the status mappings read it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Reason {
+    /// The layer's timeout passed while the request waited.
+    TimedOut,
+    /// An account refuses everyone for now (an open circuit); it says when to retry.
+    CircuitOpen,
+    /// A quota is spent: an account the layer was told is a quota refused
+    /// ([`AdmissionLayer::quota_account`](crate::AdmissionLayer::quota_account)), or the demand
+    /// function said so ([`DemandError::quota`]).
+    Quota,
+    /// The demand can never fit an account as configured.
+    TooLarge,
+    /// The demand can never fit an account that counts bytes
+    /// ([`AdmissionLayer::bytes_account`](crate::AdmissionLayer::bytes_account)).
+    TooLargeBytes,
+    /// No demand could be built from the request ([`DemandError::invalid`]).
+    Invalid,
+    /// The job was cancelled through its context.
+    Cancelled,
+    /// Admission itself failed or ended: the monitor was stopped or closed by a defect, an
+    /// account panicked, or its evaluator could not start.
+    Unavailable,
+    /// The demand lacks an account another one requires: the service is built wrong.
+    Misconfigured,
+}
+
+impl Reason {
+    /// The reason's wire name (`timed_out`, `circuit_open`, `quota`, ...).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Reason::TimedOut => "timed_out",
+            Reason::CircuitOpen => "circuit_open",
+            Reason::Quota => "quota",
+            Reason::TooLarge => "too_large",
+            Reason::TooLargeBytes => "too_large_bytes",
+            Reason::Invalid => "invalid",
+            Reason::Cancelled => "cancelled",
+            Reason::Unavailable => "unavailable",
+            Reason::Misconfigured => "misconfigured",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What refused the request: the monitor, or the demand function before it.
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Cause {
+    /// The monitor's refusal.
+    #[error(transparent)]
+    Admit(AdmitError),
+    /// The demand function's.
+    #[error(transparent)]
+    Demand(DemandError),
+}
+
+/// A request that was not admitted: why, what said so, and how long it waited first.
+///
+/// Carried by [`AdmissionError::Refused`], and inserted into a refusal response's extensions
+/// when refusals are mapped to responses.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("request refused ({reason}) after waiting {waited:?}: {cause}")]
+pub struct Refused {
+    reason: Reason,
+    waited: Duration,
+    #[source]
+    cause: Cause,
+}
+
+/// The accounts the layer was told count bytes or are quotas: how a refusal is classified.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Accounts {
+    pub(crate) bytes: Vec<String>,
+    pub(crate) quotas: Vec<String>,
+}
+
+impl Accounts {
+    fn is_bytes(&self, account: &str) -> bool {
+        self.bytes.iter().any(|a| a == account)
+    }
+
+    fn is_quota(&self, account: &str) -> bool {
+        self.quotas.iter().any(|a| a == account)
+    }
+}
+
+impl Refused {
+    /// The monitor's refusal after `waited`, classified by what `accounts` says of the refusing
+    /// account.
+    pub(crate) fn admit(error: AdmitError, waited: Duration, accounts: &Accounts) -> Refused {
+        let reason = match &error {
+            AdmitError::TimedOut { .. } => Reason::TimedOut,
+            AdmitError::Refused { account, refusal } => match refusal.kind() {
+                RefusalKind::RefusingAll { .. } if accounts.is_quota(account) => Reason::Quota,
+                RefusalKind::RefusingAll { .. } => Reason::CircuitOpen,
+                RefusalKind::TooLarge { .. } if accounts.is_bytes(account) => Reason::TooLargeBytes,
+                _ if accounts.is_quota(account) => Reason::Quota,
+                _ if accounts.is_bytes(account) => Reason::TooLargeBytes,
+                _ => Reason::TooLarge,
+            },
+            AdmitError::Cancelled { .. } => Reason::Cancelled,
+            AdmitError::Unmet { .. } => Reason::Misconfigured,
+            _ => Reason::Unavailable,
+        };
+        Refused {
+            reason,
+            waited,
+            cause: Cause::Admit(error),
+        }
+    }
+
+    /// The demand function's refusal.
+    pub(crate) fn demand(error: DemandError) -> Refused {
+        Refused {
+            reason: if error.is_quota() {
+                Reason::Quota
+            } else {
+                Reason::Invalid
+            },
+            waited: Duration::ZERO,
+            cause: Cause::Demand(error),
+        }
+    }
+
+    /// Why.
+    pub fn reason(&self) -> Reason {
+        self.reason
+    }
+
+    /// How long the request waited before it was refused, on the monitor's clock.
+    pub fn waited(&self) -> Duration {
+        self.waited
+    }
+
+    /// What said no.
+    pub fn cause(&self) -> &Cause {
+        &self.cause
+    }
+
+    /// The monitor's error, when the monitor refused.
+    pub fn admit_error(&self) -> Option<&AdmitError> {
+        match &self.cause {
+            Cause::Admit(error) => Some(error),
+            Cause::Demand(_) => None,
+        }
+    }
+
+    /// The refusing account's name, when an account refused.
+    pub fn account(&self) -> Option<&str> {
+        match &self.cause {
+            Cause::Admit(
+                AdmitError::Refused { account, .. } | AdmitError::Unmet { account, .. },
+            ) => Some(account),
+            _ => None,
+        }
+    }
+
+    /// When to try again, when whoever refused knows: an open circuit's cooldown, a quota's
+    /// reset. `None` for every other refusal (a timeout does not know).
+    pub fn retry_after(&self) -> Option<Duration> {
+        match &self.cause {
+            Cause::Admit(error) => error.retry_after(),
+            Cause::Demand(error) => error.retry_after(),
+        }
+    }
+
+    /// [`retry_after`](Refused::retry_after) in whole seconds as a `Retry-After` header says
+    /// it: rounded up, and at least 1 (a `Retry-After: 0` invites a retry storm).
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        self.retry_after().map(Refused::whole_seconds)
+    }
+
+    /// `after` in whole seconds, rounded up, at least 1 (saturating at `u64::MAX`).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use admission_tower::Refused;
+    ///
+    /// assert_eq!(Refused::whole_seconds(Duration::ZERO), 1);
+    /// assert_eq!(Refused::whole_seconds(Duration::from_millis(2_000)), 2);
+    /// assert_eq!(Refused::whole_seconds(Duration::from_millis(2_001)), 3);
+    /// ```
+    pub fn whole_seconds(after: Duration) -> u64 {
+        after
+            .as_secs()
+            .saturating_add(u64::from(after.subsec_nanos() > 0))
+            .max(1)
+    }
+}
+
+/// The layer's error when refusals are not mapped to responses: the request was refused, or the
+/// inner service failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdmissionError<E> {
+    /// The request was not admitted; the inner service was not called.
+    #[error(transparent)]
+    Refused(Refused),
+    /// The inner service failed (its grant was released).
+    #[error("the inner service failed: {0}")]
+    Inner(E),
+}
+
+impl<E> AdmissionError<E> {
+    /// For a refusal whose source knows, when to try again; `None` otherwise.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            AdmissionError::Refused(refused) => refused.retry_after(),
+            AdmissionError::Inner(_) => None,
+        }
+    }
+
+    /// The refusal, if this is one.
+    pub fn refused(&self) -> Option<&Refused> {
+        match self {
+            AdmissionError::Refused(refused) => Some(refused),
+            AdmissionError::Inner(_) => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use admission_core::{Amount, Refusal};
+
+    fn accounts() -> Accounts {
+        Accounts {
+            bytes: vec!["upload".into()],
+            quotas: vec!["tenant".into()],
+        }
+    }
+
+    fn refused_by(account: &str, refusal: Refusal) -> Refused {
+        let error = AdmitError::Refused {
+            account: account.into(),
+            refusal,
+        };
+        Refused::admit(error, Duration::ZERO, &accounts())
+    }
+
+    #[test]
+    fn whole_seconds_round_up_and_are_never_zero() {
+        assert_eq!(Refused::whole_seconds(Duration::ZERO), 1);
+        assert_eq!(Refused::whole_seconds(Duration::from_nanos(1)), 1);
+        assert_eq!(Refused::whole_seconds(Duration::from_secs(1)), 1);
+        assert_eq!(Refused::whole_seconds(Duration::from_millis(1_500)), 2);
+        assert_eq!(Refused::whole_seconds(Duration::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn a_refusal_is_classified_by_its_kind_and_its_account() {
+        let open = Refusal::temporary("open", Duration::from_millis(2_500));
+        let too_large = Refusal::too_large(Amount::units(5), Amount::units(2));
+        let other = Refusal::new("never");
+        assert_eq!(
+            refused_by("http", open.clone()).reason(),
+            Reason::CircuitOpen
+        );
+        assert_eq!(refused_by("tenant", open.clone()).reason(), Reason::Quota);
+        assert_eq!(
+            refused_by("http", too_large.clone()).reason(),
+            Reason::TooLarge
+        );
+        assert_eq!(
+            refused_by("upload", too_large).reason(),
+            Reason::TooLargeBytes
+        );
+        assert_eq!(
+            refused_by("upload", other.clone()).reason(),
+            Reason::TooLargeBytes
+        );
+        assert_eq!(refused_by("tenant", other.clone()).reason(), Reason::Quota);
+        assert_eq!(refused_by("http", other).reason(), Reason::TooLarge);
+        let circuit = refused_by("http", open);
+        assert_eq!(circuit.retry_after(), Some(Duration::from_millis(2_500)));
+        assert_eq!(circuit.retry_after_secs(), Some(3));
+        assert_eq!(circuit.account(), Some("http"));
+    }
+
+    #[test]
+    fn monitor_failures_are_unavailable_and_a_missing_capability_is_misconfigured() {
+        let of = |error| Refused::admit(error, Duration::from_secs(1), &accounts());
+        assert_eq!(of(AdmitError::Shutdown).reason(), Reason::Unavailable);
+        let closed = AdmitError::Closed {
+            cause: "bug".into(),
+        };
+        assert_eq!(of(closed).reason(), Reason::Unavailable);
+        let unmet = AdmitError::Unmet {
+            account: "window".into(),
+            requires: admission_core::Capability::HTTP_CONNECTION,
+        };
+        assert_eq!(of(unmet).reason(), Reason::Misconfigured);
+        let timed_out = of(AdmitError::TimedOut {
+            job: 1,
+            waited: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+        });
+        assert_eq!(timed_out.reason(), Reason::TimedOut);
+        assert_eq!(timed_out.retry_after(), None);
+        assert_eq!(timed_out.waited(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_demand_error_is_invalid_or_a_quota() {
+        let bad = Refused::demand(DemandError::invalid("no length"));
+        assert_eq!((bad.reason(), bad.retry_after()), (Reason::Invalid, None));
+        let spent = DemandError::quota("spent", Some(Duration::from_secs(60)));
+        let spent = Refused::demand(spent);
+        assert_eq!(spent.reason(), Reason::Quota);
+        assert_eq!(spent.retry_after_secs(), Some(60));
+    }
+}

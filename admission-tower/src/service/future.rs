@@ -1,0 +1,181 @@
+//! [`ResponseFuture`]: waits for the grant, calls the inner service, and wraps its body.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use admission_core::{Admit, Clock, Grant, Instant};
+use http::{Request, Response};
+use http_body::Body;
+use pin_project_lite::pin_project;
+use tower::Service;
+
+use crate::body::AdmittedBody;
+use crate::error::{Accounts, Refused, Waited};
+use crate::policy::OnRefusal;
+
+/// Where the admit started, to say how long a refused request waited.
+struct Started {
+    clock: Arc<dyn Clock>,
+    at: Instant,
+    accounts: Arc<Accounts>,
+}
+
+pin_project! {
+    #[project = StateProj]
+    #[project_replace = StateReplace]
+    enum State<S, R, F> {
+        // Waiting in the monitor's line; `inner` was polled ready.
+        Admitting {
+            admit: Admit,
+            inner: S,
+            request: R,
+            started: Started,
+        },
+        // Granted: the inner service runs, the grant waits for its response.
+        Calling {
+            #[pin]
+            future: F,
+            grant: Grant,
+        },
+        // Refused before asking the monitor.
+        Refused {
+            refused: Refused,
+        },
+        Done,
+    }
+}
+
+pin_project! {
+    /// The future of [`Admission::call`](crate::Admission): admission, then the inner service.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it while it waits withdraws the waiter from the monitor's line (a grant that
+    /// landed meanwhile is rolled back); dropping it while the inner service runs releases the
+    /// grant.
+    ///
+    /// # Panics
+    ///
+    /// Polling it again after it completed panics, as most futures do.
+    pub struct ResponseFuture<S, R, P>
+    where
+        S: Service<R>,
+    {
+        #[pin]
+        state: State<S, R, S::Future>,
+        policy: Arc<P>,
+    }
+}
+
+impl<S: Service<R>, R, P> ResponseFuture<S, R, P> {
+    pub(crate) fn admitting(
+        admit: Admit,
+        inner: S,
+        request: R,
+        policy: Arc<P>,
+        clock: Arc<dyn Clock>,
+        accounts: Arc<Accounts>,
+    ) -> ResponseFuture<S, R, P> {
+        let at = clock.now();
+        ResponseFuture {
+            state: State::Admitting {
+                admit,
+                inner,
+                request,
+                started: Started {
+                    clock,
+                    at,
+                    accounts,
+                },
+            },
+            policy,
+        }
+    }
+
+    pub(crate) fn refused(refused: Refused, policy: Arc<P>) -> ResponseFuture<S, R, P> {
+        ResponseFuture {
+            state: State::Refused { refused },
+            policy,
+        }
+    }
+}
+
+impl<S, ReqB, ResB, P> Future for ResponseFuture<S, Request<ReqB>, P>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>>,
+    ResB: Body,
+    P: OnRefusal<ResB, S::Error>,
+{
+    type Output = Result<Response<AdmittedBody<ResB>>, P::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Admitting { admit, .. } => {
+                    let outcome = ready!(Pin::new(admit).poll(cx));
+                    let StateReplace::Admitting {
+                        mut inner,
+                        mut request,
+                        started,
+                        ..
+                    } = this.state.as_mut().project_replace(State::Done)
+                    else {
+                        unreachable!("the state was Admitting")
+                    };
+                    match outcome {
+                        Ok(grant) => {
+                            request.extensions_mut().insert(Waited(grant.wall_wait()));
+                            let future = inner.call(request);
+                            this.state.set(State::Calling { future, grant });
+                        }
+                        Err(error) => {
+                            let waited = started.clock.now().saturating_duration_since(started.at);
+                            let refused = Refused::admit(error, waited, &started.accounts);
+                            return Poll::Ready(this.policy.refused(refused));
+                        }
+                    }
+                }
+                StateProj::Calling { future, .. } => {
+                    let outcome = ready!(future.poll(cx));
+                    let StateReplace::Calling { grant, .. } =
+                        this.state.as_mut().project_replace(State::Done)
+                    else {
+                        unreachable!("the state was Calling")
+                    };
+                    return Poll::Ready(match outcome {
+                        Ok(response) => Ok(response.map(|body| AdmittedBody::held(body, grant))),
+                        // The grant is dropped here: released.
+                        Err(error) => Err(this.policy.failed(error)),
+                    });
+                }
+                StateProj::Refused { .. } => {
+                    let StateReplace::Refused { refused } =
+                        this.state.as_mut().project_replace(State::Done)
+                    else {
+                        unreachable!("the state was Refused")
+                    };
+                    return Poll::Ready(this.policy.refused(refused));
+                }
+                StateProj::Done => panic!("`ResponseFuture` polled after completion"),
+            }
+        }
+    }
+}
+
+impl<S: Service<R>, R, P> fmt::Debug for ResponseFuture<S, R, P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Admitting { .. } => "admitting",
+            State::Calling { .. } => "calling",
+            State::Refused { .. } => "refused",
+            State::Done => "done",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}

@@ -1,0 +1,309 @@
+//! An axum service where every request holds its whole demand, admitted at once by the tower
+//! layer: an HTTP connection to the model provider, the model's tokens and one request (built by
+//! `Registry::demand_for`), and a connection of a SQLite pool (`R2d2SqliteProvider`'s gate). The
+//! grant lives in the response body, so nothing is given back before the answer is sent. A
+//! refusal is an HTTP status: 503 on a timeout, 400 for a request no demand can be built from,
+//! 503 for one that can never fit the model's budget.
+//!
+//! Run it with `cargo run --example axum` and try
+//! `curl -i 'http://127.0.0.1:3000/summarize?tokens=800'`; `--self-test 24` sends 24 requests of
+//! its own at once, prints their statuses and exits (non-zero on an unexpected one).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use admission_core::{Amount, Demand, JobContext, Monitor};
+use admission_db::DbHandle as _;
+use admission_db::DbResourceProvider as _;
+use admission_db::r2d2_sqlite::{R2d2SqliteProvider, SqliteManager};
+use admission_llm::{ModelCatalog, Registry};
+use admission_tower::{AdmissionLayer, DemandError, Waited};
+use anyhow::Context as _;
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::routing::get;
+use clap::Parser;
+use r2d2_sqlite::SqliteConnectionManager;
+use tokio::net::TcpListener;
+
+/// The model every request calls, its budget, and the other limits.
+const CATALOG: &str = r#"
+    [[models]]
+    id = "small"
+    wire_model = "small-2026"
+    tokens_per_minute = 60000
+    requests_per_minute = 600
+    max_concurrent = 4
+    input_micros_per_million = 150000
+    output_micros_per_million = 600000
+"#;
+const MODEL: &str = "small";
+/// The answer's declared most tokens, charged with the prompt at the grant.
+const MAX_OUTPUT_TOKENS: u64 = 200;
+/// Connections to the model provider.
+const HTTP_CONNECTIONS: u64 = 8;
+/// Requests holding a database connection at once (the pool has one more, for the host).
+const DB_BOUND: u64 = 3;
+/// The longest a request waits for its demand.
+const ADMIT_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "axum",
+    about = "An axum service admitting each request's whole demand"
+)]
+struct Args {
+    /// Where to listen.
+    #[arg(long, default_value = "127.0.0.1:3000")]
+    addr: SocketAddr,
+    /// Send this many requests of its own at once (on a free port), print the statuses, exit.
+    #[arg(long)]
+    self_test: Option<usize>,
+}
+
+/// What the handler needs: the registry (feedback after the call) and the notes database.
+struct App {
+    registry: Arc<Registry>,
+    notes: Arc<R2d2SqliteProvider>,
+}
+
+/// The service: `/summarize?tokens=N` behind the admission layer, on `monitor`, its database in
+/// `dir`.
+fn app(monitor: &Monitor, dir: &Path) -> anyhow::Result<(Router, Arc<App>)> {
+    let clock = monitor.clock().clone();
+    let registry = Registry::new(clock.clone()).with_http_connections(HTTP_CONNECTIONS)?;
+    registry.register_catalog(&ModelCatalog::from_toml(CATALOG)?)?;
+    let manager = SqliteConnectionManager::file(dir.join("notes.sqlite"))
+        .with_init(|c| c.execute_batch("PRAGMA journal_mode = WAL; PRAGMA busy_timeout = 5000;"));
+    let pool = r2d2::Pool::builder()
+        .max_size(u32::try_from(DB_BOUND)? + 1)
+        .min_idle(Some(0))
+        .build(SqliteManager::new(manager))
+        .context("opening the notes database")?;
+    pool.get()?
+        .execute_batch("CREATE TABLE IF NOT EXISTS notes (id INTEGER PRIMARY KEY, tokens INTEGER)")
+        .context("creating the notes table")?;
+    let notes = Arc::new(R2d2SqliteProvider::new("notes", DB_BOUND, pool, clock)?);
+    let app = Arc::new(App {
+        registry: Arc::new(registry),
+        notes,
+    });
+
+    // One request's whole demand: the model call's (an HTTP connection, the tokens and one
+    // request, a slot of the model's concurrency) and one database connection.
+    let demand = {
+        let app = app.clone();
+        move |request: &Request| -> Result<(Demand, JobContext), DemandError> {
+            let tokens = prompt_tokens(request.uri().query())?;
+            let call = app
+                .registry
+                .demand_for(MODEL, tokens, MAX_OUTPUT_TOKENS)
+                .map_err(|e| DemandError::invalid(e.to_string()))?;
+            let demand = call.demand.with(app.notes.admission().clone(), Amount::ONE);
+            Ok((demand, JobContext::new("summarize")))
+        }
+    };
+    let layer = AdmissionLayer::new(monitor.clone(), demand)
+        .timeout(ADMIT_TIMEOUT)
+        .http_responses();
+    let router = Router::new()
+        .route("/summarize", get(summarize))
+        .layer(layer)
+        .with_state(app.clone());
+    Ok((router, app))
+}
+
+/// The `tokens` query parameter (the prompt's size), 800 when absent.
+fn prompt_tokens(query: Option<&str>) -> Result<u64, DemandError> {
+    let value = query
+        .unwrap_or("")
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("tokens="));
+    match value {
+        None => Ok(800),
+        Some(v) => v
+            .parse()
+            .map_err(|_| DemandError::invalid(format!("tokens must be a whole number, was `{v}`"))),
+    }
+}
+
+/// Runs under the grant: "calls" the model, stores a note on a pooled connection, answers.
+async fn summarize(State(app): State<Arc<App>>, request: Request) -> (StatusCode, String) {
+    let waited = request
+        .extensions()
+        .get::<Waited>()
+        .map_or(Duration::ZERO, |w| w.0);
+    let tokens = prompt_tokens(request.uri().query()).unwrap_or(0);
+    // The model call would go here; the grant holds its connection, tokens and slot.
+    tokio::task::yield_now().await;
+    app.registry.on_success(MODEL);
+    let notes = app.notes.clone();
+    let stored = tokio::task::spawn_blocking(move || -> anyhow::Result<i64> {
+        let mut handle = notes.checkout(false)?;
+        let id = (|| -> anyhow::Result<i64> {
+            handle.begin()?;
+            let conn = handle.connection()?;
+            conn.execute(
+                "INSERT INTO notes (tokens) VALUES (?1)",
+                [i64::try_from(tokens)?],
+            )?;
+            let id = conn.last_insert_rowid();
+            handle.commit()?;
+            Ok(id)
+        })();
+        notes.close(&mut handle)?;
+        id
+    })
+    .await;
+    match stored {
+        Ok(Ok(id)) => (
+            StatusCode::OK,
+            format!("note {id}: {tokens} tokens summarized after waiting {waited:?}\n"),
+        ),
+        Ok(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}\n")),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+    }
+}
+
+/// `GET path` on a new connection to `addr`: the status and the body.
+async fn get_once(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    use http_body_util::{BodyExt as _, Empty};
+
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let (mut send, conn) = hyper::client::conn::http1::handshake(io).await?;
+    let conn = tokio::spawn(conn);
+    let request = hyper::Request::get(path)
+        .header("host", addr.to_string())
+        .body(Empty::<bytes::Bytes>::new())?;
+    let response = send.send_request(request).await?;
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await?.to_bytes();
+    drop(send);
+    conn.await??;
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// Serves `router` on a free loopback port; the address and the server's task.
+async fn serve_on_free_port(
+    router: Router,
+) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>)> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    Ok((
+        addr,
+        tokio::spawn(axum::serve(listener, router).into_future()),
+    ))
+}
+
+/// `requests` concurrent requests against a server of its own; the statuses, in order.
+async fn self_test(monitor: &Monitor, dir: &Path, requests: usize) -> anyhow::Result<Vec<u16>> {
+    let (router, _) = app(monitor, dir)?;
+    let (addr, server) = serve_on_free_port(router).await?;
+    let calls: Vec<_> = (0..requests)
+        .map(|i| {
+            tokio::spawn(get_once(
+                addr,
+                if i % 2 == 0 {
+                    "/summarize?tokens=400"
+                } else {
+                    "/summarize"
+                },
+            ))
+        })
+        .collect();
+    let mut statuses = Vec::with_capacity(requests);
+    for call in calls {
+        let (status, body) = call.await??;
+        print!("{status} {body}");
+        statuses.push(status);
+    }
+    server.abort();
+    Ok(statuses)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let monitor = Monitor::new();
+    let dir = tempfile::tempdir().context("a directory for the notes database")?;
+    if let Some(requests) = args.self_test {
+        let statuses = self_test(&monitor, dir.path(), requests).await?;
+        let admitted = statuses.iter().filter(|s| **s == 200).count();
+        println!("{admitted} of {requests} admitted and answered");
+        monitor.stop();
+        anyhow::ensure!(
+            admitted == requests,
+            "every request should have been admitted"
+        );
+        return Ok(());
+    }
+    let (router, _) = app(&monitor, dir.path())?;
+    let listener = TcpListener::bind(args.addr)
+        .await
+        .with_context(|| format!("listening on {}", args.addr))?;
+    println!(
+        "listening on http://{}; try: curl -i 'http://{}/summarize?tokens=800'",
+        args.addr, args.addr
+    );
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    monitor.stop();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_requests_are_all_admitted_and_stored_once_each() {
+        let monitor = Monitor::new();
+        let dir = tempfile::tempdir().unwrap();
+        let statuses = self_test(&monitor, dir.path(), 12).await.unwrap();
+        assert_eq!(statuses, vec![200; 12]);
+        let (_, app) = app(&monitor, dir.path()).unwrap();
+        let rows: i64 = app
+            .notes
+            .pool()
+            .get()
+            .unwrap()
+            .query_row("SELECT COUNT(*) FROM notes", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, 12);
+        assert_eq!(app.notes.admission().in_use(), 0);
+        monitor.stop();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_bad_or_impossible_request_is_refused_with_its_status() {
+        let monitor = Monitor::new();
+        let dir = tempfile::tempdir().unwrap();
+        let (router, app) = app(&monitor, dir.path()).unwrap();
+        let (addr, server) = serve_on_free_port(router).await.unwrap();
+
+        let (status, body) = get_once(addr, "/summarize?tokens=many").await.unwrap();
+        assert_eq!(
+            (status, body.as_str()),
+            (400, "admission refused: invalid\n")
+        );
+        // More tokens than the model's whole minute: it can never fit.
+        let (status, body) = get_once(addr, "/summarize?tokens=100000").await.unwrap();
+        assert_eq!(
+            (status, body.as_str()),
+            (503, "admission refused: too_large\n")
+        );
+        let (status, body) = get_once(addr, "/summarize?tokens=100").await.unwrap();
+        assert_eq!(status, 200);
+        assert!(body.starts_with("note 1: 100 tokens summarized"), "{body}");
+        assert_eq!(app.notes.admission().in_use(), 0);
+        server.abort();
+        monitor.stop();
+    }
+}
