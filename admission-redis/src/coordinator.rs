@@ -15,6 +15,7 @@ use crate::error::{
     QuotaKind, Unavailable,
 };
 use crate::lease::{FencingToken, Lease, Occupancy, Outcome};
+use crate::renewal::Renewals;
 use crate::wake::{StreamId, Wakeups};
 
 /// The one Lua program of every transition (see `lease.lua`).
@@ -59,12 +60,19 @@ pub struct RedisAdmission {
 pub(crate) struct Inner {
     pub(crate) config: RedisAdmissionConfig,
     pub(crate) fingerprint: String,
-    keys: [String; 8],
+    keys: [String; 5],
     pub(crate) conn: ConnectionManager,
     pub(crate) client: Client,
     script: redis::Script,
     pub(crate) wakeups: Wakeups,
+    pub(crate) renewals: Arc<Renewals>,
     pub(crate) events_key: String,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.renewals.close();
+    }
 }
 
 /// The Lua program behind every transition, as sent to Redis (for review, and for comparing its
@@ -195,11 +203,8 @@ impl RedisAdmission {
             .map_err(unavailable("connect"))?;
         let fingerprint = config.fingerprint();
         let tag = format!("{}:{{{}}}", config.key_prefix, config.cell);
-        let keys = [
-            "cfg", "occ", "exp", "rec", "token", "ovr", "events", "quota",
-        ]
-        .map(|k| format!("{tag}:{k}"));
-        let events_key = keys[6].clone();
+        let keys = ["cfg", "occ", "exp", "events", "quota"].map(|k| format!("{tag}:{k}"));
+        let events_key = keys[3].clone();
         let inner = Arc::new(Inner {
             config,
             fingerprint,
@@ -208,6 +213,7 @@ impl RedisAdmission {
             client,
             script: redis::Script::new(SCRIPT),
             wakeups: Wakeups::default(),
+            renewals: Arc::default(),
             events_key,
         });
         let admission = RedisAdmission { inner };
@@ -404,8 +410,6 @@ impl RedisAdmission {
                 let lease = Lease::start(
                     self.inner.clone(),
                     request,
-                    tenant,
-                    backend,
                     FencingToken(int(&reply, 1)),
                     int(&reply, 2),
                     occupancy,
@@ -736,18 +740,56 @@ impl Inner {
         })
     }
 
+    /// Renews every `(id, token)` in one script call; one answer per lease, in order.
+    pub(crate) async fn renew_many(
+        &self,
+        leases: &[(&str, FencingToken)],
+    ) -> Result<Vec<Result<(), LeaseError>>, LeaseError> {
+        let ttl = self.config.lease_ttl.as_millis().to_string();
+        let reap = self.config.reap_batch.to_string();
+        let tokens: Vec<String> = leases
+            .iter()
+            .map(|(_, token)| token.0.to_string())
+            .collect();
+        let mut args: Vec<&str> = vec!["renew", &ttl, &reap];
+        for ((id, _), token) in leases.iter().zip(&tokens) {
+            args.push(id);
+            args.push(token);
+        }
+        let reply = self.call(&args).await.map_err(unavailable("renew"))?;
+        match reply.first().map(String::as_str) {
+            Some("OK") if reply.len() == 3 + leases.len() => {}
+            Some("MISMATCH") => {
+                return Err(LeaseError::Mismatch {
+                    stored: reply[1].clone(),
+                });
+            }
+            _ => {
+                return Err(LeaseError::Unavailable(unexpected_unavailable(
+                    "renew", &reply,
+                )));
+            }
+        }
+        Ok(leases
+            .iter()
+            .zip(&reply[3..])
+            .map(|((id, token), word)| match word.as_str() {
+                "OK" => Ok(()),
+                "LOST" => Err(LeaseError::Lost {
+                    lease: id.to_string(),
+                }),
+                stale => Err(LeaseError::Stale {
+                    lease: id.to_string(),
+                    token: token.0,
+                    current: stale.trim_start_matches("STALE:").parse().unwrap_or(0),
+                }),
+            })
+            .collect())
+    }
+
     pub(crate) async fn renew(&self, id: &str, token: FencingToken) -> Result<(), LeaseError> {
-        let reply = self
-            .call(&[
-                "renew",
-                id,
-                &token.0.to_string(),
-                &self.config.lease_ttl.as_millis().to_string(),
-                &self.config.reap_batch.to_string(),
-            ])
-            .await
-            .map_err(unavailable("renew"))?;
-        lease_reply(id, token, &reply).map(|_| ())
+        let mut answers = self.renew_many(&[(id, token)]).await?;
+        answers.pop().unwrap_or(Ok(()))
     }
 
     pub(crate) async fn release(

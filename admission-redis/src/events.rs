@@ -49,6 +49,11 @@ impl FleetEvent {
                 .unwrap_or_default()
         };
         let int = |name: &str| -> u64 { text(name).parse().unwrap_or(0) };
+        let occupancy: Vec<u64> = text("occupancy")
+            .split(' ')
+            .map(|n| n.parse().unwrap_or(0))
+            .collect();
+        let at = |i: usize| occupancy.get(i).copied().unwrap_or(0);
         FleetEvent {
             id,
             schema: text("v"),
@@ -63,11 +68,11 @@ impl FleetEvent {
             outcome: text("outcome"),
             policy_version: int("policy"),
             occupancy: Occupancy {
-                service_bytes: int("service_bytes"),
-                service_transfers: int("service_transfers"),
-                tenant_bytes: int("tenant_bytes"),
-                tenant_transfers: int("tenant_transfers"),
-                backend_transfers: int("backend_transfers"),
+                service_bytes: at(0),
+                service_transfers: at(1),
+                tenant_bytes: at(2),
+                tenant_transfers: at(3),
+                backend_transfers: at(4),
             },
         }
     }

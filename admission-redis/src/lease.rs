@@ -4,14 +4,15 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+
+use std::sync::atomic::Ordering;
 
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::coordinator::{Inner, LeaseRequest, int};
 use crate::error::LeaseError;
+use crate::renewal::Entry;
 
 /// A fencing token: issued with each lease, greater than every token the cell issued before.
 ///
@@ -152,10 +153,8 @@ pub struct Lease {
     token: FencingToken,
     policy_version: u64,
     occupancy: Occupancy,
-    operation: String,
+    entry: Arc<Entry>,
     loss: watch::Receiver<Option<LossReason>>,
-    report: Arc<watch::Sender<Option<LossReason>>>,
-    renewer: JoinHandle<()>,
     runtime: tokio::runtime::Handle,
     released: bool,
 }
@@ -172,39 +171,34 @@ impl fmt::Debug for Lease {
 }
 
 impl Lease {
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         inner: Arc<Inner>,
         request: &LeaseRequest,
-        _tenant: String,
-        _backend: String,
         token: FencingToken,
         policy_version: u64,
         occupancy: Occupancy,
         sent: Instant,
     ) -> Lease {
-        let (tx, loss) = watch::channel(None);
-        let tx = Arc::new(tx);
-        let renewer = tokio::spawn(renew(
-            inner.clone(),
+        let config = &inner.config;
+        let entry = Arc::new(Entry::new(
             request.id.clone(),
-            request.operation.clone(),
             token,
-            sent,
-            tx.clone(),
+            request.operation.clone(),
+            sent + config.lease_ttl,
         ));
+        inner
+            .renewals
+            .schedule(&inner, entry.clone(), sent + config.renew_every);
         Lease {
-            inner,
             id: request.id.clone(),
             token,
             policy_version,
             occupancy,
-            operation: request.operation.clone(),
-            loss,
-            report: tx,
-            renewer,
+            loss: entry.loss.subscribe(),
+            entry,
             runtime: tokio::runtime::Handle::current(),
             released: false,
+            inner,
         }
     }
 
@@ -260,18 +254,15 @@ impl Lease {
     /// [`LeaseError::Lost`] or [`LeaseError::Stale`] (the lease is then reported lost, as by a
     /// background renewal), [`LeaseError::Unavailable`] when Redis fails.
     pub async fn renew_now(&self) -> Result<(), LeaseError> {
+        let sent = Instant::now();
         let result = self.inner.renew(&self.id, self.token).await;
         match &result {
-            Err(LeaseError::Lost { .. }) => {
-                report(&self.report, &self.id, &self.operation, LossReason::Lost)
+            Ok(()) => self.entry.renewed(sent, self.inner.config.lease_ttl),
+            Err(LeaseError::Lost { .. }) => self.entry.lose(LossReason::Lost),
+            Err(LeaseError::Stale { current, .. }) => {
+                self.entry.lose(LossReason::Stale { current: *current });
             }
-            Err(LeaseError::Stale { current, .. }) => report(
-                &self.report,
-                &self.id,
-                &self.operation,
-                LossReason::Stale { current: *current },
-            ),
-            _ => {}
+            Err(_) => {}
         }
         result
     }
@@ -285,7 +276,7 @@ impl Lease {
     /// then takes the lease back).
     pub async fn release(mut self, outcome: Outcome) -> Result<(), LeaseError> {
         self.released = true;
-        self.renewer.abort();
+        self.entry.done.store(true, Ordering::Release);
         self.inner.release(&self.id, self.token, outcome).await
     }
 }
@@ -295,82 +286,13 @@ impl Drop for Lease {
         if self.released {
             return;
         }
-        self.renewer.abort();
+        self.entry.done.store(true, Ordering::Release);
         let inner = self.inner.clone();
-        let id = std::mem::take(&mut self.id);
-        let token = self.token;
-        let operation = std::mem::take(&mut self.operation);
+        let entry = self.entry.clone();
         self.runtime.spawn(async move {
-            if let Err(error) = inner.release(&id, token, Outcome::Interrupted).await {
-                tracing::debug!(%error, lease = %id, operation = %operation, "admission-redis: release on drop failed; the TTL takes the lease back");
+            if let Err(error) = inner.release(&entry.id, entry.token, Outcome::Interrupted).await {
+                tracing::debug!(%error, lease = %entry.id, operation = %entry.operation, "admission-redis: release on drop failed; the TTL takes the lease back");
             }
         });
     }
-}
-
-/// The background renewal of one lease.
-async fn renew(
-    inner: Arc<Inner>,
-    id: String,
-    operation: String,
-    token: FencingToken,
-    sent: Instant,
-    loss: Arc<watch::Sender<Option<LossReason>>>,
-) {
-    let ttl = inner.config.lease_ttl;
-    let every = inner.config.renew_every;
-    let retry = (every / 4).max(Duration::from_millis(50));
-    let mut deadline = sent + ttl;
-    let mut next = sent + every;
-    loop {
-        tokio::time::sleep_until(next.min(deadline)).await;
-        let attempt = Instant::now();
-        if attempt >= deadline {
-            report(
-                &loss,
-                &id,
-                &operation,
-                LossReason::Unrenewed {
-                    last_error: "no renewal in time".into(),
-                },
-            );
-            return;
-        }
-        match inner.renew(&id, token).await {
-            Ok(()) => {
-                deadline = attempt + ttl;
-                next = attempt + every;
-            }
-            Err(LeaseError::Lost { .. }) => {
-                return report(&loss, &id, &operation, LossReason::Lost);
-            }
-            Err(LeaseError::Stale { current, .. }) => {
-                return report(&loss, &id, &operation, LossReason::Stale { current });
-            }
-            Err(error) => {
-                if Instant::now() + retry >= deadline {
-                    let last_error = error.to_string();
-                    tokio::time::sleep_until(deadline).await;
-                    return report(&loss, &id, &operation, LossReason::Unrenewed { last_error });
-                }
-                tracing::debug!(%error, lease = %id, "admission-redis: renewal failed; retrying");
-                next = Instant::now() + retry;
-            }
-        }
-    }
-}
-
-fn report(loss: &watch::Sender<Option<LossReason>>, id: &str, operation: &str, reason: LossReason) {
-    if loss.borrow().is_some() {
-        return; // reported once
-    }
-    tracing::warn!(lease = %id, operation = %operation, reason = %reason, "admission-redis: lease lost");
-    #[cfg(feature = "metrics")]
-    metrics::counter!(
-        "admission_redis_leases_lost_total",
-        "operation" => operation.to_string(),
-        "outcome" => reason.label(),
-    )
-    .increment(1);
-    loss.send_replace(Some(reason));
 }

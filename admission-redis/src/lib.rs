@@ -14,9 +14,10 @@
 //!
 //! Every key of a cell is `<prefix>:{<cell>}:<name>`, so the cell id is the Redis Cluster hash
 //! tag and a whole transition stays in one slot: `cfg` (ceilings, config fingerprint, policy
-//! version), `occ` (occupancy counters), `exp` (lease expiries, a sorted set on server time),
-//! `rec` (lease records), `token` (the last fencing token), `ovr` (tenant overrides), `events`
-//! (the stream), `quota` (per-tenant traffic windows). Tenant and backend ids appear only as
+//! version, tenant overrides), `occ` (occupancy counters, lease records, the last fencing
+//! token), `exp` (lease expiries, a sorted set on server time), `events` (the stream), `quota`
+//! (per-tenant traffic windows). An acquisition reads and writes each hash once: seven Redis
+//! calls inside one script call. Tenant and backend ids appear only as
 //! SHA-256 hex digests ([`hashed_id`]); raw tenant ids never reach Redis, events or metric labels.
 //!
 //! # Events (`admission-event-v1`)
@@ -25,9 +26,9 @@
 //! `events_max_len`) with fields `v` (`admission-event-v1`), `kind` (`admitted`, `queued`,
 //! `timed_out`, `completed`, `interrupted`, `failed`, `expired`, `policy_changed`), `time_ms`
 //! (server time), `lease`, `token`, `tenant` and `backend` (digests), `footprint`, `operation`,
-//! `outcome`, `policy`, and the occupancy after the transition: `service_bytes`,
-//! `service_transfers`, `tenant_bytes`, `tenant_transfers`, `backend_transfers`. [`read_events`]
-//! parses them.
+//! `outcome`, `policy`, and `occupancy`, the five counters after the transition separated by
+//! spaces (service bytes, service transfers, tenant bytes, tenant transfers, backend transfers).
+//! [`read_events`] parses them.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -37,6 +38,7 @@ mod error;
 mod events;
 mod lease;
 mod local;
+mod renewal;
 mod wake;
 
 pub use config::{Ceilings, EvictionCheck, Quotas, RedisAdmissionConfig, Secret, TenantMode, Tls};

@@ -1,0 +1,248 @@
+//! Renewing every lease of a provider instance from one task, in batches: the leases due at one
+//! moment are renewed by one script call, so a process holding hundreds of leases makes a few
+//! round trips per renewal interval, not hundreds, and an acquisition spawns nothing.
+//!
+//! Each lease is an [`Entry`] in a map ordered by when it is next due. The task sleeps until the
+//! earliest, renews everything due, and puts each entry back at its next time: `sent +
+//! renew_every` after a success, a short retry after a transient failure, never past the
+//! conservative local deadline (send time of the last success + TTL), at which the lease is
+//! reported lost as [`LossReason::Unrenewed`]. A Redis answer that the lease is gone or stale is
+//! reported at once.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::coordinator::Inner;
+use crate::error::LeaseError;
+use crate::lease::{FencingToken, LossReason};
+
+/// Most leases renewed by one script call.
+const BATCH: usize = 256;
+
+/// One held lease, as the renewal task sees it.
+pub(crate) struct Entry {
+    pub(crate) id: String,
+    pub(crate) token: FencingToken,
+    pub(crate) operation: String,
+    pub(crate) loss: watch::Sender<Option<LossReason>>,
+    /// Set when the holder released or dropped the lease: the task forgets it.
+    pub(crate) done: AtomicBool,
+    timing: Mutex<Timing>,
+}
+
+struct Timing {
+    /// Past this instant the lease may have expired on the server.
+    deadline: Instant,
+    last_error: Option<String>,
+}
+
+impl Entry {
+    pub(crate) fn new(
+        id: String,
+        token: FencingToken,
+        operation: String,
+        deadline: Instant,
+    ) -> Entry {
+        Entry {
+            id,
+            token,
+            operation,
+            loss: watch::channel(None).0,
+            done: AtomicBool::new(false),
+            timing: Mutex::new(Timing {
+                deadline,
+                last_error: None,
+            }),
+        }
+    }
+
+    /// A renewal sent at `sent` succeeded.
+    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
+        let mut timing = self.timing.lock();
+        timing.deadline = timing.deadline.max(sent + ttl);
+        timing.last_error = None;
+    }
+
+    /// Reports the loss once (a `warn` line, the metric, the holder's future); nothing for a
+    /// lease its holder already gave up.
+    pub(crate) fn lose(&self, reason: LossReason) {
+        if self.done.load(Ordering::Acquire) || self.loss.borrow().is_some() {
+            return;
+        }
+        tracing::warn!(lease = %self.id, operation = %self.operation, reason = %reason, "admission-redis: lease lost");
+        #[cfg(feature = "metrics")]
+        metrics::counter!(
+            "admission_redis_leases_lost_total",
+            "operation" => self.operation.clone(),
+            "outcome" => reason.label(),
+        )
+        .increment(1);
+        self.loss.send_replace(Some(reason));
+    }
+}
+
+/// The renewal schedule of one provider instance.
+#[derive(Default)]
+pub(crate) struct Renewals {
+    state: Mutex<State>,
+    wake: Notify,
+    closed: AtomicBool,
+}
+
+#[derive(Default)]
+struct State {
+    /// Entries by when they are next due (ties broken by insertion order).
+    due: BTreeMap<(Instant, u64), Arc<Entry>>,
+    seq: u64,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Renewals {
+    /// Schedules `entry` for `next`, starting the task on the current runtime if it is not
+    /// running.
+    pub(crate) fn schedule(self: &Arc<Self>, inner: &Arc<Inner>, entry: Arc<Entry>, next: Instant) {
+        let mut state = self.state.lock();
+        let earliest = state.due.keys().next().map(|(at, _)| *at);
+        state.seq += 1;
+        let seq = state.seq;
+        state.due.insert((next, seq), entry);
+        if state.task.as_ref().is_none_or(JoinHandle::is_finished) {
+            state.task = Some(tokio::spawn(run(self.clone(), Arc::downgrade(inner))));
+        } else if earliest.is_none_or(|at| next < at) {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Ends the task (the provider's last clone is gone).
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.wake.notify_one();
+    }
+
+    /// The earliest due time among live entries, dropping released ones at the front.
+    fn next_due(&self) -> Option<Instant> {
+        let mut state = self.state.lock();
+        while let Some(entry) = state.due.first_entry() {
+            if entry.get().done.load(Ordering::Acquire) {
+                entry.remove();
+            } else {
+                return Some(entry.key().0);
+            }
+        }
+        None
+    }
+
+    /// Takes up to [`BATCH`] live entries due by `now`.
+    fn take_due(&self, now: Instant) -> Vec<Arc<Entry>> {
+        let mut state = self.state.lock();
+        let mut taken = Vec::new();
+        while taken.len() < BATCH {
+            match state.due.first_entry() {
+                Some(entry) if entry.key().0 <= now => {
+                    let entry = entry.remove();
+                    if !entry.done.load(Ordering::Acquire) {
+                        taken.push(entry);
+                    }
+                }
+                _ => break,
+            }
+        }
+        taken
+    }
+
+    fn put_back(&self, entry: Arc<Entry>, next: Instant) {
+        let mut state = self.state.lock();
+        state.seq += 1;
+        let seq = state.seq;
+        state.due.insert((next, seq), entry);
+    }
+}
+
+async fn run(renewals: Arc<Renewals>, inner: Weak<Inner>) {
+    loop {
+        let notified = renewals.wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if renewals.closed.load(Ordering::Acquire) {
+            return;
+        }
+        match renewals.next_due() {
+            None => notified.await,
+            Some(at) if at > Instant::now() => {
+                tokio::select! {
+                    () = notified => {}
+                    () = tokio::time::sleep_until(at) => {}
+                }
+            }
+            Some(_) => {
+                let Some(inner) = inner.upgrade() else { return };
+                let batch = renewals.take_due(Instant::now());
+                renew(&inner, &renewals, batch).await;
+            }
+        }
+    }
+}
+
+/// Renews one batch and reschedules or reports each entry.
+async fn renew(inner: &Inner, renewals: &Renewals, batch: Vec<Arc<Entry>>) {
+    let ttl = inner.config.lease_ttl;
+    let every = inner.config.renew_every;
+    let retry = (every / 4).max(Duration::from_millis(50));
+    let now = Instant::now();
+    let mut live = Vec::with_capacity(batch.len());
+    for entry in batch {
+        let timing = entry.timing.lock();
+        if now >= timing.deadline {
+            let last_error = timing
+                .last_error
+                .clone()
+                .unwrap_or_else(|| "no renewal in time".into());
+            drop(timing);
+            entry.lose(LossReason::Unrenewed { last_error });
+        } else {
+            drop(timing);
+            live.push(entry);
+        }
+    }
+    if live.is_empty() {
+        return;
+    }
+    let pairs: Vec<(&str, FencingToken)> = live.iter().map(|e| (e.id.as_str(), e.token)).collect();
+    let sent = Instant::now();
+    match inner.renew_many(&pairs).await {
+        Ok(answers) => {
+            for (entry, answer) in live.into_iter().zip(answers) {
+                match answer {
+                    Ok(()) => {
+                        entry.renewed(sent, ttl);
+                        renewals.put_back(entry, sent + every);
+                    }
+                    Err(LeaseError::Stale { current, .. }) => {
+                        entry.lose(LossReason::Stale { current })
+                    }
+                    Err(_) => entry.lose(LossReason::Lost),
+                }
+            }
+        }
+        Err(error) => {
+            tracing::debug!(%error, leases = live.len(), "admission-redis: renewal failed; retrying");
+            let text = error.to_string();
+            let now = Instant::now();
+            for entry in live {
+                let next = {
+                    let mut timing = entry.timing.lock();
+                    timing.last_error = Some(text.clone());
+                    (now + retry).min(timing.deadline)
+                };
+                renewals.put_back(entry, next);
+            }
+        }
+    }
+}
