@@ -669,6 +669,13 @@ impl RedisAdmission {
         }
     }
 
+    /// Runs the background renewal now for every lease this instance holds (one batched call),
+    /// instead of when each falls due. For tests (feature `test-util`).
+    #[cfg(feature = "test-util")]
+    pub async fn renew_all_now(&self) {
+        crate::renewal::renew_all_now(&self.inner).await;
+    }
+
     /// The events stream's key (read it with `XRANGE`/`XREAD`; records follow the
     /// `admission-event-v1` schema described in the crate docs).
     pub fn events_key(&self) -> &str {

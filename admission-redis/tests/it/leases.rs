@@ -631,6 +631,58 @@ async fn a_renewed_lease_outlives_its_first_ttl_and_an_unrenewed_one_is_reaped_o
 }
 
 #[tokio::test]
+async fn the_background_renewal_renews_every_lease_in_one_call_and_reports_the_lost_one() {
+    let Some((host, port)) = server("batch_renewal") else {
+        return;
+    };
+    let cell = cell("batch_renewal");
+    let fleet = connect(config(&host, port, &cell, ceilings(100, 4, 100, 4, 4))).await;
+    let mut leases = Vec::new();
+    for i in 0..3 {
+        leases.push(
+            fleet
+                .try_acquire(&LeaseRequest::new(format!("b{i}"), "t", "d", 10, "upload"))
+                .await
+                .expect("fits"),
+        );
+    }
+    // One of the three is released behind its holder's back.
+    fleet
+        .release_lease("b1", leases[1].token(), Outcome::Failed)
+        .await
+        .expect("released");
+    // Two server seconds, the background renewal (all three in one call), two more seconds:
+    // four seconds after admission, past the 3 s TTL, the two renewed leases are still held.
+    fleet
+        .advance_server_clock(Duration::from_secs(2))
+        .await
+        .expect("skew");
+    fleet.renew_all_now().await;
+    fleet
+        .advance_server_clock(Duration::from_secs(2))
+        .await
+        .expect("skew");
+    let snapshot = fleet.snapshot("t", "d").await.expect("snapshot");
+    assert_eq!(
+        (
+            snapshot.leases,
+            snapshot.reaped,
+            snapshot.occupancy.service_bytes
+        ),
+        (2, 0, 20)
+    );
+    assert_eq!(leases[1].loss(), Some(LossReason::Lost));
+    assert_eq!((leases[0].loss(), leases[2].loss()), (None, None));
+    // Without another renewal, two more seconds reap both.
+    fleet
+        .advance_server_clock(Duration::from_secs(2))
+        .await
+        .expect("skew");
+    let snapshot = fleet.snapshot("t", "d").await.expect("snapshot");
+    assert_eq!((snapshot.leases, snapshot.reaped), (0, 2));
+}
+
+#[tokio::test]
 async fn an_externally_released_lease_is_lost_to_its_holder_and_a_stale_holder_cannot_touch_the_new_one()
  {
     let Some((host, port)) = server("stale") else {
@@ -666,6 +718,11 @@ async fn an_externally_released_lease_is_lost_to_its_holder_and_a_stale_holder_c
         "{stale}"
     );
     let old_token = old.token();
+    let stale = old.renew_now().await.unwrap_err();
+    assert!(
+        matches!(stale, LeaseError::Stale { current, .. } if current == new.token().0),
+        "{stale}"
+    );
     let stale = old.release(Outcome::Completed).await.unwrap_err();
     assert!(matches!(stale, LeaseError::Stale { .. }));
     // The new lease was not touched: still held, with its 20 bytes.
