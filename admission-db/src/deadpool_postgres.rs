@@ -142,7 +142,7 @@ impl DeadpoolPostgresProvider {
             Ok(Err(e)) => return Err(self.pool_error(e.to_string(), matches_timeout(&e))),
             Err(_) => return Err(self.pool_error("timed out".to_owned(), true)),
         };
-        self.metrics.checked_out(started, pool_state(&self.pool));
+        self.metrics.checked_out(started, || pool_state(&self.pool));
         let token = obj.cancel_token();
         let aborted = Arc::new(AtomicBool::new(false));
         let cancel = Arc::new(Mutex::new(Cancel::default()));
@@ -189,7 +189,7 @@ impl DeadpoolPostgresProvider {
         if !timed_out {
             return DbError::database(self.name(), "acquire", message);
         }
-        self.metrics.timed_out(pool_state(&self.pool));
+        self.metrics.timed_out(|| pool_state(&self.pool));
         let status = self.pool.status();
         DbError::PoolTimeout {
             provider: self.name().to_owned(),
@@ -267,7 +267,7 @@ pub struct DeadpoolHandle {
     pool: Pool,
     metrics: PoolMetrics,
     /// When the pool handed the session out (the provider's clock), for `use_time`.
-    handed_out: admission_core::Instant,
+    handed_out: crate::metrics::Stamp,
 }
 
 /// An abort's cancel request, and whether the handle closed (after which abort sends none).
@@ -437,7 +437,8 @@ impl DeadpoolHandle {
             drop(obj);
         }
         self.in_transaction = false;
-        self.metrics.closed(self.handed_out, pool_state(&self.pool));
+        self.metrics
+            .closed(self.handed_out, || pool_state(&self.pool));
     }
 }
 

@@ -22,7 +22,7 @@
 
 use std::sync::Arc;
 
-use admission_core::{Clock, Instant};
+use admission_core::Clock;
 
 /// `db.client.connection.count`, label `state` = `idle` | `used`.
 pub const CONNECTION_COUNT: &str = "db.client.connection.count";
@@ -49,7 +49,17 @@ pub(crate) struct PoolState {
     pub(crate) pending: Option<u32>,
 }
 
-/// One provider's metrics hook: the providers call it at checkout, close and timeout.
+/// An instant on the provider's clock, where a duration starts (a checkout, a handed-out
+/// connection); without feature `metrics` it holds nothing and reading it costs nothing.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Stamp {
+    #[cfg(feature = "metrics")]
+    at: admission_core::Instant,
+}
+
+/// One provider's metrics hook: the providers call it at checkout, close and timeout. The pool's
+/// state is passed as a closure, read only when something records it: without feature `metrics`
+/// a hook neither reads the clock nor locks the pool.
 #[derive(Clone)]
 pub(crate) struct PoolMetrics {
     /// The `pool.name` label.
@@ -67,41 +77,44 @@ impl PoolMetrics {
     }
 
     /// The instant a checkout starts or a connection is handed out.
-    pub(crate) fn now(&self) -> Instant {
-        self.clock.now()
+    pub(crate) fn now(&self) -> Stamp {
+        Stamp {
+            #[cfg(feature = "metrics")]
+            at: self.clock.now(),
+        }
     }
 
-    /// A checkout that began at `started` succeeded; the pool is now in `state`.
-    pub(crate) fn checked_out(&self, started: Instant, state: PoolState) {
+    /// A checkout that began at `started` succeeded; the pool is now in `state()`.
+    pub(crate) fn checked_out(&self, started: Stamp, state: impl FnOnce() -> PoolState) {
         #[cfg(feature = "metrics")]
         {
-            let waited = self.now().saturating_duration_since(started);
+            let waited = self.clock.now().saturating_duration_since(started.at);
             ::metrics::histogram!(WAIT_TIME, POOL_NAME => self.name.clone()).record(waited);
-            self.gauges(state);
+            self.gauges(state());
         }
         #[cfg(not(feature = "metrics"))]
         let _ = (started, state);
     }
 
-    /// A checkout timed out; the pool is now in `state`.
-    pub(crate) fn timed_out(&self, state: PoolState) {
+    /// A checkout timed out; the pool is now in `state()`.
+    pub(crate) fn timed_out(&self, state: impl FnOnce() -> PoolState) {
         #[cfg(feature = "metrics")]
         {
             ::metrics::counter!(TIMEOUTS, POOL_NAME => self.name.clone()).increment(1);
-            self.gauges(state);
+            self.gauges(state());
         }
         #[cfg(not(feature = "metrics"))]
         let _ = state;
     }
 
     /// A connection handed out at `handed_out` went back (or was discarded); the pool is now in
-    /// `state`.
-    pub(crate) fn closed(&self, handed_out: Instant, state: PoolState) {
+    /// `state()`.
+    pub(crate) fn closed(&self, handed_out: Stamp, state: impl FnOnce() -> PoolState) {
         #[cfg(feature = "metrics")]
         {
-            let used = self.now().saturating_duration_since(handed_out);
+            let used = self.clock.now().saturating_duration_since(handed_out.at);
             ::metrics::histogram!(USE_TIME, POOL_NAME => self.name.clone()).record(used);
-            self.gauges(state);
+            self.gauges(state());
         }
         #[cfg(not(feature = "metrics"))]
         let _ = (handed_out, state);

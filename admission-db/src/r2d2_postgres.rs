@@ -185,7 +185,7 @@ impl R2d2PostgresProvider {
     pub fn checkout(&self, read_only: bool) -> Result<PgHandle, DbError> {
         let started = self.metrics.now();
         let mut conn = self.pool.get_timeout(self.checkout_timeout).map_err(|e| {
-            self.metrics.timed_out(pool_state(&self.pool));
+            self.metrics.timed_out(|| pool_state(&self.pool));
             let state = self.pool.state();
             DbError::Checkout {
                 provider: self.name().to_owned(),
@@ -196,7 +196,7 @@ impl R2d2PostgresProvider {
                 message: e.to_string(),
             }
         })?;
-        self.metrics.checked_out(started, pool_state(&self.pool));
+        self.metrics.checked_out(started, || pool_state(&self.pool));
         let handed_out = self.metrics.now();
         let handed_read_only = conn.read_only;
         if handed_read_only != read_only {
@@ -314,7 +314,7 @@ pub struct PgHandle {
     pool: Pool<PgManager>,
     metrics: PoolMetrics,
     /// When the pool handed the session out (the provider's clock), for `use_time`.
-    handed_out: admission_core::Instant,
+    handed_out: crate::metrics::Stamp,
 }
 
 impl PgHandle {
@@ -453,7 +453,8 @@ impl DbHandle for PgHandle {
             first.get_or_insert(DbError::database(name, "close", e));
         }
         drop(conn);
-        self.metrics.closed(self.handed_out, pool_state(&self.pool));
+        self.metrics
+            .closed(self.handed_out, || pool_state(&self.pool));
         first.map_or(Ok(()), Err)
     }
 

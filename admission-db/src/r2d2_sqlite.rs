@@ -1,10 +1,14 @@
 //! The r2d2 provider over rusqlite: one pooled SQLite connection per permit, from acquire to
 //! close.
 //!
-//! The pool is built over [`SqliteManager`], which wraps `r2d2_sqlite`'s manager and treats a
-//! connection still inside a transaction as broken: r2d2 then drops it instead of pooling it, so a
-//! connection never goes back to the pool mid-transaction, whatever happened to its handle.
+//! The pool is built over [`SqliteManager`], which wraps `r2d2_sqlite`'s manager. Its connections
+//! are [`SqliteConnection`]s: a rusqlite connection together with what the provider keeps about
+//! it, so that a checkout asks SQLite nothing the pool's own checkout test has not already asked.
+//! The manager treats a connection still inside a transaction as broken: r2d2 then drops it
+//! instead of pooling it, so a connection never goes back to the pool mid-transaction, whatever
+//! happened to its handle.
 
+use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -16,10 +20,17 @@ use r2d2::{ManageConnection, Pool, PooledConnection};
 use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::{Connection, InterruptHandle};
 
-use crate::metrics::{PoolMetrics, PoolState};
+use crate::metrics::{PoolMetrics, PoolState, Stamp};
 use crate::{Aborter, DbError, DbHandle, DbResourceProvider, ProviderId};
 
 /// `r2d2_sqlite`'s manager, refusing to pool a connection left inside a transaction.
+///
+/// Each connection it opens gets, after the wrapped manager's init, a progress handler that a
+/// handle's abort uses to stop a running statement (see [`SqliteHandle`]); a host must not
+/// replace it on a pooled connection. Its checkout test ([`is_valid`](ManageConnection::is_valid),
+/// run by r2d2 on every checkout unless the pool's `test_on_check_out` is off) runs one statement,
+/// `PRAGMA query_only`, in place of `r2d2_sqlite`'s `SELECT 1`: it proves the connection usable
+/// just as well, and tells the provider the read-only state the pool is handing out.
 #[derive(Debug)]
 pub struct SqliteManager(SqliteConnectionManager);
 
@@ -31,21 +42,81 @@ impl SqliteManager {
 }
 
 impl ManageConnection for SqliteManager {
-    type Connection = Connection;
+    type Connection = SqliteConnection;
     type Error = rusqlite::Error;
 
-    fn connect(&self) -> Result<Connection, rusqlite::Error> {
-        self.0.connect()
+    fn connect(&self) -> Result<SqliteConnection, rusqlite::Error> {
+        let conn = self.0.connect()?;
+        let query_only = read_query_only(&conn)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        conn.progress_handler(PROGRESS_OPS, Some(move || flag.load(Ordering::Acquire)))?;
+        Ok(SqliteConnection {
+            conn,
+            query_only: Some(query_only),
+            stop,
+        })
     }
 
-    fn is_valid(&self, conn: &mut Connection) -> Result<(), rusqlite::Error> {
-        self.0.is_valid(conn)
+    /// Reads `PRAGMA query_only`: the statement that proves the connection usable also records
+    /// the read-only state the pool hands out.
+    fn is_valid(&self, conn: &mut SqliteConnection) -> Result<(), rusqlite::Error> {
+        conn.query_only = None;
+        conn.query_only = Some(read_query_only(&conn.conn)?);
+        Ok(())
     }
 
-    /// A connection outside autocommit (inside a transaction) is discarded, never pooled.
-    fn has_broken(&self, conn: &mut Connection) -> bool {
-        !conn.is_autocommit() || self.0.has_broken(conn)
+    /// A connection outside autocommit (inside a transaction) is discarded, never pooled. Called
+    /// on every return: whoever held the connection may have changed its read-only state, so the
+    /// recorded one is forgotten until the next checkout test reads it again.
+    fn has_broken(&self, conn: &mut SqliteConnection) -> bool {
+        conn.query_only = None;
+        !conn.conn.is_autocommit() || self.0.has_broken(&mut conn.conn)
     }
+}
+
+/// A connection of a [`SqliteManager`] pool: a rusqlite [`Connection`] (it derefs to one) and
+/// what the provider keeps about it.
+///
+/// A host may use it like any connection; it should set `query_only` only on connections it
+/// checked out of the pool itself, never through a handle (whose `read_only` decides it).
+pub struct SqliteConnection {
+    conn: Connection,
+    /// `PRAGMA query_only` as this crate last read or set it; `None` from the connection's return
+    /// to the pool until the next checkout test reads it (a checkout without that test reads it
+    /// then).
+    query_only: Option<bool>,
+    /// Read by the progress handler installed at connect: true stops the running statement. Set
+    /// only by the abort of the handle holding the connection, and cleared before that handle's
+    /// rollback and close.
+    stop: Arc<AtomicBool>,
+}
+
+impl Deref for SqliteConnection {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        &self.conn
+    }
+}
+
+impl DerefMut for SqliteConnection {
+    fn deref_mut(&mut self) -> &mut Connection {
+        &mut self.conn
+    }
+}
+
+impl std::fmt::Debug for SqliteConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteConnection")
+            .field("autocommit", &self.conn.is_autocommit())
+            .field("query_only", &self.query_only)
+            .finish_non_exhaustive()
+    }
+}
+
+fn read_query_only(conn: &Connection) -> rusqlite::Result<bool> {
+    conn.query_row("PRAGMA query_only", [], |row| row.get(0))
 }
 
 /// The checkout timeout unless one is set: under a permit the pool should have a connection at
@@ -95,10 +166,16 @@ const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(5);
 /// ```
 #[derive(Debug)]
 pub struct R2d2SqliteProvider {
-    id: ProviderId,
+    shared: Arc<Shared>,
     gate: Arc<CountingGate>,
-    pool: Pool<SqliteManager>,
     checkout_timeout: Duration,
+}
+
+/// What a provider shares with its handles, behind one `Arc`.
+#[derive(Debug)]
+struct Shared {
+    id: ProviderId,
+    pool: Pool<SqliteManager>,
     metrics: PoolMetrics,
 }
 
@@ -119,11 +196,9 @@ impl R2d2SqliteProvider {
         let gate = id.gate(bound, clock.clone())?;
         let metrics = PoolMetrics::new(id.name().into(), clock);
         Ok(R2d2SqliteProvider {
-            id,
+            shared: Arc::new(Shared { id, pool, metrics }),
             gate,
-            pool,
             checkout_timeout: CHECKOUT_TIMEOUT,
-            metrics,
         })
     }
 
@@ -135,62 +210,70 @@ impl R2d2SqliteProvider {
 
     /// The pool the handles come from.
     pub fn pool(&self) -> &Pool<SqliteManager> {
-        &self.pool
+        &self.shared.pool
     }
 
     /// Connections of the pool checked out now: its size less its idle connections.
     pub fn checked_out(&self) -> u32 {
-        let state = self.pool.state();
+        let state = self.shared.pool.state();
         state.connections.saturating_sub(state.idle_connections)
-    }
-
-    /// The pool's state for the metrics (r2d2 does not count its waiters).
-    fn pool_state(&self) -> PoolState {
-        pool_state(&self.pool)
     }
 
     /// [`acquire`](DbResourceProvider::acquire), typed.
     ///
+    /// The read-only state the pool hands out is the one its checkout test just read (or, with
+    /// that test off, read here); the connection is set to `read_only` only when it differs.
+    ///
     /// # Errors
     ///
     /// [`DbError::Checkout`] naming the pool's size and idle count (r2d2 does not count its
-    /// waiters), or a driver error setting the read-only state.
+    /// waiters), or a driver error reading or setting the read-only state.
     pub fn checkout(&self, read_only: bool) -> Result<SqliteHandle, DbError> {
-        let started = self.metrics.now();
-        let conn = self.pool.get_timeout(self.checkout_timeout).map_err(|e| {
-            self.metrics.timed_out(self.pool_state());
-            let state = self.pool.state();
-            DbError::Checkout {
-                provider: self.name().to_owned(),
-                size: state.connections,
-                idle: state.idle_connections,
-                max_size: self.pool.max_size(),
-                timeout: self.checkout_timeout,
-                message: e.to_string(),
-            }
-        })?;
-        self.metrics.checked_out(started, self.pool_state());
-        let handed_out = self.metrics.now();
-        let name = self.name();
-        let handed_query_only: bool = conn
-            .query_row("PRAGMA query_only", [], |row| row.get(0))
-            .map_err(|e| DbError::database(name, "acquire", e))?;
+        let shared = &self.shared;
+        let started = shared.metrics.now();
+        let mut conn = shared
+            .pool
+            .get_timeout(self.checkout_timeout)
+            .map_err(|e| {
+                shared.metrics.timed_out(|| pool_state(&shared.pool));
+                let state = shared.pool.state();
+                DbError::Checkout {
+                    provider: self.name().to_owned(),
+                    size: state.connections,
+                    idle: state.idle_connections,
+                    max_size: shared.pool.max_size(),
+                    timeout: self.checkout_timeout,
+                    message: e.to_string(),
+                }
+            })?;
+        shared
+            .metrics
+            .checked_out(started, || pool_state(&shared.pool));
+        let handed_out = shared.metrics.now();
+        let fail = |e| DbError::database(self.name(), "acquire", e);
+        let handed_query_only = match conn.query_only {
+            Some(known) => known,
+            None => read_query_only(&conn).map_err(fail)?,
+        };
+        conn.query_only = Some(handed_query_only);
         if handed_query_only != read_only {
-            set_query_only(&conn, read_only).map_err(|e| DbError::database(name, "acquire", e))?;
+            conn.query_only = None;
+            set_query_only(&conn, read_only).map_err(fail)?;
+            conn.query_only = Some(read_only);
         }
-        let aborted = Arc::new(AtomicBool::new(false));
-        let flag = aborted.clone();
-        conn.progress_handler(PROGRESS_OPS, Some(move || flag.load(Ordering::Acquire)))
-            .map_err(|e| DbError::database(name, "acquire", e))?;
+        let abort = Arc::new(AbortState {
+            aborted: AtomicBool::new(false),
+            target: Mutex::new(Some(AbortTarget {
+                interrupt: conn.get_interrupt_handle(),
+                stop: conn.stop.clone(),
+            })),
+        });
         Ok(SqliteHandle {
-            provider: self.id.clone(),
-            interrupt: Arc::new(Mutex::new(Some(conn.get_interrupt_handle()))),
+            shared: shared.clone(),
             conn: Some(conn),
+            abort,
             read_only,
             handed_query_only,
-            aborted,
-            pool: self.pool.clone(),
-            metrics: self.metrics.clone(),
             handed_out,
         })
     }
@@ -206,14 +289,8 @@ fn pool_state(pool: &Pool<SqliteManager>) -> PoolState {
     }
 }
 
-/// How many virtual-machine steps run between two looks at a handle's abort flag.
+/// How many virtual-machine steps run between two looks at a connection's stop flag.
 const PROGRESS_OPS: i32 = 1_000;
-
-/// Removes the abort check, so that the rollback after an abort runs and a pooled connection
-/// keeps no closure of a closed handle.
-fn disarm(conn: &Connection) {
-    let _ = conn.progress_handler(0, None::<fn() -> bool>);
-}
 
 fn set_query_only(conn: &Connection, on: bool) -> rusqlite::Result<()> {
     conn.execute_batch(if on {
@@ -225,7 +302,7 @@ fn set_query_only(conn: &Connection, on: bool) -> rusqlite::Result<()> {
 
 impl DbResourceProvider for R2d2SqliteProvider {
     fn id(&self) -> &ProviderId {
-        &self.id
+        &self.shared.id
     }
 
     fn admission(&self) -> &Arc<CountingGate> {
@@ -237,35 +314,46 @@ impl DbResourceProvider for R2d2SqliteProvider {
     }
 }
 
+/// A handle's abort state, shared with its [`Aborter`]s.
+struct AbortState {
+    /// Set by `abort`, from any thread: every verb but `rollback` and `close` is refused.
+    aborted: AtomicBool,
+    /// What `abort` stops; `None` once closed, since the connection may then serve another job
+    /// (an abort after close stops nothing).
+    target: Mutex<Option<AbortTarget>>,
+}
+
+/// The connection a live handle holds, as its abort reaches it.
+struct AbortTarget {
+    interrupt: InterruptHandle,
+    /// The connection's stop flag, read by its progress handler.
+    stop: Arc<AtomicBool>,
+}
+
 /// One pooled rusqlite connection held under a permit.
 ///
 /// [`await_completion`](DbHandle::await_completion) is a no-op: a SQLite commit is visible to
-/// other connections once it returns. [`abort`](DbHandle::abort) sets a flag that the connection's
-/// progress handler reads every thousand virtual-machine steps and interrupts the running
-/// statement (`sqlite3_interrupt`, safe from any thread), so a statement running or about to run
-/// stops with `SQLITE_INTERRUPT`; only `rollback` and `close` are accepted after it. An abort after
+/// other connections once it returns. [`abort`](DbHandle::abort) sets the connection's stop flag,
+/// which the progress handler its pool installed reads every thousand virtual-machine steps, and
+/// interrupts the running statement (`sqlite3_interrupt`, safe from any thread), so a statement
+/// running or about to run stops with `SQLITE_INTERRUPT`; only `rollback` and `close` are accepted
+/// after it (both clear the stop flag first, so that their `ROLLBACK` runs). An abort after
 /// `close` interrupts nothing: the pooled connection may be running another job's statement.
 pub struct SqliteHandle {
-    provider: ProviderId,
+    shared: Arc<Shared>,
     /// `None` once closed: the connection went back to the pool (or was discarded).
     conn: Option<PooledConnection<SqliteManager>>,
-    /// What `abort` interrupts; `None` once closed, since the connection may then serve
-    /// another job (an abort after close interrupts nothing).
-    interrupt: Arc<Mutex<Option<InterruptHandle>>>,
+    abort: Arc<AbortState>,
     read_only: bool,
     /// The `query_only` state the pool handed out, restored by `close`.
     handed_query_only: bool,
-    /// Set by `abort`, from any thread.
-    aborted: Arc<AtomicBool>,
-    /// The pool the connection came from, read for the metrics once it is back.
-    pool: Pool<SqliteManager>,
-    metrics: PoolMetrics,
     /// When the pool handed the connection out (the provider's clock), for `use_time`.
-    handed_out: admission_core::Instant,
+    handed_out: Stamp,
 }
 
 impl SqliteHandle {
-    /// The connection, for the job's statements.
+    /// The connection, for the job's statements. The job must leave `PRAGMA query_only` alone:
+    /// the handle's `read_only` sets it, and `close` puts back what the pool handed out.
     ///
     /// # Errors
     ///
@@ -277,13 +365,13 @@ impl SqliteHandle {
     fn live(&self, operation: &'static str) -> Result<&Connection, DbError> {
         let Some(conn) = self.conn.as_deref() else {
             return Err(DbError::Closed {
-                provider: self.provider.name().to_owned(),
+                provider: self.shared.id.name().to_owned(),
                 operation,
             });
         };
-        if self.aborted.load(Ordering::Acquire) {
+        if self.abort.aborted.load(Ordering::Acquire) {
             return Err(DbError::Aborted {
-                provider: self.provider.name().to_owned(),
+                provider: self.shared.id.name().to_owned(),
                 operation,
             });
         }
@@ -293,12 +381,12 @@ impl SqliteHandle {
     fn run(&self, operation: &'static str, sql: &str) -> Result<(), DbError> {
         self.live(operation)?
             .execute_batch(sql)
-            .map_err(|e| DbError::database(self.provider.name(), operation, e))
+            .map_err(|e| DbError::database(self.shared.id.name(), operation, e))
     }
 
     fn refuse(&self, operation: &'static str, reason: &'static str) -> DbError {
         DbError::Transaction {
-            provider: self.provider.name().to_owned(),
+            provider: self.shared.id.name().to_owned(),
             operation,
             reason,
         }
@@ -307,7 +395,7 @@ impl SqliteHandle {
 
 impl DbHandle for SqliteHandle {
     fn provider(&self) -> &ProviderId {
-        &self.provider
+        &self.shared.id
     }
 
     fn read_only(&self) -> bool {
@@ -343,47 +431,57 @@ impl DbHandle for SqliteHandle {
     fn rollback(&mut self) -> Result<(), DbError> {
         match self.conn.as_deref() {
             Some(conn) if !conn.is_autocommit() => {
-                if self.aborted.load(Ordering::Acquire) {
-                    disarm(conn);
+                if self.abort.aborted.load(Ordering::Acquire) {
+                    // So that the progress handler lets the rollback run.
+                    conn.stop.store(false, Ordering::Release);
                 }
                 conn.execute_batch("ROLLBACK")
-                    .map_err(|e| DbError::database(self.provider.name(), "rollback", e))
+                    .map_err(|e| DbError::database(self.shared.id.name(), "rollback", e))
             }
             _ => Ok(()),
         }
     }
 
     fn close(&mut self) -> Result<(), DbError> {
-        let Some(conn) = self.conn.take() else {
+        let Some(mut conn) = self.conn.take() else {
             return Ok(());
         };
-        // From here on an abort interrupts nothing: the connection is about to serve others.
-        self.interrupt.lock().take();
-        let name = self.provider.name();
+        // From here on an abort stops nothing: the connection is about to serve others. Only
+        // then is its stop flag cleared, so no abort can set it again.
+        self.abort.target.lock().take();
+        conn.stop.store(false, Ordering::Release);
+        let name = self.shared.id.name();
         let mut first = None;
-        disarm(&conn);
         if !conn.is_autocommit()
             && let Err(e) = conn.execute_batch("ROLLBACK")
         {
             first = Some(DbError::database(name, "close", e));
         }
-        if self.read_only != self.handed_query_only
-            && let Err(e) = set_query_only(&conn, self.handed_query_only)
-        {
-            first.get_or_insert(DbError::database(name, "close", e));
+        if self.read_only != self.handed_query_only {
+            conn.query_only = None;
+            match set_query_only(&conn, self.handed_query_only) {
+                Ok(()) => conn.query_only = Some(self.handed_query_only),
+                Err(e) => {
+                    first.get_or_insert(DbError::database(name, "close", e));
+                }
+            }
         }
         // Back to the pool; `SqliteManager::has_broken` discards it if still in a transaction.
         drop(conn);
-        self.metrics.closed(self.handed_out, pool_state(&self.pool));
+        let pool = &self.shared.pool;
+        self.shared
+            .metrics
+            .closed(self.handed_out, || pool_state(pool));
         first.map_or(Ok(()), Err)
     }
 
     fn aborter(&self) -> Aborter {
-        let (aborted, interrupt) = (self.aborted.clone(), self.interrupt.clone());
+        let abort = self.abort.clone();
         Aborter::new(move || {
-            if let Some(interrupt) = interrupt.lock().as_ref() {
-                aborted.store(true, Ordering::Release);
-                interrupt.interrupt();
+            if let Some(target) = abort.target.lock().as_ref() {
+                abort.aborted.store(true, Ordering::Release);
+                target.stop.store(true, Ordering::Release);
+                target.interrupt.interrupt();
             }
         })
     }
@@ -408,7 +506,7 @@ impl Drop for SqliteHandle {
 impl std::fmt::Debug for SqliteHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SqliteHandle")
-            .field("provider", &self.provider)
+            .field("provider", &self.shared.id)
             .field("read_only", &self.read_only)
             .field("in_transaction", &self.in_transaction())
             .field("closed", &self.is_closed())

@@ -22,12 +22,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use admission_accounts::CountingGate;
-use admission_core::{Clock, Instant};
+use admission_core::Clock;
 use sqlx::pool::PoolConnection;
 use sqlx::{Database, Pool};
 use tokio::runtime::Handle;
 
-use crate::metrics::{PoolMetrics, PoolState};
+use crate::metrics::{PoolMetrics, PoolState, Stamp};
 use crate::{Aborter, DbError, DbHandle, DbResourceProvider, ProviderId};
 
 /// The checkout timeout unless one is set: under a permit the pool should have a connection at
@@ -169,16 +169,16 @@ impl<DB: SqlxDatabase> SqlxProvider<DB> {
             Ok(Ok(conn)) => conn,
             Ok(Err(e)) => {
                 if matches!(e, sqlx::Error::PoolTimedOut) {
-                    self.metrics.timed_out(pool_state(&self.pool));
+                    self.metrics.timed_out(|| pool_state(&self.pool));
                 }
                 return Err(self.checkout_error(e.to_string()));
             }
             Err(_) => {
-                self.metrics.timed_out(pool_state(&self.pool));
+                self.metrics.timed_out(|| pool_state(&self.pool));
                 return Err(self.checkout_error("timed out".to_owned()));
             }
         };
-        self.metrics.checked_out(started, pool_state(&self.pool));
+        self.metrics.checked_out(started, || pool_state(&self.pool));
         let mut handle = SqlxHandle {
             pool: self.pool.clone(),
             metrics: self.metrics.clone(),
@@ -307,7 +307,7 @@ pub struct SqlxHandle<DB: SqlxDatabase> {
     pool: Pool<DB>,
     metrics: PoolMetrics,
     /// When the pool handed the connection out (the provider's clock), for `use_time`.
-    handed_out: Instant,
+    handed_out: Stamp,
 }
 
 impl<DB: SqlxDatabase> SqlxHandle<DB> {
@@ -493,7 +493,8 @@ impl<DB: SqlxDatabase> SqlxHandle<DB> {
             first.get_or_insert(DbError::database(&name, "close", e));
         }
         self.state = State::Autocommit;
-        self.metrics.closed(self.handed_out, pool_state(&self.pool));
+        self.metrics
+            .closed(self.handed_out, || pool_state(&self.pool));
         first.map_or(Ok(()), Err)
     }
 
@@ -515,7 +516,8 @@ impl<DB: SqlxDatabase> SqlxHandle<DB> {
         let _entered = self.runtime.enter();
         drop(conn);
         // The connection goes back (or is closed) on a task: the gauges may still count it used.
-        self.metrics.closed(self.handed_out, pool_state(&self.pool));
+        self.metrics
+            .closed(self.handed_out, || pool_state(&self.pool));
     }
 
     fn block<T>(

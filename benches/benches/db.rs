@@ -6,8 +6,13 @@
 //! - `db_acquire_close/provider`: `acquire(false)` and `close()` of a handle, outside the
 //!   monitor. The permit is the monitor's business (it takes one as part of the job's whole
 //!   demand, before `acquire`), so this row is what the provider itself adds to a checkout:
-//!   reading the `query_only` state the pool handed out, arming the abort check, boxing the
-//!   handle; then disarming, the autocommit check and the return.
+//!   the handle's abort state, the `Arc`s it shares, boxing the handle; then clearing the stop
+//!   flag, the autocommit check and the return. (The `query_only` state the pool hands out is
+//!   read by `SqliteManager`'s checkout test, which runs `PRAGMA query_only` where
+//!   `r2d2_sqlite`'s runs `SELECT 1`.)
+//! - `db_acquire_close/provider_pool_get`: `pool.get()` and drop on the provider's own pool (over
+//!   `SqliteManager`), to tell what the manager's checkout test costs beside `r2d2_sqlite`'s from
+//!   what the handle adds.
 //! - `db_whole_job/monitor_plan`: the whole job as a user writes it, for context: a
 //!   [`DbPlan`]'s demand admitted with `admit_blocking` (the provider's `admission()` gate, one
 //!   permit), `open` (the acquire), `close` (the handle, then the grant's release).
@@ -100,6 +105,13 @@ fn db(c: &mut Criterion) {
         })
     });
     group.bench_function("bare_pool_get", bare_get);
+    group.bench_function("provider_pool_get", |b| {
+        b.iter(|| {
+            drop(black_box(
+                provider.pool().get().expect("an idle connection"),
+            ))
+        })
+    });
     group.finish();
 
     let plan = DbPlan::new().with(provider.clone(), false);

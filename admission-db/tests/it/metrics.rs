@@ -1,6 +1,9 @@
 //! The pool metrics (feature `metrics`) of the r2d2 SQLite provider, the sqlx SQLite provider, and
-//! the deadpool-postgres and r2d2 PostgreSQL providers (against `ADMISSION_PG_URL`), read through a `DebuggingRecorder` installed for the test's thread only (the sqlx provider's
-//! blocking verbs run their futures on the calling thread).
+//! the deadpool-postgres, r2d2 PostgreSQL and sqlx PostgreSQL providers (against
+//! `ADMISSION_PG_URL`), read through a `DebuggingRecorder` installed for the test's thread only
+//! (the sqlx providers' blocking verbs run their futures on the calling thread). A snapshot
+//! drains what it reads: histograms come back empty and gauges and counters at zero until the
+//! next report.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -359,6 +362,143 @@ mod r2d2_postgres {
                 &DebugValue::Counter(1)
             );
             drop(held);
+        });
+    }
+}
+
+#[cfg(feature = "sqlx-postgres")]
+mod sqlx_postgres {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use admission_core::SystemClock;
+    use admission_db::sqlx_postgres::SqlxPgProvider;
+    use admission_db::{DbError, DbResourceProvider};
+    use metrics::Unit;
+    use metrics_util::debugging::DebugValue;
+    use sqlx::postgres::PgPoolOptions;
+
+    use super::{gauge, recorded, samples, series, value};
+    use crate::sqlx_postgres::{Db, server_url};
+
+    /// A provider named `orders` (bound 2, 50 ms checkout timeout) over a lazy pool of `size`:
+    /// no session is opened before the first checkout, so the pool's counts are exact.
+    fn pg_provider(db: &Db, size: u32) -> SqlxPgProvider {
+        let options = db.options();
+        let pool = db.runtime.block_on(async {
+            PgPoolOptions::new()
+                .max_connections(size)
+                .connect_lazy_with(options)
+        });
+        SqlxPgProvider::new(
+            "orders",
+            2,
+            pool,
+            Arc::new(SystemClock::new()),
+            db.runtime.handle().clone(),
+        )
+        .unwrap()
+        .with_checkout_timeout(Duration::from_millis(50))
+    }
+
+    #[test]
+    fn sqlx_postgres_gauges_use_time_and_timeouts_follow_the_pool() {
+        let Some(url) = server_url("sqlx_postgres_gauges_use_time_and_timeouts") else {
+            return;
+        };
+        let db = Db::new(&url);
+        recorded(|snapshotter| {
+            let provider = pg_provider(&db, 2);
+            let count = "db.client.connection.count";
+            let (used, idle) = (&[("state", "used")], &[("state", "idle")]);
+
+            // Five checkouts one after the other: one session, opened by the first, reused.
+            for _ in 0..5 {
+                provider.acquire(false).unwrap().close().unwrap();
+            }
+            let all = series(snapshotter);
+            assert_eq!(samples(&all, "db.client.connection.use_time"), 5);
+            assert_eq!(samples(&all, "db.client.connection.wait_time"), 5);
+            assert_eq!(gauge(&all, count, used), 0.0);
+            assert_eq!(gauge(&all, count, idle), 1.0);
+            assert_eq!(gauge(&all, "db.client.connection.max", &[]), 2.0);
+            assert_eq!(provider.pool().size(), 1);
+
+            // Two held: the idle session, then a second one opened for it.
+            let mut first = provider.acquire(true).unwrap();
+            let all = series(snapshotter);
+            assert_eq!(gauge(&all, count, used), 1.0);
+            assert_eq!(gauge(&all, count, idle), 0.0);
+            let mut second = provider.acquire(false).unwrap();
+            let all = series(snapshotter);
+            assert_eq!(gauge(&all, count, used), 2.0);
+            assert_eq!(gauge(&all, count, idle), 0.0);
+            assert_eq!(samples(&all, "db.client.connection.wait_time"), 1);
+            assert_eq!(samples(&all, "db.client.connection.use_time"), 0);
+
+            // Closing each gives its session back before the gauges are read.
+            second.close().unwrap();
+            let all = series(snapshotter);
+            assert_eq!(gauge(&all, count, used), 1.0);
+            assert_eq!(gauge(&all, count, idle), 1.0);
+            first.close().unwrap();
+            let all = series(snapshotter);
+            assert_eq!(gauge(&all, count, used), 0.0);
+            assert_eq!(gauge(&all, count, idle), 2.0);
+            assert_eq!(samples(&all, "db.client.connection.use_time"), 1);
+            assert!(
+                all.iter()
+                    .all(|(name, ..)| name != "db.client.connection.timeouts"),
+                "no checkout timed out yet"
+            );
+            db.runtime.block_on(provider.pool().close());
+
+            // A pool of one, held: the next checkout times out, counted once, the gauges read
+            // right after it.
+            let small = pg_provider(&db, 1);
+            let mut held = small.acquire(false).unwrap();
+            let Err(err) = small.acquire(false) else {
+                panic!("a second checkout from a held pool of one succeeded");
+            };
+            assert!(matches!(err, DbError::Checkout { .. }), "{err}");
+            let all = series(snapshotter);
+            assert_eq!(
+                value(&all, "db.client.connection.timeouts", &[]),
+                &DebugValue::Counter(1)
+            );
+            assert_eq!(gauge(&all, count, used), 1.0);
+            assert_eq!(gauge(&all, count, idle), 0.0);
+            assert_eq!(gauge(&all, "db.client.connection.max", &[]), 1.0);
+            assert_eq!(samples(&all, "db.client.connection.wait_time"), 1);
+            held.close().unwrap();
+
+            // sqlx counts no waiters: no pending_requests; every series has its unit.
+            let all = series(snapshotter);
+            let mut names: Vec<_> = all.iter().map(|(n, ..)| n.as_str()).collect();
+            names.sort_unstable();
+            names.dedup();
+            assert_eq!(
+                names,
+                [
+                    "db.client.connection.count",
+                    "db.client.connection.max",
+                    "db.client.connection.timeouts",
+                    "db.client.connection.use_time",
+                    "db.client.connection.wait_time",
+                ]
+            );
+            for (name, _, unit, _) in &all {
+                let want = if name.ends_with("_time") {
+                    Unit::Seconds
+                } else {
+                    Unit::Count
+                };
+                assert_eq!(unit.as_ref(), Some(&want), "{name}");
+            }
+            assert_eq!(samples(&all, "db.client.connection.use_time"), 1);
+            assert_eq!(gauge(&all, count, used), 0.0);
+            assert_eq!(gauge(&all, count, idle), 1.0);
+            db.runtime.block_on(small.pool().close());
         });
     }
 }

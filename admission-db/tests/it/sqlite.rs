@@ -388,7 +388,25 @@ fn force_close_interrupts_a_running_statement_and_gives_everything_back() {
 #[test]
 fn close_restores_the_read_only_state_the_pool_handed_out() {
     let db = Db::new();
-    let provider = R2d2SqliteProvider::new("sqlite", 1, db.pool(1), clock()).unwrap();
+    restores_the_handed_out_read_only_state(&db, db.pool(1));
+}
+
+/// With r2d2's checkout test off, `SqliteManager::is_valid` never reads `query_only`: the
+/// provider reads it itself, and a host's change to a pooled connection is still seen.
+#[test]
+fn without_the_checkout_test_close_still_restores_the_read_only_state_the_pool_handed_out() {
+    let db = Db::new();
+    let manager = SqliteConnectionManager::file(&db.path);
+    let pool = Pool::builder()
+        .max_size(1)
+        .test_on_check_out(false)
+        .build(SqliteManager::new(manager))
+        .unwrap();
+    restores_the_handed_out_read_only_state(&db, pool);
+}
+
+fn restores_the_handed_out_read_only_state(db: &Db, pool: Pool<SqliteManager>) {
+    let provider = R2d2SqliteProvider::new("sqlite", 1, pool, clock()).unwrap();
     let query_only = |conn: &Connection| -> bool {
         conn.query_row("PRAGMA query_only", [], |r| r.get(0))
             .unwrap()
@@ -400,6 +418,7 @@ fn close_restores_the_read_only_state_the_pool_handed_out() {
     reader.close().unwrap();
     let conn = provider.pool().get().unwrap();
     assert!(!query_only(&conn));
+    // A host changes the state on a connection it checked out itself.
     conn.execute_batch("PRAGMA query_only = ON").unwrap();
     drop(conn);
     // A connection handed out read-only goes back read-only after a writer used it.
@@ -407,7 +426,47 @@ fn close_restores_the_read_only_state_the_pool_handed_out() {
     insert(writer.connection().unwrap(), 2).unwrap();
     writer.close().unwrap();
     assert!(query_only(&provider.pool().get().unwrap()));
-    assert_eq!(db.rows(), [2]);
+    // And a reader of it leaves it as it found it.
+    let mut reader = provider.checkout(true).unwrap();
+    assert!(query_only(reader.connection().unwrap()));
+    reader.close().unwrap();
+    let conn = provider.pool().get().unwrap();
+    assert!(query_only(&conn));
+    conn.execute_batch("PRAGMA query_only = OFF").unwrap();
+    drop(conn);
+    let mut writer = provider.checkout(false).unwrap();
+    insert(writer.connection().unwrap(), 3).unwrap();
+    writer.close().unwrap();
+    assert!(!query_only(&provider.pool().get().unwrap()));
+    assert_eq!(db.rows(), [2, 3]);
+}
+
+/// The abort check stays installed on the pooled connection; an abort's stop flag is cleared by
+/// the handle's rollback and close, so the next job on the connection runs long statements.
+#[test]
+fn after_an_abort_the_next_job_on_the_connection_runs_long_statements() {
+    let db = Db::new();
+    let provider = R2d2SqliteProvider::new("sqlite", 1, db.pool(1), clock()).unwrap();
+    let count = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 100000) \
+                 SELECT count(*) FROM c";
+    let mut first = provider.checkout(false).unwrap();
+    first.begin().unwrap();
+    insert(first.connection().unwrap(), 1).unwrap();
+    first.aborter().abort();
+    first.rollback().unwrap();
+    first.close().unwrap();
+    let mut next = provider.checkout(false).unwrap();
+    let counted: i64 = next
+        .connection()
+        .unwrap()
+        .query_row(count, [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(counted, 100_000);
+    next.begin().unwrap();
+    insert(next.connection().unwrap(), 2).unwrap();
+    next.commit().unwrap();
+    next.close().unwrap();
+    assert_eq!((provider.checked_out(), db.rows()), (0, vec![2]));
 }
 
 #[test]

@@ -33,7 +33,7 @@ const JOBS: u32 = 200;
 /// # Panics
 ///
 /// When unset under `CI=true`: CI must run these tests against a real server.
-fn server_url(test: &str) -> Option<String> {
+pub(crate) fn server_url(test: &str) -> Option<String> {
     match std::env::var("ADMISSION_PG_URL") {
         Ok(url) if !url.is_empty() => Some(url),
         _ if std::env::var("CI").is_ok_and(|ci| ci == "true") => {
@@ -47,8 +47,8 @@ fn server_url(test: &str) -> Option<String> {
 }
 
 /// A database of its own on the server, with the jobs' table; dropped with it.
-struct Db {
-    runtime: Runtime,
+pub(crate) struct Db {
+    pub(crate) runtime: Runtime,
     server: PgConnectOptions,
     name: String,
 }
@@ -56,7 +56,7 @@ struct Db {
 static NEXT_DB: AtomicU32 = AtomicU32::new(0);
 
 impl Db {
-    fn new(url: &str) -> Db {
+    pub(crate) fn new(url: &str) -> Db {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -93,7 +93,7 @@ impl Db {
         db
     }
 
-    fn options(&self) -> PgConnectOptions {
+    pub(crate) fn options(&self) -> PgConnectOptions {
         self.server.clone().database(&self.name)
     }
 
