@@ -205,8 +205,8 @@ impl RedisAdmission {
             .map_err(unavailable("connect"))?;
         let fingerprint = config.fingerprint();
         let tag = format!("{}:{{{}}}", config.key_prefix, config.cell);
-        let keys = ["cfg", "occ", "exp", "events", "quota", "line", "live"]
-            .map(|k| format!("{tag}:{k}"));
+        let keys =
+            ["cfg", "occ", "exp", "events", "quota", "line", "live"].map(|k| format!("{tag}:{k}"));
         let events_key = keys[3].clone();
         let inner = Arc::new(Inner {
             config,
@@ -304,19 +304,32 @@ impl RedisAdmission {
         result
     }
 
-    /// A lease, waiting at most `wait` (and never longer than the config's `redis_wait`) for
-    /// room. The wait is woken by releases and expiries recorded in the cell's events stream (one
-    /// reader per process) and by the earliest lease expiry, never by a polling loop.
+    /// A lease, waiting at most `wait` (and never longer than the config's `redis_wait`) in the
+    /// cell's one line, shared by every instance.
+    ///
+    /// # Fairness
+    ///
+    /// A request that does not fit takes a ticket (atomically with its `queued` event). The first
+    /// ticket is the head: its demand is set aside, so a later, smaller request goes ahead only if
+    /// it fits beside it on every dimension they share and needs nothing the head is short on
+    /// (EASY backfilling, as the monitor does in one process). A release, an expiry or a policy
+    /// change hands capacity to the waiters in ticket order inside the same script call; the
+    /// process's one events reader tells the local waiter its grant. No polling: besides that, a
+    /// waiter asks again only at its deadline, at the earliest lease expiry (reaping is lazy) and
+    /// to renew its ticket's liveness (every `renew_every`; a crashed waiter's ticket runs out
+    /// after the lease TTL and cannot hold the head).
     ///
     /// # Errors
     ///
     /// As for [`try_acquire`](RedisAdmission::try_acquire), with [`AcquireError::TimedOut`] in
-    /// place of `Full` once the wait is over (a `timed_out` event is recorded).
+    /// place of `Full` once the wait is over (the ticket is withdrawn with a `timed_out` event; a
+    /// grant that landed first is returned instead).
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future while it waits records a `timed_out` event (spawned) and takes
-    /// nothing. Dropping it while the script runs leaves a granted lease to its TTL.
+    /// Dropping the future while it waits withdraws its ticket on a spawned task, releasing a
+    /// grant that landed meanwhile as interrupted. Dropping it while the script runs leaves a
+    /// granted lease to its TTL.
     pub async fn acquire(
         &self,
         request: &LeaseRequest,
@@ -339,13 +352,27 @@ impl RedisAdmission {
         // Registered before the first attempt: a grant from the line that the reader sees
         // before this task looks is kept for it.
         let mut slot = waits.then(|| inner.wakeups.register(&request.id));
-        let mut queued = Withdraw { inner, request, ticket: None };
+        let mut queued = Withdraw {
+            inner,
+            request,
+            ticket: None,
+        };
         loop {
-            let attempt = self.attempt(request, waits, queued.ticket.as_deref()).await?;
-            let Attempt::Full { dimension, held, ceiling, last_event, earliest_expiry, ticket } =
-                attempt
+            let attempt = self
+                .attempt(request, waits, queued.ticket.as_deref())
+                .await?;
+            let Attempt::Full {
+                dimension,
+                held,
+                ceiling,
+                last_event,
+                earliest_expiry,
+                ticket,
+            } = attempt
             else {
-                let Attempt::Admitted(lease) = attempt else { unreachable!() };
+                let Attempt::Admitted(lease) = attempt else {
+                    unreachable!()
+                };
                 queued.ticket = None;
                 return Ok(lease);
             };
@@ -372,7 +399,11 @@ impl RedisAdmission {
             let until = earliest_expiry
                 .map_or(deadline, |at| at.min(deadline))
                 .min(now + inner.config.renew_every);
-            if let Some(granted) = inner.wakeups.wait_grant(inner, receiver, last_event, until).await {
+            if let Some(granted) = inner
+                .wakeups
+                .wait_grant(inner, receiver, last_event, until)
+                .await
+            {
                 queued.ticket = None;
                 return Ok(Lease::start(
                     inner.clone(),
@@ -1030,7 +1061,9 @@ struct Withdraw<'a> {
 impl Withdraw<'_> {
     /// Withdraws now; `Some` lease when the hand-off granted it first.
     async fn withdraw_now(&mut self) -> Result<Option<Lease>, AcquireError> {
-        let Some(ticket) = self.ticket.take() else { return Ok(None) };
+        let Some(ticket) = self.ticket.take() else {
+            return Ok(None);
+        };
         let sent = Instant::now();
         let Some(reply) = self.inner.withdraw(&self.request.id, &ticket).await? else {
             return Ok(None);
@@ -1048,8 +1081,12 @@ impl Withdraw<'_> {
 
 impl Drop for Withdraw<'_> {
     fn drop(&mut self) {
-        let Some(ticket) = self.ticket.take() else { return };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let Some(ticket) = self.ticket.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         let inner = self.inner.clone();
         let id = self.request.id.clone();
         runtime.spawn(async move {

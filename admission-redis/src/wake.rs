@@ -96,7 +96,11 @@ impl Wakeups {
     pub(crate) fn register(&self, id: &str) -> Slot {
         let (tx, grant) = oneshot::channel();
         self.slots.lock().insert(id.to_string(), tx);
-        Slot { slots: self.slots.clone(), id: id.to_string(), grant }
+        Slot {
+            slots: self.slots.clone(),
+            id: id.to_string(),
+            grant,
+        }
     }
 
     /// Waits until the reader hands `slot` its grant (returned), the reader fails or sees a
@@ -126,7 +130,10 @@ impl Wakeups {
         let (tx, rx) = watch::channel(Seen::default());
         // The reader holds only a weak reference: it ends with the provider's last clone.
         let task = tokio::spawn(read(Arc::downgrade(inner), self.slots.clone(), from, tx));
-        *reader = Some(Reader { seen: rx.clone(), task });
+        *reader = Some(Reader {
+            seen: rx.clone(),
+            task,
+        });
         rx
     }
 }
