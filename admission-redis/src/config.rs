@@ -360,8 +360,9 @@ impl RedisAdmissionConfig {
         Ok(())
     }
 
-    /// A digest of everything two instances of one cell must agree on (the ceilings, the quotas
-    /// and the stream's bound). Stored in Redis by the first instance; another with a different
+    /// A digest of everything two instances of one cell must agree on (the ceilings, the quotas,
+    /// the stream's bound and the lease TTL, which a lease granted from the line to another
+    /// instance's waiter gets). Stored in Redis by the first instance; another with a different
     /// digest is refused at connect.
     pub fn fingerprint(&self) -> String {
         let c = &self.ceilings;
@@ -370,7 +371,7 @@ impl RedisAdmissionConfig {
             .map(|q| (q.requests_per_minute, q.bytes_per_hour))
             .unwrap_or((0, 0));
         let text = format!(
-            "v1|{}|{}|{}|{}|{}|{}|{}|{}",
+            "v2|{}|{}|{}|{}|{}|{}|{}|{}|{}",
             c.service_bytes,
             c.service_transfers,
             c.tenant_bytes,
@@ -378,7 +379,8 @@ impl RedisAdmissionConfig {
             c.backend_transfers,
             q.0,
             q.1,
-            self.events_max_len
+            self.events_max_len,
+            self.lease_ttl.as_millis()
         );
         hex(&Sha256::digest(text.as_bytes()))[..16].to_string()
     }

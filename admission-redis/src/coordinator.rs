@@ -60,7 +60,7 @@ pub struct RedisAdmission {
 pub(crate) struct Inner {
     pub(crate) config: RedisAdmissionConfig,
     pub(crate) fingerprint: String,
-    keys: [String; 5],
+    keys: [String; 7],
     pub(crate) conn: ConnectionManager,
     pub(crate) client: Client,
     script: redis::Script,
@@ -177,6 +177,8 @@ pub(crate) enum Attempt {
         /// When the earliest lease expires, as a local instant (reaping is lazy: whoever asks
         /// then reaps it).
         earliest_expiry: Option<Instant>,
+        /// The caller's ticket in the line, when it waits there.
+        ticket: Option<String>,
     },
 }
 
@@ -203,7 +205,8 @@ impl RedisAdmission {
             .map_err(unavailable("connect"))?;
         let fingerprint = config.fingerprint();
         let tag = format!("{}:{{{}}}", config.key_prefix, config.cell);
-        let keys = ["cfg", "occ", "exp", "events", "quota"].map(|k| format!("{tag}:{k}"));
+        let keys =
+            ["cfg", "occ", "exp", "events", "quota", "line", "live"].map(|k| format!("{tag}:{k}"));
         let events_key = keys[3].clone();
         let inner = Arc::new(Inner {
             config,
@@ -282,7 +285,7 @@ impl RedisAdmission {
     /// Dropping the future after the script ran leaves the lease to its TTL; prefer a timeout
     /// in [`acquire`](RedisAdmission::acquire).
     pub async fn try_acquire(&self, request: &LeaseRequest) -> Result<Lease, AcquireError> {
-        let result = match self.attempt(request, false).await {
+        let result = match self.attempt(request, false, None).await {
             Ok(Attempt::Admitted(lease)) => Ok(lease),
             Ok(Attempt::Full {
                 dimension,
@@ -301,19 +304,32 @@ impl RedisAdmission {
         result
     }
 
-    /// A lease, waiting at most `wait` (and never longer than the config's `redis_wait`) for
-    /// room. The wait is woken by releases and expiries recorded in the cell's events stream (one
-    /// reader per process) and by the earliest lease expiry, never by a polling loop.
+    /// A lease, waiting at most `wait` (and never longer than the config's `redis_wait`) in the
+    /// cell's one line, shared by every instance.
+    ///
+    /// # Fairness
+    ///
+    /// A request that does not fit takes a ticket (atomically with its `queued` event). The first
+    /// ticket is the head: its demand is set aside, so a later, smaller request goes ahead only if
+    /// it fits beside it on every dimension they share and needs nothing the head is short on
+    /// (EASY backfilling, as the monitor does in one process). A release, an expiry or a policy
+    /// change hands capacity to the waiters in ticket order inside the same script call; the
+    /// process's one events reader tells the local waiter its grant. No polling: besides that, a
+    /// waiter asks again only at its deadline, at the earliest lease expiry (reaping is lazy) and
+    /// to renew its ticket's liveness (every `renew_every`; a crashed waiter's ticket runs out
+    /// after the lease TTL and cannot hold the head).
     ///
     /// # Errors
     ///
     /// As for [`try_acquire`](RedisAdmission::try_acquire), with [`AcquireError::TimedOut`] in
-    /// place of `Full` once the wait is over (a `timed_out` event is recorded).
+    /// place of `Full` once the wait is over (the ticket is withdrawn with a `timed_out` event; a
+    /// grant that landed first is returned instead).
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future while it waits records a `timed_out` event (spawned) and takes
-    /// nothing. Dropping it while the script runs leaves a granted lease to its TTL.
+    /// Dropping the future while it waits withdraws its ticket on a spawned task, releasing a
+    /// grant that landed meanwhile as interrupted. Dropping it while the script runs leaves a
+    /// granted lease to its TTL.
     pub async fn acquire(
         &self,
         request: &LeaseRequest,
@@ -329,42 +345,75 @@ impl RedisAdmission {
         request: &LeaseRequest,
         wait: Duration,
     ) -> Result<Lease, AcquireError> {
+        let inner = &self.inner;
         let start = Instant::now();
-        let deadline = start + wait.min(self.inner.config.redis_wait);
-        let mut queued = GaveUp::new(self, request);
+        let deadline = start + wait.min(inner.config.redis_wait);
+        let waits = !wait.is_zero() && !inner.config.redis_wait.is_zero();
+        // Registered before the first attempt: a grant from the line that the reader sees
+        // before this task looks is kept for it.
+        let mut slot = waits.then(|| inner.wakeups.register(&request.id));
+        let mut queued = Withdraw {
+            inner,
+            request,
+            ticket: None,
+        };
         loop {
-            let attempt = self.attempt(request, !queued.armed).await?;
-            let (dimension, held, ceiling, last_event, earliest_expiry) = match attempt {
-                Attempt::Admitted(lease) => {
-                    queued.armed = false;
-                    return Ok(lease);
-                }
-                Attempt::Full {
-                    dimension,
-                    held,
-                    ceiling,
-                    last_event,
-                    earliest_expiry,
-                } => (dimension, held, ceiling, last_event, earliest_expiry),
+            let attempt = self
+                .attempt(request, waits, queued.ticket.as_deref())
+                .await?;
+            let Attempt::Full {
+                dimension,
+                held,
+                ceiling,
+                last_event,
+                earliest_expiry,
+                ticket,
+            } = attempt
+            else {
+                let Attempt::Admitted(lease) = attempt else {
+                    unreachable!()
+                };
+                queued.ticket = None;
+                return Ok(lease);
             };
-            queued.armed = true;
-            let now = Instant::now();
-            if now >= deadline {
-                queued.armed = false;
-                self.inner.gave_up(request).await;
-                return Err(AcquireError::TimedOut {
-                    waited: now - start,
-                    dimension,
-                    held,
-                    asked: asked_on(dimension, request),
-                    ceiling,
-                });
+            if ticket.is_some() {
+                queued.ticket = ticket;
             }
-            let until = earliest_expiry.map_or(deadline, |at| at.min(deadline));
-            self.inner
+            let now = Instant::now();
+            let timed_out = AcquireError::TimedOut {
+                waited: now - start,
+                dimension,
+                held,
+                asked: asked_on(dimension, request),
+                ceiling,
+            };
+            let Some(receiver) = slot.as_mut().filter(|_| now < deadline) else {
+                // Out of time: leave the line, unless the hand-off granted the lease meanwhile.
+                return match queued.withdraw_now().await? {
+                    Some(lease) => Ok(lease),
+                    None => Err(timed_out),
+                };
+            };
+            // Wait for the hand-off's grant; ask again at the earliest lease expiry (reaping is
+            // lazy), when the ticket's liveness needs renewing, or when the reader failed.
+            let until = earliest_expiry
+                .map_or(deadline, |at| at.min(deadline))
+                .min(now + inner.config.renew_every);
+            if let Some(granted) = inner
                 .wakeups
-                .wait_after(&self.inner, last_event, until)
-                .await;
+                .wait_grant(inner, receiver, last_event, until)
+                .await
+            {
+                queued.ticket = None;
+                return Ok(Lease::start(
+                    inner.clone(),
+                    request,
+                    FencingToken(granted.token),
+                    granted.policy_version,
+                    granted.occupancy,
+                    granted.sent,
+                ));
+            }
         }
     }
 
@@ -372,6 +421,7 @@ impl RedisAdmission {
         &self,
         request: &LeaseRequest,
         queued: bool,
+        ticket: Option<&str>,
     ) -> Result<Attempt, AcquireError> {
         request
             .check()
@@ -400,6 +450,7 @@ impl RedisAdmission {
                 &inner.config.lease_ttl.as_millis().to_string(),
                 &inner.config.reap_batch.to_string(),
                 if queued { "1" } else { "0" },
+                ticket.unwrap_or(""),
             ])
             .await
             .map_err(unavailable("acquire"))?;
@@ -438,6 +489,7 @@ impl RedisAdmission {
                     ceiling: int(&reply, 3),
                     last_event: StreamId::parse(&reply[4]),
                     earliest_expiry,
+                    ticket: reply.get(7).filter(|t| !t.is_empty()).cloned(),
                 })
             }
             Some("NEVER") => Err(AcquireError::Never {
@@ -739,6 +791,7 @@ impl Inner {
                 &c.tenant_transfers.to_string(),
                 &c.backend_transfers.to_string(),
                 &self.config.events_max_len.to_string(),
+                &self.config.lease_ttl.as_millis().to_string(),
             ])
             .await?;
         Ok(match reply.first().map(String::as_str) {
@@ -818,21 +871,22 @@ impl Inner {
         lease_reply(id, token, &reply).map(|_| ())
     }
 
-    pub(crate) async fn gave_up(&self, request: &LeaseRequest) {
-        let result = self
-            .call(&[
-                "gave_up",
-                &request.id,
-                &hashed_id(&request.tenant),
-                &hashed_id(&request.backend),
-                &request.footprint.to_string(),
-                &request.operation,
-                &self.config.reap_batch.to_string(),
-            ])
-            .await;
-        if let Err(error) = result {
-            tracing::debug!(%error, lease = %request.id, "admission-redis: could not record timed_out");
-        }
+    /// Takes waiter `id` (holding `ticket`) out of the line with a `timed_out` event; or, when
+    /// the hand-off granted it meanwhile, returns that grant's reply (the lease is then the
+    /// caller's, claimed).
+    pub(crate) async fn withdraw(
+        &self,
+        id: &str,
+        ticket: &str,
+    ) -> Result<Option<Vec<String>>, Unavailable> {
+        let reply = self
+            .call(&["withdraw", id, ticket, &self.config.reap_batch.to_string()])
+            .await
+            .map_err(unavailable("withdraw"))?;
+        Ok(match reply.first().map(String::as_str) {
+            Some("OK") => Some(reply),
+            _ => None,
+        })
     }
 }
 
@@ -995,32 +1049,57 @@ pub(crate) async fn blocking_connection(
         .await
 }
 
-/// Records `timed_out` when an [`acquire`](RedisAdmission::acquire) that queued is dropped.
-struct GaveUp<'a> {
-    admission: &'a RedisAdmission,
+/// A waiter's ticket in the line: withdrawn when the wait ends without a lease (a `timed_out`
+/// event); when the wait's future is dropped, withdrawn on a spawned task, and a grant that
+/// landed meanwhile is released as interrupted.
+struct Withdraw<'a> {
+    inner: &'a Arc<Inner>,
     request: &'a LeaseRequest,
-    armed: bool,
+    ticket: Option<String>,
 }
 
-impl<'a> GaveUp<'a> {
-    fn new(admission: &'a RedisAdmission, request: &'a LeaseRequest) -> GaveUp<'a> {
-        GaveUp {
-            admission,
-            request,
-            armed: false,
-        }
+impl Withdraw<'_> {
+    /// Withdraws now; `Some` lease when the hand-off granted it first.
+    async fn withdraw_now(&mut self) -> Result<Option<Lease>, AcquireError> {
+        let Some(ticket) = self.ticket.take() else {
+            return Ok(None);
+        };
+        let sent = Instant::now();
+        let Some(reply) = self.inner.withdraw(&self.request.id, &ticket).await? else {
+            return Ok(None);
+        };
+        Ok(Some(Lease::start(
+            self.inner.clone(),
+            self.request,
+            FencingToken(int(&reply, 1)),
+            int(&reply, 2),
+            Occupancy::from_fields(&reply[3..8]),
+            sent,
+        )))
     }
 }
 
-impl Drop for GaveUp<'_> {
+impl Drop for Withdraw<'_> {
     fn drop(&mut self) {
-        if !self.armed {
+        let Some(ticket) = self.ticket.take() else {
             return;
-        }
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let inner = self.admission.inner.clone();
-            let request = self.request.clone();
-            runtime.spawn(async move { inner.gave_up(&request).await });
-        }
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let inner = self.inner.clone();
+        let id = self.request.id.clone();
+        runtime.spawn(async move {
+            match inner.withdraw(&id, &ticket).await {
+                Ok(Some(reply)) => {
+                    let token = FencingToken(int(&reply, 1));
+                    let _ = inner.release(&id, token, Outcome::Interrupted).await;
+                }
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::debug!(%error, lease = %id, "admission-redis: withdraw failed; the ticket's liveness expires");
+                }
+            }
+        });
     }
 }

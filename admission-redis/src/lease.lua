@@ -9,20 +9,26 @@
 --              r:<id> = "token|tenant|backend|footprint|operation"; the last token, tok)
 --       3 exp (sorted set: lease id -> expiry, server milliseconds)
 --       4 events (stream)   5 quota (hash: "r:<tenant>" / "b:<tenant>" -> "window|used")
+--       6 line (sorted set: waiting lease id -> ticket)   7 live (sorted set: waiting id ->
+--              liveness expiry, server ms)
+-- Waiters are recorded in occ as q:<id> = "ticket|tenant|backend|footprint|operation"; a lease
+-- granted to a waiter by someone else's transition carries its ticket as a sixth record field
+-- until the waiter claims it.
 -- A transition reads and writes each hash once: the lease path is seven calls in all.
 --
 -- Replies are flat arrays whose first element is a status word:
 --   OK, FULL (not now), NEVER (never fits), LOST, STALE, OVER (quota), INVALID, NOCONFIG, MISMATCH.
 -- Tenant and backend arguments are already SHA-256 hex digests: raw ids never reach Redis.
 
-local cfg, occ, exp, events, quota = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local cfg, occ, exp, events, quota, line, live =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local op, fingerprint = ARGV[1], ARGV[2]
 
 -- The config, the asking tenant's override, and the server's clock plus a forward skew that only
 -- the test-util feature ever sets (it moves the cell's time as a fake clock would).
 local asking = (op == 'acquire' and ARGV[4]) or (op == 'snapshot' and ARGV[3]) or ''
 local c = redis.call('HMGET', cfg, 'fingerprint', 'sb', 'st', 'tb', 'tt', 'bt', 'maxlen',
-  'version', 'skew_ms', 'o:' .. asking)
+  'version', 'skew_ms', 'o:' .. asking, 'ttl', 'nq')
 local t = redis.call('TIME')
 local skew = tonumber(c[9] or '0')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + skew
@@ -32,7 +38,7 @@ local function int(n) return string.format('%.0f', n) end
 
 if op == 'init' then
   -- ARGV: 3 service_bytes 4 service_transfers 5 tenant_bytes 6 tenant_transfers
-  --       7 backend_transfers 8 events_max_len
+  --       7 backend_transfers 8 events_max_len 9 lease ttl ms (a waiter's grant lives this long)
   if c[1] then
     if c[1] ~= fingerprint then return {'MISMATCH', c[1]} end
     return {'OK', c[8]}
@@ -41,14 +47,18 @@ if op == 'init' then
   -- version at the server's clock, so versions never go back across a restart either.
   local version = int(math.max(1, math.floor(now_ms)))
   redis.call('HSET', cfg, 'fingerprint', fingerprint, 'sb', ARGV[3], 'st', ARGV[4],
-    'tb', ARGV[5], 'tt', ARGV[6], 'bt', ARGV[7], 'maxlen', ARGV[8], 'version', version)
+    'tb', ARGV[5], 'tt', ARGV[6], 'bt', ARGV[7], 'maxlen', ARGV[8], 'version', version,
+    'ttl', ARGV[9])
   return {'OK', version}
 end
 
 if not c[1] then return {'NOCONFIG'} end
 if c[1] ~= fingerprint then return {'MISMATCH', c[1]} end
 local S_B, S_T, T_B, T_T, B_T = tonumber(c[2]), tonumber(c[3]), tonumber(c[4]), tonumber(c[5]), tonumber(c[6])
-local maxlen, version = c[7], c[8]
+local maxlen, version, TTL = c[7], c[8], tonumber(c[11])
+-- How many wait in the line: with none (the usual case) the line is never read.
+local queued = tonumber(c[12] or '0')
+local DIMS = { 'service_bytes', 'service_transfers', 'tenant_bytes', 'tenant_transfers', 'backend_transfers' }
 
 -- The asking tenant's ceilings: its override, or the defaults.
 local function limits(override)
@@ -85,8 +95,10 @@ local function write(o, tenant, backend, extra, gone)
 end
 
 local function append(kind, lease, token, tenant, backend, footprint, operation, outcome, o)
+  -- `seq` numbers the records: a reader that sees a gap knows trimming dropped some.
+  local seq = redis.call('HINCRBY', occ, 'seq', 1)
   return redis.call('XADD', events, 'MAXLEN', maxlen, '*',
-    'v', 'admission-event-v1', 'kind', kind, 'time_ms', int(now_ms),
+    'v', 'admission-event-v1', 'seq', seq, 'kind', kind, 'time_ms', int(now_ms),
     'lease', lease, 'token', token, 'tenant', tenant, 'backend', backend,
     'footprint', footprint, 'operation', operation, 'outcome', outcome, 'policy', version,
     'occupancy', int(o[1]) .. ' ' .. int(o[2]) .. ' ' .. int(o[3]) .. ' ' .. int(o[4]) .. ' ' .. int(o[5]))
@@ -95,7 +107,7 @@ end
 local function parse(r)
   local f = {}
   for part in string.gmatch(r, '[^|]+') do f[#f + 1] = part end
-  return f -- token, tenant, backend, footprint, operation
+  return f -- token, tenant, backend, footprint, operation[, ticket of an unclaimed line grant]
 end
 
 -- Gives back what lease `id` holds (its record `r`) and records why.
@@ -110,13 +122,105 @@ local function settle(id, r, kind)
   return o
 end
 
--- Bounded reaping on every call: at most `limit` leases whose expiry passed on server time.
+-- Takes waiter `id` (record `q`) out of the line.
+local function unqueue(id)
+  redis.call('ZREM', line, id)
+  redis.call('ZREM', live, id)
+  if redis.call('HDEL', occ, 'q:' .. id) == 1 then
+    queued = redis.call('HINCRBY', cfg, 'nq', -1)
+  end
+end
+
+-- The first dimension on which `need` (five amounts) does not fit `o` with `r` set aside, or
+-- which `blocked` forbids; nil when it fits.
+local function short_on(o, need, tb_max, tt_max, r, blocked)
+  local max = { S_B, S_T, tb_max, tt_max, B_T }
+  for i = 1, 5 do
+    if blocked[i] or o[i] + r[i] + need[i] > max[i] then return i end
+  end
+  return nil
+end
+
+-- Grants lease `id` with counters `o` (read before the grant); `ticket` marks a grant to a
+-- waiter made by another's transition, unclaimed until the waiter asks or is told.
+local function grant(id, tenant, backend, footprint, operation, ttl, o, ticket, outcome, last)
+  local f = tonumber(footprint)
+  last = last or redis.call('HGET', occ, 'tok')
+  local token = int(math.max(tonumber(last or '0') + 1, now_us))
+  local expiry = now_ms + ttl
+  redis.call('ZADD', exp, expiry, id)
+  o[1], o[2], o[3], o[4], o[5] = o[1] + f, o[2] + 1, o[3] + f, o[4] + 1, o[5] + 1
+  local record = token .. '|' .. tenant .. '|' .. backend .. '|' .. footprint .. '|' .. operation
+  if ticket then record = record .. '|' .. ticket end
+  write(o, tenant, backend, { 'tok', token, 'r:' .. id, record })
+  append('admitted', id, token, tenant, backend, footprint, operation, outcome, o)
+  return token, expiry
+end
+
+-- The hand-off: walks the line from its head (at most `limit` waiters) and grants every waiter
+-- that fits, the first that does not becoming the head whose amounts are set aside (EASY
+-- backfilling, as the monitor does): a follower goes only if it fits beside the head's demand on
+-- every dimension they share, and never takes from a dimension the head is short on.
+local function handoff(limit)
+  if queued <= 0 then return 0 end
+  local waiting = redis.call('ZRANGE', line, 0, limit - 1)
+  local head
+  local granted = 0
+  for _, id in ipairs(waiting) do
+    local q = redis.call('HGET', occ, 'q:' .. id)
+    if not q then
+      redis.call('ZREM', line, id)
+      redis.call('ZREM', live, id)
+    else
+      local w = parse(q) -- ticket, tenant, backend, footprint, operation
+      local f = tonumber(w[4])
+      local tb_max, tt_max = limits(redis.call('HGET', cfg, 'o:' .. w[2]))
+      local o = read(w[2], w[3])
+      local r, blocked = { 0, 0, 0, 0, 0 }, {}
+      if head then
+        local shares = { true, true, head.tenant == w[2], head.tenant == w[2], head.backend == w[3] }
+        for i = 1, 5 do
+          if shares[i] then
+            r[i] = head.need[i]
+            blocked[i] = head.short[i]
+          end
+        end
+      end
+      local need = { f, 1, f, 1, 1 }
+      if not short_on(o, need, tb_max, tt_max, r, blocked) then
+        unqueue(id)
+        grant(id, w[2], w[3], w[4], w[5], TTL, o, w[1], 'handoff')
+        granted = granted + 1
+      elseif not head then
+        local short, max = {}, { S_B, S_T, tb_max, tt_max, B_T }
+        for i = 1, 5 do short[i] = o[i] + need[i] > max[i] end
+        head = { tenant = w[2], backend = w[3], need = need, short = short }
+      end
+    end
+  end
+  return granted
+end
+
+-- Bounded reaping on every call: at most `limit` leases whose expiry passed on server time, and
+-- at most `limit` waiters whose liveness ran out (a crashed waiter cannot hold the head); the
+-- hand-off follows when anything was reaped.
 local function reap(limit)
   local due = redis.call('ZRANGEBYSCORE', exp, '-inf', now_ms, 'LIMIT', 0, limit)
   for _, id in ipairs(due) do
     local r = redis.call('HGET', occ, 'r:' .. id)
     if r then settle(id, r, 'expired') else redis.call('ZREM', exp, id) end
   end
+  local dead = {}
+  if queued > 0 then dead = redis.call('ZRANGEBYSCORE', live, '-inf', now_ms, 'LIMIT', 0, limit) end
+  for _, id in ipairs(dead) do
+    local q = redis.call('HGET', occ, 'q:' .. id)
+    unqueue(id)
+    if q then
+      local w = parse(q)
+      append('timed_out', id, '0', w[2], w[3], w[4], w[5], 'abandoned', read(w[2], w[3]))
+    end
+  end
+  if #due + #dead > 0 then handoff(limit) end
   return #due
 end
 
@@ -134,43 +238,100 @@ end
 
 if op == 'acquire' then
   -- ARGV: 3 lease id 4 tenant 5 backend 6 footprint 7 operation 8 ttl ms 9 reap limit
-  --       10 queued flag (1: append a `queued` event when it does not fit now)
+  --       10 wait flag (1: join the line, with a `queued` event, when it does not fit now)
+  --       11 the caller's ticket when it already waits ('' otherwise)
   local id, tenant, backend, operation = ARGV[3], ARGV[4], ARGV[5], ARGV[7]
-  local footprint, ttl = tonumber(ARGV[6]), tonumber(ARGV[8])
+  local footprint, ttl, ticket = tonumber(ARGV[6]), tonumber(ARGV[8]), ARGV[11]
   reap(tonumber(ARGV[9]))
   if not footprint or footprint <= 0 then return {'NEVER', 'footprint', ARGV[6], '1'} end
   local tb_max, tt_max = limits(c[10])
   if footprint > S_B then return {'NEVER', 'service_bytes', ARGV[6], int(S_B)} end
   if footprint > tb_max then return {'NEVER', 'tenant_bytes', ARGV[6], int(tb_max)} end
-  local o, v = read(tenant, backend, 'r:' .. id, 'tok')
-  if v[6] then return {'NEVER', 'lease_id', id, '0'} end
-  local dim, held, max
-  if o[1] + footprint > S_B then dim, held, max = 'service_bytes', o[1], S_B
-  elseif o[2] + 1 > S_T then dim, held, max = 'service_transfers', o[2], S_T
-  elseif o[3] + footprint > tb_max then dim, held, max = 'tenant_bytes', o[3], tb_max
-  elseif o[4] + 1 > tt_max then dim, held, max = 'tenant_transfers', o[4], tt_max
-  elseif o[5] + 1 > B_T then dim, held, max = 'backend_transfers', o[5], B_T
+  local o, v = read(tenant, backend, 'r:' .. id, 'q:' .. id, 'tok')
+  if v[6] then
+    -- Held: the caller's own grant from the line (its ticket matches), or a duplicate.
+    local f = parse(v[6])
+    if ticket == '' or f[6] ~= ticket then return {'NEVER', 'lease_id', id, '0'} end
+    local claimed = table.concat({ f[1], f[2], f[3], f[4], f[5] }, '|')
+    redis.call('HSET', occ, 'r:' .. id, claimed)
+    local expiry = redis.call('ZSCORE', exp, id)
+    return {'OK', f[1], version, int(o[1]), int(o[2]), int(o[3]), int(o[4]), int(o[5]),
+      int(tonumber(expiry)), int(now_ms)}
+  end
+  local waiting = v[7] and parse(v[7])[1]
+  if waiting then
+    -- A waiter asking again: still waiting (the hand-off grants it when it fits); its liveness
+    -- is renewed.
+    redis.call('ZADD', live, now_ms + ttl, id)
+  end
+  -- Who is first? A newcomer goes before the line only beside the head's reserved demand.
+  local r, blocked = { 0, 0, 0, 0, 0 }, {}
+  local first = queued > 0 and redis.call('ZRANGE', line, 0, 0)[1]
+  if first and first ~= id then
+    local h = parse(redis.call('HGET', occ, 'q:' .. first) or '0|||0|')
+    local hf = tonumber(h[4]) or 0
+    local htb, htt = limits(redis.call('HGET', cfg, 'o:' .. (h[2] or '')))
+    local ho = read(h[2] or '', h[3] or '')
+    local hneed, hmax = { hf, 1, hf, 1, 1 }, { S_B, S_T, htb, htt, B_T }
+    local shares = { true, true, h[2] == tenant, h[2] == tenant, h[3] == backend }
+    for i = 1, 5 do
+      if shares[i] then
+        r[i] = hneed[i]
+        blocked[i] = ho[i] + hneed[i] > hmax[i]
+      end
+    end
+  end
+  local need = { footprint, 1, footprint, 1, 1 }
+  local dim = short_on(o, need, tb_max, tt_max, r, blocked)
+  if dim and not waiting and ARGV[10] == '1' then
+    waiting = tostring(redis.call('HINCRBY', occ, 'tick', 1))
+    queued = redis.call('HINCRBY', cfg, 'nq', 1)
+    redis.call('ZADD', line, waiting, id)
+    redis.call('ZADD', live, now_ms + ttl, id)
+    redis.call('HSET', occ, 'q:' .. id, waiting .. '|' .. tenant .. '|' .. backend .. '|' .. ARGV[6] .. '|' .. operation)
+    local last = append('queued', id, '0', tenant, backend, ARGV[6], operation, 'queued', o)
+    local max = { S_B, S_T, tb_max, tt_max, B_T }
+    return {'FULL', DIMS[dim], int(o[dim] + r[dim]), int(max[dim]), last, int(earliest_expiry()),
+      int(now_ms), waiting}
   end
   if dim then
-    local last
-    if ARGV[10] == '1' then
-      last = append('queued', id, '0', tenant, backend, ARGV[6], operation, 'queued', o)
-    else
-      last = last_event_id()
-    end
-    return {'FULL', dim, int(held), int(max), last, int(earliest_expiry()), int(now_ms)}
+    local max = { S_B, S_T, tb_max, tt_max, B_T }
+    return {'FULL', DIMS[dim], int(o[dim] + r[dim]), int(max[dim]), last_event_id(),
+      int(earliest_expiry()), int(now_ms), waiting or ''}
   end
-  -- Fencing: one more than the last token, and never behind the server's clock in microseconds,
-  -- so a cell that lost its counter (a restart, a failover) still issues greater tokens.
-  local token = int(math.max(tonumber(v[7] or '0') + 1, now_us))
-  local expiry = now_ms + ttl
-  redis.call('ZADD', exp, expiry, id)
-  o[1], o[2], o[3], o[4], o[5] = o[1] + footprint, o[2] + 1, o[3] + footprint, o[4] + 1, o[5] + 1
-  write(o, tenant, backend, { 'tok', token,
-    'r:' .. id, token .. '|' .. tenant .. '|' .. backend .. '|' .. ARGV[6] .. '|' .. operation })
-  append('admitted', id, token, tenant, backend, ARGV[6], operation, 'admitted', o)
+  if waiting then unqueue(id) end
+  local token, expiry = grant(id, tenant, backend, ARGV[6], operation, ttl, o, nil, 'admitted', v[8])
   return {'OK', token, version, int(o[1]), int(o[2]), int(o[3]), int(o[4]), int(o[5]),
     int(expiry), int(now_ms)}
+end
+
+if op == 'withdraw' then
+  -- ARGV: 3 lease id 4 ticket 5 reap limit. A waiter that gives up (timeout, cancellation):
+  -- out of the line with a `timed_out` event, or, if the hand-off granted it meanwhile, its
+  -- grant (claimed, for the caller to keep or release).
+  local id, ticket = ARGV[3], ARGV[4]
+  reap(tonumber(ARGV[5]))
+  local v = redis.call('HMGET', occ, 'q:' .. id, 'r:' .. id)
+  if v[1] then
+    local w = parse(v[1])
+    if w[1] == ticket then
+      unqueue(id)
+      append('timed_out', id, '0', w[2], w[3], w[4], w[5], 'timed_out', read(w[2], w[3]))
+      handoff(tonumber(ARGV[5]))
+      return {'WITHDRAWN'}
+    end
+  end
+  if v[2] then
+    local f = parse(v[2])
+    if f[6] == ticket then
+      redis.call('HSET', occ, 'r:' .. id, table.concat({ f[1], f[2], f[3], f[4], f[5] }, '|'))
+      local o = read(f[2], f[3])
+      local expiry = redis.call('ZSCORE', exp, id)
+      return {'OK', f[1], version, int(o[1]), int(o[2]), int(o[3]), int(o[4]), int(o[5]),
+        int(tonumber(expiry)), int(now_ms)}
+    end
+  end
+  return {'GONE'}
 end
 
 if op == 'renew' then
@@ -206,6 +367,7 @@ if op == 'release' then
   local current = string.sub(r, 1, string.find(r, '|', 1, true) - 1)
   if current ~= token then return {'STALE', current} end
   settle(id, r, ARGV[5])
+  handoff(tonumber(ARGV[6]))
   return {'OK', int(now_ms)}
 end
 
@@ -213,14 +375,6 @@ if op == 'skew' then
   -- ARGV: 3 milliseconds to move the cell's clock forward (test-util only)
   redis.call('HINCRBY', cfg, 'skew_ms', tonumber(ARGV[3]))
   return {'OK', int(now_ms + tonumber(ARGV[3]))}
-end
-
-if op == 'gave_up' then
-  -- ARGV: 3 lease id 4 tenant 5 backend 6 footprint 7 operation 8 reap limit
-  reap(tonumber(ARGV[8]))
-  append('timed_out', ARGV[3], '0', ARGV[4], ARGV[5], ARGV[6], ARGV[7], 'timed_out',
-    read(ARGV[4], ARGV[5]))
-  return {'OK'}
 end
 
 if op == 'snapshot' then
@@ -246,6 +400,7 @@ if op == 'policy' then
     redis.call('HSET', cfg, 'o:' .. tenant, ARGV[4] .. '|' .. ARGV[5])
   end
   version = int(redis.call('HINCRBY', cfg, 'version', 1))
+  handoff(tonumber(ARGV[6]))
   append('policy_changed', '', '0', tenant, '', '0', 'policy', ARGV[4] == '' and 'cleared' or 'set',
     read(tenant, ''))
   return {'OK', version}

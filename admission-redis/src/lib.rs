@@ -7,26 +7,32 @@
 //! transfers, backend transfers), decides expiry on the server's clock, reaps a bounded number of
 //! expired leases, and appends an event to a bounded stream. A lease carries a [`FencingToken`]
 //! that never goes backwards, renews itself in the background, is released on every exit, and
-//! tells its holder when it is lost. Admission fails closed: while Redis is unreachable nothing
-//! new is admitted.
+//! tells its holder when it is lost. A request that does not fit waits in the cell's one line,
+//! shared by every process: the head's demand is set aside, and a release anywhere hands the
+//! capacity to the waiters in ticket order inside the same script call (see
+//! [`RedisAdmission::acquire`]). Admission fails closed: while Redis is unreachable nothing new is
+//! admitted.
 //!
 //! # Keys
 //!
 //! Every key of a cell is `<prefix>:{<cell>}:<name>`, so the cell id is the Redis Cluster hash
 //! tag and a whole transition stays in one slot: `cfg` (ceilings, config fingerprint, policy
-//! version, tenant overrides), `occ` (occupancy counters, lease records, the last fencing
-//! token), `exp` (lease expiries, a sorted set on server time), `events` (the stream), `quota`
-//! (per-tenant traffic windows). An acquisition reads and writes each hash once: seven Redis
+//! version, tenant overrides, the number waiting), `occ` (occupancy counters, lease and waiter
+//! records, the last fencing token, the ticket and event counters), `exp` (lease expiries, a
+//! sorted set on server time), `events` (the stream), `quota` (per-tenant traffic windows),
+//! `line` (waiters by ticket), `live` (waiters' liveness expiries). An acquisition reads and writes each hash once: seven Redis
 //! calls inside one script call. Tenant and backend ids appear only as
 //! SHA-256 hex digests ([`hashed_id`]); raw tenant ids never reach Redis, events or metric labels.
 //!
 //! # Events (`admission-event-v1`)
 //!
 //! Each transition appends one record to the stream (`XADD MAXLEN`, the config's
-//! `events_max_len`) with fields `v` (`admission-event-v1`), `kind` (`admitted`, `queued`,
-//! `timed_out`, `completed`, `interrupted`, `failed`, `expired`, `policy_changed`), `time_ms`
-//! (server time), `lease`, `token`, `tenant` and `backend` (digests), `footprint`, `operation`,
-//! `outcome`, `policy`, and `occupancy`, the five counters after the transition separated by
+//! `events_max_len`) with fields `v` (`admission-event-v1`), `seq` (numbers the records, so a
+//! reader sees a gap trimming made), `kind` (`admitted`, `queued`, `timed_out`, `completed`,
+//! `interrupted`, `failed`, `expired`, `policy_changed`), `time_ms` (server time), `lease`,
+//! `token`, `tenant` and `backend` (digests), `footprint`, `operation`, `outcome` (for an
+//! admission: `admitted` at the asker's own call, `handoff` when another's transition granted a
+//! waiter; `abandoned` for a waiter whose liveness ran out), `policy`, and `occupancy`, the five counters after the transition separated by
 //! spaces (service bytes, service transfers, tenant bytes, tenant transfers, backend transfers).
 //! [`read_events`] parses them.
 #![forbid(unsafe_code)]

@@ -1,23 +1,27 @@
-//! Waking waiters from the cell's events stream: one reader per process (`XREAD BLOCK` on a
-//! connection of its own), so a release on any instance wakes the waiters of every instance
-//! without a polling loop.
+//! Telling waiters of their grants: one reader per process (`XREAD BLOCK` on a connection of its
+//! own) reads the cell's events stream and hands each `admitted` record of the line's hand-off
+//! to the local waiter it names, so a release on any instance admits the waiters of every
+//! instance without a polling loop and without one connection per waiter.
 //!
-//! A waiter's refusal carries the id of the stream's last record at the moment of the refusal
-//! (read in the same script call), so a release recorded after it is never missed: the waiter
-//! sleeps until the reader has seen a capacity-freeing record past that id, its own deadline, or
-//! the earliest lease expiry (reaping is lazy: the next call reaps it).
+//! A waiter registers its lease id before it first asks, and its refusal carries the id of the
+//! stream's record at that moment (its `queued` record), so the reader, started from there at the
+//! latest, cannot miss the grant. The reader numbers what it reads (`seq`): a gap means trimming
+//! dropped records it never saw, and every local waiter asks again, as it does when the reader
+//! fails. Besides, a waiter asks again at its own computed deadlines (its timeout, the earliest
+//! lease expiry, its ticket's liveness renewal).
 
-use std::cmp::Ordering;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use redis::streams::{StreamReadOptions, StreamReadReply};
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::coordinator::{Inner, blocking_connection};
+use crate::lease::Occupancy;
 
 /// A stream record id, `ms-seq`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -36,18 +40,44 @@ impl StreamId {
     }
 }
 
-/// What the reader has seen: the last capacity-freeing record, and how many times the reader
-/// failed (a failure wakes every waiter, whose next attempt then fails closed or succeeds).
+/// How many times the reader failed or saw a gap: each wakes every waiter, whose next attempt
+/// then fails closed, succeeds, or waits again.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Seen {
-    freeing: StreamId,
     failures: u64,
 }
 
-/// The process's one reader, started by the first waiter.
+/// A grant the hand-off made to a local waiter, as its `admitted` record says.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Granted {
+    pub(crate) token: u64,
+    pub(crate) policy_version: u64,
+    pub(crate) occupancy: Occupancy,
+    /// When the read that returned the record was sent: the lease cannot have been granted
+    /// earlier, so the holder's local deadline counts from here.
+    pub(crate) sent: Instant,
+}
+
+type Slots = Arc<Mutex<HashMap<String, oneshot::Sender<Granted>>>>;
+
+/// The process's one reader, started by the first waiter, and the local waiters by lease id.
 #[derive(Default)]
 pub(crate) struct Wakeups {
     reader: Mutex<Option<Reader>>,
+    slots: Slots,
+}
+
+/// A local waiter's place for its grant; leaves the table when dropped.
+pub(crate) struct Slot {
+    slots: Slots,
+    id: String,
+    grant: oneshot::Receiver<Granted>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.slots.lock().remove(&self.id);
+    }
 }
 
 struct Reader {
@@ -61,25 +91,35 @@ impl Drop for Reader {
     }
 }
 
-/// Record kinds that can make room.
-const FREEING: [&str; 6] = [
-    "completed",
-    "failed",
-    "interrupted",
-    "expired",
-    "policy_changed",
-    "timed_out",
-];
-
 impl Wakeups {
-    /// Sleeps until a capacity-freeing record after `after` is seen, the reader fails, or
-    /// `until` passes.
-    pub(crate) async fn wait_after(&self, inner: &Arc<Inner>, after: StreamId, until: Instant) {
+    /// Registers waiter `id` for a grant from the line.
+    pub(crate) fn register(&self, id: &str) -> Slot {
+        let (tx, grant) = oneshot::channel();
+        self.slots.lock().insert(id.to_string(), tx);
+        Slot {
+            slots: self.slots.clone(),
+            id: id.to_string(),
+            grant,
+        }
+    }
+
+    /// Waits until the reader hands `slot` its grant (returned), the reader fails or sees a
+    /// gap, or `until` passes (both `None`: ask again). The reader starts from `after` at the
+    /// latest.
+    pub(crate) async fn wait_grant(
+        &self,
+        inner: &Arc<Inner>,
+        slot: &mut Slot,
+        after: StreamId,
+        until: Instant,
+    ) -> Option<Granted> {
         let mut seen = self.subscribe(inner, after);
         let failures = seen.borrow().failures;
-        let woken =
-            seen.wait_for(|s| s.freeing.cmp(&after) == Ordering::Greater || s.failures != failures);
-        let _ = tokio::time::timeout_at(until, woken).await;
+        tokio::select! {
+            granted = &mut slot.grant => granted.ok(),
+            _ = seen.wait_for(|s| s.failures != failures) => None,
+            () = tokio::time::sleep_until(until) => None,
+        }
     }
 
     fn subscribe(&self, inner: &Arc<Inner>, from: StreamId) -> watch::Receiver<Seen> {
@@ -87,12 +127,9 @@ impl Wakeups {
         if let Some(r) = reader.as_ref().filter(|r| !r.task.is_finished()) {
             return r.seen.clone();
         }
-        let (tx, rx) = watch::channel(Seen {
-            freeing: from,
-            failures: 0,
-        });
+        let (tx, rx) = watch::channel(Seen::default());
         // The reader holds only a weak reference: it ends with the provider's last clone.
-        let task = tokio::spawn(read(Arc::downgrade(inner), from, tx));
+        let task = tokio::spawn(read(Arc::downgrade(inner), self.slots.clone(), from, tx));
         *reader = Some(Reader {
             seen: rx.clone(),
             task,
@@ -101,8 +138,14 @@ impl Wakeups {
     }
 }
 
-async fn read(inner: std::sync::Weak<Inner>, mut last: StreamId, seen: watch::Sender<Seen>) {
+async fn read(
+    inner: std::sync::Weak<Inner>,
+    slots: Slots,
+    mut last: StreamId,
+    seen: watch::Sender<Seen>,
+) {
     let mut conn = None;
+    let mut last_seq: Option<u64> = None;
     loop {
         let Some(strong) = inner.upgrade() else {
             return;
@@ -124,23 +167,36 @@ async fn read(inner: std::sync::Weak<Inner>, mut last: StreamId, seen: watch::Se
         let Some(c) = conn.as_mut() else { continue };
         // Block for a bounded time so that a provider dropped meanwhile ends the reader.
         let options = StreamReadOptions::default().block(5_000).count(256);
+        let sent = Instant::now();
         let reply: redis::RedisResult<Option<StreamReadReply>> =
             redis::AsyncCommands::xread_options(c, &[&key], &[last.render()], &options).await;
         match reply {
             Ok(Some(reply)) => {
-                let mut freeing = None;
+                let mut gap = false;
                 for stream in reply.keys {
                     for record in stream.ids {
-                        let id = StreamId::parse(&record.id);
-                        last = last.max(id);
-                        let kind: Option<String> = record.get("kind");
-                        if kind.is_some_and(|k| FREEING.contains(&k.as_str())) {
-                            freeing = Some(id);
+                        last = last.max(StreamId::parse(&record.id));
+                        let field = |name: &str| record.get::<String>(name).unwrap_or_default();
+                        let seq: u64 = field("seq").parse().unwrap_or(0);
+                        gap |= last_seq.is_some_and(|l| seq != l + 1);
+                        last_seq = Some(seq);
+                        if field("kind") == "admitted" && field("outcome") == "handoff" {
+                            let waiter = slots.lock().remove(&field("lease"));
+                            if let Some(waiter) = waiter {
+                                let numbers: Vec<String> =
+                                    field("occupancy").split(' ').map(str::to_string).collect();
+                                let _ = waiter.send(Granted {
+                                    token: field("token").parse().unwrap_or(0),
+                                    policy_version: field("policy").parse().unwrap_or(0),
+                                    occupancy: Occupancy::from_fields(&numbers),
+                                    sent,
+                                });
+                            }
                         }
                     }
                 }
-                if let Some(id) = freeing {
-                    seen.send_modify(|s| s.freeing = s.freeing.max(id));
+                if gap {
+                    seen.send_modify(|s| s.failures += 1);
                 }
             }
             Ok(None) => {}

@@ -153,8 +153,13 @@ fn the_fingerprint_follows_the_shared_settings_only() {
     let a = valid();
     let mut b = valid();
     b.host = "elsewhere".into();
-    b.lease_ttl = Duration::from_secs(60);
+    b.renew_every = Duration::from_secs(2);
+    b.redis_wait = Duration::from_secs(1);
     assert_eq!(a.fingerprint(), b.fingerprint());
+    // The lease TTL is shared: a waiter's lease granted by another instance's release lives it.
+    let mut c = valid();
+    c.lease_ttl = Duration::from_secs(60);
+    assert_ne!(a.fingerprint(), c.fingerprint());
     b.ceilings.service_transfers = 11;
     assert_ne!(a.fingerprint(), b.fingerprint());
 }

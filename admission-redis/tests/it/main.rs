@@ -4,6 +4,7 @@
 mod config;
 mod fleet;
 mod leases;
+mod line;
 mod metrics;
 mod servers;
 mod support;
