@@ -94,9 +94,10 @@ local function write(o, tenant, backend, extra, gone)
   if #drop > 0 then redis.call('HDEL', occ, unpack(drop)) end
 end
 
-local function append(kind, lease, token, tenant, backend, footprint, operation, outcome, o)
-  -- `seq` numbers the records: a reader that sees a gap knows trimming dropped some.
-  local seq = redis.call('HINCRBY', occ, 'seq', 1)
+-- `seq` numbers the records: a reader that sees a gap knows trimming dropped some. A caller
+-- that already wrote the counter (in the same HSET as the occupancy) passes it.
+local function append(kind, lease, token, tenant, backend, footprint, operation, outcome, o, seq)
+  seq = seq or redis.call('HINCRBY', occ, 'seq', 1)
   return redis.call('XADD', events, 'MAXLEN', maxlen, '*',
     'v', 'admission-event-v1', 'seq', seq, 'kind', kind, 'time_ms', int(now_ms),
     'lease', lease, 'token', token, 'tenant', tenant, 'backend', backend,
@@ -114,11 +115,12 @@ end
 local function settle(id, r, kind)
   local f = parse(r)
   local footprint = tonumber(f[4])
-  local o = read(f[2], f[3])
+  local o, v = read(f[2], f[3], 'seq')
+  local seq = tonumber(v[6] or '0') + 1
   o[1], o[2], o[3], o[4], o[5] = o[1] - footprint, o[2] - 1, o[3] - footprint, o[4] - 1, o[5] - 1
-  write(o, f[2], f[3], nil, { 'r:' .. id })
+  write(o, f[2], f[3], { 'seq', seq }, { 'r:' .. id })
   redis.call('ZREM', exp, id)
-  append(kind, id, f[1], f[2], f[3], f[4], f[5], kind, o)
+  append(kind, id, f[1], f[2], f[3], f[4], f[5], kind, o, seq)
   return o
 end
 
@@ -143,17 +145,21 @@ end
 
 -- Grants lease `id` with counters `o` (read before the grant); `ticket` marks a grant to a
 -- waiter made by another's transition, unclaimed until the waiter asks or is told.
-local function grant(id, tenant, backend, footprint, operation, ttl, o, ticket, outcome, last)
+local function grant(id, tenant, backend, footprint, operation, ttl, o, ticket, outcome, last, seq)
   local f = tonumber(footprint)
-  last = last or redis.call('HGET', occ, 'tok')
+  if not last then
+    local v = redis.call('HMGET', occ, 'tok', 'seq')
+    last, seq = v[1], v[2]
+  end
+  seq = tonumber(seq or '0') + 1
   local token = int(math.max(tonumber(last or '0') + 1, now_us))
   local expiry = now_ms + ttl
   redis.call('ZADD', exp, expiry, id)
   o[1], o[2], o[3], o[4], o[5] = o[1] + f, o[2] + 1, o[3] + f, o[4] + 1, o[5] + 1
   local record = token .. '|' .. tenant .. '|' .. backend .. '|' .. footprint .. '|' .. operation
   if ticket then record = record .. '|' .. ticket end
-  write(o, tenant, backend, { 'tok', token, 'r:' .. id, record })
-  append('admitted', id, token, tenant, backend, footprint, operation, outcome, o)
+  write(o, tenant, backend, { 'tok', token, 'r:' .. id, record, 'seq', seq })
+  append('admitted', id, token, tenant, backend, footprint, operation, outcome, o, seq)
   return token, expiry
 end
 
@@ -195,6 +201,9 @@ local function handoff(limit)
         local short, max = {}, { S_B, S_T, tb_max, tt_max, B_T }
         for i = 1, 5 do short[i] = o[i] + need[i] > max[i] end
         head = { tenant = w[2], backend = w[3], need = need, short = short }
+        -- Every waiter needs service bytes and a service transfer: when the head is short on
+        -- either, or nothing is left of them beside its reservation, nobody behind can go.
+        if short[1] or short[2] or o[1] + f + 1 > S_B or o[2] + 2 > S_T then break end
       end
     end
   end
@@ -217,7 +226,7 @@ local function reap(limit)
     unqueue(id)
     if q then
       local w = parse(q)
-      append('timed_out', id, '0', w[2], w[3], w[4], w[5], 'abandoned', read(w[2], w[3]))
+      append('timed_out', id, '0', w[2], w[3], w[4], w[5], 'abandoned', (read(w[2], w[3])))
     end
   end
   if #due + #dead > 0 then handoff(limit) end
@@ -247,7 +256,7 @@ if op == 'acquire' then
   local tb_max, tt_max = limits(c[10])
   if footprint > S_B then return {'NEVER', 'service_bytes', ARGV[6], int(S_B)} end
   if footprint > tb_max then return {'NEVER', 'tenant_bytes', ARGV[6], int(tb_max)} end
-  local o, v = read(tenant, backend, 'r:' .. id, 'q:' .. id, 'tok')
+  local o, v = read(tenant, backend, 'r:' .. id, 'q:' .. id, 'tok', 'seq')
   if v[6] then
     -- Held: the caller's own grant from the line (its ticket matches), or a duplicate.
     local f = parse(v[6])
@@ -300,7 +309,7 @@ if op == 'acquire' then
       int(earliest_expiry()), int(now_ms), waiting or ''}
   end
   if waiting then unqueue(id) end
-  local token, expiry = grant(id, tenant, backend, ARGV[6], operation, ttl, o, nil, 'admitted', v[8])
+  local token, expiry = grant(id, tenant, backend, ARGV[6], operation, ttl, o, nil, 'admitted', v[8] or '0', v[9])
   return {'OK', token, version, int(o[1]), int(o[2]), int(o[3]), int(o[4]), int(o[5]),
     int(expiry), int(now_ms)}
 end
@@ -316,7 +325,7 @@ if op == 'withdraw' then
     local w = parse(v[1])
     if w[1] == ticket then
       unqueue(id)
-      append('timed_out', id, '0', w[2], w[3], w[4], w[5], 'timed_out', read(w[2], w[3]))
+      append('timed_out', id, '0', w[2], w[3], w[4], w[5], 'timed_out', (read(w[2], w[3])))
       handoff(tonumber(ARGV[5]))
       return {'WITHDRAWN'}
     end
@@ -402,7 +411,7 @@ if op == 'policy' then
   version = int(redis.call('HINCRBY', cfg, 'version', 1))
   handoff(tonumber(ARGV[6]))
   append('policy_changed', '', '0', tenant, '', '0', 'policy', ARGV[4] == '' and 'cleared' or 'set',
-    read(tenant, ''))
+    (read(tenant, '')))
   return {'OK', version}
 end
 

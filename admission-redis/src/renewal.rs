@@ -102,6 +102,10 @@ struct State {
     due: BTreeMap<(Instant, u64), Arc<Entry>>,
     seq: u64,
     task: Option<JoinHandle<()>>,
+    /// When the task wakes next by itself (`None`: only when notified). A new entry due no
+    /// earlier needs no notification: the common case, since every lease is due `renew_every`
+    /// after it was taken, later than every lease before it.
+    wakes_at: Option<Instant>,
 }
 
 impl Renewals {
@@ -109,13 +113,13 @@ impl Renewals {
     /// running.
     pub(crate) fn schedule(self: &Arc<Self>, inner: &Arc<Inner>, entry: Arc<Entry>, next: Instant) {
         let mut state = self.state.lock();
-        let earliest = state.due.keys().next().map(|(at, _)| *at);
         state.seq += 1;
         let seq = state.seq;
         state.due.insert((next, seq), entry);
         if state.task.as_ref().is_none_or(JoinHandle::is_finished) {
             state.task = Some(tokio::spawn(run(self.clone(), Arc::downgrade(inner))));
-        } else if earliest.is_none_or(|at| next < at) {
+        } else if state.wakes_at.is_none_or(|at| next < at) {
+            state.wakes_at = Some(next);
             self.wake.notify_one();
         }
     }
@@ -126,17 +130,21 @@ impl Renewals {
         self.wake.notify_one();
     }
 
-    /// The earliest due time among live entries, dropping released ones at the front.
+    /// The earliest due time among live entries, dropping released ones at the front; the
+    /// task sleeps until then (or until notified, when `None`).
     fn next_due(&self) -> Option<Instant> {
         let mut state = self.state.lock();
+        let mut next = None;
         while let Some(entry) = state.due.first_entry() {
             if entry.get().done.load(Ordering::Acquire) {
                 entry.remove();
             } else {
-                return Some(entry.key().0);
+                next = Some(entry.key().0);
+                break;
             }
         }
-        None
+        state.wakes_at = next;
+        next
     }
 
     /// Takes up to [`BATCH`] live entries due by `now`.

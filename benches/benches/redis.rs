@@ -11,64 +11,20 @@
 //!   instances x 32 tasks, with a ceiling of 16 transfers so that tasks wait for each other;
 //!   criterion's throughput is leases per second.
 //!
+//! Both sides run on one current-thread tokio runtime (the client's one core; the server has
+//! the other), so neither pays a hand-over between threads per request.
+//!
 //! Run with `cargo bench -p admission-benches --bench redis` (needs `redis-server` on PATH).
 
-use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use admission_benches::redis_server::RedisServer;
 use admission_redis::{Ceilings, LeaseRequest, Outcome, RedisAdmission, RedisAdmissionConfig};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
 /// 64 hex digits, as a hashed tenant or backend id is.
 const TENANT: &str = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
 const BACKEND: &str = "60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752";
-
-/// A private server, killed when dropped.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Server {
-    fn start() -> Server {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
-        let mut child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-            ])
-            .args(["--appendonly", "no", "--logfile", ""])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("redis-server on PATH");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        loop {
-            match lines.next() {
-                Some(Ok(line)) if line.contains("Ready to accept connections") => break,
-                Some(Ok(_)) => {}
-                _ => panic!("redis-server exited before it was ready"),
-            }
-        }
-        std::thread::spawn(move || for _ in lines {});
-        Server { child, port }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn config(port: u16, cell: &str, transfers: u64) -> RedisAdmissionConfig {
     let ceilings = Ceilings {
@@ -98,9 +54,10 @@ fn same_size_script() -> redis::Script {
 }
 
 fn benches(c: &mut Criterion) {
-    let server = Server::start();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    let server = RedisServer::start();
+    // One thread for the client side, so that neither side pays a hand-over between the
+    // thread that awaits and the thread that drives the socket; the server has the other core.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");

@@ -14,7 +14,12 @@
 //! admission-benches`): `monitor` (the uncontended path and its parts, the pass over parked
 //! waiters, release to running), `gate_and_bucket`, `elastic_window` and `fixed_window` (each
 //! family beside governor's `check_n`), `memory_gate` (what a green gate adds to an admit), and `db`
-//! (the r2d2 SQLite provider of `admission-db` beside a bare checkout of the same pool).
+//! (the r2d2 SQLite provider of `admission-db` beside a bare checkout of the same pool), `redis`
+//! (a fleet lease of `admission-redis` beside one EVALSHA of a script of the same size) and
+//! `redis_line` (its own harness: the fleet line's wake latency beside a 50 ms polling loop,
+//! round trips per admitted job, the head's wait with and without small followers, and a
+//! simulation of 100 processes on one cell and of cells sharded by hash tag). Both start a
+//! private `redis-server` ([`redis_server`]).
 //!
 //! `cargo xtask bench` rewrites the side-by-side table in BENCHMARKS.md from the files the first
 //! two leave. This library holds [`Results`], what both sides of that exchange agree on, and
@@ -23,6 +28,7 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
+pub mod redis_server;
 pub mod support;
 
 /// The directory the custom harness writes its results to: `$CARGO_TARGET_DIR/side-by-side`, or
