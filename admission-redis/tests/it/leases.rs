@@ -10,7 +10,7 @@ use admission_redis::{
     Outcome, PolicyError, QuotaError, QuotaKind, Quotas, hashed_id, read_events,
 };
 
-use crate::support::{ceilings, cell, config, connect, kinds, server, wait_for_event};
+use crate::support::{ceilings, cell, config, connect, full, kinds, lease, server, wait_for_event};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_instances_never_hold_more_than_the_ceiling_and_end_at_zero() {
@@ -92,122 +92,47 @@ async fn each_dimension_refuses_with_its_numbers() {
     let cell = cell("dimensions");
     // service 1000 bytes / 4 transfers; tenant 600 / 2; backend 3.
     let fleet = connect(config(&host, port, &cell, ceilings(1000, 4, 600, 2, 3))).await;
-    let take = |id: &str, tenant: &str, backend: &str, bytes: u64| {
-        LeaseRequest::new(id, tenant, backend, bytes, "upload")
-    };
-    let l1 = fleet
-        .try_acquire(&take("a1", "acme", "d1", 500))
-        .await
-        .expect("fits");
-    assert_eq!(l1.occupancy().service_bytes, 500);
-    assert_eq!(l1.occupancy().tenant_bytes, 500);
-    let full = fleet
-        .try_acquire(&take("a2", "acme", "d1", 200))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(
-            full,
-            AcquireError::Full {
-                dimension: Dimension::TenantBytes,
-                held: 500,
-                asked: 200,
-                ceiling: 600
-            }
-        ),
-        "{full}"
+    let l1 = lease(&fleet, "a1", "acme", "d1", 500).await;
+    assert_eq!(
+        (l1.occupancy().service_bytes, l1.occupancy().tenant_bytes),
+        (500, 500)
     );
-    let l2 = fleet
-        .try_acquire(&take("a3", "acme", "d1", 50))
-        .await
-        .expect("fits");
-    let full = fleet
-        .try_acquire(&take("a4", "acme", "d2", 1))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(
-            full,
-            AcquireError::Full {
-                dimension: Dimension::TenantTransfers,
-                held: 2,
-                asked: 1,
-                ceiling: 2
-            }
-        ),
-        "{full}"
+    use Dimension::*;
+    assert_eq!(
+        full(&fleet, "a2", "acme", "d1", 200).await,
+        (TenantBytes, 500, 200, 600)
     );
-    let l3 = fleet
-        .try_acquire(&take("b1", "bolt", "d1", 300))
-        .await
-        .expect("fits");
-    let full = fleet
-        .try_acquire(&take("b2", "bolt", "d1", 200))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(
-            full,
-            AcquireError::Full {
-                dimension: Dimension::ServiceBytes,
-                held: 850,
-                asked: 200,
-                ceiling: 1000
-            }
-        ),
-        "{full}"
+    let l2 = lease(&fleet, "a3", "acme", "d1", 50).await;
+    assert_eq!(
+        full(&fleet, "a4", "acme", "d2", 1).await,
+        (TenantTransfers, 2, 1, 2)
     );
-    let full = fleet
-        .try_acquire(&take("b3", "bolt", "d1", 10))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(
-            full,
-            AcquireError::Full {
-                dimension: Dimension::BackendTransfers,
-                held: 3,
-                asked: 1,
-                ceiling: 3
-            }
-        ),
-        "{full}"
+    let l3 = lease(&fleet, "b1", "bolt", "d1", 300).await;
+    assert_eq!(
+        full(&fleet, "b2", "bolt", "d1", 200).await,
+        (ServiceBytes, 850, 200, 1000)
     );
     assert_eq!(
-        full.to_string(),
+        full(&fleet, "b3", "bolt", "d1", 10).await,
+        (BackendTransfers, 3, 1, 3)
+    );
+    let refused = fleet
+        .try_acquire(&LeaseRequest::new("b3", "bolt", "d1", 10, "upload"))
+        .await;
+    assert_eq!(
+        refused.unwrap_err().to_string(),
         "admission-redis: no room on backend_transfers: 3 held + 1 asked > ceiling 3"
     );
-    let l4 = fleet
-        .try_acquire(&take("c1", "corp", "d2", 10))
-        .await
-        .expect("fits");
-    let full = fleet
-        .try_acquire(&take("c2", "corp", "d3", 10))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(
-            full,
-            AcquireError::Full {
-                dimension: Dimension::ServiceTransfers,
-                held: 4,
-                asked: 1,
-                ceiling: 4
-            }
-        ),
-        "{full}"
+    let l4 = lease(&fleet, "c1", "corp", "d2", 10).await;
+    assert_eq!(
+        full(&fleet, "c2", "corp", "d3", 10).await,
+        (ServiceTransfers, 4, 1, 4)
     );
     for lease in [l1, l2, l3, l4] {
         lease.release(Outcome::Completed).await.expect("released");
     }
-    assert_eq!(
-        fleet
-            .snapshot("acme", "d1")
-            .await
-            .expect("snapshot")
-            .occupancy,
-        Default::default()
-    );
+    let snapshot = fleet.snapshot("acme", "d1").await.expect("snapshot");
+    assert_eq!(snapshot.occupancy, Default::default());
 }
 
 #[tokio::test]

@@ -2,17 +2,27 @@
 //! one instance hands the lease to a waiter on another inside the same script call, a crashed
 //! waiter cannot hold the head, and many waiters of one process share one reader.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use admission_redis::{
-    AcquireError, Dimension, LeaseRequest, Outcome, RedisAdmission, read_events,
-};
+use admission_redis::{Dimension, LeaseRequest, Outcome, RedisAdmission, read_events};
 
 use crate::support::{
-    PrivateRedis, ceilings, cell, config, connect, redis_server_binary, server, wait_for_event,
+    PrivateRedis, ceilings, cell, child_process, config, connect, full, lease, redis_server_binary,
+    script_calls, server, spawn_acquire, wait_for_event,
 };
+
+const WAIT: Duration = Duration::from_secs(5);
+
+/// `lease:outcome` of every admission in the cell's stream, in order.
+async fn admissions(fleet: &RedisAdmission) -> Vec<String> {
+    read_events(fleet)
+        .await
+        .expect("events")
+        .into_iter()
+        .filter(|e| e.kind == "admitted")
+        .map(|e| format!("{}:{}", e.lease, e.outcome))
+        .collect()
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_big_head_is_granted_before_a_stream_of_small_followers_across_instances() {
@@ -22,59 +32,18 @@ async fn a_big_head_is_granted_before_a_stream_of_small_followers_across_instanc
     let cell = cell("fair_head");
     let a = connect(config(&host, port, &cell, ceilings(10, 10, 10, 10, 10))).await;
     let b = connect(config(&host, port, &cell, ceilings(10, 10, 10, 10, 10))).await;
-    let held = a
-        .try_acquire(&LeaseRequest::new("held", "t", "d", 6, "upload"))
-        .await
-        .expect("fits");
+    let held = lease(&a, "held", "t", "d", 6).await;
     // The head, on instance B, needs all ten bytes.
-    let head = {
-        let b = b.clone();
-        tokio::spawn(async move {
-            b.acquire(
-                &LeaseRequest::new("big", "t", "d", 10, "upload"),
-                Duration::from_secs(5),
-            )
-            .await
-        })
-    };
+    let head = spawn_acquire(&b, "big", "t", "d", 10, WAIT);
     wait_for_event(&a, &host, port, "queued", "big").await;
     // A stream of small followers on instance A: each would fit the 4 free bytes, none may take
     // them while the head waits (6 held + 10 set aside for the head + 1 > 10).
     for i in 0..50 {
-        let refused = a
-            .try_acquire(&LeaseRequest::new(
-                format!("small{i}"),
-                "t",
-                "d",
-                1,
-                "upload",
-            ))
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(
-                refused,
-                AcquireError::Full {
-                    dimension: Dimension::ServiceBytes,
-                    held: 16,
-                    asked: 1,
-                    ceiling: 10
-                }
-            ),
-            "{refused}"
-        );
+        let refused = full(&a, &format!("small{i}"), "t", "d", 1).await;
+        assert_eq!(refused, (Dimension::ServiceBytes, 16, 1, 10));
     }
-    // Waiting followers queue behind the head.
-    let follower = {
-        let a = a.clone();
-        tokio::spawn(async move {
-            a.acquire(
-                &LeaseRequest::new("follower", "t", "d", 1, "upload"),
-                Duration::from_secs(5),
-            )
-            .await
-        })
-    };
+    // A waiting follower queues behind the head.
+    let follower = spawn_acquire(&a, "follower", "t", "d", 1, WAIT);
     wait_for_event(&a, &host, port, "queued", "follower").await;
     held.release(Outcome::Completed).await.expect("released");
     let big = head
@@ -85,16 +54,9 @@ async fn a_big_head_is_granted_before_a_stream_of_small_followers_across_instanc
     big.release(Outcome::Completed).await.expect("released");
     let small = follower.await.expect("task").expect("then the follower");
     small.release(Outcome::Completed).await.expect("released");
-    let order: Vec<String> = read_events(&a)
-        .await
-        .expect("events")
-        .into_iter()
-        .filter(|e| e.kind == "admitted")
-        .map(|e| format!("{}:{}", e.lease, e.outcome))
-        .collect();
     assert_eq!(
-        order,
-        vec!["held:admitted", "big:handoff", "follower:handoff"]
+        admissions(&a).await,
+        ["held:admitted", "big:handoff", "follower:handoff"]
     );
 }
 
@@ -106,47 +68,24 @@ async fn a_follower_beside_the_head_goes_when_it_does_not_touch_what_the_head_ne
     let cell = cell("backfill");
     // Backends hold one transfer each; the head waits on backend d1.
     let a = connect(config(&host, port, &cell, ceilings(100, 10, 100, 10, 1))).await;
-    let held = a
-        .try_acquire(&LeaseRequest::new("held", "t", "d1", 10, "upload"))
-        .await
-        .expect("fits");
-    let head = {
-        let a = a.clone();
-        tokio::spawn(async move {
-            a.acquire(
-                &LeaseRequest::new("head", "t", "d1", 10, "upload"),
-                Duration::from_secs(5),
-            )
-            .await
-        })
-    };
+    let held = lease(&a, "held", "t", "d1", 10).await;
+    let head = spawn_acquire(&a, "head", "t", "d1", 10, WAIT);
     wait_for_event(&a, &host, port, "queued", "head").await;
     // A follower on another backend fits beside the head's reservation (30 of 100 bytes, 3 of
     // 10 transfers): it goes at once.
-    let other = a
-        .try_acquire(&LeaseRequest::new("other", "t", "d2", 10, "upload"))
-        .await
-        .expect("backfilled");
+    let other = lease(&a, "other", "t", "d2", 10).await;
     // One on the head's backend may not take the backend the head is short on.
-    let same = a
-        .try_acquire(&LeaseRequest::new("same", "t", "d1", 1, "upload"))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(
-            same,
-            AcquireError::Full {
-                dimension: Dimension::BackendTransfers,
-                ..
-            }
-        ),
-        "{same}"
-    );
+    let same = full(&a, "same", "t", "d1", 1).await;
+    assert_eq!(same.0, Dimension::BackendTransfers);
     held.release(Outcome::Completed).await.expect("released");
     let head = head.await.expect("task").expect("granted");
     for lease in [head, other] {
         lease.release(Outcome::Completed).await.expect("released");
     }
+    assert_eq!(
+        admissions(&a).await,
+        ["held:admitted", "other:admitted", "head:handoff"]
+    );
 }
 
 /// The waiter half of the crash test: runs only in the child process the test starts.
@@ -160,12 +99,8 @@ async fn waiter_process() {
     let (host, port, cell) = (parts[0], parts[1].parse().expect("port"), parts[2]);
     let fleet = connect(config(host, port, cell, ceilings(10, 1, 10, 1, 1))).await;
     println!("WAITING");
-    let _ = fleet
-        .acquire(
-            &LeaseRequest::new("crashed-waiter", "t", "d", 1, "upload"),
-            Duration::from_secs(30),
-        )
-        .await;
+    let request = LeaseRequest::new("crashed-waiter", "t", "d", 1, "upload");
+    let _ = fleet.acquire(&request, Duration::from_secs(30)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,28 +112,14 @@ async fn a_crashed_waiter_is_reaped_and_cannot_block_the_line() {
     let mut cfg = config(&host, port, &cell, ceilings(10, 1, 10, 1, 1));
     cfg.redis_wait = Duration::from_secs(30);
     let fleet = connect(cfg).await;
-    let held = fleet
-        .try_acquire(&LeaseRequest::new("held", "t", "d", 1, "upload"))
-        .await
-        .expect("fits");
-    let mut child = Command::new(std::env::current_exe().expect("test binary"))
-        .args([
-            "--exact",
-            "line::waiter_process",
-            "--ignored",
-            "--nocapture",
-        ])
-        .env("ADMISSION_REDIS_WAITER", format!("{host} {port} {cell}"))
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("starts the waiter");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    while !lines
-        .next()
-        .expect("the waiter reports")
-        .expect("a line")
-        .starts_with("WAITING")
-    {}
+    let held = lease(&fleet, "held", "t", "d", 1).await;
+    let spec = format!("{host} {port} {cell}");
+    let (mut child, _) = child_process(
+        "line::waiter_process",
+        "ADMISSION_REDIS_WAITER",
+        &spec,
+        "WAITING",
+    );
     wait_for_event(&fleet, &host, port, "queued", "crashed-waiter").await;
     child.kill().expect("SIGKILL");
     child.wait().expect("reaped by the OS");
@@ -210,17 +131,7 @@ async fn a_crashed_waiter_is_reaped_and_cannot_block_the_line() {
         .await
         .expect("skew");
     held.renew_now().await.expect("renewed");
-    let behind = {
-        let fleet = fleet.clone();
-        tokio::spawn(async move {
-            fleet
-                .acquire(
-                    &LeaseRequest::new("behind", "t", "d", 1, "upload"),
-                    Duration::from_secs(20),
-                )
-                .await
-        })
-    };
+    let behind = spawn_acquire(&fleet, "behind", "t", "d", 1, Duration::from_secs(20));
     wait_for_event(&fleet, &host, port, "queued", "behind").await;
     // 1.5 s more: the dead waiter's ticket (3 s of liveness, never renewed) has run out, the
     // live one's has not. The holder's release reaps the dead ticket and hands off past it.
@@ -240,13 +151,9 @@ async fn a_crashed_waiter_is_reaped_and_cannot_block_the_line() {
         .map(|e| (e.lease.as_str(), e.outcome.as_str()))
         .collect();
     assert_eq!(abandoned, vec![("crashed-waiter", "abandoned")]);
-    let last = events
-        .iter()
-        .rfind(|e| e.kind == "admitted")
-        .expect("an admission");
     assert_eq!(
-        (last.lease.as_str(), last.outcome.as_str()),
-        ("behind", "handoff")
+        admissions(&fleet).await,
+        ["held:admitted", "behind:handoff"]
     );
     lease.release(Outcome::Completed).await.expect("released");
 }
@@ -260,79 +167,64 @@ async fn forty_waiters_share_one_reader_and_every_one_is_granted_in_ticket_order
     };
     let redis = PrivateRedis::start(&binary, &[]);
     let port = redis.port;
-    let fleet = connect(config(
+    let cfg = config(
         "127.0.0.1",
         port,
         &cell("shared_reader"),
         ceilings(100, 1, 100, 1, 1),
-    ))
-    .await;
+    );
+    let fleet = connect(cfg).await;
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("client");
     let mut conn = client
         .get_multiplexed_async_connection()
         .await
         .expect("conn");
-    let clients = |info: String| -> u64 {
+    let mut clients = async || -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("clients")
+            .query_async(&mut conn)
+            .await
+            .expect("info");
         info.lines()
             .find_map(|l| l.strip_prefix("connected_clients:"))
             .and_then(|n| n.trim().parse().ok())
             .expect("connected_clients")
     };
-    let held = fleet
-        .try_acquire(&LeaseRequest::new("held", "t", "d", 1, "upload"))
-        .await
-        .expect("fits");
+    let held = lease(&fleet, "held", "t", "d", 1).await;
     let mut waiters = Vec::new();
     for i in 0..40 {
-        let waiting = fleet.clone();
+        let waiting = spawn_acquire(&fleet, &format!("w{i:02}"), "t", "d", 1, WAIT);
+        // Each releases as soon as it holds its lease, handing it to the next ticket.
         waiters.push(tokio::spawn(async move {
-            let lease = waiting
-                .acquire(
-                    &LeaseRequest::new(format!("w{i:02}"), "t", "d", 1, "upload"),
-                    Duration::from_secs(10),
-                )
-                .await
-                .expect("granted");
+            let lease = waiting.await.expect("task").expect("granted");
             lease.release(Outcome::Completed).await.expect("released");
         }));
         if i == 0 {
             wait_for_event(&fleet, "127.0.0.1", port, "queued", "w00").await;
-            let info: String = redis::cmd("INFO")
-                .arg("clients")
-                .query_async(&mut conn)
-                .await
-                .expect("info");
             // This test's connection, the provider's, and its one reader.
-            assert_eq!(clients(info), 3);
+            assert_eq!(clients().await, 3);
         }
     }
     wait_for_event(&fleet, "127.0.0.1", port, "queued", "w39").await;
-    let info: String = redis::cmd("INFO")
-        .arg("clients")
-        .query_async(&mut conn)
-        .await
-        .expect("info");
-    assert_eq!(clients(info), 3, "one reader for 40 waiters");
+    assert_eq!(clients().await, 3, "one reader for 40 waiters");
     held.release(Outcome::Completed).await.expect("released");
     for waiter in waiters {
-        waiter.await.expect("task");
+        waiter.await.expect("waiter");
     }
-    let granted: Vec<String> = read_events(&fleet)
-        .await
-        .expect("events")
-        .into_iter()
-        .filter(|e| e.kind == "admitted" && e.outcome == "handoff")
-        .map(|e| e.lease)
-        .collect();
-    let queued: Vec<String> = read_events(&fleet)
-        .await
-        .expect("events")
-        .into_iter()
-        .filter(|e| e.kind == "queued")
-        .map(|e| e.lease)
-        .collect();
-    assert_eq!(granted.len(), 40);
-    assert_eq!(granted, queued, "granted in ticket order");
+    let events = read_events(&fleet).await.expect("events");
+    let of = |kind: &str, outcome: &str| -> Vec<String> {
+        events
+            .iter()
+            .filter(|e| e.kind == kind && e.outcome == outcome)
+            .map(|e| e.lease.clone())
+            .collect()
+    };
+    assert_eq!(of("admitted", "handoff").len(), 40);
+    assert_eq!(
+        of("admitted", "handoff"),
+        of("queued", "queued"),
+        "granted in ticket order"
+    );
 }
 
 /// Round trips per admitted job under contention, counted by the server: a waiter's admission
@@ -353,26 +245,15 @@ async fn a_contended_job_costs_two_round_trips_on_average() {
     cfg.redis_wait = Duration::from_secs(20);
     let a = connect(cfg.clone()).await;
     let b = connect(cfg).await;
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("client");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("conn");
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut conn)
-        .await
-        .expect("resetstat");
+    let before = script_calls(port).await;
     const JOBS: u64 = 64;
     let mut tasks = Vec::new();
     for i in 0..JOBS {
-        let fleet: RedisAdmission = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let fleet = if i % 2 == 0 { a.clone() } else { b.clone() };
         tasks.push(tokio::spawn(async move {
+            let request = LeaseRequest::new(format!("j{i}"), "t", "d", 1, "upload");
             let lease = fleet
-                .acquire(
-                    &LeaseRequest::new(format!("j{i}"), "t", "d", 1, "upload"),
-                    Duration::from_secs(20),
-                )
+                .acquire(&request, Duration::from_secs(20))
                 .await
                 .expect("granted");
             tokio::task::yield_now().await;
@@ -382,21 +263,11 @@ async fn a_contended_job_costs_two_round_trips_on_average() {
     for task in tasks {
         task.await.expect("task");
     }
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .expect("info");
-    let evalsha: u64 = stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .expect("evalsha calls");
-    let per_job = evalsha as f64 / JOBS as f64;
-    println!("round trips per admitted job: {per_job:.2} ({evalsha} script calls for {JOBS} jobs)");
+    let calls = script_calls(port).await - before;
+    let per_job = calls as f64 / JOBS as f64;
+    println!("round trips per admitted job: {per_job:.2} ({calls} script calls for {JOBS} jobs)");
     // One acquire and one release each, plus at most one more ask per job on average (a ticket's
     // liveness renewal or an expiry deadline); the goal is 3.
-    assert!(evalsha >= 2 * JOBS, "{evalsha}");
+    assert!(calls >= 2 * JOBS, "{calls}");
     assert!(per_job <= 3.0, "{per_job}");
 }

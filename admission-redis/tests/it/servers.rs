@@ -1,8 +1,6 @@
 //! Servers that go away, come back empty, evict, speak TLS, and a holder that is killed: each on
 //! a private `redis-server`, or a second OS process, of the test's own.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use admission_redis::{
@@ -11,7 +9,8 @@ use admission_redis::{
 };
 
 use crate::support::{
-    PrivateRedis, ceilings, cell, config, connect, redis_server_binary, server, wait_for_event,
+    PrivateRedis, ceilings, cell, child_process, config, connect, redis_server_binary, server,
+    wait_for_event,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -228,24 +227,14 @@ async fn a_killed_holder_is_reaped_on_server_time() {
     };
     let cell = cell("crash");
     let fleet = connect(config(&host, port, &cell, ceilings(100, 2, 100, 2, 2))).await;
-    let mut child = Command::new(std::env::current_exe().expect("test binary"))
-        .args([
-            "--exact",
-            "servers::holder_process",
-            "--ignored",
-            "--nocapture",
-        ])
-        .env("ADMISSION_REDIS_HOLDER", format!("{host} {port} {cell}"))
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("starts the holder");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let token: u64 = loop {
-        let line = lines.next().expect("the holder reports").expect("a line");
-        if let Some(token) = line.strip_prefix("HELD ") {
-            break token.parse().expect("a token");
-        }
-    };
+    let spec = format!("{host} {port} {cell}");
+    let (mut child, held) = child_process(
+        "servers::holder_process",
+        "ADMISSION_REDIS_HOLDER",
+        &spec,
+        "HELD ",
+    );
+    let token: u64 = held["HELD ".len()..].parse().expect("a token");
     // SIGKILL: no release, no drop, nothing runs in the holder.
     child.kill().expect("killed");
     child.wait().expect("reaped by the OS");

@@ -272,3 +272,88 @@ fn free_port() -> u16 {
         .map(|a| a.port())
         .expect("a free port")
 }
+
+/// A lease of `bytes` for `id` that must fit now.
+pub(crate) async fn lease(
+    fleet: &RedisAdmission,
+    id: &str,
+    tenant: &str,
+    backend: &str,
+    bytes: u64,
+) -> admission_redis::Lease {
+    let request = admission_redis::LeaseRequest::new(id, tenant, backend, bytes, "upload");
+    fleet.try_acquire(&request).await.expect("fits now")
+}
+
+/// The `(dimension, held, asked, ceiling)` of a request that must not fit now.
+pub(crate) async fn full(
+    fleet: &RedisAdmission,
+    id: &str,
+    tenant: &str,
+    backend: &str,
+    bytes: u64,
+) -> (admission_redis::Dimension, u64, u64, u64) {
+    let request = admission_redis::LeaseRequest::new(id, tenant, backend, bytes, "upload");
+    match fleet.try_acquire(&request).await {
+        Err(admission_redis::AcquireError::Full {
+            dimension,
+            held,
+            asked,
+            ceiling,
+        }) => (dimension, held, asked, ceiling),
+        other => panic!("{id}: expected no room now, got {other:?}"),
+    }
+}
+
+/// `acquire` of `bytes` for `id` on a task, waiting at most `wait`.
+pub(crate) fn spawn_acquire(
+    fleet: &RedisAdmission,
+    id: &str,
+    tenant: &str,
+    backend: &str,
+    bytes: u64,
+    wait: Duration,
+) -> tokio::task::JoinHandle<Result<admission_redis::Lease, admission_redis::AcquireError>> {
+    let fleet = fleet.clone();
+    let request = admission_redis::LeaseRequest::new(id, tenant, backend, bytes, "upload");
+    tokio::spawn(async move { fleet.acquire(&request, wait).await })
+}
+
+/// Runs the ignored test `test` of this binary as a second OS process with `var` set to
+/// `value`, and returns it once it printed a line starting with `marker` (and that line).
+pub(crate) fn child_process(test: &str, var: &str, value: &str, marker: &str) -> (Child, String) {
+    let mut child = Command::new(std::env::current_exe().expect("the test binary"))
+        .args(["--exact", test, "--ignored", "--nocapture"])
+        .env(var, value)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("starts the child");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    loop {
+        let line = lines.next().expect("the child reports").expect("a line");
+        if line.starts_with(marker) {
+            std::thread::spawn(move || for _ in lines {});
+            return (child, line);
+        }
+    }
+}
+
+/// Script calls (`EVALSHA`) the server at `port` has counted since its last `CONFIG RESETSTAT`.
+pub(crate) async fn script_calls(port: u16) -> u64 {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("client");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("conn");
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .expect("info");
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
