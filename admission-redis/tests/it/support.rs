@@ -329,13 +329,19 @@ pub(crate) fn child_process(test: &str, var: &str, value: &str, marker: &str) ->
         .spawn()
         .expect("starts the child");
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    loop {
-        let line = lines.next().expect("the child reports").expect("a line");
-        if line.starts_with(marker) {
-            std::thread::spawn(move || for _ in lines {});
-            return (child, line);
+    let line = loop {
+        match lines.next() {
+            Some(Ok(line)) if line.starts_with(marker) => break line,
+            Some(Ok(_)) => {}
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{test} ended before it printed {marker:?}");
+            }
         }
-    }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    (child, line)
 }
 
 /// Script calls (`EVALSHA`) the server at `port` has counted since its last `CONFIG RESETSTAT`.
