@@ -7,8 +7,8 @@ use std::time::Duration;
 use admission_redis::{Dimension, LeaseRequest, Outcome, RedisAdmission, read_events};
 
 use crate::support::{
-    PrivateRedis, ceilings, cell, child_process, config, connect, full, lease, redis_server_binary,
-    script_calls, server, spawn_acquire, wait_for_event,
+    PrivateRedis, blocking_connection, ceilings, cell, child_process, config, connect, full, lease,
+    redis_server_binary, script_calls, server, spawn_acquire, wait_for_event, wait_for_event_on,
 };
 
 const WAIT: Duration = Duration::from_secs(5);
@@ -190,6 +190,7 @@ async fn forty_waiters_share_one_reader_and_every_one_is_granted_in_ticket_order
             .and_then(|n| n.trim().parse().ok())
             .expect("connected_clients")
     };
+    let mut events = blocking_connection("127.0.0.1", port).await;
     let held = lease(&fleet, "held", "t", "d", 1).await;
     let mut waiters = Vec::new();
     for i in 0..40 {
@@ -200,13 +201,13 @@ async fn forty_waiters_share_one_reader_and_every_one_is_granted_in_ticket_order
             lease.release(Outcome::Completed).await.expect("released");
         }));
         if i == 0 {
-            wait_for_event(&fleet, "127.0.0.1", port, "queued", "w00").await;
-            // This test's connection, the provider's, and its one reader.
-            assert_eq!(clients().await, 3);
+            wait_for_event_on(&mut events, &fleet, "queued", "w00").await;
+            // This test's two connections, the provider's, and its one reader.
+            assert_eq!(clients().await, 4);
         }
     }
-    wait_for_event(&fleet, "127.0.0.1", port, "queued", "w39").await;
-    assert_eq!(clients().await, 3, "one reader for 40 waiters");
+    wait_for_event_on(&mut events, &fleet, "queued", "w39").await;
+    assert_eq!(clients().await, 4, "one reader for 40 waiters");
     held.release(Outcome::Completed).await.expect("released");
     for waiter in waiters {
         waiter.await.expect("waiter");

@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use admission_redis::{Ceilings, FleetEvent, RedisAdmission, RedisAdmissionConfig, read_events};
+use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamReadOptions, StreamReadReply};
 
 /// The shared server's host and port, or `None` (after saying why) when unset outside CI.
@@ -117,17 +118,32 @@ pub(crate) async fn wait_for_event(
     kind: &str,
     lease: &str,
 ) -> FleetEvent {
+    let mut conn = blocking_connection(host, port).await;
+    wait_for_event_on(&mut conn, admission, kind, lease).await
+}
+
+/// A connection without a response timeout, for `XREAD BLOCK`.
+pub(crate) async fn blocking_connection(host: &str, port: u16) -> MultiplexedConnection {
     let client = redis::Client::open(format!("redis://{host}:{port}/")).expect("client");
     let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
-    let mut conn = client
+    client
         .get_multiplexed_async_connection_with_config(&config)
         .await
-        .expect("connects");
+        .expect("connects")
+}
+
+/// [`wait_for_event`] on a connection the caller keeps (from [`blocking_connection`]).
+pub(crate) async fn wait_for_event_on(
+    conn: &mut MultiplexedConnection,
+    admission: &RedisAdmission,
+    kind: &str,
+    lease: &str,
+) -> FleetEvent {
     let mut last = "0-0".to_string();
     loop {
         let options = StreamReadOptions::default().block(10_000).count(100);
         let reply: Option<StreamReadReply> = redis::AsyncCommands::xread_options(
-            &mut conn,
+            conn,
             &[admission.events_key()],
             &[&last],
             &options,
