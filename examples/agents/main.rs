@@ -39,12 +39,15 @@
 //! Every wait has a deadline (`--admit-timeout`, `--run-timeout`); Ctrl-C cancels every job
 //! through its `JobContext`, stops the monitor and still prints the summary.
 
+mod cells;
 mod chain;
 mod clock;
 mod events;
 mod fleet;
+mod multi;
 mod progress;
 mod provider_sim;
+mod redis_server;
 mod report;
 mod results;
 mod rng;
@@ -64,6 +67,9 @@ use admission_llm::model_spec::ModelCatalog;
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum, value_parser};
 
+use crate::cells::Cells;
+use crate::multi::MemberReport;
+use crate::redis_server::Endpoint;
 use crate::report::RunSummary;
 use crate::run::{Input, Strategy};
 use crate::stop::Stop;
@@ -152,6 +158,24 @@ struct Args {
     /// Also write the summary as JSON to this path.
     #[arg(long)]
     json_summary: Option<PathBuf>,
+
+    /// Run the agents as N processes sharing one Redis cell per model (each process runs 1/N of
+    /// the agents, seed + its index), and print per-process rows and fleet totals.
+    #[arg(long, value_name = "N", value_parser = value_parser!(u32).range(1..=16))]
+    fleet: Option<u32>,
+
+    /// With --fleet: the Redis server (HOST:PORT) of the fleet's cells [default: a private
+    /// redis-server started from PATH and stopped at the end].
+    #[arg(long, value_name = "HOST:PORT", requires = "fleet")]
+    redis: Option<Endpoint>,
+
+    /// Internal: run as member I of a --fleet run (the parent passes it).
+    #[arg(long, hide = true, value_name = "I", requires_all = ["fleet", "redis", "cell"])]
+    fleet_member: Option<u32>,
+
+    /// Internal: the prefix of the fleet's cell names (the parent passes it).
+    #[arg(long, hide = true, value_name = "PREFIX", requires = "fleet_member")]
+    cell: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -181,6 +205,13 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
     .collect();
     let out_dir = args.out_dir.clone().unwrap_or_else(default_out_dir);
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let member = match (args.fleet, args.fleet_member) {
+        (Some(n), None) => return multi::run_fleet(args, n, &catalog, &out_dir),
+        (Some(n), Some(index)) if index >= n => {
+            anyhow::bail!("--fleet-member {index} is not below --fleet {n}")
+        }
+        (_, member) => member,
+    };
     let strategies: &[Strategy] = match args.strategy {
         StrategyArg::Monitor => &[Strategy::Monitor],
         StrategyArg::HoldAndWait | StrategyArg::Both => &[Strategy::Monitor, Strategy::HoldAndWait],
@@ -193,6 +224,16 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
     let summaries = runtime.block_on(async {
         let interrupt = Arc::new(Stop::new());
         let listener = tokio::spawn(listen_for_ctrl_c(interrupt.clone()));
+        let cells = match (member, &args.redis, &args.cell) {
+            (Some(index), Some(endpoint), Some(prefix)) => {
+                let wait = multi::lease_wait(args.admit_timeout, args.time_scale);
+                let host_port = (endpoint.host.as_str(), endpoint.port);
+                Some(Arc::new(
+                    Cells::connect(index, &catalog, host_port, prefix, wait).await?,
+                ))
+            }
+            _ => None,
+        };
         let input = Input {
             catalog: &catalog,
             plan: &plan,
@@ -208,6 +249,7 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
             out_dir: &out_dir,
             interrupt: interrupt.clone(),
             run_timeout: Duration::from_secs(args.run_timeout),
+            cells: cells.clone(),
         };
         let mut summaries = Vec::new();
         for &strategy in strategies {
@@ -219,6 +261,10 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
             summaries.push(summary);
         }
         listener.abort();
+        // A member's last line: its report, for the parent.
+        if let (Some(index), Some(cells), [summary]) = (member, &cells, summaries.as_slice()) {
+            say(&MemberReport::new(index, summary, cells.readings()).line()?);
+        }
         anyhow::Ok(summaries)
     })?;
     // Blocking agents that ignored a cancellation must not keep the process alive.
