@@ -20,8 +20,7 @@ use std::time::Duration;
 
 use admission_llm::model_spec::{ModelCatalog, ModelSpec};
 use admission_redis::{
-    AcquireError, Ceilings, Lease, LeaseError, LeaseRequest, Outcome, RedisAdmission,
-    RedisAdmissionConfig,
+    AcquireError, Ceilings, Lease, LeaseRequest, Outcome, RedisAdmission, RedisAdmissionConfig,
 };
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
@@ -246,9 +245,8 @@ impl Cells {
                     lease,
                 }))
             }
-            Err(error @ AcquireError::TimedOut { .. }) => {
+            Err(AcquireError::TimedOut { .. }) => {
                 tally.timed_out.fetch_add(1, Ordering::Relaxed);
-                let _ = error;
                 Err(JobOutcome::TimedOut)
             }
             Err(error) => {
@@ -284,12 +282,10 @@ impl Cells {
             Outcome::Failed
         };
         let StepLease { model, lease } = lease;
-        let result = lease.release(outcome).await;
-        if let (Err(error), Some(tally)) = (result, self.tallies.get(model)) {
-            // Lost or stale: someone else had it; unavailable: the TTL takes it back. Either
-            // way the lease was not ours to the end.
+        // Lost or stale: someone else had it; unavailable: the TTL takes it back. Either way
+        // the lease was not ours to the end.
+        if let (Err(_), Some(tally)) = (lease.release(outcome).await, self.tallies.get(model)) {
             tally.lost.fetch_add(1, Ordering::Relaxed);
-            let _: LeaseError = error;
         }
     }
 

@@ -842,6 +842,51 @@ mod tests {
     }
 
     #[test]
+    fn a_member_gets_its_share_its_seed_and_the_user_flags() {
+        use clap::Parser as _;
+        let args = crate::Args::try_parse_from([
+            "agents", "--fleet", "3", "--jobs", "10", "--seed", "7", "--steps", "2", "--http", "9",
+        ])
+        .unwrap();
+        let endpoint = Endpoint {
+            host: "127.0.0.1".into(),
+            port: 6400,
+        };
+        let line = member_args(&args, 3, 2, &endpoint, "agents-1-2", Path::new("/o/m2")).join(" ");
+        assert_eq!(
+            line,
+            "--fleet 3 --fleet-member 2 --redis 127.0.0.1:6400 --cell agents-1-2 --jobs 3 \
+             --seed 9 --out-dir /o/m2 --steps 2 --time-scale 60 --blocking-percent 10 --http 9 \
+             --db 8 --search-per-minute 40 --retries 5 --admit-timeout 1800 --run-timeout 300"
+        );
+        // The member's own command line parses back.
+        let member = crate::Args::try_parse_from(
+            std::iter::once("agents".to_owned()).chain(line.split(' ').map(str::to_owned)),
+        )
+        .unwrap();
+        assert_eq!(
+            (member.fleet_member, member.jobs, member.seed),
+            (Some(2), 3, 9)
+        );
+        assert_eq!(member.redis, Some(endpoint));
+    }
+
+    #[test]
+    fn the_fleet_flags_are_checked() {
+        use clap::Parser as _;
+        let parse = |a: &[&str]| crate::Args::try_parse_from([&["agents"], a].concat());
+        assert!(parse(&["--fleet", "0"]).is_err());
+        assert!(parse(&["--fleet", "17"]).is_err());
+        assert_eq!(parse(&["--fleet", "16"]).unwrap().fleet, Some(16));
+        // --redis only with --fleet, and a bad endpoint is refused with the reason.
+        assert!(parse(&["--redis", "127.0.0.1:6379"]).is_err());
+        let error = parse(&["--fleet", "2", "--redis", "nohost"]).unwrap_err();
+        assert!(error.to_string().contains("is not HOST:PORT"), "{error}");
+        // A member needs its fleet's server and cells.
+        assert!(parse(&["--fleet", "2", "--fleet-member", "0"]).is_err());
+    }
+
+    #[test]
     fn a_member_report_round_trips_through_its_line() {
         let report = member(1, 10, vec![reading("model-a", 2, (5_000, 2), &[0, 1_500])]);
         let stdout = format!("== monitor: ... ==\n{}\nwrote x\n", report.line().unwrap());
