@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::clock::ScaledClock;
 use crate::stats::JobOutcome;
+use crate::stop::Stop;
 use crate::workload::{JobPlan, StepPlan};
 
 /// The tenant every lease names: the whole fleet is one tenant, whose ceilings are the service's.
@@ -200,13 +201,15 @@ impl Cells {
     }
 
     /// The lease of one attempt of a step, waiting in the fleet's line for at most the wait
-    /// given at connect; `None` for a model without a cell.
+    /// given at connect, or until `stop` is triggered (the wait's ticket is then withdrawn);
+    /// `None` for a model without a cell.
     ///
     /// # Errors
     ///
-    /// The job's outcome when no lease came: timed out, or failed with the reason.
+    /// The job's outcome when no lease came: timed out, cancelled, or failed with the reason.
     pub async fn acquire(
         &self,
+        stop: &Stop,
         clock: &ScaledClock,
         job: &JobPlan,
         step_index: usize,
@@ -226,7 +229,12 @@ impl Cells {
             OPERATION,
         );
         let asked_at = clock.elapsed();
-        match cell.acquire(&request, self.wait).await {
+        let acquired = tokio::select! {
+            acquired = cell.acquire(&request, self.wait) => acquired,
+            // Dropping the wait withdraws its ticket (on a spawned task).
+            () = stop.triggered() => return Err(JobOutcome::Cancelled),
+        };
+        match acquired {
             Ok(lease) => {
                 let waited = clock.elapsed().saturating_sub(asked_at);
                 let occupancy = lease.occupancy();
@@ -263,6 +271,7 @@ impl Cells {
     /// As for [`acquire`](Cells::acquire).
     pub fn acquire_blocking(
         &self,
+        stop: &Stop,
         clock: &ScaledClock,
         job: &JobPlan,
         step_index: usize,
@@ -270,7 +279,7 @@ impl Cells {
         step: &StepPlan,
     ) -> Result<Option<StepLease>, JobOutcome> {
         self.runtime
-            .block_on(self.acquire(clock, job, step_index, attempt, step))
+            .block_on(self.acquire(stop, clock, job, step_index, attempt, step))
     }
 
     /// Gives a step's lease back, recording whether the attempt went on (`completed`) or ended

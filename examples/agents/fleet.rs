@@ -101,7 +101,10 @@ async fn job_steps(
             // In a fleet run, the model's fleet lease first, held while the local demand is
             // admitted and the call runs; nothing local is held while it waits.
             let lease = match &world.cells {
-                Some(cells) => match cells.acquire(clock, job, index, attempt, step).await {
+                Some(cells) => match cells
+                    .acquire(&world.stop, clock, job, index, attempt, step)
+                    .await
+                {
                     Ok(lease) => lease,
                     Err(outcome) => return outcome,
                 },
@@ -261,10 +264,12 @@ fn job_steps_blocking(
                 Err(error) => return JobOutcome::Failed(format!("{error:#}")),
             };
             let lease = match &world.cells {
-                Some(cells) => match cells.acquire_blocking(clock, job, index, attempt, step) {
-                    Ok(lease) => lease,
-                    Err(outcome) => return outcome,
-                },
+                Some(cells) => {
+                    match cells.acquire_blocking(&world.stop, clock, job, index, attempt, step) {
+                        Ok(lease) => lease,
+                        Err(outcome) => return outcome,
+                    }
+                }
                 None => None,
             };
             let timeout = Some(world.settings.admit_timeout);

@@ -4,6 +4,7 @@
 //! cargo run --release --example agents                                  # 400 agents, ~15 s
 //! cargo run --release --example agents -- --strategy hold-and-wait      # both designs, side by side
 //! cargo run --release --example agents -- --time-scale 300 --check    # CI's short run
+//! cargo run --release --example agents -- --fleet 4                    # 4 processes, one Redis
 //! ```
 //!
 //! Hundreds of LLM agents run in one process. Each step of an agent asks for everything the step
@@ -38,6 +39,11 @@
 //!
 //! Every wait has a deadline (`--admit-timeout`, `--run-timeout`); Ctrl-C cancels every job
 //! through its `JobContext`, stops the monitor and still prints the summary.
+//!
+//! `--fleet N` runs the agents as N processes of this program sharing one Redis cell per model
+//! (`multi.rs` the parent, `cells.rs` a member's leases, `redis_server.rs` the private server):
+//! each step takes its model's fleet lease first and then its local demand, and the parent
+//! prints per-process rows and fleet totals and checks the fleet's ceilings.
 
 mod cells;
 mod chain;
@@ -78,6 +84,10 @@ use crate::world::Settings;
 
 /// The fleet's model catalog.
 const CATALOG: &str = include_str!("models.toml");
+
+/// How long an interrupted fleet member waits, real time, for the releases of its dropped leases
+/// to reach Redis before it exits.
+const LEASE_SETTLE: Duration = Duration::from_millis(500);
 
 /// Which way the agents take their limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -263,6 +273,11 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
         listener.abort();
         // A member's last line: its report, for the parent.
         if let (Some(index), Some(cells), [summary]) = (member, &cells, summaries.as_slice()) {
+            if summary.interrupted.is_some() {
+                // Lease waits and leases dropped by cancelled jobs are withdrawn and released on
+                // spawned tasks: let them reach Redis before the runtime goes.
+                tokio::time::sleep(LEASE_SETTLE).await;
+            }
             say(&MemberReport::new(index, summary, cells.readings()).line()?);
         }
         anyhow::Ok(summaries)
