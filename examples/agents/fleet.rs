@@ -98,16 +98,32 @@ async fn job_steps(
                 Ok(demand) => demand,
                 Err(error) => return JobOutcome::Failed(format!("{error:#}")),
             };
-            let timeout = Some(world.settings.admit_timeout);
-            let next = match monitor.admit(demand, ctx, timeout).await {
-                Ok(grant) => match attempt_call(world, job, index, attempt, step, grant).await {
-                    Attempt::Next(next) => next,
-                    Attempt::Fail(outcome) => return outcome,
-                },
-                Err(error) => match refused(world, job, error) {
-                    Ok(next) => next,
+            // In a fleet run, the model's fleet lease first, held while the local demand is
+            // admitted and the call runs; nothing local is held while it waits.
+            let lease = match &world.cells {
+                Some(cells) => match cells
+                    .acquire(&world.stop, clock, job, index, attempt, step)
+                    .await
+                {
+                    Ok(lease) => lease,
                     Err(outcome) => return outcome,
                 },
+                None => None,
+            };
+            let timeout = Some(world.settings.admit_timeout);
+            let result = match monitor.admit(demand, ctx, timeout).await {
+                Ok(grant) => match attempt_call(world, job, index, attempt, step, grant).await {
+                    Attempt::Next(next) => Ok(next),
+                    Attempt::Fail(outcome) => Err(outcome),
+                },
+                Err(error) => refused(world, job, error),
+            };
+            if let (Some(cells), Some(lease)) = (&world.cells, lease) {
+                cells.release(lease, result.is_ok()).await;
+            }
+            let next = match result {
+                Ok(next) => next,
+                Err(outcome) => return outcome,
             };
             match retry(world, &mut attempt, next) {
                 Ok(None) => break,
@@ -247,45 +263,25 @@ fn job_steps_blocking(
                 Ok(demand) => demand,
                 Err(error) => return JobOutcome::Failed(format!("{error:#}")),
             };
-            let timeout = Some(world.settings.admit_timeout);
-            let next = match monitor.admit_blocking(demand, ctx, timeout) {
-                Ok(grant) => {
-                    let db = match world.results.as_ref().filter(|_| step.uses_db) {
-                        Some(results) => match results.open() {
-                            Ok(handle) => Some((results, handle)),
-                            Err(error) => return JobOutcome::Failed(format!("{error:#}")),
-                        },
-                        None => None,
-                    };
-                    let (response, holding, granted_at) =
-                        match start_call(world, job, index, attempt, step, &grant) {
-                            Ok(started) => started,
-                            Err(outcome) => return outcome,
-                        };
-                    std::thread::sleep(clock.to_real(response.latency));
-                    let next = world.feedback(job.model, &response, attempt);
-                    if next == Next::Done {
-                        std::thread::sleep(clock.to_real(step.tool_time));
+            let lease = match &world.cells {
+                Some(cells) => {
+                    match cells.acquire_blocking(&world.stop, clock, job, index, attempt, step) {
+                        Ok(lease) => lease,
+                        Err(outcome) => return outcome,
                     }
-                    if let Some((results, handle)) = db {
-                        let row = result_row(job, index, attempt, step, &response, world.now());
-                        if let Err(outcome) = count_stored(world, results.store(handle, &row)) {
-                            return outcome;
-                        }
-                    }
-                    drop(response);
-                    holding.leave();
-                    add_duration(
-                        &world.metrics.http_held_ns,
-                        world.now().saturating_sub(granted_at),
-                    );
-                    drop(grant);
-                    next
                 }
-                Err(error) => match refused(world, job, error) {
-                    Ok(next) => next,
-                    Err(outcome) => return outcome,
-                },
+                None => None,
+            };
+            let timeout = Some(world.settings.admit_timeout);
+            let result = attempt_blocking(
+                world, monitor, ctx, job, index, attempt, step, demand, timeout,
+            );
+            if let (Some(cells), Some(lease)) = (&world.cells, lease) {
+                cells.release_blocking(lease, result.is_ok());
+            }
+            let next = match result {
+                Ok(next) => next,
+                Err(outcome) => return outcome,
             };
             match retry(world, &mut attempt, next) {
                 Ok(None) => break,
@@ -299,4 +295,50 @@ fn job_steps_blocking(
         }
     }
     JobOutcome::Completed
+}
+
+/// One attempt of a step on a blocking thread: the local admission, the call, the result stored;
+/// what the job does next, or how it ends.
+#[allow(clippy::too_many_arguments)]
+fn attempt_blocking(
+    world: &World,
+    monitor: &Monitor,
+    ctx: &JobContext,
+    job: &JobPlan,
+    index: usize,
+    attempt: u32,
+    step: &StepPlan,
+    demand: admission_core::Demand,
+    timeout: Option<Duration>,
+) -> Result<Next, JobOutcome> {
+    let clock = &world.clock;
+    let grant = match monitor.admit_blocking(demand, ctx, timeout) {
+        Ok(grant) => grant,
+        Err(error) => return refused(world, job, error),
+    };
+    let db = match world.results.as_ref().filter(|_| step.uses_db) {
+        Some(results) => match results.open() {
+            Ok(handle) => Some((results, handle)),
+            Err(error) => return Err(JobOutcome::Failed(format!("{error:#}"))),
+        },
+        None => None,
+    };
+    let (response, holding, granted_at) = start_call(world, job, index, attempt, step, &grant)?;
+    std::thread::sleep(clock.to_real(response.latency));
+    let next = world.feedback(job.model, &response, attempt);
+    if next == Next::Done {
+        std::thread::sleep(clock.to_real(step.tool_time));
+    }
+    if let Some((results, handle)) = db {
+        let row = result_row(job, index, attempt, step, &response, world.now());
+        count_stored(world, results.store(handle, &row))?;
+    }
+    drop(response);
+    holding.leave();
+    add_duration(
+        &world.metrics.http_held_ns,
+        world.now().saturating_sub(granted_at),
+    );
+    drop(grant);
+    Ok(next)
 }

@@ -4,6 +4,7 @@
 //! cargo run --release --example agents                                  # 400 agents, ~15 s
 //! cargo run --release --example agents -- --strategy hold-and-wait      # both designs, side by side
 //! cargo run --release --example agents -- --time-scale 300 --check    # CI's short run
+//! cargo run --release --example agents -- --fleet 4                    # 4 processes, one Redis
 //! ```
 //!
 //! Hundreds of LLM agents run in one process. Each step of an agent asks for everything the step
@@ -38,13 +39,21 @@
 //!
 //! Every wait has a deadline (`--admit-timeout`, `--run-timeout`); Ctrl-C cancels every job
 //! through its `JobContext`, stops the monitor and still prints the summary.
+//!
+//! `--fleet N` runs the agents as N processes of this program sharing one Redis cell per model
+//! (`multi.rs` the parent, `cells.rs` a member's leases, `redis_server.rs` the private server):
+//! each step takes its model's fleet lease first and then its local demand, and the parent
+//! prints per-process rows and fleet totals and checks the fleet's ceilings.
 
+mod cells;
 mod chain;
 mod clock;
 mod events;
 mod fleet;
+mod multi;
 mod progress;
 mod provider_sim;
+mod redis_server;
 mod report;
 mod results;
 mod rng;
@@ -64,6 +73,9 @@ use admission_llm::model_spec::ModelCatalog;
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum, value_parser};
 
+use crate::cells::Cells;
+use crate::multi::MemberReport;
+use crate::redis_server::Endpoint;
 use crate::report::RunSummary;
 use crate::run::{Input, Strategy};
 use crate::stop::Stop;
@@ -72,6 +84,10 @@ use crate::world::Settings;
 
 /// The fleet's model catalog.
 const CATALOG: &str = include_str!("models.toml");
+
+/// How long an interrupted fleet member waits, real time, for the releases of its dropped leases
+/// to reach Redis before it exits.
+const LEASE_SETTLE: Duration = Duration::from_millis(500);
 
 /// Which way the agents take their limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -152,6 +168,24 @@ struct Args {
     /// Also write the summary as JSON to this path.
     #[arg(long)]
     json_summary: Option<PathBuf>,
+
+    /// Run the agents as N processes sharing one Redis cell per model (each process runs 1/N of
+    /// the agents, seed + its index), and print per-process rows and fleet totals.
+    #[arg(long, value_name = "N", value_parser = value_parser!(u32).range(1..=16))]
+    fleet: Option<u32>,
+
+    /// With --fleet: the Redis server (HOST:PORT) of the fleet's cells [default: a private
+    /// redis-server started from PATH and stopped at the end].
+    #[arg(long, value_name = "HOST:PORT", requires = "fleet")]
+    redis: Option<Endpoint>,
+
+    /// Internal: run as member I of a --fleet run (the parent passes it).
+    #[arg(long, hide = true, value_name = "I", requires_all = ["fleet", "redis", "cell"])]
+    fleet_member: Option<u32>,
+
+    /// Internal: the prefix of the fleet's cell names (the parent passes it).
+    #[arg(long, hide = true, value_name = "PREFIX", requires = "fleet_member")]
+    cell: Option<String>,
 }
 
 fn main() -> ExitCode {
@@ -181,6 +215,13 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
     .collect();
     let out_dir = args.out_dir.clone().unwrap_or_else(default_out_dir);
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    let member = match (args.fleet, args.fleet_member) {
+        (Some(n), None) => return multi::run_fleet(args, n, &catalog, &out_dir),
+        (Some(n), Some(index)) if index >= n => {
+            anyhow::bail!("--fleet-member {index} is not below --fleet {n}")
+        }
+        (_, member) => member,
+    };
     let strategies: &[Strategy] = match args.strategy {
         StrategyArg::Monitor => &[Strategy::Monitor],
         StrategyArg::HoldAndWait | StrategyArg::Both => &[Strategy::Monitor, Strategy::HoldAndWait],
@@ -193,6 +234,16 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
     let summaries = runtime.block_on(async {
         let interrupt = Arc::new(Stop::new());
         let listener = tokio::spawn(listen_for_ctrl_c(interrupt.clone()));
+        let cells = match (member, &args.redis, &args.cell) {
+            (Some(index), Some(endpoint), Some(prefix)) => {
+                let wait = multi::lease_wait(args.admit_timeout, args.time_scale);
+                let host_port = (endpoint.host.as_str(), endpoint.port);
+                Some(Arc::new(
+                    Cells::connect(index, &catalog, host_port, prefix, wait).await?,
+                ))
+            }
+            _ => None,
+        };
         let input = Input {
             catalog: &catalog,
             plan: &plan,
@@ -208,6 +259,7 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
             out_dir: &out_dir,
             interrupt: interrupt.clone(),
             run_timeout: Duration::from_secs(args.run_timeout),
+            cells: cells.clone(),
         };
         let mut summaries = Vec::new();
         for &strategy in strategies {
@@ -219,6 +271,15 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
             summaries.push(summary);
         }
         listener.abort();
+        // A member's last line: its report, for the parent.
+        if let (Some(index), Some(cells), [summary]) = (member, &cells, summaries.as_slice()) {
+            if summary.interrupted.is_some() {
+                // Lease waits and leases dropped by cancelled jobs are withdrawn and released on
+                // spawned tasks: let them reach Redis before the runtime goes.
+                tokio::time::sleep(LEASE_SETTLE).await;
+            }
+            say(&MemberReport::new(index, summary, cells.readings()).line()?);
+        }
         anyhow::Ok(summaries)
     })?;
     // Blocking agents that ignored a cancellation must not keep the process alive.

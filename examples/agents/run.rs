@@ -13,6 +13,7 @@ use admission_llm::model_spec::ModelCatalog;
 use anyhow::Context as _;
 use tokio::task::JoinSet;
 
+use crate::cells::Cells;
 use crate::chain::Chain;
 use crate::events::Sinks;
 use crate::progress::Progress;
@@ -61,6 +62,8 @@ pub struct Input<'a> {
     pub interrupt: Arc<Stop>,
     /// The most real time a run may take.
     pub run_timeout: Duration,
+    /// The fleet's cells, when this process is a member of a `--fleet` run.
+    pub cells: Option<Arc<Cells>>,
 }
 
 /// What the strategy set up, for sampling and for the end of the run.
@@ -97,6 +100,7 @@ pub async fn run(strategy: Strategy, input: &Input<'_>) -> anyhow::Result<RunSum
         input.settings.clone(),
         (strategy == Strategy::Monitor).then_some(results_path.as_path()),
         stop.clone(),
+        input.cells.clone(),
     )?);
     let started = std::time::Instant::now();
     let mut jobs = JoinSet::new();

@@ -145,7 +145,7 @@ pub struct Metrics {
 }
 
 /// Outcome counts, for the report.
-#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Outcomes {
     /// Jobs in the plan.
     pub total: u64,

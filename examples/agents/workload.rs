@@ -17,6 +17,8 @@ pub const MODEL_MIX: [(&str, u64); 3] = [("model-a", 35), ("model-b", 45), ("mod
 const INPUT_TOKENS: (u64, u64) = (500, 3_000);
 /// The `max_tokens` a step declares; charged at admission together with the prompt.
 const MAX_OUTPUT_TOKENS: [u64; 4] = [256, 512, 1_024, 2_048];
+/// The most tokens one step charges: the largest prompt and the largest declared output.
+pub const LARGEST_STEP_TOKENS: u64 = INPUT_TOKENS.1 + MAX_OUTPUT_TOKENS[3];
 /// Share of steps that also write to the database (and hold a connection for the step).
 const DB_SHARE: f64 = 0.3;
 /// Share of steps that also query the external search API (a fixed window of calls).

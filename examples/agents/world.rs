@@ -14,6 +14,7 @@ use admission_llm::model_spec::ModelCatalog;
 use admission_llm::provider::Registry;
 use anyhow::Context as _;
 
+use crate::cells::Cells;
 use crate::clock::ScaledClock;
 use crate::provider_sim::{Provider, Request, Response, Status};
 use crate::results::{Results, Row};
@@ -76,6 +77,9 @@ pub struct World {
     pub metrics: Metrics,
     /// Ends the run early.
     pub stop: Arc<Stop>,
+    /// The fleet's cells, one per model, when this process is a member of a `--fleet` run: each
+    /// step takes a lease from its model's cell before its local demand.
+    pub cells: Option<Arc<Cells>>,
 }
 
 impl World {
@@ -91,6 +95,7 @@ impl World {
         settings: Settings,
         results_path: Option<&Path>,
         stop: Arc<Stop>,
+        cells: Option<Arc<Cells>>,
     ) -> anyhow::Result<World> {
         let clock = ScaledClock::new(settings.time_scale);
         let shared: Arc<dyn Clock> = clock.clone();
@@ -137,6 +142,7 @@ impl World {
             search,
             metrics,
             stop,
+            cells,
         })
     }
 

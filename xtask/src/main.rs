@@ -33,7 +33,9 @@ commands:
                              4 doc tests  cargo test --workspace --doc FEATURES
                              5 docs       cargo doc --workspace --no-deps FEATURES with RUSTDOCFLAGS='-D warnings'
                              6 benches    cargo bench --workspace --no-run (compiled, not run)
-                             7 agents     cargo run --release --example agents -- --time-scale 300 --check
+                             7 agents     cargo run --release --example agents -- --time-scale 300 --check,
+                                          then the same as a fleet: -- --fleet 2 --time-scale 300 --check
+                                          (two processes on a private redis-server, which must be on PATH)
                              8 loom       cargo test -p admission-core --lib --release -- loom
                                           with RUSTFLAGS='--cfg admission_loom',
                                           LOOM_MAX_PREEMPTIONS=2 (unless set), CARGO_TARGET_DIR=target/loom
@@ -110,6 +112,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
                 &["bench", "--workspace", "--no-run"],
             ));
             steps.push(Step::cargo("agents", AGENTS_CHECK));
+            steps.push(Step::cargo("agents fleet", AGENTS_FLEET_CHECK));
             steps.push(loom_step()?);
             run_plan(&ws, &steps)
         }
@@ -143,6 +146,22 @@ const AGENTS_CHECK: &[&str] = &[
     "--example",
     "agents",
     "--",
+    "--time-scale",
+    "300",
+    "--check",
+];
+
+/// The agents example as a fleet, run short: two processes sharing one Redis cell per model on a
+/// private `redis-server` the example starts and stops (about 4 s), with `--check`: it also fails
+/// on any fleet-wide occupancy over a ceiling, a lease lost, or a lease still held afterwards.
+const AGENTS_FLEET_CHECK: &[&str] = &[
+    "run",
+    "--release",
+    "--example",
+    "agents",
+    "--",
+    "--fleet",
+    "2",
     "--time-scale",
     "300",
     "--check",

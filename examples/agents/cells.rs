@@ -1,0 +1,368 @@
+//! A fleet member's side of `--fleet N`: one Redis cell per model (`<prefix>-<model>`), whose
+//! ceilings bound the model across every process of the fleet, and the lease each agent step
+//! takes from it.
+//!
+//! A step's lease is taken *first*, before the step asks its own process's monitor for the local
+//! demand (HTTP connection, the model's tokens and request, the database permit), and released
+//! after the local grant is given back: a step never holds a local permit while it waits in the
+//! fleet's line. The lease's footprint is the step's token charge (prompt + declared most output,
+//! what the bucket charges) and it counts as one transfer, so the cell's service bytes are the
+//! model's fleet-wide tokens in flight and its service transfers the model's fleet-wide requests
+//! in flight.
+//!
+//! Lease waits are real time on the Redis server; they are recorded in simulated time (times the
+//! scale, read on the run's clock) like every other wait of the example.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use admission_llm::model_spec::{ModelCatalog, ModelSpec};
+use admission_redis::{
+    AcquireError, Ceilings, Lease, LeaseRequest, Outcome, RedisAdmission, RedisAdmissionConfig,
+};
+use anyhow::Context as _;
+use serde::{Deserialize, Serialize};
+
+use crate::clock::ScaledClock;
+use crate::stats::JobOutcome;
+use crate::stop::Stop;
+use crate::workload::{JobPlan, StepPlan};
+
+/// The tenant every lease names: the whole fleet is one tenant, whose ceilings are the service's.
+const TENANT: &str = "agents";
+/// The operation label of a step's lease.
+const OPERATION: &str = "llm_call";
+/// Records kept in each cell's events stream: enough for a run's every transition, so that the
+/// peak read back from the stream is complete.
+pub const EVENTS_MAX_LEN: u64 = 200_000;
+/// A cell's fleet-wide tokens in flight: this many simulated seconds of the model's token budget.
+const TOKENS_IN_FLIGHT_SECONDS: u64 = 5;
+/// Without a catalog concurrency cap, the fleet-wide requests in flight: this many seconds of
+/// the model's request budget.
+const REQUESTS_IN_FLIGHT_SECONDS: u64 = 3;
+
+/// One model's fleet-wide ceilings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelCeiling {
+    /// Tokens (prompt + declared most output) of the calls in flight fleet-wide.
+    pub tokens: u64,
+    /// Calls in flight fleet-wide.
+    pub requests: u64,
+}
+
+/// The fleet's ceilings of `spec`, from the catalog: its declared concurrency cap (the provider's
+/// cap is per organisation, so fleet-wide), else [`REQUESTS_IN_FLIGHT_SECONDS`] of its request
+/// budget; [`TOKENS_IN_FLIGHT_SECONDS`] of its token budget. Both at least 1; the tokens at
+/// least one step's largest charge.
+pub fn model_ceiling(spec: &ModelSpec) -> ModelCeiling {
+    let requests = spec
+        .max_concurrent
+        .unwrap_or_else(|| spec.effective_requests_per_minute() * REQUESTS_IN_FLIGHT_SECONDS / 60);
+    let tokens = spec.tokens_per_minute * TOKENS_IN_FLIGHT_SECONDS / 60;
+    ModelCeiling {
+        tokens: tokens.max(crate::workload::LARGEST_STEP_TOKENS),
+        requests: requests.max(1),
+    }
+}
+
+/// The cell of `model` in a fleet run whose cells are named from `prefix`.
+pub fn cell_name(prefix: &str, model: &str) -> String {
+    format!("{prefix}-{model}")
+}
+
+/// The config every process of the fleet uses for a model's cell (they must agree: the cell
+/// keeps the first one's fingerprint). `wait` is the longest a lease may wait, in real time.
+pub fn cell_config(
+    host: &str,
+    port: u16,
+    cell: &str,
+    ceiling: ModelCeiling,
+    wait: Duration,
+) -> RedisAdmissionConfig {
+    let ceilings = Ceilings {
+        service_bytes: ceiling.tokens,
+        service_transfers: ceiling.requests,
+        tenant_bytes: ceiling.tokens,
+        tenant_transfers: ceiling.requests,
+        backend_transfers: ceiling.requests,
+    };
+    let mut config = RedisAdmissionConfig::new(host, port, cell, ceilings);
+    config.events_max_len = EVENTS_MAX_LEN;
+    config.redis_wait = wait;
+    config.local_timeout = wait;
+    config
+}
+
+/// The cells of every model in `catalog`, connected (each created by whoever comes first).
+///
+/// # Errors
+///
+/// When a cell's config is refused or the server cannot be reached.
+pub async fn connect_all(
+    catalog: &ModelCatalog,
+    (host, port): (&str, u16),
+    prefix: &str,
+    wait: Duration,
+) -> anyhow::Result<BTreeMap<String, (RedisAdmission, ModelCeiling)>> {
+    let mut cells = BTreeMap::new();
+    for spec in &catalog.models {
+        let ceiling = model_ceiling(spec);
+        let cell = cell_name(prefix, &spec.id);
+        let config = cell_config(host, port, &cell, ceiling, wait);
+        let admission = RedisAdmission::connect(config)
+            .await
+            .with_context(|| format!("connecting to the cell {cell} on {host}:{port}"))?;
+        cells.insert(spec.id.clone(), (admission, ceiling));
+    }
+    Ok(cells)
+}
+
+/// One model's leases, as a member counts them.
+#[derive(Debug, Default)]
+struct Tally {
+    leases: AtomicU64,
+    peak_tokens: AtomicU64,
+    peak_requests: AtomicU64,
+    timed_out: AtomicU64,
+    failed: AtomicU64,
+    lost: AtomicU64,
+    /// Simulated microseconds each lease waited.
+    waits_us: Mutex<Vec<u64>>,
+}
+
+/// A member's cells and what it counted on them.
+pub struct Cells {
+    member: u32,
+    cells: BTreeMap<String, (RedisAdmission, ModelCeiling)>,
+    tallies: BTreeMap<String, Tally>,
+    /// The longest a lease waits, real time.
+    wait: Duration,
+    /// The runtime the leases live on, for agents on blocking threads.
+    runtime: tokio::runtime::Handle,
+}
+
+/// A step's lease; give it back with [`Cells::release`].
+pub struct StepLease {
+    model: &'static str,
+    lease: Lease,
+}
+
+/// What a member reports of one model's cell.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CellReading {
+    /// The model.
+    pub model: String,
+    /// The cell's ceilings.
+    pub ceiling: Option<ModelCeiling>,
+    /// Leases taken.
+    pub leases: u64,
+    /// The most tokens in flight fleet-wide that a lease of this member saw at its admission.
+    pub peak_tokens: u64,
+    /// The most requests in flight fleet-wide that a lease of this member saw.
+    pub peak_requests: u64,
+    /// Lease waits that ran out.
+    pub timed_out: u64,
+    /// Lease acquisitions that failed otherwise (Redis unavailable, refused for good).
+    pub failed: u64,
+    /// Leases lost before their release (reaped, or a release that Redis did not confirm).
+    pub lost: u64,
+    /// Each lease's wait, simulated microseconds.
+    pub waits_us: Vec<u64>,
+}
+
+impl Cells {
+    /// Connects member `member` to the cells named from `prefix` on `endpoint`. Runs inside the
+    /// runtime its leases will live on.
+    ///
+    /// # Errors
+    ///
+    /// As for [`connect_all`].
+    pub async fn connect(
+        member: u32,
+        catalog: &ModelCatalog,
+        endpoint: (&str, u16),
+        prefix: &str,
+        wait: Duration,
+    ) -> anyhow::Result<Cells> {
+        let cells = connect_all(catalog, endpoint, prefix, wait).await?;
+        let tallies = cells
+            .keys()
+            .map(|m| (m.clone(), Tally::default()))
+            .collect();
+        Ok(Cells {
+            member,
+            cells,
+            tallies,
+            wait,
+            runtime: tokio::runtime::Handle::current(),
+        })
+    }
+
+    /// The lease of one attempt of a step, waiting in the fleet's line for at most the wait
+    /// given at connect, or until `stop` is triggered (the wait's ticket is then withdrawn);
+    /// `None` for a model without a cell.
+    ///
+    /// # Errors
+    ///
+    /// The job's outcome when no lease came: timed out, cancelled, or failed with the reason.
+    pub async fn acquire(
+        &self,
+        stop: &Stop,
+        clock: &ScaledClock,
+        job: &JobPlan,
+        step_index: usize,
+        attempt: u32,
+        step: &StepPlan,
+    ) -> Result<Option<StepLease>, JobOutcome> {
+        let (Some((cell, _)), Some(tally)) =
+            (self.cells.get(job.model), self.tallies.get(job.model))
+        else {
+            return Ok(None);
+        };
+        let request = LeaseRequest::new(
+            format!("m{}-{}-s{step_index}-a{attempt}", self.member, job.name),
+            TENANT,
+            job.model,
+            step.input_tokens + step.max_output_tokens,
+            OPERATION,
+        );
+        let asked_at = clock.elapsed();
+        let acquired = tokio::select! {
+            acquired = cell.acquire(&request, self.wait) => acquired,
+            // Dropping the wait withdraws its ticket (on a spawned task).
+            () = stop.triggered() => return Err(JobOutcome::Cancelled),
+        };
+        match acquired {
+            Ok(lease) => {
+                let waited = clock.elapsed().saturating_sub(asked_at);
+                let occupancy = lease.occupancy();
+                tally.leases.fetch_add(1, Ordering::Relaxed);
+                tally
+                    .peak_tokens
+                    .fetch_max(occupancy.service_bytes, Ordering::Relaxed);
+                tally
+                    .peak_requests
+                    .fetch_max(occupancy.service_transfers, Ordering::Relaxed);
+                if let Ok(mut waits) = tally.waits_us.lock() {
+                    waits.push(u64::try_from(waited.as_micros()).unwrap_or(u64::MAX));
+                }
+                Ok(Some(StepLease {
+                    model: job.model,
+                    lease,
+                }))
+            }
+            Err(AcquireError::TimedOut { .. }) => {
+                tally.timed_out.fetch_add(1, Ordering::Relaxed);
+                Err(JobOutcome::TimedOut)
+            }
+            Err(error) => {
+                tally.failed.fetch_add(1, Ordering::Relaxed);
+                Err(JobOutcome::Failed(format!("the fleet lease: {error}")))
+            }
+        }
+    }
+
+    /// [`acquire`](Cells::acquire) for an agent on a blocking thread.
+    ///
+    /// # Errors
+    ///
+    /// As for [`acquire`](Cells::acquire).
+    pub fn acquire_blocking(
+        &self,
+        stop: &Stop,
+        clock: &ScaledClock,
+        job: &JobPlan,
+        step_index: usize,
+        attempt: u32,
+        step: &StepPlan,
+    ) -> Result<Option<StepLease>, JobOutcome> {
+        self.runtime
+            .block_on(self.acquire(stop, clock, job, step_index, attempt, step))
+    }
+
+    /// Gives a step's lease back, recording whether the attempt went on (`completed`) or ended
+    /// its job (`failed`).
+    pub async fn release(&self, lease: StepLease, completed: bool) {
+        let outcome = if completed {
+            Outcome::Completed
+        } else {
+            Outcome::Failed
+        };
+        let StepLease { model, lease } = lease;
+        // Lost or stale: someone else had it; unavailable: the TTL takes it back. Either way
+        // the lease was not ours to the end.
+        if let (Err(_), Some(tally)) = (lease.release(outcome).await, self.tallies.get(model)) {
+            tally.lost.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// [`release`](Cells::release) for an agent on a blocking thread.
+    pub fn release_blocking(&self, lease: StepLease, completed: bool) {
+        self.runtime.block_on(self.release(lease, completed));
+    }
+
+    /// What this member counted, per model.
+    pub fn readings(&self) -> Vec<CellReading> {
+        self.tallies
+            .iter()
+            .map(|(model, t)| CellReading {
+                model: model.clone(),
+                ceiling: self.cells.get(model).map(|(_, c)| *c),
+                leases: t.leases.load(Ordering::Acquire),
+                peak_tokens: t.peak_tokens.load(Ordering::Acquire),
+                peak_requests: t.peak_requests.load(Ordering::Acquire),
+                timed_out: t.timed_out.load(Ordering::Acquire),
+                failed: t.failed.load(Ordering::Acquire),
+                lost: t.lost.load(Ordering::Acquire),
+                waits_us: t.waits_us.lock().map(|w| w.clone()).unwrap_or_default(),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ceilings_come_from_the_catalog() {
+        let catalog = ModelCatalog::from_toml(crate::CATALOG).unwrap();
+        let ceiling = |id: &str| model_ceiling(catalog.models.iter().find(|m| m.id == id).unwrap());
+        // model-a: 125,000 tpm * 5 s / 60 s; 150 rpm * 3 s / 60 s.
+        assert_eq!(
+            ceiling("model-a"),
+            ModelCeiling {
+                tokens: 10_416,
+                requests: 7
+            }
+        );
+        assert_eq!(
+            ceiling("model-b"),
+            ModelCeiling {
+                tokens: 83_333,
+                requests: 60
+            }
+        );
+        // model-c declares its concurrency cap: it is the fleet's.
+        assert_eq!(
+            ceiling("model-c"),
+            ModelCeiling {
+                tokens: 25_000,
+                requests: 4
+            }
+        );
+        assert_eq!(cell_name("agents-7", "model-a"), "agents-7-model-a");
+        let config = cell_config(
+            "127.0.0.1",
+            6379,
+            "agents-7-model-a",
+            ceiling("model-a"),
+            Duration::from_secs(6),
+        );
+        assert!(config.validate().is_ok());
+        assert_eq!(config.ceilings.service_bytes, 10_416);
+        assert_eq!(config.ceilings.backend_transfers, 7);
+    }
+}

@@ -1,0 +1,978 @@
+//! `--fleet N`: the agents run as N processes that share one Redis cell per model.
+//!
+//! The parent starts a private `redis-server` (unless `--redis` names one), creates the cells,
+//! and runs N copies of this binary as fleet members (`--fleet-member I`), each with its share of
+//! the agents and the seed offset by I, its own monitor, database and simulated provider view,
+//! and its output in `<out>/fleet/member-I.{out,err}`. Each member ends its stdout with one line,
+//! [`REPORT_PREFIX`] and its [`MemberReport`] as JSON. The parent reads them, the cells' events
+//! and final state, and the server's count of script calls, and prints per-process rows and
+//! fleet totals; with `--check` it fails on a member that failed or found a problem of its own,
+//! on any fleet-wide occupancy over a ceiling, on a lease lost or not given back, and on a lease
+//! still held once every member has exited.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use admission_llm::model_spec::ModelCatalog;
+use admission_redis::read_events;
+use anyhow::{Context as _, bail};
+use serde::{Deserialize, Serialize};
+
+use crate::cells::{self, CellReading, ModelCeiling};
+use crate::redis_server::{self, Endpoint, PrivateRedis};
+use crate::report::RunSummary;
+use crate::say;
+use crate::stats::Outcomes;
+
+/// What starts a member's report line on its stdout.
+pub const REPORT_PREFIX: &str = "fleet-member-report: ";
+/// How much longer than `--run-timeout` the parent waits for its members before killing them.
+const MEMBER_GRACE: Duration = Duration::from_secs(30);
+/// How often the parent looks whether its members have exited.
+const MEMBER_POLL: Duration = Duration::from_millis(100);
+
+/// What one member reports to the parent.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemberReport {
+    /// Its index, from 0.
+    pub member: u32,
+    /// Its agents.
+    pub jobs: u64,
+    /// How they ended.
+    pub outcomes: Outcomes,
+    /// Calls that ran (steps done, counting a retried step once per successful call).
+    pub steps_ok: u64,
+    /// Local admissions granted.
+    pub grants: u64,
+    /// Real seconds the run took.
+    pub real_seconds: f64,
+    /// Simulated seconds.
+    pub simulated_seconds: f64,
+    /// Local admission waits (its own monitor), simulated seconds: median and 99th percentile.
+    pub local_wait_p50_s: f64,
+    /// See `local_wait_p50_s`.
+    pub local_wait_p99_s: f64,
+    /// Per model's cell.
+    pub cells: Vec<CellReading>,
+    /// What `--check` would find wrong with its own run.
+    pub problems: Vec<String>,
+}
+
+impl MemberReport {
+    /// The report of member `member` from its run's summary and its cells' readings.
+    pub fn new(member: u32, summary: &RunSummary, cells: Vec<CellReading>) -> MemberReport {
+        let all = summary.wait("all");
+        MemberReport {
+            member,
+            jobs: summary.jobs,
+            outcomes: summary.outcomes,
+            steps_ok: summary.models.iter().map(|m| m.calls_ok).sum(),
+            grants: summary.grants,
+            real_seconds: summary.real_seconds,
+            simulated_seconds: summary.simulated_seconds,
+            local_wait_p50_s: all.map_or(0.0, |w| w.p50_s),
+            local_wait_p99_s: all.map_or(0.0, |w| w.p99_s),
+            cells,
+            problems: summary.problems(),
+        }
+    }
+
+    /// The line a member prints last.
+    pub fn line(&self) -> anyhow::Result<String> {
+        Ok(format!(
+            "{REPORT_PREFIX}{}",
+            serde_json::to_string(self).context("serialising the member's report")?
+        ))
+    }
+
+    /// Every lease wait, simulated microseconds.
+    fn waits(&self) -> Vec<u64> {
+        self.cells
+            .iter()
+            .flat_map(|c| c.waits_us.iter().copied())
+            .collect()
+    }
+}
+
+/// The member report in a member's stdout: its last [`REPORT_PREFIX`] line.
+///
+/// # Errors
+///
+/// When there is no such line, or it is not a report.
+pub fn parse_member_output(stdout: &str) -> Result<MemberReport, String> {
+    let Some(line) = stdout
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix(REPORT_PREFIX))
+    else {
+        return Err("no report line in its output".to_owned());
+    };
+    serde_json::from_str(line).map_err(|e| format!("its report line is not a report: {e}"))
+}
+
+/// The `q` quantile of `sorted` values by nearest rank (the smallest value with at least
+/// `q * n` values at or below it); 0 for none.
+pub fn quantile(sorted: &[u64], q: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (q.clamp(0.0, 1.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Waits summarised, simulated seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct WaitSummary {
+    /// How many.
+    pub count: u64,
+    /// Median.
+    pub p50_s: f64,
+    /// 99th percentile.
+    pub p99_s: f64,
+    /// Longest.
+    pub max_s: f64,
+}
+
+impl WaitSummary {
+    /// From waits in microseconds.
+    pub fn of(mut waits_us: Vec<u64>) -> WaitSummary {
+        waits_us.sort_unstable();
+        let secs = |us: u64| us as f64 / 1e6;
+        WaitSummary {
+            count: waits_us.len() as u64,
+            p50_s: secs(quantile(&waits_us, 0.5)),
+            p99_s: secs(quantile(&waits_us, 0.99)),
+            max_s: secs(waits_us.last().copied().unwrap_or(0)),
+        }
+    }
+}
+
+/// One model across the fleet.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModelTotals {
+    /// The model.
+    pub model: String,
+    /// Its cell's ceilings.
+    pub ceiling: Option<ModelCeiling>,
+    /// Leases taken by every member.
+    pub leases: u64,
+    /// The most tokens in flight any lease saw at its admission.
+    pub peak_tokens: u64,
+    /// The most requests in flight any lease saw.
+    pub peak_requests: u64,
+    /// Lease waits that ran out, acquisitions that failed, leases lost.
+    pub timed_out: u64,
+    /// See `timed_out`.
+    pub failed: u64,
+    /// See `timed_out`.
+    pub lost: u64,
+    /// The lease waits.
+    pub waits: WaitSummary,
+}
+
+/// Every member's readings of each model, added up.
+pub fn model_totals(members: &[MemberReport]) -> Vec<ModelTotals> {
+    let mut waits: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    let mut totals: BTreeMap<String, ModelTotals> = BTreeMap::new();
+    for reading in members.iter().flat_map(|m| &m.cells) {
+        let t = totals
+            .entry(reading.model.clone())
+            .or_insert_with(|| ModelTotals {
+                model: reading.model.clone(),
+                ..ModelTotals::default()
+            });
+        t.ceiling = t.ceiling.or(reading.ceiling);
+        t.leases += reading.leases;
+        t.peak_tokens = t.peak_tokens.max(reading.peak_tokens);
+        t.peak_requests = t.peak_requests.max(reading.peak_requests);
+        t.timed_out += reading.timed_out;
+        t.failed += reading.failed;
+        t.lost += reading.lost;
+        waits
+            .entry(reading.model.clone())
+            .or_default()
+            .extend(&reading.waits_us);
+    }
+    totals
+        .into_values()
+        .map(|mut t| {
+            t.waits = WaitSummary::of(waits.remove(&t.model).unwrap_or_default());
+            t
+        })
+        .collect()
+}
+
+/// What the parent read from one cell once every member exited.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CellAfter {
+    /// The model.
+    pub model: String,
+    /// The most tokens in flight in any record of the events stream.
+    pub events_peak_tokens: u64,
+    /// The most requests in flight in any record.
+    pub events_peak_requests: u64,
+    /// `admitted` records.
+    pub admitted_events: u64,
+    /// `queued` records (a lease that did not fit at once took a ticket in the line), per
+    /// member (read from the lease id).
+    pub queued: BTreeMap<u32, u64>,
+    /// Records read; at the stream's bound, the oldest were trimmed and the peaks may be low.
+    pub events: u64,
+    /// Leases still held, and the occupancy, after the run.
+    pub leases_held: u64,
+    /// Tokens still in flight.
+    pub tokens_held: u64,
+    /// Requests still in flight.
+    pub requests_held: u64,
+}
+
+/// The member a lease id names (`m<I>-...`, as [`Cells`](crate::cells::Cells) names leases).
+pub fn member_of(lease: &str) -> Option<u32> {
+    let (index, _) = lease.strip_prefix('m')?.split_once('-')?;
+    index.parse().ok()
+}
+
+/// How many of `leases` each member named (ids naming none are left out).
+pub fn queued_by_member<'a>(leases: impl IntoIterator<Item = &'a str>) -> BTreeMap<u32, u64> {
+    let mut out = BTreeMap::new();
+    for member in leases.into_iter().filter_map(member_of) {
+        *out.entry(member).or_insert(0) += 1;
+    }
+    out
+}
+
+/// A member process and where its output goes.
+struct Member {
+    index: u32,
+    child: Option<Child>,
+    status: Option<ExitStatus>,
+    out: PathBuf,
+    err: PathBuf,
+}
+
+/// The agents of member `index` of `n`: an even share, the first `jobs % n` members one more.
+pub fn share(jobs: u32, n: u32, index: u32) -> u32 {
+    jobs / n + u32::from(index < jobs % n)
+}
+
+/// The command line of member `index` of `n`: the user's flags, its share of the agents, its
+/// seed, its own output directory, and the fleet's server and cells.
+pub fn member_args(
+    args: &crate::Args,
+    n: u32,
+    index: u32,
+    endpoint: &Endpoint,
+    prefix: &str,
+    out_dir: &Path,
+) -> Vec<String> {
+    let mut out = vec![
+        "--fleet".to_owned(),
+        n.to_string(),
+        "--fleet-member".to_owned(),
+        index.to_string(),
+        "--redis".to_owned(),
+        endpoint.to_string(),
+        "--cell".to_owned(),
+        prefix.to_owned(),
+        "--jobs".to_owned(),
+        share(args.jobs, n, index).to_string(),
+        "--seed".to_owned(),
+        args.seed.wrapping_add(u64::from(index)).to_string(),
+        "--out-dir".to_owned(),
+        out_dir.display().to_string(),
+    ];
+    if let Some(steps) = args.steps {
+        out.extend(["--steps".to_owned(), steps.to_string()]);
+    }
+    for (flag, value) in [
+        ("--time-scale", u64::from(args.time_scale)),
+        ("--blocking-percent", u64::from(args.blocking_percent)),
+        ("--http", args.http),
+        ("--db", args.db),
+        ("--search-per-minute", args.search_per_minute),
+        ("--retries", u64::from(args.retries)),
+        ("--admit-timeout", args.admit_timeout),
+        ("--run-timeout", args.run_timeout),
+    ] {
+        out.extend([flag.to_owned(), value.to_string()]);
+    }
+    out
+}
+
+/// The longest a lease waits, real time: the admission timeout (simulated) at the run's scale,
+/// at least a second.
+pub fn lease_wait(admit_timeout_s: u64, time_scale: u32) -> Duration {
+    Duration::from_secs(admit_timeout_s)
+        .div_f64(f64::from(time_scale.max(1)))
+        .max(Duration::from_secs(1))
+}
+
+/// Runs the fleet; `Ok(false)` when `--check` found a problem.
+///
+/// # Errors
+///
+/// When no Redis can be had, a member cannot be started, or Redis fails.
+pub fn run_fleet(
+    args: &crate::Args,
+    n: u32,
+    catalog: &ModelCatalog,
+    out_dir: &Path,
+) -> anyhow::Result<bool> {
+    if args.jobs < n {
+        bail!(
+            "--fleet {n} needs at least {n} agents (--jobs {}): each process runs its share",
+            args.jobs
+        );
+    }
+    if args.strategy != crate::StrategyArg::Monitor {
+        bail!("--fleet runs the monitor strategy only; drop --strategy");
+    }
+    let (private, endpoint) = match &args.redis {
+        Some(endpoint) => (None, endpoint.clone()),
+        None => {
+            let binary = redis_server::find_binary()
+                .with_context(|| redis_server::INSTALL_HINT.to_owned())?;
+            let server = PrivateRedis::start(&binary)?;
+            let endpoint = server.endpoint.clone();
+            (Some(server), endpoint)
+        }
+    };
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    // Fresh cells for each run, so that a shared server's earlier runs do not count.
+    let prefix = format!("agents-{}-{started}", std::process::id());
+    let wait = lease_wait(args.admit_timeout, args.time_scale);
+    let fleet_dir = out_dir.join("fleet");
+    std::fs::create_dir_all(&fleet_dir)
+        .with_context(|| format!("creating {}", fleet_dir.display()))?;
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    let host_port = (endpoint.host.as_str(), endpoint.port);
+    let cells = runtime.block_on(cells::connect_all(catalog, host_port, &prefix, wait))?;
+    let calls_before = runtime.block_on(redis_server::script_calls(&endpoint))?;
+    say(&format!(
+        "== fleet: {n} processes, {} agents, seed {} (+ process index), cells {prefix}-<model> on {endpoint} ({}) ==",
+        args.jobs,
+        args.seed,
+        if private.is_some() {
+            "a private redis-server"
+        } else {
+            "--redis"
+        }
+    ));
+
+    let exe = std::env::current_exe().context("finding this program's path")?;
+    let mut members = Vec::new();
+    for index in 0..n {
+        let dir = fleet_dir.join(format!("member-{index}"));
+        let out = fleet_dir.join(format!("member-{index}.out"));
+        let err = fleet_dir.join(format!("member-{index}.err"));
+        let stdout = File::create(&out).with_context(|| format!("creating {}", out.display()))?;
+        let stderr = File::create(&err).with_context(|| format!("creating {}", err.display()))?;
+        let child = Command::new(&exe)
+            .args(member_args(args, n, index, &endpoint, &prefix, &dir))
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .spawn()
+            .with_context(|| format!("starting fleet member {index}"))?;
+        members.push(Member {
+            index,
+            child: Some(child),
+            status: None,
+            out,
+            err,
+        });
+    }
+    let overran = wait_for(
+        &mut members,
+        Duration::from_secs(args.run_timeout) + MEMBER_GRACE,
+    );
+
+    let mut problems = Vec::new();
+    if overran {
+        problems.push(format!(
+            "a member was still running {} s after --run-timeout and was killed",
+            MEMBER_GRACE.as_secs()
+        ));
+    }
+    let mut reports = Vec::new();
+    for member in &members {
+        let stdout = std::fs::read_to_string(&member.out).unwrap_or_default();
+        let status = member
+            .status
+            .map_or_else(|| "no exit status".to_owned(), |s| s.to_string());
+        match parse_member_output(&stdout) {
+            Ok(report) if member.status.is_some_and(|s| s.success()) => reports.push(report),
+            Ok(_) => problems.push(format!(
+                "process {}: exited with {status} (see {})",
+                member.index,
+                member.err.display()
+            )),
+            Err(why) => {
+                let tail = tail(&std::fs::read_to_string(&member.err).unwrap_or_default(), 5);
+                problems.push(format!(
+                    "process {}: failed ({status}; {why}); see {}{tail}",
+                    member.index,
+                    member.err.display()
+                ));
+            }
+        }
+    }
+
+    let calls_after = runtime.block_on(redis_server::script_calls(&endpoint))?;
+    let mut after = Vec::new();
+    for (model, (cell, _)) in &cells {
+        let events = runtime
+            .block_on(read_events(cell))
+            .with_context(|| format!("reading the events of {model}'s cell"))?;
+        let snapshot = runtime
+            .block_on(cell.snapshot("agents", model))
+            .with_context(|| format!("reading {model}'s cell"))?;
+        after.push(CellAfter {
+            model: model.clone(),
+            events_peak_tokens: events
+                .iter()
+                .map(|e| e.occupancy.service_bytes)
+                .max()
+                .unwrap_or(0),
+            events_peak_requests: events
+                .iter()
+                .map(|e| e.occupancy.service_transfers)
+                .max()
+                .unwrap_or(0),
+            admitted_events: events.iter().filter(|e| e.kind == "admitted").count() as u64,
+            queued: queued_by_member(
+                events
+                    .iter()
+                    .filter(|e| e.kind == "queued")
+                    .map(|e| e.lease.as_str()),
+            ),
+            events: events.len() as u64,
+            leases_held: snapshot.leases,
+            tokens_held: snapshot.occupancy.service_bytes,
+            requests_held: snapshot.occupancy.service_transfers,
+        });
+    }
+    drop(cells);
+    drop(runtime);
+    drop(private); // the private server stops here
+
+    let totals = model_totals(&reports);
+    let script_calls = calls_after.saturating_sub(calls_before);
+    say(&render(&reports, &totals, &after, script_calls, n));
+    for member in &members {
+        say(&format!(
+            "process {}'s own report: {}",
+            member.index,
+            member.out.display()
+        ));
+    }
+    problems.extend(fleet_problems(&reports, &totals, &after));
+
+    if !args.check {
+        for problem in &problems {
+            say(&format!("problem: {problem}"));
+        }
+        return Ok(true);
+    }
+    if problems.is_empty() {
+        say(
+            "check: passed (every process ran and passed its own check, no fleet-wide occupancy over a ceiling, no lease lost, nothing held afterwards)",
+        );
+        Ok(true)
+    } else {
+        for problem in &problems {
+            say(&format!("check: FAILED: {problem}"));
+        }
+        Ok(false)
+    }
+}
+
+/// Waits for every member to exit, for at most `limit`; kills the ones still running then.
+/// True when some had to be killed.
+fn wait_for(members: &mut [Member], limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        let mut running = false;
+        for member in members.iter_mut() {
+            if let Some(child) = member.child.as_mut() {
+                match child.try_wait() {
+                    Ok(Some(status)) => {
+                        member.status = Some(status);
+                        member.child = None;
+                    }
+                    Ok(None) => running = true,
+                    Err(_) => member.child = None,
+                }
+            }
+        }
+        if !running {
+            return false;
+        }
+        if Instant::now() >= deadline {
+            for member in members.iter_mut() {
+                if let Some(mut child) = member.child.take() {
+                    let _ = child.kill();
+                    member.status = child.wait().ok();
+                }
+            }
+            return true;
+        }
+        std::thread::sleep(MEMBER_POLL);
+    }
+}
+
+/// The last `lines` lines of `text`, indented on lines of their own (empty for none).
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let start = all.len().saturating_sub(lines);
+    all[start..].iter().map(|l| format!("\n    {l}")).collect()
+}
+
+/// What `--check` finds wrong fleet-wide (the members' own problems included); empty when it
+/// passes.
+pub fn fleet_problems(
+    reports: &[MemberReport],
+    totals: &[ModelTotals],
+    after: &[CellAfter],
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    for report in reports {
+        problems.extend(
+            report
+                .problems
+                .iter()
+                .map(|p| format!("process {}: {p}", report.member)),
+        );
+    }
+    for t in totals {
+        let Some(ceiling) = t.ceiling else { continue };
+        let events = after.iter().find(|a| a.model == t.model);
+        let tokens = t
+            .peak_tokens
+            .max(events.map_or(0, |a| a.events_peak_tokens));
+        let requests = t
+            .peak_requests
+            .max(events.map_or(0, |a| a.events_peak_requests));
+        if tokens > ceiling.tokens {
+            problems.push(format!(
+                "{}: {tokens} tokens in flight fleet-wide, ceiling {}",
+                t.model, ceiling.tokens
+            ));
+        }
+        if requests > ceiling.requests {
+            problems.push(format!(
+                "{}: {requests} requests in flight fleet-wide, ceiling {}",
+                t.model, ceiling.requests
+            ));
+        }
+        if t.lost > 0 {
+            problems.push(format!(
+                "{}: {} leases lost before their release",
+                t.model, t.lost
+            ));
+        }
+    }
+    for a in after {
+        if a.leases_held > 0 || a.tokens_held > 0 || a.requests_held > 0 {
+            problems.push(format!(
+                "{}: {} leases ({} tokens, {} requests) still held in the cell after the run",
+                a.model, a.leases_held, a.tokens_held, a.requests_held
+            ));
+        }
+    }
+    problems
+}
+
+/// The fleet's tables: one row per process and the fleet's, then one row per model.
+pub fn render(
+    reports: &[MemberReport],
+    totals: &[ModelTotals],
+    after: &[CellAfter],
+    script_calls: u64,
+    n: u32,
+) -> String {
+    let mut out = String::new();
+    let span = |s: f64| format!("{s:.2}s");
+    let _ = writeln!(
+        out,
+        "{:<8} {:>6} {:>9} {:>6} {:>6} {:>7} {:>7} {:>9} {:>9} {:>10} {:>10} {:>7}",
+        "process",
+        "agents",
+        "completed",
+        "other",
+        "steps",
+        "leases",
+        "queued",
+        "lease p50",
+        "lease p99",
+        "local p50",
+        "local p99",
+        "real s"
+    );
+    let queued_of = |member: Option<u32>| -> u64 {
+        after
+            .iter()
+            .flat_map(|a| &a.queued)
+            .filter(|(m, _)| member.is_none_or(|i| i == **m))
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let row = |out: &mut String, name: &str, r: &MemberReport, waits: WaitSummary, queued| {
+        let o = &r.outcomes;
+        let _ = writeln!(
+            out,
+            "{:<8} {:>6} {:>9} {:>6} {:>6} {:>7} {:>7} {:>9} {:>9} {:>10} {:>10} {:>7.1}",
+            name,
+            r.jobs,
+            o.completed,
+            o.total.saturating_sub(o.completed),
+            r.steps_ok,
+            waits.count,
+            queued,
+            span(waits.p50_s),
+            span(waits.p99_s),
+            span(r.local_wait_p50_s),
+            span(r.local_wait_p99_s),
+            r.real_seconds
+        );
+    };
+    for r in reports {
+        let waits = WaitSummary::of(r.waits());
+        row(
+            &mut out,
+            &r.member.to_string(),
+            r,
+            waits,
+            queued_of(Some(r.member)),
+        );
+    }
+    let fleet = fleet_report(reports);
+    let all_waits = WaitSummary::of(reports.iter().flat_map(MemberReport::waits).collect());
+    row(&mut out, "fleet", &fleet, all_waits, queued_of(None));
+    let _ = writeln!(
+        out,
+        "({} of {n} processes reported; other: jobs that did not complete; queued: leases that did not fit at once and took a ticket in the fleet's line; local: each process's own monitor, fleet row: the worst process; waits simulated)",
+        reports.len()
+    );
+
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "{:<8} {:>15} {:>15} {:>17} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9} {:>6}",
+        "model",
+        "tokens ceiling",
+        "peak (events)",
+        "requests ceiling",
+        "peak",
+        "leases",
+        "queued",
+        "lease p50",
+        "lease p99",
+        "lease max",
+        "held"
+    );
+    for t in totals {
+        let a = after.iter().find(|a| a.model == t.model);
+        let (ct, cr) = t.ceiling.map_or((0, 0), |c| (c.tokens, c.requests));
+        let _ = writeln!(
+            out,
+            "{:<8} {:>15} {:>15} {:>17} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9} {:>6}",
+            t.model,
+            ct,
+            format!(
+                "{} ({})",
+                t.peak_tokens,
+                a.map_or(0, |a| a.events_peak_tokens)
+            ),
+            cr,
+            format!(
+                "{} ({})",
+                t.peak_requests,
+                a.map_or(0, |a| a.events_peak_requests)
+            ),
+            t.leases,
+            a.map_or(0, |a| a.queued.values().sum::<u64>()),
+            span(t.waits.p50_s),
+            span(t.waits.p99_s),
+            span(t.waits.max_s),
+            a.map_or(0, |a| a.leases_held)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "(peak: the most in flight fleet-wide that any lease saw at its admission, and in brackets in any record of the cell's events stream; held: leases still in the cell after the run)"
+    );
+    for a in after {
+        if a.events >= cells::EVENTS_MAX_LEN {
+            let _ = writeln!(
+                out,
+                "note: {}'s events stream reached its bound ({} records): its oldest records were trimmed",
+                a.model, a.events
+            );
+        }
+    }
+    let leases: u64 = totals.iter().map(|t| t.leases).sum();
+    let admitted: u64 = after.iter().map(|a| a.admitted_events).sum();
+    let _ = writeln!(
+        out,
+        "round trips: {script_calls} script calls (EVALSHA/EVAL, counted by the server, connects included) for {leases} leases admitted ({admitted} admitted records): {} per admitted lease",
+        per_lease(script_calls, leases)
+    );
+    out
+}
+
+/// `calls / leases` with two decimals, or `-` for no lease.
+pub fn per_lease(calls: u64, leases: u64) -> String {
+    if leases == 0 {
+        "-".to_owned()
+    } else {
+        format!("{:.2}", calls as f64 / leases as f64)
+    }
+}
+
+/// The members' counts added up (the local waits: the worst member's).
+pub fn fleet_report(reports: &[MemberReport]) -> MemberReport {
+    let mut fleet = MemberReport::default();
+    for r in reports {
+        fleet.jobs += r.jobs;
+        let (o, f) = (&r.outcomes, &mut fleet.outcomes);
+        f.total += o.total;
+        f.completed += o.completed;
+        f.gave_up += o.gave_up;
+        f.timed_out += o.timed_out;
+        f.cancelled += o.cancelled;
+        f.failed += o.failed;
+        fleet.steps_ok += r.steps_ok;
+        fleet.grants += r.grants;
+        fleet.real_seconds = fleet.real_seconds.max(r.real_seconds);
+        fleet.simulated_seconds = fleet.simulated_seconds.max(r.simulated_seconds);
+        fleet.local_wait_p50_s = fleet.local_wait_p50_s.max(r.local_wait_p50_s);
+        fleet.local_wait_p99_s = fleet.local_wait_p99_s.max(r.local_wait_p99_s);
+    }
+    fleet
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reading(model: &str, leases: u64, peak: (u64, u64), waits_us: &[u64]) -> CellReading {
+        CellReading {
+            model: model.into(),
+            ceiling: Some(ModelCeiling {
+                tokens: 10_000,
+                requests: 4,
+            }),
+            leases,
+            peak_tokens: peak.0,
+            peak_requests: peak.1,
+            waits_us: waits_us.to_vec(),
+            ..CellReading::default()
+        }
+    }
+
+    fn member(index: u32, completed: u64, cells: Vec<CellReading>) -> MemberReport {
+        MemberReport {
+            member: index,
+            jobs: 10,
+            outcomes: Outcomes {
+                total: 10,
+                completed,
+                timed_out: 10 - completed,
+                ..Outcomes::default()
+            },
+            steps_ok: 30,
+            grants: 31,
+            real_seconds: 2.0 + f64::from(index),
+            simulated_seconds: 600.0,
+            local_wait_p50_s: 0.5,
+            local_wait_p99_s: 1.0 + f64::from(index),
+            cells,
+            problems: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn quantiles_are_nearest_rank() {
+        let values: Vec<u64> = (1..=100).collect();
+        assert_eq!(quantile(&values, 0.5), 50);
+        assert_eq!(quantile(&values, 0.99), 99);
+        assert_eq!(quantile(&values, 1.0), 100);
+        assert_eq!(quantile(&values, 0.0), 1);
+        assert_eq!(quantile(&[7], 0.99), 7);
+        assert_eq!(quantile(&[], 0.5), 0);
+        let w = WaitSummary::of(vec![3_000_000, 0, 500, 1_000, 2_000_000]);
+        assert_eq!(w.count, 5);
+        assert_eq!(w.p50_s, 0.001);
+        assert_eq!(w.p99_s, 3.0);
+        assert_eq!(w.max_s, 3.0);
+    }
+
+    #[test]
+    fn queued_records_are_counted_per_member() {
+        assert_eq!(member_of("m3-agent-007-s1-a0"), Some(3));
+        assert_eq!(member_of("m12-x"), Some(12));
+        assert_eq!(member_of("agent-007"), None);
+        assert_eq!(member_of("mx-agent"), None);
+        let queued = queued_by_member(["m0-a", "m1-b", "m0-c", "other", "m0-d"]);
+        assert_eq!(queued, BTreeMap::from([(0, 3), (1, 1)]));
+    }
+
+    #[test]
+    fn shares_add_up_to_the_agents() {
+        assert_eq!(
+            (0..4).map(|i| share(10, 4, i)).collect::<Vec<_>>(),
+            [3, 3, 2, 2]
+        );
+        assert_eq!((0..3).map(|i| share(400, 3, i)).sum::<u32>(), 400);
+        assert_eq!(share(5, 1, 0), 5);
+        assert_eq!(lease_wait(1_800, 300), Duration::from_secs(6));
+        assert_eq!(lease_wait(60, 300), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_member_gets_its_share_its_seed_and_the_user_flags() {
+        use clap::Parser as _;
+        let args = crate::Args::try_parse_from([
+            "agents", "--fleet", "3", "--jobs", "10", "--seed", "7", "--steps", "2", "--http", "9",
+        ])
+        .unwrap();
+        let endpoint = Endpoint {
+            host: "127.0.0.1".into(),
+            port: 6400,
+        };
+        let line = member_args(&args, 3, 2, &endpoint, "agents-1-2", Path::new("/o/m2")).join(" ");
+        assert_eq!(
+            line,
+            "--fleet 3 --fleet-member 2 --redis 127.0.0.1:6400 --cell agents-1-2 --jobs 3 \
+             --seed 9 --out-dir /o/m2 --steps 2 --time-scale 60 --blocking-percent 10 --http 9 \
+             --db 8 --search-per-minute 40 --retries 5 --admit-timeout 1800 --run-timeout 300"
+        );
+        // The member's own command line parses back.
+        let member = crate::Args::try_parse_from(
+            std::iter::once("agents".to_owned()).chain(line.split(' ').map(str::to_owned)),
+        )
+        .unwrap();
+        assert_eq!(
+            (member.fleet_member, member.jobs, member.seed),
+            (Some(2), 3, 9)
+        );
+        assert_eq!(member.redis, Some(endpoint));
+    }
+
+    #[test]
+    fn the_fleet_flags_are_checked() {
+        use clap::Parser as _;
+        let parse = |a: &[&str]| crate::Args::try_parse_from([&["agents"], a].concat());
+        assert!(parse(&["--fleet", "0"]).is_err());
+        assert!(parse(&["--fleet", "17"]).is_err());
+        assert_eq!(parse(&["--fleet", "16"]).unwrap().fleet, Some(16));
+        // --redis only with --fleet, and a bad endpoint is refused with the reason.
+        assert!(parse(&["--redis", "127.0.0.1:6379"]).is_err());
+        let error = parse(&["--fleet", "2", "--redis", "nohost"]).unwrap_err();
+        assert!(error.to_string().contains("is not HOST:PORT"), "{error}");
+        // A member needs its fleet's server and cells.
+        assert!(parse(&["--fleet", "2", "--fleet-member", "0"]).is_err());
+    }
+
+    #[test]
+    fn a_member_report_round_trips_through_its_line() {
+        let report = member(1, 10, vec![reading("model-a", 2, (5_000, 2), &[0, 1_500])]);
+        let stdout = format!("== monitor: ... ==\n{}\nwrote x\n", report.line().unwrap());
+        assert_eq!(parse_member_output(&stdout), Ok(report));
+        assert!(parse_member_output("no report\n").is_err());
+        assert!(parse_member_output(&format!("{REPORT_PREFIX}{{not json")).is_err());
+    }
+
+    #[test]
+    fn totals_add_leases_and_merge_waits_and_peaks() {
+        let reports = [
+            member(
+                0,
+                10,
+                vec![
+                    reading("model-a", 2, (6_000, 2), &[0, 4_000_000]),
+                    reading("model-b", 1, (100, 1), &[0]),
+                ],
+            ),
+            member(
+                1,
+                9,
+                vec![reading(
+                    "model-a",
+                    3,
+                    (9_000, 3),
+                    &[1_000_000, 2_000_000, 0],
+                )],
+            ),
+        ];
+        let totals = model_totals(&reports);
+        assert_eq!(totals.len(), 2);
+        let a = &totals[0];
+        assert_eq!(a.model, "model-a");
+        assert_eq!((a.leases, a.peak_tokens, a.peak_requests), (5, 9_000, 3));
+        assert_eq!(a.waits.count, 5);
+        assert_eq!(a.waits.p50_s, 1.0);
+        assert_eq!(a.waits.max_s, 4.0);
+        assert_eq!(totals[1].leases, 1);
+
+        let fleet = fleet_report(&reports);
+        assert_eq!(fleet.jobs, 20);
+        assert_eq!(fleet.outcomes.completed, 19);
+        assert_eq!(fleet.outcomes.timed_out, 1);
+        assert_eq!(fleet.steps_ok, 60);
+        assert_eq!(fleet.real_seconds, 3.0);
+        assert_eq!(fleet.local_wait_p99_s, 2.0);
+        assert_eq!(per_lease(12, 6), "2.00");
+        assert_eq!(per_lease(5, 0), "-");
+    }
+
+    #[test]
+    fn the_check_catches_over_ceiling_lost_and_held() {
+        let mut over = member(0, 10, vec![reading("model-a", 2, (10_001, 4), &[0, 0])]);
+        over.problems.push("monitor: 1 jobs timed out".into());
+        let reports = [over];
+        let totals = model_totals(&reports);
+        let after = [CellAfter {
+            model: "model-a".into(),
+            events_peak_requests: 5,
+            leases_held: 1,
+            tokens_held: 300,
+            requests_held: 1,
+            ..CellAfter::default()
+        }];
+        assert_eq!(
+            fleet_problems(&reports, &totals, &after),
+            [
+                "process 0: monitor: 1 jobs timed out",
+                "model-a: 10001 tokens in flight fleet-wide, ceiling 10000",
+                "model-a: 5 requests in flight fleet-wide, ceiling 4",
+                "model-a: 1 leases (300 tokens, 1 requests) still held in the cell after the run",
+            ]
+        );
+        let clean = [member(
+            0,
+            10,
+            vec![reading("model-a", 2, (10_000, 4), &[0])],
+        )];
+        let totals = model_totals(&clean);
+        let after = [CellAfter {
+            model: "model-a".into(),
+            events_peak_tokens: 10_000,
+            events_peak_requests: 4,
+            ..CellAfter::default()
+        }];
+        assert!(fleet_problems(&clean, &totals, &after).is_empty());
+    }
+}
