@@ -66,7 +66,59 @@ pub(crate) struct Inner {
     script: redis::Script,
     pub(crate) wakeups: Wakeups,
     pub(crate) renewals: Arc<Renewals>,
+    pub(crate) pending: Arc<Pending>,
     pub(crate) events_key: String,
+}
+
+/// The releases and withdrawals spawned for dropped leases and waits, counted so that
+/// [`RedisAdmission::settle`] can wait for them.
+#[derive(Default)]
+pub(crate) struct Pending {
+    count: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// Counts one spawned task down when it ends, or when a runtime shutting down drops it.
+struct Counted(Arc<Pending>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        if self
+            .0
+            .count
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel)
+            == 1
+        {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl Pending {
+    pub(crate) fn spawn(
+        self: &Arc<Self>,
+        runtime: &tokio::runtime::Handle,
+        task: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        self.count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        let counted = Counted(self.clone());
+        runtime.spawn(async move {
+            let _counted = counted;
+            task.await;
+        });
+    }
+
+    async fn settled(&self) {
+        loop {
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.count.load(std::sync::atomic::Ordering::Acquire) == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
 }
 
 impl Drop for Inner {
@@ -217,6 +269,7 @@ impl RedisAdmission {
             script: redis::Script::new(SCRIPT),
             wakeups: Wakeups::default(),
             renewals: Arc::default(),
+            pending: Arc::default(),
             events_key,
         });
         let admission = RedisAdmission { inner };
@@ -728,6 +781,18 @@ impl RedisAdmission {
         crate::renewal::renew_all_now(&self.inner).await;
     }
 
+    /// Waits until every release and withdrawal this instance spawned for a dropped
+    /// [`Lease`] or a dropped [`acquire`](RedisAdmission::acquire) has reached Redis (or failed;
+    /// the TTL then takes what is left). Call it before a process exits after cancelling its
+    /// work, so that nothing is left to the TTL that a release could have given back at once.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future changes nothing.
+    pub async fn settle(&self) {
+        self.inner.pending.settled().await;
+    }
+
     /// The events stream's key (read it with `XRANGE`/`XREAD`; records follow the
     /// `admission-event-v1` schema described in the crate docs).
     pub fn events_key(&self) -> &str {
@@ -1089,7 +1154,8 @@ impl Drop for Withdraw<'_> {
         };
         let inner = self.inner.clone();
         let id = self.request.id.clone();
-        runtime.spawn(async move {
+        let pending = self.inner.pending.clone();
+        pending.spawn(&runtime, async move {
             match inner.withdraw(&id, &ticket).await {
                 Ok(Some(reply)) => {
                     let token = FencingToken(int(&reply, 1));

@@ -137,8 +137,10 @@ impl LossReason {
 ///
 /// It renews itself every `renew_every` on the runtime it was acquired on. Release it with
 /// [`release`](Lease::release) saying how the transfer ended; dropping it releases it as
-/// [`Outcome::Interrupted`] on a spawned task (if that runtime is gone, or Redis is down, the
-/// lease's TTL takes it back on the server's clock).
+/// [`Outcome::Interrupted`] on a spawned task ([`RedisAdmission::settle`] waits for those; if
+/// that runtime is gone, or Redis is down, the lease's TTL takes it back on the server's clock).
+///
+/// [`RedisAdmission::settle`]: crate::RedisAdmission::settle
 ///
 /// # Loss
 ///
@@ -289,7 +291,8 @@ impl Drop for Lease {
         self.entry.done.store(true, Ordering::Release);
         let inner = self.inner.clone();
         let entry = self.entry.clone();
-        self.runtime.spawn(async move {
+        let pending = self.inner.pending.clone();
+        pending.spawn(&self.runtime, async move {
             if let Err(error) = inner.release(&entry.id, entry.token, Outcome::Interrupted).await {
                 tracing::debug!(%error, lease = %entry.id, operation = %entry.operation, "admission-redis: release on drop failed; the TTL takes the lease back");
             }

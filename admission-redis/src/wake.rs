@@ -4,8 +4,9 @@
 //! instance without a polling loop and without one connection per waiter.
 //!
 //! A waiter registers its lease id before it first asks, and its refusal carries the id of the
-//! stream's record at that moment (its `queued` record), so the reader, started from there at the
-//! latest, cannot miss the grant. The reader numbers what it reads (`seq`): a gap means trimming
+//! stream's record at that moment (its `queued` record). The reader starts after the first
+//! waiter's record; a waiter whose record is older than where the running reader started asks
+//! again once, which claims a grant the reader could not see, so no grant is missed. The reader numbers what it reads (`seq`): a gap means trimming
 //! dropped records it never saw, and every local waiter asks again, as it does when the reader
 //! fails. Besides, a waiter asks again at its own computed deadlines (its timeout, the earliest
 //! lease expiry, its ticket's liveness renewal).
@@ -72,6 +73,8 @@ pub(crate) struct Slot {
     slots: Slots,
     id: String,
     grant: oneshot::Receiver<Granted>,
+    /// Whether it already asked again because the reader started after its refusal.
+    asked_again: bool,
 }
 
 impl Drop for Slot {
@@ -83,6 +86,8 @@ impl Drop for Slot {
 struct Reader {
     seen: watch::Receiver<Seen>,
     task: JoinHandle<()>,
+    /// The record the reader started after: it never sees records up to this one.
+    start: StreamId,
 }
 
 impl Drop for Reader {
@@ -100,6 +105,7 @@ impl Wakeups {
             slots: self.slots.clone(),
             id: id.to_string(),
             grant,
+            asked_again: false,
         }
     }
 
@@ -113,7 +119,15 @@ impl Wakeups {
         after: StreamId,
         until: Instant,
     ) -> Option<Granted> {
-        let mut seen = self.subscribe(inner, after);
+        let (mut seen, late) = self.subscribe(inner, after);
+        if late && !slot.asked_again {
+            // The running reader started after this waiter's refusal: a grant recorded in
+            // between is one it will never see. Ask again (once): that claims such a grant, or
+            // refuses with a record the reader does see. (Once: a server whose clock went back
+            // after a restart must not make this a loop; the waiter's deadlines still hold.)
+            slot.asked_again = true;
+            return None;
+        }
         let failures = seen.borrow().failures;
         tokio::select! {
             granted = &mut slot.grant => granted.ok(),
@@ -122,10 +136,12 @@ impl Wakeups {
         }
     }
 
-    fn subscribe(&self, inner: &Arc<Inner>, from: StreamId) -> watch::Receiver<Seen> {
+    /// The running reader's news, starting it from `from` if none runs, and whether the one
+    /// running started after `from`.
+    fn subscribe(&self, inner: &Arc<Inner>, from: StreamId) -> (watch::Receiver<Seen>, bool) {
         let mut reader = self.reader.lock();
         if let Some(r) = reader.as_ref().filter(|r| !r.task.is_finished()) {
-            return r.seen.clone();
+            return (r.seen.clone(), from < r.start);
         }
         let (tx, rx) = watch::channel(Seen::default());
         // The reader holds only a weak reference: it ends with the provider's last clone.
@@ -133,8 +149,9 @@ impl Wakeups {
         *reader = Some(Reader {
             seen: rx.clone(),
             task,
+            start: from,
         });
-        rx
+        (rx, false)
     }
 }
 

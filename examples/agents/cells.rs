@@ -303,6 +303,14 @@ impl Cells {
         self.runtime.block_on(self.release(lease, completed));
     }
 
+    /// Waits until the releases and withdrawals spawned for dropped leases and lease waits
+    /// (cancelled jobs) have reached Redis.
+    pub async fn settle(&self) {
+        for (admission, _) in self.cells.values() {
+            admission.settle().await;
+        }
+    }
+
     /// What this member counted, per model.
     pub fn readings(&self) -> Vec<CellReading> {
         self.tallies

@@ -85,10 +85,6 @@ use crate::world::Settings;
 /// The fleet's model catalog.
 const CATALOG: &str = include_str!("models.toml");
 
-/// How long an interrupted fleet member waits, real time, for the releases of its dropped leases
-/// to reach Redis before it exits.
-const LEASE_SETTLE: Duration = Duration::from_millis(500);
-
 /// Which way the agents take their limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum StrategyArg {
@@ -276,7 +272,7 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
             if summary.interrupted.is_some() {
                 // Lease waits and leases dropped by cancelled jobs are withdrawn and released on
                 // spawned tasks: let them reach Redis before the runtime goes.
-                tokio::time::sleep(LEASE_SETTLE).await;
+                cells.settle().await;
             }
             say(&MemberReport::new(index, summary, cells.readings()).line()?);
         }

@@ -33,14 +33,14 @@ commands:
                              4 doc tests  cargo test --workspace --doc FEATURES
                              5 docs       cargo doc --workspace --no-deps FEATURES with RUSTDOCFLAGS='-D warnings'
                              6 benches    cargo bench --workspace --no-run (compiled, not run)
-                             7 agents     cargo run --release --example agents -- --time-scale 300 --check,
-                                          then the same as a fleet: -- --fleet 2 --time-scale 300 --check
+                             7 agents     cargo run --release --example agents -- --time-scale 300 --check
+                             8 agents fleet  the same as a fleet: -- --fleet 2 --time-scale 300 --check
                                           (two processes on a private redis-server, which must be on PATH)
-                             8 loom       cargo test -p admission-core --lib --release -- loom
+                             9 loom       cargo test -p admission-core --lib --release -- loom
                                           with RUSTFLAGS='--cfg admission_loom',
                                           LOOM_MAX_PREEMPTIONS=2 (unless set), CARGO_TARGET_DIR=target/loom
   test                     steps 3 and 4
-  loom                     step 8
+  loom                     step 9
   bench [--all] [--report-only] [args...]
                            the side-by-side benchmarks: cargo bench -p admission-benches
                            --bench side_by_side --bench scarce_and_wakes [args...] (--all: every
