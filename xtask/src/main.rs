@@ -41,6 +41,9 @@ commands:
                                           LOOM_MAX_PREEMPTIONS=2 (unless set), CARGO_TARGET_DIR=target/loom
   test                     steps 3 and 4
   loom                     step 9
+  soak [N]                 the core soak test at N admissions (default 1,000,000) in release:
+                           threads and tasks, cancellations, 1 ms timeouts, abandoned futures;
+                           prints the tally, fails on any overdraw, hang or leaked unit
   bench [--all] [--report-only] [args...]
                            the side-by-side benchmarks: cargo bench -p admission-benches
                            --bench side_by_side --bench scarce_and_wakes [args...] (--all: every
@@ -123,6 +126,14 @@ fn run(args: &[String]) -> Result<ExitCode> {
         "loom" => {
             takes_no_args("loom")?;
             run_plan(&ws, &[loom_step()?])
+        }
+        "soak" => {
+            let admits = match rest {
+                [] => "1000000".to_string(),
+                [n] if n.parse::<u64>().is_ok_and(|n| n > 0) => n.clone(),
+                _ => bail!("usage: cargo xtask soak [ADMISSIONS]"),
+            };
+            run_plan(&ws, &[soak_step(admits)])
         }
         "bench" => bench::run(&ws, rest),
         "with-services" => with_services(&ws, rest),
@@ -245,6 +256,27 @@ fn loom_step() -> Result<Step> {
     .env("LOOM_MAX_PREEMPTIONS", preemptions)
     .env("CARGO_TARGET_DIR", target_dir)
     .counting_tests(Format::Libtest))
+}
+
+/// The core soak test (`admission-core/tests/it/soak.rs`) at `admits` admissions, in release,
+/// printing its tally. CI runs it at its default 24,000 with the other tests.
+fn soak_step(admits: String) -> Step {
+    Step::cargo(
+        "soak",
+        &[
+            "test",
+            "-p",
+            "admission-core",
+            "--release",
+            "--test",
+            "it",
+            "--",
+            "soak",
+            "--nocapture",
+        ],
+    )
+    .env("ADMISSION_SOAK_ADMITS", admits)
+    .counting_tests(Format::Libtest)
 }
 
 fn absolute(path: &Path) -> Result<PathBuf> {

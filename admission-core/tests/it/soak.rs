@@ -3,8 +3,13 @@
 //!
 //! What it holds: no account is ever held past its capacity, every admission ends (a lost
 //! wake-up would surface as a timed-out admit, reported with its job), nothing is left held or
-//! parked afterwards. Bounded in count (8 threads x 2,000 admissions, 4 tasks x 2,000), and every
-//! wait has a deadline far above what a healthy run needs.
+//! parked afterwards. Bounded in count (8 threads x 2,000 admissions, 4 tasks x 2,000, 24,000 in
+//! all), and every wait but the deliberately short ones has a deadline far above what a healthy
+//! run needs. Some jobs are cancelled from another thread, some futures abandoned after one poll,
+//! some given a 1 ms timeout that they may meet.
+//!
+//! `ADMISSION_SOAK_ADMITS=N` runs about N admissions instead (`cargo xtask soak` runs 1,000,000 in
+//! release and prints the tally).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -18,7 +23,15 @@ use admission_testkit::reference::Permits;
 
 const THREADS: u64 = 8;
 const TASKS: u64 = 4;
-const ROUNDS: u64 = 2_000;
+/// Rounds per worker: 2,000, or what `ADMISSION_SOAK_ADMITS` asks for in all.
+fn rounds() -> u64 {
+    std::env::var("ADMISSION_SOAK_ADMITS")
+        .ok()
+        .and_then(|n| n.parse::<u64>().ok())
+        .map_or(2_000, |total| total.div_ceil(THREADS + TASKS).max(1))
+}
+/// A deliberately short timeout, which a job may meet without anything being wrong.
+const SHORT: Duration = Duration::from_millis(1);
 /// Far above any healthy wait here: a wait this long means a waiter was never woken.
 const DEADLINE: Duration = Duration::from_secs(20);
 const CAPACITIES: [u64; 3] = [3, 2, 4];
@@ -28,6 +41,7 @@ struct World {
     monitor: Monitor,
     accounts: Vec<Arc<Permits>>,
     held: Vec<AtomicU64>,
+    tally: Tally,
 }
 
 impl World {
@@ -42,6 +56,7 @@ impl World {
                 .map(|(name, capacity)| Arc::new(Permits::new(*name, capacity)))
                 .collect(),
             held: CAPACITIES.iter().map(|_| AtomicU64::new(0)).collect(),
+            tally: Tally::default(),
         })
     }
 
@@ -95,24 +110,40 @@ fn next(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-fn ended_well(outcome: &Result<admission_core::Grant, AdmitError>, job: &str) {
-    if let Err(error) = outcome {
-        assert!(
-            matches!(error, AdmitError::Cancelled { .. }),
-            "{job} ended with {error} (a timeout here is a waiter nobody woke)"
-        );
-    }
+/// How the admissions ended, tallied for the soak's report.
+#[derive(Default)]
+struct Tally {
+    granted: AtomicU64,
+    cancelled: AtomicU64,
+    timed_out: AtomicU64,
+    abandoned: AtomicU64,
+}
+
+fn ended_well(
+    outcome: &Result<admission_core::Grant, AdmitError>,
+    job: &str,
+    short: bool,
+    tally: &Tally,
+) {
+    match outcome {
+        Ok(_) => tally.granted.fetch_add(1, Ordering::Relaxed),
+        Err(AdmitError::Cancelled { .. }) => tally.cancelled.fetch_add(1, Ordering::Relaxed),
+        Err(AdmitError::TimedOut { .. }) if short => tally.timed_out.fetch_add(1, Ordering::Relaxed),
+        Err(error) => panic!("{job} ended with {error} (a timeout here is a waiter nobody woke)"),
+    };
 }
 
 #[test]
 fn threads_and_tasks_on_shared_accounts_never_overdraw_and_all_finish() {
     let world = World::new();
+    let rounds = rounds();
+    let started = std::time::Instant::now();
     let threads: Vec<_> = (0..THREADS)
         .map(|t| {
             let world = world.clone();
             thread::spawn(move || {
                 let mut seed = t;
-                for round in 0..ROUNDS {
+                for round in 0..rounds {
                     let (demand, parts) = world.demand(next(&mut seed));
                     let job = format!("thread {t} round {round}");
                     let ctx = JobContext::new(job.clone());
@@ -124,8 +155,10 @@ fn threads_and_tasks_on_shared_accounts_never_overdraw_and_all_finish() {
                             ctx.cancel();
                         })
                     });
-                    let outcome = world.monitor.admit_blocking(demand, &ctx, Some(DEADLINE));
-                    ended_well(&outcome, &job);
+                    let short = round % 13 == 5;
+                    let deadline = if short { SHORT } else { DEADLINE };
+                    let outcome = world.monitor.admit_blocking(demand, &ctx, Some(deadline));
+                    ended_well(&outcome, &job, short, &world.tally);
                     if let Ok(grant) = outcome {
                         world.hold(&parts);
                         thread::yield_now();
@@ -150,25 +183,30 @@ fn threads_and_tasks_on_shared_accounts_never_overdraw_and_all_finish() {
             let world = world.clone();
             runtime.spawn(async move {
                 let mut seed = 1_000 + t;
-                for round in 0..ROUNDS {
+                for round in 0..rounds {
                     let (demand, parts) = world.demand(next(&mut seed));
                     let job = format!("task {t} round {round}");
                     let ctx = JobContext::new(job.clone());
-                    let mut admit = Box::pin(world.monitor.admit(demand, &ctx, Some(DEADLINE)));
+                    let short = round % 13 == 5;
+                    let deadline = if short { SHORT } else { DEADLINE };
+                    let mut admit = Box::pin(world.monitor.admit(demand, &ctx, Some(deadline)));
                     if round.is_multiple_of(7) {
                         // Abandoned after one poll: whatever it got must come back.
                         let polled = std::future::poll_fn(|cx: &mut Context<'_>| {
                             Poll::Ready(admit.as_mut().poll(cx))
                         })
                         .await;
-                        if let Poll::Ready(outcome) = polled {
-                            ended_well(&outcome, &job);
+                        match polled {
+                            Poll::Ready(outcome) => ended_well(&outcome, &job, short, &world.tally),
+                            Poll::Pending => {
+                                world.tally.abandoned.fetch_add(1, Ordering::Relaxed);
+                            }
                         }
                         drop(admit);
                         continue;
                     }
                     let outcome = admit.await;
-                    ended_well(&outcome, &job);
+                    ended_well(&outcome, &job, short, &world.tally);
                     if let Ok(grant) = outcome {
                         world.hold(&parts);
                         tokio::task::yield_now().await;
@@ -189,6 +227,18 @@ fn threads_and_tasks_on_shared_accounts_never_overdraw_and_all_finish() {
         }
     });
 
+    let tally = &world.tally;
+    let count = |n: &AtomicU64| n.load(Ordering::Relaxed);
+    let ended = count(&tally.granted) + count(&tally.cancelled) + count(&tally.timed_out) + count(&tally.abandoned);
+    println!(
+        "soak: {ended} admissions in {:.1} s: {} granted, {} cancelled, {} timed out (1 ms), {} abandoned pending; 0 hung, 0 units leaked",
+        started.elapsed().as_secs_f64(),
+        count(&tally.granted),
+        count(&tally.cancelled),
+        count(&tally.timed_out),
+        count(&tally.abandoned)
+    );
+    assert_eq!(ended, (THREADS + TASKS) * rounds, "every admission ended once");
     assert_eq!(world.monitor.queue_size(), 0, "someone is still parked");
     for (account, capacity) in world.accounts.iter().zip(CAPACITIES) {
         assert_eq!(
