@@ -1,6 +1,7 @@
 //! Where the monitor's events go: every event to a JSON-lines file (`JsonLinesSink`), and a
 //! [`Tally`] that counts them by kind, by the account a waiter was held on, and by rejection
-//! reason for the summary — two sinks behind one `Fanout`.
+//! reason for the summary — two sinks behind one `Fanout`, three with `--metrics` (the
+//! `MetricsSink` of `metrics.rs`).
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -73,12 +74,13 @@ pub struct Sinks {
 }
 
 impl Sinks {
-    /// A tally and a JSON-lines file at `path` (truncated if it exists).
+    /// A tally and a JSON-lines file at `path` (truncated if it exists), and `extra` (the
+    /// metrics sink) behind the same fanout.
     ///
     /// # Errors
     ///
     /// When the file cannot be created.
-    pub fn create(path: &Path) -> anyhow::Result<Sinks> {
+    pub fn create(path: &Path, extra: Option<Arc<dyn EventSink>>) -> anyhow::Result<Sinks> {
         let file = Arc::new(
             JsonLinesSink::create(path)
                 .with_context(|| format!("creating the events file {}", path.display()))?
@@ -86,7 +88,11 @@ impl Sinks {
                 .with_flush(FlushPolicy::Manual),
         );
         let tally = Arc::new(Tally::default());
-        let fanout = Arc::new(Fanout::new().with(tally.clone()).with(file.clone()));
+        let mut fanout = Fanout::new().with(tally.clone()).with(file.clone());
+        if let Some(extra) = extra {
+            fanout = fanout.with(extra);
+        }
+        let fanout = Arc::new(fanout);
         Ok(Sinks {
             tally,
             file,

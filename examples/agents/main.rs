@@ -5,6 +5,7 @@
 //! cargo run --release --example agents -- --strategy hold-and-wait      # both designs, side by side
 //! cargo run --release --example agents -- --time-scale 300 --check    # CI's short run
 //! cargo run --release --example agents -- --fleet 4                    # 4 processes, one Redis
+//! cargo run --release --example agents -- --metrics 127.0.0.1:9000     # Prometheus at /metrics
 //! ```
 //!
 //! Hundreds of LLM agents run in one process. Each step of an agent asks for everything the step
@@ -44,12 +45,16 @@
 //! (`multi.rs` the parent, `cells.rs` a member's leases, `redis_server.rs` the private server):
 //! each step takes its model's fleet lease first and then its local demand, and the parent
 //! prints per-process rows and fleet totals and checks the fleet's ceilings.
+//!
+//! `--metrics ADDR` serves the monitor's events as Prometheus series at `http://ADDR/metrics`
+//! while the run lasts (`metrics.rs`: `admission_events::MetricsSink` behind the run's fanout).
 
 mod cells;
 mod chain;
 mod clock;
 mod events;
 mod fleet;
+mod metrics;
 mod multi;
 mod progress;
 mod provider_sim;
@@ -64,6 +69,7 @@ mod timeline;
 mod workload;
 mod world;
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -175,6 +181,11 @@ struct Args {
     #[arg(long, value_name = "HOST:PORT", requires = "fleet")]
     redis: Option<Endpoint>,
 
+    /// Serve the monitor's metrics (admitted, rejected, released, waits, waiters, holds) in
+    /// Prometheus's text format at http://ADDR/metrics while the run lasts (ADDR: IP:PORT).
+    #[arg(long, value_name = "ADDR", conflicts_with = "fleet")]
+    metrics: Option<SocketAddr>,
+
     /// Internal: run as member I of a --fleet run (the parent passes it).
     #[arg(long, hide = true, value_name = "I", requires_all = ["fleet", "redis", "cell"])]
     fleet_member: Option<u32>,
@@ -240,6 +251,14 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
             }
             _ => None,
         };
+        // Bound before any agent starts, so a bad ADDR ends the run before it begins.
+        let serving = args.metrics.map(metrics::serve).transpose()?;
+        if let Some(serving) = &serving {
+            say(&format!(
+                "serving metrics at http://{}/metrics",
+                serving.addr()
+            ));
+        }
         let input = Input {
             catalog: &catalog,
             plan: &plan,
@@ -256,6 +275,7 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
             interrupt: interrupt.clone(),
             run_timeout: Duration::from_secs(args.run_timeout),
             cells: cells.clone(),
+            metrics: serving.as_ref().map(|serving| serving.sink.clone()),
         };
         let mut summaries = Vec::new();
         for &strategy in strategies {
@@ -339,4 +359,30 @@ fn default_out_dir() -> PathBuf {
             manifest.parent().unwrap_or(manifest).join("target")
         });
     target.join("agents")
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+    use clap::error::ErrorKind;
+
+    use super::Args;
+
+    #[test]
+    fn metrics_takes_a_socket_address() {
+        let args = Args::try_parse_from(["agents", "--metrics", "127.0.0.1:9000"]).unwrap();
+        assert_eq!(args.metrics, Some("127.0.0.1:9000".parse().unwrap()));
+        assert_eq!(Args::try_parse_from(["agents"]).unwrap().metrics, None);
+    }
+
+    #[test]
+    fn a_bad_metrics_address_is_a_usage_error() {
+        for bad in ["localhost", "127.0.0.1", "127.0.0.1:99999", ":9000", ""] {
+            let error = Args::try_parse_from(["agents", "--metrics", bad]).unwrap_err();
+            assert_eq!(error.kind(), ErrorKind::ValueValidation, "{bad:?}: {error}");
+        }
+        let error = Args::try_parse_from(["agents", "--fleet", "2", "--metrics", "127.0.0.1:9000"])
+            .unwrap_err();
+        assert_eq!(error.kind(), ErrorKind::ArgumentConflict);
+    }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use admission_core::{Clock, JobContext, Monitor};
+use admission_core::{Clock, EventSink, JobContext, Monitor};
 use admission_llm::model_spec::ModelCatalog;
 use anyhow::Context as _;
 use tokio::task::JoinSet;
@@ -64,6 +64,8 @@ pub struct Input<'a> {
     pub run_timeout: Duration,
     /// The fleet's cells, when this process is a member of a `--fleet` run.
     pub cells: Option<Arc<Cells>>,
+    /// With `--metrics`: the sink recording the monitor's events for the Prometheus endpoint.
+    pub metrics: Option<Arc<admission_events::MetricsSink>>,
 }
 
 /// What the strategy set up, for sampling and for the end of the run.
@@ -108,7 +110,8 @@ pub async fn run(strategy: Strategy, input: &Input<'_>) -> anyhow::Result<RunSum
     let setup = match strategy {
         Strategy::Monitor => {
             let events_path = input.out_dir.join("events.jsonl");
-            let sinks = Sinks::create(&events_path)?;
+            let metrics = input.metrics.clone().map(|sink| sink as Arc<dyn EventSink>);
+            let sinks = Sinks::create(&events_path, metrics)?;
             let clock: Arc<dyn Clock> = world.clock.clone();
             let monitor = Monitor::builder()
                 .clock(clock)
