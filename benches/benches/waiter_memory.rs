@@ -52,8 +52,9 @@ fn per_waiter(entries: usize) -> (f64, f64) {
             demand
         })
         .collect();
-    let contexts: Vec<JobContext> =
-        (0..WAITERS).map(|i| JobContext::new(format!("waiter-{i}"))).collect();
+    let contexts: Vec<JobContext> = (0..WAITERS)
+        .map(|i| JobContext::new(format!("waiter-{i}")))
+        .collect();
     let mut parked = Vec::with_capacity(WAITERS);
     let (bytes_before, blocks_before) = heap();
     for (demand, ctx) in demands.into_iter().zip(&contexts) {
