@@ -53,6 +53,7 @@ mod body;
 mod error;
 #[cfg(feature = "grpc")]
 pub mod grpc;
+pub mod guides;
 #[cfg(feature = "http")]
 pub mod http;
 mod layer;
