@@ -128,7 +128,9 @@ fn ended_well(
     match outcome {
         Ok(_) => tally.granted.fetch_add(1, Ordering::Relaxed),
         Err(AdmitError::Cancelled { .. }) => tally.cancelled.fetch_add(1, Ordering::Relaxed),
-        Err(AdmitError::TimedOut { .. }) if short => tally.timed_out.fetch_add(1, Ordering::Relaxed),
+        Err(AdmitError::TimedOut { .. }) if short => {
+            tally.timed_out.fetch_add(1, Ordering::Relaxed)
+        }
         Err(error) => panic!("{job} ended with {error} (a timeout here is a waiter nobody woke)"),
     };
 }
@@ -229,7 +231,10 @@ fn threads_and_tasks_on_shared_accounts_never_overdraw_and_all_finish() {
 
     let tally = &world.tally;
     let count = |n: &AtomicU64| n.load(Ordering::Relaxed);
-    let ended = count(&tally.granted) + count(&tally.cancelled) + count(&tally.timed_out) + count(&tally.abandoned);
+    let ended = count(&tally.granted)
+        + count(&tally.cancelled)
+        + count(&tally.timed_out)
+        + count(&tally.abandoned);
     println!(
         "soak: {ended} admissions in {:.1} s: {} granted, {} cancelled, {} timed out (1 ms), {} abandoned pending; 0 hung, 0 units leaked",
         started.elapsed().as_secs_f64(),
@@ -238,7 +243,11 @@ fn threads_and_tasks_on_shared_accounts_never_overdraw_and_all_finish() {
         count(&tally.timed_out),
         count(&tally.abandoned)
     );
-    assert_eq!(ended, (THREADS + TASKS) * rounds, "every admission ended once");
+    assert_eq!(
+        ended,
+        (THREADS + TASKS) * rounds,
+        "every admission ended once"
+    );
     assert_eq!(world.monitor.queue_size(), 0, "someone is still parked");
     for (account, capacity) in world.accounts.iter().zip(CAPACITIES) {
         assert_eq!(
