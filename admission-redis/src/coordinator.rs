@@ -31,6 +31,12 @@ const SCRIPT: &str = include_str!("lease.lua");
 /// acquisition fails with [`AcquireError::Unavailable`] within about `response_timeout` (plus
 /// `connect_timeout` per attempt), never waits for Redis to come back, and never admits.
 ///
+/// A server that comes back *empty* (no persistence) has forgotten what was held: the next call
+/// creates the cell again from its caller's config, and until the earlier holders' next renewals
+/// report their leases lost (within `renew_every`), the fleet can hold more than its ceilings;
+/// tenant overrides and quota windows start afresh. Fencing tokens still only grow (see
+/// [`FencingToken`]), which is what protects a store through that window.
+///
 /// # Examples
 ///
 /// ```no_run
@@ -68,6 +74,8 @@ pub(crate) struct Inner {
     pub(crate) renewals: Arc<Renewals>,
     pub(crate) pending: Arc<Pending>,
     pub(crate) events_key: String,
+    /// The runtime `connect` ran on: renewals and the spawned give-backs run there.
+    pub(crate) runtime: tokio::runtime::Handle,
 }
 
 /// The releases and withdrawals spawned for dropped leases and waits, counted so that
@@ -229,9 +237,47 @@ pub(crate) enum Attempt {
         /// When the earliest lease expires, as a local instant (reaping is lazy: whoever asks
         /// then reaps it).
         earliest_expiry: Option<Instant>,
-        /// The caller's ticket in the line, when it waits there.
-        ticket: Option<String>,
+        /// When the refusing call was sent, and the server's clock in it: the anchor from which
+        /// a later grant's server time is read as a local instant.
+        sent: Instant,
+        server_ms: u64,
     },
+}
+
+/// The lease an `OK` reply (acquire, a claim, a withdrawal that found a grant) describes:
+/// token, policy version, occupancy, expiry and server time. Its local deadline is the send time
+/// plus what the server said was left, never more.
+fn lease_from_reply(
+    inner: &Arc<Inner>,
+    request: &LeaseRequest,
+    reply: &[String],
+    sent: Instant,
+) -> Lease {
+    let left = int(reply, 8).saturating_sub(int(reply, 9));
+    Lease::start(
+        inner.clone(),
+        request,
+        FencingToken(int(reply, 1)),
+        int(reply, 2),
+        Occupancy::from_fields(&reply[3..8]),
+        sent + Duration::from_millis(left),
+    )
+}
+
+/// A value no other acquisition of the same lease id will choose: which call asks again as a
+/// waiter, claims a grant, or withdraws.
+fn nonce() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    format!(
+        "{:x}.{:x}.{:x}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed),
+        nanos
+    )
 }
 
 impl RedisAdmission {
@@ -271,6 +317,7 @@ impl RedisAdmission {
             renewals: Arc::default(),
             pending: Arc::default(),
             events_key,
+            runtime: tokio::runtime::Handle::current(),
         });
         let admission = RedisAdmission { inner };
         admission.check_eviction().await?;
@@ -338,7 +385,10 @@ impl RedisAdmission {
     /// Dropping the future after the script ran leaves the lease to its TTL; prefer a timeout
     /// in [`acquire`](RedisAdmission::acquire).
     pub async fn try_acquire(&self, request: &LeaseRequest) -> Result<Lease, AcquireError> {
-        let result = match self.attempt(request, false, None).await {
+        // Armed before the call: dropped while the script runs, the guard gives back whatever
+        // the call took.
+        let mut guard = Withdraw::new(&self.inner, request);
+        let result = match self.attempt(request, false, &guard.nonce).await {
             Ok(Attempt::Admitted(lease)) => Ok(lease),
             Ok(Attempt::Full {
                 dimension,
@@ -353,6 +403,7 @@ impl RedisAdmission {
             }),
             Err(error) => Err(error),
         };
+        guard.disarm();
         record(request, &result);
         result
     }
@@ -405,46 +456,43 @@ impl RedisAdmission {
         // Registered before the first attempt: a grant from the line that the reader sees
         // before this task looks is kept for it.
         let mut slot = waits.then(|| inner.wakeups.register(&request.id));
-        let mut queued = Withdraw {
-            inner,
-            request,
-            ticket: None,
-        };
+        // Armed before the first call, with the acquisition's nonce: dropped at any await, the
+        // guard withdraws the ticket or gives back a lease the acquisition was granted.
+        let mut guard = Withdraw::new(inner, request);
         loop {
-            let attempt = self
-                .attempt(request, waits, queued.ticket.as_deref())
-                .await?;
+            let attempt = self.attempt(request, waits, &guard.nonce).await?;
+            let refusal = match attempt {
+                Attempt::Admitted(lease) => {
+                    guard.disarm();
+                    return Ok(lease);
+                }
+                Attempt::Full { .. } => attempt,
+            };
             let Attempt::Full {
                 dimension,
                 held,
                 ceiling,
                 last_event,
                 earliest_expiry,
-                ticket,
-            } = attempt
+                sent,
+                server_ms,
+            } = refusal
             else {
-                let Attempt::Admitted(lease) = attempt else {
-                    unreachable!()
-                };
-                queued.ticket = None;
-                return Ok(lease);
+                unreachable!("matched above")
             };
-            if ticket.is_some() {
-                queued.ticket = ticket;
-            }
-            let now = Instant::now();
-            let timed_out = AcquireError::TimedOut {
+            let timed_out = |now: Instant| AcquireError::TimedOut {
                 waited: now - start,
                 dimension,
                 held,
                 asked: asked_on(dimension, request),
                 ceiling,
             };
+            let now = Instant::now();
             let Some(receiver) = slot.as_mut().filter(|_| now < deadline) else {
-                // Out of time: leave the line, unless the hand-off granted the lease meanwhile.
-                return match queued.withdraw_now().await? {
+                // Out of time: leave the line, unless the acquisition was granted meanwhile.
+                return match guard.withdraw_now().await? {
                     Some(lease) => Ok(lease),
-                    None => Err(timed_out),
+                    None => Err(timed_out(now)),
                 };
             };
             // Wait for the hand-off's grant; ask again at the earliest lease expiry (reaping is
@@ -452,20 +500,31 @@ impl RedisAdmission {
             let until = earliest_expiry
                 .map_or(deadline, |at| at.min(deadline))
                 .min(now + inner.config.renew_every);
-            if let Some(granted) = inner
+            let granted = inner
                 .wakeups
                 .wait_grant(inner, receiver, last_event, until)
-                .await
-            {
-                queued.ticket = None;
+                .await;
+            if let Some(granted) = granted {
+                guard.disarm();
+                // The grant happened at the server's `time_ms`; this waiter's refusal was sent
+                // at `sent` when the server said `server_ms`, so the lease began no earlier than
+                // `sent + (time_ms - server_ms)`: its deadline counts from there.
+                let began = sent + Duration::from_millis(granted.time_ms.saturating_sub(server_ms));
                 return Ok(Lease::start(
                     inner.clone(),
                     request,
                     FencingToken(granted.token),
                     granted.policy_version,
                     granted.occupancy,
-                    granted.sent,
+                    began + inner.config.lease_ttl,
                 ));
+            }
+            if Instant::now() >= deadline {
+                // Straight to the withdrawal: asking once more would only run past the deadline.
+                return match guard.withdraw_now().await? {
+                    Some(lease) => Ok(lease),
+                    None => Err(timed_out(Instant::now())),
+                };
             }
         }
     }
@@ -474,7 +533,7 @@ impl RedisAdmission {
         &self,
         request: &LeaseRequest,
         queued: bool,
-        ticket: Option<&str>,
+        nonce: &str,
     ) -> Result<Attempt, AcquireError> {
         request
             .check()
@@ -503,24 +562,18 @@ impl RedisAdmission {
                 &inner.config.lease_ttl.as_millis().to_string(),
                 &inner.config.reap_batch.to_string(),
                 if queued { "1" } else { "0" },
-                ticket.unwrap_or(""),
+                nonce,
             ])
             .await
             .map_err(unavailable("acquire"))?;
         let received = Instant::now();
         match reply.first().map(String::as_str) {
-            Some("OK") => {
-                let occupancy = Occupancy::from_fields(&reply[3..8]);
-                let lease = Lease::start(
-                    self.inner.clone(),
-                    request,
-                    FencingToken(int(&reply, 1)),
-                    int(&reply, 2),
-                    occupancy,
-                    sent,
-                );
-                Ok(Attempt::Admitted(lease))
-            }
+            Some("OK") => Ok(Attempt::Admitted(lease_from_reply(
+                &self.inner,
+                request,
+                &reply,
+                sent,
+            ))),
             Some("FULL") => {
                 let dimension = Dimension::parse(&reply[1]).unwrap_or(Dimension::ServiceBytes);
                 let expiry_ms = reply
@@ -542,7 +595,8 @@ impl RedisAdmission {
                     ceiling: int(&reply, 3),
                     last_event: StreamId::parse(&reply[4]),
                     earliest_expiry,
-                    ticket: reply.get(7).filter(|t| !t.is_empty()).cloned(),
+                    sent,
+                    server_ms: u64::try_from(now_ms).unwrap_or(0),
                 })
             }
             Some("NEVER") => Err(AcquireError::Never {
@@ -936,16 +990,16 @@ impl Inner {
         lease_reply(id, token, &reply).map(|_| ())
     }
 
-    /// Takes waiter `id` (holding `ticket`) out of the line with a `timed_out` event; or, when
-    /// the hand-off granted it meanwhile, returns that grant's reply (the lease is then the
-    /// caller's, claimed).
+    /// Takes the acquisition `nonce` of lease `id` out of the line with a `timed_out` event; or,
+    /// when it was granted meanwhile, returns that grant's reply (the lease is then the
+    /// caller's).
     pub(crate) async fn withdraw(
         &self,
         id: &str,
-        ticket: &str,
+        nonce: &str,
     ) -> Result<Option<Vec<String>>, Unavailable> {
         let reply = self
-            .call(&["withdraw", id, ticket, &self.config.reap_batch.to_string()])
+            .call(&["withdraw", id, nonce, &self.config.reap_batch.to_string()])
             .await
             .map_err(unavailable("withdraw"))?;
         Ok(match reply.first().map(String::as_str) {
@@ -1114,56 +1168,60 @@ pub(crate) async fn blocking_connection(
         .await
 }
 
-/// A waiter's ticket in the line: withdrawn when the wait ends without a lease (a `timed_out`
-/// event); when the wait's future is dropped, withdrawn on a spawned task, and a grant that
-/// landed meanwhile is released as interrupted.
+/// An acquisition in progress, by its nonce: when it ends without handing a lease to its caller,
+/// whatever it left in Redis is withdrawn (its ticket, with a `timed_out` event) or given back
+/// (a lease granted to it whose reply it never read, released as interrupted). Dropped while
+/// armed, it does that on a spawned task, counted by [`RedisAdmission::settle`].
 struct Withdraw<'a> {
     inner: &'a Arc<Inner>,
     request: &'a LeaseRequest,
-    ticket: Option<String>,
+    nonce: String,
+    armed: bool,
 }
 
-impl Withdraw<'_> {
-    /// Withdraws now; `Some` lease when the hand-off granted it first.
+impl<'a> Withdraw<'a> {
+    fn new(inner: &'a Arc<Inner>, request: &'a LeaseRequest) -> Withdraw<'a> {
+        Withdraw {
+            inner,
+            request,
+            nonce: nonce(),
+            armed: true,
+        }
+    }
+
+    /// The caller has its lease (or nothing was left behind): nothing to undo.
+    fn disarm(&mut self) {
+        self.armed = false;
+    }
+
+    /// Withdraws now; `Some` lease when the acquisition was granted first. Stays armed until
+    /// Redis answered, so a drop or a failure here still leaves the withdrawal to the drop.
     async fn withdraw_now(&mut self) -> Result<Option<Lease>, AcquireError> {
-        let Some(ticket) = self.ticket.take() else {
-            return Ok(None);
-        };
         let sent = Instant::now();
-        let Some(reply) = self.inner.withdraw(&self.request.id, &ticket).await? else {
-            return Ok(None);
-        };
-        Ok(Some(Lease::start(
-            self.inner.clone(),
-            self.request,
-            FencingToken(int(&reply, 1)),
-            int(&reply, 2),
-            Occupancy::from_fields(&reply[3..8]),
-            sent,
-        )))
+        let reply = self.inner.withdraw(&self.request.id, &self.nonce).await?;
+        self.armed = false;
+        Ok(reply.map(|reply| lease_from_reply(self.inner, self.request, &reply, sent)))
     }
 }
 
 impl Drop for Withdraw<'_> {
     fn drop(&mut self) {
-        let Some(ticket) = self.ticket.take() else {
+        if !self.armed {
             return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
+        }
         let inner = self.inner.clone();
         let id = self.request.id.clone();
+        let nonce = std::mem::take(&mut self.nonce);
         let pending = self.inner.pending.clone();
-        pending.spawn(&runtime, async move {
-            match inner.withdraw(&id, &ticket).await {
+        pending.spawn(&self.inner.runtime, async move {
+            match inner.withdraw(&id, &nonce).await {
                 Ok(Some(reply)) => {
                     let token = FencingToken(int(&reply, 1));
                     let _ = inner.release(&id, token, Outcome::Interrupted).await;
                 }
                 Ok(None) => {}
                 Err(error) => {
-                    tracing::debug!(%error, lease = %id, "admission-redis: withdraw failed; the ticket's liveness expires");
+                    tracing::debug!(%error, lease = %id, "admission-redis: withdraw failed; the ticket's liveness and the TTL take back what is left");
                 }
             }
         });

@@ -11,9 +11,11 @@
 --       4 events (stream)   5 quota (hash: "r:<tenant>" / "b:<tenant>" -> "window|used")
 --       6 line (sorted set: waiting lease id -> ticket)   7 live (sorted set: waiting id ->
 --              liveness expiry, server ms)
--- Waiters are recorded in occ as q:<id> = "ticket|tenant|backend|footprint|operation"; a lease
--- granted to a waiter by someone else's transition carries its ticket as a sixth record field
--- until the waiter claims it.
+-- Waiters are recorded in occ as q:<id> = "ticket|tenant|backend|footprint|operation|nonce"; a
+-- lease record carries the nonce of the acquisition that took it as a sixth field. The nonce is
+-- the caller's, chosen before its first call: only the same call may ask again as that waiter,
+-- claim a grant made to it (read-only, so a claim whose reply was lost can be claimed again) or
+-- withdraw it; another acquisition with the same lease id is a duplicate.
 -- A transition reads and writes each hash once: the lease path is seven calls in all.
 --
 -- Replies are flat arrays whose first element is a status word:
@@ -48,7 +50,7 @@ if op == 'init' then
   local version = int(math.max(1, math.floor(now_ms)))
   redis.call('HSET', cfg, 'fingerprint', fingerprint, 'sb', ARGV[3], 'st', ARGV[4],
     'tb', ARGV[5], 'tt', ARGV[6], 'bt', ARGV[7], 'maxlen', ARGV[8], 'version', version,
-    'ttl', ARGV[9])
+    'ttl', ARGV[9], 'nq', redis.call('ZCARD', line))
   return {'OK', version}
 end
 
@@ -108,7 +110,7 @@ end
 local function parse(r)
   local f = {}
   for part in string.gmatch(r, '[^|]+') do f[#f + 1] = part end
-  return f -- token, tenant, backend, footprint, operation[, ticket of an unclaimed line grant]
+  return f -- token (or ticket), tenant, backend, footprint, operation, nonce
 end
 
 -- Gives back what lease `id` holds (its record `r`) and records why.
@@ -143,9 +145,8 @@ local function short_on(o, need, tb_max, tt_max, r, blocked)
   return nil
 end
 
--- Grants lease `id` with counters `o` (read before the grant); `ticket` marks a grant to a
--- waiter made by another's transition, unclaimed until the waiter asks or is told.
-local function grant(id, tenant, backend, footprint, operation, ttl, o, ticket, outcome, last, seq)
+-- Grants lease `id` to the acquisition `nonce` with counters `o` (read before the grant).
+local function grant(id, tenant, backend, footprint, operation, ttl, o, nonce, outcome, last, seq)
   local f = tonumber(footprint)
   if not last then
     local v = redis.call('HMGET', occ, 'tok', 'seq')
@@ -157,7 +158,7 @@ local function grant(id, tenant, backend, footprint, operation, ttl, o, ticket, 
   redis.call('ZADD', exp, expiry, id)
   o[1], o[2], o[3], o[4], o[5] = o[1] + f, o[2] + 1, o[3] + f, o[4] + 1, o[5] + 1
   local record = token .. '|' .. tenant .. '|' .. backend .. '|' .. footprint .. '|' .. operation
-  if ticket then record = record .. '|' .. ticket end
+    .. '|' .. nonce
   write(o, tenant, backend, { 'tok', token, 'r:' .. id, record, 'seq', seq })
   append('admitted', id, token, tenant, backend, footprint, operation, outcome, o, seq)
   return token, expiry
@@ -174,11 +175,17 @@ local function handoff(limit)
   local granted = 0
   for _, id in ipairs(waiting) do
     local q = redis.call('HGET', occ, 'q:' .. id)
+    local alive = tonumber(redis.call('ZSCORE', live, id) or '0') >= now_ms
     if not q then
       redis.call('ZREM', line, id)
       redis.call('ZREM', live, id)
+    elseif not alive then
+      -- Its liveness ran out and the bounded reap has not come to it yet: never grant the dead.
+      local w = parse(q)
+      unqueue(id)
+      append('timed_out', id, '0', w[2], w[3], w[4], w[5], 'abandoned', (read(w[2], w[3])))
     else
-      local w = parse(q) -- ticket, tenant, backend, footprint, operation
+      local w = parse(q) -- ticket, tenant, backend, footprint, operation, nonce
       local f = tonumber(w[4])
       local tb_max, tt_max = limits(redis.call('HGET', cfg, 'o:' .. w[2]))
       local o = read(w[2], w[3])
@@ -195,7 +202,7 @@ local function handoff(limit)
       local need = { f, 1, f, 1, 1 }
       if not short_on(o, need, tb_max, tt_max, r, blocked) then
         unqueue(id)
-        grant(id, w[2], w[3], w[4], w[5], TTL, o, w[1], 'handoff')
+        grant(id, w[2], w[3], w[4], w[5], TTL, o, w[6], 'handoff')
         granted = granted + 1
       elseif not head then
         local short, max = {}, { S_B, S_T, tb_max, tt_max, B_T }
@@ -248,9 +255,9 @@ end
 if op == 'acquire' then
   -- ARGV: 3 lease id 4 tenant 5 backend 6 footprint 7 operation 8 ttl ms 9 reap limit
   --       10 wait flag (1: join the line, with a `queued` event, when it does not fit now)
-  --       11 the caller's ticket when it already waits ('' otherwise)
+  --       11 the acquisition's nonce (the same on every call of one acquisition)
   local id, tenant, backend, operation = ARGV[3], ARGV[4], ARGV[5], ARGV[7]
-  local footprint, ttl, ticket = tonumber(ARGV[6]), tonumber(ARGV[8]), ARGV[11]
+  local footprint, ttl, nonce = tonumber(ARGV[6]), tonumber(ARGV[8]), ARGV[11]
   reap(tonumber(ARGV[9]))
   if not footprint or footprint <= 0 then return {'NEVER', 'footprint', ARGV[6], '1'} end
   local tb_max, tt_max = limits(c[10])
@@ -258,16 +265,21 @@ if op == 'acquire' then
   if footprint > tb_max then return {'NEVER', 'tenant_bytes', ARGV[6], int(tb_max)} end
   local o, v = read(tenant, backend, 'r:' .. id, 'q:' .. id, 'tok', 'seq')
   if v[6] then
-    -- Held: the caller's own grant from the line (its ticket matches), or a duplicate.
+    -- Held: this acquisition's own lease (granted from the line, or by a call whose reply was
+    -- lost), claimed as it is; or a duplicate.
     local f = parse(v[6])
-    if ticket == '' or f[6] ~= ticket then return {'NEVER', 'lease_id', id, '0'} end
-    local claimed = table.concat({ f[1], f[2], f[3], f[4], f[5] }, '|')
-    redis.call('HSET', occ, 'r:' .. id, claimed)
+    if f[6] ~= nonce then return {'NEVER', 'lease_id', id, '0'} end
     local expiry = redis.call('ZSCORE', exp, id)
     return {'OK', f[1], version, int(o[1]), int(o[2]), int(o[3]), int(o[4]), int(o[5]),
       int(tonumber(expiry)), int(now_ms)}
   end
-  local waiting = v[7] and parse(v[7])[1]
+  local waiting
+  if v[7] then
+    local w = parse(v[7])
+    -- Another acquisition waits under this id: a duplicate, not this one asking again.
+    if w[6] ~= nonce then return {'NEVER', 'lease_id', id, '0'} end
+    waiting = w[1]
+  end
   if waiting then
     -- A waiter asking again: still waiting (the hand-off grants it when it fits); its liveness
     -- is renewed.
@@ -293,11 +305,12 @@ if op == 'acquire' then
   local need = { footprint, 1, footprint, 1, 1 }
   local dim = short_on(o, need, tb_max, tt_max, r, blocked)
   if dim and not waiting and ARGV[10] == '1' then
-    waiting = tostring(redis.call('HINCRBY', occ, 'tick', 1))
+    waiting = int(redis.call('HINCRBY', occ, 'tick', 1))
     queued = redis.call('HINCRBY', cfg, 'nq', 1)
     redis.call('ZADD', line, waiting, id)
     redis.call('ZADD', live, now_ms + ttl, id)
-    redis.call('HSET', occ, 'q:' .. id, waiting .. '|' .. tenant .. '|' .. backend .. '|' .. ARGV[6] .. '|' .. operation)
+    redis.call('HSET', occ, 'q:' .. id,
+      waiting .. '|' .. tenant .. '|' .. backend .. '|' .. ARGV[6] .. '|' .. operation .. '|' .. nonce)
     local last = append('queued', id, '0', tenant, backend, ARGV[6], operation, 'queued', o)
     local max = { S_B, S_T, tb_max, tt_max, B_T }
     return {'FULL', DIMS[dim], int(o[dim] + r[dim]), int(max[dim]), last, int(earliest_expiry()),
@@ -309,21 +322,22 @@ if op == 'acquire' then
       int(earliest_expiry()), int(now_ms), waiting or ''}
   end
   if waiting then unqueue(id) end
-  local token, expiry = grant(id, tenant, backend, ARGV[6], operation, ttl, o, nil, 'admitted', v[8] or '0', v[9])
+  local token, expiry = grant(id, tenant, backend, ARGV[6], operation, ttl, o, nonce, 'admitted', v[8] or '0', v[9])
   return {'OK', token, version, int(o[1]), int(o[2]), int(o[3]), int(o[4]), int(o[5]),
     int(expiry), int(now_ms)}
 end
 
 if op == 'withdraw' then
-  -- ARGV: 3 lease id 4 ticket 5 reap limit. A waiter that gives up (timeout, cancellation):
-  -- out of the line with a `timed_out` event, or, if the hand-off granted it meanwhile, its
-  -- grant (claimed, for the caller to keep or release).
-  local id, ticket = ARGV[3], ARGV[4]
+  -- ARGV: 3 lease id 4 nonce 5 reap limit. An acquisition that gives up (timeout,
+  -- cancellation): out of the line with a `timed_out` event, or, if it was granted meanwhile
+  -- (by the hand-off, or by a call whose reply it never read), its lease, for the caller to keep
+  -- or release.
+  local id, nonce = ARGV[3], ARGV[4]
   reap(tonumber(ARGV[5]))
   local v = redis.call('HMGET', occ, 'q:' .. id, 'r:' .. id)
   if v[1] then
     local w = parse(v[1])
-    if w[1] == ticket then
+    if w[6] == nonce then
       unqueue(id)
       append('timed_out', id, '0', w[2], w[3], w[4], w[5], 'timed_out', (read(w[2], w[3])))
       handoff(tonumber(ARGV[5]))
@@ -332,8 +346,7 @@ if op == 'withdraw' then
   end
   if v[2] then
     local f = parse(v[2])
-    if f[6] == ticket then
-      redis.call('HSET', occ, 'r:' .. id, table.concat({ f[1], f[2], f[3], f[4], f[5] }, '|'))
+    if f[6] == nonce then
       local o = read(f[2], f[3])
       local expiry = redis.call('ZSCORE', exp, id)
       return {'OK', f[1], version, int(o[1]), int(o[2]), int(o[3]), int(o[4]), int(o[5]),

@@ -271,15 +271,23 @@ impl Lease {
 
     /// Releases the lease now, recording `outcome`.
     ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before Redis answered releases the lease as
+    /// [`Outcome::Interrupted`] on a spawned task, as dropping the lease does.
+    ///
     /// # Errors
     ///
     /// [`LeaseError::Lost`] or [`LeaseError::Stale`] when the lease was no longer this holder's
     /// (nothing was given back twice), [`LeaseError::Unavailable`] when Redis failed (the TTL
     /// then takes the lease back).
     pub async fn release(mut self, outcome: Outcome) -> Result<(), LeaseError> {
-        self.released = true;
         self.entry.done.store(true, Ordering::Release);
-        self.inner.release(&self.id, self.token, outcome).await
+        let result = self.inner.release(&self.id, self.token, outcome).await;
+        // Only now: a release future dropped before Redis answered leaves the lease to the
+        // drop's own release (a second one is refused as lost, never applied twice).
+        self.released = true;
+        result
     }
 }
 

@@ -20,8 +20,9 @@ use crate::lease::{Lease, Outcome};
 /// the job's own admission after [`admit`](FleetAdmission::admit) returns.
 ///
 /// The wait for the lease is bounded by what is left of the config's `local_timeout` and by its
-/// `redis_wait`; on a timeout, a Redis failure, a refusal, a cancelled context or a dropped
-/// future, the local budget goes back at once.
+/// `redis_wait`; on a timeout, a Redis failure, a refusal or a dropped future, the local budget
+/// goes back at once. A [`JobContext`] cancelled while the local admission waits ends that wait;
+/// while the lease is awaited, cancel by dropping the future (the context is not watched there).
 ///
 /// # Examples
 ///

@@ -117,7 +117,11 @@ impl Renewals {
         let seq = state.seq;
         state.due.insert((next, seq), entry);
         if state.task.as_ref().is_none_or(JoinHandle::is_finished) {
-            state.task = Some(tokio::spawn(run(self.clone(), Arc::downgrade(inner))));
+            state.task = Some(
+                inner
+                    .runtime
+                    .spawn(run(self.clone(), Arc::downgrade(inner))),
+            );
         } else if state.wakes_at.is_none_or(|at| next < at) {
             state.wakes_at = Some(next);
             self.wake.notify_one();

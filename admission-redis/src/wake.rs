@@ -54,12 +54,13 @@ pub(crate) struct Granted {
     pub(crate) token: u64,
     pub(crate) policy_version: u64,
     pub(crate) occupancy: Occupancy,
-    /// When the read that returned the record was sent: the lease cannot have been granted
-    /// earlier, so the holder's local deadline counts from here.
-    pub(crate) sent: Instant,
+    /// The server's clock at the grant, read against the waiter's own refusal to place the
+    /// lease's beginning on the local clock.
+    pub(crate) time_ms: u64,
 }
 
-type Slots = Arc<Mutex<HashMap<String, oneshot::Sender<Granted>>>>;
+/// Local waiters by lease id, each with the generation of its registration.
+type Slots = Arc<Mutex<HashMap<String, (u64, oneshot::Sender<Granted>)>>>;
 
 /// The process's one reader, started by the first waiter, and the local waiters by lease id.
 #[derive(Default)]
@@ -72,14 +73,24 @@ pub(crate) struct Wakeups {
 pub(crate) struct Slot {
     slots: Slots,
     id: String,
+    generation: u64,
     grant: oneshot::Receiver<Granted>,
     /// Whether it already asked again because the reader started after its refusal.
     asked_again: bool,
+    /// Whether its sender is gone (a later registration of the same id replaced it).
+    closed: bool,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.slots.lock().remove(&self.id);
+        // Only its own registration: another acquisition of the same id may have replaced it.
+        let mut slots = self.slots.lock();
+        if slots
+            .get(&self.id)
+            .is_some_and(|(generation, _)| *generation == self.generation)
+        {
+            slots.remove(&self.id);
+        }
     }
 }
 
@@ -97,15 +108,25 @@ impl Drop for Reader {
 }
 
 impl Wakeups {
-    /// Registers waiter `id` for a grant from the line.
+    /// Registers waiter `id` for a grant from the line. While another acquisition of the same
+    /// id is registered (a duplicate, which the script refuses), the new slot is born closed and
+    /// the first keeps its place.
     pub(crate) fn register(&self, id: &str) -> Slot {
+        static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let generation = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (tx, grant) = oneshot::channel();
-        self.slots.lock().insert(id.to_string(), tx);
+        let mut slots = self.slots.lock();
+        let closed = slots.contains_key(id);
+        if !closed {
+            slots.insert(id.to_string(), (generation, tx));
+        }
         Slot {
             slots: self.slots.clone(),
             id: id.to_string(),
+            generation,
             grant,
             asked_again: false,
+            closed,
         }
     }
 
@@ -129,9 +150,21 @@ impl Wakeups {
             return None;
         }
         let failures = seen.borrow().failures;
+        let woken = seen.wait_for(|s| s.failures != failures);
+        tokio::pin!(woken);
+        if !slot.closed {
+            tokio::select! {
+                granted = &mut slot.grant => match granted {
+                    Ok(granted) => return Some(granted),
+                    // Replaced by another acquisition of the same id: no grant comes this way.
+                    Err(_) => slot.closed = true,
+                },
+                _ = &mut woken => return None,
+                () = tokio::time::sleep_until(until) => return None,
+            }
+        }
         tokio::select! {
-            granted = &mut slot.grant => granted.ok(),
-            _ = seen.wait_for(|s| s.failures != failures) => None,
+            _ = &mut woken => None,
             () = tokio::time::sleep_until(until) => None,
         }
     }
@@ -184,7 +217,6 @@ async fn read(
         let Some(c) = conn.as_mut() else { continue };
         // Block for a bounded time so that a provider dropped meanwhile ends the reader.
         let options = StreamReadOptions::default().block(5_000).count(256);
-        let sent = Instant::now();
         let reply: redis::RedisResult<Option<StreamReadReply>> =
             redis::AsyncCommands::xread_options(c, &[&key], &[last.render()], &options).await;
         match reply {
@@ -199,14 +231,14 @@ async fn read(
                         last_seq = Some(seq);
                         if field("kind") == "admitted" && field("outcome") == "handoff" {
                             let waiter = slots.lock().remove(&field("lease"));
-                            if let Some(waiter) = waiter {
+                            if let Some((_, waiter)) = waiter {
                                 let numbers: Vec<String> =
                                     field("occupancy").split(' ').map(str::to_string).collect();
                                 let _ = waiter.send(Granted {
                                     token: field("token").parse().unwrap_or(0),
                                     policy_version: field("policy").parse().unwrap_or(0),
                                     occupancy: Occupancy::from_fields(&numbers),
-                                    sent,
+                                    time_ms: field("time_ms").parse().unwrap_or(0),
                                 });
                             }
                         }

@@ -96,10 +96,15 @@ async fn waiter_process() {
         return;
     };
     let parts: Vec<&str> = spec.split(' ').collect();
-    let (host, port, cell) = (parts[0], parts[1].parse().expect("port"), parts[2]);
+    let (host, port, cell, id) = (
+        parts[0],
+        parts[1].parse().expect("port"),
+        parts[2],
+        parts[3],
+    );
     let fleet = connect(config(host, port, cell, ceilings(10, 1, 10, 1, 1))).await;
     println!("WAITING");
-    let request = LeaseRequest::new("crashed-waiter", "t", "d", 1, "upload");
+    let request = LeaseRequest::new(id, "t", "d", 1, "upload");
     let _ = fleet.acquire(&request, Duration::from_secs(30)).await;
 }
 
@@ -113,7 +118,7 @@ async fn a_crashed_waiter_is_reaped_and_cannot_block_the_line() {
     cfg.redis_wait = Duration::from_secs(30);
     let fleet = connect(cfg).await;
     let held = lease(&fleet, "held", "t", "d", 1).await;
-    let spec = format!("{host} {port} {cell}");
+    let spec = format!("{host} {port} {cell} crashed-waiter");
     let (mut child, _) = child_process(
         "line::waiter_process",
         "ADMISSION_REDIS_WAITER",
@@ -271,4 +276,89 @@ async fn a_contended_job_costs_two_round_trips_on_average() {
     // liveness renewal or an expiry deadline); the goal is 3.
     assert!(calls >= 2 * JOBS, "{calls}");
     assert!(per_job <= 3.0, "{per_job}");
+}
+
+/// Two waiters killed in their own processes; the releasing instance reaps one waiter per call
+/// (`reap_batch` 1), so the hand-off meets the second dead one first: it is dropped as
+/// abandoned, never granted a lease nobody would renew.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hand_off_never_grants_a_waiter_whose_liveness_ran_out() {
+    let Some((host, port)) = server("dead_waiters") else {
+        return;
+    };
+    let cell = cell("dead_waiters");
+    let mut cfg = config(&host, port, &cell, ceilings(10, 1, 10, 1, 1));
+    cfg.reap_batch = 1;
+    let fleet = connect(cfg).await;
+    let held = lease(&fleet, "held", "t", "d", 1).await;
+    for id in ["dead-1", "dead-2"] {
+        let spec = format!("{host} {port} {cell} {id}");
+        let (mut child, _) = child_process(
+            "line::waiter_process",
+            "ADMISSION_REDIS_WAITER",
+            &spec,
+            "WAITING",
+        );
+        wait_for_event(&fleet, &host, port, "queued", id).await;
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reaped by the OS");
+    }
+    // Past both tickets' 3 s liveness on the cell's clock, the holder renewing.
+    held.renew_now().await.expect("renewed");
+    fleet
+        .advance_server_clock(Duration::from_millis(2_000))
+        .await
+        .expect("skew");
+    held.renew_now().await.expect("renewed");
+    fleet
+        .advance_server_clock(Duration::from_millis(1_500))
+        .await
+        .expect("skew");
+    held.release(Outcome::Completed).await.expect("released");
+    let events = read_events(&fleet).await.expect("events");
+    let abandoned: Vec<&str> = events
+        .iter()
+        .filter(|e| e.kind == "timed_out" && e.outcome == "abandoned")
+        .map(|e| e.lease.as_str())
+        .collect();
+    assert_eq!(abandoned, ["dead-1", "dead-2"]);
+    assert_eq!(admissions(&fleet).await, ["held:admitted"]);
+    let snapshot = fleet.snapshot("t", "d").await.expect("snapshot");
+    assert_eq!(
+        (snapshot.leases, snapshot.occupancy.service_transfers),
+        (0, 0)
+    );
+}
+
+/// A second acquisition under the id of one that waits is a duplicate, refused at once: it
+/// never takes over the first one's place in the line, nor its grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_acquisition_of_a_waiting_id_is_a_duplicate() {
+    let Some((host, port)) = server("duplicate_waiter") else {
+        return;
+    };
+    let cell = cell("duplicate_waiter");
+    let fleet = connect(config(&host, port, &cell, ceilings(10, 1, 10, 1, 1))).await;
+    let held = lease(&fleet, "held", "t", "d", 1).await;
+    let first = spawn_acquire(&fleet, "job", "t", "d", 1, WAIT);
+    wait_for_event(&fleet, &host, port, "queued", "job").await;
+    let second = fleet
+        .acquire(&LeaseRequest::new("job", "t", "d", 1, "upload"), WAIT)
+        .await;
+    match second {
+        Err(admission_redis::AcquireError::Never { reason }) => {
+            assert_eq!(
+                reason,
+                admission_redis::NeverReason::DuplicateId("job".into())
+            );
+        }
+        other => panic!("expected a duplicate, got {other:?}"),
+    }
+    held.release(Outcome::Completed).await.expect("released");
+    let lease = first
+        .await
+        .expect("task")
+        .expect("the first keeps its place and is granted");
+    lease.release(Outcome::Completed).await.expect("released");
+    assert_eq!(admissions(&fleet).await, ["held:admitted", "job:handoff"]);
 }
