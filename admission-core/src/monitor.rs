@@ -41,7 +41,6 @@ use crate::demand::Demand;
 use crate::error::{AdmitError, StartError};
 use crate::event::EventSink;
 use crate::gate::Gate;
-use crate::sync::Ordering;
 
 /// Stops the monitor when the last [`Monitor`] handle is dropped.
 struct StopOnDrop(Arc<Shared>);
@@ -196,8 +195,12 @@ impl Monitor {
     }
 
     /// How many waiters are parked in the line now.
+    ///
+    /// Read under the monitor lock, so it agrees with every outcome already delivered: a waiter
+    /// whose grant or refusal another thread has seen is never still counted (a pass fills its
+    /// waiters' cells and takes them out of the line in one critical section).
     pub fn queue_size(&self) -> usize {
-        self.shared.bell.parked.load(Ordering::SeqCst)
+        self.shared.state.lock().queue.len()
     }
 
     /// Installs or removes the event sink.
