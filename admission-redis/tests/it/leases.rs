@@ -246,43 +246,13 @@ async fn tenants_are_independent_under_a_shared_service_ceiling() {
     .await;
     let mut held = Vec::new();
     for i in 0..2 {
-        held.push(
-            fleet
-                .try_acquire(&LeaseRequest::new(
-                    format!("a{i}"),
-                    "acme",
-                    "d",
-                    10,
-                    "upload",
-                ))
-                .await
-                .expect("acme fits"),
-        );
+        held.push(lease(&fleet, &format!("a{i}"), "acme", "d", 10).await);
     }
-    let acme_full = fleet
-        .try_acquire(&LeaseRequest::new("a2", "acme", "d", 10, "upload"))
-        .await
-        .unwrap_err();
-    assert!(matches!(
-        acme_full,
-        AcquireError::Full {
-            dimension: Dimension::TenantTransfers,
-            held: 2,
-            ..
-        }
-    ));
+    let acme_full = full(&fleet, "a2", "acme", "d", 10).await;
+    assert_eq!(acme_full, (Dimension::TenantTransfers, 2, 1, 2));
     // Acme being full takes nothing from bolt: bolt gets its own two.
     for i in 0..2 {
-        let lease = fleet
-            .try_acquire(&LeaseRequest::new(
-                format!("b{i}"),
-                "bolt",
-                "d",
-                10,
-                "upload",
-            ))
-            .await
-            .expect("bolt fits");
+        let lease = lease(&fleet, &format!("b{i}"), "bolt", "d", 10).await;
         assert_eq!(lease.occupancy().tenant_transfers, i + 1);
         assert_eq!(lease.occupancy().service_transfers, 3 + i);
         held.push(lease);
