@@ -8,12 +8,14 @@
 use std::error::Error;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::amount::Amount;
 use crate::clock::{Instant, WakeFn};
+use crate::monitor::evaluator::{muted, wake_key};
 
 /// How an account gets its capacity back.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -473,6 +475,9 @@ pub type AccountRef = Arc<dyn Account>;
 pub struct WakeSlot {
     /// The installed callback; it runs under this lock and must never touch the slot itself.
     wake: parking_lot::Mutex<Option<WakeFn>>,
+    /// The installed callback's address (0: none), written under the lock: lets a give the
+    /// monitor is already answering (its grant's release, an attempt's give-back) skip the lock.
+    key: AtomicUsize,
 }
 
 impl WakeSlot {
@@ -483,7 +488,10 @@ impl WakeSlot {
 
     /// Installs or clears the callback.
     pub fn install(&self, wake: Option<WakeFn>) {
-        *self.wake.lock() = wake;
+        let mut slot = self.wake.lock();
+        self.key
+            .store(wake.as_ref().map_or(0, wake_key), AtomicOrdering::Release);
+        *slot = wake;
     }
 
     /// Clears the slot if it holds `wake` (compared by address, [`Arc::ptr_eq`]); returns
@@ -491,6 +499,7 @@ impl WakeSlot {
     pub fn clear_if(&self, wake: &WakeFn) -> bool {
         let mut slot = self.wake.lock();
         if slot.as_ref().is_some_and(|held| Arc::ptr_eq(held, wake)) {
+            self.key.store(0, AtomicOrdering::Release);
             *slot = None;
             return true;
         }
@@ -505,8 +514,15 @@ impl WakeSlot {
     /// Calls the callback, if any. Safe to call while holding the account's own lock.
     ///
     /// The callback runs under the slot's own short lock (no reference count is taken on the
-    /// hot path of every give), so it must not install into this same slot.
+    /// hot path of every give), so it must not install into this same slot. A give that the
+    /// callback's own monitor makes while it is already looking at the line (releasing a grant,
+    /// giving back an attempt) calls nothing and takes no lock: the monitor mutes its callback on
+    /// that thread for the duration, and the slot knows the callback it holds by address.
     pub fn notify(&self) {
+        let muted = muted();
+        if muted != 0 && self.key.load(AtomicOrdering::Acquire) == muted {
+            return;
+        }
         if let Some(wake) = &*self.wake.lock() {
             wake();
         }

@@ -1,6 +1,7 @@
 //! [`Demand`]: everything one job needs, declared up front and granted as one.
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::account::{AccountRef, account_key};
 use crate::amount::Amount;
@@ -62,9 +63,16 @@ impl fmt::Debug for Entry {
 /// # Ok(())
 /// # }
 /// ```
+///
+/// # Cost
+///
+/// A demand shares its entries: cloning one is a single reference count, however many accounts
+/// it names, so a prebuilt demand can be admitted again and again for the price of that count.
+/// Adding to a demand whose entries are shared copies them first (copy on write).
 #[derive(Clone, Default)]
 pub struct Demand {
-    entries: Vec<Entry>,
+    /// `None` until the first entry: an empty demand allocates nothing.
+    entries: Option<Arc<Vec<Entry>>>,
 }
 
 impl Demand {
@@ -76,13 +84,10 @@ impl Demand {
     /// Adds `amount` on `account`, merging into the entry for that account if there is one.
     pub fn add(&mut self, account: AccountRef, amount: Amount) -> &mut Demand {
         let key = account_key(&account);
-        match self
-            .entries
-            .iter_mut()
-            .find(|e| account_key(&e.account) == key)
-        {
+        let entries = Arc::make_mut(self.entries.get_or_insert_with(Default::default));
+        match entries.iter_mut().find(|e| account_key(&e.account) == key) {
             Some(entry) => entry.amount += amount,
-            None => self.entries.push(Entry { account, amount }),
+            None => entries.push(Entry { account, amount }),
         }
         self
     }
@@ -95,23 +100,23 @@ impl Demand {
 
     /// The entries, in first-add order.
     pub fn entries(&self) -> &[Entry] {
-        &self.entries
+        self.entries.as_deref().map_or(&[], Vec::as_slice)
     }
 
     /// True for an orchestrator's demand: nothing on any account.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.entries().is_empty()
     }
 
     /// The number of distinct accounts.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.entries().len()
     }
 
     /// The amount asked of `account`, zero when the demand does not name it.
     pub fn amount_on(&self, account: &AccountRef) -> Amount {
         let key = account_key(account);
-        self.entries
+        self.entries()
             .iter()
             .find(|e| account_key(&e.account) == key)
             .map_or(Amount::ZERO, |e| e.amount)
@@ -123,10 +128,10 @@ impl Demand {
     ///
     /// [`AdmitError::Unmet`] naming the first account whose requirement is not met.
     pub fn check_requirements(&self) -> Result<(), AdmitError> {
-        for entry in &self.entries {
+        let entries = self.entries();
+        for entry in entries {
             if let Some(requires) = entry.account.requires() {
-                let met = self
-                    .entries
+                let met = entries
                     .iter()
                     .any(|other| other.account.provides() == Some(requires));
                 if !met {
@@ -139,14 +144,10 @@ impl Demand {
         }
         Ok(())
     }
-
-    pub(crate) fn into_entries(self) -> Vec<Entry> {
-        self.entries
-    }
 }
 
 impl fmt::Debug for Demand {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_list().entries(self.entries.iter()).finish()
+        f.debug_list().entries(self.entries()).finish()
     }
 }

@@ -14,7 +14,7 @@
 mod arrival;
 mod ask;
 mod cell;
-mod evaluator;
+pub(crate) mod evaluator;
 mod grant;
 mod lifecycle;
 mod line;

@@ -7,7 +7,8 @@
 //! - `single_limit` (issue 5, item 1): one take from a token bucket that never runs dry, on the
 //!   system clock. Ours is a taking `Account::ask` on a `TokenBucket` (tokens and one request
 //!   in one step, one answer); the peers are governor's `check` / `check_n` and leaky-bucket's
-//!   `try_acquire`. This is the floor any rate limit costs.
+//!   `try_acquire`. This is the floor any rate limit costs. The elastic window's take of one
+//!   request (`ours_elastic_window_take_1`) is judged against governor's `check` too.
 //! - `semaphore` (item 2): admit and release one permit of a `CountingGate` through the monitor,
 //!   against tokio's `Semaphore::try_acquire_many` and a drop.
 //! - `semaphore_contended` (item 2): 64 tasks on a two-worker tokio runtime, each acquiring and
@@ -32,10 +33,11 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
 use admission_accounts::token_bucket::TokenBucketConfig;
 use admission_accounts::{CountingGate, TokenBucket};
 use admission_benches::support::{self, ParkedLine, admit_release};
-use admission_core::{AccountRef, Amount, Ask, Demand, JobContext, Monitor};
+use admission_core::{AccountRef, Amount, Ask, Demand, JobContext, Monitor, SystemClock};
 use admission_testkit::monitor::poll_once;
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use governor::DefaultDirectRateLimiter;
@@ -141,6 +143,20 @@ fn single_limit(c: &mut Criterion) {
     });
     group.bench_function("leaky_bucket_try_acquire_100", |b| {
         b.iter(|| black_box(leaky.try_acquire(black_box(TOKENS as usize))))
+    });
+    // The elastic window's take of one request, as the monitor makes it (through the trait
+    // object, as the head). A one-millisecond window keeps the log of stamps short however many
+    // iterations run (stamps older than the widest window are pruned), as in `elastic_window.rs`.
+    let window: AccountRef = Arc::new(
+        ElasticWindow::new(
+            "model",
+            ElasticWindowConfig::new(1 << 50, Duration::from_millis(1)),
+            Arc::new(SystemClock::new()),
+        )
+        .expect("a valid config"),
+    );
+    group.bench_function("ours_elastic_window_take_1", |b| {
+        b.iter(|| black_box(window.ask(black_box(Amount::ONE), Ask::HEAD).is_taken()))
     });
     group.finish();
 }

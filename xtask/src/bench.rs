@@ -25,7 +25,7 @@ const BEGIN: &str = "<!-- side-by-side:begin -->";
 /// The line after it.
 const END: &str = "<!-- side-by-side:end -->";
 
-/// What `cargo xtask bench` runs by default: the two side-by-side targets the table reads.
+/// What `cargo xtask bench` runs by default: the three targets the table reads.
 const DEFAULT_RUN: &[&str] = &[
     "bench",
     "-p",
@@ -34,6 +34,8 @@ const DEFAULT_RUN: &[&str] = &[
     "side_by_side",
     "--bench",
     "scarce_and_wakes",
+    "--bench",
+    "waiter_memory",
 ];
 /// What `cargo xtask bench --all` runs: every bench of the workspace, all of which live in
 /// `admission-benches` (the side-by-side ones too).
@@ -262,6 +264,11 @@ enum Src {
     /// A number in `side-by-side/<part>.json`, multiplied by the factor (1000 turns the
     /// harness's microseconds into nanoseconds).
     Harness(&'static str, &'static str, f64),
+    /// A number in `side-by-side/waiter_memory.json` (the `waiter_memory` bench, counted by
+    /// `dhat`'s allocator).
+    Memory(&'static str),
+    /// No figure: a row with no peer.
+    Nothing,
 }
 
 /// A figure and whether its file predates the recorded run.
@@ -296,6 +303,12 @@ impl Sources {
                 format!("/{key}"),
                 factor,
             ),
+            Src::Memory(key) => (
+                self.target.join("side-by-side").join("waiter_memory.json"),
+                format!("/{key}"),
+                1.0,
+            ),
+            Src::Nothing => return None,
         };
         let text = std::fs::read_to_string(&path).ok()?;
         let value: Value = serde_json::from_str(&text).ok()?;
@@ -326,6 +339,8 @@ enum Unit {
     Tokens,
     /// A mean number of permits.
     Permits,
+    /// Heap bytes.
+    Bytes,
 }
 
 /// The goal a row is judged against.
@@ -341,6 +356,8 @@ enum Goal {
     OursZero,
     /// ours must be below this many nanoseconds.
     OursBelow(f64),
+    /// ours must be at most this many bytes.
+    BytesAtMost(f64),
 }
 
 struct Row {
@@ -355,6 +372,7 @@ struct Row {
 
 const SIDE: &str = "cargo bench -p admission-benches --bench side_by_side --";
 const HARNESS: &str = "cargo bench -p admission-benches --bench scarce_and_wakes --";
+const MEMORY: &str = "cargo bench -p admission-benches --bench waiter_memory";
 
 fn rows() -> Vec<Row> {
     use Src::{Criterion as C, Harness as H};
@@ -392,7 +410,7 @@ fn rows() -> Vec<Row> {
             Unit::Time,
             C("single_limit", "ours_token_bucket_take_100"),
             C("single_limit", "governor_check_n_100"),
-            Goal::None,
+            Goal::RatioAtMost(1.5),
             "single_limit",
         ),
         row(
@@ -405,12 +423,21 @@ fn rows() -> Vec<Row> {
             "single_limit",
         ),
         row(
+            "1",
+            "elastic window take, 1 request: `ElasticWindow::ask` (taking, as the head; a 1 ms window) vs governor `check`",
+            Unit::Time,
+            C("single_limit", "ours_elastic_window_take_1"),
+            C("single_limit", "governor_check"),
+            Goal::RatioAtMost(3.0),
+            "single_limit",
+        ),
+        row(
             "2",
             "semaphore, uncontended: `admit_blocking` + release on a `CountingGate` vs tokio `try_acquire_many(1)` + drop",
             Unit::Time,
             C("semaphore", "ours_admit_blocking_release"),
             C("semaphore", "tokio_try_acquire_many_release"),
-            Goal::None,
+            Goal::RatioAtMost(1.5),
             "'^semaphore/'",
         ),
         row(
@@ -560,7 +587,7 @@ fn rows() -> Vec<Row> {
             Unit::Time,
             C("pass_over_10k_parked", "ours_one_gate"),
             C("pass_over_10k_parked", "floor_one_gate"),
-            Goal::OursBelow(5e6),
+            Goal::RatioAtMost(2.0),
             "pass_over_10k_parked",
         ),
         row(
@@ -569,8 +596,35 @@ fn rows() -> Vec<Row> {
             Unit::Time,
             C("pass_over_10k_parked", "ours_gate_bucket_gate"),
             C("pass_over_10k_parked", "floor_gate_bucket_gate"),
+            Goal::RatioAtMost(2.0),
+            "pass_over_10k_parked",
+        ),
+        row(
+            "6",
+            "the one-gate pass against the specification's bound for 10,000 waiters",
+            Unit::Time,
+            C("pass_over_10k_parked", "ours_one_gate"),
+            Src::Nothing,
             Goal::OursBelow(5e6),
             "pass_over_10k_parked",
+        ),
+        row(
+            "7",
+            "heap held per parked waiter, one entry (line record, outcome cell, waker), counted by `dhat`",
+            Unit::Bytes,
+            Src::Memory("heap_bytes_per_waiter_1_entries"),
+            Src::Nothing,
+            Goal::BytesAtMost(256.0),
+            "",
+        ),
+        row(
+            "7",
+            "the same, three entries",
+            Unit::Bytes,
+            Src::Memory("heap_bytes_per_waiter_3_entries"),
+            Src::Nothing,
+            Goal::None,
+            "",
         ),
     ]
 }
@@ -589,6 +643,7 @@ fn show(figure: Option<&Figure>, unit: Unit) -> String {
         Unit::PerSecond => format!("{v:.1}/s"),
         Unit::Tokens => format!("{v:.0}"),
         Unit::Permits => format!("{v:.1}"),
+        Unit::Bytes => format!("{v:.1} B"),
     };
     if figure.stale {
         text.push_str(" †");
@@ -603,6 +658,7 @@ fn goal_text(goal: Goal) -> String {
         Goal::RatioAtLeast(r) => format!("≥ {r:.0}"),
         Goal::OursZero => "ours = 0".to_owned(),
         Goal::OursBelow(ns) => format!("ours < {:.0} ms", ns / 1e6),
+        Goal::BytesAtMost(bytes) => format!("ours ≤ {bytes:.0} B"),
     }
 }
 
@@ -613,6 +669,7 @@ fn verdict(goal: Goal, ours: Option<&Figure>, ratio: Option<f64>) -> &'static st
         (Goal::RatioAtLeast(r), _, Some(ratio)) => ratio >= r,
         (Goal::OursZero, Some(ours), _) => ours.value == 0.0,
         (Goal::OursBelow(limit), Some(ours), _) => ours.value < limit,
+        (Goal::BytesAtMost(limit), Some(ours), _) => ours.value <= limit,
         _ => return "not measured",
     };
     if met { "met" } else { "**missed**" }
@@ -665,10 +722,14 @@ fn render(sources: &Sources, run: Option<&RunInfo>) -> String {
                 }
             },
         );
-        let command = if is_harness(row.ours) {
-            format!("{HARNESS} {}", row.command)
-        } else {
-            format!("{SIDE} {}", row.command)
+        let command = match row.ours {
+            Src::Harness(..) => format!("{HARNESS} {}", row.command),
+            Src::Memory(_) => MEMORY.to_owned(),
+            Src::Criterion(..) | Src::Nothing => format!("{SIDE} {}", row.command),
+        };
+        let peer_text = match row.peer {
+            Src::Nothing => "-".to_owned(),
+            _ => show(peer.as_ref(), row.unit),
         };
         let _ = writeln!(
             out,
@@ -676,7 +737,7 @@ fn render(sources: &Sources, run: Option<&RunInfo>) -> String {
             row.item,
             row.what,
             show(ours.as_ref(), row.unit),
-            show(peer.as_ref(), row.unit),
+            peer_text,
             ratio_text,
             goal_text(row.goal),
             verdict(row.goal, ours.as_ref(), ratio),
@@ -709,10 +770,6 @@ fn wrap(text: &str) -> String {
         out.push('\n');
     }
     out
-}
-
-fn is_harness(src: Src) -> bool {
-    matches!(src, Src::Harness(..))
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! The arrival: a job asks for its demand, and is granted inline, refused at once, or parked.
 //!
 //! When the line is empty the caller's own thread asks every account (the fast path: one ask per
-//! account, no clock read without a gate, no system call). Otherwise the newcomer is asked where
+//! account, no clock read without a gate, no system call; without a gate, not even the monitor
+//! lock: `begin_unlocked`). Otherwise the newcomer is asked where
 //! a pass would ask it, at the line's tail, with the head's reservation set aside, so that joining
 //! a long line costs one ask per account rather than a pass over everyone. Nothing earlier in the
 //! line needs asking again: since the last pass, every change that could grant an earlier waiter
@@ -19,7 +20,7 @@ use crate::demand::Demand;
 use crate::error::AdmitError;
 use crate::event::EventKind;
 use crate::gate::{GateAnswer, GateView};
-use crate::sync::MonitorGuard;
+use crate::sync::{MonitorGuard, Ordering};
 
 use super::ask::{Attempt, Head, Learn, ask_demand, earlier, panic_message};
 use super::cell::{Cell, Outcome};
@@ -64,7 +65,14 @@ impl Shared {
         timeout: Option<Duration>,
     ) -> Begin {
         let mut out = self.outbox();
-        let (begun, ring) = match self.begin_locked(demand, ctx, timeout, &mut out) {
+        let (demand, asked) = match self.begin_unlocked(demand, ctx, &mut out) {
+            Ok(outcome) => {
+                self.deliver(out);
+                return Begin::Done(outcome);
+            }
+            Err(not_granted) => not_granted,
+        };
+        let (begun, ring) = match self.begin_locked(demand, asked, ctx, timeout, &mut out) {
             Ok(parked) => parked,
             Err(outcome) => (Begin::Done(outcome), false),
         };
@@ -75,11 +83,84 @@ impl Shared {
         begun
     }
 
+    /// The fast path without the monitor lock, for a monitor without a gate whose line is empty:
+    /// every account asked once, as the head. `Ok(outcome)` when granted (or refused for good);
+    /// `Err((demand, asked))` hands the demand to the locked arrival, having taken nothing
+    /// (`asked`: an account said "not now", so the locked arrival parks it without a second
+    /// fast path: the ask at the line's tail follows).
+    ///
+    /// Why no lock is needed: an empty line has no head to respect, and a parker publishes
+    /// `parked > 0` before it asks anything, so an arrival that read zero is ordered before every
+    /// waiter it could overtake. What an attempt takes and gives back because one account said
+    /// "not now" is given back muted (`ask.rs`); a parker that published in the meantime may have
+    /// been refused for what was given back, so the doorbell is rung for it (a giver that read
+    /// `parked` after its give: the Dekker argument of `evaluator.rs`). A stop or a close clears
+    /// `open` under the lock; a grant that finds it cleared after taking gives everything back.
+    /// Checked by the loom model `loom_unlocked_fast_path_racing_a_park_never_loses_the_wake_up`.
+    #[inline]
+    fn begin_unlocked(
+        self: &Arc<Shared>,
+        demand: Demand,
+        ctx: &JobContext,
+        out: &mut Outbox<'_>,
+    ) -> Result<Outcome, (Demand, bool)> {
+        if self.gate.is_some()
+            || !self.open.load(Ordering::SeqCst)
+            || self.bell.parked.load(Ordering::SeqCst) != 0
+            || ctx.is_cancelled()
+            || demand.check_requirements().is_err()
+        {
+            return Err((demand, false));
+        }
+        let mut short = Vec::new();
+        match ask_demand(
+            &self.bell,
+            &demand,
+            ctx,
+            None,
+            Learn::FirstShort,
+            &mut short,
+        ) {
+            Attempt::Granted if self.open.load(Ordering::SeqCst) => {
+                out.event(EventKind::GrantedImmediate, ctx, || {
+                    entry_events(demand.entries())
+                });
+                Ok(Ok(self.grant(demand, ctx, Duration::ZERO, Waits::none())))
+            }
+            Attempt::Granted => {
+                // Stopped or closed while taking: give it all back; the locked arrival refuses.
+                for entry in demand.entries() {
+                    entry.account().give(entry.amount());
+                }
+                Err((demand, false))
+            }
+            Attempt::Held { .. } => {
+                self.ring_for_given_back();
+                Err((demand, true))
+            }
+            Attempt::Refused(error) => {
+                self.ring_for_given_back();
+                out.rejected(ctx, &demand, &error);
+                Ok(Err(error))
+            }
+        }
+    }
+
+    /// After an unlocked attempt gave back (muted) what it took: a waiter that parked meanwhile
+    /// may have been refused for it, so it gets the pass the give would have rung for.
+    #[cold]
+    fn ring_for_given_back(&self) {
+        if self.bell.someone_waiting() {
+            self.bell.ring();
+        }
+    }
+
     /// The arrival under the lock: `Ok((parked, ring))` for a parked waiter (`ring` when the
     /// evaluator must run a pass for it), `Err(outcome)` when it is done at once.
     fn begin_locked(
         self: &Arc<Shared>,
         demand: Demand,
+        asked: bool,
         ctx: &JobContext,
         timeout: Option<Duration>,
         out: &mut Outbox<'_>,
@@ -106,7 +187,7 @@ impl Shared {
         // True when the waiter about to park is behind the gate: the gate held it on the fast
         // path, or the head of the line is held on the gate (the sharp rule, applied here).
         let mut gate_held = false;
-        if st.queue.is_empty() {
+        if st.queue.is_empty() && !asked {
             match self.fast_path(&mut st, &demand, ctx, &mut gate_held, out) {
                 Ok(true) => {
                     drop(st);
@@ -342,13 +423,7 @@ impl Shared {
         wall_wait: Duration,
         waits: Waits,
     ) -> Grant {
-        Grant::new(
-            demand.into_entries(),
-            self.clone(),
-            ctx.clone(),
-            wall_wait,
-            waits,
-        )
+        Grant::new(demand, self.clone(), ctx.clone(), wall_wait, waits)
     }
 
     /// Installs the doorbell in `account`'s wake slot, once per account.

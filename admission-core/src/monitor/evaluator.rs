@@ -25,7 +25,7 @@
 use std::cell::Cell;
 use std::time::Duration;
 
-use crate::clock::{Clock, Instant};
+use crate::clock::{Clock, Instant, WakeFn};
 use crate::sync::{AtomicBool, AtomicUsize, Condvar, Mutex, Ordering, fence, thread_local};
 
 thread_local! {
@@ -52,9 +52,25 @@ pub(crate) fn handing_off(bell: &Doorbell, give_back: impl FnOnce()) {
     give_back();
 }
 
+/// The key of the wake-up muted on this thread (0: none), as [`WakeSlot::notify`] compares it
+/// with the key of the callback it holds, to skip its lock and the call.
+///
+/// [`WakeSlot::notify`]: crate::WakeSlot::notify
+pub(crate) fn muted() -> usize {
+    HANDING_OFF.with(|h| h.get())
+}
+
+/// A wake-up callback's key: its address.
+pub(crate) fn wake_key(wake: &WakeFn) -> usize {
+    std::sync::Arc::as_ptr(wake) as *const () as usize
+}
+
 pub(crate) struct Doorbell {
     /// How many waiters are parked in the line; written only under the monitor lock.
     pub(crate) parked: AtomicUsize,
+    /// The key ([`wake_key`]) of the monitor's callback that rings this bell, set once before
+    /// the callback is installed anywhere: what a hand-off mutes.
+    mute: AtomicUsize,
     rung: AtomicBool,
     lock: Mutex<()>,
     cv: Condvar,
@@ -64,6 +80,7 @@ impl Doorbell {
     pub(crate) fn new() -> Doorbell {
         Doorbell {
             parked: AtomicUsize::new(0),
+            mute: AtomicUsize::new(0),
             rung: AtomicBool::new(false),
             lock: Mutex::new(()),
             cv: Condvar::new(),
@@ -80,7 +97,12 @@ impl Doorbell {
 
     /// This doorbell's identity for [`handing_off`]: its address.
     fn identity(&self) -> usize {
-        std::ptr::from_ref(self) as usize
+        self.mute.load(Ordering::Relaxed)
+    }
+
+    /// Names `kick` as the callback that rings this bell, the one a hand-off mutes.
+    pub(crate) fn rung_by(&self, kick: &WakeFn) {
+        self.mute.store(wake_key(kick), Ordering::Relaxed);
     }
 
     /// Rings only if someone is parked (see the module docs for why this loses no wake-up), and

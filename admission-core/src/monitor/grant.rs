@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::clock::Instant;
 use crate::context::JobContext;
-use crate::demand::Entry;
+use crate::demand::{Demand, Entry};
 
 /// What a grant gives back to: the monitor that made it.
 pub(crate) trait Owner: Send + Sync + 'static {
@@ -68,7 +68,8 @@ impl Hold {
 /// ```
 #[must_use = "dropping a grant releases it at once"]
 pub struct Grant {
-    entries: Vec<Entry>,
+    /// The demand granted, shared with the caller's copy (no entry is copied).
+    demand: Demand,
     owner: Arc<dyn Owner>,
     ctx: JobContext,
     wall_wait: Duration,
@@ -96,14 +97,14 @@ impl Waits {
 
 impl Grant {
     pub(crate) fn new(
-        entries: Vec<Entry>,
+        demand: Demand,
         owner: Arc<dyn Owner>,
         ctx: JobContext,
         wall_wait: Duration,
         waits: Waits,
     ) -> Grant {
         Grant {
-            entries,
+            demand,
             owner,
             ctx,
             wall_wait,
@@ -127,7 +128,8 @@ impl Grant {
         if std::mem::replace(&mut self.settled, true) {
             return;
         }
-        self.owner.settle(&self.entries, &self.ctx, everything);
+        self.owner
+            .settle(self.demand.entries(), &self.ctx, everything);
     }
 
     /// True once released or rolled back.
@@ -150,7 +152,7 @@ impl Grant {
             .iter()
             .map(|hold| {
                 let name = match hold.entry {
-                    Some(i) => self.entries[i].account().name(),
+                    Some(i) => self.demand.entries()[i].account().name(),
                     None => self.owner.gate_name(),
                 };
                 let until = hold.until.unwrap_or(*granted_at);
@@ -161,12 +163,12 @@ impl Grant {
 
     /// What was granted, in the demand's order.
     pub fn entries(&self) -> &[Entry] {
-        &self.entries
+        self.demand.entries()
     }
 
     /// True for an orchestrator's grant (nothing on any account).
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.demand.is_empty()
     }
 
     /// The job the grant belongs to.
@@ -185,7 +187,7 @@ impl fmt::Debug for Grant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Grant")
             .field("job", &self.ctx.id())
-            .field("entries", &self.entries)
+            .field("entries", &self.entries())
             .field("wall_wait", &self.wall_wait)
             .field("settled", &self.settled)
             .finish()

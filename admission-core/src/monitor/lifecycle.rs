@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::clock::Instant;
 use crate::error::{AdmitError, StartError};
-use crate::sync::thread;
+use crate::sync::{Ordering, thread};
 
 use super::evaluator;
 use super::line::{Phase, State, Waiter};
@@ -142,6 +142,7 @@ impl Shared {
         tracing::error!(%cause, "admission closed by a defect");
         let cause: Arc<str> = Arc::from(cause);
         st.phase = Phase::Closed(cause.clone());
+        self.open.store(false, Ordering::SeqCst);
         let error = AdmitError::Closed { cause };
         self.drain_locked(st, out, &error);
         self.unwatch_locked(st);
@@ -155,6 +156,7 @@ impl Shared {
             let mut st = self.state.lock();
             if matches!(st.phase, Phase::Open) {
                 st.phase = Phase::Stopped;
+                self.open.store(false, Ordering::SeqCst);
                 self.drain_locked(&mut st, &mut out, &AdmitError::Shutdown);
             }
             self.unwatch_locked(&mut st);

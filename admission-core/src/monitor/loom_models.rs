@@ -5,7 +5,8 @@
 //! (a) a fast path racing a give, (b) an arrival asked at the line's tail racing a give,
 //! (c) an abandoned or cancelled waiter racing its grant, (d) `stop` racing an admit, (e) the
 //! first park starting the evaluator racing `stop`, (f) a blocking waiter's own expiry racing its
-//! grant.
+//! grant, (g) an ask that takes then gives back racing a give, (h) the unlocked fast path giving
+//! back (muted) what a parker was refused for, (i) the unlocked fast path racing `stop`.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use loom::thread;
 
 use crate::{
     Account, AccountStatus, AdmitError, Amount, Answer, Ask, Category, Demand, Instant, JobContext,
-    Monitor, Replenishment, WakeFn, WakeSlot,
+    Monitor, Refusal, Replenishment, WakeFn, WakeSlot,
 };
 
 /// A counting gate whose counter sits under a loom-visible lock: a real account's lock is what
@@ -22,6 +23,8 @@ use crate::{
 /// `evaluator.rs`), so the model must see it too.
 struct Gate {
     free: crate::sync::Mutex<u64>,
+    /// More than this is refused for good.
+    capacity: u64,
     wake: WakeSlot,
 }
 
@@ -44,8 +47,12 @@ impl AccountStatus for GateStatus {
 
 impl Gate {
     fn new(free: u64) -> Arc<Gate> {
+        Gate::with_capacity(free, u64::MAX)
+    }
+    fn with_capacity(free: u64, capacity: u64) -> Arc<Gate> {
         Arc::new(Gate {
             free: crate::sync::Mutex::new(free),
+            capacity,
             wake: WakeSlot::new(),
         })
     }
@@ -65,6 +72,9 @@ impl Account for Gate {
         Replenishment::Release
     }
     fn ask(&self, mine: Amount, ask: Ask) -> Answer {
+        if mine.primary() > self.capacity {
+            return Answer::Never(Refusal::too_large(mine, Amount::units(self.capacity)));
+        }
         let mut free = self.free.lock();
         if mine.primary() + ask.reserved_ahead().primary() <= *free {
             if ask.takes() {
@@ -316,5 +326,66 @@ fn loom_an_ask_that_takes_then_gives_back_racing_a_give_never_loses_the_wake_up(
         drop(grant);
         monitor.stop();
         assert_eq!((plenty.free(), scarce.free()), (1, 1));
+    });
+}
+
+#[test]
+fn loom_unlocked_fast_path_racing_a_park_never_loses_the_wake_up() {
+    loom::model(|| {
+        let monitor = Monitor::new();
+        monitor.start().unwrap();
+        // `a` has one permit both jobs want. The first job also asks `b` for more than it will
+        // ever have: having taken `a` without the monitor lock, it gives it back (muted) and is
+        // refused, so it never parks (a waiter leaving the line would run a pass for the other).
+        let (a, b) = (Gate::new(1), Gate::with_capacity(1, 1));
+        let (m, a1, b1) = (monitor.clone(), a.clone(), b.clone());
+        let too_big = thread::spawn(move || {
+            let demand = Demand::new()
+                .with(a1.clone(), Amount::ONE)
+                .with(b1.clone(), Amount::units(2));
+            m.admit_blocking(demand, &JobContext::new("too big"), None)
+        });
+        let (m, a2) = (monitor.clone(), a.clone());
+        let one_of_a =
+            thread::spawn(move || m.admit_blocking(one(&a2), &JobContext::new("a"), None));
+        assert!(matches!(
+            too_big.join().unwrap(),
+            Err(AdmitError::Refused { .. })
+        ));
+        let grant = one_of_a
+            .join()
+            .unwrap()
+            .expect("granted once the give-back lands");
+        assert_eq!(a.free(), 0);
+        drop(grant);
+        monitor.stop();
+        assert_eq!((a.free(), b.free()), (1, 1));
+        assert_eq!(monitor.queue_size(), 0);
+    });
+}
+
+#[test]
+fn loom_unlocked_fast_path_racing_stop_grants_before_it_or_takes_nothing() {
+    loom::model(|| {
+        let monitor = Monitor::new();
+        let gate = Gate::new(1);
+        let (m, g) = (monitor.clone(), gate.clone());
+        let asker =
+            thread::spawn(move || m.admit_blocking(one(&g), &JobContext::new("asker"), None));
+        monitor.stop();
+        match asker.join().unwrap() {
+            Ok(grant) => {
+                assert_eq!(gate.free(), 0);
+                drop(grant);
+            }
+            Err(AdmitError::Shutdown) => {}
+            Err(other) => panic!("expected a grant or Shutdown, got {other}"),
+        }
+        assert_eq!(gate.free(), 1, "a grant rolled back at stop kept a permit");
+        assert_eq!(monitor.queue_size(), 0);
+        assert!(matches!(
+            monitor.admit_blocking(one(&gate), &JobContext::new("late"), None),
+            Err(AdmitError::Shutdown)
+        ));
     });
 }

@@ -12,7 +12,7 @@ use crate::clock::{Clock, WakeFn};
 use crate::error::AdmitError;
 use crate::event::EventSink;
 use crate::gate::Gate;
-use crate::sync::{MonitorLock, Ordering};
+use crate::sync::{AtomicBool, MonitorLock, Ordering};
 
 use super::evaluator::Doorbell;
 use super::line::{OwnLine, Phase, State};
@@ -23,6 +23,9 @@ pub(crate) struct Shared {
     pub(crate) gate: Option<Arc<dyn Gate>>,
     /// The monitor lock. Never held while waking or emitting.
     pub(crate) state: OwnLine<MonitorLock<State>>,
+    /// True while the phase is [`Phase::Open`]: the lock-free fast path's view of it. Cleared
+    /// under the monitor lock, with the phase.
+    pub(crate) open: AtomicBool,
     pub(crate) bell: Arc<Doorbell>,
     /// The callback installed in accounts' wake slots, the gate and the clock.
     pub(crate) kick: WakeFn,
@@ -45,6 +48,7 @@ impl Shared {
         let bell = Arc::new(Doorbell::new());
         let for_kick = bell.clone();
         let kick: WakeFn = Arc::new(move || for_kick.ring_if_waiting());
+        bell.rung_by(&kick);
         if let Some(gate) = &gate {
             gate.on_change(Some(kick.clone()));
         }
@@ -52,6 +56,7 @@ impl Shared {
             clock,
             gate,
             state: OwnLine(MonitorLock::new(State::new())),
+            open: AtomicBool::new(true),
             bell,
             kick,
             manual,
