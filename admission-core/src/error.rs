@@ -100,6 +100,42 @@ impl AdmitError {
     }
 }
 
+/// Why [`Monitor::try_admit`](crate::Monitor::try_admit) granted nothing.
+///
+/// Unlike [`AdmitError`], this has a "not now": a try never waits, so a demand that would have
+/// waited is an outcome of its own. Nothing was taken in either case.
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TryAdmitError {
+    /// The demand would have to wait: others are already waiting (a try never overtakes the
+    /// line), or an account, or the gate, has no room for it now.
+    #[error("job {job} would have to wait: {}", WouldWaitFor(*.waiting, .short.as_deref()))]
+    WouldWait {
+        /// The job's id.
+        job: u64,
+        /// How many waiters were already in the line (0 when an account was short).
+        waiting: usize,
+        /// The account (or gate) that had no room, when one was asked.
+        short: Option<String>,
+    },
+    /// Waiting would not help: what [`admit`](crate::Monitor::admit) would have failed with.
+    #[error(transparent)]
+    Admit(#[from] AdmitError),
+}
+
+/// The reason part of [`TryAdmitError::WouldWait`]'s message.
+struct WouldWaitFor<'a>(usize, Option<&'a str>);
+
+impl std::fmt::Display for WouldWaitFor<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WouldWaitFor(_, Some(short)) => write!(f, "`{short}` has no room for it now"),
+            WouldWaitFor(1, None) => f.write_str("1 job is already waiting"),
+            WouldWaitFor(n, None) => write!(f, "{n} jobs are already waiting"),
+        }
+    }
+}
+
 /// `start()` was called on a monitor whose evaluator already runs (or ran).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

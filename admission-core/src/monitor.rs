@@ -30,7 +30,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use grant::Grant;
+pub use grant::{BorrowedGrant, Grant};
 pub use wait::Admit;
 
 use shared::Shared;
@@ -38,7 +38,7 @@ use shared::Shared;
 use crate::clock::{Clock, SystemClock};
 use crate::context::JobContext;
 use crate::demand::Demand;
-use crate::error::{AdmitError, StartError};
+use crate::error::{AdmitError, StartError, TryAdmitError};
 use crate::event::EventSink;
 use crate::gate::Gate;
 
@@ -276,6 +276,58 @@ impl Monitor {
         timeout: Option<Duration>,
     ) -> Result<Grant, AdmitError> {
         wait::admit_blocking(&self.shared, demand, ctx, timeout)
+    }
+
+    /// Grants `demand` now, whole, or nothing, and never waits: tokio's `try_acquire` for many
+    /// limits at once.
+    ///
+    /// A try never overtakes the line: while anyone waits it answers
+    /// [`TryAdmitError::WouldWait`], as it does when an account (or the gate) has no room now.
+    /// What [`admit`](Monitor::admit) would refuse for good it refuses alike
+    /// ([`TryAdmitError::Admit`]). The grant borrows the demand, the job and the monitor, so a
+    /// prebuilt demand is tried again and again without a copy; with no gate, the whole try
+    /// takes no lock of the monitor's and allocates nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`TryAdmitError::WouldWait`] naming what is short (or how many wait), nothing taken;
+    /// [`TryAdmitError::Admit`] for a demand that can never fit, a cancelled job, an unmet
+    /// requirement, or a stopped or closed monitor.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use admission_accounts::CountingGate;
+    /// use admission_core::{Amount, Demand, JobContext, Monitor, TryAdmitError};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let monitor = Monitor::new();
+    /// let http = Arc::new(CountingGate::on_system_clock("http", 1)?);
+    /// let db = Arc::new(CountingGate::on_system_clock("db", 1)?);
+    /// let both = Demand::new().with(http.clone(), Amount::ONE).with(db.clone(), Amount::ONE);
+    /// let job = JobContext::new("job");
+    ///
+    /// let held = monitor.try_admit(&Demand::new().with(db.clone(), Amount::ONE), &job)?;
+    /// match monitor.try_admit(&both, &job) {
+    ///     Err(TryAdmitError::WouldWait { short, .. }) => assert_eq!(short.as_deref(), Some("db")),
+    ///     other => panic!("expected to wait, got {other:?}"),
+    /// }
+    /// assert_eq!(http.available(), 1, "nothing taken when the demand would wait");
+    /// drop(held);
+    /// let grant = monitor.try_admit(&both, &job)?;
+    /// assert_eq!((http.available(), db.available()), (0, 0));
+    /// drop(grant);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn try_admit<'a>(
+        &'a self,
+        demand: &'a Demand,
+        ctx: &'a JobContext,
+    ) -> Result<BorrowedGrant<'a>, TryAdmitError> {
+        self.shared.try_take(demand, ctx)?;
+        Ok(BorrowedGrant::new(&*self.shared, demand, ctx))
     }
 }
 

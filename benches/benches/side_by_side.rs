@@ -10,7 +10,9 @@
 //!   `try_acquire`. This is the floor any rate limit costs. The elastic window's take of one
 //!   request (`ours_elastic_window_take_1`) is judged against governor's `check` too.
 //! - `semaphore` (item 2): admit and release one permit of a `CountingGate` through the monitor,
-//!   against tokio's `Semaphore::try_acquire_many` and a drop.
+//!   against tokio's `Semaphore::try_acquire_many` and a drop: `admit_blocking` (an owned
+//!   `Grant`, the demand cloned in) and `try_admit` (a `BorrowedGrant` of a prebuilt demand,
+//!   as tokio's `try_acquire` returns a permit that borrows its semaphore).
 //! - `semaphore_contended` (item 2): 64 tasks on a two-worker tokio runtime, each acquiring and
 //!   releasing 10,000 times a gate of 8 permits; the whole run's wall time. Each task holds its
 //!   permit across one `yield_now`, as a real job holds it across its call: without an await
@@ -19,7 +21,8 @@
 //!   acquisition paths fought over by two threads, with no waiting.
 //! - `three_limits` (item 3): one admit over an HTTP gate, a token bucket and a database gate,
 //!   against the chain written by hand today (tokio semaphore, governor `check_n`, tokio
-//!   semaphore). The quota that chain leaks when its last limit refuses is counted by the
+//!   semaphore), with `admit_blocking` (demand cloned or built per call) and `try_admit` (the
+//!   prebuilt demand borrowed). The quota that chain leaks when its last limit refuses is counted by the
 //!   `scarce_and_wakes` harness, not timed here.
 //! - `pass_over_10k_parked` (item 6): one evaluator pass (`Monitor::pass_now`) over 10,000
 //!   parked waiters that all stay parked, with a "floor" that asks the same accounts the same
@@ -36,7 +39,7 @@ use std::time::{Duration, Instant};
 use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
 use admission_accounts::token_bucket::TokenBucketConfig;
 use admission_accounts::{CountingGate, TokenBucket};
-use admission_benches::support::{self, ParkedLine, admit_release};
+use admission_benches::support::{self, ParkedLine, admit_release, try_admit_release};
 use admission_core::{AccountRef, Amount, Ask, Demand, JobContext, Monitor, SystemClock};
 use admission_testkit::monitor::poll_once;
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
@@ -171,6 +174,9 @@ fn semaphore(c: &mut Criterion) {
     let mut group = c.benchmark_group("semaphore");
     group.bench_function("ours_admit_blocking_release", |b| {
         b.iter(|| admit_release(&monitor, demand.clone(), &job))
+    });
+    group.bench_function("ours_try_admit_release", |b| {
+        b.iter(|| try_admit_release(&monitor, &demand, &job))
     });
     group.bench_function("ours_admit_future_polled_once_release", |b| {
         b.iter(|| {
@@ -318,6 +324,9 @@ fn three_limits(c: &mut Criterion) {
     });
     group.bench_function("ours_fresh_demand", |b| {
         b.iter(|| admit_release(&ours.monitor, ours.demand(), &job))
+    });
+    group.bench_function("ours_try_admit", |b| {
+        b.iter(|| try_admit_release(&ours.monitor, &prebuilt, &job))
     });
     group.bench_function("chain_tokio_governor_tokio", |b| {
         b.iter_custom(|iters| {

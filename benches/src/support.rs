@@ -89,6 +89,15 @@ pub fn admit_release(monitor: &Monitor, demand: Demand, job: &JobContext) {
     drop(black_box(grant));
 }
 
+/// One `try_admit` of a prebuilt `demand` on behalf of `job`, granted, and its borrowed grant
+/// dropped (released).
+pub fn try_admit_release(monitor: &Monitor, demand: &Demand, job: &JobContext) {
+    let grant = monitor
+        .try_admit(demand, job)
+        .expect("an uncontended demand is granted");
+    drop(black_box(grant));
+}
+
 /// Runs `op` `iters` times on the bench thread and on one more thread, released together by a
 /// barrier, and answers the slower thread's wall time: the time per operation of one thread
 /// while the other competes for the same `shared` limiter.

@@ -17,7 +17,7 @@ use crate::account::{AccountRef, account_key};
 use crate::clock::Instant;
 use crate::context::JobContext;
 use crate::demand::Demand;
-use crate::error::AdmitError;
+use crate::error::{AdmitError, TryAdmitError};
 use crate::event::EventKind;
 use crate::gate::{GateAnswer, GateView};
 use crate::sync::{MonitorGuard, Ordering};
@@ -40,6 +40,18 @@ pub(crate) enum Begin {
         /// When the waiter times out, on the monitor's clock.
         deadline: Option<Instant>,
     },
+}
+
+/// What the unlocked fast path made of a demand.
+enum Unlocked {
+    /// Taken whole.
+    Taken,
+    /// Refused for good (an account's "never"); the rejection is in the outbox.
+    Refused(AdmitError),
+    /// Not now: nothing taken; the first entry short, when known.
+    Held(Option<usize>),
+    /// Not asked: the lock decides (a gate, a line, a phase, a cancelled job, a requirement).
+    Skipped,
 }
 
 /// What asking a newcomer at the line's tail made of it.
@@ -83,11 +95,27 @@ impl Shared {
         begun
     }
 
-    /// The fast path without the monitor lock, for a monitor without a gate whose line is empty:
-    /// every account asked once, as the head. `Ok(outcome)` when granted (or refused for good);
+    /// [`Shared::take_unlocked`] for an admit: `Ok(outcome)` when granted (or refused for good);
     /// `Err((demand, asked))` hands the demand to the locked arrival, having taken nothing
     /// (`asked`: an account said "not now", so the locked arrival parks it without a second
     /// fast path: the ask at the line's tail follows).
+    #[inline]
+    fn begin_unlocked(
+        self: &Arc<Shared>,
+        demand: Demand,
+        ctx: &JobContext,
+        out: &mut Outbox<'_>,
+    ) -> Result<Outcome, (Demand, bool)> {
+        match self.take_unlocked(&demand, ctx, out) {
+            Unlocked::Taken => Ok(Ok(self.grant(demand, ctx, Duration::ZERO, Waits::none()))),
+            Unlocked::Refused(error) => Ok(Err(error)),
+            Unlocked::Held(_) => Err((demand, true)),
+            Unlocked::Skipped => Err((demand, false)),
+        }
+    }
+
+    /// The fast path without the monitor lock, for a monitor without a gate whose line is empty:
+    /// every account asked once, as the head; taken whole or not at all.
     ///
     /// Why no lock is needed: an empty line has no head to respect, and a parker publishes
     /// `parked > 0` before it asks anything, so an arrival that read zero is ordered before every
@@ -96,53 +124,113 @@ impl Shared {
     /// been refused for what was given back, so the doorbell is rung for it (a giver that read
     /// `parked` after its give: the Dekker argument of `evaluator.rs`). A stop or a close clears
     /// `open` under the lock; a grant that finds it cleared after taking gives everything back.
-    /// Checked by the loom model `loom_unlocked_fast_path_racing_a_park_never_loses_the_wake_up`.
+    /// Checked by the loom models `loom_unlocked_fast_path_racing_a_park_never_loses_the_wake_up`
+    /// and `loom_unlocked_fast_path_racing_stop_grants_before_it_or_takes_nothing`.
     #[inline]
-    fn begin_unlocked(
-        self: &Arc<Shared>,
-        demand: Demand,
-        ctx: &JobContext,
-        out: &mut Outbox<'_>,
-    ) -> Result<Outcome, (Demand, bool)> {
+    fn take_unlocked(&self, demand: &Demand, ctx: &JobContext, out: &mut Outbox<'_>) -> Unlocked {
         if self.gate.is_some()
             || !self.open.load(Ordering::SeqCst)
             || self.bell.parked.load(Ordering::SeqCst) != 0
             || ctx.is_cancelled()
             || demand.check_requirements().is_err()
         {
-            return Err((demand, false));
+            return Unlocked::Skipped;
         }
         let mut short = Vec::new();
-        match ask_demand(
-            &self.bell,
-            &demand,
-            ctx,
-            None,
-            Learn::FirstShort,
-            &mut short,
-        ) {
+        match ask_demand(&self.bell, demand, ctx, None, Learn::FirstShort, &mut short) {
             Attempt::Granted if self.open.load(Ordering::SeqCst) => {
                 out.event(EventKind::GrantedImmediate, ctx, || {
                     entry_events(demand.entries())
                 });
-                Ok(Ok(self.grant(demand, ctx, Duration::ZERO, Waits::none())))
+                Unlocked::Taken
             }
             Attempt::Granted => {
-                // Stopped or closed while taking: give it all back; the locked arrival refuses.
+                // Stopped or closed while taking: give it all back; the locked path refuses.
                 for entry in demand.entries() {
                     entry.account().give(entry.amount());
                 }
-                Err((demand, false))
+                Unlocked::Skipped
             }
             Attempt::Held { .. } => {
                 self.ring_for_given_back();
-                Err((demand, true))
+                Unlocked::Held(short.first().copied().flatten())
             }
             Attempt::Refused(error) => {
                 self.ring_for_given_back();
-                out.rejected(ctx, &demand, &error);
-                Ok(Err(error))
+                out.rejected(ctx, demand, &error);
+                Unlocked::Refused(error)
             }
+        }
+    }
+
+    /// Takes `demand` now or not at all, never parking (`Monitor::try_admit`): unlocked when it
+    /// can be, else under the lock with the line empty.
+    pub(crate) fn try_take(&self, demand: &Demand, ctx: &JobContext) -> Result<(), TryAdmitError> {
+        let mut out = self.outbox();
+        let taken = match self.take_unlocked(demand, ctx, &mut out) {
+            Unlocked::Taken => Ok(()),
+            Unlocked::Refused(error) => Err(error.into()),
+            Unlocked::Held(short) => Err(TryAdmitError::WouldWait {
+                job: ctx.id(),
+                waiting: 0,
+                short: short.map(|i| demand.entries()[i].account().name().to_owned()),
+            }),
+            Unlocked::Skipped => self.try_take_locked(demand, ctx, &mut out),
+        };
+        self.deliver(out);
+        taken
+    }
+
+    /// [`Shared::try_take`] under the monitor lock: a gate, a line, a phase or a job's state
+    /// that the unlocked path leaves to the lock.
+    fn try_take_locked(
+        &self,
+        demand: &Demand,
+        ctx: &JobContext,
+        out: &mut Outbox<'_>,
+    ) -> Result<(), TryAdmitError> {
+        let refused = |out: &mut Outbox<'_>, error: AdmitError| {
+            out.rejected(ctx, demand, &error);
+            Err(TryAdmitError::Admit(error))
+        };
+        if ctx.is_cancelled() {
+            let error = AdmitError::Cancelled {
+                job: ctx.id(),
+                waited: Duration::ZERO,
+            };
+            return refused(out, error);
+        }
+        if let Err(error) = demand.check_requirements() {
+            return refused(out, error);
+        }
+        let mut st = self.state.lock();
+        if let Some(error) = Self::phase_error(&st.phase) {
+            drop(st);
+            return refused(out, error);
+        }
+        if !st.queue.is_empty() {
+            return Err(TryAdmitError::WouldWait {
+                job: ctx.id(),
+                waiting: st.queue.len(),
+                short: None,
+            });
+        }
+        let mut gate_held = false;
+        let taken = self.fast_path(&mut st, demand, ctx, &mut gate_held, out);
+        drop(st);
+        match taken {
+            Ok(true) => {
+                out.event(EventKind::GrantedImmediate, ctx, || {
+                    entry_events(demand.entries())
+                });
+                Ok(())
+            }
+            Ok(false) => Err(TryAdmitError::WouldWait {
+                job: ctx.id(),
+                waiting: 0,
+                short: gate_held.then(|| self.gate_name().to_owned()),
+            }),
+            Err(error) => refused(out, error),
         }
     }
 

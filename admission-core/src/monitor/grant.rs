@@ -21,6 +21,9 @@ pub(crate) trait Owner: Send + Sync + 'static {
 
     /// The gate's name, as a grant reports a wait on it.
     fn gate_name(&self) -> &str;
+
+    /// This owner as a shared handle, for a borrowed grant turned into an owned one.
+    fn to_shared(&self) -> Arc<dyn Owner>;
 }
 
 /// One account's hold on a waiter, kept for [`Grant::wait_times`].
@@ -189,6 +192,117 @@ impl fmt::Debug for Grant {
             .field("job", &self.ctx.id())
             .field("entries", &self.entries())
             .field("wall_wait", &self.wall_wait)
+            .field("settled", &self.settled)
+            .finish()
+    }
+}
+
+/// A grant that borrows its monitor, its demand and its job: what
+/// [`Monitor::try_admit`](crate::Monitor::try_admit) returns, as tokio's `try_acquire` returns a
+/// `SemaphorePermit` that borrows its semaphore.
+///
+/// It behaves as a [`Grant`] (settled once, by [`release`](BorrowedGrant::release),
+/// [`rollback`](BorrowedGrant::rollback) or the drop), but making and settling it copies
+/// nothing and counts no reference: no allocation, no atomic operation besides the accounts' own.
+/// [`into_owned`](BorrowedGrant::into_owned) turns it into a [`Grant`] for a grant that must
+/// outlive the borrow (moved into a spawned task).
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use admission_accounts::CountingGate;
+/// use admission_core::{Amount, Demand, JobContext, Monitor};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let monitor = Monitor::new();
+/// let db = Arc::new(CountingGate::on_system_clock("db", 1)?);
+/// let demand = Demand::new().with(db.clone(), Amount::ONE);
+/// let job = JobContext::new("job");
+/// let grant = monitor.try_admit(&demand, &job)?;
+/// assert!(monitor.try_admit(&demand, &job).is_err(), "the one permit is out");
+/// drop(grant);
+/// assert_eq!(db.available(), 1);
+/// # Ok(())
+/// # }
+/// ```
+#[must_use = "dropping a grant releases it at once"]
+pub struct BorrowedGrant<'a> {
+    owner: &'a dyn Owner,
+    demand: &'a Demand,
+    ctx: &'a JobContext,
+    settled: bool,
+}
+
+impl<'a> BorrowedGrant<'a> {
+    pub(crate) fn new(owner: &'a dyn Owner, demand: &'a Demand, ctx: &'a JobContext) -> Self {
+        BorrowedGrant {
+            owner,
+            demand,
+            ctx,
+            settled: false,
+        }
+    }
+
+    /// Returns what the job held, as [`Grant::release`] does.
+    pub fn release(&mut self) {
+        self.settle(false);
+    }
+
+    /// Returns everything, metered debits included, as [`Grant::rollback`] does.
+    pub fn rollback(&mut self) {
+        self.settle(true);
+    }
+
+    fn settle(&mut self, everything: bool) {
+        if std::mem::replace(&mut self.settled, true) {
+            return;
+        }
+        self.owner
+            .settle(self.demand.entries(), self.ctx, everything);
+    }
+
+    /// True once released or rolled back.
+    pub fn is_settled(&self) -> bool {
+        self.settled
+    }
+
+    /// What was granted, in the demand's order.
+    pub fn entries(&self) -> &[Entry] {
+        self.demand.entries()
+    }
+
+    /// The job the grant belongs to.
+    pub fn context(&self) -> &JobContext {
+        self.ctx
+    }
+
+    /// The same grant, owning what it borrowed (the demand and the job are cloned: a reference
+    /// count each). A grant already settled gives a settled one, which gives nothing back.
+    pub fn into_owned(mut self) -> Grant {
+        let mut owned = Grant::new(
+            self.demand.clone(),
+            self.owner.to_shared(),
+            self.ctx.clone(),
+            Duration::ZERO,
+            Waits::none(),
+        );
+        owned.settled = std::mem::replace(&mut self.settled, true);
+        owned
+    }
+}
+
+impl Drop for BorrowedGrant<'_> {
+    fn drop(&mut self) {
+        self.settle(false);
+    }
+}
+
+impl fmt::Debug for BorrowedGrant<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BorrowedGrant")
+            .field("job", &self.ctx.id())
+            .field("entries", &self.entries())
             .field("settled", &self.settled)
             .finish()
     }

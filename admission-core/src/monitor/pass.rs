@@ -466,6 +466,11 @@ impl Owner for Shared {
     fn gate_name(&self) -> &str {
         Shared::gate_name(self)
     }
+
+    fn to_shared(&self) -> Arc<dyn Owner> {
+        // A borrowed grant borrows a `Monitor`, which holds this `Shared` alive.
+        self.me.upgrade().expect("a borrowed grant's monitor is alive")
+    }
 }
 
 /// Why waiter `w` leaves the line at `now` before it is asked, if it does: its context was

@@ -11,6 +11,7 @@ mod gate;
 mod grant_and_demand;
 mod never_overdraw;
 mod soak;
+mod try_admit;
 
 use std::sync::Arc;
 
@@ -58,6 +59,7 @@ fn the_public_handles_are_send_and_sync() {
     fn send<T: Send>() {}
     send_sync::<Monitor>();
     send_sync::<admission_core::Grant>();
+    send_sync::<admission_core::BorrowedGrant<'static>>();
     send_sync::<Demand>();
     send_sync::<admission_core::JobContext>();
     send_sync::<admission_core::AdmitError>();
