@@ -50,8 +50,9 @@
 //! probing as its refund: the window cannot tell one request from another.
 //!
 //!
-//! Submodules: `log` (the stamps, run-length encoded), `throttle` (the stretch, in exact
-//! thousandths), `circuit` (the breaker's states) and `config` ([`ElasticWindowConfig`]).
+//! Submodules: `log` (the stamps, run-length encoded, counted from where the window began at
+//! the last count), `throttle` (the stretch, in exact thousandths), `circuit` (the breaker's
+//! states) and `config` ([`ElasticWindowConfig`]).
 
 mod circuit;
 mod config;
@@ -65,7 +66,7 @@ use std::time::Duration;
 
 use admission_core::{
     Account, AccountStatus, Amount, Answer, Ask, Capability, Category, Clock, Instant, Refusal,
-    Replenishment, SystemClock, WakeFn, WakeSlot,
+    Replenishment, SystemClock, WakeFn,
 };
 use parking_lot::{Mutex, MutexGuard};
 
@@ -164,15 +165,11 @@ pub struct ElasticWindow {
     probe_timeout: Duration,
     /// The one clock every instant is read from.
     clock: Arc<dyn Clock>,
-    /// Everything that changes; see [`State`].
+    /// Everything that changes, and the monitor's wake-up; see [`State`].
     state: Mutex<State>,
-    /// The monitor's wake-up: called after the lock is released, when capacity grows (a give, a
-    /// relaxation, the circuit closing) and when the circuit opens.
-    wake: WakeSlot,
 }
 
 /// The window's moving parts, all behind one lock so a check and its debit are one step.
-#[derive(Debug)]
 struct State {
     /// The latest instant any caller brought in; only ever raised, so time under this lock never
     /// goes back even when callers read the clock in a different order than they lock.
@@ -189,6 +186,11 @@ struct State {
     circuit: Circuit,
     /// The upstream's last failure text, tidied and cut to [`FAILURE_TEXT_LIMIT`] characters.
     last_failure: Option<String>,
+    /// The monitor's wake-up, called when capacity grows (a give, a relaxation, the circuit
+    /// closing) and when the circuit opens. Kept under the one lock and called while it is held
+    /// (a [`WakeFn`] is cheap and never blocks, and may be called under an account's lock), so a
+    /// give takes one lock, not a second one for a wake slot.
+    wake: Option<WakeFn>,
 }
 
 impl State {
@@ -201,6 +203,14 @@ impl State {
             window: base,
             circuit: Circuit::new(config.initial_cooldown),
             last_failure: None,
+            wake: None,
+        }
+    }
+
+    /// Calls the monitor's wake-up, if one is installed.
+    fn wake(&self) {
+        if let Some(wake) = &self.wake {
+            wake();
         }
     }
 
@@ -260,7 +270,6 @@ impl ElasticWindow {
             clock,
             state: Mutex::new(State::fresh(&config, base)),
             config,
-            wake: WakeSlot::new(),
         })
     }
 
@@ -328,8 +337,9 @@ impl ElasticWindow {
     /// assert_eq!(w.in_use(), 0);
     /// ```
     pub fn in_use(&self) -> u64 {
-        let (st, now) = self.lock_now();
-        st.log.in_use(now, st.window)
+        let (mut st, now) = self.lock_now();
+        let window = st.window;
+        st.log.in_use(now, window)
     }
 
     /// The effective window now: the base window times `1 + throttle`.
@@ -498,18 +508,20 @@ impl ElasticWindow {
     pub fn record_success(&self) {
         let (mut st, now) = self.lock_now();
         let relaxed = st.throttle.relax(now, self.config.successes_per_decrease);
-        st.restretch(self.base);
+        if relaxed {
+            st.restretch(self.base);
+        }
         let closed = st.circuit.succeed(self.config.initial_cooldown);
         let throttle = st.throttle.milli();
+        if relaxed || closed {
+            st.wake();
+        }
         drop(st);
         if closed {
             tracing::info!(limiter = %self.name, "elastic window circuit closed: the probe succeeded");
         }
         if relaxed {
             tracing::debug!(limiter = %self.name, throttle = milli_to_f64(throttle), "elastic window relaxed");
-        }
-        if relaxed || closed {
-            self.wake.notify();
         }
     }
 
@@ -552,6 +564,9 @@ impl ElasticWindow {
             self.config.max_cooldown,
         );
         let cooldown = st.circuit.cooldown();
+        if opened {
+            st.wake();
+        }
         drop(st);
         if opened {
             tracing::warn!(
@@ -560,7 +575,6 @@ impl ElasticWindow {
                 last_failure = %text,
                 "elastic window circuit opened: refusing every call until the cooldown ends"
             );
-            self.wake.notify();
         }
     }
 
@@ -622,7 +636,7 @@ impl ElasticWindow {
     /// assert_eq!(status.circuit, CircuitState::Healthy);
     /// ```
     pub fn status_record(&self) -> ElasticWindowStatus {
-        let (st, now) = self.lock_now();
+        let (mut st, now) = self.lock_now();
         let window = st.window;
         ElasticWindowStatus {
             name: self.name.clone(),
@@ -639,6 +653,7 @@ impl ElasticWindow {
     /// Reads the clock, then locks the state and brings it up to that instant: time under the
     /// lock never goes back, a probe past its timeout is given up, and stamps no window can
     /// count any more are forgotten.
+    #[inline]
     fn lock_now(&self) -> (MutexGuard<'_, State>, Instant) {
         let read = self.clock.now();
         let mut st = self.state.lock();
@@ -784,12 +799,12 @@ impl Account for ElasticWindow {
         let mut st = self.state.lock();
         let dropped = st.log.drop_newest(n);
         let reverted = st.circuit.refund();
+        if dropped > 0 || reverted {
+            st.wake();
+        }
         drop(st);
         if reverted {
             tracing::debug!(limiter = %self.name, "elastic window probe refunded without a verdict");
-        }
-        if dropped > 0 || reverted {
-            self.wake.notify();
         }
     }
 
@@ -810,11 +825,23 @@ impl Account for ElasticWindow {
         }
     }
 
+    /// Installs or clears the wake-up under the one lock; the callback replaced is dropped
+    /// after the lock is released.
     fn on_capacity_change(&self, wake: Option<WakeFn>) {
-        self.wake.install(wake);
+        let replaced = std::mem::replace(&mut self.state.lock().wake, wake);
+        drop(replaced);
     }
+    /// Clears the wake-up if it is `wake` (compared by address); one installed by someone else
+    /// since is left alone.
     fn forget_capacity_change(&self, wake: &WakeFn) {
-        self.wake.clear_if(wake);
+        let mut st = self.state.lock();
+        let cleared = if st.wake.as_ref().is_some_and(|held| Arc::ptr_eq(held, wake)) {
+            st.wake.take()
+        } else {
+            None
+        };
+        drop(st);
+        drop(cleared);
     }
 
     /// Always [`Capability::HTTP_CONNECTION`]: a call to the upstream needs a connection.

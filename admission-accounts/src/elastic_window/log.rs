@@ -7,6 +7,14 @@
 //! window and finding the k-th oldest of them are then two binary searches over the runs, and the
 //! log never holds more requests than the window's `max_requests`.
 //!
+//! Counting is the hot path (every ask counts), and the log can hold many runs that are outside
+//! the present window but still inside the widest one a throttle could stretch it to. So the
+//! log remembers where the window began at the last count (a [`Mark`]): with the same or a
+//! narrower window and a later instant, no run before that place can be inside again, and the
+//! boundary is found by stepping forward from it a few runs at most, falling back to the binary
+//! search when it has moved further. Each run is stepped over once per window length, so a count
+//! is amortised O(1) while time only moves forward, as it does under the window's lock.
+//!
 //! Everything here is plain data, touched only under the window's lock; it reads no clock.
 
 use std::collections::VecDeque;
@@ -29,7 +37,28 @@ pub(super) struct Log {
     /// run. Stamps strictly increase (a request taken at the newest run's instant joins it) and
     /// ends strictly increase, every end above `floor`; no run is empty.
     runs: VecDeque<(Instant, u64)>,
+    /// Where the window began at the last count: a hint, never needed for correctness.
+    mark: Mark,
 }
+
+/// A place in the log known to be at or before the oldest run inside a window.
+///
+/// Every run before `index` has left a window of `window` nanoseconds by `now`, so it has left
+/// any window at most that long at any instant from `now` on. Kept true as the log changes: a
+/// run leaving the front moves `index` down by one, runs leaving the back clamp it to the
+/// length, and new runs only ever join at the back.
+#[derive(Clone, Copy, Debug, Default)]
+struct Mark {
+    /// Runs before this index have left the window.
+    index: usize,
+    /// The instant of the count that set the mark.
+    now: Instant,
+    /// The window of that count, in nanoseconds.
+    window: u64,
+}
+
+/// How many runs a count steps forward from the mark before it searches instead.
+const STEPS: usize = 8;
 
 impl Log {
     /// An empty log.
@@ -62,26 +91,59 @@ impl Log {
             if leaves(at, widest) > now {
                 break;
             }
-            self.runs.pop_front();
+            self.pop_front();
             self.floor = end;
         }
     }
 
-    /// The index of the oldest run still inside a window of `window` nanoseconds at `now`.
-    fn first_inside(&self, now: Instant, window: u64) -> usize {
-        self.runs
-            .partition_point(|&(at, _)| leaves(at, window) <= now)
+    /// Drops the oldest run, keeping the mark on the same run.
+    fn pop_front(&mut self) {
+        self.runs.pop_front();
+        self.mark.index = self.mark.index.saturating_sub(1);
+    }
+
+    /// Drops the newest run, keeping the mark within the log.
+    fn pop_back(&mut self) {
+        self.runs.pop_back();
+        self.mark.index = self.mark.index.min(self.runs.len());
+    }
+
+    /// The index of the oldest run still inside a window of `window` nanoseconds at `now`, and
+    /// the mark moved there.
+    fn first_inside(&mut self, now: Instant, window: u64) -> usize {
+        let outside = |&(at, _): &(Instant, u64)| leaves(at, window) <= now;
+        let mark = self.mark;
+        let mut first = if now >= mark.now && window <= mark.window {
+            mark.index.min(self.runs.len())
+        } else {
+            0
+        };
+        let mut steps = 0;
+        while self.runs.get(first).is_some_and(outside) {
+            if steps == STEPS {
+                first = self.runs.partition_point(outside);
+                break;
+            }
+            first += 1;
+            steps += 1;
+        }
+        self.mark = Mark {
+            index: first,
+            now,
+            window,
+        };
+        first
     }
 
     /// Requests counted by a window of `window` nanoseconds at `now`.
-    pub(super) fn in_use(&self, now: Instant, window: u64) -> u64 {
+    pub(super) fn in_use(&mut self, now: Instant, window: u64) -> u64 {
         let first = self.first_inside(now, window);
         self.end().saturating_sub(self.start_of(first))
     }
 
     /// The instant the `k`-th oldest request inside the window leaves it (`k` counts from 1);
     /// `None` when fewer than `k` requests are inside or `k` is zero.
-    pub(super) fn kth_leaves(&self, now: Instant, window: u64, k: u64) -> Option<Instant> {
+    pub(super) fn kth_leaves(&mut self, now: Instant, window: u64, k: u64) -> Option<Instant> {
         if k == 0 {
             return None;
         }
@@ -127,7 +189,7 @@ impl Log {
             };
             let count = end.saturating_sub(self.floor);
             if count <= n {
-                self.runs.pop_front();
+                self.pop_front();
                 self.floor = end;
                 n -= count;
             } else {
@@ -148,7 +210,7 @@ impl Log {
             };
             let count = back.1.saturating_sub(start);
             if count <= left {
-                self.runs.pop_back();
+                self.pop_back();
                 left -= count;
             } else {
                 back.1 -= left;
@@ -227,6 +289,94 @@ mod tests {
         assert_eq!(log.in_use(at(20), TEN_S), 3);
         log.expire(at(20), 2 * TEN_S);
         assert_eq!(log.len(), 3);
+    }
+
+    /// Requests inside the window counted the slow way: every run, no mark.
+    fn in_use_by_scan(log: &Log, now: Instant, window: u64) -> u64 {
+        let first = log
+            .runs
+            .iter()
+            .position(|&(at, _)| leaves(at, window) > now)
+            .unwrap_or(log.runs.len());
+        log.end().saturating_sub(log.start_of(first))
+    }
+
+    #[test]
+    fn the_mark_steps_forward_with_time_and_is_dropped_when_the_window_widens() {
+        let mut log = Log::new();
+        for s in 0..20 {
+            log.push(at(s), 1, 100);
+        }
+        // Ten runs past the boundary: more than the steps allowed, so this one searches.
+        assert_eq!(log.in_use(at(19), TEN_S), 10);
+        assert_eq!(log.mark.index, 10);
+        // One step forward.
+        assert_eq!(log.in_use(at(20), TEN_S), 9);
+        assert_eq!(log.mark.index, 11);
+        // A narrower window starts from the mark; a wider one cannot.
+        assert_eq!(log.in_use(at(20), TEN_S / 2), 4);
+        assert_eq!(log.mark.index, 16);
+        assert_eq!(log.in_use(at(20), TEN_S), 9);
+        assert_eq!(log.mark.index, 11);
+        // Going back in time cannot start from the mark either.
+        assert_eq!(log.in_use(at(12), TEN_S), 17);
+        assert_eq!(log.mark.index, 3);
+        // Runs leaving at either end keep the mark on its run or within the log.
+        log.expire(at(20), 2 * TEN_S - 1);
+        assert_eq!(log.mark.index, 2);
+        assert_eq!(log.in_use(at(20), TEN_S), 9);
+        assert_eq!(log.drop_newest(15), 15);
+        assert_eq!(log.mark.index, 4);
+        assert_eq!(log.in_use(at(20), TEN_S), 0);
+        log.push(at(21), 2, 100);
+        assert_eq!(log.in_use(at(21), TEN_S), 2);
+    }
+
+    #[test]
+    fn counting_from_the_mark_agrees_with_a_full_scan() {
+        // A small xorshift generator: the same sequence on every run.
+        let mut seed = 0x9E37_79B9_7F4A_7C15_u64;
+        let mut next = |bound: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % bound
+        };
+        let windows = [TEN_S / 4, TEN_S / 2, TEN_S, 2 * TEN_S];
+        let widest = 2 * TEN_S;
+        let cap = 40;
+        let mut log = Log::new();
+        let mut now = 0_u64;
+        for _ in 0..20_000 {
+            // Mostly forward in small steps, sometimes a long jump, sometimes back.
+            match next(10) {
+                0 => now += TEN_S,
+                1 => now = now.saturating_sub(next(TEN_S)),
+                _ => now += next(TEN_S / 8),
+            }
+            let t = Instant::from_nanos(now);
+            let window = windows[usize::try_from(next(4)).unwrap()];
+            match next(6) {
+                0 => log.expire(t, widest),
+                1 => {
+                    log.drop_newest(next(4));
+                }
+                2 | 3 => {
+                    let room = cap - in_use_by_scan(&log, t, window);
+                    if room > 0 {
+                        log.push(t, 1 + next(room), cap);
+                    }
+                }
+                _ => {}
+            }
+            let expected = in_use_by_scan(&log, t, window);
+            assert_eq!(
+                log.in_use(t, window),
+                expected,
+                "at {now} ns, window {window}"
+            );
+            assert!(log.mark.index <= log.runs.len());
+        }
     }
 
     #[test]

@@ -301,6 +301,108 @@ fn a_stretched_window_counts_stamps_the_base_window_had_let_go() {
 }
 
 #[test]
+fn counts_stay_exact_as_time_runs_and_the_window_stretches_and_shrinks() {
+    // One stamp a second for thirty seconds: each count starts where the last one left off
+    // (the log's mark) only while that cannot miss a stamp.
+    let clock = FakeClock::new();
+    let w = window(100, 10, &clock);
+    for s in 0..30 {
+        assert!(take(&w, 1).is_taken());
+        assert_eq!(w.in_use(), (s + 1).min(10));
+        clock.advance(secs(1));
+    }
+    assert_eq!(w.in_use(), 9, "the stamps of 21 s to 29 s");
+    w.record_pressure();
+    assert_eq!(w.in_use(), 19, "a 20 s window: 11 s to 29 s");
+    w.record_pressure();
+    assert_eq!(w.in_use(), 29, "a 30 s window: 1 s to 29 s");
+    for _ in 0..3 {
+        w.record_success();
+    }
+    assert_eq!(w.effective_window(), Duration::from_millis(28_000));
+    assert_eq!(w.in_use(), 27, "a 28 s window: 3 s to 29 s");
+    clock.advance(secs(1));
+    assert_eq!(w.in_use(), 26, "4 s to 29 s");
+    // Short by one: the oldest stamp inside, at 4 s, leaves at 32 s.
+    assert_eq!(look(&w, 75).not_now(), Some(Some(at(32))));
+    assert!(take(&w, 74).is_taken());
+    assert_eq!(w.in_use(), 100);
+}
+
+#[test]
+fn no_stretch_of_the_window_ever_holds_more_than_max_requests_taken() {
+    // Takes at uneven steps of time, some given back at once: every ten seconds hold at most
+    // five requests kept, and each refusal is right (the window was full at that instant).
+    let clock = FakeClock::new();
+    let w = window(5, 10, &clock);
+    let mut rng = XorShift(0x2545_F491_4F6C_DD1D);
+    let mut kept: Vec<u64> = Vec::new();
+    let mut now = 0;
+    for _ in 0..5_000 {
+        let step = rng.next(1_500);
+        clock.advance(Duration::from_millis(step));
+        now += step * 1_000_000;
+        let inside = kept.iter().filter(|&&t| t + 10 * SECOND > now).count() as u64;
+        let n = 1 + rng.next(2);
+        let taken = take(&w, n).is_taken();
+        assert_eq!(taken, inside + n <= 5, "{n} at {now} ns beside {inside}");
+        if taken {
+            if rng.next(4) == 0 {
+                w.give(Amount::units(n));
+            } else {
+                kept.extend(std::iter::repeat_n(now, n as usize));
+            }
+        }
+    }
+    assert!(
+        kept.len() > 100,
+        "the run exercised the window: {}",
+        kept.len()
+    );
+    // Any six requests kept span at least the window.
+    for six in kept.windows(6) {
+        assert!(six[5] >= six[0] + 10 * SECOND, "{six:?}");
+    }
+}
+
+#[test]
+fn the_wake_is_replaced_by_a_later_install_and_forgotten_only_by_its_own() {
+    let clock = FakeClock::new();
+    let w = window(5, 10, &clock);
+    let (a_calls, a) = counting_wake();
+    let (b_calls, b) = counting_wake();
+    let take_give = || {
+        assert!(take(&w, 1).is_taken());
+        w.give(Amount::ONE);
+    };
+    w.on_capacity_change(Some(a.clone()));
+    take_give();
+    assert_eq!(a_calls.load(Ordering::SeqCst), 1);
+    w.forget_capacity_change(&b);
+    take_give();
+    assert_eq!(a_calls.load(Ordering::SeqCst), 2, "b was not installed");
+    w.on_capacity_change(Some(b.clone()));
+    take_give();
+    w.give(Amount::ONE);
+    assert_eq!(a_calls.load(Ordering::SeqCst), 2, "replaced");
+    assert_eq!(
+        b_calls.load(Ordering::SeqCst),
+        1,
+        "a give of nothing held wakes no one"
+    );
+    w.forget_capacity_change(&a);
+    take_give();
+    assert_eq!(
+        b_calls.load(Ordering::SeqCst),
+        2,
+        "a is no longer installed"
+    );
+    w.forget_capacity_change(&b);
+    take_give();
+    assert_eq!(b_calls.load(Ordering::SeqCst), 2);
+}
+
+#[test]
 fn the_log_keeps_no_more_than_max_requests_stamps() {
     let clock = FakeClock::new();
     let w = window(3, 10, &clock);
