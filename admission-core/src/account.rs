@@ -514,14 +514,18 @@ impl WakeSlot {
     /// Calls the callback, if any. Safe to call while holding the account's own lock.
     ///
     /// The callback runs under the slot's own short lock (no reference count is taken on the
-    /// hot path of every give), so it must not install into this same slot. A give that the
-    /// callback's own monitor makes while it is already looking at the line (releasing a grant,
-    /// giving back an attempt) calls nothing and takes no lock: the monitor mutes its callback on
-    /// that thread for the duration, and the slot knows the callback it holds by address.
+    /// hot path of every give), so it must not install into this same slot. A give that a
+    /// monitor makes while it is already looking at its line (releasing a grant, giving back an
+    /// attempt) calls nothing and takes no lock when the slot holds that monitor's own callback,
+    /// which it mutes on that thread for the duration, or holds none: the monitor looks at its
+    /// line right after such gives, and the slot knows the callback it holds by address.
     pub fn notify(&self) {
         let muted = muted();
-        if muted != 0 && self.key.load(AtomicOrdering::Acquire) == muted {
-            return;
+        if muted != 0 {
+            let key = self.key.load(AtomicOrdering::Acquire);
+            if key == muted || key == 0 {
+                return;
+            }
         }
         if let Some(wake) = &*self.wake.lock() {
             wake();

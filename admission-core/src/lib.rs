@@ -34,5 +34,5 @@ pub use demand::{Demand, Entry};
 pub use error::{AdmitError, StartError, TryAdmitError};
 pub use event::{Event, EventKind, EventSink, RejectReason};
 pub use gate::{Gate, GateAnswer, GateView};
-pub use monitor::{BorrowedGrant, Grant};
 pub use monitor::{Admit, Monitor, MonitorBuilder};
+pub use monitor::{BorrowedGrant, Grant};

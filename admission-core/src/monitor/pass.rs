@@ -469,7 +469,9 @@ impl Owner for Shared {
 
     fn to_shared(&self) -> Arc<dyn Owner> {
         // A borrowed grant borrows a `Monitor`, which holds this `Shared` alive.
-        self.me.upgrade().expect("a borrowed grant's monitor is alive")
+        self.me
+            .upgrade()
+            .expect("a borrowed grant's monitor is alive")
     }
 }
 

@@ -98,7 +98,10 @@ fn a_demand_that_would_wait_takes_nothing_and_names_the_account_short() {
             assert_eq!((id, waiting, short.as_deref()), (job.id(), 0, Some("db")));
             assert_eq!(
                 error.to_string(),
-                format!("job {} would have to wait: `db` has no room for it now", job.id())
+                format!(
+                    "job {} would have to wait: `db` has no room for it now",
+                    job.id()
+                )
             );
         }
         other => panic!("expected WouldWait, got {other:?}"),
@@ -133,7 +136,10 @@ fn a_try_never_overtakes_a_waiter_even_when_its_own_demand_fits() {
     let error = monitor.try_admit(&one, &job).unwrap_err();
     assert_eq!(
         error.to_string(),
-        format!("job {} would have to wait: 1 job is already waiting", job.id())
+        format!(
+            "job {} would have to wait: 1 job is already waiting",
+            job.id()
+        )
     );
 }
 
@@ -184,7 +190,11 @@ fn an_owned_grant_made_from_a_borrowed_one_holds_until_it_is_dropped() {
     let settled = borrowed.into_owned();
     assert!(settled.is_settled());
     drop(settled);
-    assert_eq!(gate.available(), 1, "a settled grant gives nothing back twice");
+    assert_eq!(
+        gate.available(),
+        1,
+        "a settled grant gives nothing back twice"
+    );
 }
 
 #[test]
