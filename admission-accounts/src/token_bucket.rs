@@ -8,13 +8,10 @@
 //! is also the moment the call is sent, so the local level charges the same minute the
 //! provider's quota does.
 //!
-//! That step holds the bucket's one lock, which is not a mutex: it is a flag taken by one atomic
-//! swap and released by a plain store, around a state kept in atomic words (`cells.rs`, which
-//! also says why the exact levels cannot be moved by one compare-and-swap instead). A take reads
-//! the clock before it takes the lock, then reads only the budgets, the throttle and the levels,
-//! and writes back only the levels; budget and throttle changes take the same lock and rewrite
-//! the whole state. Nothing waits inside the lock, so a thread that finds it taken spins briefly,
-//! then yields.
+//! That step holds the bucket's one lock (`cells.rs`, which also says why the exact levels cannot
+//! be moved by one compare-and-swap instead) for arithmetic only: a take reads the clock before it
+//! takes the lock, then reads only the budgets, the throttle and the levels, and writes back only
+//! the levels; budget and throttle changes take the same lock and rewrite the whole state.
 //!
 //! An [`Amount`] asks two things of a bucket: dimension 0 is tokens, dimension 1 is requests
 //! (`Amount::pair(tokens, 1)` for one call). Both refill continuously at their per-minute rate
@@ -548,7 +545,7 @@ impl Account for TokenBucket {
     /// the levels read, settled, debited and stored.
     fn ask(&self, mine: Amount, ask: Ask) -> Answer {
         let now = self.clock.now();
-        let hold = self.state.hold();
+        let mut hold = self.state.hold();
         let config = hold.config();
         if config.exceeded_by(mine) {
             drop(hold);
@@ -580,7 +577,7 @@ impl Account for TokenBucket {
             // No clock read: a refill capped at the budget and a credit capped at the budget
             // commute (both end at min(level + refill + credit, budget)), so the credit can land
             // on the stored level and the next read adds the refill.
-            let hold = self.state.hold();
+            let mut hold = self.state.hold();
             let config = hold.config();
             let mut levels = hold.levels();
             levels.tokens.give(tokens, config.tokens_per_minute);

@@ -38,16 +38,6 @@ impl Level {
         }
     }
 
-    /// The level from its stored parts: `units`, and a `carry` below the throttle's divisor.
-    pub(crate) fn from_parts(units: u128, carry: u8) -> Level {
-        Level { units, carry }
-    }
-
-    /// The stored parts: the units, and the carry.
-    pub(crate) fn parts(&self) -> (u128, u8) {
-        (self.units, self.carry)
-    }
-
     /// Whole tokens (or requests) available, rounded down.
     pub(crate) fn whole(&self) -> u64 {
         u64::try_from(self.units / UNITS_PER_WHOLE).unwrap_or(u64::MAX)

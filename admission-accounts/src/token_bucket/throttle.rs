@@ -36,29 +36,6 @@ pub(crate) struct Throttle {
 }
 
 impl Throttle {
-    /// The throttle from its stored parts (see [`Throttle::parts`]).
-    pub(crate) fn from_parts(
-        tenths: u8,
-        successes: u8,
-        last_backpressure: Option<Instant>,
-    ) -> Throttle {
-        Throttle {
-            tenths: u32::from(tenths),
-            successes: u32::from(successes),
-            last_backpressure,
-        }
-    }
-
-    /// The stored parts: the tenths (at most [`MAX_TENTHS`]), the successes (below
-    /// [`SUCCESSES_PER_RELIEF`]), both small enough for a `u8`, and the last backpressure.
-    pub(crate) fn parts(&self) -> (u8, u8, Option<Instant>) {
-        (
-            u8::try_from(self.tenths).unwrap_or(u8::MAX),
-            u8::try_from(self.successes).unwrap_or(u8::MAX),
-            self.last_backpressure,
-        )
-    }
-
     /// The throttle in tenths.
     pub(crate) fn tenths(&self) -> u32 {
         self.tenths
