@@ -4,9 +4,14 @@
 //! time it is read, the level becomes the stored level plus what the rate produced since the last
 //! read, capped at the budget, and the instant a shortfall closes is computed rather than polled
 //! for (the instant of an [`Answer::NotNow`]), so the monitor sleeps exactly until then. One
-//! [`Account::ask`] settles, checks and debits under one lock at the moment of the grant, which
+//! [`Account::ask`] settles, checks and debits in one step at the moment of the grant, which
 //! is also the moment the call is sent, so the local level charges the same minute the
 //! provider's quota does.
+//!
+//! That step holds the bucket's one lock (`cells.rs`, which also says why the exact levels cannot
+//! be moved by one compare-and-swap instead) for arithmetic only: a take reads the clock before it
+//! takes the lock, then reads only the budgets, the throttle and the levels, and writes back only
+//! the levels; budget and throttle changes take the same lock and rewrite the whole state.
 //!
 //! An [`Amount`] asks two things of a bucket: dimension 0 is tokens, dimension 1 is requests
 //! (`Amount::pair(tokens, 1)` for one call). Both refill continuously at their per-minute rate
@@ -36,7 +41,10 @@
 //!
 //! Levels are integers (see `level.rs`); the throttle is counted in tenths (see `throttle.rs`).
 
+mod cells;
 mod level;
+#[cfg(test)]
+mod reference;
 mod status;
 mod throttle;
 
@@ -50,9 +58,9 @@ use admission_core::{
     Account, AccountStatus, Amount, Answer, Ask, Category, Clock, Instant, Refusal, Replenishment,
     SystemClock, WakeFn, WakeSlot,
 };
-use parking_lot::Mutex;
 
 use crate::ConfigError;
+use cells::{Cells, Locked};
 use level::Level;
 use throttle::Throttle;
 
@@ -91,6 +99,12 @@ impl TokenBucketConfig {
         }
     }
 
+    /// True when `want` is more than the budgets could ever hold.
+    #[inline]
+    fn exceeded_by(&self, want: Amount) -> bool {
+        want.get(TOKENS) > self.tokens_per_minute || want.get(REQUESTS) > self.requests_per_minute
+    }
+
     /// Checks that both budgets are positive.
     ///
     /// # Errors
@@ -114,17 +128,14 @@ impl TokenBucketConfig {
     }
 }
 
-/// Everything that moves, kept together under the bucket's one lock.
-#[derive(Debug)]
+/// Everything that moves, kept together under the bucket's one lock (its words are in
+/// `cells.rs`).
+#[derive(Clone, Copy, Debug)]
 struct State {
     /// The budgets; changed only by `set_config`, which settles the levels first.
     config: TokenBucketConfig,
-    /// Tokens available as of `settled_at`; never above `config.tokens_per_minute` tokens.
-    tokens: Level,
-    /// Requests available as of `settled_at`; never above `config.requests_per_minute`.
-    requests: Level,
-    /// The instant the levels were last brought up to date; never goes backwards.
-    settled_at: Instant,
+    /// The levels and the instant they were settled at.
+    levels: Levels,
     /// The adaptive throttle. Changed only after the levels are settled at the old rate, so
     /// time already passed is credited at the rate that was in force.
     throttle: Throttle,
@@ -133,40 +144,60 @@ struct State {
 impl State {
     /// Brings both levels up to `now` at the configured rates, stretched by the throttle.
     fn settle(&mut self, now: Instant) {
-        let elapsed = now.saturating_duration_since(self.settled_at).as_nanos();
-        let elapsed = u64::try_from(elapsed).unwrap_or(u64::MAX);
+        self.levels.settle(now, self.config, self.throttle.tenths());
+    }
+}
+
+/// The two levels and when they were last brought up to date: all that a take reads besides the
+/// budgets and the throttle, and all that it writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Levels {
+    /// Tokens available as of `settled_at`; never above `config.tokens_per_minute` tokens.
+    tokens: Level,
+    /// Requests available as of `settled_at`; never above `config.requests_per_minute`.
+    requests: Level,
+    /// The instant the levels were last brought up to date; never goes backwards.
+    settled_at: Instant,
+}
+
+impl Levels {
+    /// Brings both levels up to `now` at `config`'s rates, stretched by a throttle of `tenths`.
+    ///
+    /// Settling is invisible: settling at any instants in between and then at `now` ends where
+    /// settling at `now` alone does (`level.rs`), so a caller may settle, or not, whenever it
+    /// reads.
+    #[inline]
+    fn settle(&mut self, now: Instant, config: TokenBucketConfig, tenths: u32) {
+        let elapsed = now.as_nanos().saturating_sub(self.settled_at.as_nanos());
         let TokenBucketConfig {
             tokens_per_minute: tpm,
             requests_per_minute: rpm,
-        } = self.config;
-        let tenths = self.throttle.tenths();
+        } = config;
         self.tokens.refill(elapsed, tpm, tenths, tpm);
         self.requests.refill(elapsed, rpm, tenths, rpm);
         self.settled_at = self.settled_at.max(now);
     }
 
     /// True when `want` (tokens, requests) is available now.
+    #[inline]
     fn holds(&self, want: Amount) -> bool {
         self.tokens.holds(want.get(TOKENS)) && self.requests.holds(want.get(REQUESTS))
     }
 
-    /// True when `want` is more than the budgets could ever hold.
-    fn exceeds_budget(&self, want: Amount) -> bool {
-        want.get(TOKENS) > self.config.tokens_per_minute
-            || want.get(REQUESTS) > self.config.requests_per_minute
-    }
-
-    /// The instant the refill alone makes both levels hold `want` (the later of the two);
-    /// `None` when `want` is more than a full bucket, which time alone never makes room for.
-    fn holds_at(&self, want: Amount) -> Option<Instant> {
-        if self.exceeds_budget(want) {
+    /// The instant the refill alone makes both levels hold `want` (the later of the two) at
+    /// `config`'s rates under a throttle of `tenths`; `None` when `want` is more than a full
+    /// bucket, which time alone never makes room for.
+    ///
+    /// Kept out of line: its divisions would crowd the registers of the take's path.
+    #[inline(never)]
+    fn holds_at(&self, want: Amount, config: TokenBucketConfig, tenths: u32) -> Option<Instant> {
+        if config.exceeded_by(want) {
             return None;
         }
         let TokenBucketConfig {
             tokens_per_minute,
             requests_per_minute,
-        } = self.config;
-        let tenths = self.throttle.tenths();
+        } = config;
         let wait = self
             .tokens
             .nanos_until(want.get(TOKENS), tokens_per_minute, tenths)
@@ -253,9 +284,9 @@ pub struct TokenBucket {
     name: String,
     /// The only source of time.
     clock: Arc<dyn Clock>,
-    /// Levels, budgets and throttle: only touched under this lock, so a check and its debit, or
-    /// a budget change and its clamp, are each one step.
-    state: Mutex<State>,
+    /// Levels, budgets and throttle, in atomic words only touched under their lock, so a check
+    /// and its debit, or a budget change and its clamp, are each one step.
+    state: Cells,
     /// The monitor's wake-up: called on a give, a relaxed throttle and a budget change.
     wake: WakeSlot,
 }
@@ -279,11 +310,13 @@ impl TokenBucket {
         Ok(TokenBucket {
             name: name.into(),
             clock,
-            state: Mutex::new(State {
+            state: Cells::new(&State {
                 config,
-                tokens: Level::full(config.tokens_per_minute),
-                requests: Level::full(config.requests_per_minute),
-                settled_at: now,
+                levels: Levels {
+                    tokens: Level::full(config.tokens_per_minute),
+                    requests: Level::full(config.requests_per_minute),
+                    settled_at: now,
+                },
                 throttle: Throttle::default(),
             }),
             wake: WakeSlot::new(),
@@ -314,17 +347,17 @@ impl TokenBucket {
 
     /// The budgets in force.
     pub fn config(&self) -> TokenBucketConfig {
-        self.state.lock().config
+        self.state.hold().config()
     }
 
     /// Whole tokens available now, read from the clock.
     pub fn level(&self) -> u64 {
-        self.settled().tokens.whole()
+        self.settled().levels.tokens.whole()
     }
 
     /// Whole request slots available now, read from the clock.
     pub fn requests_available(&self) -> u64 {
-        self.settled().requests.whole()
+        self.settled().levels.requests.whole()
     }
 
     /// The adaptive throttle: zero when healthy; refills run at the configured rate divided by
@@ -368,8 +401,8 @@ impl TokenBucket {
             }
             state.settle(now);
             state.config = config;
-            state.tokens.clamp(config.tokens_per_minute);
-            state.requests.clamp(config.requests_per_minute);
+            state.levels.tokens.clamp(config.tokens_per_minute);
+            state.levels.requests.clamp(config.requests_per_minute);
         }
         // Either way the monitor must ask again: a larger budget refills faster (earlier
         // deadlines), a smaller one may make a parked amount one that can never fit, which is
@@ -400,7 +433,7 @@ impl TokenBucket {
         let mut state = self.state.lock();
         state.settle(now);
         if state.throttle.tighten(increments, now) {
-            state.throttle_changed();
+            state.levels.throttle_changed();
         }
     }
 
@@ -436,7 +469,7 @@ impl TokenBucket {
             state.settle(now);
             let relaxed = state.throttle.relieve(now);
             if relaxed {
-                state.throttle_changed();
+                state.levels.throttle_changed();
             }
             relaxed
         };
@@ -448,13 +481,14 @@ impl TokenBucket {
     /// The status record, typed (what [`Account::status`] boxes), with the levels read from the
     /// clock at this instant.
     pub fn token_status(&self) -> TokenBucketStatus {
-        let state = self.settled();
+        // Copied out, so the lock is not held while the name is cloned.
+        let state: State = *self.settled();
         TokenBucketStatus {
             name: self.name.clone(),
             capacity: state.config.tokens_per_minute,
-            level: state.tokens.whole(),
+            level: state.levels.tokens.whole(),
             requests_per_minute: state.config.requests_per_minute,
-            requests_available: state.requests.whole(),
+            requests_available: state.levels.requests.whole(),
             throttle: state.throttle.value(),
         }
     }
@@ -463,7 +497,7 @@ impl TokenBucket {
     ///
     /// The clock is read before the lock is taken, to keep the critical section short; a reading
     /// that another thread has already overtaken settles nothing (the levels never go back).
-    fn settled(&self) -> parking_lot::MutexGuard<'_, State> {
+    fn settled(&self) -> Locked<'_> {
         let now = self.clock.now();
         let mut state = self.state.lock();
         state.settle(now);
@@ -471,11 +505,13 @@ impl TokenBucket {
     }
 
     /// The "never" of `mine`, an amount beyond the budgets in force.
-    fn too_large(&self, state: &State, mine: Amount) -> Refusal {
+    #[cold]
+    #[inline(never)]
+    fn too_large(&self, config: TokenBucketConfig, mine: Amount) -> Refusal {
         let TokenBucketConfig {
             tokens_per_minute,
             requests_per_minute,
-        } = state.config;
+        } = config;
         let max = Amount::pair(tokens_per_minute, requests_per_minute);
         Refusal::too_large(mine, max).with_message(format!(
             "`{}` allows {tokens_per_minute} tokens and {requests_per_minute} requests per \
@@ -501,23 +537,35 @@ impl Account for TokenBucket {
         Replenishment::Time
     }
 
-    /// One lock: the levels are brought up to now, then `mine` is refused if it exceeds the
-    /// budgets, taken if both levels hold it beside the head's reservation, or answered "not now"
-    /// with the instant the refill makes room.
+    /// One lock: `mine` is refused if it exceeds the budgets; otherwise the levels are brought
+    /// up to now, then `mine` is taken if both levels hold it beside the head's reservation, or
+    /// answered "not now" with the instant the refill makes room.
+    ///
+    /// Only the words a take moves are read and written: the budgets and the throttle are read,
+    /// the levels read, settled, debited and stored.
     fn ask(&self, mine: Amount, ask: Ask) -> Answer {
-        let mut state = self.settled();
-        if state.exceeds_budget(mine) {
-            return Answer::Never(self.too_large(&state, mine));
+        let now = self.clock.now();
+        let mut hold = self.state.hold();
+        let config = hold.config();
+        if config.exceeded_by(mine) {
+            drop(hold);
+            return Answer::Never(self.too_large(config, mine));
         }
+        let tenths = hold.tenths();
+        let mut levels = hold.levels();
+        levels.settle(now, config, tenths);
         let want = mine.saturating_add(ask.reserved_ahead());
-        if !state.holds(want) {
-            return Answer::NotNow(state.holds_at(want));
-        }
-        if ask.takes() {
-            state.tokens.take(mine.get(TOKENS));
-            state.requests.take(mine.get(REQUESTS));
-        }
-        Answer::Taken
+        let answer = if !levels.holds(want) {
+            Answer::NotNow(levels.holds_at(want, config, tenths))
+        } else {
+            if ask.takes() {
+                levels.tokens.take(mine.get(TOKENS));
+                levels.requests.take(mine.get(REQUESTS));
+            }
+            Answer::Taken
+        };
+        hold.set_levels(&levels);
+        answer
     }
 
     fn give(&self, amount: Amount) {
@@ -529,10 +577,12 @@ impl Account for TokenBucket {
             // No clock read: a refill capped at the budget and a credit capped at the budget
             // commute (both end at min(level + refill + credit, budget)), so the credit can land
             // on the stored level and the next read adds the refill.
-            let mut state = self.state.lock();
-            let config = state.config;
-            state.tokens.give(tokens, config.tokens_per_minute);
-            state.requests.give(requests, config.requests_per_minute);
+            let mut hold = self.state.hold();
+            let config = hold.config();
+            let mut levels = hold.levels();
+            levels.tokens.give(tokens, config.tokens_per_minute);
+            levels.requests.give(requests, config.requests_per_minute);
+            hold.set_levels(&levels);
         }
         self.wake.notify();
     }
@@ -542,7 +592,8 @@ impl Account for TokenBucket {
     }
 
     fn status_indicator(&self) -> Option<String> {
-        self.state.lock().throttle.indicator()
+        let throttle = self.state.lock().throttle;
+        throttle.indicator()
     }
 
     fn on_capacity_change(&self, wake: Option<WakeFn>) {
@@ -558,12 +609,13 @@ impl fmt::Debug for TokenBucket {
         let mut d = f.debug_struct("TokenBucket");
         d.field("name", &self.name);
         // `try_lock`: formatting must never wait, nor deadlock inside a caller holding the lock.
-        match self.state.try_lock() {
+        // Copied out, so the lock is not held while formatting.
+        match self.state.try_lock().map(|state| *state) {
             Some(state) => d
                 .field("config", &state.config)
-                .field("tokens", &state.tokens.whole())
-                .field("requests", &state.requests.whole())
-                .field("settled_at", &state.settled_at)
+                .field("tokens", &state.levels.tokens.whole())
+                .field("requests", &state.levels.requests.whole())
+                .field("settled_at", &state.levels.settled_at)
                 .field("throttle", &state.throttle.value()),
             None => d.field("state", &format_args!("<locked>")),
         };

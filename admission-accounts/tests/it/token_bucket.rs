@@ -772,6 +772,62 @@ fn the_debit_is_atomic_against_a_concurrent_cap_change() {
     assert!(bucket.level() <= bucket.config().tokens_per_minute);
 }
 
+#[test]
+fn four_threads_taking_and_giving_while_the_clock_moves_end_on_exact_totals() {
+    // Drained in both dimensions, so that no refill in the run reaches a cap: 5 s at 6,000 tokens
+    // and 60,000 requests a minute refill exactly 500 tokens and 5,000 requests, and every one
+    // of them is either taken (and not given back) or still in the bucket at the end.
+    let clock = FakeClock::new();
+    let bucket = Arc::new(bucket(&clock, 6_000, 60_000));
+    assert!(take(&bucket, Amount::pair(6_000, 60_000)));
+    let done = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..4u64)
+        .map(|worker| {
+            let (bucket, done) = (bucket.clone(), done.clone());
+            thread::spawn(move || {
+                let (mut taken, mut given, mut calls) = (0u64, 0u64, 0u64);
+                let mut turn = worker;
+                while !done.load(Ordering::SeqCst) {
+                    turn += 1;
+                    let tokens = 1 + turn % 5;
+                    if take(&bucket, call(tokens)) {
+                        taken += tokens;
+                        calls += 1;
+                        // Every third grant is handed back whole, as a call that never went out.
+                        if turn % 3 == 0 {
+                            bucket.give(call(tokens));
+                            given += tokens;
+                            calls -= 1;
+                        }
+                    }
+                }
+                (taken, given, calls)
+            })
+        })
+        .collect();
+    for _ in 0..5_000 {
+        clock.advance(Duration::from_millis(1));
+        thread::yield_now();
+    }
+    done.store(true, Ordering::SeqCst);
+    let (mut taken, mut given, mut calls) = (0, 0, 0);
+    for worker in workers {
+        let (t, g, c) = worker.join().unwrap();
+        (taken, given, calls) = (taken + t, given + g, calls + c);
+    }
+    assert!(
+        taken - given <= 500,
+        "took {taken}, gave back {given}: overdrawn"
+    );
+    assert_eq!(
+        taken - given + bucket.level(),
+        500,
+        "took {taken}, gave {given}"
+    );
+    assert_eq!(calls + bucket.requests_available(), 5_000);
+    assert!(taken > 0, "the workers never ran");
+}
+
 // Never overdrawn, whatever the sequence -------------------------------------------------------
 
 #[derive(Clone, Debug)]
