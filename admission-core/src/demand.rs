@@ -1,7 +1,6 @@
 //! [`Demand`]: everything one job needs, declared up front and granted as one.
 
 use std::fmt;
-use std::sync::Arc;
 
 use crate::account::{AccountRef, account_key};
 use crate::amount::Amount;
@@ -64,15 +63,11 @@ impl fmt::Debug for Entry {
 /// # }
 /// ```
 ///
-/// # Cost
-///
-/// A demand shares its entries: cloning one is a single reference count, however many accounts
-/// it names, so a prebuilt demand can be admitted again and again for the price of that count.
-/// Adding to a demand whose entries are shared copies them first (copy on write).
+/// A demand admitted again and again need not be cloned each time:
+/// [`Monitor::try_admit`](crate::Monitor::try_admit) borrows it.
 #[derive(Clone, Default)]
 pub struct Demand {
-    /// `None` until the first entry: an empty demand allocates nothing.
-    entries: Option<Arc<Vec<Entry>>>,
+    entries: Vec<Entry>,
 }
 
 impl Demand {
@@ -84,7 +79,7 @@ impl Demand {
     /// Adds `amount` on `account`, merging into the entry for that account if there is one.
     pub fn add(&mut self, account: AccountRef, amount: Amount) -> &mut Demand {
         let key = account_key(&account);
-        let entries = Arc::make_mut(self.entries.get_or_insert_with(Default::default));
+        let entries = &mut self.entries;
         match entries.iter_mut().find(|e| account_key(&e.account) == key) {
             Some(entry) => entry.amount += amount,
             None => entries.push(Entry { account, amount }),
@@ -100,7 +95,7 @@ impl Demand {
 
     /// The entries, in first-add order.
     pub fn entries(&self) -> &[Entry] {
-        self.entries.as_deref().map_or(&[], Vec::as_slice)
+        &self.entries
     }
 
     /// True for an orchestrator's demand: nothing on any account.

@@ -71,7 +71,7 @@ impl Hold {
 /// ```
 #[must_use = "dropping a grant releases it at once"]
 pub struct Grant {
-    /// The demand granted, shared with the caller's copy (no entry is copied).
+    /// The demand granted, moved in whole.
     demand: Demand,
     owner: Arc<dyn Owner>,
     ctx: JobContext,
