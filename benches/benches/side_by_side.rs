@@ -41,6 +41,7 @@ use admission_accounts::token_bucket::TokenBucketConfig;
 use admission_accounts::{CountingGate, TokenBucket};
 use admission_benches::support::{self, ParkedLine, admit_release, try_admit_release};
 use admission_core::{AccountRef, Amount, Ask, Demand, JobContext, Monitor, SystemClock};
+use admission_testkit::FakeClock;
 use admission_testkit::monitor::poll_once;
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use governor::DefaultDirectRateLimiter;
@@ -177,6 +178,19 @@ fn semaphore(c: &mut Criterion) {
     });
     group.bench_function("ours_try_admit_release", |b| {
         b.iter(|| try_admit_release(&monitor, &demand, &job))
+    });
+    // The floor under both: the gate's own take and give, no monitor, through the trait object
+    // as the monitor calls it; and the same on a clock that stands still, which leaves out the
+    // two clock reads the gate's last-activity stamp makes (one at the take, one at the give).
+    let alone = &demand.entries()[0];
+    group.bench_function("floor_gate_take_give", |b| {
+        b.iter(|| support::take_give(&**alone.account(), Amount::ONE))
+    });
+    let still: AccountRef = Arc::new(
+        CountingGate::new("gate", PLENTY, FakeClock::new().shared()).expect("a positive capacity"),
+    );
+    group.bench_function("floor_gate_take_give_frozen_clock", |b| {
+        b.iter(|| support::take_give(&*still, Amount::ONE))
     });
     group.bench_function("ours_admit_future_polled_once_release", |b| {
         b.iter(|| {
@@ -327,6 +341,17 @@ fn three_limits(c: &mut Criterion) {
     });
     group.bench_function("ours_try_admit", |b| {
         b.iter(|| try_admit_release(&ours.monitor, &prebuilt, &job))
+    });
+    // The floor: the three accounts' own takes, and the gives a release makes (the bucket's
+    // tokens are spent, not given back), no monitor.
+    group.bench_function("floor_accounts_take_give", |b| {
+        b.iter(|| {
+            support::take(&*ours.http, Amount::ONE);
+            support::take(&*ours.tokens, Amount::pair(TOKENS, 1));
+            support::take(&*ours.db, Amount::ONE);
+            ours.http.give(black_box(Amount::ONE));
+            ours.db.give(black_box(Amount::ONE));
+        })
     });
     group.bench_function("chain_tokio_governor_tokio", |b| {
         b.iter_custom(|iters| {
