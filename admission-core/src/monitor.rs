@@ -308,7 +308,8 @@ impl Monitor {
     /// let both = Demand::new().with(http.clone(), Amount::ONE).with(db.clone(), Amount::ONE);
     /// let job = JobContext::new("job");
     ///
-    /// let held = monitor.try_admit(&Demand::new().with(db.clone(), Amount::ONE), &job)?;
+    /// let db_only = Demand::new().with(db.clone(), Amount::ONE);
+    /// let held = monitor.try_admit(&db_only, &job)?;
     /// match monitor.try_admit(&both, &job) {
     ///     Err(TryAdmitError::WouldWait { short, .. }) => assert_eq!(short.as_deref(), Some("db")),
     ///     other => panic!("expected to wait, got {other:?}"),
