@@ -286,7 +286,10 @@ impl Monitor {
     /// What [`admit`](Monitor::admit) would refuse for good it refuses alike
     /// ([`TryAdmitError::Admit`]). The grant borrows the demand, the job and the monitor, so a
     /// prebuilt demand is tried again and again without a copy; with no gate, the whole try
-    /// takes no lock of the monitor's and allocates nothing.
+    /// takes no lock of the monitor's and allocates nothing. Like `compare_exchange_weak`, a try
+    /// may answer "would wait" for capacity that another admit held only for an instant (taken,
+    /// then given back because its demand did not fit whole); nothing is lost, and `admit` waits
+    /// through such an instant.
     ///
     /// # Errors
     ///

@@ -24,6 +24,7 @@ use crate::sync::{MonitorGuard, Ordering};
 
 use super::ask::{Attempt, Head, Learn, ask_demand, earlier, panic_message};
 use super::cell::{Cell, Outcome};
+use super::evaluator::handing_off;
 use super::grant::{Grant, Waits};
 use super::line::{State, Waiter, before_planned};
 use super::outbox::{Outbox, entry_events};
@@ -117,9 +118,11 @@ impl Shared {
     /// The fast path without the monitor lock, for a monitor without a gate whose line is empty:
     /// every account asked once, as the head; taken whole or not at all.
     ///
-    /// Why no lock is needed: an empty line has no head to respect, and a parker publishes
-    /// `parked > 0` before it asks anything, so an arrival that read zero is ordered before every
-    /// waiter it could overtake. What an attempt takes and gives back because one account said
+    /// Why no lock is needed: an empty line has no head to respect. A parker publishes
+    /// `parked > 0` (and fences) before it asks anything, and this taker reads `parked` again
+    /// (after a fence) once it has taken everything: if anyone parked meanwhile, the take is given
+    /// back, so a grant here is ordered before every waiter it could overtake (Dekker's pattern,
+    /// with the accounts' own atomics in the middle). What an attempt takes and gives back because one account said
     /// "not now" is given back muted (`ask.rs`); a parker that published in the meantime may have
     /// been refused for what was given back, so the doorbell is rung for it (a giver that read
     /// `parked` after its give: the Dekker argument of `evaluator.rs`). A stop or a close clears
@@ -138,6 +141,18 @@ impl Shared {
         }
         let mut short = Vec::new();
         match ask_demand(&self.bell, demand, ctx, None, Learn::FirstShort, &mut short) {
+            // Someone parked since the check above (this thread may have stalled between the
+            // two): that waiter is the head now, and what was just taken may be what it waits
+            // for. Give it back, muted, and let the lock decide (an admit parks behind it).
+            Attempt::Granted if self.open.load(Ordering::SeqCst) && self.bell.someone_waiting() => {
+                handing_off(&self.bell, || {
+                    for entry in demand.entries() {
+                        entry.account().give(entry.amount());
+                    }
+                });
+                self.ring_for_given_back();
+                Unlocked::Held(None)
+            }
             Attempt::Granted if self.open.load(Ordering::SeqCst) => {
                 out.event(EventKind::GrantedImmediate, ctx, || {
                     entry_events(demand.entries())

@@ -16,11 +16,14 @@
 //! (an arrival, asked as the line's tail) or by the pass its ring causes. A giver credits its
 //! account under that same lock and only then reads `parked`. If the ask came before the credit,
 //! the account's lock orders the parker's publication before the giver's read, so the giver sees
-//! the waiter and runs or rings for a pass; otherwise the ask saw the credit. The SeqCst fence
-//! covers accounts built on atomics instead of a lock (Dekker's pattern). The loom models
-//! `loom_fast_path_racing_a_give_never_loses_the_wake_up` and
+//! the waiter and runs or rings for a pass; otherwise the ask saw the credit. For accounts built
+//! on atomics instead of a lock (whose "not now" may be a plain load) the two SeqCst fences make
+//! it Dekker's pattern: the parker fences after publishing (`Shared::publish_parked`), the giver
+//! before reading. The loom models `loom_fast_path_racing_a_give_never_loses_the_wake_up` and
 //! `loom_an_arrival_behind_a_head_racing_a_give_never_loses_the_wake_up` check this edge (the
-//! first fails, as a deadlock, if an arrival publishes after its ask).
+//! first fails, as a deadlock, if an arrival publishes after its ask), and
+//! `loom_a_release_racing_a_park_on_an_atomic_account_never_loses_the_wake_up` with an account
+//! on an atomic counter (it fails, as a deadlock, without the parker's fence).
 
 use std::cell::Cell;
 use std::time::Duration;

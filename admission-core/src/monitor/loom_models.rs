@@ -6,7 +6,9 @@
 //! (c) an abandoned or cancelled waiter racing its grant, (d) `stop` racing an admit, (e) the
 //! first park starting the evaluator racing `stop`, (f) a blocking waiter's own expiry racing its
 //! grant, (g) an ask that takes then gives back racing a give, (h) the unlocked fast path giving
-//! back (muted) what a parker was refused for, (i) the unlocked fast path racing `stop`.
+//! back (muted) what a parker was refused for, (i) the unlocked fast path racing `stop`, (j) and
+//! (k) a release and an unlocked give-back racing a park on an account built on an atomic counter
+//! rather than a lock (the parker's fence in `Shared::publish_parked`).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -387,5 +389,142 @@ fn loom_unlocked_fast_path_racing_stop_grants_before_it_or_takes_nothing() {
             monitor.admit_blocking(one(&gate), &JobContext::new("late"), None),
             Err(AdmitError::Shutdown)
         ));
+    });
+}
+
+/// An account on an atomic counter, as `admission-accounts`' `CountingGate`: a take is a
+/// `fetch_update(AcqRel, Acquire)`, a "not now" the failed update's Acquire load, a give a
+/// `fetch_update`; no lock orders anything.
+struct AtomicGate {
+    in_use: loom::sync::atomic::AtomicU64,
+    capacity: u64,
+    wake: WakeSlot,
+}
+
+impl AtomicGate {
+    fn new(capacity: u64) -> Arc<AtomicGate> {
+        Arc::new(AtomicGate {
+            in_use: loom::sync::atomic::AtomicU64::new(0),
+            capacity,
+            wake: WakeSlot::new(),
+        })
+    }
+    fn free(&self) -> u64 {
+        self.capacity - self.in_use.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+impl Account for AtomicGate {
+    fn name(&self) -> &str {
+        "atomic"
+    }
+    fn category(&self) -> Category {
+        Category::custom("atomic")
+    }
+    fn replenishment(&self) -> Replenishment {
+        Replenishment::Release
+    }
+    fn ask(&self, mine: Amount, ask: Ask) -> Answer {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire};
+        let asked = mine.primary();
+        if asked > self.capacity {
+            return Answer::Never(Refusal::too_large(mine, Amount::units(self.capacity)));
+        }
+        let want = asked + ask.reserved_ahead().primary();
+        let room = |in_use: u64| self.capacity - in_use >= want;
+        let fits = if ask.takes() {
+            self.in_use
+                .fetch_update(AcqRel, Acquire, |u| room(u).then(|| u + asked))
+                .is_ok()
+        } else {
+            room(self.in_use.load(Acquire))
+        };
+        if fits {
+            Answer::Taken
+        } else {
+            Answer::NotNow(None)
+        }
+    }
+    fn give(&self, amount: Amount) {
+        use std::sync::atomic::Ordering::{AcqRel, Acquire};
+        let _ = self
+            .in_use
+            .fetch_update(AcqRel, Acquire, |u| Some(u - amount.primary()));
+        self.wake.notify();
+    }
+    fn status(&self) -> Box<dyn AccountStatus> {
+        Box::new(GateStatus { free: self.free() })
+    }
+    fn on_capacity_change(&self, wake: Option<WakeFn>) {
+        self.wake.install(wake);
+    }
+    fn forget_capacity_change(&self, wake: &WakeFn) {
+        self.wake.clear_if(wake);
+    }
+}
+
+#[test]
+fn loom_a_release_racing_a_park_on_an_atomic_account_never_loses_the_wake_up() {
+    loom::model(|| {
+        let monitor = Monitor::new();
+        monitor.start().unwrap();
+        let a = AtomicGate::new(1);
+        let held = monitor
+            .admit_blocking(
+                Demand::new().with(a.clone(), Amount::ONE),
+                &JobContext::new("holder"),
+                None,
+            )
+            .unwrap();
+        let (m, a2) = (monitor.clone(), a.clone());
+        let asker = thread::spawn(move || {
+            m.admit_blocking(
+                Demand::new().with(a2.clone(), Amount::ONE),
+                &JobContext::new("asker"),
+                None,
+            )
+        });
+        let giver = thread::spawn(move || drop(held));
+        giver.join().unwrap();
+        let grant = asker.join().unwrap().expect("granted once the give lands");
+        assert_eq!(a.free(), 0);
+        drop(grant);
+        monitor.stop();
+        assert_eq!(a.free(), 1);
+    });
+}
+
+#[test]
+fn loom_an_unlocked_give_back_racing_a_park_on_an_atomic_account_never_loses_the_wake_up() {
+    loom::model(|| {
+        let monitor = Monitor::new();
+        monitor.start().unwrap();
+        let (a, b) = (AtomicGate::new(1), AtomicGate::new(1));
+        let (m, a1, b1) = (monitor.clone(), a.clone(), b.clone());
+        let too_big = thread::spawn(move || {
+            let demand = Demand::new()
+                .with(a1.clone(), Amount::ONE)
+                .with(b1.clone(), Amount::units(2));
+            m.admit_blocking(demand, &JobContext::new("too big"), None)
+        });
+        let (m, a2) = (monitor.clone(), a.clone());
+        let one_of_a = thread::spawn(move || {
+            m.admit_blocking(
+                Demand::new().with(a2.clone(), Amount::ONE),
+                &JobContext::new("a"),
+                None,
+            )
+        });
+        assert!(matches!(
+            too_big.join().unwrap(),
+            Err(AdmitError::Refused { .. })
+        ));
+        let grant = one_of_a
+            .join()
+            .unwrap()
+            .expect("granted once the give-back lands");
+        drop(grant);
+        monitor.stop();
+        assert_eq!((a.free(), b.free()), (1, 1));
     });
 }

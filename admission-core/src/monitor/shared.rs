@@ -12,7 +12,7 @@ use crate::clock::{Clock, WakeFn};
 use crate::error::AdmitError;
 use crate::event::EventSink;
 use crate::gate::Gate;
-use crate::sync::{AtomicBool, MonitorLock, Ordering};
+use crate::sync::{AtomicBool, MonitorLock, Ordering, fence};
 
 use super::evaluator::Doorbell;
 use super::line::{OwnLine, Phase, State};
@@ -81,6 +81,11 @@ impl Shared {
     /// count is written.
     pub(crate) fn publish_parked(&self, parked: usize) {
         self.bell.parked.store(parked, Ordering::SeqCst);
+        // The parker's half of the Dekker pattern with a giver's `someone_waiting` (a fence, then
+        // a load of `parked`): an account may answer the parker's ask with a plain atomic load
+        // (a counting gate's "not now" is a failed compare-and-swap), and a sequentially
+        // consistent store followed by a weaker load of another word does not order the two.
+        fence(Ordering::SeqCst);
     }
 
     /// The error every admit gets in `phase`, `None` while open.

@@ -12,6 +12,7 @@ mod grant_and_demand;
 mod never_overdraw;
 mod soak;
 mod try_admit;
+mod unlocked;
 
 use std::sync::Arc;
 
