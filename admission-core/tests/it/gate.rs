@@ -14,13 +14,13 @@ use super::{demand, on, permits, recorded};
 
 /// A gate that holds whoever it is told to, counts what it hears, and can be armed to panic.
 #[derive(Default)]
-struct TestGate {
-    hold_all: AtomicBool,
+pub(crate) struct TestGate {
+    pub(crate) hold_all: AtomicBool,
     hold_head_only: AtomicBool,
     explode: AtomicBool,
     checks: AtomicUsize,
-    passed: AtomicUsize,
-    completed: AtomicUsize,
+    pub(crate) passed: AtomicUsize,
+    pub(crate) completed: AtomicUsize,
     wake: WakeSlot,
 }
 

@@ -2,46 +2,13 @@
 //! line, with a grant that borrows what it was given.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
-use admission_core::{
-    AdmitError, Category, Demand, Gate, GateAnswer, GateView, JobContext, Monitor, TryAdmitError,
-    WakeFn,
-};
+use admission_core::{AdmitError, Demand, JobContext, Monitor, TryAdmitError};
 use admission_testkit::monitor::poll_once;
 
+use super::gate::TestGate;
 use super::{demand, on, permits, recorded};
-
-/// A gate that holds everyone while told to, and counts passes and completions.
-#[derive(Default)]
-struct HoldingGate {
-    hold: AtomicBool,
-    passed: AtomicUsize,
-    completed: AtomicUsize,
-}
-
-impl Gate for HoldingGate {
-    fn name(&self) -> &str {
-        "memory"
-    }
-    fn category(&self) -> Category {
-        Category::custom("pressure")
-    }
-    fn check(&self, _view: GateView) -> GateAnswer {
-        if self.hold.load(Ordering::SeqCst) {
-            GateAnswer::Hold { until: None }
-        } else {
-            GateAnswer::Pass
-        }
-    }
-    fn passed(&self, _view: GateView) {
-        self.passed.fetch_add(1, Ordering::SeqCst);
-    }
-    fn completed(&self) {
-        self.completed.fetch_add(1, Ordering::SeqCst);
-    }
-    fn on_change(&self, _wake: Option<WakeFn>) {}
-}
 
 #[test]
 fn a_try_takes_the_whole_demand_and_its_grant_gives_it_back_on_drop_release_or_rollback() {
@@ -217,7 +184,7 @@ fn a_released_borrowed_grant_hands_its_permit_to_the_waiter_it_held_back() {
 
 #[test]
 fn behind_a_gate_a_try_is_asked_under_the_lock_and_a_holding_gate_is_named() {
-    let gate = Arc::new(HoldingGate::default());
+    let gate = Arc::new(TestGate::default());
     let monitor = Monitor::builder()
         .manual_passes()
         .gate(gate.clone())
@@ -225,7 +192,7 @@ fn behind_a_gate_a_try_is_asked_under_the_lock_and_a_holding_gate_is_named() {
     let http = permits("http", 1);
     let one = demand(&[(on(&http), 1)]);
     let job = JobContext::new("job");
-    gate.hold.store(true, Ordering::SeqCst);
+    gate.hold_all.store(true, Ordering::SeqCst);
     match monitor.try_admit(&one, &job) {
         Err(TryAdmitError::WouldWait { waiting, short, .. }) => {
             assert_eq!((waiting, short.as_deref()), (0, Some("memory")));
@@ -233,7 +200,7 @@ fn behind_a_gate_a_try_is_asked_under_the_lock_and_a_holding_gate_is_named() {
         other => panic!("expected the gate to hold it, got {other:?}"),
     }
     assert_eq!(http.available(), 1);
-    gate.hold.store(false, Ordering::SeqCst);
+    gate.hold_all.store(false, Ordering::SeqCst);
     let grant = monitor.try_admit(&one, &job).unwrap();
     assert_eq!(http.available(), 0);
     assert_eq!(gate.passed.load(Ordering::SeqCst), 1);
