@@ -432,6 +432,9 @@ impl Shared {
         st.queue.insert(seq, waiter);
         // Without a gate the count was published before the ask, and is this already.
         self.publish_parked(st.queue.len());
+        // The waiter's `held` events go out before anything a pass may build for it once the
+        // lock is released.
+        out.seal(&self.sink);
         Ok((
             Begin::Parked {
                 seq,

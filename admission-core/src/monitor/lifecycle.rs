@@ -97,6 +97,7 @@ impl Shared {
                     if !matches!(why, Leaving::Abandoned) {
                         out.finish(&w.cell, Err(error));
                     }
+                    out.seal(&self.sink);
                     true
                 }
                 None => false,
@@ -160,6 +161,7 @@ impl Shared {
                 self.drain_locked(&mut st, &mut out, &AdmitError::Shutdown);
             }
             self.unwatch_locked(&mut st);
+            out.seal(&self.sink);
             st.evaluator.take()
         };
         if let Some(gate) = &self.gate {

@@ -3,6 +3,17 @@
 //!
 //! Events are built under the lock, where the transition is exact, and emitted after it, so a
 //! slow sink never holds the line. With no sink installed no event is ever built.
+//!
+//! Events reach the sink in the order of the critical sections that built them: each critical
+//! section that changes the line queues its events before it releases the lock
+//! ([`Outbox::seal`]), and one thread at a time hands the queue to the sink, in order
+//! ([`Sink::drain`]). Without that, a job whose arriving thread was preempted between parking and
+//! emitting could have its `granted_from_hold`, built later by a pass on another thread, reach the
+//! sink before its `held`. A thread that finds another handing events over leaves its own to that
+//! one and goes on, so a slow sink delays events but never an admission, and a sink may call into
+//! its monitor (what that queues is emitted by the loop already running). A caller's events have
+//! reached the sink when its `deliver` returns unless another thread was handing events over at
+//! that moment.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -12,7 +23,7 @@ use crate::context::JobContext;
 use crate::demand::{Demand, Entry};
 use crate::error::AdmitError;
 use crate::event::{Event, EventEntry, EventKind, EventSink};
-use crate::sync::{AtomicBool, Ordering, RwLock};
+use crate::sync::{AtomicBool, Mutex, Ordering, RwLock};
 
 use super::ask::panic_message;
 use super::cell::{Cell, Outcome};
@@ -23,6 +34,11 @@ pub(crate) struct Sink {
     sink: RwLock<Option<Arc<dyn EventSink>>>,
     /// Whether a sink is installed: read without the lock by every transition.
     installed: AtomicBool,
+    /// Events built and not yet handed to the sink, in the order of their critical sections. A
+    /// leaf lock: taken under the monitor lock, and nothing is taken under it.
+    queue: Mutex<Vec<Event>>,
+    /// Held by the one thread handing the queue to the sink.
+    turn: Mutex<()>,
 }
 
 impl Sink {
@@ -30,6 +46,38 @@ impl Sink {
         Sink {
             installed: AtomicBool::new(sink.is_some()),
             sink: RwLock::new(sink),
+            queue: Mutex::new(Vec::new()),
+            turn: Mutex::new(()),
+        }
+    }
+
+    /// Queues `events` behind those already queued.
+    fn queue(&self, events: &mut Vec<Event>) {
+        if !events.is_empty() {
+            self.queue.lock().append(events);
+        }
+    }
+
+    /// Hands every queued event to the sink, in order, one thread at a time. A thread that finds
+    /// another handing the queue over leaves its events to it and goes on (a slow sink delays
+    /// events, never an admission); the one handing over looks at the queue again after giving
+    /// up its turn, so nothing queued meanwhile is left behind.
+    fn drain(&self) {
+        loop {
+            let Some(turn) = self.turn.try_lock() else {
+                return;
+            };
+            loop {
+                let batch = std::mem::take(&mut *self.queue.lock());
+                if batch.is_empty() {
+                    break;
+                }
+                self.emit(&batch);
+            }
+            drop(turn);
+            if self.queue.lock().is_empty() {
+                return;
+            }
         }
     }
 
@@ -119,6 +167,15 @@ impl<'a> Outbox<'a> {
         }
     }
 
+    /// Queues the events built so far for the sink, in this critical section's place: called
+    /// under the monitor lock by every critical section that changes the line, just before it
+    /// releases the lock.
+    pub(crate) fn seal(&mut self, sink: &Sink) {
+        if let Some(events) = &mut self.events {
+            sink.queue(events);
+        }
+    }
+
     /// Fills a waiter's cell with `outcome` and schedules its wake-up.
     pub(crate) fn finish(&mut self, cell: &Arc<Cell>, outcome: Outcome) {
         if let Err(Ok(grant)) = cell.fill(outcome) {
@@ -132,10 +189,11 @@ impl<'a> Outbox<'a> {
     /// Emits the events, then wakes the waiters, then rolls back what was discarded. Called with
     /// no lock held.
     pub(crate) fn deliver(self, sink: &Sink) {
-        if let Some(events) = self.events
-            && !events.is_empty()
-        {
-            sink.emit(&events);
+        if let Some(mut events) = self.events {
+            // Queued behind what earlier critical sections sealed, then emitted (by this thread,
+            // or by the one handing the queue over now, which this waits for).
+            sink.queue(&mut events);
+            sink.drain();
         }
         for cell in self.wake {
             cell.wake();

@@ -136,6 +136,7 @@ impl Shared {
                 let cause = format!("a pass failed: {}", panic_message(&*panic));
                 let mut st = self.state.lock();
                 self.close_locked(&mut st, out, cause);
+                out.seal(&self.sink);
                 None
             }
         }
@@ -179,7 +180,9 @@ impl Shared {
                 break;
             }
         }
-        self.end_pass(&mut st, walk)
+        let wake = self.end_pass(&mut st, walk);
+        out.seal(&self.sink);
+        wake
     }
 
     /// Asks waiter `w` (number `seq`) in this pass; true when the pass may stop here.

@@ -341,3 +341,72 @@ fn with_no_sink_no_event_is_built() {
     );
     assert_eq!(recorder.events().len(), 2);
 }
+
+/// A sink that records kinds and holds the thread emitting a `held` event until let go, as a
+/// preempted arriving thread would be held between parking and emitting.
+#[derive(Default)]
+struct HoldsOnHeld {
+    kinds: std::sync::Mutex<Vec<String>>,
+    /// (entered, let go)
+    gate: std::sync::Mutex<(bool, bool)>,
+    cv: std::sync::Condvar,
+}
+
+impl EventSink for HoldsOnHeld {
+    fn emit(&self, event: &Event) -> Result<(), SinkError> {
+        if matches!(event.kind, EventKind::Held) {
+            let mut gate = self.gate.lock().unwrap();
+            gate.0 = true;
+            self.cv.notify_all();
+            while !gate.1 {
+                gate = self.cv.wait(gate).unwrap();
+            }
+        }
+        self.kinds
+            .lock()
+            .unwrap()
+            .push(event.kind.as_str().to_owned());
+        Ok(())
+    }
+}
+
+#[test]
+fn a_waiters_held_reaches_the_sink_before_its_grant_built_on_another_thread() {
+    let sink = Arc::new(HoldsOnHeld::default());
+    let monitor = Monitor::builder().sink(sink.clone()).build();
+    let gate = permits("gate", 1);
+    let holder = monitor
+        .admit_blocking(demand(&[(on(&gate), 1)]), &JobContext::new("holder"), None)
+        .unwrap();
+    // The waiter parks; its thread is then held inside the sink, emitting its `held`.
+    let (m, g) = (monitor.clone(), gate.clone());
+    let waiter = std::thread::spawn(move || {
+        m.admit_blocking(demand(&[(on(&g), 1)]), &JobContext::new("waiter"), None)
+    });
+    {
+        let mut entered = sink.gate.lock().unwrap();
+        while !entered.0 {
+            entered = sink.cv.wait(entered).unwrap();
+        }
+    }
+    // Another thread releases: its hand-off pass grants the waiter and builds `granted_from_hold`.
+    let releaser = std::thread::spawn(move || drop(holder));
+    admission_testkit::monitor::wait_for_queue(&monitor, 0);
+    sink.gate.lock().unwrap().1 = true;
+    sink.cv.notify_all();
+    releaser.join().unwrap();
+    let grant = waiter.join().unwrap().expect("granted by the release");
+    drop(grant);
+    assert_eq!(
+        *sink.kinds.lock().unwrap(),
+        [
+            "granted_immediate",
+            "held",
+            "released",
+            "granted_from_hold",
+            "released"
+        ],
+        "in the order of the critical sections: the waiter parked, the holder released, the \
+         release's pass granted the waiter, the waiter released"
+    );
+}
