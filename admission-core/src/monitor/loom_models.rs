@@ -8,7 +8,8 @@
 //! grant, (g) an ask that takes then gives back racing a give, (h) the unlocked fast path giving
 //! back (muted) what a parker was refused for, (i) the unlocked fast path racing `stop`, (j) and
 //! (k) a release and an unlocked give-back racing a park on an account built on an atomic counter
-//! rather than a lock (the parker's fence in `Shared::publish_parked`).
+//! rather than a lock (the parker's fence in `Shared::publish_parked`), (l) the unlocked fast
+//! path racing a cancel.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -526,5 +527,29 @@ fn loom_an_unlocked_give_back_racing_a_park_on_an_atomic_account_never_loses_the
         drop(grant);
         monitor.stop();
         assert_eq!((a.free(), b.free()), (1, 1));
+    });
+}
+
+#[test]
+fn loom_unlocked_fast_path_racing_a_cancel_grants_or_refuses_and_keeps_nothing() {
+    loom::model(|| {
+        let monitor = Monitor::new();
+        let gate = Gate::new(1);
+        let ctx = JobContext::new("asker");
+        let (m, g, c) = (monitor.clone(), gate.clone(), ctx.clone());
+        let asker = thread::spawn(move || match m.admit_blocking(one(&g), &c, None) {
+            Ok(grant) => {
+                assert_eq!(g.free(), 0);
+                drop(grant);
+            }
+            Err(AdmitError::Cancelled { .. }) => {}
+            Err(other) => panic!("expected a grant or Cancelled, got {other}"),
+        });
+        let canceller = thread::spawn(move || ctx.cancel());
+        asker.join().unwrap();
+        canceller.join().unwrap();
+        assert_eq!(gate.free(), 1, "a cancelled unlocked admit kept a permit");
+        assert_eq!(monitor.queue_size(), 0);
+        monitor.stop();
     });
 }
