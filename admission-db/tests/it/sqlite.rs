@@ -550,19 +550,32 @@ fn an_abort_after_close_never_interrupts_the_next_job_on_the_connection() {
     let late = first.aborter();
     first.close().unwrap();
     let next = provider.checkout(false).unwrap();
-    let (started, start) = std::sync::mpsc::channel();
+    let conn = next.connection().unwrap();
+    // `running(x)` tells the aborting thread, from inside the statement, that it runs: the late
+    // abort lands mid-statement, with millions of rows still to go.
+    let (running, is_running) = std::sync::mpsc::channel();
+    let running = std::sync::Mutex::new(Some(running));
+    conn.create_scalar_function(
+        "running",
+        1,
+        rusqlite::functions::FunctionFlags::SQLITE_UTF8,
+        move |ctx| {
+            if let Some(tell) = running.lock().unwrap().take() {
+                let _ = tell.send(());
+            }
+            ctx.get::<i64>(0)
+        },
+    )
+    .unwrap();
     std::thread::scope(|s| {
         s.spawn(move || {
-            start.recv().unwrap();
-            std::thread::sleep(Duration::from_millis(20));
+            is_running.recv().unwrap();
             late.abort();
         });
-        let conn = next.connection().unwrap();
-        started.send(()).unwrap();
         let counted: i64 = conn
             .query_row(
                 "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 3000000) \
-                 SELECT count(*) FROM c",
+                 SELECT count(CASE WHEN x = 1 THEN running(x) ELSE x END) FROM c",
                 [],
                 |r| r.get(0),
             )
