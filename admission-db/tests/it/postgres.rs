@@ -102,6 +102,32 @@ impl PgDb {
 
     /// Sessions on this database left `idle in transaction`, once detached sessions have had up
     /// to 10 s to end (closing a socket reaches the server a moment later).
+    /// Waits (polling the server's view of its sessions, up to 10 s) until a statement
+    /// containing `fragment` runs on a session other than the poller's.
+    fn wait_until_running(&self, fragment: &str) {
+        let mut admin = Client::connect(&self.url, NoTls).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let pattern = format!("%{fragment}%");
+        loop {
+            let n: i64 = admin
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 \
+                     AND state = 'active' AND query LIKE $2 AND pid <> pg_backend_pid()",
+                    &[&self.name, &pattern],
+                )
+                .unwrap()
+                .get(0);
+            if n > 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no session ran `{fragment}` within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     fn idle_in_transaction(&self) -> i64 {
         let mut admin = Client::connect(&self.url, NoTls).unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -287,7 +313,7 @@ mod r2d2_pg {
             .build(PgManager::new(db.config.clone()))
             .unwrap();
         let provider = R2d2PostgresProvider::new("pg", 1, pool, clock()).unwrap();
-        an_abort_never_reaches_the_next_job_on_the_session(&provider, |handle| {
+        an_abort_never_reaches_the_next_job_on_the_session(&db, &provider, |handle| {
             pg(handle)
                 .client()?
                 .batch_execute("SELECT pg_sleep(0.3)")
@@ -543,7 +569,7 @@ pub(crate) mod deadpool_pg {
         let provider =
             DeadpoolPostgresProvider::new("pg", 1, pool(&db, 1), clock(), runtime.handle().clone())
                 .unwrap();
-        an_abort_never_reaches_the_next_job_on_the_session(&provider, |handle| {
+        an_abort_never_reaches_the_next_job_on_the_session(&db, &provider, |handle| {
             let client = dp(handle).client()?;
             runtime
                 .block_on(client.batch_execute("SELECT pg_sleep(0.3)"))
@@ -663,20 +689,7 @@ fn force_close_cancels_a_running_statement(
                 sleep(h)
             })
         });
-        // Until the statement runs on the server.
-        let mut admin = Client::connect(&subject.db().url, NoTls).unwrap();
-        while admin
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND state = 'active' \
-                 AND query LIKE '%pg_sleep(60)%' AND pid <> pg_backend_pid()",
-                &[&subject.db().name],
-            )
-            .unwrap()
-            .get::<_, i64>(0)
-            == 0
-        {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        subject.db().wait_until_running("pg_sleep(60)");
         closer.force_close().unwrap();
         let err = runner.join().unwrap().unwrap_err();
         assert!(matches!(err, DbError::Database { .. }), "{err}");
@@ -697,6 +710,7 @@ fn force_close_cancels_a_running_statement(
 /// user, and an aborted handle's request (sent from another thread) never cancels a statement of
 /// the next job, which runs `sleep` (a few tenths of a second) to its end every time.
 fn an_abort_never_reaches_the_next_job_on_the_session(
+    db: &PgDb,
     provider: &dyn DbResourceProvider,
     sleep: impl Fn(&mut dyn DbHandle) -> Result<(), DbError> + Sync,
 ) {
@@ -706,7 +720,8 @@ fn an_abort_never_reaches_the_next_job_on_the_session(
     let mut next = provider.acquire(false).unwrap();
     std::thread::scope(|s| {
         s.spawn(|| {
-            std::thread::sleep(Duration::from_millis(100));
+            // While the next job's statement runs on the session.
+            db.wait_until_running("pg_sleep(0.3)");
             late.abort();
         });
         sleep(next.as_mut()).expect("an abort after close cancelled the next job");
