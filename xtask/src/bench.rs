@@ -264,9 +264,6 @@ enum Src {
     /// A number in `side-by-side/<part>.json`, multiplied by the factor (1000 turns the
     /// harness's microseconds into nanoseconds).
     Harness(&'static str, &'static str, f64),
-    /// A number in `side-by-side/waiter_memory.json` (the `waiter_memory` bench, counted by
-    /// `dhat`'s allocator).
-    Memory(&'static str),
     /// No figure: a row with no peer.
     Nothing,
 }
@@ -302,11 +299,6 @@ impl Sources {
                     .join(format!("{part}.json")),
                 format!("/{key}"),
                 factor,
-            ),
-            Src::Memory(key) => (
-                self.target.join("side-by-side").join("waiter_memory.json"),
-                format!("/{key}"),
-                1.0,
             ),
             Src::Nothing => return None,
         };
@@ -373,6 +365,9 @@ struct Row {
 const SIDE: &str = "cargo bench -p admission-benches --bench side_by_side --";
 const HARNESS: &str = "cargo bench -p admission-benches --bench scarce_and_wakes --";
 const MEMORY: &str = "cargo bench -p admission-benches --bench waiter_memory";
+/// The part the `waiter_memory` bench writes (`side-by-side/waiter_memory.json`, heap counted by
+/// `dhat`'s allocator).
+const MEMORY_PART: &str = "waiter_memory";
 
 fn rows() -> Vec<Row> {
     use Src::{Criterion as C, Harness as H};
@@ -657,7 +652,7 @@ fn rows() -> Vec<Row> {
             "7",
             "heap held per parked waiter, one entry (line record, outcome cell, waker), counted by `dhat`",
             Unit::Bytes,
-            Src::Memory("heap_bytes_per_waiter_1_entries"),
+            H(MEMORY_PART, "heap_bytes_per_waiter_1_entries", 1.0),
             Src::Nothing,
             Goal::BytesAtMost(256.0),
             "",
@@ -666,7 +661,7 @@ fn rows() -> Vec<Row> {
             "7",
             "the same, three entries",
             Unit::Bytes,
-            Src::Memory("heap_bytes_per_waiter_3_entries"),
+            H(MEMORY_PART, "heap_bytes_per_waiter_3_entries", 1.0),
             Src::Nothing,
             Goal::None,
             "",
@@ -768,8 +763,9 @@ fn render(sources: &Sources, run: Option<&RunInfo>) -> String {
             },
         );
         let command = match row.ours {
+            // The `waiter_memory` bench writes its part as the harness does, but runs alone.
+            Src::Harness(MEMORY_PART, ..) => MEMORY.to_owned(),
             Src::Harness(..) => format!("{HARNESS} {}", row.command),
-            Src::Memory(_) => MEMORY.to_owned(),
             Src::Criterion(..) | Src::Nothing => format!("{SIDE} {}", row.command),
         };
         let peer_text = match row.peer {

@@ -22,9 +22,8 @@ use crate::event::EventKind;
 use crate::gate::{GateAnswer, GateView};
 use crate::sync::{MonitorGuard, Ordering};
 
-use super::ask::{Attempt, Head, Learn, ask_demand, earlier, panic_message};
+use super::ask::{Attempt, Head, Learn, ask_demand, earlier, give_back, panic_message};
 use super::cell::{Cell, Outcome};
-use super::evaluator::handing_off;
 use super::grant::{Grant, Waits};
 use super::line::{State, Waiter, before_planned};
 use super::outbox::{Outbox, entry_events};
@@ -141,30 +140,25 @@ impl Shared {
         }
         let mut short = Vec::new();
         match ask_demand(&self.bell, demand, ctx, None, Learn::FirstShort, &mut short) {
-            // Someone parked since the check above (this thread may have stalled between the
-            // two): that waiter is the head now, and what was just taken may be what it waits
-            // for. Give it back, muted, and let the lock decide (an admit parks behind it).
-            Attempt::Granted if self.open.load(Ordering::SeqCst) && self.bell.someone_waiting() => {
-                handing_off(&self.bell, || {
-                    for entry in demand.entries() {
-                        entry.account().give(entry.amount());
-                    }
-                });
-                self.ring_for_given_back();
-                Unlocked::Held(None)
-            }
-            Attempt::Granted if self.open.load(Ordering::SeqCst) => {
+            Attempt::Granted => {
+                // Stopped or closed while taking (the locked path refuses), or someone parked
+                // since the check above (this thread may have stalled between the two): that
+                // waiter is the head now, and what was just taken may be what it waits for. Give
+                // it all back and let the lock decide (an admit parks behind the head).
+                let open = self.open.load(Ordering::SeqCst);
+                if !open || self.bell.someone_waiting() {
+                    give_back(&self.bell, demand.entries());
+                    self.ring_for_given_back();
+                    return if open {
+                        Unlocked::Held(None)
+                    } else {
+                        Unlocked::Skipped
+                    };
+                }
                 out.event(EventKind::GrantedImmediate, ctx, || {
                     entry_events(demand.entries())
                 });
                 Unlocked::Taken
-            }
-            Attempt::Granted => {
-                // Stopped or closed while taking: give it all back; the locked path refuses.
-                for entry in demand.entries() {
-                    entry.account().give(entry.amount());
-                }
-                Unlocked::Skipped
             }
             Attempt::Held { .. } => {
                 self.ring_for_given_back();

@@ -233,7 +233,7 @@ impl Claims {
 
 /// Gives back what an attempt took before it was held or refused. The accounts' wake-ups to this
 /// monitor stay quiet: the give restores what the attempt found, which is no news to it.
-fn give_back(bell: &Doorbell, taken: &[Entry]) {
+pub(crate) fn give_back(bell: &Doorbell, taken: &[Entry]) {
     if taken.is_empty() {
         return;
     }

@@ -98,6 +98,20 @@ impl Waits {
     }
 }
 
+/// Gives `entries` back through `owner` unless `settled` says it was done: what either kind of
+/// grant does on its first release, rollback or drop.
+fn settle_once(
+    settled: &mut bool,
+    owner: &dyn Owner,
+    entries: &[Entry],
+    ctx: &JobContext,
+    everything: bool,
+) {
+    if !std::mem::replace(settled, true) {
+        owner.settle(entries, ctx, everything);
+    }
+}
+
 impl Grant {
     pub(crate) fn new(
         demand: Demand,
@@ -128,11 +142,14 @@ impl Grant {
     }
 
     fn settle(&mut self, everything: bool) {
-        if std::mem::replace(&mut self.settled, true) {
-            return;
-        }
-        self.owner
-            .settle(self.demand.entries(), &self.ctx, everything);
+        let entries = self.demand.entries();
+        settle_once(
+            &mut self.settled,
+            &*self.owner,
+            entries,
+            &self.ctx,
+            everything,
+        );
     }
 
     /// True once released or rolled back.
@@ -255,11 +272,8 @@ impl<'a> BorrowedGrant<'a> {
     }
 
     fn settle(&mut self, everything: bool) {
-        if std::mem::replace(&mut self.settled, true) {
-            return;
-        }
-        self.owner
-            .settle(self.demand.entries(), self.ctx, everything);
+        let entries = self.demand.entries();
+        settle_once(&mut self.settled, self.owner, entries, self.ctx, everything);
     }
 
     /// True once released or rolled back.
