@@ -781,16 +781,21 @@ fn four_threads_taking_and_giving_while_the_clock_moves_end_on_exact_totals() {
     let bucket = Arc::new(bucket(&clock, 6_000, 60_000));
     assert!(take(&bucket, Amount::pair(6_000, 60_000)));
     let done = Arc::new(AtomicBool::new(false));
+    // Counts the workers' attempts: the clock moves on only once someone has asked since its
+    // last move, so the run interleaves on a loaded machine too.
+    let attempts = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let workers: Vec<_> = (0..4u64)
         .map(|worker| {
-            let (bucket, done) = (bucket.clone(), done.clone());
+            let (bucket, done, attempts) = (bucket.clone(), done.clone(), attempts.clone());
             thread::spawn(move || {
                 let (mut taken, mut given, mut calls) = (0u64, 0u64, 0u64);
                 let mut turn = worker;
                 while !done.load(Ordering::SeqCst) {
                     turn += 1;
                     let tokens = 1 + turn % 5;
-                    if take(&bucket, call(tokens)) {
+                    let took = take(&bucket, call(tokens));
+                    attempts.fetch_add(1, Ordering::SeqCst);
+                    if took {
                         taken += tokens;
                         calls += 1;
                         // Every third grant is handed back whole, as a call that never went out.
@@ -806,8 +811,11 @@ fn four_threads_taking_and_giving_while_the_clock_moves_end_on_exact_totals() {
         })
         .collect();
     for _ in 0..5_000 {
+        let before = attempts.load(Ordering::SeqCst);
         clock.advance(Duration::from_millis(1));
-        thread::yield_now();
+        while attempts.load(Ordering::SeqCst) == before {
+            thread::yield_now();
+        }
     }
     done.store(true, Ordering::SeqCst);
     let (mut taken, mut given, mut calls) = (0, 0, 0);
