@@ -473,7 +473,8 @@ pub type AccountRef = Arc<dyn Account>;
 /// ```
 #[derive(Default)]
 pub struct WakeSlot {
-    /// The installed callback; it runs under this lock and must never touch the slot itself.
+    /// The installed callback. Only cloned, stored and taken under this lock: it is called and
+    /// dropped after the lock is released.
     wake: parking_lot::Mutex<Option<WakeFn>>,
     /// The installed callback's address (0: none), written under the lock: lets a give the
     /// monitor is already answering (its grant's release, an attempt's give-back) skip the lock.
@@ -486,24 +487,31 @@ impl WakeSlot {
         WakeSlot::default()
     }
 
-    /// Installs or clears the callback.
+    /// Installs or clears the callback. The callback it replaces is dropped after the slot's
+    /// lock is released.
     pub fn install(&self, wake: Option<WakeFn>) {
-        let mut slot = self.wake.lock();
-        self.key
-            .store(wake.as_ref().map_or(0, wake_key), AtomicOrdering::Release);
-        *slot = wake;
+        let replaced = {
+            let mut slot = self.wake.lock();
+            self.key
+                .store(wake.as_ref().map_or(0, wake_key), AtomicOrdering::Release);
+            std::mem::replace(&mut *slot, wake)
+        };
+        drop(replaced);
     }
 
     /// Clears the slot if it holds `wake` (compared by address, [`Arc::ptr_eq`]); returns
     /// whether it did. A callback installed by someone else since is left alone.
     pub fn clear_if(&self, wake: &WakeFn) -> bool {
-        let mut slot = self.wake.lock();
-        if slot.as_ref().is_some_and(|held| Arc::ptr_eq(held, wake)) {
+        let cleared = {
+            let mut slot = self.wake.lock();
+            if !slot.as_ref().is_some_and(|held| Arc::ptr_eq(held, wake)) {
+                return false;
+            }
             self.key.store(0, AtomicOrdering::Release);
-            *slot = None;
-            return true;
-        }
-        false
+            slot.take()
+        };
+        drop(cleared);
+        true
     }
 
     /// True when a callback is installed.
@@ -513,12 +521,14 @@ impl WakeSlot {
 
     /// Calls the callback, if any. Safe to call while holding the account's own lock.
     ///
-    /// The callback runs under the slot's own short lock (no reference count is taken on the
-    /// hot path of every give), so it must not install into this same slot. A give that a
-    /// monitor makes while it is already looking at its line (releasing a grant, giving back an
-    /// attempt) calls nothing and takes no lock when the slot holds that monitor's own callback,
-    /// which it mutes on that thread for the duration, or holds none: the monitor looks at its
-    /// line right after such gives, and the slot knows the callback it holds by address.
+    /// The callback runs after the slot's lock is released (the slot hands out a reference
+    /// count to it), so a callback may install into this same slot, and one that a concurrent
+    /// [`install`](WakeSlot::install) replaces may still be called once by a notify that began
+    /// before it. A give that a monitor makes while it is already looking at its line
+    /// (releasing a grant, giving back an attempt) calls nothing and takes no lock when the slot
+    /// holds that monitor's own callback, which it mutes on that thread for the duration, or
+    /// holds none: the monitor looks at its line right after such gives, and the slot knows the
+    /// callback it holds by address.
     pub fn notify(&self) {
         let muted = muted();
         if muted != 0 {
@@ -527,7 +537,8 @@ impl WakeSlot {
                 return;
             }
         }
-        if let Some(wake) = &*self.wake.lock() {
+        let wake = self.wake.lock().clone();
+        if let Some(wake) = wake {
             wake();
         }
     }

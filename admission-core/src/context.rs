@@ -181,13 +181,14 @@ impl JobContext {
     }
 
     /// Forgets a listener that is no longer needed.
+    /// The listener is dropped after the context's lock is released.
     pub(crate) fn forget(&self, key: u64) {
-        self.inner
-            .switch()
-            .listeners
-            .lock()
-            .entries
-            .retain(|(k, _)| *k != key);
+        let forgotten = {
+            let mut listeners = self.inner.switch().listeners.lock();
+            let at = listeners.entries.iter().position(|(k, _)| *k == key);
+            at.map(|at| listeners.entries.remove(at))
+        };
+        drop(forgotten);
     }
 }
 

@@ -220,8 +220,8 @@ impl Monitor {
     ///
     /// # Errors
     ///
-    /// The future resolves to [`AdmitError::Refused`] at once when an account can never grant the
-    /// demand, [`AdmitError::Cancelled`] when `ctx` is cancelled, [`AdmitError::TimedOut`] when
+    /// The future resolves to [`AdmitError::Refused`] at once (on its first poll, whoever waits
+    /// ahead and whatever the other accounts say) when an account can never grant the demand, [`AdmitError::Cancelled`] when `ctx` is cancelled, [`AdmitError::TimedOut`] when
     /// the timeout passes, [`AdmitError::Shutdown`] or [`AdmitError::Closed`] when admission ends,
     /// and [`AdmitError::Aborted`] when an account panics.
     ///
@@ -284,7 +284,8 @@ impl Monitor {
     /// A try never overtakes the line: while anyone waits it answers
     /// [`TryAdmitError::WouldWait`], as it does when an account (or the gate) has no room now.
     /// What [`admit`](Monitor::admit) would refuse for good it refuses alike
-    /// ([`TryAdmitError::Admit`]). The grant borrows the demand, the job and the monitor, so a
+    /// ([`TryAdmitError::Admit`]), and that wins over waiting: a demand that an account can
+    /// never grant is refused even while others wait or another account is short. The grant borrows the demand, the job and the monitor, so a
     /// prebuilt demand is tried again and again without a copy; with no gate, the whole try
     /// takes no lock of the monitor's and allocates nothing. Like `compare_exchange_weak`, a try
     /// may answer "would wait" for capacity that another admit held only for an instant (taken,

@@ -27,6 +27,7 @@
 //! | [`a_look_changes_nothing`] | a look answers what the take would, and takes nothing |
 //! | [`not_now_and_never_change_nothing`] | a taking ask answered "not now" or "never" debits nothing |
 //! | [`never_fitting_amount_is_refused_as_too_large_or_other_never_as_not_now`] | "never" is a refusal naming what was asked, fresh or drained |
+//! | [`a_monitor_refuses_a_never_fitting_demand_at_once_behind_a_head_short_on_it`] | a monitor refuses that amount at once while a head waits on the drained account |
 //! | [`fits_alone_but_not_beside_the_reservation_is_not_now`] | a reservation makes "not now", never "never" |
 //! | [`not_now_instant_is_when_time_alone_makes_it_fit`] | a clocked account's instant is the earliest, not a nanosecond off |
 //! | [`a_release_account_answers_not_now_without_an_instant`] | only a give can help a release account |
@@ -155,11 +156,13 @@ use std::thread;
 use std::time::Duration;
 
 use admission_core::{
-    Account, Amount, Answer, Ask, Clock, Instant, RefusalKind, Replenishment, WakeFn,
+    Account, AccountStatus, AdmitError, Amount, Answer, Ask, Capability, Category, Clock, Demand,
+    Instant, JobContext, Monitor, RefusalKind, Replenishment, TryAdmitError, WakeFn,
 };
 
 use crate::FakeClock;
-use crate::monitor::PATIENCE;
+use crate::monitor::{PATIENCE, poll_once};
+use crate::reference::ReferenceStatus;
 
 /// An account under test and what the suite must be told about it.
 ///
@@ -285,6 +288,10 @@ pub const RULES: &[(&str, Rule)] = &[
     (
         "never_fitting_amount_is_refused_as_too_large_or_other_never_as_not_now",
         never_fitting_amount_is_refused_as_too_large_or_other_never_as_not_now,
+    ),
+    (
+        "a_monitor_refuses_a_never_fitting_demand_at_once_behind_a_head_short_on_it",
+        a_monitor_refuses_a_never_fitting_demand_at_once_behind_a_head_short_on_it,
     ),
     (
         "fits_alone_but_not_beside_the_reservation_is_not_now",
@@ -561,6 +568,135 @@ pub fn never_fitting_amount_is_refused_as_too_large_or_other_never_as_not_now(
         run.expect_too_large_or_other(never, ask, "once drained");
     }
     run.expect_free(0, "drained, after refusing the never-fitting amount");
+}
+
+/// "Never" wins over "not now" in a monitor too: with the account drained and a head parked
+/// for `fits_alone`, a demand of the never-fitting amount is refused at once, by
+/// [`Monitor::admit`] on its first poll (with a timeout or without) and by
+/// [`Monitor::try_admit`], naming the account; it is neither parked behind the head nor told to
+/// wait, and nothing is taken. The monitor runs on the subject's clock with manual passes, so no
+/// time passes and no pass runs meanwhile.
+///
+/// Skipped (passes) when the subject declares no `never_fits` amount.
+///
+/// # Panics
+///
+/// When the head is not parked on the drained account, or the never-fitting demand is anything
+/// but refused by this account at once.
+pub fn a_monitor_refuses_a_never_fitting_demand_at_once_behind_a_head_short_on_it(
+    make: &dyn Fn() -> Subject,
+) {
+    let run = Run::new(
+        "a_monitor_refuses_a_never_fitting_demand_at_once_behind_a_head_short_on_it",
+        make,
+    );
+    let Some(never) = run.subject.never_fits else {
+        return;
+    };
+    let account = run.subject.account.clone();
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .clock(run.subject.clock.shared())
+        .build();
+    // An account that requires a capability (a provider's window needs an HTTP connection) is
+    // asked beside one that provides it and always has room.
+    let companion: Option<Arc<dyn Account>> = account
+        .requires()
+        .map(|capability| Arc::new(Provider(capability)) as Arc<dyn Account>);
+    let demand_of = |amount: Amount| {
+        let demand = Demand::new().with(account.clone(), amount);
+        match &companion {
+            Some(provider) => demand.with(provider.clone(), Amount::ONE),
+            None => demand,
+        }
+    };
+    run.drain();
+    let mut head = monitor.admit(demand_of(run.unit()), &JobContext::new("head"), None);
+    if let Some(outcome) = poll_once(&mut head) {
+        panic!(
+            "{}: expected a head asking {} of the drained account to wait in the line, saw {}",
+            run.at(),
+            run.unit(),
+            match outcome {
+                Ok(_) => "it granted".to_owned(),
+                Err(error) => format!("it refused: {error}"),
+            }
+        );
+    }
+    let name = account.name().to_owned();
+    let refused_by_it = |error: &AdmitError| matches!(error, AdmitError::Refused { account, .. } if *account == name);
+    for (how, timeout) in [
+        ("admit", None),
+        ("admit with a timeout", Some(Duration::from_secs(60))),
+    ] {
+        let mut admit = monitor.admit(demand_of(never), &JobContext::new("never"), timeout);
+        match poll_once(&mut admit) {
+            Some(Err(error)) if refused_by_it(&error) => {}
+            seen => panic!(
+                "{}: expected `{how}` of {never} behind a head waiting on the drained account to \
+                 be refused by `{name}` on its first poll (the amount can never fit), saw {}",
+                run.at(),
+                match seen {
+                    None => "it wait in the line".to_owned(),
+                    Some(Ok(_)) => "a grant".to_owned(),
+                    Some(Err(error)) => format!("{error:?}"),
+                }
+            ),
+        }
+    }
+    let demand = demand_of(never);
+    match monitor.try_admit(&demand, &JobContext::new("try")) {
+        Err(TryAdmitError::Admit(error)) if refused_by_it(&error) => {}
+        seen => panic!(
+            "{}: expected `try_admit` of {never} behind a head waiting on the drained account to \
+             be refused by `{name}` (the amount can never fit), saw {seen:?}",
+            run.at()
+        ),
+    }
+    assert!(
+        monitor.queue_size() == 1,
+        "{}: expected only the head in the line, saw {} waiters",
+        run.at(),
+        monitor.queue_size()
+    );
+    run.expect_free(
+        0,
+        "drained, after the monitor refused the never-fitting amount",
+    );
+    drop(head);
+    monitor.stop();
+}
+
+/// An account that provides a capability and always has room: the companion a rule adds to a
+/// demand on an account that requires that capability.
+struct Provider(Capability);
+
+impl Account for Provider {
+    fn name(&self) -> &str {
+        "provider"
+    }
+    fn category(&self) -> Category {
+        Category::custom("provider")
+    }
+    fn replenishment(&self) -> Replenishment {
+        Replenishment::Release
+    }
+    fn ask(&self, _mine: Amount, _ask: Ask) -> Answer {
+        Answer::Taken
+    }
+    fn give(&self, _amount: Amount) {}
+    fn status(&self) -> Box<dyn AccountStatus> {
+        Box::new(ReferenceStatus {
+            name: "provider".to_owned(),
+            category: Category::custom("provider"),
+            capacity: u64::MAX,
+            available: u64::MAX,
+        })
+    }
+    fn on_capacity_change(&self, _wake: Option<WakeFn>) {}
+    fn provides(&self) -> Option<Capability> {
+        Some(self.0)
+    }
 }
 
 /// When `fits_alone` fits the account alone but not beside the head's reservation, the answer

@@ -22,7 +22,7 @@ use crate::event::EventKind;
 use crate::gate::{GateAnswer, GateView};
 use crate::sync::{MonitorGuard, Ordering};
 
-use super::ask::{Attempt, Head, Learn, ask_demand, earlier, give_back, panic_message};
+use super::ask::{Attempt, Head, Learn, ask_demand, earlier, give_back, panic_message, refusal_of};
 use super::cell::{Cell, Outcome};
 use super::grant::{Grant, Waits};
 use super::line::{State, Waiter, before_planned};
@@ -179,11 +179,18 @@ impl Shared {
         let taken = match self.take_unlocked(demand, ctx, &mut out) {
             Unlocked::Taken => Ok(()),
             Unlocked::Refused(error) => Err(error.into()),
-            Unlocked::Held(short) => Err(TryAdmitError::WouldWait {
-                job: ctx.id(),
-                waiting: 0,
-                short: short.map(|i| demand.entries()[i].account().name().to_owned()),
-            }),
+            Unlocked::Held(short) => match refusal_of(demand, ctx) {
+                // The fast path stopped at the first "not now"; a later account's "never" wins.
+                Some(error) => {
+                    out.rejected(ctx, demand, &error);
+                    Err(error.into())
+                }
+                None => Err(TryAdmitError::WouldWait {
+                    job: ctx.id(),
+                    waiting: 0,
+                    short: short.map(|i| demand.entries()[i].account().name().to_owned()),
+                }),
+            },
             Unlocked::Skipped => self.try_take_locked(demand, ctx, &mut out),
         };
         self.deliver(out);
@@ -218,9 +225,16 @@ impl Shared {
             return refused(out, error);
         }
         if !st.queue.is_empty() {
+            // Never overtaking the line, but "never" wins over "not now": a demand no account
+            // can ever grant is refused, not told to wait.
+            let waiting = st.queue.len();
+            if let Some(error) = refusal_of(demand, ctx) {
+                drop(st);
+                return refused(out, error);
+            }
             return Err(TryAdmitError::WouldWait {
                 job: ctx.id(),
-                waiting: st.queue.len(),
+                waiting,
                 short: None,
             });
         }
@@ -234,11 +248,16 @@ impl Shared {
                 });
                 Ok(())
             }
-            Ok(false) => Err(TryAdmitError::WouldWait {
-                job: ctx.id(),
-                waiting: 0,
-                short: gate_held.then(|| self.gate_name().to_owned()),
-            }),
+            Ok(false) => match (!gate_held).then(|| refusal_of(demand, ctx)).flatten() {
+                // The fast path stopped at the first "not now"; a later account's "never" wins
+                // (a gate's hold looked for one already).
+                Some(error) => refused(out, error),
+                None => Err(TryAdmitError::WouldWait {
+                    job: ctx.id(),
+                    waiting: 0,
+                    short: gate_held.then(|| self.gate_name().to_owned()),
+                }),
+            },
             Err(error) => refused(out, error),
         }
     }
@@ -300,8 +319,17 @@ impl Shared {
                 }
             }
         }
-        if self.gate.is_some() && !demand.is_empty() && !gate_held {
-            gate_held = st.queue.values().next().is_some_and(|head| head.on_gate);
+        if self.gate.is_some() && !demand.is_empty() {
+            // With a gate the evaluator asks the waiter, but a demand that can never fit is
+            // refused here and now (a fast path that the gate held looked for that already).
+            let looked = gate_held;
+            if !gate_held {
+                gate_held = st.queue.values().next().is_some_and(|head| head.on_gate);
+            }
+            if !looked && let Some(error) = refusal_of(&demand, ctx) {
+                drop(st);
+                return refused(out, &demand, error);
+            }
         }
         self.park(st, demand, ctx, timeout, gate_held, out)
     }
@@ -353,6 +381,10 @@ impl Shared {
         if let Some(gate) = &self.gate
             && let GateAnswer::Hold { .. } = gate.check(view)
         {
+            // The gate holds it, but an account that can never grant it still refuses it.
+            if let Some(error) = refusal_of(demand, ctx) {
+                return Err(error);
+            }
             *gate_held = true;
             return Ok(false);
         }
@@ -409,7 +441,15 @@ impl Shared {
         };
         let ring = match self.gate {
             Some(_) => true,
-            None => self.ask_at_the_tail(&st, &mut waiter, out, now)?,
+            None => match self.ask_at_the_tail(&st, &mut waiter, out, now) {
+                Ok(ring) => ring,
+                Err(outcome) => {
+                    // The waiter's demand and context are the caller's: dropped unlocked.
+                    drop(st);
+                    drop(waiter);
+                    return Err(outcome);
+                }
+            },
         };
         // Whoever parks has an evaluator to serve its deadline (started here at the latest).
         if let Err(error) = self.ensure_evaluator(&mut st) {
@@ -484,7 +524,11 @@ impl Shared {
         let head = match st.queue.values().next() {
             Some(first) => match Head::now_of(&first.demand) {
                 Some(head) => Some(head),
-                None => return Arrival::Deferred,
+                // A demand that can never fit is refused now, not after the head's pass.
+                None => match refusal_of(&w.demand, &w.ctx) {
+                    Some(error) => return Arrival::Refused(error),
+                    None => return Arrival::Deferred,
+                },
             },
             None => None,
         };

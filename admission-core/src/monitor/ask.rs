@@ -4,7 +4,8 @@
 //! asked in the demand's order, each with one [`Account::ask`](crate::Account::ask): taking while
 //! everything so far fit, and only looking once one account said "not now", so that the monitor
 //! learns every account the job is short on (each gets its `Held` event and its wait time) without
-//! taking from them. What was taken before a "not now" or a "never" is given back at once, with
+//! taking from them, and so that one account's "never" wins over another's "not now": a demand
+//! that can never fit is refused at once on every path, never parked. What was taken before a "not now" or a "never" is given back at once, with
 //! this monitor's own doorbell muted (the pass that gives it back is the pass that would run).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -91,9 +92,11 @@ pub(crate) enum Attempt {
 /// How much an attempt that is not granted should learn.
 #[derive(Copy, Clone, PartialEq, Eq)]
 pub(crate) enum Learn {
-    /// Stop at the first account that says "not now" (the fast path: an arrival asks again).
+    /// Stop at the first account that says "not now": the fast path, whose caller either asks
+    /// again at the line's tail (an admit) or looks for a "never" itself (a try).
     FirstShort,
-    /// Ask every account, so that every one the job is short on is known.
+    /// Ask every account, so that every one the job is short on is known, and a "never" from
+    /// any of them wins over another's "not now".
     EveryShort,
 }
 
@@ -118,8 +121,11 @@ pub(crate) fn earlier(a: Option<Instant>, b: Option<Instant>) -> Option<Instant>
 /// Asks every account of `demand` once, behind `head` (`None`: the asker is the head, or meets
 /// an empty line), and takes the whole demand if every account says so. Under the monitor lock.
 ///
-/// `short` is cleared, then holds the entries the job is short on when it is held. While the head
-/// is short on an account, nobody behind it is even asked about that account (see `pass.rs`).
+/// `short` is cleared, then holds the entries the job is short on when it is held. With
+/// [`Learn::EveryShort`], "never" wins over "not now": every account is asked even after one
+/// said "not now" (the rest with a [`look`](Ask::look)), so a demand that one account can never
+/// grant is refused whatever the others answer. An account the head is short on is only looked at, and whatever it answers
+/// but "never" counts as short: nobody behind the head takes from it (see `pass.rs`).
 #[inline(always)]
 pub(crate) fn ask_demand(
     bell: &Doorbell,
@@ -142,15 +148,12 @@ pub(crate) fn ask_demand(
     let mut taken = 0;
     for (i, entry) in entries.iter().enumerate() {
         let account = entry.account();
-        let mut ask = match head {
-            None => Ask::HEAD,
+        let (mut ask, claimed) = match head {
+            None => (Ask::HEAD, false),
             Some(head) => {
                 let key = account_key(account);
-                if claims.any && claims.has(i, head, key) {
-                    short.push(Some(i));
-                    continue;
-                }
-                Ask::behind(head.reserved(key))
+                let claimed = claims.any && claims.has(i, head, key);
+                (Ask::behind(head.reserved(key)), claimed)
             }
         };
         if claims.any || !short.is_empty() {
@@ -164,6 +167,15 @@ pub(crate) fn ask_demand(
             }
         };
         match answer {
+            Answer::Never(refusal) => {
+                give_back(bell, &entries[..taken]);
+                return Attempt::Refused(AdmitError::Refused {
+                    account: account.name().to_owned(),
+                    refusal,
+                });
+            }
+            // The head is short on it: not this waiter's to have, whatever it says now.
+            _ if claimed => short.push(Some(i)),
             Answer::Taken => {
                 if ask.takes() {
                     taken = i + 1;
@@ -176,13 +188,6 @@ pub(crate) fn ask_demand(
                     break;
                 }
             }
-            Answer::Never(refusal) => {
-                give_back(bell, &entries[..taken]);
-                return Attempt::Refused(AdmitError::Refused {
-                    account: account.name().to_owned(),
-                    refusal,
-                });
-            }
         }
     }
     if short.is_empty() {
@@ -190,6 +195,24 @@ pub(crate) fn ask_demand(
     }
     give_back(bell, &entries[..taken]);
     Attempt::Held { wake }
+}
+
+/// Looks at every account of `demand` for a "never", taking nothing: the refusal of a demand
+/// that can never fit (or of an account that panicked), for a path that does not ask the
+/// accounts otherwise (a line whose head is about to go, a gate that holds the line, a try
+/// behind a line). Under the monitor lock, or on the unlocked path.
+pub(crate) fn refusal_of(demand: &Demand, ctx: &JobContext) -> Option<AdmitError> {
+    demand.entries().iter().find_map(|entry| {
+        let account = entry.account();
+        match asked(account, entry.amount(), Ask::behind(Amount::ZERO).look()) {
+            Ok(Answer::Never(refusal)) => Some(AdmitError::Refused {
+                account: account.name().to_owned(),
+                refusal,
+            }),
+            Ok(_) => None,
+            Err(panic) => Some(aborted(account, ctx, &*panic)),
+        }
+    })
 }
 
 /// The entries of a demand on accounts the head of the line is short on: those are not asked at

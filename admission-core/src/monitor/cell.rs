@@ -2,7 +2,8 @@
 //!
 //! Lock order: the monitor lock, then a cell's lock; never the other way. A cell is filled under
 //! the monitor lock (so "still in the line" and "no outcome yet" are the same fact), and the
-//! waiter is woken after the monitor lock is released.
+//! waiter is woken after the monitor lock is released. Nothing a caller gave the cell (a waker)
+//! is cloned, called or dropped under the cell's lock.
 
 use std::task::Waker;
 
@@ -57,16 +58,33 @@ impl Cell {
     }
 
     /// Takes the outcome if it is there; otherwise remembers `waker` for [`Cell::wake`].
+    ///
+    /// Nothing of the caller's runs under the cell's lock: a waker is cloned before the lock is
+    /// taken again to store it, and the waker it replaces is dropped after the lock is released.
+    /// A waker may own its task's state, a [`Grant`] among it; dropping that grant runs a pass,
+    /// which may fill this very cell (and the fill locks it).
     pub(crate) fn poll(&self, waker: &Waker) -> Option<Outcome> {
-        let mut slot = self.slot.lock();
-        if let Some(outcome) = slot.outcome.take() {
-            return Some(outcome);
+        {
+            let mut slot = self.slot.lock();
+            if let Some(outcome) = slot.outcome.take() {
+                return Some(outcome);
+            }
+            if slot.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+                return None;
+            }
         }
-        match &slot.waker {
-            Some(w) if w.will_wake(waker) => {}
-            _ => slot.waker = Some(waker.clone()),
-        }
-        None
+        // A new waker (the first, or the task moved): cloned with no lock of ours held.
+        let new = waker.clone();
+        let (outcome, replaced) = {
+            let mut slot = self.slot.lock();
+            match slot.outcome.take() {
+                // Filled meanwhile: the clone is not needed.
+                Some(outcome) => (Some(outcome), Some(new)),
+                None => (None, slot.waker.replace(new)),
+            }
+        };
+        drop(replaced);
+        outcome
     }
 
     /// Takes the outcome if it is there.

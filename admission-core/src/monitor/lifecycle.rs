@@ -97,6 +97,7 @@ impl Shared {
                     if !matches!(why, Leaving::Abandoned) {
                         out.finish(&w.cell, Err(error));
                     }
+                    out.left(w);
                     out.seal(&self.sink);
                     true
                 }
@@ -117,15 +118,18 @@ impl Shared {
         for (_, w) in queue {
             out.rejected(&w.ctx, &w.demand, error);
             out.finish(&w.cell, Err(error.clone()));
+            out.left(w);
         }
     }
 
     /// Takes this monitor's doorbell back from every account it watched, leaving alone a slot
     /// that another monitor sharing the account has taken over since.
-    fn unwatch_locked(&self, st: &mut State) {
+    fn unwatch_locked(&self, st: &mut State, out: &mut Outbox<'_>) {
         for (_, weak) in st.watched.drain() {
             if let Some(account) = weak.upgrade() {
                 account.forget_capacity_change(&self.kick);
+                // Maybe the last handle now: dropped once the lock is released.
+                out.unwatched(account);
             }
         }
     }
@@ -146,7 +150,7 @@ impl Shared {
         self.open.store(false, Ordering::SeqCst);
         let error = AdmitError::Closed { cause };
         self.drain_locked(st, out, &error);
-        self.unwatch_locked(st);
+        self.unwatch_locked(st, out);
         error
     }
 
@@ -160,7 +164,7 @@ impl Shared {
                 self.open.store(false, Ordering::SeqCst);
                 self.drain_locked(&mut st, &mut out, &AdmitError::Shutdown);
             }
-            self.unwatch_locked(&mut st);
+            self.unwatch_locked(&mut st, &mut out);
             out.seal(&self.sink);
             st.evaluator.take()
         };

@@ -9,7 +9,8 @@
 //! back (muted) what a parker was refused for, (i) the unlocked fast path racing `stop`, (j) and
 //! (k) a release and an unlocked give-back racing a park on an account built on an atomic counter
 //! rather than a lock (the parker's fence in `Shared::publish_parked`), (l) the unlocked fast
-//! path racing a cancel.
+//! path racing a cancel, (m) a waker that owns a grant, dropped as its admit is polled again,
+//! its grant's pass filling that admit's cell while a newcomer races it.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -549,6 +550,45 @@ fn loom_unlocked_fast_path_racing_a_cancel_grants_or_refuses_and_keeps_nothing()
         asker.join().unwrap();
         canceller.join().unwrap();
         assert_eq!(gate.free(), 1, "a cancelled unlocked admit kept a permit");
+        assert_eq!(monitor.queue_size(), 0);
+        monitor.stop();
+    });
+}
+
+/// A waker that owns its task's state, a grant among it: dropping the waker releases the grant.
+struct OwningWaker(std::sync::Mutex<Option<crate::Grant>>);
+
+impl std::task::Wake for OwningWaker {
+    fn wake(self: Arc<Self>) {}
+}
+
+#[test]
+fn loom_a_waker_that_owns_a_grant_dropped_as_its_cell_is_filled_never_deadlocks() {
+    loom::model(|| {
+        let (monitor, gate, held) = started_with_its_one_permit_held();
+        let mut admit = Box::pin(monitor.admit(one(&gate), &JobContext::new("task"), None));
+        // The first poll's waker owns the holder's grant; the admit keeps its only handle.
+        let first =
+            std::task::Waker::from(Arc::new(OwningWaker(std::sync::Mutex::new(Some(held)))));
+        let mut cx = std::task::Context::from_waker(&first);
+        assert!(admit.as_mut().poll(&mut cx).is_pending());
+        drop(first);
+
+        // Another job arrives behind it while the task is polled again with a new waker (loom's
+        // own): replacing the first drops it, which releases the grant, whose pass fills this
+        // very cell, on this thread, racing the newcomer.
+        let (m, g) = (monitor.clone(), gate.clone());
+        let other = thread::spawn(move || {
+            m.admit_blocking(one(&g), &JobContext::new("other"), None)
+                .map(drop)
+        });
+        let grant = loom::future::block_on(admit).expect("the task is granted");
+        drop(grant);
+        other
+            .join()
+            .unwrap()
+            .expect("the newcomer is granted after the task");
+        assert_eq!(gate.free(), 1);
         assert_eq!(monitor.queue_size(), 0);
         monitor.stop();
     });

@@ -1,5 +1,11 @@
 //! The outbox: what a critical section leaves to do once the monitor lock is released (events to
-//! emit, waiters to wake, grants to roll back), and the sink events go to.
+//! emit, waiters to wake, grants to roll back, what left the line to drop), and the sink events
+//! go to.
+//!
+//! Nothing a caller gave the monitor is dropped under its lock: a waiter that leaves the line
+//! (its demand holds the accounts, its context the job) and an account the monitor stops
+//! watching are moved here and dropped once the lock is released, since dropping the last handle
+//! to either runs code that is not ours.
 //!
 //! Events are built under the lock, where the transition is exact, and emitted after it, so a
 //! slow sink never holds the line. With no sink installed no event is ever built.
@@ -28,6 +34,8 @@ use crate::sync::{AtomicBool, Mutex, Ordering, RwLock};
 use super::ask::panic_message;
 use super::cell::{Cell, Outcome};
 use super::grant::Grant;
+use super::line::Waiter;
+use crate::account::AccountRef;
 
 /// The monitor's event sink, swappable at any time.
 pub(crate) struct Sink {
@@ -81,10 +89,14 @@ impl Sink {
         }
     }
 
+    /// Installs or removes the sink; the one it replaces is dropped after the lock is released.
     pub(crate) fn set(&self, sink: Option<Arc<dyn EventSink>>) {
-        let mut slot = self.sink.write();
-        self.installed.store(sink.is_some(), Ordering::Release);
-        *slot = sink;
+        let replaced = {
+            let mut slot = self.sink.write();
+            self.installed.store(sink.is_some(), Ordering::Release);
+            std::mem::replace(&mut *slot, sink)
+        };
+        drop(replaced);
     }
 
     pub(crate) fn is_installed(&self) -> bool {
@@ -120,6 +132,10 @@ pub(crate) struct Outbox<'a> {
     wake: Vec<Arc<Cell>>,
     /// Grants to roll back once the lock is released.
     discard: Vec<Grant>,
+    /// Waiters that left the line, dropped once the lock is released.
+    left: Vec<Waiter>,
+    /// Accounts no longer watched, dropped once the lock is released.
+    unwatched: Vec<AccountRef>,
 }
 
 impl<'a> Outbox<'a> {
@@ -130,6 +146,8 @@ impl<'a> Outbox<'a> {
             events: sink.is_installed().then(Vec::new),
             wake: Vec::new(),
             discard: Vec::new(),
+            left: Vec::new(),
+            unwatched: Vec::new(),
         }
     }
 
@@ -186,8 +204,18 @@ impl<'a> Outbox<'a> {
         self.wake.push(cell.clone());
     }
 
-    /// Emits the events, then wakes the waiters, then rolls back what was discarded. Called with
-    /// no lock held.
+    /// Keeps waiter `w`, which left the line, until the lock is released.
+    pub(crate) fn left(&mut self, w: Waiter) {
+        self.left.push(w);
+    }
+
+    /// Keeps `account`, no longer watched, until the lock is released.
+    pub(crate) fn unwatched(&mut self, account: AccountRef) {
+        self.unwatched.push(account);
+    }
+
+    /// Emits the events, then wakes the waiters, then rolls back what was discarded and drops
+    /// what left. Called with no lock held.
     pub(crate) fn deliver(self, sink: &Sink) {
         if let Some(mut events) = self.events {
             // Queued behind what earlier critical sections sealed, then emitted (by this thread,
@@ -201,6 +229,8 @@ impl<'a> Outbox<'a> {
         for mut grant in self.discard {
             grant.rollback();
         }
+        drop(self.left);
+        drop(self.unwatched);
     }
 }
 

@@ -4,14 +4,14 @@
 //! granted is the head; every waiter behind it is asked with the head's amounts set aside on each
 //! account they share (EASY backfilling, Lifka 1995), so the head is never overtaken while
 //! disjoint demands flow past it. Two sharper rules follow from what a head waits for:
-//! - while the head is short on an account, nobody behind it takes from that account, and nobody
-//!   behind it is even asked about it. For an account that sets the head's amounts aside, as the
-//!   contract requires, that is its own answer (what is free is less than the head's amount, so
-//!   less than the head's and anyone's together), so the rule only spares a long line the asking.
-//!   On a [`Time`](crate::Replenishment::Time) account it matters beyond that: every unit
-//!   taken would postpone the head's grant by as much, so even an account that ignores
-//!   reservations must not be drawn from, and the head's own deadline covers every follower's
-//!   wake-up;
+//! - while the head is short on an account, nobody behind it takes from that account: it is only
+//!   looked at, for a "never" (a demand it can never grant is refused, not left behind the head
+//!   until the head is served), and any other answer counts as short. For an account that sets
+//!   the head's amounts aside, as the contract requires, that is its own answer (what is free is
+//!   less than the head's amount, so less than the head's and anyone's together). On a
+//!   [`Time`](crate::Replenishment::Time) account it matters beyond that: every unit taken would
+//!   postpone the head's grant by as much, so even an account that ignores reservations must not
+//!   be drawn from, and the head's own deadline covers every follower's wake-up;
 //! - while the gate holds the head, every waiter with entries is held by the gate too, with the
 //!   head's deadline, so the next wake-up starts again from the head.
 //!
@@ -35,7 +35,7 @@ use crate::event::{EventEntry, EventKind};
 use crate::gate::{GateAnswer, GateView};
 use crate::sync::{MonitorGuard, Ordering};
 
-use super::ask::{Attempt, Head, Learn, ask_demand, earlier, panic_message};
+use super::ask::{Attempt, Head, Learn, ask_demand, earlier, panic_message, refusal_of};
 use super::evaluator::handing_off;
 use super::grant::{Hold, Owner, Waits};
 use super::line::{Phase, State, Waiter, before_planned};
@@ -180,7 +180,7 @@ impl Shared {
                 break;
             }
         }
-        let wake = self.end_pass(&mut st, walk);
+        let wake = self.end_pass(&mut st, walk, out);
         out.seal(&self.sink);
         wake
     }
@@ -259,9 +259,16 @@ impl Shared {
     }
 
     /// Removes the pass's leavers, publishes the line's new size and plans the next wake-up.
-    fn end_pass(&self, st: &mut MonitorGuard<'_, State>, walk: Walk) -> Option<Instant> {
+    fn end_pass(
+        &self,
+        st: &mut MonitorGuard<'_, State>,
+        walk: Walk,
+        out: &mut Outbox<'_>,
+    ) -> Option<Instant> {
         for seq in &walk.leaving {
-            st.queue.remove(seq);
+            if let Some(w) = st.queue.remove(seq) {
+                out.left(w);
+            }
         }
         if let Some(gate) = &self.gate {
             gate.holding(walk.on_gate);
@@ -314,17 +321,23 @@ impl Shared {
             return Attempt::Granted;
         }
         if let Some(gate) = &self.gate {
-            if let Some(Head {
-                gate_hold: Some(until),
-                ..
-            }) = head
-            {
+            let held = match head {
+                Some(Head {
+                    gate_hold: Some(until),
+                    ..
+                }) => Some(*until),
+                _ => match gate.check(view) {
+                    GateAnswer::Hold { until } => Some(until),
+                    _ => None,
+                },
+            };
+            if let Some(wake) = held {
+                // The gate holds it, but an account that can never grant it still refuses it.
+                if let Some(error) = refusal_of(demand, &w.ctx) {
+                    return Attempt::Refused(error);
+                }
                 short.push(None);
-                return Attempt::Held { wake: *until };
-            }
-            if let GateAnswer::Hold { until } = gate.check(view) {
-                short.push(None);
-                return Attempt::Held { wake: until };
+                return Attempt::Held { wake };
             }
         }
         let attempt = ask_demand(&self.bell, demand, &w.ctx, head, Learn::EveryShort, short);

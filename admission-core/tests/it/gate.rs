@@ -4,12 +4,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use admission_core::{
-    AdmitError, Category, Demand, Gate, GateAnswer, GateView, Instant, JobContext, Monitor, WakeFn,
-    WakeSlot,
+    Account, AccountStatus, AdmitError, Amount, Answer, Ask, Category, Demand, Gate, GateAnswer,
+    GateView, Instant, JobContext, Monitor, Replenishment, WakeFn, WakeSlot,
 };
 use admission_testkit::monitor::{poll_once, spawn_thread_waiter, wait_for_queue};
+use admission_testkit::reference::ReferenceStatus;
 
-use super::accounts::Moody;
 use super::{demand, on, permits, recorded};
 
 /// A gate that holds whoever it is told to, counts what it hears, and can be armed to panic.
@@ -57,6 +57,43 @@ impl Gate for TestGate {
     }
 }
 
+/// An always-fitting account that records each ask with how many times the gate had been
+/// checked when it came: the order of gate and accounts, exactly.
+struct AfterTheGate {
+    gate: Arc<TestGate>,
+    seen: parking_lot::Mutex<Vec<(Ask, usize)>>,
+    wake: WakeSlot,
+}
+
+impl Account for AfterTheGate {
+    fn name(&self) -> &str {
+        "after"
+    }
+    fn category(&self) -> Category {
+        Category::custom("probe")
+    }
+    fn replenishment(&self) -> Replenishment {
+        Replenishment::Release
+    }
+    fn ask(&self, _mine: Amount, ask: Ask) -> Answer {
+        let checks = self.gate.checks.load(Ordering::SeqCst);
+        self.seen.lock().push((ask, checks));
+        Answer::Taken
+    }
+    fn give(&self, _amount: Amount) {}
+    fn status(&self) -> Box<dyn AccountStatus> {
+        Box::new(ReferenceStatus {
+            name: "after".into(),
+            category: Category::custom("probe"),
+            capacity: 1,
+            available: 1,
+        })
+    }
+    fn on_capacity_change(&self, wake: Option<WakeFn>) {
+        self.wake.install(wake);
+    }
+}
+
 #[test]
 fn the_gate_is_met_before_any_account_and_an_empty_demand_never_meets_it() {
     let gate = Arc::new(TestGate::default());
@@ -64,16 +101,23 @@ fn the_gate_is_met_before_any_account_and_an_empty_demand_never_meets_it() {
         .manual_passes()
         .gate(gate.clone())
         .build();
-    let moody = Arc::new(Moody::new("moody"));
+    let probe = Arc::new(AfterTheGate {
+        gate: gate.clone(),
+        seen: parking_lot::Mutex::new(Vec::new()),
+        wake: WakeSlot::new(),
+    });
     gate.hold_all.store(true, Ordering::SeqCst);
 
-    let mut held = monitor.admit(demand(&[(on(&moody), 1)]), &JobContext::new("held"), None);
+    let mut held = monitor.admit(demand(&[(on(&probe), 1)]), &JobContext::new("held"), None);
     assert!(poll_once(&mut held).is_none());
     assert_eq!(gate.checks.load(Ordering::SeqCst), 1);
+    // Held by the gate, the account is only looked at, after the gate answered, for a "never"
+    // (which would refuse the job now rather than after the gate lets it through).
+    let look = Ask::behind(Amount::ZERO).look();
     assert_eq!(
-        moody.asked.load(Ordering::SeqCst),
-        0,
-        "an account was asked before the gate"
+        *probe.seen.lock(),
+        [(look, 1)],
+        "an account was asked before the gate, or asked to take while the gate held it"
     );
 
     // The line is not empty, so the orchestrator queues too; its pass never asks the gate.
@@ -92,6 +136,11 @@ fn the_gate_is_met_before_any_account_and_an_empty_demand_never_meets_it() {
     let grant = poll_once(&mut held).unwrap().unwrap();
     assert_eq!(gate.checks.load(Ordering::SeqCst), 3);
     assert_eq!(gate.passed.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        *probe.seen.lock(),
+        [(look, 1), (look, 2), (Ask::HEAD, 3)],
+        "every ask came after the gate's check of the same attempt"
+    );
     drop(grant);
     assert_eq!(gate.completed.load(Ordering::SeqCst), 1);
 }

@@ -397,6 +397,21 @@ const CAUGHT: &[(Flaw, On, &str)] = &[
         "never_fitting_amount_is_refused_as_too_large_or_other_never_as_not_now",
     ),
     (
+        Flaw::NeverIsNotNowWhenDrained,
+        On::Permits,
+        "a_monitor_refuses_a_never_fitting_demand_at_once_behind_a_head_short_on_it",
+    ),
+    (
+        Flaw::NeverIsNotNowWhenDrained,
+        On::Meter,
+        "a_monitor_refuses_a_never_fitting_demand_at_once_behind_a_head_short_on_it",
+    ),
+    (
+        Flaw::NeverIsNotNow,
+        On::Meter,
+        "a_monitor_refuses_a_never_fitting_demand_at_once_behind_a_head_short_on_it",
+    ),
+    (
         Flaw::ReservationIsNever,
         On::Permits,
         "fits_alone_but_not_beside_the_reservation_is_not_now",
