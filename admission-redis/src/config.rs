@@ -183,13 +183,20 @@ pub struct RedisAdmissionConfig {
     pub eviction_check: EvictionCheck,
     /// Tenant mode, if enabled.
     pub tenant_mode: Option<TenantMode>,
+    /// Every key of the cell expires after this long without a call (every call refreshes it),
+    /// so a fleet that crashed, or stopped using a cell, leaves nothing behind for good. An idle
+    /// cell that expired is created again by the next call, without its tenant overrides and
+    /// quota windows. Set by the instance that creates the cell. At least a minute and at least
+    /// twice the lease TTL.
+    pub cell_idle_expiry: Duration,
 }
 
 impl RedisAdmissionConfig {
     /// A config with the given server, cell and ceilings, and defaults for the rest: lease TTL
     /// 10 s renewed every 3 s, a Redis wait of 5 s within a local timeout of 30 s, no TLS, no
     /// password, no quotas, key prefix `admission`, 10,000 stream records, reaping 64 per call,
-    /// 1 s connect and response timeouts, 2 reconnection attempts, refusing an evicting server.
+    /// 1 s connect and response timeouts, 2 reconnection attempts, refusing an evicting server,
+    /// and a cell that expires after 24 hours without a call.
     pub fn new(
         host: impl Into<String>,
         port: u16,
@@ -218,6 +225,7 @@ impl RedisAdmissionConfig {
             reconnect_retries: 2,
             eviction_check: EvictionCheck::Refuse,
             tenant_mode: None,
+            cell_idle_expiry: Duration::from_secs(24 * 60 * 60),
         }
     }
 
@@ -250,6 +258,16 @@ impl RedisAdmissionConfig {
             if value > MAX_EXACT {
                 return Err(ConfigError::new(field, format!("is {value}, over 2^53")));
             }
+        }
+        if c.service_bytes < c.service_transfers {
+            return Err(ConfigError::new(
+                "ceilings.service_bytes",
+                format!(
+                    "{} is under the {} service transfers it must hold: every transfer holds at \
+                     least one byte, so the transfer ceiling could never be reached",
+                    c.service_bytes, c.service_transfers
+                ),
+            ));
         }
         if c.tenant_bytes > c.service_bytes {
             return Err(ConfigError::new(
@@ -318,6 +336,36 @@ impl RedisAdmissionConfig {
                 "response_timeout"
             };
             return Err(ConfigError::new(field, "is 0"));
+        }
+        // A renewal that meets a dead connection spends a connection attempt and a response
+        // time; it must still end before the next one is due, or two lost renewals would not
+        // leave a third before the TTL.
+        let call = self.connect_timeout.saturating_add(self.response_timeout);
+        if call > self.renew_every {
+            let field = if self.connect_timeout > self.response_timeout {
+                "connect_timeout"
+            } else {
+                "response_timeout"
+            };
+            return Err(ConfigError::new(
+                field,
+                format!(
+                    "connect_timeout {:?} + response_timeout {:?} = {call:?} is over renew_every \
+                     {:?}: a renewal that meets a dead connection must end before the next is due",
+                    self.connect_timeout, self.response_timeout, self.renew_every
+                ),
+            ));
+        }
+        let floor = Duration::from_secs(60).max(self.lease_ttl.saturating_mul(2));
+        if self.cell_idle_expiry < floor {
+            return Err(ConfigError::new(
+                "cell_idle_expiry",
+                format!(
+                    "{:?} is under {floor:?} (a minute, and twice the lease TTL): a cell in use \
+                     must never expire between two calls",
+                    self.cell_idle_expiry
+                ),
+            ));
         }
         if let Some(q) = &self.quotas {
             if q.requests_per_minute == 0 {

@@ -88,6 +88,20 @@ pub struct Unavailable {
     pub source: redis::RedisError,
 }
 
+impl Unavailable {
+    /// An answer that is not one the operation expects.
+    pub(crate) fn unexpected(operation: &'static str, detail: String) -> Unavailable {
+        Unavailable {
+            operation,
+            source: redis::RedisError::from((
+                redis::ErrorKind::UnexpectedReturnType,
+                "unexpected script reply",
+                detail,
+            )),
+        }
+    }
+}
+
 /// Why [`RedisAdmission::connect`](crate::RedisAdmission::connect) failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

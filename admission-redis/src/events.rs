@@ -2,11 +2,9 @@
 
 use std::collections::HashMap;
 
-use redis::streams::StreamRangeReply;
-
-use crate::coordinator::{RedisAdmission, unavailable};
+use crate::coordinator::RedisAdmission;
 use crate::error::Unavailable;
-use crate::lease::Occupancy;
+use crate::script::Occupancy;
 
 /// One record of the cell's events stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,15 +81,13 @@ impl FleetEvent {
 ///
 /// # Errors
 ///
-/// [`Unavailable`] when Redis fails.
+/// [`Unavailable`] when Redis did not answer within the lease TTL (a failure on the connection is
+/// retried until then).
 pub async fn read_events(admission: &RedisAdmission) -> Result<Vec<FleetEvent>, Unavailable> {
-    let mut conn = admission.inner.conn.clone();
-    let reply: StreamRangeReply =
-        redis::AsyncCommands::xrange_all(&mut conn, admission.events_key())
-            .await
-            .map_err(unavailable("read_events"))?;
-    Ok(reply
-        .ids
+    let cell = &admission.inner.cell;
+    let deadline = tokio::time::Instant::now() + cell.config.lease_ttl;
+    let records = cell.read_stream(deadline).await?;
+    Ok(records
         .into_iter()
         .map(|record| FleetEvent::from_fields(record.id, &record.map))
         .collect())

@@ -26,38 +26,54 @@ local cfg, occ, exp, events, quota, line, live =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local op, fingerprint = ARGV[1], ARGV[2]
 
--- The config, the asking tenant's override, and the server's clock plus a forward skew that only
--- the test-util feature ever sets (it moves the cell's time as a fake clock would).
+-- The config, the asking tenant's override, and the server's clock. A build with the test-util
+-- feature adds a forward skew to it (the lines between the test-util markers, which the
+-- production script does not contain: nothing in production can move the cell's time).
 local asking = (op == 'acquire' and ARGV[4]) or (op == 'snapshot' and ARGV[3]) or ''
 local c = redis.call('HMGET', cfg, 'fingerprint', 'sb', 'st', 'tb', 'tt', 'bt', 'maxlen',
-  'version', 'skew_ms', 'o:' .. asking, 'ttl', 'nq')
+  'version', 'skew_ms', 'o:' .. asking, 'ttl', 'nq', 'idle')
 local t = redis.call('TIME')
-local skew = tonumber(c[9] or '0')
+local skew = 0
+-- test-util begin
+skew = tonumber(c[9] or '0')
+-- test-util end
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + skew
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2]) + skew * 1000
 
 local function int(n) return string.format('%.0f', n) end
 
+-- Every key of the cell expires after `idle` milliseconds without a call (refreshed at the end of
+-- every call that found the cell), so a fleet that crashed, or stopped using a cell, leaves
+-- nothing behind for good. A key created or emptied and re-created during the call is covered
+-- too, since the refresh comes last.
+local function touch(idle, reply)
+  if idle and idle > 0 then
+    for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], idle) end
+  end
+  return reply
+end
+
 if op == 'init' then
   -- ARGV: 3 service_bytes 4 service_transfers 5 tenant_bytes 6 tenant_transfers
   --       7 backend_transfers 8 events_max_len 9 lease ttl ms (a waiter's grant lives this long)
+  --       10 idle ms (every key expires after this long without a call; 0: never)
   if c[1] then
     if c[1] ~= fingerprint then return {'MISMATCH', c[1]} end
-    return {'OK', c[8]}
+    return touch(tonumber(c[13]), {'OK', c[8]})
   end
   -- A cell created afresh (first start, or a server that restarted empty) starts its policy
   -- version at the server's clock, so versions never go back across a restart either.
   local version = int(math.max(1, math.floor(now_ms)))
   redis.call('HSET', cfg, 'fingerprint', fingerprint, 'sb', ARGV[3], 'st', ARGV[4],
     'tb', ARGV[5], 'tt', ARGV[6], 'bt', ARGV[7], 'maxlen', ARGV[8], 'version', version,
-    'ttl', ARGV[9], 'nq', redis.call('ZCARD', line))
-  return {'OK', version}
+    'ttl', ARGV[9], 'idle', ARGV[10], 'nq', redis.call('ZCARD', line))
+  return touch(tonumber(ARGV[10]), {'OK', version})
 end
 
 if not c[1] then return {'NOCONFIG'} end
 if c[1] ~= fingerprint then return {'MISMATCH', c[1]} end
 local S_B, S_T, T_B, T_T, B_T = tonumber(c[2]), tonumber(c[3]), tonumber(c[4]), tonumber(c[5]), tonumber(c[6])
-local maxlen, version, TTL = c[7], c[8], tonumber(c[11])
+local maxlen, version, TTL, IDLE = c[7], c[8], tonumber(c[11]), tonumber(c[13])
 -- How many wait in the line: with none (the usual case) the line is never read.
 local queued = tonumber(c[12] or '0')
 local DIMS = { 'service_bytes', 'service_transfers', 'tenant_bytes', 'tenant_transfers', 'backend_transfers' }
@@ -145,6 +161,32 @@ local function short_on(o, need, tb_max, tt_max, r, blocked)
   return nil
 end
 
+-- The head of the line as the waiters behind it see it: its demand, and the dimensions it is
+-- short on, from its record `w`, its counters `o` and its byte and transfer ceilings.
+local function head_of(w, o, tb_max, tt_max)
+  local f = tonumber(w[4]) or 0
+  local need, max, short = { f, 1, f, 1, 1 }, { S_B, S_T, tb_max, tt_max, B_T }, {}
+  for i = 1, 5 do short[i] = o[i] + need[i] > max[i] end
+  return { tenant = w[2], backend = w[3], need = need, short = short }
+end
+
+-- The head's reservation (EASY backfilling): what anyone behind `head` of `tenant` on `backend`
+-- must leave for it on every dimension they share, and the dimensions it may not take from at
+-- all (those the head is short on). Nothing without a head.
+local function set_aside(head, tenant, backend)
+  local r, blocked = { 0, 0, 0, 0, 0 }, {}
+  if head then
+    local shares = { true, true, head.tenant == tenant, head.tenant == tenant, head.backend == backend }
+    for i = 1, 5 do
+      if shares[i] then
+        r[i] = head.need[i]
+        blocked[i] = head.short[i]
+      end
+    end
+  end
+  return r, blocked
+end
+
 -- Grants lease `id` to the acquisition `nonce` with counters `o` (read before the grant).
 local function grant(id, tenant, backend, footprint, operation, ttl, o, nonce, outcome, last, seq)
   local f = tonumber(footprint)
@@ -189,28 +231,17 @@ local function handoff(limit)
       local f = tonumber(w[4])
       local tb_max, tt_max = limits(redis.call('HGET', cfg, 'o:' .. w[2]))
       local o = read(w[2], w[3])
-      local r, blocked = { 0, 0, 0, 0, 0 }, {}
-      if head then
-        local shares = { true, true, head.tenant == w[2], head.tenant == w[2], head.backend == w[3] }
-        for i = 1, 5 do
-          if shares[i] then
-            r[i] = head.need[i]
-            blocked[i] = head.short[i]
-          end
-        end
-      end
+      local r, blocked = set_aside(head, w[2], w[3])
       local need = { f, 1, f, 1, 1 }
       if not short_on(o, need, tb_max, tt_max, r, blocked) then
         unqueue(id)
         grant(id, w[2], w[3], w[4], w[5], TTL, o, w[6], 'handoff')
         granted = granted + 1
       elseif not head then
-        local short, max = {}, { S_B, S_T, tb_max, tt_max, B_T }
-        for i = 1, 5 do short[i] = o[i] + need[i] > max[i] end
-        head = { tenant = w[2], backend = w[3], need = need, short = short }
+        head = head_of(w, o, tb_max, tt_max)
         -- Every waiter needs service bytes and a service transfer: when the head is short on
         -- either, or nothing is left of them beside its reservation, nobody behind can go.
-        if short[1] or short[2] or o[1] + f + 1 > S_B or o[2] + 2 > S_T then break end
+        if head.short[1] or head.short[2] or o[1] + f + 1 > S_B or o[2] + 2 > S_T then break end
       end
     end
   end
@@ -259,25 +290,25 @@ if op == 'acquire' then
   local id, tenant, backend, operation = ARGV[3], ARGV[4], ARGV[5], ARGV[7]
   local footprint, ttl, nonce = tonumber(ARGV[6]), tonumber(ARGV[8]), ARGV[11]
   reap(tonumber(ARGV[9]))
-  if not footprint or footprint <= 0 then return {'NEVER', 'footprint', ARGV[6], '1'} end
+  if not footprint or footprint <= 0 then return touch(IDLE, {'NEVER', 'footprint', ARGV[6], '1'}) end
   local tb_max, tt_max = limits(c[10])
-  if footprint > S_B then return {'NEVER', 'service_bytes', ARGV[6], int(S_B)} end
-  if footprint > tb_max then return {'NEVER', 'tenant_bytes', ARGV[6], int(tb_max)} end
+  if footprint > S_B then return touch(IDLE, {'NEVER', 'service_bytes', ARGV[6], int(S_B)}) end
+  if footprint > tb_max then return touch(IDLE, {'NEVER', 'tenant_bytes', ARGV[6], int(tb_max)}) end
   local o, v = read(tenant, backend, 'r:' .. id, 'q:' .. id, 'tok', 'seq')
   if v[6] then
     -- Held: this acquisition's own lease (granted from the line, or by a call whose reply was
     -- lost), claimed as it is; or a duplicate.
     local f = parse(v[6])
-    if f[6] ~= nonce then return {'NEVER', 'lease_id', id, '0'} end
+    if f[6] ~= nonce then return touch(IDLE, {'NEVER', 'lease_id', id, '0'}) end
     local expiry = redis.call('ZSCORE', exp, id)
-    return {'OK', f[1], version, int(o[1]), int(o[2]), int(o[3]), int(o[4]), int(o[5]),
-      int(tonumber(expiry)), int(now_ms)}
+    return touch(IDLE, {'OK', f[1], version, int(o[1]), int(o[2]), int(o[3]), int(o[4]), int(o[5]),
+      int(tonumber(expiry)), int(now_ms)})
   end
   local waiting
   if v[7] then
     local w = parse(v[7])
     -- Another acquisition waits under this id: a duplicate, not this one asking again.
-    if w[6] ~= nonce then return {'NEVER', 'lease_id', id, '0'} end
+    if w[6] ~= nonce then return touch(IDLE, {'NEVER', 'lease_id', id, '0'}) end
     waiting = w[1]
   end
   if waiting then
@@ -286,22 +317,14 @@ if op == 'acquire' then
     redis.call('ZADD', live, now_ms + ttl, id)
   end
   -- Who is first? A newcomer goes before the line only beside the head's reserved demand.
-  local r, blocked = { 0, 0, 0, 0, 0 }, {}
+  local head
   local first = queued > 0 and redis.call('ZRANGE', line, 0, 0)[1]
   if first and first ~= id then
     local h = parse(redis.call('HGET', occ, 'q:' .. first) or '0|||0|')
-    local hf = tonumber(h[4]) or 0
     local htb, htt = limits(redis.call('HGET', cfg, 'o:' .. (h[2] or '')))
-    local ho = read(h[2] or '', h[3] or '')
-    local hneed, hmax = { hf, 1, hf, 1, 1 }, { S_B, S_T, htb, htt, B_T }
-    local shares = { true, true, h[2] == tenant, h[2] == tenant, h[3] == backend }
-    for i = 1, 5 do
-      if shares[i] then
-        r[i] = hneed[i]
-        blocked[i] = ho[i] + hneed[i] > hmax[i]
-      end
-    end
+    head = head_of(h, (read(h[2] or '', h[3] or '')), htb, htt)
   end
+  local r, blocked = set_aside(head, tenant, backend)
   local need = { footprint, 1, footprint, 1, 1 }
   local dim = short_on(o, need, tb_max, tt_max, r, blocked)
   if dim and not waiting and ARGV[10] == '1' then
@@ -313,18 +336,18 @@ if op == 'acquire' then
       waiting .. '|' .. tenant .. '|' .. backend .. '|' .. ARGV[6] .. '|' .. operation .. '|' .. nonce)
     local last = append('queued', id, '0', tenant, backend, ARGV[6], operation, 'queued', o)
     local max = { S_B, S_T, tb_max, tt_max, B_T }
-    return {'FULL', DIMS[dim], int(o[dim] + r[dim]), int(max[dim]), last, int(earliest_expiry()),
-      int(now_ms), waiting}
+    return touch(IDLE, {'FULL', DIMS[dim], int(o[dim] + r[dim]), int(max[dim]), last, int(earliest_expiry()),
+      int(now_ms), waiting})
   end
   if dim then
     local max = { S_B, S_T, tb_max, tt_max, B_T }
-    return {'FULL', DIMS[dim], int(o[dim] + r[dim]), int(max[dim]), last_event_id(),
-      int(earliest_expiry()), int(now_ms), waiting or ''}
+    return touch(IDLE, {'FULL', DIMS[dim], int(o[dim] + r[dim]), int(max[dim]), last_event_id(),
+      int(earliest_expiry()), int(now_ms), waiting or ''})
   end
   if waiting then unqueue(id) end
   local token, expiry = grant(id, tenant, backend, ARGV[6], operation, ttl, o, nonce, 'admitted', v[8] or '0', v[9])
-  return {'OK', token, version, int(o[1]), int(o[2]), int(o[3]), int(o[4]), int(o[5]),
-    int(expiry), int(now_ms)}
+  return touch(IDLE, {'OK', token, version, int(o[1]), int(o[2]), int(o[3]), int(o[4]), int(o[5]),
+    int(expiry), int(now_ms)})
 end
 
 if op == 'withdraw' then
@@ -341,7 +364,7 @@ if op == 'withdraw' then
       unqueue(id)
       append('timed_out', id, '0', w[2], w[3], w[4], w[5], 'timed_out', (read(w[2], w[3])))
       handoff(tonumber(ARGV[5]))
-      return {'WITHDRAWN'}
+      return touch(IDLE, {'WITHDRAWN'})
     end
   end
   if v[2] then
@@ -349,11 +372,11 @@ if op == 'withdraw' then
     if f[6] == nonce then
       local o = read(f[2], f[3])
       local expiry = redis.call('ZSCORE', exp, id)
-      return {'OK', f[1], version, int(o[1]), int(o[2]), int(o[3]), int(o[4]), int(o[5]),
-        int(tonumber(expiry)), int(now_ms)}
+      return touch(IDLE, {'OK', f[1], version, int(o[1]), int(o[2]), int(o[3]), int(o[4]), int(o[5]),
+        int(tonumber(expiry)), int(now_ms)})
     end
   end
-  return {'GONE'}
+  return touch(IDLE, {'GONE'})
 end
 
 if op == 'renew' then
@@ -362,22 +385,28 @@ if op == 'renew' then
   reap(tonumber(ARGV[4]))
   local expiry = now_ms + tonumber(ARGV[3])
   local reply = {'OK', int(now_ms), int(expiry)}
+  local expired = 0
   for i = 5, #ARGV, 2 do
     local id, token = ARGV[i], ARGV[i + 1]
     local r = redis.call('HGET', occ, 'r:' .. id)
+    local current = r and string.sub(r, 1, string.find(r, '|', 1, true) - 1)
     if not r then
       reply[#reply + 1] = 'LOST'
+    elseif current ~= token then
+      reply[#reply + 1] = 'STALE:' .. current
+    elseif tonumber(redis.call('ZSCORE', exp, id) or '0') <= now_ms then
+      -- Expired on server time, and the bounded reap has not come to it yet: a renewal never
+      -- brings it back (its capacity may be promised to a waiter already).
+      settle(id, r, 'expired')
+      expired = expired + 1
+      reply[#reply + 1] = 'LOST'
     else
-      local current = string.sub(r, 1, string.find(r, '|', 1, true) - 1)
-      if current ~= token then
-        reply[#reply + 1] = 'STALE:' .. current
-      else
-        redis.call('ZADD', exp, expiry, id)
-        reply[#reply + 1] = 'OK'
-      end
+      redis.call('ZADD', exp, expiry, id)
+      reply[#reply + 1] = 'OK'
     end
   end
-  return reply
+  if expired > 0 then handoff(tonumber(ARGV[4])) end
+  return touch(IDLE, reply)
 end
 
 if op == 'release' then
@@ -385,28 +414,30 @@ if op == 'release' then
   local id, token = ARGV[3], ARGV[4]
   reap(tonumber(ARGV[6]))
   local r = redis.call('HGET', occ, 'r:' .. id)
-  if not r then return {'LOST'} end
+  if not r then return touch(IDLE, {'LOST'}) end
   local current = string.sub(r, 1, string.find(r, '|', 1, true) - 1)
-  if current ~= token then return {'STALE', current} end
+  if current ~= token then return touch(IDLE, {'STALE', current}) end
   settle(id, r, ARGV[5])
   handoff(tonumber(ARGV[6]))
-  return {'OK', int(now_ms)}
+  return touch(IDLE, {'OK', int(now_ms)})
 end
 
+-- test-util begin
 if op == 'skew' then
   -- ARGV: 3 milliseconds to move the cell's clock forward (test-util only)
   redis.call('HINCRBY', cfg, 'skew_ms', tonumber(ARGV[3]))
-  return {'OK', int(now_ms + tonumber(ARGV[3]))}
+  return touch(IDLE, {'OK', int(now_ms + tonumber(ARGV[3]))})
 end
+-- test-util end
 
 if op == 'snapshot' then
   -- ARGV: 3 tenant 4 backend 5 reap limit
   local reaped = reap(tonumber(ARGV[5]))
   local o, v = read(ARGV[3], ARGV[4], 'tok')
   local tb_max, tt_max = limits(c[10])
-  return {'OK', version, int(o[1]), int(o[2]), int(o[3]), int(o[4]), int(o[5]),
+  return touch(IDLE, {'OK', version, int(o[1]), int(o[2]), int(o[3]), int(o[4]), int(o[5]),
     int(o[2]), int(tb_max), int(tt_max), int(now_ms), int(reaped), v[6] or '0',
-    int(redis.call('XLEN', events))}
+    int(redis.call('XLEN', events))})
 end
 
 if op == 'policy' then
@@ -417,15 +448,15 @@ if op == 'policy' then
     redis.call('HDEL', cfg, 'o:' .. tenant)
   else
     local b, n = tonumber(ARGV[4]), tonumber(ARGV[5])
-    if not b or b < 1 or b > S_B then return {'INVALID', 'bytes', ARGV[4], int(S_B)} end
-    if not n or n < 1 or n > S_T then return {'INVALID', 'transfers', ARGV[5], int(S_T)} end
+    if not b or b < 1 or b > S_B then return touch(IDLE, {'INVALID', 'bytes', ARGV[4], int(S_B)}) end
+    if not n or n < 1 or n > S_T then return touch(IDLE, {'INVALID', 'transfers', ARGV[5], int(S_T)}) end
     redis.call('HSET', cfg, 'o:' .. tenant, ARGV[4] .. '|' .. ARGV[5])
   end
   version = int(redis.call('HINCRBY', cfg, 'version', 1))
   handoff(tonumber(ARGV[6]))
   append('policy_changed', '', '0', tenant, '', '0', 'policy', ARGV[4] == '' and 'cleared' or 'set',
     (read(tenant, '')))
-  return {'OK', version}
+  return touch(IDLE, {'OK', version})
 end
 
 if op == 'quota' then
@@ -441,11 +472,11 @@ if op == 'quota' then
   end
   local left_ms = (window + 1) * window_ms - now_ms
   if used + amount > limit then
-    return {'OVER', int(used), int(limit), int(left_ms)}
+    return touch(IDLE, {'OVER', int(used), int(limit), int(left_ms)})
   end
   used = used + amount
   redis.call('HSET', quota, field, int(window) .. '|' .. int(used))
-  return {'OK', int(used), int(limit), int(left_ms)}
+  return touch(IDLE, {'OK', int(used), int(limit), int(left_ms)})
 end
 
 return redis.error_reply('admission-redis: unknown operation ' .. tostring(op))

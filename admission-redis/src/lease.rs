@@ -4,134 +4,17 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
-
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::coordinator::{Inner, LeaseRequest, int};
 use crate::error::LeaseError;
-use crate::renewal::Entry;
-
-/// A fencing token: issued with each lease, greater than every token the cell issued before.
-///
-/// # The guarantee, and its limits
-///
-/// A lease is a promise on a timer: a holder paused past its TTL (a long GC pause, a frozen VM,
-/// a partition) may still believe it holds a lease that was reaped and handed to someone else.
-/// Renewal cannot prevent that; only the resource being written can, by remembering the greatest
-/// token it has accepted and refusing writes that carry a smaller one (Kleppmann, "How to do
-/// distributed locking", 2016). Pass [`Lease::token`] with every write to the downstream store,
-/// and have the store compare-and-set its highest token seen.
-///
-/// The script issues `max(last + 1, server time in microseconds)`. The counter survives as
-/// long as Redis keeps the key; when Redis restarts empty or fails over to a replica that lost
-/// the last writes, the server's clock carries the order instead. Tokens therefore never go back
-/// unless **both** the counter is lost **and** either the new server's clock is behind the old
-/// one's or the cell issued leases faster than one per microsecond for long enough to run the
-/// counter ahead of the clock. Keep server clocks synchronised (NTP) and do not move them back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct FencingToken(pub u64);
-
-impl fmt::Display for FencingToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-/// What the five dimensions hold (after a transition, or at a snapshot).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Occupancy {
-    /// Bytes held in the cell.
-    pub service_bytes: u64,
-    /// Leases held in the cell.
-    pub service_transfers: u64,
-    /// Bytes held by the tenant.
-    pub tenant_bytes: u64,
-    /// Leases held by the tenant.
-    pub tenant_transfers: u64,
-    /// Leases held on the backend.
-    pub backend_transfers: u64,
-}
-
-impl Occupancy {
-    pub(crate) fn from_fields(fields: &[String]) -> Occupancy {
-        Occupancy {
-            service_bytes: int(fields, 0),
-            service_transfers: int(fields, 1),
-            tenant_bytes: int(fields, 2),
-            tenant_transfers: int(fields, 3),
-            backend_transfers: int(fields, 4),
-        }
-    }
-}
-
-/// How a transfer ended, recorded in the release event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Outcome {
-    /// It finished.
-    Completed,
-    /// It failed.
-    Failed,
-    /// It was cancelled or dropped.
-    Interrupted,
-}
-
-impl Outcome {
-    /// The event kind and outcome label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Completed => "completed",
-            Outcome::Failed => "failed",
-            Outcome::Interrupted => "interrupted",
-        }
-    }
-}
-
-/// Why a held lease was lost.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LossReason {
-    /// Redis no longer has the lease: reaped after its TTL, or released by someone else.
-    Lost,
-    /// A newer lease holds the id (`current` is its token).
-    Stale {
-        /// The token that holds the id now.
-        current: u64,
-    },
-    /// No renewal succeeded before the conservative local deadline (the last successful send
-    /// plus the TTL): the lease must be presumed expired.
-    Unrenewed {
-        /// The last error met.
-        last_error: String,
-    },
-}
-
-impl fmt::Display for LossReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LossReason::Lost => f.write_str("lost: expired or released elsewhere"),
-            LossReason::Stale { current } => {
-                write!(f, "stale: the id is held with token {current}")
-            }
-            LossReason::Unrenewed { last_error } => {
-                write!(f, "not renewed within its TTL (last error: {last_error})")
-            }
-        }
-    }
-}
-
-impl LossReason {
-    /// A bounded label: `lost`, `stale` or `unrenewed`.
-    pub fn label(&self) -> &'static str {
-        match self {
-            LossReason::Lost => "lost",
-            LossReason::Stale { .. } => "stale",
-            LossReason::Unrenewed { .. } => "unrenewed",
-        }
-    }
-}
+use crate::renewal::{Entry, LossReason};
+use crate::request::LeaseRequest;
+use crate::script::{Answer, Cell, FencingToken, Held, Occupancy, Op, Outcome, Renewed};
+use crate::shared::Shared;
 
 /// A fleet lease held by this process.
 ///
@@ -150,7 +33,7 @@ impl LossReason {
 /// [`lost`](Lease::lost), a future the holder can `select!` on to stop its work.
 #[must_use = "a lease is released when dropped"]
 pub struct Lease {
-    inner: Arc<Inner>,
+    shared: Arc<Shared>,
     id: String,
     token: FencingToken,
     policy_version: u64,
@@ -173,24 +56,36 @@ impl fmt::Debug for Lease {
 }
 
 impl Lease {
+    /// Starts holding a lease whose local deadline is `deadline` (the send time of the call that
+    /// granted it plus what the server said was left, never more): the renewal task renews it
+    /// first `renew_every` after the lease began (`deadline - lease_ttl`), so a fresh lease is
+    /// renewed well before the server would expire it.
     pub(crate) fn start(
-        inner: Arc<Inner>,
+        shared: Arc<Shared>,
         request: &LeaseRequest,
         token: FencingToken,
         policy_version: u64,
         occupancy: Occupancy,
-        sent: Instant,
+        deadline: Instant,
     ) -> Lease {
-        let config = &inner.config;
+        let config = &shared.cell.config;
         let entry = Arc::new(Entry::new(
             request.id.clone(),
             token,
             request.operation.clone(),
-            sent + config.lease_ttl,
+            deadline,
         ));
-        inner
-            .renewals
-            .schedule(&inner, entry.clone(), sent + config.renew_every);
+        shared.renewals.schedule(
+            &shared.cell,
+            &shared.runtime,
+            entry.clone(),
+            first_renewal(
+                deadline,
+                config.lease_ttl,
+                config.renew_every,
+                Instant::now(),
+            ),
+        );
         Lease {
             id: request.id.clone(),
             token,
@@ -200,7 +95,7 @@ impl Lease {
             entry,
             runtime: tokio::runtime::Handle::current(),
             released: false,
-            inner,
+            shared,
         }
     }
 
@@ -257,9 +152,10 @@ impl Lease {
     /// background renewal), [`LeaseError::Unavailable`] when Redis fails.
     pub async fn renew_now(&self) -> Result<(), LeaseError> {
         let sent = Instant::now();
-        let result = self.inner.renew(&self.id, self.token).await;
+        let cell = &self.shared.cell;
+        let result = renew_one(cell, &self.id, self.token, self.entry.deadline()).await;
         match &result {
-            Ok(()) => self.entry.renewed(sent, self.inner.config.lease_ttl),
+            Ok(()) => self.entry.renewed(sent, cell.config.lease_ttl),
             Err(LeaseError::Lost { .. }) => self.entry.lose(LossReason::Lost),
             Err(LeaseError::Stale { current, .. }) => {
                 self.entry.lose(LossReason::Stale { current: *current });
@@ -283,7 +179,14 @@ impl Lease {
     /// then takes the lease back).
     pub async fn release(mut self, outcome: Outcome) -> Result<(), LeaseError> {
         self.entry.done.store(true, Ordering::Release);
-        let result = self.inner.release(&self.id, self.token, outcome).await;
+        let result = give_back(
+            &self.shared.cell,
+            &self.id,
+            self.token,
+            outcome,
+            self.entry.deadline(),
+        )
+        .await;
         // Only now: a release future dropped before Redis answered leaves the lease to the
         // drop's own release (a second one is refused as lost, never applied twice).
         self.released = true;
@@ -297,13 +200,112 @@ impl Drop for Lease {
             return;
         }
         self.entry.done.store(true, Ordering::Release);
-        let inner = self.inner.clone();
+        let cell = self.shared.cell.clone();
         let entry = self.entry.clone();
-        let pending = self.inner.pending.clone();
-        pending.spawn(&self.runtime, async move {
-            if let Err(error) = inner.release(&entry.id, entry.token, Outcome::Interrupted).await {
+        self.shared.pending.spawn(&self.runtime, async move {
+            let deadline = entry.deadline();
+            let released = give_back(&cell, &entry.id, entry.token, Outcome::Interrupted, deadline);
+            if let Err(error) = released.await {
                 tracing::debug!(%error, lease = %entry.id, operation = %entry.operation, "admission-redis: release on drop failed; the TTL takes the lease back");
             }
         });
+    }
+}
+
+/// Gives lease `id` held with `token` back, recording `outcome`, retrying a failure on the
+/// connection until `deadline` (the lease's local deadline: past it the server's TTL takes the
+/// lease back anyway). A release that finds the lease gone after an earlier attempt failed on
+/// the connection was released by that attempt: it is not reported lost.
+pub(crate) async fn give_back(
+    cell: &Cell,
+    id: &str,
+    token: FencingToken,
+    outcome: Outcome,
+    deadline: Instant,
+) -> Result<(), LeaseError> {
+    let op = Op::Release { id, token, outcome };
+    let called = cell.call::<Held>(&op, deadline).await?;
+    match called.answer {
+        Answer::Reply(Held::Ok) => Ok(()),
+        Answer::Reply(Held::Lost) if called.retried => Ok(()),
+        Answer::Reply(Held::Lost) => Err(LeaseError::Lost {
+            lease: id.to_string(),
+        }),
+        Answer::Reply(Held::Stale(current)) => Err(LeaseError::Stale {
+            lease: id.to_string(),
+            token: token.0,
+            current,
+        }),
+        Answer::Mismatch(stored) => Err(LeaseError::Mismatch { stored }),
+    }
+}
+
+/// Renews one lease now, retrying a failure on the connection until `deadline`.
+async fn renew_one(
+    cell: &Cell,
+    id: &str,
+    token: FencingToken,
+    deadline: Instant,
+) -> Result<(), LeaseError> {
+    let leases = [(id, token)];
+    let called = cell
+        .call::<Renewed>(&Op::Renew { leases: &leases }, deadline)
+        .await?;
+    match called.answer {
+        Answer::Reply(Renewed(held)) => match held.first() {
+            Some(Held::Ok) => Ok(()),
+            Some(Held::Stale(current)) => Err(LeaseError::Stale {
+                lease: id.to_string(),
+                token: token.0,
+                current: *current,
+            }),
+            _ => Err(LeaseError::Lost {
+                lease: id.to_string(),
+            }),
+        },
+        Answer::Mismatch(stored) => Err(LeaseError::Mismatch { stored }),
+    }
+}
+
+/// When a lease with local deadline `deadline` is first renewed: `renew_every` after it began
+/// (`deadline - ttl`), but not before `now` and never after its deadline.
+pub(crate) fn first_renewal(
+    deadline: Instant,
+    ttl: Duration,
+    renew_every: Duration,
+    now: Instant,
+) -> Instant {
+    let lead = ttl.saturating_sub(renew_every);
+    deadline
+        .checked_sub(lead)
+        .unwrap_or(now)
+        .max(now)
+        .min(deadline)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::first_renewal;
+
+    #[test]
+    fn a_fresh_lease_is_renewed_renew_every_after_it_began_not_after_its_deadline() {
+        let now = Instant::now();
+        let (ttl, every) = (Duration::from_secs(3), Duration::from_secs(1));
+        // Granted now with the whole TTL left: renewed in one second, two before the deadline.
+        assert_eq!(first_renewal(now + ttl, ttl, every, now), now + every);
+        // Granted with 2.5 s left (the grant reached the server half a second before it
+        // answered): renewed half a second from now.
+        let deadline = now + Duration::from_millis(2_500);
+        assert_eq!(
+            first_renewal(deadline, ttl, every, now),
+            now + Duration::from_millis(500)
+        );
+        // Granted with less left than `ttl - renew_every`: renewed at once.
+        let deadline = now + Duration::from_millis(1_500);
+        assert_eq!(first_renewal(deadline, ttl, every, now), now);
     }
 }

@@ -38,21 +38,38 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+// The layout, lowest first (each file imports only files above it): `config`, `error`,
+// `request` (what is asked), `connection` (clients and connections), `script` (the one module
+// that knows the script's KEYS, ARGV and replies, and retries through outages), `pending`,
+// `renewal`, `wake` (the events reader), `shared` (what an instance, its leases and its tasks
+// share), `lease`, `line` (an acquisition and its wait), `coordinator` (the public provider),
+// `events`, `local`.
 mod config;
+mod connection;
 mod coordinator;
 mod error;
 mod events;
 mod lease;
+mod line;
 mod local;
+mod pending;
 mod renewal;
+mod request;
+mod script;
+mod shared;
 mod wake;
 
 pub use config::{Ceilings, EvictionCheck, Quotas, RedisAdmissionConfig, Secret, TenantMode, Tls};
-pub use coordinator::{LeaseRequest, QuotaUse, RedisAdmission, Snapshot, hashed_id, script_source};
+#[cfg(feature = "test-util")]
+pub use coordinator::production_script_source;
+pub use coordinator::{QuotaUse, RedisAdmission, Snapshot, script_source};
 pub use error::{
     AcquireError, ConfigError, ConnectError, Dimension, LeaseError, NeverReason, PolicyError,
     QuotaError, QuotaKind, Unavailable,
 };
 pub use events::{FleetEvent, read_events};
-pub use lease::{FencingToken, Lease, LossReason, Occupancy, Outcome};
+pub use lease::Lease;
 pub use local::{FleetAdmission, FleetGrant};
+pub use renewal::LossReason;
+pub use request::{LeaseRequest, hashed_id};
+pub use script::{FencingToken, Occupancy, Outcome};

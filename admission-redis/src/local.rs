@@ -6,9 +6,11 @@ use std::time::Duration;
 use admission_core::{AccountRef, Amount, Demand, Grant, JobContext, Monitor};
 use tokio::time::Instant;
 
-use crate::coordinator::{LeaseRequest, RedisAdmission};
+use crate::coordinator::RedisAdmission;
 use crate::error::{AcquireError, ConfigError, LeaseError};
-use crate::lease::{Lease, Outcome};
+use crate::lease::Lease;
+use crate::request::LeaseRequest;
+use crate::script::Outcome;
 
 /// Local admission, then the cluster lease.
 ///

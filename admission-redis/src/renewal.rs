@@ -10,6 +10,7 @@
 //! reported at once.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -19,9 +20,51 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::coordinator::Inner;
-use crate::error::LeaseError;
-use crate::lease::{FencingToken, LossReason};
+use crate::script::{Cell, FencingToken, Held, Op, Renewed};
+
+/// Why a held lease was lost.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// Redis no longer has the lease: reaped after its TTL, or released by someone else.
+    Lost,
+    /// A newer lease holds the id (`current` is its token).
+    Stale {
+        /// The token that holds the id now.
+        current: u64,
+    },
+    /// No renewal succeeded before the conservative local deadline (the last successful send
+    /// plus the TTL): the lease must be presumed expired.
+    Unrenewed {
+        /// The last error met.
+        last_error: String,
+    },
+}
+
+impl fmt::Display for LossReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LossReason::Lost => f.write_str("lost: expired or released elsewhere"),
+            LossReason::Stale { current } => {
+                write!(f, "stale: the id is held with token {current}")
+            }
+            LossReason::Unrenewed { last_error } => {
+                write!(f, "not renewed within its TTL (last error: {last_error})")
+            }
+        }
+    }
+}
+
+impl LossReason {
+    /// A bounded label: `lost`, `stale` or `unrenewed`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            LossReason::Lost => "lost",
+            LossReason::Stale { .. } => "stale",
+            LossReason::Unrenewed { .. } => "unrenewed",
+        }
+    }
+}
 
 /// Most leases renewed by one script call.
 const BATCH: usize = 256;
@@ -61,6 +104,11 @@ impl Entry {
                 last_error: None,
             }),
         }
+    }
+
+    /// Past this instant the lease may have expired on the server.
+    pub(crate) fn deadline(&self) -> Instant {
+        self.timing.lock().deadline
     }
 
     /// A renewal sent at `sent` succeeded.
@@ -109,26 +157,27 @@ struct State {
 }
 
 impl Renewals {
-    /// Schedules `entry` for `next`, starting the task on the current runtime if it is not
-    /// running.
-    pub(crate) fn schedule(self: &Arc<Self>, inner: &Arc<Inner>, entry: Arc<Entry>, next: Instant) {
+    /// Schedules `entry` for `next`, starting the task on `runtime` if it is not running.
+    pub(crate) fn schedule(
+        self: &Arc<Self>,
+        cell: &Arc<Cell>,
+        runtime: &tokio::runtime::Handle,
+        entry: Arc<Entry>,
+        next: Instant,
+    ) {
         let mut state = self.state.lock();
         state.seq += 1;
         let seq = state.seq;
         state.due.insert((next, seq), entry);
         if state.task.as_ref().is_none_or(JoinHandle::is_finished) {
-            state.task = Some(
-                inner
-                    .runtime
-                    .spawn(run(self.clone(), Arc::downgrade(inner))),
-            );
+            state.task = Some(runtime.spawn(run(self.clone(), Arc::downgrade(cell))));
         } else if state.wakes_at.is_none_or(|at| next < at) {
             state.wakes_at = Some(next);
             self.wake.notify_one();
         }
     }
 
-    /// Ends the task (the provider's last clone is gone).
+    /// Ends the task (the provider's last clone and its last lease are gone).
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);
         self.wake.notify_one();
@@ -179,13 +228,13 @@ impl Renewals {
 
 /// Renews every scheduled lease now, as the task does when they fall due (test-util).
 #[cfg(feature = "test-util")]
-pub(crate) async fn renew_all_now(inner: &Inner) {
+pub(crate) async fn renew_all_now(cell: &Cell, renewals: &Renewals) {
     let far = Instant::now() + Duration::from_secs(365 * 24 * 3600);
-    let batch = inner.renewals.take_due(far);
-    renew(inner, &inner.renewals, batch).await;
+    let batch = renewals.take_due(far);
+    renew(cell, renewals, batch).await;
 }
 
-async fn run(renewals: Arc<Renewals>, inner: Weak<Inner>) {
+async fn run(renewals: Arc<Renewals>, cell: Weak<Cell>) {
     loop {
         let notified = renewals.wake.notified();
         tokio::pin!(notified);
@@ -202,21 +251,24 @@ async fn run(renewals: Arc<Renewals>, inner: Weak<Inner>) {
                 }
             }
             Some(_) => {
-                let Some(inner) = inner.upgrade() else { return };
+                let Some(cell) = cell.upgrade() else { return };
                 let batch = renewals.take_due(Instant::now());
-                renew(&inner, &renewals, batch).await;
+                renew(&cell, &renewals, batch).await;
             }
         }
     }
 }
 
-/// Renews one batch and reschedules or reports each entry.
-async fn renew(inner: &Inner, renewals: &Renewals, batch: Vec<Arc<Entry>>) {
-    let ttl = inner.config.lease_ttl;
-    let every = inner.config.renew_every;
+/// Renews one batch and reschedules or reports each entry. The call retries a failure on the
+/// connection until the earliest deadline of the batch; if that passes without an answer, each
+/// entry is tried again shortly (or reported lost at its own deadline).
+async fn renew(cell: &Cell, renewals: &Renewals, batch: Vec<Arc<Entry>>) {
+    let ttl = cell.config.lease_ttl;
+    let every = cell.config.renew_every;
     let retry = (every / 4).max(Duration::from_millis(50));
     let now = Instant::now();
     let mut live = Vec::with_capacity(batch.len());
+    let mut earliest: Option<Instant> = None;
     for entry in batch {
         let timing = entry.timing.lock();
         if now >= timing.deadline {
@@ -227,42 +279,53 @@ async fn renew(inner: &Inner, renewals: &Renewals, batch: Vec<Arc<Entry>>) {
             drop(timing);
             entry.lose(LossReason::Unrenewed { last_error });
         } else {
+            earliest = Some(earliest.map_or(timing.deadline, |e| e.min(timing.deadline)));
             drop(timing);
             live.push(entry);
         }
     }
-    if live.is_empty() {
+    let Some(deadline) = earliest else {
         return;
-    }
+    };
     let pairs: Vec<(&str, FencingToken)> = live.iter().map(|e| (e.id.as_str(), e.token)).collect();
     let sent = Instant::now();
-    match inner.renew_many(&pairs).await {
-        Ok(answers) => {
-            for (entry, answer) in live.into_iter().zip(answers) {
-                match answer {
-                    Ok(()) => {
-                        entry.renewed(sent, ttl);
-                        renewals.put_back(entry, sent + every);
+    let error = match cell
+        .call::<Renewed>(&Op::Renew { leases: &pairs }, deadline)
+        .await
+    {
+        Ok(called) => match called.answer {
+            crate::script::Answer::Reply(Renewed(answers)) if answers.len() == live.len() => {
+                for (entry, answer) in live.into_iter().zip(answers) {
+                    match answer {
+                        Held::Ok => {
+                            entry.renewed(sent, ttl);
+                            renewals.put_back(entry, sent + every);
+                        }
+                        Held::Stale(current) => entry.lose(LossReason::Stale { current }),
+                        Held::Lost => entry.lose(LossReason::Lost),
                     }
-                    Err(LeaseError::Stale { current, .. }) => {
-                        entry.lose(LossReason::Stale { current })
-                    }
-                    Err(_) => entry.lose(LossReason::Lost),
                 }
+                return;
             }
-        }
-        Err(error) => {
-            tracing::debug!(%error, leases = live.len(), "admission-redis: renewal failed; retrying");
-            let text = error.to_string();
-            let now = Instant::now();
-            for entry in live {
-                let next = {
-                    let mut timing = entry.timing.lock();
-                    timing.last_error = Some(text.clone());
-                    (now + retry).min(timing.deadline)
-                };
-                renewals.put_back(entry, next);
+            crate::script::Answer::Reply(Renewed(answers)) => format!(
+                "the renewal answered for {} of {} leases",
+                answers.len(),
+                live.len()
+            ),
+            crate::script::Answer::Mismatch(stored) => {
+                format!("the cell's config fingerprint changed to {stored}")
             }
-        }
+        },
+        Err(error) => error.to_string(),
+    };
+    tracing::debug!(%error, leases = live.len(), "admission-redis: renewal failed; retrying");
+    let now = Instant::now();
+    for entry in live {
+        let next = {
+            let mut timing = entry.timing.lock();
+            timing.last_error = Some(error.clone());
+            (now + retry).min(timing.deadline)
+        };
+        renewals.put_back(entry, next);
     }
 }

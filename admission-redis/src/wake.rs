@@ -21,25 +21,8 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::coordinator::{Inner, blocking_connection};
-use crate::lease::Occupancy;
-
-/// A stream record id, `ms-seq`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) struct StreamId(pub(crate) u64, pub(crate) u64);
-
-impl StreamId {
-    pub(crate) fn parse(text: &str) -> StreamId {
-        let mut parts = text.splitn(2, '-');
-        let ms = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-        let seq = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-        StreamId(ms, seq)
-    }
-
-    fn render(self) -> String {
-        format!("{}-{}", self.0, self.1)
-    }
-}
+use crate::connection::blocking_connection;
+use crate::script::{Cell, Occupancy, StreamId};
 
 /// How many times the reader failed or saw a gap: each wakes every waiter, whose next attempt
 /// then fails closed, succeeds, or waits again.
@@ -135,12 +118,12 @@ impl Wakeups {
     /// latest.
     pub(crate) async fn wait_grant(
         &self,
-        inner: &Arc<Inner>,
+        cell: &Arc<Cell>,
         slot: &mut Slot,
         after: StreamId,
         until: Instant,
     ) -> Option<Granted> {
-        let (mut seen, late) = self.subscribe(inner, after);
+        let (mut seen, late) = self.subscribe(cell, after);
         if late && !slot.asked_again {
             // The running reader started after this waiter's refusal: a grant recorded in
             // between is one it will never see. Ask again (once): that claims such a grant, or
@@ -171,14 +154,14 @@ impl Wakeups {
 
     /// The running reader's news, starting it from `from` if none runs, and whether the one
     /// running started after `from`.
-    fn subscribe(&self, inner: &Arc<Inner>, from: StreamId) -> (watch::Receiver<Seen>, bool) {
+    fn subscribe(&self, cell: &Arc<Cell>, from: StreamId) -> (watch::Receiver<Seen>, bool) {
         let mut reader = self.reader.lock();
         if let Some(r) = reader.as_ref().filter(|r| !r.task.is_finished()) {
             return (r.seen.clone(), from < r.start);
         }
         let (tx, rx) = watch::channel(Seen::default());
         // The reader holds only a weak reference: it ends with the provider's last clone.
-        let task = tokio::spawn(read(Arc::downgrade(inner), self.slots.clone(), from, tx));
+        let task = tokio::spawn(read(Arc::downgrade(cell), self.slots.clone(), from, tx));
         *reader = Some(Reader {
             seen: rx.clone(),
             task,
@@ -189,7 +172,7 @@ impl Wakeups {
 }
 
 async fn read(
-    inner: std::sync::Weak<Inner>,
+    cell: std::sync::Weak<Cell>,
     slots: Slots,
     mut last: StreamId,
     seen: watch::Sender<Seen>,
@@ -197,13 +180,13 @@ async fn read(
     let mut conn = None;
     let mut last_seq: Option<u64> = None;
     loop {
-        let Some(strong) = inner.upgrade() else {
+        let Some(strong) = cell.upgrade() else {
             return;
         };
-        let key = strong.events_key.clone();
+        let key = strong.events_key().to_owned();
         let retry = strong.config.connect_timeout;
         if conn.is_none() {
-            match blocking_connection(&strong).await {
+            match blocking_connection(&strong.client, &strong.config).await {
                 Ok(c) => conn = Some(c),
                 Err(error) => {
                     drop(strong);

@@ -68,6 +68,33 @@ fn each_unworkable_field_is_named() {
             "redis_wait",
             Box::new(|c| c.redis_wait = Duration::from_secs(31)),
         ),
+        (
+            "ceilings.service_bytes",
+            Box::new(|c| {
+                // Ten transfers cannot each hold a byte of nine.
+                c.ceilings.service_bytes = 9;
+                c.ceilings.tenant_bytes = 9;
+            }),
+        ),
+        (
+            "response_timeout",
+            Box::new(|c| c.response_timeout = Duration::from_millis(2_001)),
+        ),
+        (
+            "connect_timeout",
+            Box::new(|c| c.connect_timeout = Duration::from_millis(2_001)),
+        ),
+        (
+            "cell_idle_expiry",
+            Box::new(|c| c.cell_idle_expiry = Duration::from_millis(59_999)),
+        ),
+        (
+            "cell_idle_expiry",
+            Box::new(|c| {
+                c.lease_ttl = Duration::from_secs(40);
+                c.cell_idle_expiry = Duration::from_millis(79_999);
+            }),
+        ),
         ("events_max_len", Box::new(|c| c.events_max_len = 0)),
         ("reap_batch", Box::new(|c| c.reap_batch = 0)),
         (
@@ -90,7 +117,23 @@ fn each_unworkable_field_is_named() {
     edge.lease_ttl = Duration::from_secs(3);
     edge.renew_every = Duration::from_secs(1);
     edge.redis_wait = edge.local_timeout;
+    // A connection attempt and a response fill the renewal interval exactly.
+    edge.connect_timeout = Duration::from_millis(500);
+    edge.response_timeout = Duration::from_millis(500);
+    // A cell that expires after a minute idle; ten transfers of a byte each.
+    edge.cell_idle_expiry = Duration::from_secs(60);
+    edge.ceilings.service_bytes = 10;
+    edge.ceilings.tenant_bytes = 10;
     assert_eq!(edge.validate(), Ok(()));
+    // The timeouts' message names all three figures.
+    let mut slow = valid();
+    slow.response_timeout = Duration::from_millis(2_500);
+    assert_eq!(
+        slow.validate().unwrap_err().to_string(),
+        "admission-redis config: `response_timeout` connect_timeout 1s + response_timeout 2.5s = \
+         3.5s is over renew_every 3s: a renewal that meets a dead connection must end before the \
+         next is due"
+    );
 }
 
 #[test]

@@ -2,9 +2,11 @@
 //! ci` starts (`ADMISSION_REDIS_URL`), and private ones for stopping, restarting, TLS and a crash.
 
 mod config;
+mod faults;
 mod fleet;
 mod leases;
 mod line;
 mod metrics;
+mod real_time;
 mod servers;
 mod support;

@@ -79,7 +79,8 @@ pub(crate) fn ceilings(
     }
 }
 
-/// A config for `cell` on `host:port` with a 3 s TTL renewed every second.
+/// A config for `cell` on `host:port` with a 3 s TTL renewed every second, a 300 ms connect
+/// timeout and a 700 ms response timeout (together, one renewal interval).
 pub(crate) fn config(
     host: &str,
     port: u16,
@@ -90,6 +91,9 @@ pub(crate) fn config(
     config.key_prefix = "it".into();
     config.lease_ttl = Duration::from_secs(3);
     config.renew_every = Duration::from_secs(1);
+    // A renewal that meets a dead connection ends before the next is due.
+    config.connect_timeout = Duration::from_millis(300);
+    config.response_timeout = Duration::from_millis(700);
     config
 }
 
@@ -273,6 +277,23 @@ impl PrivateRedis {
     pub(crate) fn restart(&mut self, binary: &PathBuf) {
         self.stop();
         self.spawn(binary);
+    }
+
+    /// Starts it again on the same port, empty, after a [`stop`](PrivateRedis::stop).
+    pub(crate) fn start_again(&mut self, binary: &PathBuf) {
+        assert!(self.child.is_none(), "start_again after stop");
+        self.spawn(binary);
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`, ...) to the server process, as `kill -<signal>` does.
+    pub(crate) fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id();
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .expect("runs kill");
+        assert!(status.success(), "kill -{signal} {pid}: {status}");
     }
 }
 

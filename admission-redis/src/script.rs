@@ -1,0 +1,942 @@
+//! The cell's script client: the one module that knows the positions of the script's KEYS and
+//! ARGV and the shape of its replies (`lease.lua`). An operation goes out as an [`Op`] and comes
+//! back decoded once, here, into a typed reply ([`FromRedisValue`]); nothing else indexes a reply
+//! by number.
+//!
+//! # Riding through outages
+//!
+//! [`Cell::call`] retries a call that failed on the connection (reset, refused, timed out, a
+//! server restarting or loading its data, a cluster electing a new master) with a growing pause,
+//! until the caller's deadline; only then does it fail, and nothing is ever decided without the
+//! server's answer. Every operation is safe to repeat: an acquisition carries its nonce, so one
+//! whose reply was lost finds its own lease or ticket again and is never granted twice; a
+//! renewal and a withdrawal are idempotent; a release repeated after its first attempt failed on
+//! the connection may find the lease gone, which the caller reads as released (see
+//! [`Called::retried`]). A cell that is gone (a server restarted empty, or every key expired after
+//! the cell's idle time) is created again from the caller's config and the call repeated.
+
+use std::fmt;
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use redis::{Client, FromRedisValue, ParsingError, Value};
+use tokio::time::Instant;
+
+use crate::config::RedisAdmissionConfig;
+use crate::error::{Dimension, NeverReason, Unavailable};
+
+/// The script as written: the test-util parts included.
+const SOURCE: &str = include_str!("lease.lua");
+
+/// The script this build runs. Without the `test-util` feature the lines between the
+/// `-- test-util begin` and `-- test-util end` markers are left out, so nothing in a production
+/// build can move the cell's clock.
+pub(crate) fn source() -> &'static str {
+    #[cfg(feature = "test-util")]
+    {
+        SOURCE
+    }
+    #[cfg(not(feature = "test-util"))]
+    {
+        static PRODUCTION: std::sync::LazyLock<String> =
+            std::sync::LazyLock::new(|| production(SOURCE));
+        &PRODUCTION
+    }
+}
+
+/// The script without its test-util parts: what a build without the feature runs.
+#[cfg(feature = "test-util")]
+pub(crate) fn production_source() -> String {
+    production(SOURCE)
+}
+
+fn production(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut skipping = false;
+    for line in source.lines() {
+        match line.trim() {
+            "-- test-util begin" => skipping = true,
+            "-- test-util end" => skipping = false,
+            _ if !skipping => {
+                out.push_str(line);
+                out.push('\n');
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// A fencing token: issued with each lease, greater than every token the cell issued before.
+///
+/// # The guarantee, and its limits
+///
+/// A lease is a promise on a timer: a holder paused past its TTL (a long GC pause, a frozen VM,
+/// a partition) may still believe it holds a lease that was reaped and handed to someone else.
+/// Renewal cannot prevent that; only the resource being written can, by remembering the greatest
+/// token it has accepted and refusing writes that carry a smaller one (Kleppmann, "How to do
+/// distributed locking", 2016). Pass [`Lease::token`](crate::Lease::token) with every write to the downstream store,
+/// and have the store compare-and-set its highest token seen.
+///
+/// The script issues `max(last + 1, server time in microseconds)`. The counter survives as
+/// long as Redis keeps the key; when Redis restarts empty or fails over to a replica that lost
+/// the last writes, the server's clock carries the order instead. Tokens therefore never go back
+/// unless **both** the counter is lost **and** either the new server's clock is behind the old
+/// one's or the cell issued leases faster than one per microsecond for long enough to run the
+/// counter ahead of the clock. Keep server clocks synchronised (NTP) and do not move them back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken(pub u64);
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// What the five dimensions hold (after a transition, or at a snapshot).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Occupancy {
+    /// Bytes held in the cell.
+    pub service_bytes: u64,
+    /// Leases held in the cell.
+    pub service_transfers: u64,
+    /// Bytes held by the tenant.
+    pub tenant_bytes: u64,
+    /// Leases held by the tenant.
+    pub tenant_transfers: u64,
+    /// Leases held on the backend.
+    pub backend_transfers: u64,
+}
+
+impl Occupancy {
+    /// The five counters from `fields`, in the script's order (a missing or unreadable one
+    /// reads 0).
+    pub(crate) fn from_fields<S: AsRef<str>>(fields: &[S]) -> Occupancy {
+        let at = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|s| s.as_ref().parse().ok())
+                .unwrap_or(0)
+        };
+        Occupancy {
+            service_bytes: at(0),
+            service_transfers: at(1),
+            tenant_bytes: at(2),
+            tenant_transfers: at(3),
+            backend_transfers: at(4),
+        }
+    }
+}
+
+/// How a transfer ended, recorded in the release event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// It finished.
+    Completed,
+    /// It failed.
+    Failed,
+    /// It was cancelled or dropped.
+    Interrupted,
+}
+
+impl Outcome {
+    /// The event kind and outcome label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Completed => "completed",
+            Outcome::Failed => "failed",
+            Outcome::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// A stream record id (`ms-seq`), ordered as Redis orders them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct StreamId(pub(crate) u64, pub(crate) u64);
+
+impl StreamId {
+    pub(crate) fn parse(text: &str) -> StreamId {
+        let mut parts = text.splitn(2, '-');
+        let ms = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        let seq = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        StreamId(ms, seq)
+    }
+
+    pub(crate) fn render(self) -> String {
+        format!("{}-{}", self.0, self.1)
+    }
+}
+
+/// One operation of the script, with its arguments (the TTL, the reap bound and the idle time
+/// come from the cell's config).
+pub(crate) enum Op<'a> {
+    /// Creates the cell from the config, or reports the fingerprint stored there.
+    Init,
+    /// An acquisition's attempt: `tenant` and `backend` are digests; `queued` joins the line
+    /// when it does not fit.
+    Acquire {
+        id: &'a str,
+        tenant: &'a str,
+        backend: &'a str,
+        footprint: u64,
+        operation: &'a str,
+        queued: bool,
+        nonce: &'a str,
+    },
+    /// An acquisition gives up: out of the line, or its grant handed over.
+    Withdraw { id: &'a str, nonce: &'a str },
+    /// Renews every `(id, token)` in one call.
+    Renew {
+        leases: &'a [(&'a str, FencingToken)],
+    },
+    /// Gives a lease back.
+    Release {
+        id: &'a str,
+        token: FencingToken,
+        outcome: Outcome,
+    },
+    /// Occupancy as `tenant` and `backend` (digests) see it.
+    Snapshot { tenant: &'a str, backend: &'a str },
+    /// Sets (`Some`) or clears (`None`) a tenant's override: `(bytes, transfers)`.
+    Policy {
+        tenant: &'a str,
+        limits: Option<(u64, u64)>,
+    },
+    /// Charges `amount` to a tenant's quota window (`kind`: `r` requests, `b` bytes).
+    Quota {
+        kind: &'static str,
+        tenant: &'a str,
+        amount: u64,
+        limit: u64,
+        window_ms: u64,
+    },
+    /// Moves the cell's clock forward (test-util).
+    #[cfg(feature = "test-util")]
+    Skew { by_ms: u64 },
+}
+
+impl Op<'_> {
+    /// The operation's name, as the script and the errors call it.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Op::Init => "init",
+            Op::Acquire { .. } => "acquire",
+            Op::Withdraw { .. } => "withdraw",
+            Op::Renew { .. } => "renew",
+            Op::Release { .. } => "release",
+            Op::Snapshot { .. } => "snapshot",
+            Op::Policy { .. } => "policy",
+            Op::Quota { .. } => "quota",
+            #[cfg(feature = "test-util")]
+            Op::Skew { .. } => "skew",
+        }
+    }
+
+    /// ARGV from the third on (the first two are the operation and the fingerprint).
+    fn args(&self, config: &RedisAdmissionConfig) -> Vec<String> {
+        let ttl = config.lease_ttl.as_millis().to_string();
+        let reap = config.reap_batch.to_string();
+        match self {
+            Op::Init => {
+                let c = config.ceilings;
+                vec![
+                    c.service_bytes.to_string(),
+                    c.service_transfers.to_string(),
+                    c.tenant_bytes.to_string(),
+                    c.tenant_transfers.to_string(),
+                    c.backend_transfers.to_string(),
+                    config.events_max_len.to_string(),
+                    ttl,
+                    config.cell_idle_expiry.as_millis().to_string(),
+                ]
+            }
+            Op::Acquire {
+                id,
+                tenant,
+                backend,
+                footprint,
+                operation,
+                queued,
+                nonce,
+            } => vec![
+                id.to_string(),
+                tenant.to_string(),
+                backend.to_string(),
+                footprint.to_string(),
+                operation.to_string(),
+                ttl,
+                reap,
+                if *queued { "1" } else { "0" }.to_string(),
+                nonce.to_string(),
+            ],
+            Op::Withdraw { id, nonce } => vec![id.to_string(), nonce.to_string(), reap],
+            Op::Renew { leases } => {
+                let mut args = vec![ttl, reap];
+                for (id, token) in leases.iter() {
+                    args.push(id.to_string());
+                    args.push(token.0.to_string());
+                }
+                args
+            }
+            Op::Release { id, token, outcome } => vec![
+                id.to_string(),
+                token.0.to_string(),
+                outcome.as_str().to_string(),
+                reap,
+            ],
+            Op::Snapshot { tenant, backend } => {
+                vec![tenant.to_string(), backend.to_string(), reap]
+            }
+            Op::Policy { tenant, limits } => {
+                let (bytes, transfers) = match limits {
+                    Some((b, t)) => (b.to_string(), t.to_string()),
+                    None => (String::new(), String::new()),
+                };
+                vec![tenant.to_string(), bytes, transfers, reap]
+            }
+            Op::Quota {
+                kind,
+                tenant,
+                amount,
+                limit,
+                window_ms,
+            } => vec![
+                kind.to_string(),
+                tenant.to_string(),
+                amount.to_string(),
+                limit.to_string(),
+                window_ms.to_string(),
+            ],
+            #[cfg(feature = "test-util")]
+            Op::Skew { by_ms } => vec![by_ms.to_string()],
+        }
+    }
+}
+
+/// A lease as a grant describes it (an acquisition, a claim, a withdrawal that found a grant).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Granted {
+    pub(crate) token: FencingToken,
+    pub(crate) policy_version: u64,
+    pub(crate) occupancy: Occupancy,
+    /// When the lease expires, server milliseconds.
+    pub(crate) expiry_ms: u64,
+    /// The server's clock in the reply.
+    pub(crate) now_ms: u64,
+}
+
+impl Granted {
+    /// What the server said was left of the lease.
+    pub(crate) fn left(&self) -> Duration {
+        Duration::from_millis(self.expiry_ms.saturating_sub(self.now_ms))
+    }
+
+    /// `OK token version o1..o5 expiry now`.
+    fn decode(w: &Words) -> Option<Granted> {
+        Some(Granted {
+            token: FencingToken(w.int(1)?),
+            policy_version: w.int(2)?,
+            occupancy: Occupancy::from_fields(w.get(3..8)?),
+            expiry_ms: w.int(8)?,
+            now_ms: w.int(9)?,
+        })
+    }
+}
+
+/// A refusal for now: the first dimension without room, and when to look again.
+#[derive(Clone, Debug)]
+pub(crate) struct Full {
+    pub(crate) dimension: Dimension,
+    pub(crate) held: u64,
+    pub(crate) ceiling: u64,
+    /// The stream's last record when the refusal was decided (a waiter's `queued` record).
+    pub(crate) last_event: StreamId,
+    /// When the earliest lease expires, server milliseconds (`None`: none is held).
+    pub(crate) earliest_expiry_ms: Option<u64>,
+    pub(crate) now_ms: u64,
+}
+
+/// What an acquisition's attempt got.
+pub(crate) enum AcquireReply {
+    Granted(Granted),
+    Full(Full),
+    Never(NeverReason),
+}
+
+/// What a withdrawal found.
+pub(crate) enum WithdrawReply {
+    /// The ticket left the line.
+    Withdrawn,
+    /// The acquisition had been granted: the lease is the caller's.
+    Granted(Granted),
+    /// Nothing of the acquisition's was there.
+    Gone,
+}
+
+/// What Redis says of one held lease (a release, or one lease of a renewal).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Held {
+    /// Renewed, or released.
+    Ok,
+    /// Not held: expired (and reaped) or released before.
+    Lost,
+    /// Held by a newer lease with this token.
+    Stale(u64),
+}
+
+impl Held {
+    fn decode(word: &str, current: Option<&str>) -> Option<Held> {
+        Some(match word {
+            "OK" => Held::Ok,
+            "LOST" => Held::Lost,
+            "STALE" => Held::Stale(current?.parse().ok()?),
+            stale => Held::Stale(stale.strip_prefix("STALE:")?.parse().ok()?),
+        })
+    }
+}
+
+/// A renewal's answer: one per lease, in order.
+pub(crate) struct Renewed(pub(crate) Vec<Held>);
+
+/// A snapshot's numbers (see [`Snapshot`](crate::Snapshot)).
+pub(crate) struct SnapshotReply {
+    pub(crate) policy_version: u64,
+    pub(crate) occupancy: Occupancy,
+    pub(crate) leases: u64,
+    pub(crate) tenant_bytes_ceiling: u64,
+    pub(crate) tenant_transfers_ceiling: u64,
+    pub(crate) server_time_ms: u64,
+    pub(crate) reaped: u64,
+    pub(crate) last_token: u64,
+    pub(crate) events: u64,
+}
+
+/// A policy change's answer.
+pub(crate) enum PolicyReply {
+    /// The new policy version.
+    Version(u64),
+    /// A figure out of range.
+    Invalid {
+        field: &'static str,
+        value: u64,
+        max: u64,
+    },
+}
+
+/// A quota charge's answer.
+pub(crate) enum QuotaReply {
+    Charged { used: u64, left: Duration },
+    Over { used: u64, left: Duration },
+}
+
+/// The init's answer: the cell exists (created now, or already there with this fingerprint).
+pub(crate) struct Created;
+
+/// The skew's answer (test-util).
+#[cfg(feature = "test-util")]
+pub(crate) struct Skewed;
+
+/// A script reply as a list of words, for decoding.
+pub(crate) struct Words(Vec<String>);
+
+impl Words {
+    fn word(&self, at: usize) -> Option<&str> {
+        self.0.get(at).map(String::as_str)
+    }
+
+    fn int(&self, at: usize) -> Option<u64> {
+        self.word(at)?.parse().ok()
+    }
+
+    fn get(&self, at: std::ops::Range<usize>) -> Option<&[String]> {
+        self.0.get(at)
+    }
+}
+
+/// A reply type the script answers an operation with.
+pub(crate) trait Decode: Sized {
+    /// The reply, from its words (the status word first); `None` when they do not have its
+    /// shape.
+    fn decode(words: &Words) -> Option<Self>;
+}
+
+impl Decode for AcquireReply {
+    fn decode(w: &Words) -> Option<Self> {
+        Some(match w.word(0)? {
+            "OK" => AcquireReply::Granted(Granted::decode(w)?),
+            "FULL" => {
+                let expiry: i64 = w.word(5)?.parse().ok()?;
+                AcquireReply::Full(Full {
+                    dimension: Dimension::parse(w.word(1)?)?,
+                    held: w.int(2)?,
+                    ceiling: w.int(3)?,
+                    last_event: StreamId::parse(w.word(4)?),
+                    earliest_expiry_ms: u64::try_from(expiry).ok(),
+                    now_ms: w.int(6)?,
+                })
+            }
+            "NEVER" => AcquireReply::Never(match w.word(1)? {
+                "lease_id" => NeverReason::DuplicateId(w.word(2)?.to_owned()),
+                "footprint" => NeverReason::EmptyFootprint,
+                name => NeverReason::OverCeiling {
+                    dimension: Dimension::parse(name)?,
+                    asked: w.int(2)?,
+                    ceiling: w.int(3)?,
+                },
+            }),
+            _ => return None,
+        })
+    }
+}
+
+impl Decode for WithdrawReply {
+    fn decode(w: &Words) -> Option<Self> {
+        Some(match w.word(0)? {
+            "WITHDRAWN" => WithdrawReply::Withdrawn,
+            "OK" => WithdrawReply::Granted(Granted::decode(w)?),
+            "GONE" => WithdrawReply::Gone,
+            _ => return None,
+        })
+    }
+}
+
+impl Decode for Held {
+    fn decode(w: &Words) -> Option<Self> {
+        Held::decode(w.word(0)?, w.word(1))
+    }
+}
+
+impl Decode for Renewed {
+    fn decode(w: &Words) -> Option<Self> {
+        if w.word(0)? != "OK" {
+            return None;
+        }
+        let held = w.0[3..]
+            .iter()
+            .map(|word| Held::decode(word, None))
+            .collect::<Option<Vec<_>>>()?;
+        Some(Renewed(held))
+    }
+}
+
+impl Decode for SnapshotReply {
+    fn decode(w: &Words) -> Option<Self> {
+        if w.word(0)? != "OK" {
+            return None;
+        }
+        Some(SnapshotReply {
+            policy_version: w.int(1)?,
+            occupancy: Occupancy::from_fields(w.get(2..7)?),
+            leases: w.int(7)?,
+            tenant_bytes_ceiling: w.int(8)?,
+            tenant_transfers_ceiling: w.int(9)?,
+            server_time_ms: w.int(10)?,
+            reaped: w.int(11)?,
+            last_token: w.int(12)?,
+            events: w.int(13)?,
+        })
+    }
+}
+
+impl Decode for PolicyReply {
+    fn decode(w: &Words) -> Option<Self> {
+        Some(match w.word(0)? {
+            "OK" => PolicyReply::Version(w.int(1)?),
+            "INVALID" => PolicyReply::Invalid {
+                field: if w.word(1)? == "bytes" {
+                    "bytes"
+                } else {
+                    "transfers"
+                },
+                value: w.int(2).unwrap_or(0),
+                max: w.int(3)?,
+            },
+            _ => return None,
+        })
+    }
+}
+
+impl Decode for QuotaReply {
+    fn decode(w: &Words) -> Option<Self> {
+        let used = w.int(1)?;
+        let left = Duration::from_millis(w.int(3)?);
+        Some(match w.word(0)? {
+            "OK" => QuotaReply::Charged { used, left },
+            "OVER" => QuotaReply::Over { used, left },
+            _ => return None,
+        })
+    }
+}
+
+impl Decode for Created {
+    fn decode(w: &Words) -> Option<Self> {
+        (w.word(0)? == "OK").then_some(Created)
+    }
+}
+
+#[cfg(feature = "test-util")]
+impl Decode for Skewed {
+    fn decode(w: &Words) -> Option<Self> {
+        (w.word(0)? == "OK").then_some(Skewed)
+    }
+}
+
+/// Every reply, as the script can answer any operation: the operation's own reply, or the cell
+/// missing (`NOCONFIG`), or created with another config (`MISMATCH`).
+enum Raw<T> {
+    Reply(T),
+    NoConfig,
+    Mismatch(String),
+}
+
+impl<T: Decode> FromRedisValue for Raw<T> {
+    fn from_redis_value(value: Value) -> Result<Self, ParsingError> {
+        let words = Words(Vec::<String>::from_redis_value(value)?);
+        match words.word(0) {
+            Some("NOCONFIG") => return Ok(Raw::NoConfig),
+            Some("MISMATCH") => {
+                return Ok(Raw::Mismatch(words.word(1).unwrap_or_default().to_owned()));
+            }
+            _ => {}
+        }
+        T::decode(&words)
+            .map(Raw::Reply)
+            .ok_or_else(|| ParsingError::from(format!("unexpected script reply {:?}", words.0)))
+    }
+}
+
+/// The script's answer to one call.
+pub(crate) enum Answer<T> {
+    /// The operation's reply.
+    Reply(T),
+    /// The cell was created with another config (its fingerprint).
+    Mismatch(String),
+}
+
+/// A call that got an answer.
+pub(crate) struct Called<T> {
+    pub(crate) answer: Answer<T>,
+    /// True when an earlier attempt of this call failed on the connection: it may have run on
+    /// the server all the same (a release that then finds its lease gone was released by it).
+    pub(crate) retried: bool,
+}
+
+/// The cell's script client: the connection, the script, the cell's keys and the config they
+/// were created with. Shared by every task of a provider instance, its leases and its readers.
+pub(crate) struct Cell {
+    pub(crate) config: RedisAdmissionConfig,
+    pub(crate) fingerprint: String,
+    /// The seven keys, in the script's KEYS order.
+    keys: [String; 7],
+    conn: ConnectionManager,
+    pub(crate) client: Client,
+    script: redis::Script,
+}
+
+/// The first pause before a retry, and the longest.
+const FIRST_PAUSE: Duration = Duration::from_millis(10);
+const LONGEST_PAUSE: Duration = Duration::from_millis(250);
+
+impl Cell {
+    pub(crate) fn new(
+        config: RedisAdmissionConfig,
+        conn: ConnectionManager,
+        client: Client,
+    ) -> Cell {
+        let tag = format!("{}:{{{}}}", config.key_prefix, config.cell);
+        let keys =
+            ["cfg", "occ", "exp", "events", "quota", "line", "live"].map(|k| format!("{tag}:{k}"));
+        Cell {
+            fingerprint: config.fingerprint(),
+            config,
+            keys,
+            conn,
+            client,
+            script: redis::Script::new(source()),
+        }
+    }
+
+    /// The events stream's key.
+    pub(crate) fn events_key(&self) -> &str {
+        &self.keys[3]
+    }
+
+    /// Every key of the cell, in the script's KEYS order.
+    pub(crate) fn keys(&self) -> &[String; 7] {
+        &self.keys
+    }
+
+    /// A deadline for a call whose caller has none of its own (a snapshot, a policy change, a
+    /// quota charge, the cell's creation): one connection attempt and one response.
+    pub(crate) fn default_deadline(&self) -> Instant {
+        Instant::now() + self.config.connect_timeout + self.config.response_timeout
+    }
+
+    /// Runs `op`, retrying a failure on the connection until `deadline` (at least one attempt
+    /// is made whatever the deadline); a cell that is gone is created again and the call
+    /// repeated.
+    ///
+    /// # Errors
+    ///
+    /// [`Unavailable`] with the last failure once the deadline has passed, or at once for a
+    /// failure that retrying cannot mend (a script error, an unexpected reply, a refused
+    /// password).
+    pub(crate) async fn call<T: Decode>(
+        &self,
+        op: &Op<'_>,
+        deadline: Instant,
+    ) -> Result<Called<T>, Unavailable> {
+        let (answer, retried) = self
+            .retrying(op.name(), deadline, || self.attempt::<T>(op, deadline))
+            .await?;
+        Ok(Called { answer, retried })
+    }
+
+    /// Every record of the events stream still kept, oldest first, read in pages of 500 (each a
+    /// call of its own, retried as a call is, so a long stream never needs one long reply).
+    pub(crate) async fn read_stream(
+        &self,
+        deadline: Instant,
+    ) -> Result<Vec<redis::streams::StreamId>, Unavailable> {
+        const PAGE: usize = 500;
+        let mut records = Vec::new();
+        let mut from = "-".to_string();
+        loop {
+            let read = || async {
+                let mut conn = self.conn.clone();
+                let page: redis::streams::StreamRangeReply = redis::AsyncCommands::xrange_count(
+                    &mut conn,
+                    self.events_key(),
+                    &from,
+                    "+",
+                    PAGE,
+                )
+                .await?;
+                Ok(page)
+            };
+            let page = self.retrying("read_events", deadline, read).await?.0;
+            let full = page.ids.len() == PAGE;
+            if let Some(last) = page.ids.last() {
+                // Exclusive from the last record read on.
+                from = format!("({}", last.id);
+            }
+            records.extend(page.ids);
+            if !full {
+                return Ok(records);
+            }
+        }
+    }
+
+    /// Runs `attempt` until it succeeds, fails for good, or `deadline` passes (at least once, and
+    /// once more at the deadline itself), pausing between attempts; the flag is true when some
+    /// attempt failed on the connection.
+    async fn retrying<T, F, Fut>(
+        &self,
+        operation: &'static str,
+        deadline: Instant,
+        mut attempt: F,
+    ) -> Result<(T, bool), Unavailable>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        let mut pause = FIRST_PAUSE;
+        let mut retried = false;
+        loop {
+            let error = match attempt().await {
+                Ok(value) => return Ok((value, retried)),
+                Err(error) => error,
+            };
+            let now = Instant::now();
+            if !is_transient(&error) || now >= deadline {
+                return Err(Unavailable {
+                    operation,
+                    source: error,
+                });
+            }
+            tracing::debug!(%error, operation, "admission-redis: call failed on the connection; retrying");
+            retried = true;
+            // The last attempt is made at the deadline itself.
+            tokio::time::sleep(pause.min(deadline - now)).await;
+            pause = (pause * 2).min(LONGEST_PAUSE);
+        }
+    }
+
+    /// One attempt: the call, and the cell's creation and the call again if it is gone.
+    async fn attempt<T: Decode>(
+        &self,
+        op: &Op<'_>,
+        deadline: Instant,
+    ) -> redis::RedisResult<Answer<T>> {
+        match self.invoke::<T>(op, deadline).await? {
+            Raw::Reply(reply) => Ok(Answer::Reply(reply)),
+            Raw::Mismatch(stored) => Ok(Answer::Mismatch(stored)),
+            Raw::NoConfig => {
+                if let Raw::Mismatch(stored) = self.invoke::<Created>(&Op::Init, deadline).await? {
+                    return Ok(Answer::Mismatch(stored));
+                }
+                match self.invoke::<T>(op, deadline).await? {
+                    Raw::Reply(reply) => Ok(Answer::Reply(reply)),
+                    Raw::Mismatch(stored) => Ok(Answer::Mismatch(stored)),
+                    Raw::NoConfig => Err(redis::RedisError::from((
+                        redis::ErrorKind::UnexpectedReturnType,
+                        "the cell is gone again right after its creation",
+                    ))),
+                }
+            }
+        }
+    }
+
+    /// One script call, bounded by the connection's response timeout and by `deadline` (a call
+    /// cut short by the deadline may still run on the server: every operation is safe to
+    /// repeat, and an acquisition's guard withdraws what it may have left).
+    async fn invoke<T: Decode>(
+        &self,
+        op: &Op<'_>,
+        deadline: Instant,
+    ) -> redis::RedisResult<Raw<T>> {
+        let mut invocation = self.script.prepare_invoke();
+        for key in &self.keys {
+            invocation.key(key);
+        }
+        invocation.arg(op.name()).arg(&self.fingerprint);
+        for arg in op.args(&self.config) {
+            invocation.arg(arg);
+        }
+        let mut conn = self.conn.clone();
+        let call = invocation.invoke_async(&mut conn);
+        // At least one full attempt, however little time is left.
+        let bound = deadline
+            .saturating_duration_since(Instant::now())
+            .max(self.config.response_timeout);
+        match tokio::time::timeout(bound, call).await {
+            Ok(result) => result,
+            Err(_) => Err(redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no reply within {bound:?}"),
+            ))),
+        }
+    }
+}
+
+/// True for a failure that a retry can mend: the connection (reset, refused, closed, timed out),
+/// or a server that is loading, paused behind a failover, or electing a master. A script error,
+/// an unexpected reply or a refused password is not.
+pub(crate) fn is_transient(error: &redis::RedisError) -> bool {
+    use redis::RetryMethod;
+    if error.kind() == redis::ErrorKind::AuthenticationFailed {
+        return false;
+    }
+    !matches!(error.retry_method(), RetryMethod::NoRetry)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_production_script_has_no_test_util_line() {
+        let production = production(SOURCE);
+        assert!(SOURCE.contains("if op == 'skew' then"));
+        // The field may be read; nothing writes it, and its value is never used.
+        assert!(
+            !production.contains("HINCRBY', cfg, 'skew_ms'"),
+            "{production}"
+        );
+        assert!(!production.contains("skew = tonumber"));
+        assert!(!production.contains("if op == 'skew'"));
+        assert!(!production.contains("test-util begin"));
+        assert!(production.contains("local skew = 0"));
+        // Everything else is kept, line for line.
+        let kept = SOURCE.lines().count()
+            - SOURCE
+                .split("-- test-util begin")
+                .skip(1)
+                .map(|part| {
+                    part.split("-- test-util end")
+                        .next()
+                        .unwrap()
+                        .lines()
+                        .count()
+                        + 1
+                })
+                .sum::<usize>();
+        assert_eq!(production.lines().count(), kept);
+    }
+
+    #[test]
+    fn replies_decode_into_their_types_and_anything_else_is_an_error() {
+        let words = |w: &[&str]| {
+            Value::Array(
+                w.iter()
+                    .map(|s| Value::BulkString(s.as_bytes().to_vec()))
+                    .collect(),
+            )
+        };
+        let granted: Raw<AcquireReply> = FromRedisValue::from_redis_value(words(&[
+            "OK", "17", "3", "100", "1", "100", "1", "1", "5000", "2000",
+        ]))
+        .unwrap();
+        match granted {
+            Raw::Reply(AcquireReply::Granted(g)) => {
+                assert_eq!((g.token, g.policy_version), (FencingToken(17), 3));
+                assert_eq!(g.occupancy.service_bytes, 100);
+                assert_eq!(g.left(), Duration::from_secs(3));
+            }
+            _ => panic!("expected a grant"),
+        }
+        let full: Raw<AcquireReply> = FromRedisValue::from_redis_value(words(&[
+            "FULL",
+            "tenant_transfers",
+            "4",
+            "4",
+            "1700-3",
+            "-1",
+            "2000",
+            "",
+        ]))
+        .unwrap();
+        match full {
+            Raw::Reply(AcquireReply::Full(f)) => {
+                assert_eq!(f.dimension, Dimension::TenantTransfers);
+                assert_eq!((f.held, f.ceiling, f.now_ms), (4, 4, 2000));
+                assert_eq!(f.last_event, StreamId(1700, 3));
+                assert_eq!(f.earliest_expiry_ms, None);
+            }
+            _ => panic!("expected a refusal"),
+        }
+        let renewed: Raw<Renewed> = FromRedisValue::from_redis_value(words(&[
+            "OK", "2000", "5000", "OK", "LOST", "STALE:99",
+        ]))
+        .unwrap();
+        match renewed {
+            Raw::Reply(Renewed(held)) => {
+                assert_eq!(held, [Held::Ok, Held::Lost, Held::Stale(99)]);
+            }
+            _ => panic!("expected renewals"),
+        }
+        assert!(matches!(
+            Raw::<Held>::from_redis_value(words(&["NOCONFIG"])).unwrap(),
+            Raw::NoConfig
+        ));
+        assert!(matches!(
+            Raw::<Held>::from_redis_value(words(&["MISMATCH", "abc"])).unwrap(),
+            Raw::Mismatch(stored) if stored == "abc"
+        ));
+        assert!(Raw::<Held>::from_redis_value(words(&["WHAT"])).is_err());
+        assert!(Raw::<AcquireReply>::from_redis_value(words(&["OK", "x"])).is_err());
+    }
+
+    #[test]
+    fn connection_failures_are_retried_and_script_errors_are_not() {
+        let io = |kind| redis::RedisError::from(std::io::Error::new(kind, "x"));
+        assert!(is_transient(&io(std::io::ErrorKind::BrokenPipe)));
+        assert!(is_transient(&io(std::io::ErrorKind::ConnectionRefused)));
+        assert!(is_transient(&io(std::io::ErrorKind::ConnectionReset)));
+        assert!(is_transient(&io(std::io::ErrorKind::TimedOut)));
+        let script = redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "x"));
+        assert!(!is_transient(&script));
+        let auth = redis::RedisError::from((redis::ErrorKind::AuthenticationFailed, "x"));
+        assert!(!is_transient(&auth));
+    }
+}

@@ -1,0 +1,233 @@
+//! Real faults against a private server: killed and restarted, paused (`CLIENT PAUSE`), stopped
+//! mid-call (SIGSTOP). A call that fails on the connection is retried until its caller's own
+//! deadline: a job with time left rides through a short outage, a job whose deadline falls
+//! inside a long one fails closed with `Unavailable`, and nothing is admitted without the
+//! server's answer or left held after a failed call.
+//!
+//! The pauses here are the faults themselves (an outage of a given length), never a wait for a
+//! refill or a deadline.
+
+use std::time::{Duration, Instant};
+
+use admission_redis::{AcquireError, LeaseRequest, Outcome, read_events};
+
+use crate::support::{PrivateRedis, ceilings, cell, config, connect, redis_server_binary};
+
+fn request(id: &str) -> LeaseRequest {
+    LeaseRequest::new(id, "tenant", "disk", 1024, "upload")
+}
+
+/// A command to the private server on a connection of its own.
+async fn command(port: u16, args: &[&str]) -> redis::Value {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("client");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("conn");
+    let mut cmd = redis::cmd(args[0]);
+    for arg in &args[1..] {
+        cmd.arg(*arg);
+    }
+    cmd.query_async(&mut conn).await.expect(args[0])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_call_after_a_restart_on_an_idle_connection_is_retried_not_failed() {
+    let Some(binary) = redis_server_binary("idle_restart") else {
+        return;
+    };
+    let mut redis = PrivateRedis::start(&binary, &[]);
+    let cfg = config(
+        "127.0.0.1",
+        redis.port,
+        &cell("idle_restart"),
+        ceilings(1 << 20, 8, 1 << 20, 8, 8),
+    );
+    let fleet = connect(cfg).await;
+    let first = fleet.try_acquire(&request("before")).await.expect("fits");
+    first.release(Outcome::Completed).await.expect("released");
+
+    // Killed and back 0.3 s later, empty, while this instance's connection sat idle: the old
+    // connection is dead, and the manager learns it only from a failed command.
+    redis.stop();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    redis.start_again(&binary);
+
+    let lease = fleet
+        .try_acquire(&request("after"))
+        .await
+        .expect("the broken pipe is retried on a new connection, and the cell created again");
+    assert_eq!(lease.occupancy().service_transfers, 1);
+    let waited = fleet
+        .acquire(&request("waited"), Duration::from_secs(2))
+        .await
+        .expect("an acquisition with time left is admitted");
+    assert_eq!(waited.occupancy().service_transfers, 2);
+    lease.release(Outcome::Completed).await.expect("released");
+    waited.release(Outcome::Completed).await.expect("released");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_rides_through_an_outage_shorter_than_its_wait_and_fails_closed_after_a_longer_one()
+ {
+    let Some(binary) = redis_server_binary("outage") else {
+        return;
+    };
+    let mut redis = PrivateRedis::start(&binary, &[]);
+    let cfg = config(
+        "127.0.0.1",
+        redis.port,
+        &cell("outage"),
+        ceilings(1 << 20, 8, 1 << 20, 8, 8),
+    );
+    let fleet = connect(cfg).await;
+
+    // Down for two seconds; a job with five seconds to wait is admitted once it is back.
+    redis.stop();
+    let started = Instant::now();
+    let job = {
+        let fleet = fleet.clone();
+        tokio::spawn(async move {
+            fleet
+                .acquire(&request("patient"), Duration::from_secs(5))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    redis.start_again(&binary);
+    let lease = job
+        .await
+        .expect("task")
+        .expect("admitted once the server is back, inside its wait");
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(2),
+        "admitted after {took:?}, before the server was back"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "admitted after {took:?}, past its wait"
+    );
+    lease.release(Outcome::Completed).await.expect("released");
+
+    // Down for longer than a job's wait: it fails closed, with `Unavailable`, once its own wait
+    // is over (not at the first refused connection).
+    redis.stop();
+    let started = Instant::now();
+    let error = fleet
+        .acquire(&request("short"), Duration::from_millis(1_500))
+        .await
+        .expect_err("nothing is admitted without the server's answer");
+    let took = started.elapsed();
+    assert!(
+        matches!(error, AcquireError::Unavailable(_)),
+        "expected Unavailable, got {error:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(1_400),
+        "gave up after {took:?}, before its wait of 1.5 s was over"
+    );
+    assert!(
+        took < Duration::from_millis(1_500) + Duration::from_secs(1),
+        "gave up after {took:?}: more than a response time past its wait"
+    );
+    redis.start_again(&binary);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_shorter_than_the_ttl_loses_no_lease_and_a_release_that_timed_out_is_not_a_loss() {
+    let Some(binary) = redis_server_binary("pause") else {
+        return;
+    };
+    let redis = PrivateRedis::start(&binary, &[]);
+    let cfg = config(
+        "127.0.0.1",
+        redis.port,
+        &cell("pause"),
+        ceilings(1 << 20, 8, 1 << 20, 8, 8),
+    );
+    let fleet = connect(cfg).await;
+    let held = fleet.try_acquire(&request("held")).await.expect("fits");
+    let released = fleet.try_acquire(&request("released")).await.expect("fits");
+
+    // Every client paused for 1.5 s: renewals, the release below and a new acquisition all
+    // queue on the server, time out on the client (700 ms), and are retried.
+    let _: redis::Value = command(redis.port, &["CLIENT", "PAUSE", "1500", "ALL"]).await;
+    let started = Instant::now();
+    released
+        .release(Outcome::Completed)
+        .await
+        .expect("a release whose first attempts timed out on the client is not a lost lease");
+    let during = fleet
+        .acquire(&request("during"), Duration::from_secs(3))
+        .await
+        .expect("admitted once the pause ends");
+    assert!(started.elapsed() >= Duration::from_millis(1_400));
+    assert_eq!(held.loss(), None, "the held lease survived the pause");
+    held.renew_now().await.expect("still held on the server");
+
+    let events = read_events(&fleet).await.expect("events");
+    let completed: Vec<_> = events
+        .iter()
+        .filter(|e| e.kind == "completed")
+        .map(|e| e.lease.as_str())
+        .collect();
+    assert_eq!(completed, ["released"], "released exactly once");
+    held.release(Outcome::Completed).await.expect("released");
+    during.release(Outcome::Completed).await.expect("released");
+    let snapshot = fleet.snapshot("tenant", "disk").await.expect("snapshot");
+    assert_eq!(
+        (snapshot.leases, snapshot.occupancy.service_transfers),
+        (0, 0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_that_failed_while_the_server_was_stopped_leaves_nothing_held_once_it_resumes() {
+    let Some(binary) = redis_server_binary("stopped_try") else {
+        return;
+    };
+    let redis = PrivateRedis::start(&binary, &[]);
+    let cfg = config(
+        "127.0.0.1",
+        redis.port,
+        &cell("stopped_try"),
+        ceilings(1 << 20, 8, 1 << 20, 8, 8),
+    );
+    let fleet = connect(cfg).await;
+
+    // The server stops (SIGSTOP) with the call on its way: the call waits in the socket, the
+    // try gives up as `Unavailable`, and the server runs the call when it resumes, granting a
+    // lease that nobody holds.
+    redis.signal("STOP");
+    let error = fleet
+        .try_acquire(&request("orphan"))
+        .await
+        .expect_err("the server does not answer while stopped");
+    assert!(
+        matches!(error, AcquireError::Unavailable(_)),
+        "expected Unavailable, got {error:?}"
+    );
+    redis.signal("CONT");
+    // The try's guard withdraws what its call left: the lease, released as interrupted.
+    fleet.settle().await;
+    let snapshot = fleet.snapshot("tenant", "disk").await.expect("snapshot");
+    assert_eq!(
+        (snapshot.leases, snapshot.occupancy.service_transfers),
+        (0, 0),
+        "the lease granted to a failed try is given back, not left to its TTL"
+    );
+    let kinds: Vec<(String, String)> = read_events(&fleet)
+        .await
+        .expect("events")
+        .into_iter()
+        .map(|e| (e.kind, e.lease))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("admitted".to_string(), "orphan".to_string()),
+            ("interrupted".to_string(), "orphan".to_string())
+        ]
+    );
+}
