@@ -1,8 +1,11 @@
 //! [`JobContext`]: who is asking, and the switch that withdraws them.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering as StdOrdering};
+use std::task::{Context, Poll, Waker};
 
 use serde::Serialize;
 
@@ -163,6 +166,34 @@ impl JobContext {
         }
     }
 
+    /// A future that completes once the job is cancelled (at once if it already is), for work
+    /// outside a monitor that the job's cancellation should end too (a fleet lease's wait, a
+    /// call in flight): `select!` on it. It is woken through its `Waker`, so it runs under any
+    /// executor.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it forgets its listener; nothing else changes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission_core::JobContext;
+    ///
+    /// # futures::executor::block_on(async {
+    /// let job = JobContext::new("upload");
+    /// let cancelled = job.cancelled();
+    /// job.clone().cancel();
+    /// cancelled.await; // completes: the job was cancelled
+    /// # });
+    /// ```
+    pub fn cancelled(&self) -> Cancelled {
+        Cancelled {
+            ctx: self.clone(),
+            listener: None,
+        }
+    }
+
     /// Registers `listener` to run on cancellation. `None` if already cancelled (nothing kept).
     pub(crate) fn on_cancel(&self, listener: Listener) -> Option<u64> {
         let mut listeners = self.inner.switch().listeners.lock();
@@ -189,6 +220,70 @@ impl JobContext {
             at.map(|at| listeners.entries.remove(at))
         };
         drop(forgotten);
+    }
+}
+
+/// The future of [`JobContext::cancelled`].
+#[must_use = "futures do nothing unless polled"]
+pub struct Cancelled {
+    ctx: JobContext,
+    /// The listener registered on the context, and the waker it wakes.
+    listener: Option<(u64, Arc<Mutex<Option<Waker>>>)>,
+}
+
+impl Future for Cancelled {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.ctx.is_cancelled() {
+            return Poll::Ready(());
+        }
+        let waker = cx.waker().clone();
+        match &self.listener {
+            Some((_, slot)) => {
+                let replaced = slot.lock().replace(waker);
+                drop(replaced);
+            }
+            None => {
+                let slot = Arc::new(Mutex::new(Some(waker)));
+                let wakes = slot.clone();
+                let listener = self.ctx.on_cancel(Box::new(move || {
+                    let waker = wakes.lock().take();
+                    if let Some(waker) = waker {
+                        waker.wake();
+                    }
+                }));
+                match listener {
+                    // Cancelled since the look above.
+                    None => return Poll::Ready(()),
+                    Some(key) => self.listener = Some((key, slot)),
+                }
+            }
+        }
+        // A cancellation between the look and the registration took the listeners before ours
+        // was there: look again.
+        if self.ctx.is_cancelled() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+impl Drop for Cancelled {
+    fn drop(&mut self) {
+        if let Some((key, _)) = self.listener.take() {
+            self.ctx.forget(key);
+        }
+    }
+}
+
+impl fmt::Debug for Cancelled {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cancelled")
+            .field("job", &self.ctx.id())
+            .field("cancelled", &self.ctx.is_cancelled())
+            .finish()
     }
 }
 

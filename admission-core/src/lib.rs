@@ -29,7 +29,7 @@ pub use account::{
 };
 pub use amount::Amount;
 pub use clock::{Clock, Instant, SystemClock, WakeFn};
-pub use context::{JobContext, JobSnapshot};
+pub use context::{Cancelled, JobContext, JobSnapshot};
 pub use demand::{Demand, Entry};
 pub use error::{AdmitError, StartError, TryAdmitError};
 pub use event::{Event, EventKind, EventSink, RejectReason};

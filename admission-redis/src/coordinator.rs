@@ -66,7 +66,8 @@ pub struct RedisAdmission {
 
 /// The Lua program behind every transition, as this build sends it to Redis (for review, and for
 /// comparing its cost with another script of the same size). A build with the `test-util`
-/// feature includes the test clock; see [`production_script_source`] for the script without it.
+/// feature includes the test clock; `production_script_source` (feature `test-util`) gives the
+/// script without it.
 pub fn script_source() -> &'static str {
     crate::script::source()
 }

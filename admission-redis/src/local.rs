@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use admission_core::{AccountRef, Amount, Demand, Grant, JobContext, Monitor};
+use admission_core::{AccountRef, AdmitError, Amount, Demand, Grant, JobContext, Monitor};
 use tokio::time::Instant;
 
 use crate::coordinator::RedisAdmission;
@@ -23,8 +23,9 @@ use crate::script::Outcome;
 ///
 /// The wait for the lease is bounded by what is left of the config's `local_timeout` and by its
 /// `redis_wait`; on a timeout, a Redis failure, a refusal or a dropped future, the local budget
-/// goes back at once. A [`JobContext`] cancelled while the local admission waits ends that wait;
-/// while the lease is awaited, cancel by dropping the future (the context is not watched there).
+/// goes back at once. A [`JobContext`] cancelled while either wait is on ends it with
+/// [`AcquireError::Local`]`(`[`AdmitError::Cancelled`]`)`: the wait for the lease is withdrawn
+/// from the cell's line as a dropped future is.
 ///
 /// # Examples
 ///
@@ -83,7 +84,8 @@ impl FleetAdmission {
     /// # Errors
     ///
     /// [`AcquireError::Local`] when the local admission fails (the lease is then never asked
-    /// for), or any error of [`RedisAdmission::acquire`] (the local budget is then given back).
+    /// for) or the job is cancelled while it waits for either, or any error of
+    /// [`RedisAdmission::acquire`] (the local budget is then given back).
     ///
     /// # Cancel safety
     ///
@@ -101,10 +103,21 @@ impl FleetAdmission {
         }
         let local = self.monitor.admit(demand, ctx, Some(local_timeout)).await?;
         let left = local_timeout.saturating_sub(start.elapsed());
-        let lease = self
+        let acquire = self
             .fleet
-            .acquire(request, left.min(self.fleet.config().redis_wait))
-            .await?;
+            .acquire(request, left.min(self.fleet.config().redis_wait));
+        // The job's cancellation ends the wait for the lease too: the acquisition is dropped
+        // (its ticket withdrawn, a grant that landed released) and the local budget goes back.
+        let lease = tokio::select! {
+            biased;
+            () = ctx.cancelled() => {
+                return Err(AcquireError::Local(AdmitError::Cancelled {
+                    job: ctx.id(),
+                    waited: start.elapsed(),
+                }));
+            }
+            lease = acquire => lease?,
+        };
         Ok(FleetGrant {
             lease: Some(lease),
             local: Some(local),

@@ -1,5 +1,6 @@
 //! `Demand` and `Grant` ("Demand and Grant" in the statement of record).
 
+use std::future::Future;
 use std::time::Duration;
 
 use admission_core::{Amount, Demand, JobContext, Monitor, Replenishment};
@@ -209,4 +210,78 @@ fn cancelling_through_an_earlier_clone_withdraws_a_labelled_waiter() {
         admission_testkit::monitor::poll_once(&mut admit),
         Some(Err(admission_core::AdmitError::Cancelled { .. }))
     ));
+}
+
+/// A waker that counts its wake-ups.
+struct CountingWaker(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for CountingWaker {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_jobs_cancelled_future_completes_on_cancel_and_wakes_its_latest_waker_once() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Context, Waker};
+
+    let job = JobContext::new("watched");
+    let mut cancelled = Box::pin(job.cancelled());
+    let (first, second) = (
+        Arc::new(CountingWaker(AtomicUsize::new(0))),
+        Arc::new(CountingWaker(AtomicUsize::new(0))),
+    );
+    let first_waker = Waker::from(first.clone());
+    let second_waker = Waker::from(second.clone());
+    assert!(
+        cancelled
+            .as_mut()
+            .poll(&mut Context::from_waker(&first_waker))
+            .is_pending()
+    );
+    // Polled again with another waker (the task moved): only the latest is woken.
+    assert!(
+        cancelled
+            .as_mut()
+            .poll(&mut Context::from_waker(&second_waker))
+            .is_pending()
+    );
+    job.clone().cancel();
+    assert_eq!(
+        (
+            first.0.load(Ordering::SeqCst),
+            second.0.load(Ordering::SeqCst)
+        ),
+        (0, 1)
+    );
+    assert!(
+        cancelled
+            .as_mut()
+            .poll(&mut Context::from_waker(&second_waker))
+            .is_ready()
+    );
+    // Already cancelled: ready at once, nothing registered.
+    let mut again = Box::pin(job.cancelled());
+    assert!(
+        again
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .is_ready()
+    );
+    // Dropped before the cancellation: its listener goes, and a cancel wakes nobody.
+    let other = JobContext::new("dropped");
+    let counting = Arc::new(CountingWaker(AtomicUsize::new(0)));
+    let waker = Waker::from(counting.clone());
+    let mut dropped = Box::pin(other.cancelled());
+    assert!(
+        dropped
+            .as_mut()
+            .poll(&mut Context::from_waker(&waker))
+            .is_pending()
+    );
+    drop(dropped);
+    other.cancel();
+    assert_eq!(counting.0.load(Ordering::SeqCst), 0);
 }

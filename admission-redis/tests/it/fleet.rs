@@ -73,6 +73,55 @@ async fn the_local_budget_is_taken_first_and_held_alone_while_the_fleet_is_full(
     assert_eq!(fleet.snapshot("t", "d").await.expect("snapshot").leases, 0);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_cancelled_while_it_waits_for_the_lease_ends_the_wait_and_holds_nothing() {
+    let Some((host, port)) = server("ctx_watched") else {
+        return;
+    };
+    let cell = cell("ctx_watched");
+    let fleet = connect(config(&host, port, &cell, ceilings(1_000, 1, 1_000, 1, 1))).await;
+    let monitor = Monitor::new();
+    let bytes = budget(&monitor, 500);
+    let admission = Arc::new(
+        FleetAdmission::new(monitor, vec![bytes.clone() as AccountRef], fleet.clone())
+            .expect("admission"),
+    );
+    let held = fleet
+        .try_acquire(&LeaseRequest::new("holder", "t", "d", 1, "upload"))
+        .await
+        .expect("fits");
+
+    // The job waits for the fleet (full) with its 250 local bytes; its context is cancelled
+    // from elsewhere, as a caller cancels a job, without touching its future.
+    let job = JobContext::new("watched");
+    let waiting = admission.clone();
+    let ctx = job.clone();
+    let task = tokio::spawn(async move {
+        waiting
+            .admit(&ctx, &LeaseRequest::new("watched", "t", "d", 250, "upload"))
+            .await
+    });
+    wait_for_event(&fleet, &host, port, "queued", "watched").await;
+    assert_eq!(bytes.in_use(), 250);
+    job.cancel();
+    match task.await.expect("task") {
+        Err(AcquireError::Local(admission_core::AdmitError::Cancelled { job: id, .. })) => {
+            assert_eq!(id, job.id());
+        }
+        other => panic!("expected the cancellation, got {other:?}"),
+    }
+    assert_eq!(bytes.in_use(), 0, "the local budget went back");
+    // Its ticket left the line: the holder's release admits nobody.
+    wait_for_event(&fleet, &host, port, "timed_out", "watched").await;
+    held.release(Outcome::Completed).await.expect("released");
+    fleet.settle().await;
+    let snapshot = fleet.snapshot("t", "d").await.expect("snapshot");
+    assert_eq!(
+        (snapshot.leases, snapshot.occupancy.service_transfers),
+        (0, 0)
+    );
+}
+
 #[tokio::test]
 async fn the_local_budget_goes_back_on_timeout_and_on_cancellation() {
     let Some((host, port)) = server("local_back") else {

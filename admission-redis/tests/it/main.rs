@@ -8,5 +8,6 @@ mod leases;
 mod line;
 mod metrics;
 mod real_time;
+mod rules;
 mod servers;
 mod support;

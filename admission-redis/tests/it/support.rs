@@ -400,3 +400,23 @@ pub(crate) async fn script_calls(port: u16) -> u64 {
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
 }
+
+/// Waits until none of `keys` exists any more (the server expires them); fails after 10 s.
+pub(crate) async fn wait_until_gone(conn: &mut MultiplexedConnection, keys: &[String]) {
+    let started = std::time::Instant::now();
+    loop {
+        let existing: u64 = redis::cmd("EXISTS")
+            .arg(keys)
+            .query_async(conn)
+            .await
+            .expect("exists");
+        if existing == 0 {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{existing} of the keys still exist after 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
