@@ -183,7 +183,9 @@ pub struct RedisAdmissionConfig {
     pub eviction_check: EvictionCheck,
     /// Tenant mode, if enabled.
     pub tenant_mode: Option<TenantMode>,
-    /// Every key of the cell expires after this long without a call (every call refreshes it),
+    /// Every key of the cell expires after this long without a call (calls refresh it, at
+    /// least every tenth of this time, at most every minute, so an idle cell goes between nine
+    /// tenths of this time and the whole of it after its last call),
     /// so a fleet that crashed, or stopped using a cell, leaves nothing behind for good. An idle
     /// cell that expired is created again by the next call, without its tenant overrides and
     /// quota windows. Set by the instance that creates the cell. At least a minute and at least

@@ -31,7 +31,7 @@ local op, fingerprint = ARGV[1], ARGV[2]
 -- production script does not contain: nothing in production can move the cell's time).
 local asking = (op == 'acquire' and ARGV[4]) or (op == 'snapshot' and ARGV[3]) or ''
 local c = redis.call('HMGET', cfg, 'fingerprint', 'sb', 'st', 'tb', 'tt', 'bt', 'maxlen',
-  'version', 'skew_ms', 'o:' .. asking, 'ttl', 'nq', 'idle')
+  'version', 'skew_ms', 'o:' .. asking, 'ttl', 'nq', 'idle', 'touched')
 local t = redis.call('TIME')
 local skew = 0
 -- test-util begin
@@ -42,13 +42,17 @@ local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2]) + skew * 1000
 
 local function int(n) return string.format('%.0f', n) end
 
--- Every key of the cell expires after `idle` milliseconds without a call (refreshed at the end of
--- every call that found the cell), so a fleet that crashed, or stopped using a cell, leaves
--- nothing behind for good. A key created or emptied and re-created during the call is covered
--- too, since the refresh comes last.
+-- Every key of the cell expires after `idle` milliseconds without a call, so a fleet that
+-- crashed, or stopped using a cell, leaves nothing behind for good. A call refreshes the expiry of
+-- every key (last thing, so a key emptied and re-created during the call is covered too) when the
+-- last refresh (`touched`, server ms) is older than a tenth of the idle time, at most a minute:
+-- seven calls a minute rather than seven a call, and a cell expires between nine tenths of its
+-- idle time and the whole of it after its last call. A key a call creates gets its expiry at once
+-- (`born`), so no key of a cell is ever without one.
 local function touch(idle, reply)
-  if idle and idle > 0 then
+  if idle and idle > 0 and now_ms - tonumber(c[14] or '0') >= math.min(idle / 10, 60000) then
     for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], idle) end
+    redis.call('HSET', KEYS[1], 'touched', int(now_ms))
   end
   return reply
 end
@@ -74,6 +78,11 @@ if not c[1] then return {'NOCONFIG'} end
 if c[1] ~= fingerprint then return {'MISMATCH', c[1]} end
 local S_B, S_T, T_B, T_T, B_T = tonumber(c[2]), tonumber(c[3]), tonumber(c[4]), tonumber(c[5]), tonumber(c[6])
 local maxlen, version, TTL, IDLE = c[7], c[8], tonumber(c[11]), tonumber(c[13])
+
+-- A key this call has just created expires as the cell does (see `touch`).
+local function born(key)
+  if IDLE and IDLE > 0 then redis.call('PEXPIRE', key, IDLE) end
+end
 -- How many wait in the line: with none (the usual case) the line is never read.
 local queued = tonumber(c[12] or '0')
 local DIMS = { 'service_bytes', 'service_transfers', 'tenant_bytes', 'tenant_transfers', 'backend_transfers' }
@@ -116,11 +125,14 @@ end
 -- that already wrote the counter (in the same HSET as the occupancy) passes it.
 local function append(kind, lease, token, tenant, backend, footprint, operation, outcome, o, seq)
   seq = seq or redis.call('HINCRBY', occ, 'seq', 1)
-  return redis.call('XADD', events, 'MAXLEN', maxlen, '*',
+  local id = redis.call('XADD', events, 'MAXLEN', maxlen, '*',
     'v', 'admission-event-v1', 'seq', seq, 'kind', kind, 'time_ms', int(now_ms),
     'lease', lease, 'token', token, 'tenant', tenant, 'backend', backend,
     'footprint', footprint, 'operation', operation, 'outcome', outcome, 'policy', version,
     'occupancy', int(o[1]) .. ' ' .. int(o[2]) .. ' ' .. int(o[3]) .. ' ' .. int(o[4]) .. ' ' .. int(o[5]))
+  -- The cell's first record creates the stream.
+  if tonumber(seq) == 1 then born(events) end
+  return id
 end
 
 local function parse(r)
@@ -198,10 +210,16 @@ local function grant(id, tenant, backend, footprint, operation, ttl, o, nonce, o
   local token = int(math.max(tonumber(last or '0') + 1, now_us))
   local expiry = now_ms + ttl
   redis.call('ZADD', exp, expiry, id)
+  -- No lease held before this one: the expiries (and, the first time, the counters) are new.
+  local first = o[2] == 0
   o[1], o[2], o[3], o[4], o[5] = o[1] + f, o[2] + 1, o[3] + f, o[4] + 1, o[5] + 1
   local record = token .. '|' .. tenant .. '|' .. backend .. '|' .. footprint .. '|' .. operation
     .. '|' .. nonce
   write(o, tenant, backend, { 'tok', token, 'r:' .. id, record, 'seq', seq })
+  if first then
+    born(exp)
+    born(occ)
+  end
   append('admitted', id, token, tenant, backend, footprint, operation, outcome, o, seq)
   return token, expiry
 end
@@ -334,6 +352,11 @@ if op == 'acquire' then
     redis.call('ZADD', live, now_ms + ttl, id)
     redis.call('HSET', occ, 'q:' .. id,
       waiting .. '|' .. tenant .. '|' .. backend .. '|' .. ARGV[6] .. '|' .. operation .. '|' .. nonce)
+    -- The line's first waiter creates the line and its liveness set.
+    if queued == 1 then
+      born(line)
+      born(live)
+    end
     local last = append('queued', id, '0', tenant, backend, ARGV[6], operation, 'queued', o)
     local max = { S_B, S_T, tb_max, tt_max, B_T }
     return touch(IDLE, {'FULL', DIMS[dim], int(o[dim] + r[dim]), int(max[dim]), last, int(earliest_expiry()),
@@ -476,6 +499,7 @@ if op == 'quota' then
   end
   used = used + amount
   redis.call('HSET', quota, field, int(window) .. '|' .. int(used))
+  if not stored then born(quota) end
   return touch(IDLE, {'OK', int(used), int(limit), int(left_ms)})
 end
 

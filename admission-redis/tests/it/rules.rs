@@ -197,7 +197,7 @@ async fn every_key_of_a_cell_shares_its_hash_tag_and_nothing_else_is_written() {
 }
 
 #[tokio::test]
-async fn every_key_of_a_cell_expires_when_the_cell_is_idle_and_each_call_refreshes_it() {
+async fn every_key_of_a_cell_expires_when_the_cell_is_idle_and_calls_refresh_it() {
     let Some((host, port)) = server("idle_cell") else {
         return;
     };
@@ -232,27 +232,38 @@ async fn every_key_of_a_cell_expires_when_the_cell_is_idle_and_each_call_refresh
             );
         }
     }
-    // Every key about to expire: the next call refreshes them all.
-    for key in fleet.keys() {
-        let _: i64 = redis::cmd("PEXPIRE")
-            .arg(&key)
-            .arg(5_000)
-            .query_async(&mut conn)
-            .await
-            .expect("pexpire");
-    }
+    // Shorten every key's expiry by hand. A call right after the last refresh leaves them: a
+    // refresh costs seven calls, so it is made once a tenth of the idle time (9 s here) has
+    // passed since the last one.
+    let shorten = async |conn: &mut redis::aio::MultiplexedConnection, ms: u64| {
+        for key in fleet.keys() {
+            let _: i64 = redis::cmd("PEXPIRE")
+                .arg(&key)
+                .arg(ms)
+                .query_async(conn)
+                .await
+                .expect("pexpire");
+        }
+    };
+    shorten(&mut conn, 30_000).await;
     fleet.snapshot("t", "d").await.expect("snapshot");
     for (key, ttl) in fleet.keys().iter().zip(ttls(&mut conn).await) {
-        if ttl != -2 {
-            assert!(
-                ttl > 80_000,
-                "{key} was not refreshed by the call: {ttl} ms"
-            );
-        }
+        assert!(ttl <= 30_000, "{key} was refreshed before a tenth of the idle time: {ttl} ms");
     }
+    // Ten seconds later on the cell's clock, the next call refreshes every key.
     waiter.abort();
     drop(held);
     fleet.settle().await;
+    fleet
+        .advance_server_clock(Duration::from_secs(10))
+        .await
+        .expect("skew");
+    fleet.snapshot("t", "d").await.expect("snapshot");
+    for (key, ttl) in fleet.keys().iter().zip(ttls(&mut conn).await) {
+        if ttl != -2 {
+            assert!(ttl > 80_000, "{key} was not refreshed by the call: {ttl} ms");
+        }
+    }
 
     // A cell left alone expires whole (shortened here by hand, the server's own expiry does the
     // rest), and the next call creates it again.
