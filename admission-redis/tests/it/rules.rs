@@ -248,7 +248,10 @@ async fn every_key_of_a_cell_expires_when_the_cell_is_idle_and_calls_refresh_it(
     shorten(&mut conn, 30_000).await;
     fleet.snapshot("t", "d").await.expect("snapshot");
     for (key, ttl) in fleet.keys().iter().zip(ttls(&mut conn).await) {
-        assert!(ttl <= 30_000, "{key} was refreshed before a tenth of the idle time: {ttl} ms");
+        assert!(
+            ttl <= 30_000,
+            "{key} was refreshed before a tenth of the idle time: {ttl} ms"
+        );
     }
     // Ten seconds later on the cell's clock, the next call refreshes every key.
     waiter.abort();
@@ -261,7 +264,10 @@ async fn every_key_of_a_cell_expires_when_the_cell_is_idle_and_calls_refresh_it(
     fleet.snapshot("t", "d").await.expect("snapshot");
     for (key, ttl) in fleet.keys().iter().zip(ttls(&mut conn).await) {
         if ttl != -2 {
-            assert!(ttl > 80_000, "{key} was not refreshed by the call: {ttl} ms");
+            assert!(
+                ttl > 80_000,
+                "{key} was not refreshed by the call: {ttl} ms"
+            );
         }
     }
 
