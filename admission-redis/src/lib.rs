@@ -11,7 +11,8 @@
 //! shared by every process: the head's demand is set aside, and a release anywhere hands the
 //! capacity to the waiters in ticket order inside the same script call (see
 //! [`RedisAdmission::acquire`]). Admission fails closed: while Redis is unreachable nothing new is
-//! admitted.
+//! admitted. A call that fails on the connection (a restart, a pause, a reset) is retried until
+//! its caller's own deadline, so an outage shorter than a job's wait costs it only the wait.
 //!
 //! # Keys
 //!
@@ -21,7 +22,8 @@
 //! records, the last fencing token, the ticket and event counters), `exp` (lease expiries, a
 //! sorted set on server time), `events` (the stream), `quota` (per-tenant traffic windows),
 //! `line` (waiters by ticket), `live` (waiters' liveness expiries). An acquisition reads and writes each hash once: seven Redis
-//! calls inside one script call. Tenant and backend ids appear only as
+//! calls inside one script call. Every key expires after the config's `cell_idle_expiry` without a
+//! call, so a crashed fleet leaves nothing behind. Tenant and backend ids appear only as
 //! SHA-256 hex digests ([`hashed_id`]); raw tenant ids never reach Redis, events or metric labels.
 //!
 //! # Events (`admission-event-v1`)
