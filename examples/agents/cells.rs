@@ -12,19 +12,26 @@
 //!
 //! Lease waits are real time on the Redis server; they are recorded in simulated time (times the
 //! scale, read on the run's clock) like every other wait of the example.
+//!
+//! For the parent's verdict a member also records, by the wall clock every process of the
+//! machine shares, each lease it held (from the grant's return to the release call: Redis held it
+//! at least that long) and, for each job that timed out or failed, the deadline of the lease wait
+//! that ended it (see `chaos.rs`).
 
-use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use admission_llm::model_spec::{ModelCatalog, ModelSpec};
 use admission_redis::{
-    AcquireError, Ceilings, Lease, LeaseRequest, Outcome, RedisAdmission, RedisAdmissionConfig,
+    AcquireError, Ceilings, Lease, LeaseError, LeaseRequest, Outcome, RedisAdmission,
+    RedisAdmissionConfig,
 };
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 
+use crate::chaos::{self, EndKind, Hold, JobEnd};
 use crate::clock::ScaledClock;
 use crate::stats::JobOutcome;
 use crate::stop::Stop;
@@ -128,8 +135,11 @@ struct Tally {
     timed_out: AtomicU64,
     failed: AtomicU64,
     lost: AtomicU64,
+    release_unconfirmed: AtomicU64,
     /// Simulated microseconds each lease waited.
     waits_us: Mutex<Vec<u64>>,
+    /// Each lease held, by the wall clock (shared with the leases, which add themselves).
+    holds: Arc<Mutex<Vec<Hold>>>,
 }
 
 /// A member's cells and what it counted on them.
@@ -141,12 +151,34 @@ pub struct Cells {
     wait: Duration,
     /// The runtime the leases live on, for agents on blocking threads.
     runtime: tokio::runtime::Handle,
+    /// Per job, the wall-clock deadline (ms) of its last lease wait that failed: a failed wait
+    /// ends its job, so this is the deadline of the wait that ended it.
+    failed_waits: Mutex<HashMap<String, u64>>,
+    /// The jobs that timed out or failed.
+    ends: Mutex<Vec<JobEnd>>,
 }
 
 /// A step's lease; give it back with [`Cells::release`].
 pub struct StepLease {
     model: &'static str,
     lease: Lease,
+    held: HeldSince,
+}
+
+/// A lease's hold by the wall clock, recorded when it ends: at the release call, or when the
+/// lease is dropped unreleased (a job aborted at the end of a stopped run).
+struct HeldSince {
+    since_us: u64,
+    tokens: u64,
+    holds: Arc<Mutex<Vec<Hold>>>,
+}
+
+impl Drop for HeldSince {
+    fn drop(&mut self) {
+        if let Ok(mut holds) = self.holds.lock() {
+            holds.push([self.since_us, chaos::wall_us(), self.tokens]);
+        }
+    }
 }
 
 /// What a member reports of one model's cell.
@@ -166,10 +198,17 @@ pub struct CellReading {
     pub timed_out: u64,
     /// Lease acquisitions that failed otherwise (Redis unavailable, refused for good).
     pub failed: u64,
-    /// Leases lost before their release (reaped, or a release that Redis did not confirm).
+    /// Leases lost before their release (reaped, or given to another holder).
     pub lost: u64,
+    /// Releases that Redis did not confirm (it could not be reached): the lease's TTL takes it
+    /// back; the parent's reading of the cell after the run says whether it did.
+    #[serde(default)]
+    pub release_unconfirmed: u64,
     /// Each lease's wait, simulated microseconds.
     pub waits_us: Vec<u64>,
+    /// Each lease held: `[acquired, released, tokens]`, wall-clock microseconds.
+    #[serde(default)]
+    pub holds: Vec<Hold>,
 }
 
 impl Cells {
@@ -197,6 +236,8 @@ impl Cells {
             tallies,
             wait,
             runtime: tokio::runtime::Handle::current(),
+            failed_waits: Mutex::new(HashMap::new()),
+            ends: Mutex::new(Vec::new()),
         })
     }
 
@@ -229,6 +270,8 @@ impl Cells {
             OPERATION,
         );
         let asked_at = clock.elapsed();
+        let deadline_ms = chaos::wall_ms()
+            .saturating_add(u64::try_from(self.wait.as_millis()).unwrap_or(u64::MAX));
         let acquired = tokio::select! {
             acquired = cell.acquire(&request, self.wait) => acquired,
             // Dropping the wait withdraws its ticket (on a spawned task).
@@ -251,15 +294,24 @@ impl Cells {
                 Ok(Some(StepLease {
                     model: job.model,
                     lease,
+                    held: HeldSince {
+                        since_us: chaos::wall_us(),
+                        tokens: request.footprint,
+                        holds: tally.holds.clone(),
+                    },
                 }))
             }
-            Err(AcquireError::TimedOut { .. }) => {
-                tally.timed_out.fetch_add(1, Ordering::Relaxed);
-                Err(JobOutcome::TimedOut)
-            }
             Err(error) => {
-                tally.failed.fetch_add(1, Ordering::Relaxed);
-                Err(JobOutcome::Failed(format!("the fleet lease: {error}")))
+                if let Ok(mut failed) = self.failed_waits.lock() {
+                    failed.insert(job.name.clone(), deadline_ms);
+                }
+                if let AcquireError::TimedOut { .. } = error {
+                    tally.timed_out.fetch_add(1, Ordering::Relaxed);
+                    Err(JobOutcome::TimedOut)
+                } else {
+                    tally.failed.fetch_add(1, Ordering::Relaxed);
+                    Err(JobOutcome::Failed(format!("the fleet lease: {error}")))
+                }
             }
         }
     }
@@ -290,11 +342,22 @@ impl Cells {
         } else {
             Outcome::Failed
         };
-        let StepLease { model, lease } = lease;
-        // Lost or stale: someone else had it; unavailable: the TTL takes it back. Either way
-        // the lease was not ours to the end.
-        if let (Err(_), Some(tally)) = (lease.release(outcome).await, self.tallies.get(model)) {
-            tally.lost.fetch_add(1, Ordering::Relaxed);
+        let StepLease { model, lease, held } = lease;
+        drop(held); // the work under the lease is over
+        let released = lease.release(outcome).await;
+        let Some(tally) = self.tallies.get(model) else {
+            return;
+        };
+        match released {
+            Ok(()) => {}
+            // Not confirmed: Redis could not be reached (the TTL takes the lease back).
+            Err(LeaseError::Unavailable(_)) => {
+                tally.release_unconfirmed.fetch_add(1, Ordering::Relaxed);
+            }
+            // Lost or stale: the lease was not ours to the end.
+            Err(_) => {
+                tally.lost.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
@@ -311,6 +374,34 @@ impl Cells {
         }
     }
 
+    /// Records how job `job` ended, if it timed out or failed, with the deadline of the lease
+    /// wait that ended it (none if something else ended it).
+    pub fn job_ended(&self, job: &str, outcome: &JobOutcome) {
+        let (kind, error) = match outcome {
+            JobOutcome::TimedOut => (EndKind::TimedOut, None),
+            JobOutcome::Failed(message) => (EndKind::Failed, Some(message.clone())),
+            _ => return,
+        };
+        let deadline_ms = self
+            .failed_waits
+            .lock()
+            .ok()
+            .and_then(|mut failed| failed.remove(job));
+        if let Ok(mut ends) = self.ends.lock() {
+            ends.push(JobEnd {
+                job: job.to_owned(),
+                kind,
+                deadline_ms,
+                error,
+            });
+        }
+    }
+
+    /// The jobs that timed out or failed so far.
+    pub fn ends(&self) -> Vec<JobEnd> {
+        self.ends.lock().map(|e| e.clone()).unwrap_or_default()
+    }
+
     /// What this member counted, per model.
     pub fn readings(&self) -> Vec<CellReading> {
         self.tallies
@@ -324,7 +415,9 @@ impl Cells {
                 timed_out: t.timed_out.load(Ordering::Acquire),
                 failed: t.failed.load(Ordering::Acquire),
                 lost: t.lost.load(Ordering::Acquire),
+                release_unconfirmed: t.release_unconfirmed.load(Ordering::Acquire),
                 waits_us: t.waits_us.lock().map(|w| w.clone()).unwrap_or_default(),
+                holds: t.holds.lock().map(|h| h.clone()).unwrap_or_default(),
             })
             .collect()
     }

@@ -78,6 +78,9 @@ fn start_call<'w>(
 /// Runs one agent as a tokio task.
 pub async fn run_job(world: Arc<World>, monitor: Monitor, job: Arc<JobPlan>, ctx: JobContext) {
     let outcome = job_steps(&world, &monitor, &job, &ctx).await;
+    if let Some(cells) = &world.cells {
+        cells.job_ended(&job.name, &outcome);
+    }
     world.metrics.job_ended(job.model, &outcome, world.now());
 }
 
@@ -243,6 +246,9 @@ fn retry(world: &World, attempt: &mut u32, next: Next) -> Result<Option<Duration
 /// Runs one agent on a blocking thread, admitting with [`Monitor::admit_blocking`].
 pub fn run_job_blocking(world: Arc<World>, monitor: Monitor, job: Arc<JobPlan>, ctx: JobContext) {
     let outcome = job_steps_blocking(&world, &monitor, &job, &ctx);
+    if let Some(cells) = &world.cells {
+        cells.job_ended(&job.name, &outcome);
+    }
     world.metrics.job_ended(job.model, &outcome, world.now());
 }
 

@@ -5,6 +5,7 @@
 //! cargo run --release --example agents -- --strategy hold-and-wait      # both designs, side by side
 //! cargo run --release --example agents -- --time-scale 300 --check    # CI's short run
 //! cargo run --release --example agents -- --fleet 4                    # 4 processes, one Redis
+//! cargo run --release --example agents -- --fleet 4 --chaos restart    # ... through a fault
 //! cargo run --release --example agents -- --metrics 127.0.0.1:9000     # Prometheus at /metrics
 //! ```
 //!
@@ -38,19 +39,23 @@
 //! nothing). Files land in `target/agents/`: `events.jsonl` (every monitor event),
 //! `results.sqlite` (the monitor run's results), `timeline-<strategy>.svg` and `summary.json`.
 //!
-//! Every wait has a deadline (`--admit-timeout`, `--run-timeout`); Ctrl-C cancels every job
-//! through its `JobContext`, stops the monitor and still prints the summary.
+//! Every wait has a deadline (`--admit-timeout`, `--run-timeout`); Ctrl-C (or SIGTERM) cancels
+//! every job through its `JobContext`, stops the monitor and still prints the summary.
 //!
 //! `--fleet N` runs the agents as N processes of this program sharing one Redis cell per model
 //! (`multi.rs` the parent, `cells.rs` a member's leases, `redis_server.rs` the private server):
 //! each step takes its model's fleet lease first and then its local demand, and the parent
-//! prints per-process rows and fleet totals and checks the fleet's ceilings.
+//! prints per-process rows and fleet totals and checks the fleet's ceilings. The parent forwards
+//! SIGINT and SIGTERM to its members, and a member whose parent is gone stops (`signals.rs`).
+//! `--chaos restart|pause|kill-member` has the parent inject one fault mid-run and judge the
+//! failed jobs against the outage it caused (`chaos.rs`): `cargo xtask chaos` runs all three.
 //!
 //! `--metrics ADDR` serves the monitor's events as Prometheus series at `http://ADDR/metrics`
 //! while the run lasts (`metrics.rs`: `admission_events::MetricsSink` behind the run's fanout).
 
 mod cells;
 mod chain;
+mod chaos;
 mod clock;
 mod events;
 mod fleet;
@@ -63,6 +68,7 @@ mod report;
 mod results;
 mod rng;
 mod run;
+mod signals;
 mod stats;
 mod stop;
 mod timeline;
@@ -80,6 +86,7 @@ use anyhow::Context as _;
 use clap::{Parser, ValueEnum, value_parser};
 
 use crate::cells::Cells;
+use crate::chaos::Fault;
 use crate::multi::MemberReport;
 use crate::redis_server::Endpoint;
 use crate::report::RunSummary;
@@ -181,13 +188,29 @@ struct Args {
     #[arg(long, value_name = "HOST:PORT", requires = "fleet")]
     redis: Option<Endpoint>,
 
+    /// With --fleet: inject one fault mid-run and judge the run against the outage it caused.
+    /// restart: SIGKILL the private redis-server and start it again on its port 2 s later (it
+    /// keeps an append-only file); pause: CLIENT PAUSE 3000; kill-member: SIGKILL the last
+    /// member. The run prints the jobs that failed and how many had their own deadline inside
+    /// the outage; --check fails it on any other failed job, any ceiling exceeded, any lease
+    /// left held.
+    #[arg(long, value_enum, value_name = "FAULT", requires = "fleet")]
+    chaos: Option<Fault>,
+
+    /// With --chaos: when the fault is injected, in real milliseconds after the members started.
+    #[arg(long, value_name = "MS", default_value_t = 1_000, requires = "chaos",
+          value_parser = value_parser!(u64).range(0..=3_600_000))]
+    chaos_after_ms: u64,
+
     /// Serve the monitor's metrics (admitted, rejected, released, waits, waiters, holds) in
     /// Prometheus's text format at http://ADDR/metrics while the run lasts (ADDR: IP:PORT).
     #[arg(long, value_name = "ADDR", conflicts_with = "fleet")]
     metrics: Option<SocketAddr>,
 
-    /// Internal: run as member I of a --fleet run (the parent passes it).
-    #[arg(long, hide = true, value_name = "I", requires_all = ["fleet", "redis", "cell"])]
+    /// Internal: run as member I of a --fleet run (the parent passes it; the member stops when
+    /// its stdin says so or closes).
+    #[arg(long, hide = true, value_name = "I", requires_all = ["fleet", "redis", "cell"],
+          conflicts_with = "chaos")]
     fleet_member: Option<u32>,
 
     /// Internal: the prefix of the fleet's cell names (the parent passes it).
@@ -240,7 +263,10 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
         .context("starting the tokio runtime")?;
     let summaries = runtime.block_on(async {
         let interrupt = Arc::new(Stop::new());
-        let listener = tokio::spawn(listen_for_ctrl_c(interrupt.clone()));
+        let listener = tokio::spawn(signals::listen(interrupt.clone()));
+        if member.is_some() {
+            signals::watch_parent(interrupt.clone());
+        }
         let cells = match (member, &args.redis, &args.cell) {
             (Some(index), Some(endpoint), Some(prefix)) => {
                 let wait = multi::lease_wait(args.admit_timeout, args.time_scale);
@@ -294,7 +320,7 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
                 // spawned tasks: let them reach Redis before the runtime goes.
                 cells.settle().await;
             }
-            say(&MemberReport::new(index, summary, cells.readings()).line()?);
+            say(&MemberReport::new(index, summary, cells.readings(), cells.ends()).line()?);
         }
         anyhow::Ok(summaries)
     })?;
@@ -336,18 +362,6 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
 pub fn say(text: &str) {
     use std::io::Write as _;
     let _ = writeln!(std::io::stdout().lock(), "{text}");
-}
-
-/// The first Ctrl-C stops the run cleanly (the summary is still printed); a second exits at once.
-async fn listen_for_ctrl_c(interrupt: Arc<Stop>) {
-    if tokio::signal::ctrl_c().await.is_err() {
-        return;
-    }
-    eprintln!("\nCtrl-C: cancelling every agent (press again to quit at once)");
-    interrupt.trigger("Ctrl-C");
-    if tokio::signal::ctrl_c().await.is_ok() {
-        std::process::exit(130);
-    }
 }
 
 /// `$CARGO_TARGET_DIR/agents`, or `target/agents` at the workspace root.

@@ -7,33 +7,59 @@
 //! [`REPORT_PREFIX`] and its [`MemberReport`] as JSON. The parent reads them, the cells' events
 //! and final state, and the server's count of script calls, and prints per-process rows and
 //! fleet totals; with `--check` it fails on a member that failed or found a problem of its own,
-//! on any fleet-wide occupancy over a ceiling, on a lease lost or not given back, and on a lease
-//! still held once every member has exited.
+//! on a job that timed out or failed (under `--chaos`, unless its own deadline fell inside the
+//! outage), on any fleet-wide occupancy over a ceiling (as the leases saw it at admission, as the
+//! cells' events recorded it, and as the members held leases by their own clocks), on a lease
+//! lost, and on a lease still held once every member has exited.
+//!
+//! The parent survives what it tests. Once the members run, nothing it meets ends it before its
+//! table and verdict: SIGINT and SIGTERM are forwarded to the members (through their stdin, see
+//! `signals.rs`), which stop, give their leases back and report; its reads of the server after
+//! the run are retried (on a new connection too) for [`READ_RETRY_FOR`]; and what it still could
+//! not read or run is a problem in the verdict, not an error that hides the table.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs::File;
+use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use admission_llm::model_spec::ModelCatalog;
-use admission_redis::read_events;
-use anyhow::{Context as _, bail};
+use admission_redis::{RedisAdmission, read_events};
+use anyhow::{Context as _, anyhow, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::cells::{self, CellReading, ModelCeiling};
+use crate::chaos::{self, Fault, Hold, Injector, JobEnd, Judged, Outage, Targets};
 use crate::redis_server::{self, Endpoint, PrivateRedis};
 use crate::report::RunSummary;
 use crate::say;
+use crate::signals::{self, Signals};
 use crate::stats::Outcomes;
 
 /// What starts a member's report line on its stdout.
 pub const REPORT_PREFIX: &str = "fleet-member-report: ";
 /// How much longer than `--run-timeout` the parent waits for its members before killing them.
 const MEMBER_GRACE: Duration = Duration::from_secs(30);
-/// How often the parent looks whether its members have exited.
-const MEMBER_POLL: Duration = Duration::from_millis(100);
+/// How often the parent looks whether its members have exited (and whether a fault is due).
+const MEMBER_POLL: Duration = Duration::from_millis(50);
+/// How long members get to stop, give their leases back and report once the parent forwarded a
+/// signal, before it kills them.
+const STOP_GRACE: Duration = Duration::from_secs(20);
+/// How long the parent retries its reads of the server once the members exited.
+pub const READ_RETRY_FOR: Duration = Duration::from_secs(15);
+/// The bound on one attempt of such a read.
+const READ_ATTEMPT: Duration = Duration::from_secs(5);
+/// The pause between two attempts.
+const READ_PAUSE: Duration = Duration::from_millis(250);
+/// After a killed member's leases reached their TTL, before the cells are read: time for the
+/// server to have passed it too.
+const AFTER_TTL: Duration = Duration::from_millis(500);
+/// Snapshots taken at most to reap what expired (each reaps a bounded batch).
+const REAP_PASSES: usize = 20;
 
 /// What one member reports to the parent.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -58,13 +84,23 @@ pub struct MemberReport {
     pub local_wait_p99_s: f64,
     /// Per model's cell.
     pub cells: Vec<CellReading>,
-    /// What `--check` would find wrong with its own run.
+    /// What `--check` would find wrong with its own run, but for jobs that timed out or failed
+    /// (the parent judges those from `ends`).
     pub problems: Vec<String>,
+    /// The jobs that timed out or failed, each with the deadline of the lease wait that ended it.
+    #[serde(default)]
+    pub ends: Vec<JobEnd>,
 }
 
 impl MemberReport {
-    /// The report of member `member` from its run's summary and its cells' readings.
-    pub fn new(member: u32, summary: &RunSummary, cells: Vec<CellReading>) -> MemberReport {
+    /// The report of member `member` from its run's summary, its cells' readings and its jobs
+    /// that timed out or failed.
+    pub fn new(
+        member: u32,
+        summary: &RunSummary,
+        cells: Vec<CellReading>,
+        ends: Vec<JobEnd>,
+    ) -> MemberReport {
         let all = summary.wait("all");
         MemberReport {
             member,
@@ -77,7 +113,8 @@ impl MemberReport {
             local_wait_p50_s: all.map_or(0.0, |w| w.p50_s),
             local_wait_p99_s: all.map_or(0.0, |w| w.p99_s),
             cells,
-            problems: summary.problems(),
+            problems: summary.problems_but_failed_jobs(),
+            ends,
         }
     }
 
@@ -170,6 +207,12 @@ pub struct ModelTotals {
     pub failed: u64,
     /// See `timed_out`.
     pub lost: u64,
+    /// Releases Redis did not confirm.
+    pub release_unconfirmed: u64,
+    /// The most tokens held at once by the members' own clocks (see [`chaos::peak_held`]).
+    pub held_peak_tokens: u64,
+    /// The most leases held at once likewise: requests in flight.
+    pub held_peak_requests: u64,
     /// The lease waits.
     pub waits: WaitSummary,
 }
@@ -177,6 +220,7 @@ pub struct ModelTotals {
 /// Every member's readings of each model, added up.
 pub fn model_totals(members: &[MemberReport]) -> Vec<ModelTotals> {
     let mut waits: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    let mut holds: BTreeMap<String, Vec<Hold>> = BTreeMap::new();
     let mut totals: BTreeMap<String, ModelTotals> = BTreeMap::new();
     for reading in members.iter().flat_map(|m| &m.cells) {
         let t = totals
@@ -192,15 +236,22 @@ pub fn model_totals(members: &[MemberReport]) -> Vec<ModelTotals> {
         t.timed_out += reading.timed_out;
         t.failed += reading.failed;
         t.lost += reading.lost;
+        t.release_unconfirmed += reading.release_unconfirmed;
         waits
             .entry(reading.model.clone())
             .or_default()
             .extend(&reading.waits_us);
+        holds
+            .entry(reading.model.clone())
+            .or_default()
+            .extend(&reading.holds);
     }
     totals
         .into_values()
         .map(|mut t| {
             t.waits = WaitSummary::of(waits.remove(&t.model).unwrap_or_default());
+            (t.held_peak_tokens, t.held_peak_requests) =
+                chaos::peak_held(&holds.remove(&t.model).unwrap_or_default());
             t
         })
         .collect()
@@ -248,8 +299,13 @@ pub fn queued_by_member<'a>(leases: impl IntoIterator<Item = &'a str>) -> BTreeM
 /// A member process and where its output goes.
 struct Member {
     index: u32,
+    /// The process, until it exited and was reaped.
     child: Option<Child>,
+    /// The pipe to its stdin: a stop line forwards a signal, and closing it stops the member.
+    stdin: Option<ChildStdin>,
     status: Option<ExitStatus>,
+    /// Killed by `--chaos kill-member`: no report is expected from it.
+    killed_by_chaos: bool,
     out: PathBuf,
     err: PathBuf,
 }
@@ -315,7 +371,8 @@ pub fn lease_wait(admit_timeout_s: u64, time_scale: u32) -> Duration {
 ///
 /// # Errors
 ///
-/// When no Redis can be had, a member cannot be started, or Redis fails.
+/// When no Redis can be had, the cells cannot be created or a member cannot be started: before
+/// any member runs. From then on every failure is a problem in the verdict.
 pub fn run_fleet(
     args: &crate::Args,
     n: u32,
@@ -331,12 +388,22 @@ pub fn run_fleet(
     if args.strategy != crate::StrategyArg::Monitor {
         bail!("--fleet runs the monitor strategy only; drop --strategy");
     }
-    let (private, endpoint) = match &args.redis {
+    match args.chaos {
+        Some(Fault::Restart) if args.redis.is_some() => bail!(
+            "--chaos restart kills and restarts the fleet's server: it needs the private redis-server; drop --redis"
+        ),
+        Some(Fault::KillMember) if n < 2 => {
+            bail!("--chaos kill-member needs --fleet 2 or more: the others must go on")
+        }
+        _ => {}
+    }
+    let (mut private, endpoint) = match &args.redis {
         Some(endpoint) => (None, endpoint.clone()),
         None => {
             let binary = redis_server::find_binary()
                 .with_context(|| redis_server::INSTALL_HINT.to_owned())?;
-            let server = PrivateRedis::start(&binary)?;
+            // A restart must find the cells as they were: keep an append-only file for it.
+            let server = PrivateRedis::start(&binary, args.chaos == Some(Fault::Restart))?;
             let endpoint = server.endpoint.clone();
             (Some(server), endpoint)
         }
@@ -352,12 +419,31 @@ pub fn run_fleet(
     std::fs::create_dir_all(&fleet_dir)
         .with_context(|| format!("creating {}", fleet_dir.display()))?;
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    // One worker: the signal listener and the server's clients run beside the watching loop.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
+    // From here on SIGINT and SIGTERM no longer end the parent: they are forwarded.
+    let (signal_tx, signals) = std::sync::mpsc::channel();
+    let mut caught = {
+        let _entered = runtime.enter();
+        Signals::new()
+    };
+    runtime.spawn(async move {
+        while let Some(signal) = caught.next().await {
+            if signal_tx.send(signal).is_err() {
+                break;
+            }
+        }
+    });
     let host_port = (endpoint.host.as_str(), endpoint.port);
     let cells = runtime.block_on(cells::connect_all(catalog, host_port, &prefix, wait))?;
+    let lease_ttl = cells
+        .values()
+        .next()
+        .map_or(Duration::ZERO, |(cell, _)| cell.config().lease_ttl);
     let calls_before = runtime.block_on(redis_server::script_calls(&endpoint))?;
     say(&format!(
         "== fleet: {n} processes, {} agents, seed {} (+ process index), cells {prefix}-<model> on {endpoint} ({}) ==",
@@ -374,50 +460,98 @@ pub fn run_fleet(
     let mut members = Vec::new();
     for index in 0..n {
         let dir = fleet_dir.join(format!("member-{index}"));
-        let out = fleet_dir.join(format!("member-{index}.out"));
-        let err = fleet_dir.join(format!("member-{index}.err"));
-        let stdout = File::create(&out).with_context(|| format!("creating {}", out.display()))?;
-        let stderr = File::create(&err).with_context(|| format!("creating {}", err.display()))?;
-        let child = Command::new(&exe)
-            .args(member_args(args, n, index, &endpoint, &prefix, &dir))
-            .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr)
-            .spawn()
-            .with_context(|| format!("starting fleet member {index}"))?;
-        members.push(Member {
-            index,
-            child: Some(child),
-            status: None,
-            out,
-            err,
-        });
+        let args = member_args(args, n, index, &endpoint, &prefix, &dir);
+        match start_member(&exe, args, index, &fleet_dir) {
+            Ok(member) => members.push(member),
+            Err(error) => {
+                // Those already started stop, give their leases back, and are waited for.
+                for member in &mut members {
+                    if let Some(pipe) = member.stdin.take() {
+                        signals::forward(pipe, "SIGTERM");
+                    }
+                }
+                let _ = watch(&mut members, STOP_GRACE, &signals, &mut None);
+                return Err(error);
+            }
+        }
     }
-    let overran = wait_for(
+    let origin_ms = chaos::wall_ms();
+    let mut injector = args.chaos.map(|fault| {
+        let at = Instant::now() + Duration::from_millis(args.chaos_after_ms);
+        say(&format!(
+            "chaos: {} at +{:.2} s after the members started",
+            fault.name(),
+            Duration::from_millis(args.chaos_after_ms).as_secs_f64()
+        ));
+        Injector::new(fault, at, origin_ms, lease_ttl)
+    });
+    let watched = watch(
         &mut members,
         Duration::from_secs(args.run_timeout) + MEMBER_GRACE,
+        &signals,
+        &mut Some(Faults {
+            injector: injector.as_mut(),
+            server: private.as_mut(),
+            endpoint: &endpoint,
+            runtime: &runtime,
+        }),
     );
 
     let mut problems = Vec::new();
-    if overran {
+    if watched.overran {
         problems.push(format!(
             "a member was still running {} s after --run-timeout and was killed",
             MEMBER_GRACE.as_secs()
         ));
     }
+    if let Some(signal) = watched.signal {
+        problems.push(format!(
+            "the run was stopped by {signal}, forwarded to every member"
+        ));
+    }
+    if watched.stuck {
+        problems.push(format!(
+            "a member had not stopped {} s after the forwarded signal and was killed",
+            STOP_GRACE.as_secs()
+        ));
+    }
+    let outage = injector.as_ref().and_then(|i| i.outage.clone());
+    if let Some(injector) = &injector {
+        if let Some(why) = &injector.failure {
+            problems.push(format!("chaos: {why}"));
+        } else if !injector.injected() {
+            problems.push(format!(
+                "chaos: the {} was never injected: the members had stopped before its time",
+                injector.fault.name()
+            ));
+        }
+    }
     let mut reports = Vec::new();
+    let mut notes = Vec::new();
     for member in &members {
+        if member.killed_by_chaos {
+            notes.push(format!(
+                "process {}: SIGKILLed by the chaos; its {} agents and what it counted are not in the table",
+                member.index,
+                share(args.jobs, n, member.index)
+            ));
+            continue;
+        }
         let stdout = std::fs::read_to_string(&member.out).unwrap_or_default();
         let status = member
             .status
             .map_or_else(|| "no exit status".to_owned(), |s| s.to_string());
         match parse_member_output(&stdout) {
-            Ok(report) if member.status.is_some_and(|s| s.success()) => reports.push(report),
-            Ok(_) => problems.push(format!(
-                "process {}: exited with {status} (see {})",
-                member.index,
-                member.err.display()
-            )),
+            Ok(report) => {
+                if !member.status.is_some_and(|s| s.success()) {
+                    problems.push(format!(
+                        "process {}: exited with {status} (see {})",
+                        member.index,
+                        member.err.display()
+                    ));
+                }
+                reports.push(report);
+            }
             Err(why) => {
                 let tail = tail(&std::fs::read_to_string(&member.err).unwrap_or_default(), 5);
                 problems.push(format!(
@@ -429,47 +563,46 @@ pub fn run_fleet(
         }
     }
 
-    let calls_after = runtime.block_on(redis_server::script_calls(&endpoint))?;
+    // A killed member's leases and tickets are the server's until their TTL: read the cells
+    // after it, so that "nothing held" means the TTL took them back.
+    if let Some(outage) = outage.as_ref().filter(|o| o.fault == Fault::KillMember) {
+        let expired_ms = outage.end_ms.saturating_add(AFTER_TTL.as_millis() as u64);
+        let left = Duration::from_millis(expired_ms.saturating_sub(chaos::wall_ms()));
+        if !left.is_zero() {
+            say(&format!(
+                "chaos: waiting {:.1} s for the killed process's leases to reach their TTL",
+                left.as_secs_f64()
+            ));
+            std::thread::sleep(left);
+        }
+    }
+    let read_until = Instant::now() + READ_RETRY_FOR;
+    let calls_after = runtime.block_on(with_retries(read_until, || {
+        redis_server::script_calls(&endpoint)
+    }));
     let mut after = Vec::new();
     for (model, (cell, _)) in &cells {
-        let events = runtime
-            .block_on(read_events(cell))
-            .with_context(|| format!("reading the events of {model}'s cell"))?;
-        let snapshot = runtime
-            .block_on(cell.snapshot("agents", model))
-            .with_context(|| format!("reading {model}'s cell"))?;
-        after.push(CellAfter {
-            model: model.clone(),
-            events_peak_tokens: events
-                .iter()
-                .map(|e| e.occupancy.service_bytes)
-                .max()
-                .unwrap_or(0),
-            events_peak_requests: events
-                .iter()
-                .map(|e| e.occupancy.service_transfers)
-                .max()
-                .unwrap_or(0),
-            admitted_events: events.iter().filter(|e| e.kind == "admitted").count() as u64,
-            queued: queued_by_member(
-                events
-                    .iter()
-                    .filter(|e| e.kind == "queued")
-                    .map(|e| e.lease.as_str()),
-            ),
-            events: events.len() as u64,
-            leases_held: snapshot.leases,
-            tokens_held: snapshot.occupancy.service_bytes,
-            requests_held: snapshot.occupancy.service_transfers,
-        });
+        match runtime.block_on(with_retries(read_until, || read_cell(cell, model))) {
+            Ok(reading) => after.push(reading),
+            Err(error) => problems.push(format!(
+                "{model}: the cell could not be read after the run: {error:#}"
+            )),
+        }
+    }
+    let script_calls = match &calls_after {
+        Ok(after) => after.since(&calls_before),
+        Err(error) => Err(format!("not counted: {error:#}")),
+    };
+    if let Err(error) = &calls_after {
+        problems.push(format!(
+            "the server's script calls could not be read after the run: {error:#}"
+        ));
     }
     drop(cells);
-    drop(runtime);
     drop(private); // the private server stops here
 
     let totals = model_totals(&reports);
-    let script_calls = calls_after.saturating_sub(calls_before);
-    say(&render(&reports, &totals, &after, script_calls, n));
+    say(&render(&reports, &totals, &after, &script_calls, n));
     for member in &members {
         say(&format!(
             "process {}'s own report: {}",
@@ -477,7 +610,23 @@ pub fn run_fleet(
             member.out.display()
         ));
     }
+    for note in &notes {
+        say(note);
+    }
     problems.extend(fleet_problems(&reports, &totals, &after));
+    let judged = chaos::judge(
+        reports
+            .iter()
+            .flat_map(|r| r.ends.iter().map(move |end| (r.member, end))),
+        outage.as_ref(),
+        chaos::RECONNECT_ALLOWANCE,
+    );
+    if let Some(injector) = &injector {
+        for line in chaos_lines(injector.fault, outage.as_ref(), &judged, &totals, origin_ms) {
+            say(&line);
+        }
+    }
+    problems.extend(failed_job_problems(&judged, outage.as_ref(), origin_ms));
 
     if !args.check {
         for problem in &problems {
@@ -486,9 +635,11 @@ pub fn run_fleet(
         return Ok(true);
     }
     if problems.is_empty() {
-        say(
-            "check: passed (every process ran and passed its own check, no fleet-wide occupancy over a ceiling, no lease lost, nothing held afterwards)",
-        );
+        say(if injector.is_some() {
+            "check: passed (the fault was injected, no job failed but those whose own deadline fell inside the outage, no fleet-wide occupancy over a ceiling, no lease lost, nothing held afterwards)"
+        } else {
+            "check: passed (every process ran and passed its own check, no fleet-wide occupancy over a ceiling, no lease lost, nothing held afterwards)"
+        });
         Ok(true)
     } else {
         for problem in &problems {
@@ -498,38 +649,336 @@ pub fn run_fleet(
     }
 }
 
-/// Waits for every member to exit, for at most `limit`; kills the ones still running then.
-/// True when some had to be killed.
-fn wait_for(members: &mut [Member], limit: Duration) -> bool {
+/// Starts member `index` with `args`, its stdin a pipe from this process and its output in
+/// `fleet_dir`.
+fn start_member(
+    exe: &Path,
+    args: Vec<String>,
+    index: u32,
+    fleet_dir: &Path,
+) -> anyhow::Result<Member> {
+    let out = fleet_dir.join(format!("member-{index}.out"));
+    let err = fleet_dir.join(format!("member-{index}.err"));
+    let stdout = File::create(&out).with_context(|| format!("creating {}", out.display()))?;
+    let stderr = File::create(&err).with_context(|| format!("creating {}", err.display()))?;
+    let mut child = Command::new(exe)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn()
+        .with_context(|| format!("starting fleet member {index}"))?;
+    Ok(Member {
+        index,
+        stdin: child.stdin.take(),
+        child: Some(child),
+        status: None,
+        killed_by_chaos: false,
+        out,
+        err,
+    })
+}
+
+/// What the parent needs to inject a `--chaos` fault while it watches.
+struct Faults<'a> {
+    injector: Option<&'a mut Injector>,
+    server: Option<&'a mut PrivateRedis>,
+    endpoint: &'a Endpoint,
+    runtime: &'a tokio::runtime::Runtime,
+}
+
+/// How watching the members ended.
+#[derive(Debug, Default)]
+struct Watched {
+    /// Some were still running at the limit and were killed.
+    overran: bool,
+    /// The signal the parent got and forwarded.
+    signal: Option<&'static str>,
+    /// Some had not stopped `STOP_GRACE` after the forwarded signal and were killed.
+    stuck: bool,
+}
+
+/// Watches the members until every one has exited, for at most `limit` (then the ones still
+/// running are killed): forwards a first signal to them (a second kills them), and moves the
+/// fault on (a restarted server is started again even if every member already exited).
+fn watch(
+    members: &mut [Member],
+    limit: Duration,
+    signals: &Receiver<&'static str>,
+    faults: &mut Option<Faults<'_>>,
+) -> Watched {
     let deadline = Instant::now() + limit;
+    let mut watched = Watched::default();
+    let mut stop_by: Option<Instant> = None;
     loop {
-        let mut running = false;
-        for member in members.iter_mut() {
-            if let Some(child) = member.child.as_mut() {
-                match child.try_wait() {
-                    Ok(Some(status)) => {
-                        member.status = Some(status);
-                        member.child = None;
+        let running = reap(members);
+        let now = Instant::now();
+        while let Ok(signal) = signals.try_recv() {
+            if watched.signal.is_none() {
+                watched.signal = Some(signal);
+                say(&format!(
+                    "{signal}: forwarded to every member; waiting up to {} s for them to stop, give their leases back and report (send it again to kill them)",
+                    STOP_GRACE.as_secs()
+                ));
+                for member in members.iter_mut() {
+                    if let Some(pipe) = member.stdin.take() {
+                        signals::forward(pipe, signal);
                     }
-                    Ok(None) => running = true,
-                    Err(_) => member.child = None,
                 }
+                stop_by = Some(now + STOP_GRACE);
+                if let Some(injector) = faults.as_mut().and_then(|f| f.injector.as_mut()) {
+                    injector.disarm();
+                }
+            } else {
+                say(&format!("{signal} again: killing every member"));
+                kill_all(members);
             }
         }
-        if !running {
-            return false;
-        }
-        if Instant::now() >= deadline {
-            for member in members.iter_mut() {
-                if let Some(mut child) = member.child.take() {
-                    let _ = child.kill();
-                    member.status = child.wait().ok();
+        let mut restarting = false;
+        if let Some(faults) = faults.as_mut()
+            && let Some(injector) = faults.injector.as_mut()
+        {
+            let victim = members.last_mut().and_then(|m| {
+                let index = m.index;
+                m.child.as_mut().map(|child| (index, child))
+            });
+            let targets = Targets {
+                server: faults.server.as_deref_mut(),
+                endpoint: faults.endpoint,
+                victim,
+                runtime: faults.runtime,
+            };
+            if let Some(line) = injector.step(now, targets) {
+                say(&line);
+            }
+            if let Some(killed) = injector.killed {
+                for member in members.iter_mut().filter(|m| m.index == killed) {
+                    member.killed_by_chaos = true;
                 }
             }
-            return true;
+            restarting = injector.is_down();
+        }
+        if !running && !restarting {
+            return watched;
+        }
+        if running && now >= deadline {
+            kill_all(members);
+            watched.overran = true;
+        }
+        if running && stop_by.is_some_and(|by| now >= by) {
+            kill_all(members);
+            watched.stuck = true;
         }
         std::thread::sleep(MEMBER_POLL);
     }
+}
+
+/// Reaps the members that exited; true while some still run.
+fn reap(members: &mut [Member]) -> bool {
+    let mut running = false;
+    for member in members.iter_mut() {
+        if let Some(child) = member.child.as_mut() {
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    member.status = Some(status);
+                    member.child = None;
+                }
+                Ok(None) => running = true,
+                Err(_) => member.child = None,
+            }
+        }
+    }
+    running
+}
+
+/// Kills (SIGKILL) and reaps every member still running.
+fn kill_all(members: &mut [Member]) {
+    for member in members.iter_mut() {
+        if let Some(mut child) = member.child.take() {
+            let _ = child.kill();
+            member.status = child.wait().ok();
+        }
+    }
+}
+
+/// Runs `attempt` until it succeeds or `until` has passed, each attempt bounded by
+/// [`READ_ATTEMPT`]; the last error, saying how long it was retried.
+async fn with_retries<T, F, Fut>(until: Instant, mut attempt: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<T>>,
+{
+    let first = Instant::now();
+    let mut tries = 0u32;
+    loop {
+        tries += 1;
+        let error = match tokio::time::timeout(READ_ATTEMPT, attempt()).await {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(error)) => error,
+            Err(_) => anyhow!("no answer in {} s", READ_ATTEMPT.as_secs()),
+        };
+        if Instant::now() + READ_PAUSE >= until {
+            return Err(error.context(format!(
+                "still failing after {tries} attempts over {:.1} s",
+                first.elapsed().as_secs_f64()
+            )));
+        }
+        tokio::time::sleep(READ_PAUSE).await;
+    }
+}
+
+/// One cell read after the run, through `cell`'s connection or, if that fails, a new one (the
+/// old may be the one a restart broke).
+async fn read_cell(cell: &RedisAdmission, model: &str) -> anyhow::Result<CellAfter> {
+    match read_cell_on(cell, model).await {
+        Ok(reading) => Ok(reading),
+        Err(first) => {
+            let fresh = RedisAdmission::connect(cell.config().clone())
+                .await
+                .with_context(|| format!("{first:#}; then connecting anew"))?;
+            read_cell_on(&fresh, model)
+                .await
+                .with_context(|| format!("{first:#}; then on a new connection"))
+        }
+    }
+}
+
+async fn read_cell_on(cell: &RedisAdmission, model: &str) -> anyhow::Result<CellAfter> {
+    let events = read_events(cell)
+        .await
+        .with_context(|| format!("reading the events of {model}'s cell"))?;
+    let mut snapshot = cell
+        .snapshot("agents", model)
+        .await
+        .with_context(|| format!("reading {model}'s cell"))?;
+    // Each snapshot reaps a bounded batch of expired leases: go on until none is left.
+    for _ in 0..REAP_PASSES {
+        if snapshot.reaped == 0 {
+            break;
+        }
+        snapshot = cell
+            .snapshot("agents", model)
+            .await
+            .with_context(|| format!("reading {model}'s cell"))?;
+    }
+    Ok(CellAfter {
+        model: model.to_owned(),
+        events_peak_tokens: events
+            .iter()
+            .map(|e| e.occupancy.service_bytes)
+            .max()
+            .unwrap_or(0),
+        events_peak_requests: events
+            .iter()
+            .map(|e| e.occupancy.service_transfers)
+            .max()
+            .unwrap_or(0),
+        admitted_events: events.iter().filter(|e| e.kind == "admitted").count() as u64,
+        queued: queued_by_member(
+            events
+                .iter()
+                .filter(|e| e.kind == "queued")
+                .map(|e| e.lease.as_str()),
+        ),
+        events: events.len() as u64,
+        leases_held: snapshot.leases,
+        tokens_held: snapshot.occupancy.service_bytes,
+        requests_held: snapshot.occupancy.service_transfers,
+    })
+}
+
+/// The lines a `--chaos` run prints before its verdict: the outage, the failed jobs judged
+/// against it, and what the members held at once by their own clocks.
+pub fn chaos_lines(
+    fault: Fault,
+    outage: Option<&Outage>,
+    judged: &Judged,
+    totals: &[ModelTotals],
+    origin_ms: u64,
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    lines.push(match outage {
+        Some(o) => format!(
+            "chaos: {}: outage from {} to {} ({:.2} s); a failed job is excused if its own deadline fell in it or up to {:.1} s after",
+            fault.name(),
+            chaos::offset(o.start_ms, origin_ms),
+            chaos::offset(o.end_ms, origin_ms),
+            o.end_ms.saturating_sub(o.start_ms) as f64 / 1_000.0,
+            chaos::RECONNECT_ALLOWANCE.as_secs_f64()
+        ),
+        None => format!("chaos: {}: no outage recorded", fault.name()),
+    });
+    lines.push(format!(
+        "chaos: jobs failed: {} ({} timed out, {} failed); {} with their own deadline inside the outage, {} not",
+        judged.failed,
+        judged.timed_out,
+        judged.failed - judged.timed_out,
+        judged.inside,
+        judged.outside.len()
+    ));
+    let held: Vec<String> = totals
+        .iter()
+        .map(|t| {
+            let (ct, cr) = t.ceiling.map_or((0, 0), |c| (c.tokens, c.requests));
+            format!(
+                "{} {} of {ct} tokens, {} of {cr} requests",
+                t.model, t.held_peak_tokens, t.held_peak_requests
+            )
+        })
+        .collect();
+    lines.push(format!(
+        "chaos: most held at once by the members' clocks: {}; releases Redis did not confirm: {}",
+        held.join("; "),
+        totals.iter().map(|t| t.release_unconfirmed).sum::<u64>()
+    ));
+    lines
+}
+
+/// A problem for each member whose jobs timed out or failed without their deadline inside the
+/// outage (every such job, when there was none), naming up to three.
+pub fn failed_job_problems(
+    judged: &Judged,
+    outage: Option<&Outage>,
+    origin_ms: u64,
+) -> Vec<String> {
+    let mut by_member: BTreeMap<u32, Vec<&JobEnd>> = BTreeMap::new();
+    for (member, end) in &judged.outside {
+        by_member.entry(*member).or_default().push(end);
+    }
+    let place = if outage.is_some() {
+        "outside the outage"
+    } else {
+        "(no outage)"
+    };
+    by_member
+        .into_iter()
+        .map(|(member, ends)| {
+            let named: Vec<String> = ends
+                .iter()
+                .take(3)
+                .map(|end| {
+                    let how = match end.kind {
+                        chaos::EndKind::TimedOut => "timed out",
+                        chaos::EndKind::Failed => "failed",
+                    };
+                    let deadline = end.deadline_ms.map_or_else(
+                        || "not in a lease wait".to_owned(),
+                        |d| format!("lease deadline {}", chaos::offset(d, origin_ms)),
+                    );
+                    match &end.error {
+                        Some(error) => format!("{} {how} ({deadline}: {error})", end.job),
+                        None => format!("{} {how} ({deadline})", end.job),
+                    }
+                })
+                .collect();
+            format!(
+                "process {member}: {} jobs timed out or failed {place}: {}{}",
+                ends.len(),
+                named.join("; "),
+                if ends.len() > 3 { "; ..." } else { "" }
+            )
+        })
+        .collect()
 }
 
 /// The last `lines` lines of `text`, indented on lines of their own (empty for none).
@@ -554,6 +1003,14 @@ pub fn fleet_problems(
                 .iter()
                 .map(|p| format!("process {}: {p}", report.member)),
         );
+        let ended_badly = report.outcomes.timed_out + report.outcomes.failed;
+        if ended_badly != report.ends.len() as u64 {
+            problems.push(format!(
+                "process {}: {ended_badly} jobs timed out or failed, {} of them recorded how",
+                report.member,
+                report.ends.len()
+            ));
+        }
     }
     for t in totals {
         let Some(ceiling) = t.ceiling else { continue };
@@ -574,6 +1031,18 @@ pub fn fleet_problems(
             problems.push(format!(
                 "{}: {requests} requests in flight fleet-wide, ceiling {}",
                 t.model, ceiling.requests
+            ));
+        }
+        if t.held_peak_tokens > ceiling.tokens {
+            problems.push(format!(
+                "{}: {} tokens held at once by the members' clocks, ceiling {}",
+                t.model, t.held_peak_tokens, ceiling.tokens
+            ));
+        }
+        if t.held_peak_requests > ceiling.requests {
+            problems.push(format!(
+                "{}: {} leases held at once by the members' clocks, ceiling {}",
+                t.model, t.held_peak_requests, ceiling.requests
             ));
         }
         if t.lost > 0 {
@@ -599,7 +1068,7 @@ pub fn render(
     reports: &[MemberReport],
     totals: &[ModelTotals],
     after: &[CellAfter],
-    script_calls: u64,
+    script_calls: &Result<u64, String>,
     n: u32,
 ) -> String {
     let mut out = String::new();
@@ -684,29 +1153,28 @@ pub fn render(
     );
     for t in totals {
         let a = after.iter().find(|a| a.model == t.model);
+        // A cell the parent could not read after the run shows `?`, not a zero.
+        let read =
+            |f: &dyn Fn(&CellAfter) -> u64| a.map_or_else(|| "?".to_owned(), |a| f(a).to_string());
         let (ct, cr) = t.ceiling.map_or((0, 0), |c| (c.tokens, c.requests));
         let _ = writeln!(
             out,
             "{:<8} {:>15} {:>15} {:>17} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9} {:>6}",
             t.model,
             ct,
-            format!(
-                "{} ({})",
-                t.peak_tokens,
-                a.map_or(0, |a| a.events_peak_tokens)
-            ),
+            format!("{} ({})", t.peak_tokens, read(&|a| a.events_peak_tokens)),
             cr,
             format!(
                 "{} ({})",
                 t.peak_requests,
-                a.map_or(0, |a| a.events_peak_requests)
+                read(&|a| a.events_peak_requests)
             ),
             t.leases,
-            a.map_or(0, |a| a.queued.values().sum::<u64>()),
+            read(&|a| a.queued.values().sum::<u64>()),
             span(t.waits.p50_s),
             span(t.waits.p99_s),
             span(t.waits.max_s),
-            a.map_or(0, |a| a.leases_held)
+            read(&|a| a.leases_held)
         );
     }
     let _ = writeln!(
@@ -722,13 +1190,37 @@ pub fn render(
             );
         }
     }
-    let leases: u64 = totals.iter().map(|t| t.leases).sum();
-    let admitted: u64 = after.iter().map(|a| a.admitted_events).sum();
+    let held: Vec<String> = totals
+        .iter()
+        .map(|t| {
+            format!(
+                "{} {} tokens, {} requests",
+                t.model, t.held_peak_tokens, t.held_peak_requests
+            )
+        })
+        .collect();
     let _ = writeln!(
         out,
-        "round trips: {script_calls} script calls (EVALSHA/EVAL, counted by the server, connects included) for {leases} leases admitted ({admitted} admitted records): {} per admitted lease",
-        per_lease(script_calls, leases)
+        "held at once by the members' own clocks (from a grant's return to its release call): {}",
+        held.join("; ")
     );
+    let leases: u64 = totals.iter().map(|t| t.leases).sum();
+    let admitted: u64 = after.iter().map(|a| a.admitted_events).sum();
+    match script_calls {
+        Ok(calls) => {
+            let _ = writeln!(
+                out,
+                "round trips: {calls} script calls (EVALSHA/EVAL, counted by the server, connects included) for {leases} leases admitted ({admitted} admitted records): {} per admitted lease",
+                per_lease(*calls, leases)
+            );
+        }
+        Err(why) => {
+            let _ = writeln!(
+                out,
+                "round trips: {why} ({leases} leases admitted, {admitted} admitted records)"
+            );
+        }
+    }
     out
 }
 
@@ -800,6 +1292,7 @@ mod tests {
             local_wait_p99_s: 1.0 + f64::from(index),
             cells,
             problems: Vec::new(),
+            ends: Vec::new(),
         }
     }
 
@@ -884,6 +1377,117 @@ mod tests {
         assert!(error.to_string().contains("is not HOST:PORT"), "{error}");
         // A member needs its fleet's server and cells.
         assert!(parse(&["--fleet", "2", "--fleet-member", "0"]).is_err());
+        // A fault is the parent's: only with --fleet, never passed to a member.
+        assert!(parse(&["--chaos", "pause"]).is_err());
+        assert!(parse(&["--fleet", "2", "--chaos", "reboot"]).is_err());
+        let args = parse(&["--fleet", "4", "--chaos", "kill-member"]).unwrap();
+        assert_eq!(
+            (args.chaos, args.chaos_after_ms),
+            (Some(Fault::KillMember), 1_000)
+        );
+        assert!(parse(&["--fleet", "2", "--chaos-after-ms", "500"]).is_err());
+        let endpoint = Endpoint {
+            host: "127.0.0.1".into(),
+            port: 6400,
+        };
+        let line = member_args(&args, 4, 1, &endpoint, "p", Path::new("/o")).join(" ");
+        assert!(!line.contains("chaos"), "{line}");
+    }
+
+    #[test]
+    fn the_check_counts_leases_held_at_once_by_the_members_clocks() {
+        // Each member's leases fit; together, 6,000 + 5,000 tokens were held at once.
+        let mut a = reading("model-a", 2, (6_000, 1), &[0, 0]);
+        a.holds = vec![[1_000, 2_000, 6_000], [3_000, 4_000, 6_000]];
+        let mut b = reading("model-a", 1, (5_000, 2), &[0]);
+        b.holds = vec![[1_500, 1_600, 5_000]];
+        let reports = [member(0, 10, vec![a]), member(1, 10, vec![b])];
+        let totals = model_totals(&reports);
+        assert_eq!(
+            (totals[0].held_peak_tokens, totals[0].held_peak_requests),
+            (11_000, 2)
+        );
+        assert_eq!(
+            fleet_problems(&reports, &totals, &[]),
+            ["model-a: 11000 tokens held at once by the members' clocks, ceiling 10000"]
+        );
+    }
+
+    #[test]
+    fn every_failed_job_must_say_how_it_ended() {
+        // Two jobs timed out, one was recorded.
+        let mut report = member(0, 8, vec![reading("model-a", 2, (100, 1), &[0])]);
+        report.ends = vec![JobEnd {
+            job: "agent-001".into(),
+            kind: chaos::EndKind::TimedOut,
+            deadline_ms: Some(5_000),
+            error: None,
+        }];
+        let reports = [report];
+        assert_eq!(
+            fleet_problems(&reports, &model_totals(&reports), &[]),
+            ["process 0: 2 jobs timed out or failed, 1 of them recorded how"]
+        );
+    }
+
+    #[test]
+    fn failed_jobs_outside_the_outage_are_named_per_process() {
+        let end = |job: &str, kind, deadline_ms, error: Option<&str>| JobEnd {
+            job: job.into(),
+            kind,
+            deadline_ms,
+            error: error.map(str::to_owned),
+        };
+        let outage = Outage {
+            fault: Fault::Pause,
+            start_ms: 11_000,
+            end_ms: 14_000,
+        };
+        let ends = [
+            (
+                0,
+                end("agent-001", chaos::EndKind::TimedOut, Some(12_000), None),
+            ),
+            (
+                0,
+                end("agent-002", chaos::EndKind::TimedOut, Some(16_250), None),
+            ),
+            (
+                2,
+                end("agent-009", chaos::EndKind::Failed, None, Some("boom")),
+            ),
+        ];
+        let judged = chaos::judge(
+            ends.iter().map(|(m, e)| (*m, e)),
+            Some(&outage),
+            chaos::RECONNECT_ALLOWANCE,
+        );
+        assert_eq!(
+            failed_job_problems(&judged, Some(&outage), 10_000),
+            [
+                "process 0: 1 jobs timed out or failed outside the outage: agent-002 timed out (lease deadline +6.25 s)",
+                "process 2: 1 jobs timed out or failed outside the outage: agent-009 failed (not in a lease wait: boom)",
+            ]
+        );
+        let totals = [ModelTotals {
+            model: "model-a".into(),
+            ceiling: Some(ModelCeiling {
+                tokens: 10_000,
+                requests: 4,
+            }),
+            held_peak_tokens: 9_500,
+            held_peak_requests: 4,
+            release_unconfirmed: 1,
+            ..ModelTotals::default()
+        }];
+        assert_eq!(
+            chaos_lines(Fault::Pause, Some(&outage), &judged, &totals, 10_000),
+            [
+                "chaos: pause: outage from +1.00 s to +4.00 s (3.00 s); a failed job is excused if its own deadline fell in it or up to 0.5 s after",
+                "chaos: jobs failed: 3 (2 timed out, 1 failed); 1 with their own deadline inside the outage, 2 not",
+                "chaos: most held at once by the members' clocks: model-a 9500 of 10000 tokens, 4 of 4 requests; releases Redis did not confirm: 1",
+            ]
+        );
     }
 
     #[test]

@@ -1,14 +1,16 @@
 //! The Redis a `--fleet` run shares: `--redis HOST:PORT`, or a private `redis-server` the parent
-//! starts on a free loopback port (no persistence, its log on stdout) and stops at the end; and
-//! the server's count of script calls (`INFO commandstats`), from which the round trips per
-//! admitted lease are read.
+//! starts on a free loopback port (no persistence, its log on stdout) and stops at the end, and
+//! for `--chaos` kills and starts again (then with an append-only file) or pauses; and the
+//! server's count of script calls (`INFO commandstats`), from which the round trips per admitted
+//! lease are read.
 
 use std::fmt;
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::str::FromStr;
+use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 
@@ -60,12 +62,17 @@ pub const INSTALL_HINT: &str = "--fleet needs Redis (7 or later): install redis-
      (`apt-get install redis-server`, or your platform's package) so that it is on PATH, \
      or pass --redis HOST:PORT to use a server that is already running";
 
-/// A `redis-server` of this run's own, stopped (killed, it keeps nothing) when dropped.
+/// A `redis-server` of this run's own, stopped (killed, it keeps nothing) when dropped. It runs
+/// in a process group of its own, so that a Ctrl-C at the terminal reaches the fleet's processes,
+/// which stop and give their leases back to it, and not the server itself.
 pub struct PrivateRedis {
     child: Child,
     /// Where it listens.
     pub endpoint: Endpoint,
-    _dir: tempfile::TempDir,
+    binary: PathBuf,
+    /// Whether it keeps an append-only file (so that a restart keeps the cells).
+    persist: bool,
+    dir: tempfile::TempDir,
 }
 
 /// `redis-server` on PATH, if any.
@@ -77,85 +84,189 @@ pub fn find_binary() -> Option<PathBuf> {
 }
 
 impl PrivateRedis {
-    /// Starts `binary` on a free loopback port and waits until it says it is ready.
+    /// Starts `binary` on a free loopback port and waits until it says it is ready. With
+    /// `persist`, it keeps an append-only file (written before each reply, fsynced every
+    /// second), so that a killed server started again with [`PrivateRedis::restart`] comes back
+    /// with everything it acknowledged; without, it keeps nothing.
     ///
     /// # Errors
     ///
     /// When it cannot be started or exits before it is ready.
-    pub fn start(binary: &PathBuf) -> anyhow::Result<PrivateRedis> {
+    pub fn start(binary: &Path, persist: bool) -> anyhow::Result<PrivateRedis> {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .context("finding a free port for redis-server")?
             .port();
         let dir = tempfile::tempdir().context("creating redis-server's directory")?;
-        let mut child = Command::new(binary)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--logfile", ""])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .with_context(|| format!("starting {}", binary.display()))?;
-        let Some(stdout) = child.stdout.take() else {
-            let _ = child.kill();
-            let _ = child.wait();
-            bail!("redis-server's output could not be read");
-        };
-        let mut lines = BufReader::new(stdout).lines();
-        let ready = loop {
-            match lines.next() {
-                Some(Ok(line)) if line.contains("Ready to accept connections") => break true,
-                Some(Ok(_)) => {}
-                _ => break false,
-            }
-        };
-        if !ready {
-            let status = child.wait().ok();
-            bail!(
-                "redis-server exited before it was ready ({}); is port {port} free?",
-                status.map_or_else(|| "status unknown".to_owned(), |s| s.to_string())
-            );
-        }
-        // Keep draining its log so that it never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
+        let child = spawn_ready(binary, port, dir.path(), persist)?;
         Ok(PrivateRedis {
             child,
             endpoint: Endpoint {
                 host: "127.0.0.1".to_owned(),
                 port,
             },
-            _dir: dir,
+            binary: binary.to_owned(),
+            persist,
+            dir,
         })
     }
+
+    /// Kills the server with SIGKILL, as a crash would, and waits for it to be gone.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the server again on its port and directory (after [`PrivateRedis::kill`]) and
+    /// waits until it is ready; with `persist` it loads its append-only file first.
+    ///
+    /// # Errors
+    ///
+    /// As for [`PrivateRedis::start`].
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.kill();
+        self.child = spawn_ready(
+            &self.binary,
+            self.endpoint.port,
+            self.dir.path(),
+            self.persist,
+        )?;
+        Ok(())
+    }
+}
+
+/// Starts `binary` on `port` with its files in `dir` and waits until it says it is ready.
+fn spawn_ready(binary: &Path, port: u16, dir: &Path, persist: bool) -> anyhow::Result<Child> {
+    let mut command = Command::new(binary);
+    command
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--logfile", ""])
+        .arg("--dir")
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    if persist {
+        command.args(["--appendonly", "yes", "--appendfsync", "everysec"]);
+    } else {
+        command.args(["--appendonly", "no"]);
+    }
+    #[cfg(unix)]
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let mut child = command
+        .spawn()
+        .with_context(|| format!("starting {}", binary.display()))?;
+    let Some(stdout) = child.stdout.take() else {
+        let _ = child.kill();
+        let _ = child.wait();
+        bail!("redis-server's output could not be read");
+    };
+    let mut lines = BufReader::new(stdout).lines();
+    let ready = loop {
+        match lines.next() {
+            Some(Ok(line)) if line.contains("Ready to accept connections") => break true,
+            Some(Ok(_)) => {}
+            _ => break false,
+        }
+    };
+    if !ready {
+        let status = child.wait().ok();
+        bail!(
+            "redis-server exited before it was ready ({}); is port {port} free?",
+            status.map_or_else(|| "status unknown".to_owned(), |s| s.to_string())
+        );
+    }
+    // Keep draining its log so that it never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    Ok(child)
 }
 
 impl Drop for PrivateRedis {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill();
     }
 }
 
-/// Script calls the server has run (`EVALSHA` and `EVAL`), from `INFO commandstats`.
+/// `CLIENT PAUSE` for `pause` on the server at `endpoint`: no client's command runs until it
+/// ends (the pause begins when the server runs the command).
+///
+/// # Errors
+///
+/// When the server cannot be reached or refuses the command.
+pub async fn pause_clients(endpoint: &Endpoint, pause: Duration) -> anyhow::Result<()> {
+    let mut conn = connect(endpoint).await?;
+    let millis = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX);
+    let () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(millis)
+        .query_async(&mut conn)
+        .await
+        .with_context(|| format!("CLIENT PAUSE {millis} on {endpoint}"))?;
+    Ok(())
+}
+
+/// A fresh connection to `endpoint`.
+async fn connect(endpoint: &Endpoint) -> anyhow::Result<redis::aio::MultiplexedConnection> {
+    let client = redis::Client::open(format!("redis://{endpoint}/"))
+        .with_context(|| format!("a client of {endpoint}"))?;
+    client
+        .get_multiplexed_async_connection()
+        .await
+        .with_context(|| format!("connecting to {endpoint}"))
+}
+
+/// The server's count of script calls, and which run of the server counted them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScriptCalls {
+    /// The server's `run_id`: a new one after every restart, whose counters start again at 0.
+    pub run_id: String,
+    /// Script calls (`EVALSHA` and `EVAL`) since the server started.
+    pub calls: u64,
+}
+
+impl ScriptCalls {
+    /// The calls made from `earlier` to `self`; an error saying why when they cannot be told
+    /// (the server restarted between the two readings, and its counters with it).
+    pub fn since(&self, earlier: &ScriptCalls) -> Result<u64, String> {
+        if self.run_id == earlier.run_id {
+            Ok(self.calls.saturating_sub(earlier.calls))
+        } else {
+            Err(
+                "not counted: the server restarted during the run, and its counters with it"
+                    .to_owned(),
+            )
+        }
+    }
+}
+
+/// Script calls the server has run (`EVALSHA` and `EVAL`), from `INFO commandstats`, with its
+/// `run_id` (`INFO server`).
 ///
 /// # Errors
 ///
 /// When the server cannot be reached.
-pub async fn script_calls(endpoint: &Endpoint) -> anyhow::Result<u64> {
-    let client = redis::Client::open(format!("redis://{endpoint}/"))
-        .with_context(|| format!("a client of {endpoint}"))?;
-    let mut conn = client
-        .get_multiplexed_async_connection()
+pub async fn script_calls(endpoint: &Endpoint) -> anyhow::Result<ScriptCalls> {
+    let mut conn = connect(endpoint).await?;
+    let server: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut conn)
         .await
-        .with_context(|| format!("connecting to {endpoint}"))?;
+        .with_context(|| format!("INFO server on {endpoint}"))?;
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(&mut conn)
         .await
         .with_context(|| format!("INFO commandstats on {endpoint}"))?;
-    Ok(script_calls_in(&info))
+    Ok(ScriptCalls {
+        run_id: run_id_in(&server).unwrap_or_default().to_owned(),
+        calls: script_calls_in(&info),
+    })
+}
+
+/// The `run_id` in an `INFO server` reply.
+pub fn run_id_in(info: &str) -> Option<&str> {
+    info.lines()
+        .find_map(|line| line.trim().strip_prefix("run_id:"))
 }
 
 /// The `calls` of `cmdstat_evalsha` and `cmdstat_eval` in an `INFO commandstats` reply, summed
@@ -218,5 +329,19 @@ mod tests {
             cmdstat_evalsha_ro:calls=7,usec=1,usec_per_call=0.14,rejected_calls=0,failed_calls=0\r\n";
         assert_eq!(script_calls_in(info), 1_237);
         assert_eq!(script_calls_in("# Commandstats\r\n"), 0);
+    }
+
+    #[test]
+    fn calls_are_counted_within_one_run_of_the_server() {
+        let info = "# Server\r\nredis_version:7.0.15\r\nrun_id:4f2c9e\r\ntcp_port:6379\r\n";
+        assert_eq!(run_id_in(info), Some("4f2c9e"));
+        assert_eq!(run_id_in("# Server\r\n"), None);
+        let reading = |run_id: &str, calls| ScriptCalls {
+            run_id: run_id.into(),
+            calls,
+        };
+        assert_eq!(reading("a", 2_914).since(&reading("a", 14)), Ok(2_900));
+        // A restart starts the counters again: the difference means nothing.
+        assert!(reading("b", 900).since(&reading("a", 14)).is_err());
     }
 }

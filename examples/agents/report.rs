@@ -429,6 +429,17 @@ impl RunSummary {
     /// under the monitor, timed out), nothing held or parked once the run is over, and the
     /// results database holds one row per stored result with no connection checked out.
     pub fn problems(&self) -> Vec<String> {
+        self.problems_judging(true)
+    }
+
+    /// [`RunSummary::problems`] but for jobs that timed out or failed, which a fleet member
+    /// leaves to its parent: the parent judges each against the outage of a `--chaos` run.
+    pub fn problems_but_failed_jobs(&self) -> Vec<String> {
+        self.problems_judging(false)
+    }
+
+    /// The problems, with or without the timed-out and failed jobs.
+    fn problems_judging(&self, failed_jobs: bool) -> Vec<String> {
         let mut problems = Vec::new();
         let name = self.strategy;
         if let Some(reason) = &self.interrupted {
@@ -445,11 +456,14 @@ impl RunSummary {
                 o.total
             ));
         }
-        for (what, n) in [
-            ("timed out", o.timed_out),
-            ("were cancelled", o.cancelled),
-            ("failed", o.failed),
+        for (what, n, judged) in [
+            ("timed out", o.timed_out, true),
+            ("were cancelled", o.cancelled, false),
+            ("failed", o.failed, true),
         ] {
+            if judged && !failed_jobs {
+                continue;
+            }
             if n > 0 && (strict || what != "timed out") {
                 problems.push(format!("{name}: {n} jobs {what}"));
             }

@@ -1,13 +1,16 @@
 //! `cargo xtask`: the workspace's one entry point for checks. `cargo xtask ci` runs everything CI
 //! runs, in the order CI runs it; `.ci/run` only installs the tools and then calls it.
 //!
-//! Every step is a cargo command run from the workspace root with `$CARGO`; its command line is
-//! echoed as `==> [i/n] name: command`, it is timed, and the first failure stops the run with a
-//! message naming the step. A summary of the steps' times follows, and a successful run that ran
-//! tests ends with the single line `xtask: N passed, 0 failed`, which CI's log reader looks for.
-//! Dependencies stay few: `anyhow`, `serde_json` (to read bench results) and the standard library.
+//! Every step is a cargo command run from the workspace root with `$CARGO` (or, for `chaos`,
+//! this xtask's own command as a process of its own); its command line is echoed as
+//! `==> [i/n] name: command`, it is timed, and the first failure stops the run with a message
+//! naming the step. A summary of the steps' times follows, and a successful run that ran tests
+//! ends with the single line `xtask: N passed, 0 failed`, which CI's log reader looks for.
+//! Dependencies stay few: `anyhow`, `serde_json` (to read bench results and cargo's build
+//! messages) and the standard library.
 
 mod bench;
+mod chaos;
 mod count;
 mod services;
 mod step;
@@ -36,11 +39,20 @@ commands:
                              7 agents     cargo run --release --example agents -- --time-scale 300 --check
                              8 agents fleet  the same as a fleet: -- --fleet 2 --time-scale 300 --check
                                           (two processes on a private redis-server, which must be on PATH)
-                             9 loom       cargo test -p admission-core --lib --release -- loom
+                             9 chaos      cargo xtask chaos (below)
+                            10 loom       cargo test -p admission-core --lib --release -- loom
                                           with RUSTFLAGS='--cfg admission_loom',
                                           LOOM_MAX_PREEMPTIONS=2 (unless set), CARGO_TARGET_DIR=target/loom
   test                     steps 3 and 4
-  loom                     step 9
+  loom                     step 10
+  chaos                    the agents fleet through three real faults, one run each (about 30 s,
+                           at most about 2 min): agents --fleet 4 --time-scale 300
+                           --admit-timeout 3600 --check --chaos FAULT for FAULT = restart (its
+                           private redis-server SIGKILLed 1 s in and started again on its port
+                           2 s later), pause (CLIENT PAUSE 3000) and kill-member (one member
+                           SIGKILLed); each run prints its verdict and fails on a job that failed
+                           unless its own deadline fell inside the outage, a ceiling exceeded,
+                           or anything still held in Redis
   soak [N]                 the core soak test at N admissions (default 1,000,000) in release:
                            threads and tasks, cancellations, 1 ms timeouts, abandoned futures;
                            prints the tally, fails on any overdraw, hang or leaked unit
@@ -116,6 +128,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
             ));
             steps.push(Step::cargo("agents", AGENTS_CHECK));
             steps.push(Step::cargo("agents fleet", AGENTS_FLEET_CHECK));
+            steps.push(Step::xtask("chaos", &["chaos"]));
             steps.push(loom_step()?);
             run_plan(&ws, &steps)
         }
@@ -126,6 +139,10 @@ fn run(args: &[String]) -> Result<ExitCode> {
         "loom" => {
             takes_no_args("loom")?;
             run_plan(&ws, &[loom_step()?])
+        }
+        "chaos" => {
+            takes_no_args("chaos")?;
+            chaos::run(&ws)
         }
         "soak" => {
             let admits = match rest {

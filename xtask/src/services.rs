@@ -377,7 +377,7 @@ fn stop_pid(pid: u32, signal: &str, grace: Duration) -> Result<()> {
 }
 
 /// `kill -SIGNAL PID` through `sh`, whose `kill` builtin exists even where procps does not.
-fn signal_pid(pid: u32, signal: &str) -> Result<()> {
+pub(crate) fn signal_pid(pid: u32, signal: &str) -> Result<()> {
     // A failing `kill` means the process is already gone, which is what we want.
     Command::new("sh")
         .args([

@@ -1,4 +1,5 @@
-//! Steps and the plan runner: each step is one cargo command, echoed before it runs and timed.
+//! Steps and the plan runner: each step is one cargo command (or one command of this xtask, run
+//! as its own process), echoed before it runs and timed.
 //!
 //! A plan runs its steps in order and stops at the first failure. Steps that run tests have
 //! their output teed (shown as it arrives and scanned for the harness summary lines, see
@@ -67,6 +68,8 @@ pub(crate) struct Step {
     pub(crate) counts_tests: Option<Format>,
     /// Run with the required services up.
     pub(crate) services: bool,
+    /// The arguments are this xtask's (`cargo xtask ARGS...`), run by this very binary.
+    pub(crate) xtask: bool,
 }
 
 impl Step {
@@ -78,6 +81,15 @@ impl Step {
             env: Vec::new(),
             counts_tests: None,
             services: false,
+            xtask: false,
+        }
+    }
+
+    /// `cargo xtask ARGS...`, run as a process of this binary.
+    pub(crate) fn xtask(name: &'static str, args: &[&str]) -> Self {
+        Self {
+            xtask: true,
+            ..Self::cargo(name, args)
         }
     }
 
@@ -111,7 +123,7 @@ impl Step {
         for (key, value) in &self.env {
             let _ = write!(line, "{key}={} ", shell_quote(value));
         }
-        line.push_str("cargo");
+        line.push_str(if self.xtask { "cargo xtask" } else { "cargo" });
         for arg in &self.args {
             line.push(' ');
             line.push_str(&shell_quote(arg));
@@ -125,7 +137,11 @@ impl Step {
         ws: &Workspace,
         extra_env: &[(&'static str, String)],
     ) -> Result<(ExitStatus, Tally)> {
-        let mut cmd = Command::new(&ws.cargo);
+        let mut cmd = if self.xtask {
+            Command::new(std::env::current_exe().context("finding the xtask's own path")?)
+        } else {
+            Command::new(&ws.cargo)
+        };
         cmd.args(&self.args)
             .current_dir(&ws.root)
             .stdin(Stdio::null());
@@ -331,6 +347,14 @@ mod tests {
         assert_eq!(
             step.display(),
             "RUSTFLAGS='--cfg admission_loom' LOOM_MAX_PREEMPTIONS=2 cargo test -p admission-core -- loom"
+        );
+    }
+
+    #[test]
+    fn an_xtask_step_shows_as_cargo_xtask() {
+        assert_eq!(
+            Step::xtask("chaos", &["chaos"]).display(),
+            "cargo xtask chaos"
         );
     }
 

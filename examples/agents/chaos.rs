@@ -1,0 +1,469 @@
+//! `--fleet N --chaos FAULT`: one real fault, injected by the fleet's parent itself at a fixed
+//! real time after its members started, and the arithmetic of the verdict that follows.
+//!
+//! The faults (what `cargo xtask chaos` runs, one each):
+//!
+//! - `restart`: the private `redis-server` is SIGKILLed and started again on the same port
+//!   [`RESTART_DOWN`] later. For this fault it runs with an append-only file (fsync every second;
+//!   a killed process loses nothing it acknowledged, the page cache survives it), so the cells
+//!   come back as they were: this is a restart the fleet must ride through, not the restart that
+//!   empties the server (that one lets a re-created cell admit its full ceilings beside earlier
+//!   holders and is out of scope here).
+//! - `pause`: `CLIENT PAUSE` for [`PAUSE`] (every client's commands wait on the server).
+//! - `kill-member`: the last member is SIGKILLed. Its leases stay held until their TTL and its
+//!   waiting tickets until their liveness runs out (one TTL too), so the outage is the TTL.
+//!
+//! The outage is the window of wall-clock time (milliseconds since the Unix epoch, the clock
+//! every process of the machine shares) during which the fleet could not be served: from the
+//! fault to the server's answer again (restart: its "ready" line; pause: the pause's end, timed
+//! from the command's reply), or to the dead member's TTL. A job that did not complete is
+//! excused only if its *own* deadline (the deadline of the fleet-lease wait that ended it, as its
+//! member recorded it) fell inside that window, or within [`RECONNECT_ALLOWANCE`] after it; any
+//! other failed or timed-out job fails the run, as does one whose end had no lease deadline.
+
+use std::process::Child;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::ValueEnum;
+use serde::{Deserialize, Serialize};
+
+use crate::redis_server::{self, Endpoint, PrivateRedis};
+
+/// How long the server stays down in a `restart`.
+pub const RESTART_DOWN: Duration = Duration::from_secs(2);
+/// How long a `pause` pauses the server's clients.
+pub const PAUSE: Duration = Duration::from_secs(3);
+/// After the server answers again, the time a client may need to notice and reconnect: a job
+/// whose deadline fell this soon after the outage is excused too.
+pub const RECONNECT_ALLOWANCE: Duration = Duration::from_millis(500);
+
+/// The fault a `--chaos` run injects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Fault {
+    /// SIGKILL the private redis-server and start it again on the same port 2 s later (it keeps
+    /// an append-only file for this).
+    Restart,
+    /// `CLIENT PAUSE 3000` on the server: 3 s during which no client's command runs.
+    Pause,
+    /// SIGKILL the last member process; its leases are held until their TTL.
+    KillMember,
+}
+
+impl Fault {
+    /// The name the command line spells.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::Restart => "restart",
+            Fault::Pause => "pause",
+            Fault::KillMember => "kill-member",
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub fn wall_ms() -> u64 {
+    wall_us() / 1_000
+}
+
+/// Microseconds since the Unix epoch, now (0 before the epoch).
+pub fn wall_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// The window a fault kept the fleet from being served, wall-clock milliseconds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outage {
+    /// The fault.
+    pub fault: Fault,
+    /// When it began (the moment before the fault was injected).
+    pub start_ms: u64,
+    /// When the fleet could be served again.
+    pub end_ms: u64,
+}
+
+impl Outage {
+    /// Whether a job whose deadline was `deadline_ms` is excused: the deadline fell inside the
+    /// window or within `allowance` after it.
+    pub fn covers(&self, deadline_ms: u64, allowance: Duration) -> bool {
+        self.start_ms <= deadline_ms && deadline_ms <= self.end_ms.saturating_add(millis(allowance))
+    }
+}
+
+/// The longest the parent waits for the server's reply to `CLIENT PAUSE`.
+const PAUSE_REPLY_WAIT: Duration = Duration::from_secs(2);
+
+/// What a fault acts on, as the parent has it when the fault's time comes.
+pub struct Targets<'a> {
+    /// The fleet's private server, if it has one.
+    pub server: Option<&'a mut PrivateRedis>,
+    /// Where the fleet's server listens.
+    pub endpoint: &'a Endpoint,
+    /// The member a `kill-member` kills, if it still runs: its index and process.
+    pub victim: Option<(u32, &'a mut Child)>,
+    /// The parent's runtime, for the `CLIENT PAUSE` call.
+    pub runtime: &'a tokio::runtime::Runtime,
+}
+
+/// Where a fault is in its course.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Not injected yet.
+    Armed,
+    /// The server is down since `start_ms` (a restart), to be started again at `until`.
+    Down { until: Instant, start_ms: u64 },
+    /// Injected (and, for a restart, the server is back), or it could not be.
+    Over,
+}
+
+/// One fault's schedule, and what came of it: the outage it caused, or why it could not be
+/// injected. The parent calls [`Injector::step`] from the loop that watches its members, so the
+/// fault lands at a fixed real time after they started, whatever else happens.
+pub struct Injector {
+    /// The fault.
+    pub fault: Fault,
+    /// When to inject it.
+    at: Instant,
+    /// Wall-clock ms of the members' start, from which the log's times are given.
+    origin_ms: u64,
+    /// The cells' lease TTL: how long a killed member's leases stay held.
+    lease_ttl: Duration,
+    phase: Phase,
+    /// Whether its injection was tried.
+    tried: bool,
+    /// The outage, once its end is known.
+    pub outage: Option<Outage>,
+    /// The member it killed.
+    pub killed: Option<u32>,
+    /// Why the fault could not be injected (or the server not started again).
+    pub failure: Option<String>,
+}
+
+impl Injector {
+    /// `fault`, to be injected at `at`; `origin_ms` is the members' start (wall clock).
+    pub fn new(fault: Fault, at: Instant, origin_ms: u64, lease_ttl: Duration) -> Injector {
+        Injector {
+            fault,
+            at,
+            origin_ms,
+            lease_ttl,
+            phase: Phase::Armed,
+            tried: false,
+            outage: None,
+            killed: None,
+            failure: None,
+        }
+    }
+
+    /// Whether the fault was injected (or its injection tried).
+    pub fn injected(&self) -> bool {
+        self.tried
+    }
+
+    /// The run is stopping: a fault not yet injected never will be (one under way still ends:
+    /// a killed server is started again).
+    pub fn disarm(&mut self) {
+        if self.phase == Phase::Armed {
+            self.phase = Phase::Over;
+        }
+    }
+
+    /// Whether the server is down, to be started again.
+    pub fn is_down(&self) -> bool {
+        matches!(self.phase, Phase::Down { .. })
+    }
+
+    /// Moves the fault on at `now`: injects it when its time has come, and starts a restarted
+    /// server again when its down time is over. Answers a line for the log when it acted.
+    pub fn step(&mut self, now: Instant, targets: Targets<'_>) -> Option<String> {
+        match self.phase {
+            Phase::Armed if now >= self.at => Some(self.inject(targets)),
+            Phase::Down { until, start_ms } if now >= until => {
+                Some(self.bring_back(start_ms, targets))
+            }
+            _ => None,
+        }
+    }
+
+    fn inject(&mut self, targets: Targets<'_>) -> String {
+        let start_ms = wall_ms();
+        let at = offset(start_ms, self.origin_ms);
+        self.phase = Phase::Over;
+        self.tried = true;
+        match self.fault {
+            Fault::Restart => {
+                let Some(server) = targets.server else {
+                    return self.fail("there is no private redis-server to restart".into());
+                };
+                server.kill();
+                self.phase = Phase::Down {
+                    until: Instant::now() + RESTART_DOWN,
+                    start_ms,
+                };
+                format!(
+                    "chaos: redis-server SIGKILLed at {at}; it starts again in {} s",
+                    RESTART_DOWN.as_secs_f64()
+                )
+            }
+            Fault::Pause => {
+                let endpoint = targets.endpoint;
+                // The timer is made inside the runtime, as it must be.
+                let paused = targets.runtime.block_on(async {
+                    tokio::time::timeout(
+                        PAUSE_REPLY_WAIT,
+                        redis_server::pause_clients(endpoint, PAUSE),
+                    )
+                    .await
+                });
+                match paused {
+                    Ok(Ok(())) => {
+                        let end_ms = wall_ms().saturating_add(millis(PAUSE));
+                        self.outage = Some(Outage {
+                            fault: self.fault,
+                            start_ms,
+                            end_ms,
+                        });
+                        format!(
+                            "chaos: CLIENT PAUSE {} sent at {at}; the pause ends by {}",
+                            millis(PAUSE),
+                            offset(end_ms, self.origin_ms)
+                        )
+                    }
+                    Ok(Err(error)) => self.fail(format!("CLIENT PAUSE failed: {error:#}")),
+                    Err(_) => self.fail(format!(
+                        "CLIENT PAUSE had no reply in {} s",
+                        PAUSE_REPLY_WAIT.as_secs()
+                    )),
+                }
+            }
+            Fault::KillMember => {
+                let Some((index, child)) = targets.victim else {
+                    return self.fail("the member to kill had already exited".into());
+                };
+                let _ = child.kill();
+                let _ = child.wait();
+                self.killed = Some(index);
+                let end_ms = start_ms.saturating_add(millis(self.lease_ttl));
+                self.outage = Some(Outage {
+                    fault: self.fault,
+                    start_ms,
+                    end_ms,
+                });
+                format!(
+                    "chaos: process {index} SIGKILLed at {at}; its leases and tickets are held until their TTL, by {}",
+                    offset(end_ms, self.origin_ms)
+                )
+            }
+        }
+    }
+
+    fn bring_back(&mut self, start_ms: u64, targets: Targets<'_>) -> String {
+        self.phase = Phase::Over;
+        let Some(server) = targets.server else {
+            return self.fail("the private redis-server is gone".into());
+        };
+        match server.restart() {
+            Ok(()) => {
+                let end_ms = wall_ms();
+                self.outage = Some(Outage {
+                    fault: self.fault,
+                    start_ms,
+                    end_ms,
+                });
+                format!(
+                    "chaos: redis-server ready again at {} (down {:.2} s)",
+                    offset(end_ms, self.origin_ms),
+                    (end_ms.saturating_sub(start_ms)) as f64 / 1_000.0
+                )
+            }
+            Err(error) => self.fail(format!("redis-server did not start again: {error:#}")),
+        }
+    }
+
+    fn fail(&mut self, why: String) -> String {
+        let line = format!("chaos: FAILED: {why}");
+        self.failure = Some(why);
+        line
+    }
+}
+
+/// `d` in whole milliseconds.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// How a job that did not complete ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndKind {
+    /// A wait ran out.
+    TimedOut,
+    /// Anything else that failed it.
+    Failed,
+}
+
+/// One job that timed out or failed, as its member saw it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobEnd {
+    /// The agent's name.
+    pub job: String,
+    /// Timed out or failed.
+    pub kind: EndKind,
+    /// When the job's fleet-lease wait that ended it would have run out, wall-clock
+    /// milliseconds; `None` when the job ended otherwise (its own monitor, the call).
+    pub deadline_ms: Option<u64>,
+    /// The failure's message, if it failed.
+    pub error: Option<String>,
+}
+
+/// The failed jobs of a run, judged against its outage.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Judged {
+    /// Jobs that timed out or failed.
+    pub failed: u64,
+    /// Of those, jobs that timed out.
+    pub timed_out: u64,
+    /// Of those, jobs whose own deadline fell inside the outage (or its allowance).
+    pub inside: u64,
+    /// The others, with the member that ran each: each fails the run.
+    pub outside: Vec<(u32, JobEnd)>,
+}
+
+/// Sorts the failed jobs of every member into excused (their deadline inside `outage`, or within
+/// `allowance` after it) and not; with no outage, none is excused.
+pub fn judge<'a>(
+    ends: impl IntoIterator<Item = (u32, &'a JobEnd)>,
+    outage: Option<&Outage>,
+    allowance: Duration,
+) -> Judged {
+    let mut judged = Judged::default();
+    for (member, end) in ends {
+        judged.failed += 1;
+        if end.kind == EndKind::TimedOut {
+            judged.timed_out += 1;
+        }
+        let excused = match (outage, end.deadline_ms) {
+            (Some(outage), Some(deadline)) => outage.covers(deadline, allowance),
+            _ => false,
+        };
+        if excused {
+            judged.inside += 1;
+        } else {
+            judged.outside.push((member, end.clone()));
+        }
+    }
+    judged
+}
+
+/// One lease as a member held it by its own clock: `[acquired_us, released_us, tokens]`, from
+/// the moment `acquire` returned to the moment `release` was called (wall-clock microseconds).
+/// Redis held the lease at least that long, so leases that overlap here overlapped on Redis.
+pub type Hold = [u64; 3];
+
+/// The most tokens and the most leases held at once across `holds`. A lease that starts at the
+/// very microsecond another ends counts as overlapping it (on the server it did: the one was
+/// admitted before the microsecond, the other released after it).
+pub fn peak_held(holds: &[Hold]) -> (u64, u64) {
+    // (time, 0 = starts before 1 = ends at the same time, tokens)
+    let mut edges: Vec<(u64, u8, u64)> = Vec::with_capacity(holds.len() * 2);
+    for &[start, end, tokens] in holds {
+        edges.push((start, 0, tokens));
+        edges.push((end.max(start), 1, tokens));
+    }
+    edges.sort_unstable();
+    let (mut tokens, mut leases, mut peak_tokens, mut peak_leases) = (0u64, 0u64, 0u64, 0u64);
+    for (_, edge, amount) in edges {
+        if edge == 0 {
+            tokens += amount;
+            leases += 1;
+            peak_tokens = peak_tokens.max(tokens);
+            peak_leases = peak_leases.max(leases);
+        } else {
+            tokens = tokens.saturating_sub(amount);
+            leases = leases.saturating_sub(1);
+        }
+    }
+    (peak_tokens, peak_leases)
+}
+
+/// `ms` as seconds after `origin_ms`, `+1.23 s` (negative before it).
+pub fn offset(ms: u64, origin_ms: u64) -> String {
+    let seconds = (ms as f64 - origin_ms as f64) / 1_000.0;
+    format!("{seconds:+.2} s")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn end(job: &str, kind: EndKind, deadline_ms: Option<u64>) -> JobEnd {
+        JobEnd {
+            job: job.into(),
+            kind,
+            deadline_ms,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn only_deadlines_inside_the_outage_or_its_allowance_are_excused() {
+        let outage = Outage {
+            fault: Fault::Restart,
+            start_ms: 10_000,
+            end_ms: 12_050,
+        };
+        let allowance = Duration::from_millis(500);
+        assert!(!outage.covers(9_999, allowance));
+        assert!(outage.covers(10_000, allowance));
+        assert!(outage.covers(12_050, allowance));
+        assert!(outage.covers(12_550, allowance));
+        assert!(!outage.covers(12_551, allowance));
+
+        let ends = [
+            (0, end("a", EndKind::TimedOut, Some(9_000))), // before the fault
+            (0, end("b", EndKind::TimedOut, Some(10_500))), // inside
+            (1, end("c", EndKind::Failed, Some(12_400))),  // inside the allowance
+            (1, end("d", EndKind::Failed, Some(16_000))),  // failed early, deadline long after
+            (2, end("e", EndKind::Failed, None)),          // not a lease wait
+            (3, end("f", EndKind::TimedOut, Some(12_551))), // 1 ms past the allowance
+        ];
+        let judged = judge(ends.iter().map(|(m, e)| (*m, e)), Some(&outage), allowance);
+        assert_eq!(judged.failed, 6);
+        assert_eq!(judged.timed_out, 3);
+        assert_eq!(judged.inside, 2);
+        let outside: Vec<(u32, &str)> = judged
+            .outside
+            .iter()
+            .map(|(m, e)| (*m, e.job.as_str()))
+            .collect();
+        assert_eq!(outside, [(0, "a"), (1, "d"), (2, "e"), (3, "f")]);
+
+        // Without an outage nothing is excused.
+        let judged = judge(ends.iter().map(|(m, e)| (*m, e)), None, allowance);
+        assert_eq!(
+            (judged.failed, judged.inside, judged.outside.len()),
+            (6, 0, 6)
+        );
+        assert_eq!(judge([], Some(&outage), allowance), Judged::default());
+    }
+
+    #[test]
+    fn held_peaks_add_overlapping_leases_and_count_touching_ones_as_overlapping() {
+        assert_eq!(peak_held(&[]), (0, 0));
+        // 100..200 (5,000 tokens), 150..300 (3,000), 300..400 (4,000): the last starts the
+        // microsecond the second ends, so they overlap; the first ended before either.
+        let holds = [[100, 200, 5_000], [150, 300, 3_000], [300, 400, 4_000]];
+        assert_eq!(peak_held(&holds), (8_000, 2));
+        assert_eq!(peak_held(&[[0, 10, 7], [10, 20, 7], [10, 30, 7]]), (21, 3));
+        // Disjoint leases never add up; an end before its start is read as a point.
+        assert_eq!(peak_held(&[[0, 9, 7], [10, 20, 8], [30, 25, 9]]), (9, 1));
+    }
+
+    #[test]
+    fn offsets_are_signed_seconds() {
+        assert_eq!(offset(12_346, 10_000), "+2.35 s");
+        assert_eq!(offset(9_500, 10_000), "-0.50 s");
+        assert_eq!(Fault::KillMember.name(), "kill-member");
+    }
+}
