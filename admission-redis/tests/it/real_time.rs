@@ -101,3 +101,90 @@ async fn leases_left_to_background_renewal_outlive_several_ttls_on_a_busy_machin
     );
     assert_eq!(kinds.iter().filter(|k| *k == "completed").count(), 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_released_elsewhere_is_reported_lost_by_the_background_renewal() {
+    let Some((host, port)) = server("lost_in_real_time") else {
+        return;
+    };
+    let cell = cell("lost_in_real_time");
+    let holder = connect(config(
+        &host,
+        port,
+        &cell,
+        ceilings(1 << 30, 8, 1 << 30, 8, 8),
+    ))
+    .await;
+    let operator = connect(config(
+        &host,
+        port,
+        &cell,
+        ceilings(1 << 30, 8, 1 << 30, 8, 8),
+    ))
+    .await;
+    let _busy = Busy::start(2);
+    let request = LeaseRequest::new("taken-away", "tenant", "disk", 1024, "upload");
+    let lease = holder.try_acquire(&request).await.expect("fits");
+    operator
+        .release_lease("taken-away", lease.token(), Outcome::Failed)
+        .await
+        .expect("released by the operator");
+    // Nobody renews by hand: the holder's background renewal (every second) learns it.
+    let started = std::time::Instant::now();
+    let reason = tokio::time::timeout(Duration::from_secs(10), lease.lost())
+        .await
+        .expect("the loss is reported by the background renewal");
+    assert_eq!(reason, admission_redis::LossReason::Lost);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "reported after {:?}, more than a TTL: the renewal did not run on schedule",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_cut_off_for_a_ttl_reports_its_lease_unrenewed_and_the_server_reaps_it() {
+    let Some(binary) = crate::support::redis_server_binary("cut_off") else {
+        return;
+    };
+    let redis = crate::support::PrivateRedis::start(&binary, &[]);
+    let fleet = connect(config(
+        "127.0.0.1",
+        redis.port,
+        &cell("cut_off"),
+        ceilings(1 << 30, 8, 1 << 30, 8, 8),
+    ))
+    .await;
+    let lease = fleet
+        .try_acquire(&LeaseRequest::new(
+            "cut-off", "tenant", "disk", 1024, "upload",
+        ))
+        .await
+        .expect("fits");
+    // The server stops answering (SIGSTOP) for longer than the 3 s TTL: no renewal gets
+    // through, and past the local deadline (the last successful send plus the TTL) the holder
+    // must presume its lease expired.
+    redis.signal("STOP");
+    let reason = tokio::time::timeout(Duration::from_secs(10), lease.lost())
+        .await
+        .expect("the loss is reported once the local deadline passes");
+    assert!(
+        matches!(reason, admission_redis::LossReason::Unrenewed { .. }),
+        "expected Unrenewed, got {reason}"
+    );
+    redis.signal("CONT");
+    // The server, on its own clock, reaps the lease at the next call.
+    let snapshot = fleet.snapshot("tenant", "disk").await.expect("snapshot");
+    assert_eq!(
+        (snapshot.leases, snapshot.occupancy.service_transfers),
+        (0, 0)
+    );
+    let expired: Vec<String> = read_events(&fleet)
+        .await
+        .expect("events")
+        .into_iter()
+        .filter(|e| e.kind == "expired")
+        .map(|e| e.lease)
+        .collect();
+    assert_eq!(expired, ["cut-off"]);
+}
