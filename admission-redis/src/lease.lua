@@ -318,9 +318,17 @@ if op == 'acquire' then
     -- lost), claimed as it is; or a duplicate.
     local f = parse(v[6])
     if f[6] ~= nonce then return touch(IDLE, {'NEVER', 'lease_id', id, '0'}) end
-    local expiry = redis.call('ZSCORE', exp, id)
-    return touch(IDLE, {'OK', f[1], version, int(o[1]), int(o[2]), int(o[3]), int(o[4]), int(o[5]),
-      int(tonumber(expiry)), int(now_ms)})
+    local expiry = tonumber(redis.call('ZSCORE', exp, id) or '0')
+    if expiry > now_ms then
+      return touch(IDLE, {'OK', f[1], version, int(o[1]), int(o[2]), int(o[3]), int(o[4]),
+        int(o[5]), int(expiry), int(now_ms)})
+    end
+    -- Its grant expired before this acquisition could claim it (a reply lost for a whole TTL),
+    -- and the bounded reap has not come to it yet: it is over. Settle it as expired, let the
+    -- line have what it frees, and ask afresh.
+    settle(id, v[6], 'expired')
+    handoff(tonumber(ARGV[9]))
+    o, v = read(tenant, backend, 'r:' .. id, 'q:' .. id, 'tok', 'seq')
   end
   local waiting
   if v[7] then

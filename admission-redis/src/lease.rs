@@ -151,18 +151,17 @@ impl Lease {
     /// [`LeaseError::Lost`] or [`LeaseError::Stale`] (the lease is then reported lost, as by a
     /// background renewal), [`LeaseError::Unavailable`] when Redis fails.
     pub async fn renew_now(&self) -> Result<(), LeaseError> {
-        let sent = Instant::now();
         let cell = &self.shared.cell;
         let result = renew_one(cell, &self.id, self.token, self.entry.deadline()).await;
         match &result {
-            Ok(()) => self.entry.renewed(sent, cell.config.lease_ttl),
+            Ok(sent) => self.entry.renewed(*sent, cell.config.lease_ttl),
             Err(LeaseError::Lost { .. }) => self.entry.lose(LossReason::Lost),
             Err(LeaseError::Stale { current, .. }) => {
                 self.entry.lose(LossReason::Stale { current: *current });
             }
             Err(_) => {}
         }
-        result
+        result.map(|_| ())
     }
 
     /// Releases the lease now, recording `outcome`.
@@ -240,20 +239,21 @@ pub(crate) async fn give_back(
     }
 }
 
-/// Renews one lease now, retrying a failure on the connection until `deadline`.
+/// Renews one lease now, retrying a failure on the connection until `deadline`; `Ok` with when
+/// the renewal that answered was sent.
 async fn renew_one(
     cell: &Cell,
     id: &str,
     token: FencingToken,
     deadline: Instant,
-) -> Result<(), LeaseError> {
+) -> Result<Instant, LeaseError> {
     let leases = [(id, token)];
     let called = cell
         .call::<Renewed>(&Op::Renew { leases: &leases }, deadline)
         .await?;
     match called.answer {
         Answer::Reply(Renewed(held)) => match held.first() {
-            Some(Held::Ok) => Ok(()),
+            Some(Held::Ok) => Ok(called.sent),
             Some(Held::Stale(current)) => Err(LeaseError::Stale {
                 lease: id.to_string(),
                 token: token.0,

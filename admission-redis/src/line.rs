@@ -217,9 +217,8 @@ async fn attempt(
         queued,
         nonce,
     };
-    let sent = Instant::now();
     let called = cell.call::<AcquireReply>(&op, deadline).await?;
-    let received = Instant::now();
+    let (sent, received) = (called.sent, Instant::now());
     match called.answer {
         Answer::Reply(AcquireReply::Granted(granted)) => {
             Ok(Attempt::Admitted(lease_of(shared, request, granted, sent)))
@@ -273,10 +272,10 @@ impl<'a> Withdraw<'a> {
             id: &self.request.id,
             nonce: &self.nonce,
         };
-        let sent = Instant::now();
         let called = cell
             .call::<WithdrawReply>(&op, cell.default_deadline())
             .await?;
+        let sent = called.sent;
         self.armed = false;
         match called.answer {
             Answer::Reply(WithdrawReply::Granted(granted)) => {

@@ -288,18 +288,18 @@ async fn renew(cell: &Cell, renewals: &Renewals, batch: Vec<Arc<Entry>>) {
         return;
     };
     let pairs: Vec<(&str, FencingToken)> = live.iter().map(|e| (e.id.as_str(), e.token)).collect();
-    let sent = Instant::now();
     let error = match cell
         .call::<Renewed>(&Op::Renew { leases: &pairs }, deadline)
         .await
     {
         Ok(called) => match called.answer {
+            // Counted from the attempt that answered (see `Called::sent`).
             crate::script::Answer::Reply(Renewed(answers)) if answers.len() == live.len() => {
                 for (entry, answer) in live.into_iter().zip(answers) {
                     match answer {
                         Held::Ok => {
-                            entry.renewed(sent, ttl);
-                            renewals.put_back(entry, sent + every);
+                            entry.renewed(called.sent, ttl);
+                            renewals.put_back(entry, called.sent + every);
                         }
                         Held::Stale(current) => entry.lose(LossReason::Stale { current }),
                         Held::Lost => entry.lose(LossReason::Lost),

@@ -619,6 +619,10 @@ pub(crate) struct Called<T> {
     /// True when an earlier attempt of this call failed on the connection: it may have run on
     /// the server all the same (a release that then finds its lease gone was released by it).
     pub(crate) retried: bool,
+    /// When the attempt that answered was sent: what the server did for it happened after this
+    /// instant, so a deadline counted from here is never later than the server's (an earlier
+    /// attempt's send time would be, after a long outage, long before the grant).
+    pub(crate) sent: Instant,
 }
 
 /// The cell's script client: the connection, the script, the cell's keys and the config they
@@ -686,10 +690,14 @@ impl Cell {
         op: &Op<'_>,
         deadline: Instant,
     ) -> Result<Called<T>, Unavailable> {
-        let (answer, retried) = self
+        let (answer, retried, sent) = self
             .retrying(op.name(), deadline, || self.attempt::<T>(op, deadline))
             .await?;
-        Ok(Called { answer, retried })
+        Ok(Called {
+            answer,
+            retried,
+            sent,
+        })
     }
 
     /// Every record of the events stream still kept, oldest first, read in pages of 500 (each a
@@ -735,7 +743,7 @@ impl Cell {
         operation: &'static str,
         deadline: Instant,
         mut attempt: F,
-    ) -> Result<(T, bool), Unavailable>
+    ) -> Result<(T, bool, Instant), Unavailable>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
@@ -743,8 +751,9 @@ impl Cell {
         let mut pause = FIRST_PAUSE;
         let mut retried = false;
         loop {
+            let sent = Instant::now();
             let error = match attempt().await {
-                Ok(value) => return Ok((value, retried)),
+                Ok(value) => return Ok((value, retried, sent)),
                 Err(error) => error,
             };
             let now = Instant::now();

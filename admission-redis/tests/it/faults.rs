@@ -231,3 +231,45 @@ async fn a_try_that_failed_while_the_server_was_stopped_leaves_nothing_held_once
         ]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_granted_after_a_long_outage_counts_its_deadline_from_the_attempt_that_got_it() {
+    let Some(binary) = redis_server_binary("late_grant") else {
+        return;
+    };
+    let redis = PrivateRedis::start(&binary, &[]);
+    let cfg = config(
+        "127.0.0.1",
+        redis.port,
+        &cell("late_grant"),
+        ceilings(1 << 20, 8, 1 << 20, 8, 8),
+    );
+    let fleet = connect(cfg).await;
+    // Stopped for longer than the 3 s TTL while an acquisition with 12 s to wait retries: its
+    // first attempt was sent 4 s before any attempt was answered.
+    redis.signal("STOP");
+    let job = {
+        let fleet = fleet.clone();
+        tokio::spawn(async move {
+            fleet
+                .acquire(&request("late"), Duration::from_secs(12))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    redis.signal("CONT");
+    let lease = job
+        .await
+        .expect("task")
+        .expect("admitted once the server is back");
+    // The lease's local deadline counts from the attempt that was answered, not from the first
+    // one: a deadline counted from the first would have passed before the grant came back, and
+    // the lease would be reported lost at once while the server keeps it for a whole TTL.
+    let lost = tokio::time::timeout(Duration::from_millis(2_500), lease.lost()).await;
+    assert!(lost.is_err(), "lost right after its grant: {:?}", lost.ok());
+    lease.renew_now().await.expect("held, and renewed");
+    lease
+        .release(Outcome::Completed)
+        .await
+        .expect("released by its holder");
+}

@@ -207,7 +207,13 @@ async fn forty_waiters_share_one_reader_and_every_one_is_granted_in_ticket_order
         }));
         if i == 0 {
             wait_for_event_on(&mut events, &fleet, "queued", "w00").await;
-            // This test's two connections, the provider's, and its one reader.
+            // This test's two connections, the provider's, and its one reader (which the first
+            // waiter starts once it is refused: it may still be connecting when its `queued`
+            // record is read, so the count is waited for, boundedly).
+            let started = std::time::Instant::now();
+            while clients().await < 4 && started.elapsed() < Duration::from_secs(10) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
             assert_eq!(clients().await, 4);
         }
     }
