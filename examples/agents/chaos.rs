@@ -4,12 +4,13 @@
 //! The faults (what `cargo xtask chaos` runs, one each):
 //!
 //! - `restart`: the private `redis-server` is SIGKILLed and started again on the same port
-//!   [`RESTART_DOWN`] later. For this fault it runs with an append-only file (fsync every second;
-//!   a killed process loses nothing it acknowledged, the page cache survives it), so the cells
-//!   come back as they were: this is a restart the fleet must ride through, not the restart that
-//!   empties the server (that one lets a re-created cell admit its full ceilings beside earlier
-//!   holders and is out of scope here).
-//! - `pause`: `CLIENT PAUSE` for [`PAUSE`] (every client's commands wait on the server).
+//!   `--chaos-down-ms` later ([`DEFAULT_DOWN_MS`] by default). For this fault it runs with an
+//!   append-only file (fsync every second; a killed process loses nothing it acknowledged, the
+//!   page cache survives it), so the cells come back as they were: this is a restart the fleet
+//!   must ride through, not the restart that empties the server (that one lets a re-created cell
+//!   admit its full ceilings beside earlier holders and is out of scope here).
+//! - `pause`: `CLIENT PAUSE` for `--chaos-pause-ms` ([`DEFAULT_PAUSE_MS`] by default; every
+//!   client's commands wait on the server).
 //! - `kill-member`: the last member is SIGKILLed. Its leases stay held until their TTL and its
 //!   waiting tickets until their liveness runs out (one TTL too), so the outage is the TTL.
 //!
@@ -20,6 +21,11 @@
 //! excused only if its *own* deadline (the deadline of the fleet-lease wait that ended it, as its
 //! member recorded it) fell inside that window, or within [`RECONNECT_ALLOWANCE`] after it; any
 //! other failed or timed-out job fails the run, as does one whose end had no lease deadline.
+//!
+//! After a restart or a pause the verdict also gives the time from the server's return (the end
+//! of the outage) to the first admission after it: the earliest `admitted` record of the cells'
+//! events streams whose server time is at or after the outage's end ([`first_admission_after`]).
+//! Both are wall-clock milliseconds of this machine, which the server and the processes share.
 
 use std::process::Child;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -29,10 +35,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::redis_server::{self, Endpoint, PrivateRedis};
 
-/// How long the server stays down in a `restart`.
-pub const RESTART_DOWN: Duration = Duration::from_secs(2);
-/// How long a `pause` pauses the server's clients.
-pub const PAUSE: Duration = Duration::from_secs(3);
+/// How long the server stays down in a `restart` unless `--chaos-down-ms` says otherwise.
+pub const DEFAULT_DOWN_MS: u64 = 2_000;
+/// How long a `pause` pauses the server's clients unless `--chaos-pause-ms` says otherwise.
+pub const DEFAULT_PAUSE_MS: u64 = 3_000;
 /// After the server answers again, the time a client may need to notice and reconnect: a job
 /// whose deadline fell this soon after the outage is excused too.
 pub const RECONNECT_ALLOWANCE: Duration = Duration::from_millis(500);
@@ -40,10 +46,10 @@ pub const RECONNECT_ALLOWANCE: Duration = Duration::from_millis(500);
 /// The fault a `--chaos` run injects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Fault {
-    /// SIGKILL the private redis-server and start it again on the same port 2 s later (it keeps
-    /// an append-only file for this).
+    /// SIGKILL the private redis-server and start it again on the same port `--chaos-down-ms`
+    /// later (it keeps an append-only file for this).
     Restart,
-    /// `CLIENT PAUSE 3000` on the server: 3 s during which no client's command runs.
+    /// `CLIENT PAUSE` on the server for `--chaos-pause-ms`: no client's command runs meanwhile.
     Pause,
     /// SIGKILL the last member process; its leases are held until their TTL.
     KillMember,
@@ -129,6 +135,10 @@ pub struct Injector {
     origin_ms: u64,
     /// The cells' lease TTL: how long a killed member's leases stay held.
     lease_ttl: Duration,
+    /// How long a restarted server stays down.
+    down: Duration,
+    /// How long a pause lasts.
+    pause: Duration,
     phase: Phase,
     /// Whether its injection was tried.
     tried: bool,
@@ -141,13 +151,23 @@ pub struct Injector {
 }
 
 impl Injector {
-    /// `fault`, to be injected at `at`; `origin_ms` is the members' start (wall clock).
-    pub fn new(fault: Fault, at: Instant, origin_ms: u64, lease_ttl: Duration) -> Injector {
+    /// `fault`, to be injected at `at`; `origin_ms` is the members' start (wall clock); a
+    /// restart keeps the server down for `down`, a pause lasts `pause`.
+    pub fn new(
+        fault: Fault,
+        at: Instant,
+        origin_ms: u64,
+        lease_ttl: Duration,
+        down: Duration,
+        pause: Duration,
+    ) -> Injector {
         Injector {
             fault,
             at,
             origin_ms,
             lease_ttl,
+            down,
+            pause,
             phase: Phase::Armed,
             tried: false,
             outage: None,
@@ -198,27 +218,27 @@ impl Injector {
                 };
                 server.kill();
                 self.phase = Phase::Down {
-                    until: Instant::now() + RESTART_DOWN,
+                    until: Instant::now() + self.down,
                     start_ms,
                 };
                 format!(
                     "chaos: redis-server SIGKILLed at {at}; it starts again in {} s",
-                    RESTART_DOWN.as_secs_f64()
+                    self.down.as_secs_f64()
                 )
             }
             Fault::Pause => {
-                let endpoint = targets.endpoint;
+                let (endpoint, pause) = (targets.endpoint, self.pause);
                 // The timer is made inside the runtime, as it must be.
                 let paused = targets.runtime.block_on(async {
                     tokio::time::timeout(
                         PAUSE_REPLY_WAIT,
-                        redis_server::pause_clients(endpoint, PAUSE),
+                        redis_server::pause_clients(endpoint, pause),
                     )
                     .await
                 });
                 match paused {
                     Ok(Ok(())) => {
-                        let end_ms = wall_ms().saturating_add(millis(PAUSE));
+                        let end_ms = wall_ms().saturating_add(millis(self.pause));
                         self.outage = Some(Outage {
                             fault: self.fault,
                             start_ms,
@@ -226,7 +246,7 @@ impl Injector {
                         });
                         format!(
                             "chaos: CLIENT PAUSE {} sent at {at}; the pause ends by {}",
-                            millis(PAUSE),
+                            millis(self.pause),
                             offset(end_ms, self.origin_ms)
                         )
                     }
@@ -356,6 +376,29 @@ pub fn judge<'a>(
     judged
 }
 
+/// The server time of the first admission at or after `end_ms`: the earliest `admitted` record
+/// among `records` (kind, server `time_ms`), in any order, whose time is not before `end_ms`.
+pub fn first_admission_after<'a>(
+    records: impl IntoIterator<Item = (&'a str, u64)>,
+    end_ms: u64,
+) -> Option<u64> {
+    records
+        .into_iter()
+        .filter(|&(kind, time_ms)| kind == "admitted" && time_ms >= end_ms)
+        .map(|(_, time_ms)| time_ms)
+        .min()
+}
+
+/// Milliseconds from the outage's end to the first admission after it, across cells: `firsts`
+/// holds each cell's [`first_admission_after`] the end (`None` for a cell that admitted none).
+pub fn since_return(firsts: impl IntoIterator<Item = Option<u64>>, end_ms: u64) -> Option<u64> {
+    firsts
+        .into_iter()
+        .flatten()
+        .min()
+        .map(|first| first.saturating_sub(end_ms))
+}
+
 /// One lease as a member held it by its own clock: `[acquired_us, released_us, tokens]`, from
 /// the moment `acquire` returned to the moment `release` was called (wall-clock microseconds).
 /// Redis held the lease at least that long, so leases that overlap here overlapped on Redis.
@@ -446,6 +489,37 @@ mod tests {
             (6, 0, 6)
         );
         assert_eq!(judge([], Some(&outage), allowance), Judged::default());
+    }
+
+    #[test]
+    fn the_first_admission_is_the_earliest_admitted_record_at_or_after_the_return() {
+        let records = [
+            ("admitted", 11_990), // before the return
+            ("queued", 12_000),
+            ("completed", 12_003),
+            ("admitted", 12_040),
+            ("admitted", 12_007), // out of order: still the earliest
+            ("expired", 12_001),
+            ("admitted", 12_100),
+        ];
+        assert_eq!(first_admission_after(records, 12_000), Some(12_007));
+        // At the very millisecond of the return counts.
+        assert_eq!(
+            first_admission_after([("admitted", 12_000), ("admitted", 12_001)], 12_000),
+            Some(12_000)
+        );
+        assert_eq!(first_admission_after(records, 12_101), None);
+        assert_eq!(first_admission_after([("queued", 13_000)], 12_000), None);
+        assert_eq!(first_admission_after([], 12_000), None);
+
+        // Across cells: the earliest of their firsts, less the return; cells with none ignored.
+        assert_eq!(
+            since_return([Some(12_040), None, Some(12_012)], 12_000),
+            Some(12)
+        );
+        assert_eq!(since_return([Some(12_000)], 12_000), Some(0));
+        assert_eq!(since_return([None, None], 12_000), None);
+        assert_eq!(since_return([], 12_000), None);
     }
 
     #[test]

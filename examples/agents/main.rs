@@ -189,11 +189,12 @@ struct Args {
     redis: Option<Endpoint>,
 
     /// With --fleet: inject one fault mid-run and judge the run against the outage it caused.
-    /// restart: SIGKILL the private redis-server and start it again on its port 2 s later (it
-    /// keeps an append-only file); pause: CLIENT PAUSE 3000; kill-member: SIGKILL the last
-    /// member. The run prints the jobs that failed and how many had their own deadline inside
-    /// the outage; --check fails it on any other failed job, any ceiling exceeded, any lease
-    /// left held.
+    /// restart: SIGKILL the private redis-server and start it again on its port --chaos-down-ms
+    /// later (it keeps an append-only file); pause: CLIENT PAUSE for --chaos-pause-ms;
+    /// kill-member: SIGKILL the last member. The run prints the jobs that failed and how many
+    /// had their own deadline inside the outage, and after a restart or a pause the time from
+    /// the server's return to the first admission; --check fails it on any other failed job,
+    /// any ceiling exceeded, any lease left held.
     #[arg(long, value_enum, value_name = "FAULT", requires = "fleet")]
     chaos: Option<Fault>,
 
@@ -201,6 +202,17 @@ struct Args {
     #[arg(long, value_name = "MS", default_value_t = 1_000, requires = "chaos",
           value_parser = value_parser!(u64).range(0..=3_600_000))]
     chaos_after_ms: u64,
+
+    /// With --chaos restart: how long the server stays down, in real milliseconds, before it is
+    /// started again.
+    #[arg(long, value_name = "MS", default_value_t = chaos::DEFAULT_DOWN_MS, requires = "chaos",
+          value_parser = value_parser!(u64).range(0..=3_600_000))]
+    chaos_down_ms: u64,
+
+    /// With --chaos pause: how long the CLIENT PAUSE lasts, in real milliseconds.
+    #[arg(long, value_name = "MS", default_value_t = chaos::DEFAULT_PAUSE_MS, requires = "chaos",
+          value_parser = value_parser!(u64).range(1..=3_600_000))]
+    chaos_pause_ms: u64,
 
     /// Serve the monitor's metrics (admitted, rejected, released, waits, waiters, holds) in
     /// Prometheus's text format at http://ADDR/metrics while the run lasts (ADDR: IP:PORT).

@@ -279,6 +279,9 @@ pub struct CellAfter {
     pub tokens_held: u64,
     /// Requests still in flight.
     pub requests_held: u64,
+    /// After a restart or a pause: the server time of the cell's first `admitted` record at or
+    /// after the server's return (see [`chaos::first_admission_after`]).
+    pub first_admission_ms: Option<u64>,
 }
 
 /// The member a lease id names (`m<I>-...`, as [`Cells`](crate::cells::Cells) names leases).
@@ -483,7 +486,14 @@ pub fn run_fleet(
             fault.name(),
             Duration::from_millis(args.chaos_after_ms).as_secs_f64()
         ));
-        Injector::new(fault, at, origin_ms, lease_ttl)
+        Injector::new(
+            fault,
+            at,
+            origin_ms,
+            lease_ttl,
+            Duration::from_millis(args.chaos_down_ms),
+            Duration::from_millis(args.chaos_pause_ms),
+        )
     });
     let watched = watch(
         &mut members,
@@ -576,13 +586,20 @@ pub fn run_fleet(
             std::thread::sleep(left);
         }
     }
+    // When the server returned, for the time to the first admission after it.
+    let returned_ms = outage
+        .as_ref()
+        .filter(|o| o.fault != Fault::KillMember)
+        .map(|o| o.end_ms);
     let read_until = Instant::now() + READ_RETRY_FOR;
     let calls_after = runtime.block_on(with_retries(read_until, || {
         redis_server::script_calls(&endpoint)
     }));
     let mut after = Vec::new();
     for (model, (cell, _)) in &cells {
-        match runtime.block_on(with_retries(read_until, || read_cell(cell, model))) {
+        match runtime.block_on(with_retries(read_until, || {
+            read_cell(cell, model, returned_ms)
+        })) {
             Ok(reading) => after.push(reading),
             Err(error) => problems.push(format!(
                 "{model}: the cell could not be read after the run: {error:#}"
@@ -621,8 +638,17 @@ pub fn run_fleet(
         outage.as_ref(),
         chaos::RECONNECT_ALLOWANCE,
     );
+    let first_admission = returned_ms
+        .and_then(|end| chaos::since_return(after.iter().map(|a| a.first_admission_ms), end));
     if let Some(injector) = &injector {
-        for line in chaos_lines(injector.fault, outage.as_ref(), &judged, &totals, origin_ms) {
+        for line in chaos_lines(
+            injector.fault,
+            outage.as_ref(),
+            &judged,
+            first_admission,
+            &totals,
+            origin_ms,
+        ) {
             say(&line);
         }
     }
@@ -828,22 +854,30 @@ where
 }
 
 /// One cell read after the run, through `cell`'s connection or, if that fails, a new one (the
-/// old may be the one a restart broke).
-async fn read_cell(cell: &RedisAdmission, model: &str) -> anyhow::Result<CellAfter> {
-    match read_cell_on(cell, model).await {
+/// old may be the one a restart broke); with `returned_ms`, its first admission at or after it.
+async fn read_cell(
+    cell: &RedisAdmission,
+    model: &str,
+    returned_ms: Option<u64>,
+) -> anyhow::Result<CellAfter> {
+    match read_cell_on(cell, model, returned_ms).await {
         Ok(reading) => Ok(reading),
         Err(first) => {
             let fresh = RedisAdmission::connect(cell.config().clone())
                 .await
                 .with_context(|| format!("{first:#}; then connecting anew"))?;
-            read_cell_on(&fresh, model)
+            read_cell_on(&fresh, model, returned_ms)
                 .await
                 .with_context(|| format!("{first:#}; then on a new connection"))
         }
     }
 }
 
-async fn read_cell_on(cell: &RedisAdmission, model: &str) -> anyhow::Result<CellAfter> {
+async fn read_cell_on(
+    cell: &RedisAdmission,
+    model: &str,
+    returned_ms: Option<u64>,
+) -> anyhow::Result<CellAfter> {
     let events = read_events(cell)
         .await
         .with_context(|| format!("reading the events of {model}'s cell"))?;
@@ -884,15 +918,20 @@ async fn read_cell_on(cell: &RedisAdmission, model: &str) -> anyhow::Result<Cell
         leases_held: snapshot.leases,
         tokens_held: snapshot.occupancy.service_bytes,
         requests_held: snapshot.occupancy.service_transfers,
+        first_admission_ms: returned_ms.and_then(|end| {
+            chaos::first_admission_after(events.iter().map(|e| (e.kind.as_str(), e.time_ms)), end)
+        }),
     })
 }
 
 /// The lines a `--chaos` run prints before its verdict: the outage, the failed jobs judged
-/// against it, and what the members held at once by their own clocks.
+/// against it, after a restart or a pause the time from the server's return to the first
+/// admission (`first_admission`, ms), and what the members held at once by their own clocks.
 pub fn chaos_lines(
     fault: Fault,
     outage: Option<&Outage>,
     judged: &Judged,
+    first_admission: Option<u64>,
     totals: &[ModelTotals],
     origin_ms: u64,
 ) -> Vec<String> {
@@ -916,6 +955,12 @@ pub fn chaos_lines(
         judged.inside,
         judged.outside.len()
     ));
+    if outage.is_some() && fault != Fault::KillMember {
+        lines.push(match first_admission {
+            Some(ms) => format!("chaos: first admission {ms} ms after the server returned"),
+            None => "chaos: no admission recorded after the server returned".to_owned(),
+        });
+    }
     let held: Vec<String> = totals
         .iter()
         .map(|t| {
@@ -1382,10 +1427,33 @@ mod tests {
         assert!(parse(&["--fleet", "2", "--chaos", "reboot"]).is_err());
         let args = parse(&["--fleet", "4", "--chaos", "kill-member"]).unwrap();
         assert_eq!(
-            (args.chaos, args.chaos_after_ms),
-            (Some(Fault::KillMember), 1_000)
+            (
+                args.chaos,
+                args.chaos_after_ms,
+                args.chaos_down_ms,
+                args.chaos_pause_ms
+            ),
+            (Some(Fault::KillMember), 1_000, 2_000, 3_000)
         );
         assert!(parse(&["--fleet", "2", "--chaos-after-ms", "500"]).is_err());
+        assert!(parse(&["--fleet", "2", "--chaos-down-ms", "300"]).is_err());
+        assert!(parse(&["--fleet", "2", "--chaos-pause-ms", "300"]).is_err());
+        assert!(parse(&["--fleet", "2", "--chaos", "pause", "--chaos-pause-ms", "0"]).is_err());
+        let lengths = parse(&[
+            "--fleet",
+            "4",
+            "--chaos",
+            "restart",
+            "--chaos-down-ms",
+            "10000",
+            "--chaos-pause-ms",
+            "500",
+        ])
+        .unwrap();
+        assert_eq!(
+            (lengths.chaos_down_ms, lengths.chaos_pause_ms),
+            (10_000, 500)
+        );
         let endpoint = Endpoint {
             host: "127.0.0.1".into(),
             port: 6400,
@@ -1481,12 +1549,30 @@ mod tests {
             ..ModelTotals::default()
         }];
         assert_eq!(
-            chaos_lines(Fault::Pause, Some(&outage), &judged, &totals, 10_000),
+            chaos_lines(
+                Fault::Pause,
+                Some(&outage),
+                &judged,
+                Some(12),
+                &totals,
+                10_000
+            ),
             [
                 "chaos: pause: outage from +1.00 s to +4.00 s (3.00 s); a failed job is excused if its own deadline fell in it or up to 0.5 s after",
                 "chaos: jobs failed: 3 (2 timed out, 1 failed); 1 with their own deadline inside the outage, 2 not",
+                "chaos: first admission 12 ms after the server returned",
                 "chaos: most held at once by the members' clocks: model-a 9500 of 10000 tokens, 4 of 4 requests; releases Redis did not confirm: 1",
             ]
+        );
+        // A killed member's outage is no server's: no line for a return.
+        let lines = chaos_lines(Fault::KillMember, Some(&outage), &judged, None, &totals, 0);
+        assert_eq!(lines.len(), 3);
+        assert!(!lines.iter().any(|l| l.contains("returned")), "{lines:?}");
+        // A restart or a pause after which nothing was admitted says so.
+        let lines = chaos_lines(Fault::Restart, Some(&outage), &judged, None, &totals, 0);
+        assert_eq!(
+            lines[2],
+            "chaos: no admission recorded after the server returned"
         );
     }
 
