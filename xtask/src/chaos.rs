@@ -1,9 +1,12 @@
-//! `cargo xtask chaos`: the agents fleet through three real faults, one run each.
+//! `cargo xtask chaos`: the agents fleet through three real faults and two signals to its
+//! parent, one run each.
 //!
-//! Each run is `agents --fleet 4 --time-scale 300 --admit-timeout 3600 --check --chaos FAULT`
-//! (see `examples/agents/chaos.rs`): the fleet's parent injects the fault itself, one second of
-//! real time after its members started, on its private `redis-server`, so the fault lands at the
-//! same point of every run and is over in bounded time:
+//! # Faults
+//!
+//! Each fault run is `agents --fleet 4 --time-scale 300 --admit-timeout 3600 --check --chaos
+//! FAULT` (see `examples/agents/chaos.rs`): the fleet's parent injects the fault itself, one
+//! second of real time after its members started, on its private `redis-server`, so the fault
+//! lands at the same point of every run and is over in bounded time:
 //!
 //! | fault         | what the parent does                                                   |
 //! |---------------|------------------------------------------------------------------------|
@@ -16,31 +19,91 @@
 //! of those), no ceiling was exceeded, and nothing was held in Redis at the end. A lease wait
 //! lasts 12 s of real time (`--admit-timeout 3600` at the scale of 300), longer than every
 //! outage (2 s, 3 s, and the 10 s TTL of a killed member's leases and tickets): a job waiting
-//! through one has time left after it, so a fleet that recovers fails no job at all. Every run is made
-//! and its verdict printed even when an earlier one failed; the step fails if any did. The example
-//! is built once (`cargo build --release --example agents`) and its binary run directly, so that
-//! a run that outlives [`RUN_LIMIT`] can be stopped by its own pid: SIGTERM first (the parent
-//! forwards it to its members, which give their leases back, and still prints its verdict), then
-//! SIGKILL. The three runs take about 30 s on a 2-core machine; [`RUN_LIMIT`] and [`STOP_GRACE`]
-//! bound each at 45 s, so the step at about two minutes.
+//! through one has time left after it, so a fleet that recovers fails no job at all.
+//!
+//! # Signals to the parent
+//!
+//! Two more runs check what the parent promises about signals (`examples/agents/signals.rs`):
+//! forwarded SIGTERM/SIGINT stop its members, which release their leases and report, and the
+//! parent still prints its table and verdict; a parent that dies, SIGKILL included, closes its
+//! members' stdin pipes and they stop the same way. Each is `agents --fleet 4 --time-scale 300
+//! --admit-timeout 3600 --check --redis 127.0.0.1:PORT` against a `redis-server` this step starts
+//! for the run and stops after it ([`services`]), so that the cells can still be read once the
+//! parent is gone. The xtask waits for the parent's `== fleet:` line (printed once its cells
+//! exist, just before it starts its members; at most [`STARTUP_LIMIT`]) and for its 4 members
+//! to be running (at most [`MEMBERS_WITHIN`] after that line), and sends the signal
+//! [`SIGNAL_AFTER`] (1.5 s) after that line, mid-run (a run is about 4 s without a signal):
+//!
+//! | run           | signal  | passes when                                                     |
+//! |---------------|---------|-----------------------------------------------------------------|
+//! | `term-parent` | SIGTERM | the parent says it forwarded SIGTERM and exits within [`TERM_EXIT_LIMIT`] (20 s), having printed both tables, `(4 of 4 processes reported`, and a verdict whose every `check:` line is the signal's own (below); no member is left running once it exited; nothing is held |
+//! | `kill-parent` | SIGKILL | every member exits within [`MEMBER_EXIT_LIMIT`] (10 s) of the signal, each having written its report line (in `<out>/fleet/member-I.out`), at least one of them interrupted (so the closed pipe, not the end of the work, stopped it); nothing is held |
+//!
+//! A run stopped mid-way cannot pass the parent's `--check`: it exits 1 with `check: FAILED:`
+//! lines. Those are the signal's own, and no failure of the fleet, when each is one of: the run
+//! was stopped by SIGTERM, a member was interrupted by the forwarded SIGTERM, or a member's jobs
+//! were cancelled (by it). Any other (a ceiling exceeded, a lease lost or still held, a member
+//! that did not stop, exited badly or did not report, a job that timed out or failed) fails the
+//! run, as does any exit status but 1 with such lines (or 0 with `check: passed`).
+//!
+//! "Nothing held" is read from the server with `redis-cli` once the members are gone: every cell
+//! on it (the tag before the last `:` of its keys `...:cfg`, `...:occ`, `...:exp`, ...; at least
+//! one must be found) has its `exp` sorted set (lease -> expiry) and its `line` and `live` sorted
+//! sets (waiting tickets) empty or absent, and its `occ` hash has its counters `st` (transfers
+//! in flight) and `sb` (bytes in flight) at 0 or absent and no lease record (`r:<id>`) or waiter
+//! record (`q:<id>`). A member is found by its command line in `/proc`: `--fleet-member`, the
+//! run's `--redis` endpoint (a fresh port each run) and an argument under the run's out
+//! directory; a zombie is not running. That is Linux's: elsewhere no member is found and the
+//! signal runs fail.
+//!
+//! # Bounds
+//!
+//! Every run is made and its verdict printed even when an earlier one failed; the step fails if
+//! any did. The example is built once (`cargo build --release --example agents`) and its binary
+//! run directly, so that a run can be stopped by its own pid: a fault run that outlives
+//! [`RUN_LIMIT`] gets SIGTERM (the parent forwards it to its members, which give their leases
+//! back, and still prints its verdict), then SIGKILL after [`STOP_GRACE`]; a signal run's parent
+//! or members still running at their bound are SIGKILLed by pid and the run fails. The five runs
+//! take about 35 s on a 2-core machine once the example is built (the three faults about 30 s,
+//! each signal run about 2 s); [`RUN_LIMIT`] and [`STOP_GRACE`] bound a fault run at 45 s, and
+//! the bounds above a signal run at about a minute (`term-parent`) or 40 s (`kill-parent`),
+//! which only a run that hangs reaches.
 
+use std::collections::BTreeSet;
+use std::fs;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode, Stdio};
+use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::services;
+use crate::services::{self, Service};
 use crate::step::Workspace;
 
 /// The faults, in the order they run.
 pub(crate) const FAULTS: [&str; 3] = ["restart", "pause", "kill-member"];
 
-/// Every run's flags before `--chaos FAULT`: four processes, a simulated minute in 0.2 s (a run
-/// is about 4 s without a fault), lease waits of 12 s real, and members cancelled after 25 s of
-/// real time whatever happens.
+/// The signal runs, after the faults: each one's name and the signal its parent gets.
+const SIGNAL_RUNS: [SignalRun; 2] = [
+    SignalRun {
+        name: "term-parent",
+        signal: "TERM",
+    },
+    SignalRun {
+        name: "kill-parent",
+        signal: "KILL",
+    },
+];
+
+/// The fleet's processes, as [`RUN_ARGS`] asks for them.
+const FLEET: u32 = 4;
+
+/// Every run's flags (before `--chaos FAULT` or `--redis HOST:PORT`): four processes, a
+/// simulated minute in 0.2 s (a run is about 4 s without a fault), lease waits of 12 s real, and
+/// members cancelled after 25 s of real time whatever happens.
 const RUN_ARGS: &[&str] = &[
     "--fleet",
     "4",
@@ -57,6 +120,25 @@ const RUN_ARGS: &[&str] = &[
 const RUN_LIMIT: Duration = Duration::from_secs(35);
 /// After that SIGTERM, how long it has to print its verdict before it is killed.
 const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// A signal run: how long its parent has to print its `== fleet:` line.
+const STARTUP_LIMIT: Duration = Duration::from_secs(15);
+/// How long after that line all its members must be seen running.
+const MEMBERS_WITHIN: Duration = Duration::from_secs(5);
+/// When the parent gets its signal, after that line.
+const SIGNAL_AFTER: Duration = Duration::from_millis(1_500);
+/// How long a SIGTERMed parent has to stop its members, print its table and verdict, and exit.
+const TERM_EXIT_LIMIT: Duration = Duration::from_secs(20);
+/// How long the members of a SIGKILLed parent have to exit (and of a SIGTERMed parent that had
+/// to be killed, before they are killed too).
+const MEMBER_EXIT_LIMIT: Duration = Duration::from_secs(10);
+/// How long the rest of a parent's output may take to arrive once it exited.
+const OUTPUT_DRAIN: Duration = Duration::from_secs(5);
+
+/// What starts a member's report line (`examples/agents/multi.rs`, `REPORT_PREFIX`).
+const REPORT_PREFIX: &str = "fleet-member-report: ";
+/// The keys of a cell, after its tag (`admission-redis/src/script.rs`).
+const CELL_KEYS: [&str; 7] = ["cfg", "occ", "exp", "events", "quota", "line", "live"];
 
 /// What one run printed and how it ended.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -84,7 +166,15 @@ impl Verdict {
     }
 }
 
-/// Runs the three faults; fails unless every run passed.
+/// One run's line in the summary, and what is printed under it.
+struct Outcome {
+    name: String,
+    seconds: f64,
+    passed: bool,
+    lines: Vec<String>,
+}
+
+/// Runs the three faults and the two signal runs; fails unless every run passed.
 pub(crate) fn run(ws: &Workspace) -> Result<ExitCode> {
     let started = Instant::now();
     let exe = build_agents(ws)?;
@@ -92,6 +182,7 @@ pub(crate) fn run(ws: &Workspace) -> Result<ExitCode> {
         .ancestors()
         .nth(3)
         .map_or_else(|| ws.root.join("target"), Path::to_path_buf);
+    let runs = FAULTS.len() + SIGNAL_RUNS.len();
     let mut outcomes = Vec::new();
     for (index, fault) in FAULTS.iter().enumerate() {
         let out_dir = target.join("agents").join("chaos").join(fault);
@@ -99,34 +190,68 @@ pub(crate) fn run(ws: &Workspace) -> Result<ExitCode> {
         args.extend(["--chaos".to_owned(), fault.to_string()]);
         args.extend(["--out-dir".to_owned(), out_dir.display().to_string()]);
         println!(
-            "==> chaos [{}/{}] {fault}: {} {}",
+            "==> chaos [{}/{runs}] {fault}: {} {}",
             index + 1,
-            FAULTS.len(),
             exe.display(),
             args.join(" ")
         );
         let _ = std::io::stdout().flush();
         let run_started = Instant::now();
         let (ok, verdict) = run_one(&exe, &args, &ws.root)?;
-        outcomes.push((fault, run_started.elapsed().as_secs_f64(), ok, verdict));
+        let mut lines: Vec<String> = verdict
+            .chaos
+            .iter()
+            .chain(&verdict.check)
+            .cloned()
+            .collect();
+        if verdict.check.is_empty() {
+            lines.push("(no verdict printed)".to_owned());
+        }
+        outcomes.push(Outcome {
+            name: fault.to_string(),
+            seconds: run_started.elapsed().as_secs_f64(),
+            passed: ok && verdict.passed(),
+            lines,
+        });
+    }
+    for (index, signal_run) in SIGNAL_RUNS.iter().enumerate() {
+        let out_dir = target.join("agents").join("chaos").join(signal_run.name);
+        let place = format!("[{}/{runs}]", FAULTS.len() + index + 1);
+        let run_started = Instant::now();
+        let (passed, lines) = match signal_run.run(&exe, &ws.root, &out_dir, &place) {
+            Ok(found) => (found.failures.is_empty(), found.lines()),
+            Err(error) => (false, vec![format!("FAILED: {error:#}")]),
+        };
+        println!(
+            "==> chaos {}: {}",
+            signal_run.name,
+            if passed { "passed" } else { "FAILED" }
+        );
+        for line in &lines {
+            println!("    {line}");
+        }
+        outcomes.push(Outcome {
+            name: signal_run.name.to_owned(),
+            seconds: run_started.elapsed().as_secs_f64(),
+            passed,
+            lines,
+        });
     }
 
     println!("==> chaos summary");
     let mut failed = Vec::new();
-    for (fault, seconds, ok, verdict) in &outcomes {
-        let passed = *ok && verdict.passed();
+    for outcome in &outcomes {
         println!(
-            "    {fault:<12} {seconds:>6.1}s  {}",
-            if passed { "ok" } else { "FAILED" }
+            "    {:<12} {:>6.1}s  {}",
+            outcome.name,
+            outcome.seconds,
+            if outcome.passed { "ok" } else { "FAILED" }
         );
-        for line in verdict.chaos.iter().chain(&verdict.check) {
+        for line in &outcome.lines {
             println!("        {line}");
         }
-        if verdict.check.is_empty() {
-            println!("        (no verdict printed)");
-        }
-        if !passed {
-            failed.push(**fault);
+        if !outcome.passed {
+            failed.push(outcome.name.as_str());
         }
     }
     println!(
@@ -232,6 +357,776 @@ fn run_one(exe: &Path, args: &[String], root: &Path) -> Result<(bool, Verdict)> 
     Ok((status.success() && stopping.is_none(), verdict))
 }
 
+/// A run whose fleet parent gets a signal mid-run (see the module docs).
+#[derive(Clone, Copy, Debug)]
+struct SignalRun {
+    name: &'static str,
+    /// The signal, as `kill -s` names it.
+    signal: &'static str,
+}
+
+/// What a signal run found: what it saw, and what fails it.
+#[derive(Debug, Default)]
+struct Found {
+    seen: Vec<String>,
+    failures: Vec<String>,
+}
+
+impl Found {
+    fn saw(&mut self, line: impl Into<String>) {
+        self.seen.push(line.into());
+    }
+
+    fn fail(&mut self, line: impl Into<String>) {
+        self.failures.push(line.into());
+    }
+
+    /// What the run prints as its verdict: what it saw, then each failure, or `passed`.
+    fn lines(&self) -> Vec<String> {
+        let mut lines = self.seen.clone();
+        if self.failures.is_empty() {
+            lines.push("passed".to_owned());
+        }
+        lines.extend(self.failures.iter().map(|f| format!("FAILED: {f}")));
+        lines
+    }
+}
+
+/// The parent process of a signal run, SIGKILLed and reaped if it is still running when this
+/// is dropped (an early return).
+struct Parent(Child);
+
+impl Drop for Parent {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+impl SignalRun {
+    /// `SIGTERM`, `SIGKILL`: the name the parent prints.
+    fn signal_name(self) -> String {
+        format!("SIG{}", self.signal)
+    }
+
+    /// Starts a `redis-server` for the run, runs it, and stops the server.
+    fn run(self, exe: &Path, root: &Path, out_dir: &Path, place: &str) -> Result<Found> {
+        println!(
+            "==> chaos {place} {}: {} to the fleet's parent mid-run, on a redis-server of the run's own",
+            self.name,
+            self.signal_name()
+        );
+        let redis = services::start(&[Service::Redis])?;
+        let port = redis
+            .env()
+            .iter()
+            .find_map(|(_, url)| redis_port(url))
+            .context("the redis-server started for the run has no port in its URL")?;
+        let endpoint = format!("127.0.0.1:{port}");
+        // A member's report left by an earlier run must not stand in for this one's.
+        let _ = fs::remove_dir_all(out_dir.join("fleet"));
+        let mut args: Vec<String> = RUN_ARGS.iter().map(|a| a.to_string()).collect();
+        args.extend(["--redis".to_owned(), endpoint.clone()]);
+        args.extend(["--out-dir".to_owned(), out_dir.display().to_string()]);
+        println!(
+            "==> chaos {}: {} {} ({} to the parent {:.1} s after its `== fleet:` line)",
+            self.name,
+            exe.display(),
+            args.join(" "),
+            self.signal_name(),
+            SIGNAL_AFTER.as_secs_f64()
+        );
+        let _ = std::io::stdout().flush();
+        let found = self.drive(exe, &args, root, &endpoint, port, out_dir);
+        let stopped = redis.stop();
+        let mut found = found?;
+        if let Err(error) = stopped {
+            found.fail(format!("the run's redis-server did not stop: {error:#}"));
+        }
+        Ok(found)
+    }
+
+    /// Starts the parent, signals it mid-run, and checks the parent's output, its members and
+    /// the server.
+    fn drive(
+        self,
+        exe: &Path,
+        args: &[String],
+        root: &Path,
+        endpoint: &str,
+        port: u16,
+        out_dir: &Path,
+    ) -> Result<Found> {
+        let mut found = Found::default();
+        let signal_name = self.signal_name();
+        let out_dir_text = out_dir.display().to_string();
+        let members_now = || running_members(endpoint, &out_dir_text);
+        let mut child = Command::new(exe)
+            .args(args)
+            .current_dir(root)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("could not start {}", exe.display()))?;
+        let stdout = child.stdout.take();
+        let mut parent = Parent(child);
+        let stdout = stdout.context("the run's stdout")?;
+        let (tx, lines) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                println!("{line}");
+                // Once the receiver is gone the lines are still shown.
+                let _ = tx.send(line);
+            }
+        });
+        let mut out = ParentOutput::default();
+
+        // The parent's `== fleet:` line: its cells exist, its members start.
+        let Some(fleet_at) = wait_for(&lines, &mut out, Instant::now() + STARTUP_LIMIT) else {
+            found.fail(format!(
+                "the parent printed no `== fleet:` line within {} s (or exited first)",
+                STARTUP_LIMIT.as_secs()
+            ));
+            drop(parent);
+            stop_members(
+                &members_now,
+                Instant::now() + MEMBER_EXIT_LIMIT,
+                &format!(
+                    "{} s after the parent was stopped",
+                    MEMBER_EXIT_LIMIT.as_secs()
+                ),
+                &mut found,
+            );
+            return Ok(found);
+        };
+        // Its members running.
+        let mut seen = BTreeSet::new();
+        loop {
+            seen.extend(members_now());
+            if seen.len() >= FLEET as usize
+                || Instant::now() >= fleet_at + MEMBERS_WITHIN
+                || !matches!(parent.0.try_wait(), Ok(None))
+            {
+                break;
+            }
+            take_lines(&lines, &mut out);
+            thread::sleep(Duration::from_millis(50));
+        }
+        let pids = join_pids(&seen);
+        if seen.len() < FLEET as usize {
+            found.fail(format!(
+                "{} of {FLEET} members seen running within {} s of the `== fleet:` line (pids {pids})",
+                seen.len(),
+                MEMBERS_WITHIN.as_secs()
+            ));
+        }
+        // The signal, mid-run; never to a parent already reaped, whose pid may be another's.
+        pause_until(&lines, &mut out, fleet_at + SIGNAL_AFTER);
+        let signalled = Instant::now();
+        let status = if let Ok(Some(status)) = parent.0.try_wait() {
+            found.fail(format!(
+                "the parent exited ({status}) before its {signal_name}: nothing was tested"
+            ));
+            Some(status)
+        } else {
+            services::signal_pid(parent.0.id(), self.signal)?;
+            found.saw(format!(
+                "{signal_name} to the parent (pid {}) {:.2} s after its `== fleet:` line, its members running (pids {pids})",
+                parent.0.id(),
+                signalled.duration_since(fleet_at).as_secs_f64()
+            ));
+            // A SIGTERMed parent stops its members, reports and exits by itself; a SIGKILLed
+            // one at once.
+            let limit = if self.signal == "TERM" {
+                TERM_EXIT_LIMIT
+            } else {
+                MEMBER_EXIT_LIMIT
+            };
+            match wait_child(&mut parent.0, signalled + limit, &lines, &mut out) {
+                Some(status) => {
+                    found.saw(format!(
+                        "the parent exited ({status}) {:.2} s after the signal",
+                        signalled.elapsed().as_secs_f64()
+                    ));
+                    Some(status)
+                }
+                None => {
+                    found.fail(format!(
+                        "the parent was still running {} s after its {signal_name}: SIGKILLed",
+                        limit.as_secs()
+                    ));
+                    let _ = parent.0.kill();
+                    parent.0.wait().ok()
+                }
+            }
+        };
+        if !drain(&lines, &mut out, Instant::now() + OUTPUT_DRAIN) {
+            found.fail(format!(
+                "the parent's output was still open {} s after it exited",
+                OUTPUT_DRAIN.as_secs()
+            ));
+        }
+
+        // Its members: gone with a SIGTERMed parent, gone soon after a SIGKILLed one.
+        if self.signal == "TERM" {
+            let left = members_now();
+            if left.is_empty() {
+                found.saw("no member left running once the parent exited");
+            } else {
+                found.fail(format!(
+                    "members still running once the parent exited (pids {})",
+                    join_pids(&left)
+                ));
+                stop_members(
+                    &members_now,
+                    Instant::now() + MEMBER_EXIT_LIMIT,
+                    &format!("{} s after the parent exited", MEMBER_EXIT_LIMIT.as_secs()),
+                    &mut found,
+                );
+            }
+            judge_term(
+                &out,
+                status.and_then(|s| s.code()),
+                &signal_name,
+                &mut found,
+            );
+        } else {
+            let left = stop_members(
+                &members_now,
+                signalled + MEMBER_EXIT_LIMIT,
+                &format!(
+                    "{} s after the parent's {signal_name}",
+                    MEMBER_EXIT_LIMIT.as_secs()
+                ),
+                &mut found,
+            );
+            if left.is_empty() {
+                found.saw(format!(
+                    "every member exited within {:.2} s of the parent's {signal_name}",
+                    signalled.elapsed().as_secs_f64()
+                ));
+            }
+            judge_reports(&out_dir.join("fleet"), &mut found);
+        }
+
+        // And nothing held on the server.
+        match read_cells(port) {
+            Ok(cells) if cells.is_empty() => {
+                found.fail("no cell found on the run's redis-server: nothing to check");
+            }
+            Ok(cells) => {
+                let held: Vec<String> = cells
+                    .iter()
+                    .filter_map(|(cell, held)| held.describe().map(|h| format!("{cell}: {h}")))
+                    .collect();
+                if held.is_empty() {
+                    found.saw(format!(
+                        "redis: {} cells, nothing held (exp, line and live empty or absent; occ without st, sb, r: or q:)",
+                        cells.len()
+                    ));
+                }
+                for line in held {
+                    found.fail(format!("redis: {line}"));
+                }
+            }
+            Err(error) => found.fail(format!("redis: the cells could not be read: {error:#}")),
+        }
+        Ok(found)
+    }
+}
+
+/// Waits until `find` finds no member or `by` passes; those still running then are SIGKILLed by
+/// pid, named in a failure and returned.
+fn stop_members(
+    find: &dyn Fn() -> Vec<u32>,
+    by: Instant,
+    bound: &str,
+    found: &mut Found,
+) -> Vec<u32> {
+    let mut left = find();
+    while !left.is_empty() && Instant::now() < by {
+        thread::sleep(Duration::from_millis(50));
+        left = find();
+    }
+    if !left.is_empty() {
+        found.fail(format!(
+            "members still running {bound} (pids {}): SIGKILLed",
+            join_pids(&left)
+        ));
+        for &pid in &left {
+            let _ = services::signal_pid(pid, "KILL");
+        }
+        let until = Instant::now() + Duration::from_secs(2);
+        while !find().is_empty() && Instant::now() < until {
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+    left
+}
+
+fn join_pids<'a>(pids: impl IntoIterator<Item = &'a u32>) -> String {
+    let pids: Vec<String> = pids.into_iter().map(u32::to_string).collect();
+    if pids.is_empty() {
+        "none".to_owned()
+    } else {
+        pids.join(", ")
+    }
+}
+
+/// Reads the parent's lines into `out` until its `== fleet:` line or `by`: when that line came,
+/// or `None` (also when the output closed first).
+fn wait_for(lines: &Receiver<String>, out: &mut ParentOutput, by: Instant) -> Option<Instant> {
+    while !out.fleet_started {
+        let left = by.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        match lines.recv_timeout(left) {
+            Ok(line) => out.observe(&line),
+            Err(RecvTimeoutError::Timeout) => return None,
+            Err(RecvTimeoutError::Disconnected) => return None,
+        }
+    }
+    Some(Instant::now())
+}
+
+/// Reads the lines that already came.
+fn take_lines(lines: &Receiver<String>, out: &mut ParentOutput) {
+    while let Ok(line) = lines.try_recv() {
+        out.observe(&line);
+    }
+}
+
+/// Reads the parent's lines until `at`.
+fn pause_until(lines: &Receiver<String>, out: &mut ParentOutput, at: Instant) {
+    loop {
+        let left = at.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return;
+        }
+        match lines.recv_timeout(left) {
+            Ok(line) => out.observe(&line),
+            Err(RecvTimeoutError::Timeout) => return,
+            Err(RecvTimeoutError::Disconnected) => thread::sleep(left),
+        }
+    }
+}
+
+/// Reads the parent's lines until its output closes (true) or `by` passes (false).
+fn drain(lines: &Receiver<String>, out: &mut ParentOutput, by: Instant) -> bool {
+    loop {
+        let left = by.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) => out.observe(&line),
+            Err(RecvTimeoutError::Timeout) => return false,
+            Err(RecvTimeoutError::Disconnected) => return true,
+        }
+    }
+}
+
+/// Waits for `child` to exit until `by`, reading its lines meanwhile; its status, or `None`
+/// if it is still running.
+fn wait_child(
+    child: &mut Child,
+    by: Instant,
+    lines: &Receiver<String>,
+    out: &mut ParentOutput,
+) -> Option<ExitStatus> {
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) => {}
+            Err(_) => return child.wait().ok(),
+        }
+        if Instant::now() >= by {
+            return None;
+        }
+        match lines.recv_timeout(Duration::from_millis(50)) {
+            Ok(line) => out.observe(&line),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// What a fleet parent printed that a signal run looks at.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct ParentOutput {
+    /// Its `== fleet: ...` line: the cells exist, the members start.
+    fleet_started: bool,
+    /// The signals it said it forwarded (`SIGTERM: forwarded to every member; ...`).
+    forwarded: Vec<String>,
+    /// The per-process table's header (`process agents completed ...`).
+    process_table: bool,
+    /// The per-model table's header (`model tokens ceiling ...`).
+    model_table: bool,
+    /// `(R of N processes reported; ...`: R and N.
+    reported: Option<(u32, u32)>,
+    /// `check: ...` lines: the verdict.
+    check: Vec<String>,
+}
+
+impl ParentOutput {
+    fn observe(&mut self, line: &str) {
+        let line = line.trim_end();
+        let words: Vec<&str> = line.split_whitespace().take(3).collect();
+        if line.starts_with("== fleet: ") {
+            self.fleet_started = true;
+        } else if let Some((signal, _)) = line.split_once(": forwarded to every member")
+            && signal.starts_with("SIG")
+            && !signal.contains(' ')
+        {
+            self.forwarded.push(signal.to_owned());
+        } else if words == ["process", "agents", "completed"] {
+            self.process_table = true;
+        } else if words == ["model", "tokens", "ceiling"] {
+            self.model_table = true;
+        } else if let Some(reported) = processes_reported(line) {
+            self.reported = Some(reported);
+        } else if line.starts_with("check: ") {
+            self.check.push(line.to_owned());
+        }
+    }
+}
+
+/// `(R of N processes reported; ...`: R and N.
+fn processes_reported(line: &str) -> Option<(u32, u32)> {
+    let (counts, _) = line.strip_prefix('(')?.split_once(" processes reported")?;
+    let (reported, of) = counts.split_once(" of ")?;
+    Some((reported.parse().ok()?, of.parse().ok()?))
+}
+
+/// A signalled parent's `check:` lines, sorted: those that are the signal's own doing (the run
+/// stopped by it, a member interrupted by it, its jobs cancelled) and the others.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct SignalChecks {
+    /// A `check: passed` line.
+    passed: bool,
+    /// `check: FAILED:` lines.
+    failed: usize,
+    /// `check: FAILED: the run was stopped by SIGNAL...`.
+    stopped: bool,
+    /// `check: FAILED: process I: monitor: interrupted (... SIGNAL)`.
+    interrupted: u32,
+    /// `check: FAILED: process I: monitor: N jobs were cancelled`: the Ns added up.
+    cancelled: u64,
+    /// Every other line: not the signal's doing.
+    other: Vec<String>,
+}
+
+impl SignalChecks {
+    fn of(check: &[String], signal: &str) -> SignalChecks {
+        let mut sorted = SignalChecks::default();
+        for line in check {
+            if line.starts_with("check: passed") {
+                sorted.passed = true;
+                continue;
+            }
+            let Some(problem) = line.strip_prefix("check: FAILED: ") else {
+                sorted.other.push(line.clone());
+                continue;
+            };
+            sorted.failed += 1;
+            if problem.starts_with(&format!("the run was stopped by {signal}")) {
+                sorted.stopped = true;
+                continue;
+            }
+            let what = problem
+                .strip_prefix("process ")
+                .and_then(|rest| rest.split_once(": "))
+                .filter(|(index, _)| index.parse::<u32>().is_ok())
+                .and_then(|(_, rest)| rest.strip_prefix("monitor: "));
+            if let Some(what) = what {
+                if what.starts_with("interrupted (") && what.contains(signal) {
+                    sorted.interrupted += 1;
+                    continue;
+                }
+                if let Some(n) = what
+                    .strip_suffix(" jobs were cancelled")
+                    .and_then(|n| n.parse::<u64>().ok())
+                {
+                    sorted.cancelled += n;
+                    continue;
+                }
+            }
+            sorted.other.push(line.clone());
+        }
+        sorted
+    }
+}
+
+/// The verdict on a SIGTERMed parent's output and exit code (see the module docs).
+fn judge_term(out: &ParentOutput, code: Option<i32>, signal: &str, found: &mut Found) {
+    if !out.forwarded.iter().any(|s| s == signal) {
+        found.fail(format!(
+            "the parent never said it forwarded {signal} to its members"
+        ));
+    }
+    if !(out.process_table && out.model_table) {
+        found.fail(format!(
+            "the fleet's table was not printed (per-process header: {}, per-model header: {})",
+            out.process_table, out.model_table
+        ));
+    }
+    match out.reported {
+        Some((reported, of)) if reported == of && of == FLEET => {}
+        Some((reported, of)) => found.fail(format!("{reported} of {of} processes reported")),
+        None => found.fail("no `(R of N processes reported` line"),
+    }
+    if out.check.is_empty() {
+        found.fail("no verdict (`check:` line) printed");
+        return;
+    }
+    let checks = SignalChecks::of(&out.check, signal);
+    for line in &checks.other {
+        found.fail(format!("not the signal's doing: {line}"));
+    }
+    let expected = if checks.failed > 0 { 1 } else { 0 };
+    if code != Some(expected) {
+        found.fail(format!(
+            "the parent exited with code {code:?}, not {expected} as its verdict says"
+        ));
+    }
+    let reported = out
+        .reported
+        .map_or_else(|| "?".to_owned(), |(r, n)| format!("{r} of {n}"));
+    found.saw(if checks.passed && checks.failed == 0 {
+        format!("the parent printed its tables ({reported} processes reported) and `check: passed`")
+    } else {
+        format!(
+            "the parent printed its tables ({reported} processes reported) and {} `check:` lines, {} of them the signal's own: stopped by {signal}: {}, members interrupted by it: {}, jobs cancelled: {}",
+            out.check.len(),
+            out.check.len() - checks.other.len(),
+            if checks.stopped { "yes" } else { "no" },
+            checks.interrupted,
+            checks.cancelled
+        )
+    });
+}
+
+/// The members' reports after their parent was SIGKILLed: each must have written one, and at
+/// least one must say it was interrupted.
+fn judge_reports(fleet_dir: &Path, found: &mut Found) {
+    let mut reported = 0;
+    let mut interrupted = Vec::new();
+    for index in 0..FLEET {
+        let path = fleet_dir.join(format!("member-{index}.out"));
+        let text = fs::read_to_string(&path).unwrap_or_default();
+        match member_interrupted(&text) {
+            Ok(why) => {
+                reported += 1;
+                interrupted.extend(why);
+            }
+            Err(why) => found.fail(format!("member {index}: {why} ({})", path.display())),
+        }
+    }
+    match interrupted.first() {
+        Some(first) => found.saw(format!(
+            "{reported} of {FLEET} members reported, {} interrupted (\"{first}\")",
+            interrupted.len()
+        )),
+        None => found.fail(format!(
+            "{reported} of {FLEET} members reported, none interrupted: the kill tested nothing"
+        )),
+    }
+}
+
+/// A member's report in its output (its last [`REPORT_PREFIX`] line): `Err` without one, else
+/// the problem in it that says the member was interrupted, if any.
+fn member_interrupted(stdout: &str) -> Result<Option<String>, String> {
+    let line = stdout
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix(REPORT_PREFIX))
+        .ok_or("no report line in its output")?;
+    let report: serde_json::Value =
+        serde_json::from_str(line).map_err(|e| format!("its report line is not JSON: {e}"))?;
+    let problems = report["problems"]
+        .as_array()
+        .ok_or("its report has no `problems` list")?;
+    Ok(problems
+        .iter()
+        .filter_map(serde_json::Value::as_str)
+        .find(|p| p.contains("interrupted ("))
+        .map(str::to_owned))
+}
+
+/// The port of a `redis://HOST:PORT/` URL.
+fn redis_port(url: &str) -> Option<u16> {
+    let rest = url.strip_prefix("redis://")?;
+    let authority = rest.split('/').next()?;
+    authority.rsplit_once(':')?.1.parse().ok()
+}
+
+/// The pids of this run's fleet members still running (see [`is_fleet_member`]), from `/proc`.
+fn running_members(endpoint: &str, out_dir: &str) -> Vec<u32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids: Vec<u32> = entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse().ok())
+        .filter(|pid| {
+            fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|raw| is_fleet_member(&cmdline_args(&raw), endpoint, out_dir))
+                && !is_zombie(*pid)
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// The arguments in a `/proc/PID/cmdline` (NUL-separated).
+fn cmdline_args(raw: &[u8]) -> Vec<String> {
+    raw.split(|b| *b == 0)
+        .filter(|arg| !arg.is_empty())
+        .map(|arg| String::from_utf8_lossy(arg).into_owned())
+        .collect()
+}
+
+/// Whether `args` are those of a member of this run: `--fleet-member`, this run's `--redis`
+/// endpoint, and an argument under its out directory (the member's own `--out-dir`).
+fn is_fleet_member(args: &[String], endpoint: &str, out_dir: &str) -> bool {
+    let under = format!("{out_dir}/");
+    args.iter().any(|a| a == "--fleet-member")
+        && args.iter().any(|a| a == endpoint)
+        && args.iter().any(|a| a.starts_with(&under))
+}
+
+/// Whether `pid` has exited but is not reaped (a container's pid 1 may never reap an orphan).
+fn is_zombie(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| matches!(state, 'Z' | 'X'))
+    })
+}
+
+/// What one cell still holds (see the module docs); all zero when nothing.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Held {
+    /// `ZCARD exp`: leases.
+    leases: i64,
+    /// `ZCARD line`: waiting tickets.
+    waiting: i64,
+    /// `ZCARD live`: waiting tickets' liveness.
+    live: i64,
+    /// `HGET occ st`: transfers in flight.
+    transfers: i64,
+    /// `HGET occ sb`: bytes in flight.
+    bytes: i64,
+    /// `r:<id>` fields of `occ`: lease records.
+    lease_records: u64,
+    /// `q:<id>` fields of `occ`: waiter records.
+    waiter_records: u64,
+}
+
+impl Held {
+    /// What is held, or `None` for nothing.
+    fn describe(&self) -> Option<String> {
+        let parts: Vec<String> = [
+            (self.leases, "leases in exp"),
+            (self.waiting, "tickets in line"),
+            (self.live, "tickets in live"),
+            (self.transfers, "transfers in flight (occ st)"),
+            (self.bytes, "bytes in flight (occ sb)"),
+            (self.lease_records as i64, "lease records (occ r:)"),
+            (self.waiter_records as i64, "waiter records (occ q:)"),
+        ]
+        .into_iter()
+        .filter(|(n, _)| *n != 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect();
+        (!parts.is_empty()).then(|| format!("held: {}", parts.join(", ")))
+    }
+}
+
+/// Every cell on the server at `port` and what it holds, read with `redis-cli`.
+fn read_cells(port: u16) -> Result<Vec<(String, Held)>> {
+    let cells = cells_in(&redis_cli(port, &["--scan"])?);
+    let mut out = Vec::new();
+    for cell in cells {
+        let key = |suffix: &str| format!("{cell}:{suffix}");
+        let occ = counts(&redis_cli(port, &["HMGET", &key("occ"), "st", "sb"])?, 2)?;
+        let (lease_records, waiter_records) = records(&redis_cli(port, &["HKEYS", &key("occ")])?);
+        let held = Held {
+            leases: counts(&redis_cli(port, &["ZCARD", &key("exp")])?, 1)?[0],
+            waiting: counts(&redis_cli(port, &["ZCARD", &key("line")])?, 1)?[0],
+            live: counts(&redis_cli(port, &["ZCARD", &key("live")])?, 1)?[0],
+            transfers: occ[0],
+            bytes: occ[1],
+            lease_records,
+            waiter_records,
+        };
+        out.push((cell, held));
+    }
+    Ok(out)
+}
+
+/// `redis-cli --raw -h 127.0.0.1 -p PORT ARGS...`: its output.
+fn redis_cli(port: u16, args: &[&str]) -> Result<String> {
+    let output = Command::new("redis-cli")
+        .args(["--raw", "-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .context(
+            "could not run `redis-cli` (it comes with redis-server: `apt-get install redis-tools`)",
+        )?;
+    if !output.status.success() {
+        bail!(
+            "redis-cli {} exited with {}: {}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// The cells named by `keys` (one a line, as `redis-cli --scan` prints them): each key's part
+/// before its last `:` when what follows names one of a cell's keys.
+fn cells_in(keys: &str) -> BTreeSet<String> {
+    keys.lines()
+        .filter_map(|key| key.trim().rsplit_once(':'))
+        .filter(|(_, suffix)| CELL_KEYS.contains(suffix))
+        .map(|(cell, _)| cell.to_owned())
+        .collect()
+}
+
+/// `n` integer replies, one a line (`redis-cli --raw`); an empty line (nil: no such key or field)
+/// is 0; anything else (an error) is an error.
+fn counts(reply: &str, n: usize) -> Result<Vec<i64>> {
+    let values = reply
+        .lines()
+        .map(|line| match line.trim() {
+            "" => Ok(0),
+            value => value
+                .parse::<i64>()
+                .map_err(|_| anyhow::anyhow!("unexpected reply {reply:?}")),
+        })
+        .collect::<Result<Vec<i64>>>()?;
+    if values.len() != n {
+        bail!("expected {n} replies, got {reply:?}");
+    }
+    Ok(values)
+}
+
+/// The lease records (`r:<id>`) and waiter records (`q:<id>`) among a hash's fields, one a line.
+fn records(fields: &str) -> (u64, u64) {
+    fields.lines().fold((0, 0), |(leases, waiters), field| {
+        let field = field.trim();
+        (
+            leases + u64::from(field.starts_with("r:")),
+            waiters + u64::from(field.starts_with("q:")),
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -279,5 +1174,355 @@ mod tests {
             None
         );
         assert_eq!(agents_executable("not json"), None);
+    }
+
+    /// What a SIGTERMed parent printed in a run by hand (the table's rows shortened).
+    const TERM_OUTPUT: &[&str] = &[
+        "== fleet: 4 processes, 400 agents, seed 42 (+ process index), cells agents-31838-1796158811607-<model> on 127.0.0.1:6497 (--redis) ==",
+        "SIGTERM: forwarded to every member; waiting up to 20 s for them to stop, give their leases back and report (send it again to kill them)",
+        "process  agents completed  other  steps  leases  queued lease p50 lease p99  local p50  local p99  real s",
+        "0           100        26     74    182     183     232   100.06s   325.87s      0.00s      0.00s     1.6",
+        "fleet       400        98    302    681     691     913   101.53s   359.11s      0.00s      0.00s     1.6",
+        "(4 of 4 processes reported; other: jobs that did not complete; queued: leases that did not fit at once and took a ticket in the fleet's line; local: each process's own monitor, fleet row: the worst process; waits simulated)",
+        "",
+        "model     tokens ceiling   peak (events)  requests ceiling    peak  leases    queued lease p50 lease p99 lease max   held",
+        "model-a            10416   10336 (10336)                 7   5 (5)      57       174   210.31s   385.15s   385.15s      0",
+        "process 0's own report: /tmp/exp-term/fleet/member-0.out",
+        "check: FAILED: the run was stopped by SIGTERM, forwarded to every member",
+        "check: FAILED: process 0: monitor: interrupted (the fleet's parent forwarded SIGTERM)",
+        "check: FAILED: process 0: monitor: 74 jobs were cancelled",
+        "check: FAILED: process 3: monitor: interrupted (the fleet's parent forwarded SIGTERM)",
+        "check: FAILED: process 3: monitor: 77 jobs were cancelled",
+    ];
+
+    fn parent_output(lines: &[&str]) -> ParentOutput {
+        let mut out = ParentOutput::default();
+        for line in lines {
+            out.observe(line);
+        }
+        out
+    }
+
+    #[test]
+    fn a_parents_output_is_read_for_its_start_forwarding_tables_reports_and_verdict() {
+        let out = parent_output(TERM_OUTPUT);
+        assert_eq!(
+            out,
+            ParentOutput {
+                fleet_started: true,
+                forwarded: vec!["SIGTERM".to_owned()],
+                process_table: true,
+                model_table: true,
+                reported: Some((4, 4)),
+                check: TERM_OUTPUT[10..].iter().map(|l| l.to_string()).collect(),
+            }
+        );
+        assert_eq!(parent_output(&[]), ParentOutput::default());
+        // A line that merely starts like a header, or names no signal, is not one.
+        let out = parent_output(&[
+            "process 0's own report: /x",
+            "model-a            10416",
+            "the member: forwarded to every member",
+            "(3 of 4 processes reported; ...)",
+        ]);
+        assert_eq!(
+            out,
+            ParentOutput {
+                reported: Some((3, 4)),
+                ..ParentOutput::default()
+            }
+        );
+        assert_eq!(
+            processes_reported("(12 of 16 processes reported; other: ...)"),
+            Some((12, 16))
+        );
+        assert_eq!(processes_reported("(x of 4 processes reported"), None);
+        assert_eq!(processes_reported("4 of 4 processes reported"), None);
+        assert_eq!(processes_reported("(4 of 4 processes)"), None);
+    }
+
+    #[test]
+    fn only_the_signals_own_check_lines_are_excused() {
+        let check: Vec<String> = TERM_OUTPUT[10..].iter().map(|l| l.to_string()).collect();
+        assert_eq!(
+            SignalChecks::of(&check, "SIGTERM"),
+            SignalChecks {
+                passed: false,
+                failed: 5,
+                stopped: true,
+                interrupted: 2,
+                cancelled: 151,
+                other: Vec::new(),
+            }
+        );
+        // Another signal's lines are not this one's.
+        let other = SignalChecks::of(&check, "SIGINT");
+        assert_eq!(
+            (other.stopped, other.interrupted, other.cancelled),
+            (false, 0, 151)
+        );
+        assert_eq!(
+            other.other,
+            [check[0].clone(), check[1].clone(), check[3].clone()]
+        );
+    }
+
+    #[test]
+    fn any_other_check_line_fails_a_signalled_run() {
+        let check: Vec<String> = [
+            "check: FAILED: the run was stopped by SIGTERM, forwarded to every member",
+            "check: FAILED: process 1: monitor: 3 jobs timed out",
+            "check: FAILED: process 1: exited with exit status: 2 (see /x)",
+            "check: FAILED: model-a: 1 leases (300 tokens, 1 requests) still held in the cell after the run",
+            "check: FAILED: a member had not stopped 20 s after the forwarded signal and was killed",
+            "check: FAILED: process x: monitor: 3 jobs were cancelled",
+            "check: FAILED: process 2: chain: 3 jobs were cancelled",
+            "check: FAILED: process 2: monitor: some jobs were cancelled",
+            "check: something else",
+            "check: passed (every process ran ...)",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        let sorted = SignalChecks::of(&check, "SIGTERM");
+        assert_eq!(
+            (
+                sorted.passed,
+                sorted.failed,
+                sorted.stopped,
+                sorted.interrupted,
+                sorted.cancelled
+            ),
+            (true, 8, true, 0, 0)
+        );
+        assert_eq!(sorted.other, check[1..9].to_vec());
+    }
+
+    #[test]
+    fn a_sigtermed_parent_passes_with_its_tables_its_reports_and_the_signals_own_verdict() {
+        let out = parent_output(TERM_OUTPUT);
+        let mut found = Found::default();
+        judge_term(&out, Some(1), "SIGTERM", &mut found);
+        assert_eq!(found.failures, Vec::<String>::new());
+        assert_eq!(
+            found.seen,
+            [
+                "the parent printed its tables (4 of 4 processes reported) and 5 `check:` lines, 5 of them the signal's own: stopped by SIGTERM: yes, members interrupted by it: 2, jobs cancelled: 151"
+            ]
+        );
+        assert_eq!(found.lines().last().map(String::as_str), Some("passed"));
+
+        // Exit 0 with FAILED lines, or 2, or a signal's death: each fails it.
+        for code in [Some(0), Some(2), None] {
+            let mut found = Found::default();
+            judge_term(&out, code, "SIGTERM", &mut found);
+            assert_eq!(
+                found.failures,
+                [format!(
+                    "the parent exited with code {code:?}, not 1 as its verdict says"
+                )]
+            );
+        }
+
+        // No forwarding, no tables, a member missing, a held lease.
+        let mut lines: Vec<&str> = TERM_OUTPUT
+            .iter()
+            .copied()
+            .filter(|l| !l.starts_with("SIGTERM:") && !l.starts_with("model "))
+            .collect();
+        lines.push("(3 of 4 processes reported; ...)");
+        lines.push("check: FAILED: model-a: 1 leases (300 tokens, 1 requests) still held in the cell after the run");
+        let mut found = Found::default();
+        judge_term(&parent_output(&lines), Some(1), "SIGTERM", &mut found);
+        assert_eq!(
+            found.failures,
+            [
+                "the parent never said it forwarded SIGTERM to its members",
+                "the fleet's table was not printed (per-process header: true, per-model header: false)",
+                "3 of 4 processes reported",
+                "not the signal's doing: check: FAILED: model-a: 1 leases (300 tokens, 1 requests) still held in the cell after the run",
+            ]
+        );
+        assert_eq!(
+            found.lines().last().map(String::as_str),
+            Some(
+                "FAILED: not the signal's doing: check: FAILED: model-a: 1 leases (300 tokens, 1 requests) still held in the cell after the run"
+            )
+        );
+
+        // Nothing printed after the start: no table, no report line, no verdict.
+        let mut found = Found::default();
+        judge_term(
+            &parent_output(&TERM_OUTPUT[..2]),
+            Some(1),
+            "SIGTERM",
+            &mut found,
+        );
+        assert_eq!(
+            found.failures,
+            [
+                "the fleet's table was not printed (per-process header: false, per-model header: false)",
+                "no `(R of N processes reported` line",
+                "no verdict (`check:` line) printed",
+            ]
+        );
+
+        // A run that passed its check although signalled (if the parent ever judges so) exits 0.
+        let mut lines: Vec<&str> = TERM_OUTPUT[..10].to_vec();
+        lines.push("check: passed (every process ran and passed its own check, ...)");
+        let mut found = Found::default();
+        judge_term(&parent_output(&lines), Some(0), "SIGTERM", &mut found);
+        assert_eq!(found.failures, Vec::<String>::new());
+        assert_eq!(
+            found.seen,
+            ["the parent printed its tables (4 of 4 processes reported) and `check: passed`"]
+        );
+    }
+
+    #[test]
+    fn a_members_report_says_whether_it_was_interrupted() {
+        let report = r#"fleet-member-report: {"member":0,"jobs":100,"problems":["monitor: interrupted (the fleet's parent went away (its pipe closed))","monitor: 74 jobs were cancelled"],"ends":[]}"#;
+        let stdout = format!("== monitor ==\n{report}\nwrote /x/summary.json\n");
+        assert_eq!(
+            member_interrupted(&stdout),
+            Ok(Some(
+                "monitor: interrupted (the fleet's parent went away (its pipe closed))".to_owned()
+            ))
+        );
+        assert_eq!(
+            member_interrupted(r#"fleet-member-report: {"member":1,"problems":[]}"#),
+            Ok(None)
+        );
+        assert_eq!(
+            member_interrupted("== monitor ==\n"),
+            Err("no report line in its output".to_owned())
+        );
+        assert_eq!(
+            member_interrupted(r#"fleet-member-report: {"member":1}"#),
+            Err("its report has no `problems` list".to_owned())
+        );
+        assert!(
+            member_interrupted("fleet-member-report: {not json")
+                .unwrap_err()
+                .starts_with("its report line is not JSON: ")
+        );
+    }
+
+    #[test]
+    fn fleet_members_are_told_by_their_command_line() {
+        let raw = b"/w/target/release/examples/agents\0--fleet\x004\0--fleet-member\x002\0--redis\x00127.0.0.1:40123\0--cell\0agents-9-1\0--out-dir\0/w/target/agents/chaos/kill-parent/fleet/member-2\0";
+        let args = cmdline_args(raw);
+        assert_eq!(
+            args,
+            [
+                "/w/target/release/examples/agents",
+                "--fleet",
+                "4",
+                "--fleet-member",
+                "2",
+                "--redis",
+                "127.0.0.1:40123",
+                "--cell",
+                "agents-9-1",
+                "--out-dir",
+                "/w/target/agents/chaos/kill-parent/fleet/member-2",
+            ]
+        );
+        let dir = "/w/target/agents/chaos/kill-parent";
+        assert!(is_fleet_member(&args, "127.0.0.1:40123", dir));
+        // Another run's server, another run's directory, or the parent itself: not a member.
+        assert!(!is_fleet_member(&args, "127.0.0.1:40124", dir));
+        assert!(!is_fleet_member(
+            &args,
+            "127.0.0.1:40123",
+            "/w/target/agents/chaos/kill"
+        ));
+        let parent = cmdline_args(
+            b"/w/agents\0--fleet\x004\0--redis\x00127.0.0.1:40123\0--out-dir\0/w/target/agents/chaos/kill-parent\0",
+        );
+        assert!(!is_fleet_member(&parent, "127.0.0.1:40123", dir));
+        assert_eq!(cmdline_args(b""), Vec::<String>::new());
+        // This process is no member, and a pid that does not exist is no zombie.
+        assert!(running_members("127.0.0.1:1", "/nowhere").is_empty());
+        assert!(!is_zombie(u32::MAX));
+    }
+
+    #[test]
+    fn the_servers_port_is_read_from_its_url() {
+        assert_eq!(redis_port("redis://127.0.0.1:40123/"), Some(40123));
+        assert_eq!(redis_port("redis://127.0.0.1:6379"), Some(6379));
+        assert_eq!(redis_port("redis://127.0.0.1/"), None);
+        assert_eq!(
+            redis_port("postgres://postgres@127.0.0.1:5432/postgres"),
+            None
+        );
+    }
+
+    #[test]
+    fn cells_and_what_they_hold_are_read_from_redis_clis_replies() {
+        let scan = "admission:{agents-9-1-model-a}:occ\nadmission:{agents-9-1-model-a}:events\n\
+                    admission:{agents-9-1-model-b}:cfg\nadmission:{agents-9-1-model-a}:cfg\n\
+                    other:key\nplain\n";
+        assert_eq!(
+            cells_in(scan).into_iter().collect::<Vec<_>>(),
+            [
+                "admission:{agents-9-1-model-a}",
+                "admission:{agents-9-1-model-b}"
+            ]
+        );
+        assert!(cells_in("").is_empty());
+
+        assert_eq!(counts("0\n", 1).unwrap(), [0]);
+        assert_eq!(counts("3\n", 1).unwrap(), [3]);
+        // HMGET of absent fields: nils, each an empty line.
+        assert_eq!(counts("\n\n", 2).unwrap(), [0, 0]);
+        assert_eq!(counts("2\n\n", 2).unwrap(), [2, 0]);
+        assert_eq!(counts("-1\n", 1).unwrap(), [-1]);
+        assert!(counts("ERR unknown command\n", 1).is_err());
+        assert!(counts("1\n", 2).is_err());
+        assert!(counts("", 1).is_err());
+
+        assert_eq!(records("seq\ntok\ntick\n"), (0, 0));
+        assert_eq!(records("seq\nr:m0-a\nq:m1-b\nr:m2-c\nsb\n"), (2, 1));
+        assert_eq!(records(""), (0, 0));
+
+        assert_eq!(Held::default().describe(), None);
+        let held = Held {
+            leases: 2,
+            transfers: 2,
+            bytes: 600,
+            lease_records: 2,
+            ..Held::default()
+        };
+        assert_eq!(
+            held.describe().as_deref(),
+            Some(
+                "held: 2 leases in exp, 2 transfers in flight (occ st), 600 bytes in flight (occ sb), 2 lease records (occ r:)"
+            )
+        );
+        let waiting = Held {
+            waiting: 1,
+            live: 1,
+            waiter_records: 1,
+            transfers: -1,
+            ..Held::default()
+        };
+        assert_eq!(
+            waiting.describe().as_deref(),
+            Some(
+                "held: 1 tickets in line, 1 tickets in live, -1 transfers in flight (occ st), 1 waiter records (occ q:)"
+            )
+        );
+    }
+
+    #[test]
+    fn the_fleet_size_is_the_one_the_runs_ask_for() {
+        assert_eq!(RUN_ARGS[..2], ["--fleet", FLEET.to_string().as_str()]);
+        assert_eq!(
+            SIGNAL_RUNS.map(|r| (r.name, r.signal_name())),
+            [
+                ("term-parent", "SIGTERM".to_owned()),
+                ("kill-parent", "SIGKILL".to_owned())
+            ]
+        );
     }
 }

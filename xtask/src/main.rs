@@ -6,8 +6,8 @@
 //! `==> [i/n] name: command`, it is timed, and the first failure stops the run with a message
 //! naming the step. A summary of the steps' times follows, and a successful run that ran tests
 //! ends with the single line `xtask: N passed, 0 failed`, which CI's log reader looks for.
-//! Dependencies stay few: `anyhow`, `serde_json` (to read bench results and cargo's build
-//! messages) and the standard library.
+//! Dependencies stay few: `anyhow`, `serde_json` (to read bench results, cargo's build messages
+//! and the agents fleet's member reports) and the standard library.
 
 mod bench;
 mod chaos;
@@ -45,14 +45,22 @@ commands:
                                           LOOM_MAX_PREEMPTIONS=2 (unless set), CARGO_TARGET_DIR=target/loom
   test                     steps 3 and 4
   loom                     step 10
-  chaos                    the agents fleet through three real faults, one run each (about 30 s,
-                           at most about 2 min): agents --fleet 4 --time-scale 300
-                           --admit-timeout 3600 --check --chaos FAULT for FAULT = restart (its
-                           private redis-server SIGKILLed 1 s in and started again on its port
-                           2 s later), pause (CLIENT PAUSE 3000) and kill-member (one member
-                           SIGKILLed); each run prints its verdict and fails on a job that failed
-                           unless its own deadline fell inside the outage, a ceiling exceeded,
-                           or anything still held in Redis
+  chaos                    the agents fleet through three real faults and two signals to its
+                           parent, one run each (about 35 s once the example is built; each run
+                           bounded): agents --fleet 4 --time-scale 300 --admit-timeout 3600
+                           --check --chaos FAULT for FAULT = restart (its private redis-server
+                           SIGKILLed 1 s in and started again on its port 2 s later), pause
+                           (CLIENT PAUSE 3000) and kill-member (one member SIGKILLed), each
+                           failing on a job that failed unless its own deadline fell inside the
+                           outage, a ceiling exceeded, or anything still held in Redis; then the
+                           same without --chaos, on a redis-server of the run's own (--redis),
+                           its parent sent a signal 1.5 s after its `== fleet:` line:
+                           term-parent (SIGTERM: the parent must forward it and exit within
+                           20 s with its tables, 4 of 4 processes reported and a verdict that
+                           fails only for the signal, no member left) and kill-parent (SIGKILL:
+                           every member must exit within 10 s and write its report); after
+                           either, nothing held in Redis (redis-cli: every cell's exp, line and
+                           live empty, occ without st, sb, r: or q:)
   soak [N]                 the core soak test at N admissions (default 1,000,000) in release:
                            threads and tasks, cancellations, 1 ms timeouts, abandoned futures;
                            prints the tally, fails on any overdraw, hang or leaked unit
