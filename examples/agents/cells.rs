@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use admission_llm::model_spec::{ModelCatalog, ModelSpec};
 use admission_redis::{
-    AcquireError, Ceilings, Lease, LeaseError, LeaseRequest, Outcome, RedisAdmission,
+    AcquireError, Ceilings, Lease, LeaseError, LeaseRequest, LossReason, Outcome, RedisAdmission,
     RedisAdmissionConfig,
 };
 use anyhow::Context as _;
@@ -163,6 +163,20 @@ pub struct StepLease {
     model: &'static str,
     lease: Lease,
     held: HeldSince,
+}
+
+impl StepLease {
+    /// Completes when the fleet lease is lost (Redis says it is gone, or no renewal got through
+    /// before its local deadline): the step must stop then, since its capacity may already be
+    /// someone else's.
+    pub fn lost(&self) -> impl std::future::Future<Output = LossReason> + Send + 'static {
+        self.lease.lost()
+    }
+
+    /// The loss, if the lease is already lost.
+    pub fn loss(&self) -> Option<LossReason> {
+        self.lease.loss()
+    }
 }
 
 /// A lease's hold by the wall clock, recorded when it ends: at the release call, or when the

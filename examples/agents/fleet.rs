@@ -114,12 +114,30 @@ async fn job_steps(
                 None => None,
             };
             let timeout = Some(world.settings.admit_timeout);
-            let result = match monitor.admit(demand, ctx, timeout).await {
-                Ok(grant) => match attempt_call(world, job, index, attempt, step, grant).await {
-                    Attempt::Next(next) => Ok(next),
-                    Attempt::Fail(outcome) => Err(outcome),
-                },
-                Err(error) => refused(world, job, error),
+            let work = async {
+                match monitor.admit(demand, ctx, timeout).await {
+                    Ok(grant) => {
+                        match attempt_call(world, job, index, attempt, step, grant).await {
+                            Attempt::Next(next) => Ok(next),
+                            Attempt::Fail(outcome) => Err(outcome),
+                        }
+                    }
+                    Err(error) => refused(world, job, error),
+                }
+            };
+            // A step stops when its fleet lease is lost: what it holds may be someone else's
+            // by then (the local grant is given back as the work is dropped).
+            let result = match &lease {
+                Some(held) => {
+                    let lost = held.lost();
+                    tokio::select! {
+                        result = work => result,
+                        reason = lost => Err(JobOutcome::Failed(format!(
+                            "the fleet lease was lost: {reason}"
+                        ))),
+                    }
+                }
+                None => work.await,
             };
             if let (Some(cells), Some(lease)) = (&world.cells, lease) {
                 cells.release(lease, result.is_ok()).await;
@@ -279,9 +297,15 @@ fn job_steps_blocking(
                 None => None,
             };
             let timeout = Some(world.settings.admit_timeout);
-            let result = attempt_blocking(
-                world, monitor, ctx, job, index, attempt, step, demand, timeout,
-            );
+            // A blocking step cannot be interrupted: it does not start on a lease already lost.
+            let result = match lease.as_ref().and_then(|held| held.loss()) {
+                Some(reason) => Err(JobOutcome::Failed(format!(
+                    "the fleet lease was lost: {reason}"
+                ))),
+                None => attempt_blocking(
+                    world, monitor, ctx, job, index, attempt, step, demand, timeout,
+                ),
+            };
             if let (Some(cells), Some(lease)) = (&world.cells, lease) {
                 cells.release_blocking(lease, result.is_ok());
             }
