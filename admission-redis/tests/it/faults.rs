@@ -166,12 +166,7 @@ async fn a_pause_shorter_than_the_ttl_loses_no_lease_and_a_release_that_timed_ou
     assert_eq!(held.loss(), None, "the held lease survived the pause");
     held.renew_now().await.expect("still held on the server");
 
-    let events = read_events(&fleet).await.expect("events");
-    let completed: Vec<_> = events
-        .iter()
-        .filter(|e| e.kind == "completed")
-        .map(|e| e.lease.as_str())
-        .collect();
+    let completed = crate::support::leases_of(&fleet, "completed").await;
     assert_eq!(completed, ["released"], "released exactly once");
     held.release(Outcome::Completed).await.expect("released");
     during.release(Outcome::Completed).await.expect("released");

@@ -179,12 +179,6 @@ async fn a_holder_cut_off_for_a_ttl_reports_its_lease_unrenewed_and_the_server_r
         (snapshot.leases, snapshot.occupancy.service_transfers),
         (0, 0)
     );
-    let expired: Vec<String> = read_events(&fleet)
-        .await
-        .expect("events")
-        .into_iter()
-        .filter(|e| e.kind == "expired")
-        .map(|e| e.lease)
-        .collect();
+    let expired = crate::support::leases_of(&fleet, "expired").await;
     assert_eq!(expired, ["cut-off"]);
 }

@@ -102,13 +102,8 @@ async fn one_call_reaps_at_most_reap_batch_expired_leases() {
     assert_eq!((second.reaped, second.leases), (2, 1));
     let third = fleet.snapshot("t", "d").await.expect("snapshot");
     assert_eq!((third.reaped, third.leases), (1, 0));
-    let expired = read_events(&fleet)
-        .await
-        .expect("events")
-        .iter()
-        .filter(|e| e.kind == "expired")
-        .count();
-    assert_eq!(expired, 5);
+    let expired = crate::support::leases_of(&fleet, "expired").await;
+    assert_eq!(expired.len(), 5);
     drop(held);
 }
 
@@ -313,13 +308,7 @@ async fn a_renewal_never_brings_back_a_lease_that_expired_but_was_not_yet_reaped
         Err(LeaseError::Lost { lease }) => assert_eq!(lease, "third"),
         other => panic!("expected the expired lease to be lost, got {other:?}"),
     }
-    let expired: Vec<String> = read_events(&fleet)
-        .await
-        .expect("events")
-        .into_iter()
-        .filter(|e| e.kind == "expired")
-        .map(|e| e.lease)
-        .collect();
+    let expired = crate::support::leases_of(&fleet, "expired").await;
     assert_eq!(expired, ["first", "third"]);
     // `second` expired too; the next call reaps it, and nothing is held.
     let snapshot = fleet.snapshot("t", "d").await.expect("snapshot");

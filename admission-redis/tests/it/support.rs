@@ -113,6 +113,17 @@ pub(crate) async fn kinds(admission: &RedisAdmission) -> Vec<String> {
         .collect()
 }
 
+/// The lease ids of the cell's events of `kind`, oldest first.
+pub(crate) async fn leases_of(admission: &RedisAdmission, kind: &str) -> Vec<String> {
+    read_events(admission)
+        .await
+        .expect("reads events")
+        .into_iter()
+        .filter(|e| e.kind == kind)
+        .map(|e| e.lease)
+        .collect()
+}
+
 /// Blocks (on the server, `XREAD BLOCK`) until a record of `kind` for `lease` appears, and
 /// returns it; fails after 10 s.
 pub(crate) async fn wait_for_event(
