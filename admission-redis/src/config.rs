@@ -169,7 +169,10 @@ pub struct RedisAdmissionConfig {
     pub local_timeout: Duration,
     /// Traffic quotas, if enabled.
     pub quotas: Option<Quotas>,
-    /// Most records kept in the events stream (`XADD MAXLEN`).
+    /// Records kept in the events stream: Redis trims whole nodes of the stream
+    /// (`XADD MAXLEN ~`), so it keeps at least this many (once written) and at most this many
+    /// plus one node (`stream-node-max-entries`, 100 records by default). Trimming one record at
+    /// a time would double the cost of the append.
     pub events_max_len: u64,
     /// Most expired leases one call reaps.
     pub reap_batch: u32,

@@ -31,7 +31,7 @@ local op, fingerprint = ARGV[1], ARGV[2]
 -- production script does not contain: nothing in production can move the cell's time).
 local asking = (op == 'acquire' and ARGV[4]) or (op == 'snapshot' and ARGV[3]) or ''
 local c = redis.call('HMGET', cfg, 'fingerprint', 'sb', 'st', 'tb', 'tt', 'bt', 'maxlen',
-  'version', 'skew_ms', 'o:' .. asking, 'ttl', 'nq', 'idle', 'touched')
+  'version', 'skew_ms', 'o:' .. asking, 'ttl', 'nq', 'idle', 'touched', 'ne')
 local t = redis.call('TIME')
 local skew = 0
 -- test-util begin
@@ -40,6 +40,9 @@ skew = tonumber(c[9] or '0')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + skew
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2]) + skew * 1000
 
+-- A number as Redis stores it. Numbers handed to `redis.call` or returned need no conversion
+-- (Redis writes them with 17 digits, exact below 2^53); Lua's own `..` writes 14, so a number
+-- joined into a string (a token, a byte count) goes through here or `string.format` first.
 local function int(n) return string.format('%.0f', n) end
 
 -- Every key of the cell expires after `idle` milliseconds without a call, so a fleet that
@@ -78,6 +81,12 @@ if not c[1] then return {'NOCONFIG'} end
 if c[1] ~= fingerprint then return {'MISMATCH', c[1]} end
 local S_B, S_T, T_B, T_T, B_T = tonumber(c[2]), tonumber(c[3]), tonumber(c[4]), tonumber(c[5]), tonumber(c[6])
 local maxlen, version, TTL, IDLE = c[7], c[8], tonumber(c[11]), tonumber(c[13])
+-- No lease expires before `NE` (server ms; `ne` in cfg): the reap looks at the expiries only
+-- from then on. It is a lower bound, kept by the reap (the earliest expiry left, or `NONE` when
+-- nothing is held) and lowered by a grant that expires sooner; a renewal or a release only raises
+-- the true earliest expiry, so neither needs to touch it. Missing (a new cell): look now.
+local NONE = 9007199254740991
+local NE = tonumber(c[15] or '0')
 
 -- A key this call has just created expires as the cell does (see `touch`).
 local function born(key)
@@ -112,7 +121,7 @@ local function write(o, tenant, backend, extra, gone)
   for i = 1, 5 do
     if o[i] > 0 then
       set[#set + 1] = fields[i]
-      set[#set + 1] = int(o[i])
+      set[#set + 1] = o[i]
     else
       drop[#drop + 1] = fields[i]
     end
@@ -125,13 +134,17 @@ end
 -- that already wrote the counter (in the same HSET as the occupancy) passes it.
 local function append(kind, lease, token, tenant, backend, footprint, operation, outcome, o, seq)
   seq = seq or redis.call('HINCRBY', occ, 'seq', 1)
-  local id = redis.call('XADD', events, 'MAXLEN', maxlen, '*',
-    'v', 'admission-event-v1', 'seq', seq, 'kind', kind, 'time_ms', int(now_ms),
+  local id = redis.call('XADD', events, 'MAXLEN', '~', maxlen, '*',
+    'v', 'admission-event-v1', 'seq', seq, 'kind', kind, 'time_ms', now_ms,
     'lease', lease, 'token', token, 'tenant', tenant, 'backend', backend,
     'footprint', footprint, 'operation', operation, 'outcome', outcome, 'policy', version,
-    'occupancy', int(o[1]) .. ' ' .. int(o[2]) .. ' ' .. int(o[3]) .. ' ' .. int(o[4]) .. ' ' .. int(o[5]))
-  -- The cell's first record creates the stream.
-  if tonumber(seq) == 1 then born(events) end
+    'occupancy', string.format('%.0f %.0f %.0f %.0f %.0f', o[1], o[2], o[3], o[4], o[5]))
+  -- The cell's first record creates the stream; `seq` lives in occ, which a call creates only
+  -- on its way to its first record (a grant, a waiter, a policy change), so occ is born here too.
+  if tonumber(seq) == 1 then
+    born(events)
+    born(occ)
+  end
   return id
 end
 
@@ -207,18 +220,19 @@ local function grant(id, tenant, backend, footprint, operation, ttl, o, nonce, o
     last, seq = v[1], v[2]
   end
   seq = tonumber(seq or '0') + 1
-  local token = int(math.max(tonumber(last or '0') + 1, now_us))
+  local token = math.max(tonumber(last or '0') + 1, now_us)
   local expiry = now_ms + ttl
   redis.call('ZADD', exp, expiry, id)
-  -- No lease held before this one: the expiries (and, the first time, the counters) are new.
+  -- No lease held before this one: the expiries are new.
   local first = o[2] == 0
   o[1], o[2], o[3], o[4], o[5] = o[1] + f, o[2] + 1, o[3] + f, o[4] + 1, o[5] + 1
-  local record = token .. '|' .. tenant .. '|' .. backend .. '|' .. footprint .. '|' .. operation
-    .. '|' .. nonce
+  local record = string.format('%.0f|%s|%s|%s|%s|%s', token, tenant, backend, footprint, operation,
+    nonce)
   write(o, tenant, backend, { 'tok', token, 'r:' .. id, record, 'seq', seq })
-  if first then
-    born(exp)
-    born(occ)
+  if first then born(exp) end
+  if expiry < NE then
+    NE = expiry
+    redis.call('HSET', cfg, 'ne', NE)
   end
   append('admitted', id, token, tenant, backend, footprint, operation, outcome, o, seq)
   return token, expiry
@@ -268,12 +282,21 @@ end
 
 -- Bounded reaping on every call: at most `limit` leases whose expiry passed on server time, and
 -- at most `limit` waiters whose liveness ran out (a crashed waiter cannot hold the head); the
--- hand-off follows when anything was reaped.
+-- hand-off follows when anything was reaped. The expiries are read only once `NE` has passed.
 local function reap(limit)
-  local due = redis.call('ZRANGEBYSCORE', exp, '-inf', now_ms, 'LIMIT', 0, limit)
-  for _, id in ipairs(due) do
-    local r = redis.call('HGET', occ, 'r:' .. id)
-    if r then settle(id, r, 'expired') else redis.call('ZREM', exp, id) end
+  local due = {}
+  if now_ms >= NE then
+    due = redis.call('ZRANGEBYSCORE', exp, '-inf', now_ms, 'LIMIT', 0, limit)
+    for _, id in ipairs(due) do
+      local r = redis.call('HGET', occ, 'r:' .. id)
+      if r then settle(id, r, 'expired') else redis.call('ZREM', exp, id) end
+    end
+    local left = redis.call('ZRANGE', exp, 0, 0, 'WITHSCORES')
+    local earliest = (#left == 0 and NONE) or tonumber(left[2])
+    if earliest ~= NE then
+      NE = earliest
+      redis.call('HSET', cfg, 'ne', NE)
+    end
   end
   local dead = {}
   if queued > 0 then dead = redis.call('ZRANGEBYSCORE', live, '-inf', now_ms, 'LIMIT', 0, limit) end
@@ -320,8 +343,8 @@ if op == 'acquire' then
     if f[6] ~= nonce then return touch(IDLE, {'NEVER', 'lease_id', id, '0'}) end
     local expiry = tonumber(redis.call('ZSCORE', exp, id) or '0')
     if expiry > now_ms then
-      return touch(IDLE, {'OK', f[1], version, int(o[1]), int(o[2]), int(o[3]), int(o[4]),
-        int(o[5]), int(expiry), int(now_ms)})
+      return touch(IDLE, {'OK', f[1], version, o[1], o[2], o[3], o[4],
+        o[5], expiry, now_ms})
     end
     -- Its grant expired before this acquisition could claim it (a reply lost for a whole TTL),
     -- and the bounded reap has not come to it yet: it is over. Settle it as expired, let the
@@ -377,8 +400,8 @@ if op == 'acquire' then
   end
   if waiting then unqueue(id) end
   local token, expiry = grant(id, tenant, backend, ARGV[6], operation, ttl, o, nonce, 'admitted', v[8] or '0', v[9])
-  return touch(IDLE, {'OK', token, version, int(o[1]), int(o[2]), int(o[3]), int(o[4]), int(o[5]),
-    int(expiry), int(now_ms)})
+  return touch(IDLE, {'OK', token, version, o[1], o[2], o[3], o[4], o[5],
+    expiry, now_ms})
 end
 
 if op == 'withdraw' then
@@ -403,8 +426,8 @@ if op == 'withdraw' then
     if f[6] == nonce then
       local o = read(f[2], f[3])
       local expiry = redis.call('ZSCORE', exp, id)
-      return touch(IDLE, {'OK', f[1], version, int(o[1]), int(o[2]), int(o[3]), int(o[4]), int(o[5]),
-        int(tonumber(expiry)), int(now_ms)})
+      return touch(IDLE, {'OK', f[1], version, o[1], o[2], o[3], o[4], o[5],
+        tonumber(expiry), now_ms})
     end
   end
   return touch(IDLE, {'GONE'})
@@ -415,7 +438,7 @@ if op == 'renew' then
   -- Reply: OK, server ms, new expiry, then one word per lease: OK, LOST or STALE:<current>.
   reap(tonumber(ARGV[4]))
   local expiry = now_ms + tonumber(ARGV[3])
-  local reply = {'OK', int(now_ms), int(expiry)}
+  local reply = {'OK', now_ms, expiry}
   local expired = 0
   for i = 5, #ARGV, 2 do
     local id, token = ARGV[i], ARGV[i + 1]
@@ -450,7 +473,7 @@ if op == 'release' then
   if current ~= token then return touch(IDLE, {'STALE', current}) end
   settle(id, r, ARGV[5])
   handoff(tonumber(ARGV[6]))
-  return touch(IDLE, {'OK', int(now_ms)})
+  return touch(IDLE, {'OK', now_ms})
 end
 
 -- test-util begin
@@ -466,8 +489,8 @@ if op == 'snapshot' then
   local reaped = reap(tonumber(ARGV[5]))
   local o, v = read(ARGV[3], ARGV[4], 'tok')
   local tb_max, tt_max = limits(c[10])
-  return touch(IDLE, {'OK', version, int(o[1]), int(o[2]), int(o[3]), int(o[4]), int(o[5]),
-    int(o[2]), int(tb_max), int(tt_max), int(now_ms), int(reaped), v[6] or '0',
+  return touch(IDLE, {'OK', version, o[1], o[2], o[3], o[4], o[5],
+    o[2], int(tb_max), int(tt_max), int(now_ms), int(reaped), v[6] or '0',
     int(redis.call('XLEN', events))})
 end
 

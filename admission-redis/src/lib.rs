@@ -28,8 +28,8 @@
 //!
 //! # Events (`admission-event-v1`)
 //!
-//! Each transition appends one record to the stream (`XADD MAXLEN`, the config's
-//! `events_max_len`) with fields `v` (`admission-event-v1`), `seq` (numbers the records, so a
+//! Each transition appends one record to the stream (`XADD MAXLEN ~`: about the config's
+//! `events_max_len` records are kept, trimmed a node at a time) with fields `v` (`admission-event-v1`), `seq` (numbers the records, so a
 //! reader sees a gap trimming made), `kind` (`admitted`, `queued`, `timed_out`, `completed`,
 //! `interrupted`, `failed`, `expired`, `policy_changed`), `time_ms` (server time), `lease`,
 //! `token`, `tenant` and `backend` (digests), `footprint`, `operation`, `outcome` (for an

@@ -754,7 +754,9 @@ async fn the_stream_stays_bounded_and_raw_tenant_ids_never_reach_redis() {
     let mut cfg = config(&host, port, &cell, ceilings(100, 2, 100, 2, 2));
     cfg.events_max_len = 10;
     let fleet = connect(cfg).await;
-    for i in 0..15 {
+    // 50 leases, 100 records: the stream is trimmed (whole nodes at a time, `MAXLEN ~`) to at
+    // least 10 records and at most 10 plus one node (100 records).
+    for i in 0..50 {
         let lease = fleet
             .try_acquire(&LeaseRequest::new(
                 format!("l{i}"),
@@ -768,8 +770,25 @@ async fn the_stream_stays_bounded_and_raw_tenant_ids_never_reach_redis() {
         lease.release(Outcome::Completed).await.expect("released");
     }
     let events = read_events(&fleet).await.expect("events");
-    assert_eq!(events.len(), 10);
-    assert_eq!(fleet.snapshot("x", "y").await.expect("snapshot").events, 10);
+    assert!(
+        (10..100).contains(&events.len()),
+        "{} records kept of 100 written, events_max_len 10",
+        events.len()
+    );
+    assert_eq!(
+        fleet.snapshot("x", "y").await.expect("snapshot").events,
+        events.len() as u64
+    );
+    // What is kept is the newest records, in order, with no gap.
+    let written: Vec<(String, String)> = (0..50)
+        .flat_map(|i| [("admitted", i), ("completed", i)])
+        .map(|(kind, i)| (kind.to_owned(), format!("l{i}")))
+        .collect();
+    let kept: Vec<(String, String)> = events
+        .iter()
+        .map(|e| (e.kind.clone(), e.lease.clone()))
+        .collect();
+    assert_eq!(kept, written[100 - events.len()..]);
     let last = events.last().expect("one");
     assert_eq!(
         (
@@ -777,7 +796,7 @@ async fn the_stream_stays_bounded_and_raw_tenant_ids_never_reach_redis() {
             last.lease.as_str(),
             last.schema.as_str()
         ),
-        ("completed", "l14", "admission-event-v1")
+        ("completed", "l49", "admission-event-v1")
     );
     assert_eq!(last.tenant, hashed_id("Acme Corp <secret>"));
     assert_eq!(last.tenant.len(), 64);

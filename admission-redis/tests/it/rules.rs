@@ -108,6 +108,43 @@ async fn one_call_reaps_at_most_reap_batch_expired_leases() {
 }
 
 #[tokio::test]
+async fn the_reap_skips_the_expiries_only_until_the_earliest_one_left() {
+    // The reap reads the expiries only once the cell's `ne` (no lease expires before it) has
+    // passed, and then sets it to the earliest expiry left: not a later one, or a lease in
+    // between would outlive its TTL.
+    let Some((host, port)) = server("reap_skip") else {
+        return;
+    };
+    let fleet = connect(config(
+        &host,
+        port,
+        &cell("reap_skip"),
+        ceilings(100, 10, 100, 10, 10),
+    ))
+    .await;
+    let clock = |ms| fleet.advance_server_clock(Duration::from_millis(ms));
+    // TTL 3 s: `a` expires at 3.0 s, `b` at 4.0 s, `c` at 5.0 s on the cell's clock.
+    let a = lease(&fleet, "a", "t", "d", 1).await;
+    clock(1_000).await.expect("skew");
+    let b = lease(&fleet, "b", "t", "d", 1).await;
+    clock(1_000).await.expect("skew");
+    let c = lease(&fleet, "c", "t", "d", 1).await;
+    // 3.1 s: `a` is reaped; the earliest expiry left is `b`'s.
+    clock(1_100).await.expect("skew");
+    let first = fleet.snapshot("t", "d").await.expect("snapshot");
+    assert_eq!((first.reaped, first.leases), (1, 2));
+    // 4.1 s: `b` is reaped, `c` still runs.
+    clock(1_000).await.expect("skew");
+    let second = fleet.snapshot("t", "d").await.expect("snapshot");
+    assert_eq!((second.reaped, second.leases), (1, 1));
+    assert_eq!(
+        crate::support::leases_of(&fleet, "expired").await,
+        vec!["a".to_owned(), "b".to_owned()]
+    );
+    drop((a, b, c));
+}
+
+#[tokio::test]
 async fn a_failed_transfer_is_recorded_as_failed_with_the_backends_digest() {
     let Some((host, port)) = server("failed_kind") else {
         return;
