@@ -194,6 +194,15 @@ pub struct RedisAdmissionConfig {
     /// quota windows. Set by the instance that creates the cell. At least a minute and at least
     /// twice the lease TTL.
     pub cell_idle_expiry: Duration,
+    /// Whether a cell this instance creates recovers first: admits nothing new for one lease
+    /// TTL while holders of leases from before renew them back. A cell is created by the first
+    /// call that finds it missing: the fleet's first start, an idle cell that expired, or a
+    /// server that restarted **empty**, when leases granted before may still run; only recovery
+    /// keeps those from being granted twice. `true` by default. Set `false` only when no lease
+    /// of this cell can be running when it is created (a cell name used for the first time, a
+    /// test), to admit at once. A server that restarted from its data, or a replica promoted to
+    /// master, makes the cell recover whatever this says.
+    pub recover_created_cells: bool,
 }
 
 impl RedisAdmissionConfig {
@@ -231,6 +240,7 @@ impl RedisAdmissionConfig {
             eviction_check: EvictionCheck::Refuse,
             tenant_mode: None,
             cell_idle_expiry: Duration::from_secs(24 * 60 * 60),
+            recover_created_cells: true,
         }
     }
 

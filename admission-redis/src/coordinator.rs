@@ -54,7 +54,9 @@ use crate::wake::Wakeups;
 /// };
 /// let fleet = RedisAdmission::connect(RedisAdmissionConfig::new("127.0.0.1", 6379, "uploads", ceilings)).await?;
 /// let request = LeaseRequest::new("upload-7f3a", "tenant-42", "disk-a", 128 << 20, "upload");
-/// let lease = fleet.acquire(&request, Duration::from_secs(2)).await?;
+/// // A cell this call creates first recovers for one lease TTL (10 s by default; see
+/// // `RedisAdmissionConfig::recover_created_cells`), so the first wait may last that long.
+/// let lease = fleet.acquire(&request, Duration::from_secs(15)).await?;
 /// // Pass lease.token() to the store that receives the bytes (fencing).
 /// lease.release(Outcome::Completed).await?;
 /// # Ok(()) }
@@ -469,6 +471,7 @@ fn record(request: &LeaseRequest, result: &Result<Lease, AcquireError>) {
         Err(AcquireError::Full { .. }) => "full",
         Err(AcquireError::TimedOut { .. }) => "timed_out",
         Err(AcquireError::Never { .. }) => "never",
+        Err(AcquireError::Recovering { .. }) => "recovering",
         Err(AcquireError::Unavailable(_)) => "unavailable",
         Err(_) => "other",
     };

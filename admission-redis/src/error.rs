@@ -174,6 +174,16 @@ pub enum AcquireError {
         /// Its ceiling.
         ceiling: u64,
     },
+    /// The cell is recovering (it was created afresh, or the server restarted or failed over):
+    /// it admits nothing new for `left` more while holders of leases from before renew them
+    /// back. From `try_acquire`, or from `acquire` when its wait ended before the recovery did.
+    #[error(
+        "admission-redis: the cell admits nothing new for {left:?} more: it is recovering the leases a restart or a failover may have lost"
+    )]
+    Recovering {
+        /// Until the recovery ends, as the server counted it when it refused.
+        left: Duration,
+    },
     /// The coordinator failed: admission fails closed.
     #[error(transparent)]
     Unavailable(#[from] Unavailable),

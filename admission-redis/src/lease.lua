@@ -1,8 +1,11 @@
--- admission-redis: the one program behind every fleet transition (schema admission-event-v1).
+#!lua name=__LIBRARY__
+-- admission-redis: the function library behind every fleet transition (schema admission-event-v1).
 --
--- Called by SHA (EVALSHA, reloaded on NOSCRIPT). ARGV[1] names the operation, ARGV[2] is the
--- caller's config fingerprint. Every key shares the cell's hash tag, so a transition stays in
--- one Redis Cluster slot. Time is the server's (TIME), never a client's.
+-- Loaded with FUNCTION LOAD under a name that carries a digest of this text (__LIBRARY__ is
+-- replaced by it), called with FCALL; the client loads it again when a server does not have it.
+-- ARGV[1] names the operation, ARGV[2] is the caller's config fingerprint. Every key shares the
+-- cell's hash tag, so a transition stays in one Redis Cluster slot. Time is the server's (TIME),
+-- never a client's.
 --
 -- KEYS: 1 cfg (hash: ceilings, fingerprint, policy version, tenant overrides `o:<tenant>`)
 --       2 occ (hash: counters sb, st, tb:<tenant>, tt:<tenant>, bt:<backend>; lease records
@@ -22,516 +25,582 @@
 --   OK, FULL (not now), NEVER (never fits), LOST, STALE, OVER (quota), INVALID, NOCONFIG, MISMATCH.
 -- Tenant and backend arguments are already SHA-256 hex digests: raw ids never reach Redis.
 
-local cfg, occ, exp, events, quota, line, live =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local op, fingerprint = ARGV[1], ARGV[2]
+-- The run id of the server process this library runs in (`INFO server`), read at its first call.
+-- A library's state lasts as long as the process that loaded it: a restarted server, or a replica
+-- promoted to master, starts with none, so a cell last written by another process is noticed
+-- (see `recover` below) without asking the server on every call.
+local me
 
--- The config, the asking tenant's override, and the server's clock. A build with the test-util
--- feature adds a forward skew to it (the lines between the test-util markers, which the
--- production script does not contain: nothing in production can move the cell's time).
-local asking = (op == 'acquire' and ARGV[4]) or (op == 'snapshot' and ARGV[3]) or ''
-local c = redis.call('HMGET', cfg, 'fingerprint', 'sb', 'st', 'tb', 'tt', 'bt', 'maxlen',
-  'version', 'skew_ms', 'o:' .. asking, 'ttl', 'nq', 'idle', 'touched', 'ne')
-local t = redis.call('TIME')
-local skew = 0
--- test-util begin
-skew = tonumber(c[9] or '0')
--- test-util end
-local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + skew
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2]) + skew * 1000
+local function call(KEYS, ARGV)
+  local cfg, occ, exp, events, quota, line, live =
+    KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+  local op, fingerprint = ARGV[1], ARGV[2]
 
--- A number as Redis stores it. Numbers handed to `redis.call` or returned need no conversion
--- (Redis writes them with 17 digits, exact below 2^53); Lua's own `..` writes 14, so a number
--- joined into a string (a token, a byte count) goes through here or `string.format` first.
-local function int(n) return string.format('%.0f', n) end
-
--- Every key of the cell expires after `idle` milliseconds without a call, so a fleet that
--- crashed, or stopped using a cell, leaves nothing behind for good. A call refreshes the expiry of
--- every key (last thing, so a key emptied and re-created during the call is covered too) when the
--- last refresh (`touched`, server ms) is older than a tenth of the idle time, at most a minute:
--- seven calls a minute rather than seven a call, and a cell expires between nine tenths of its
--- idle time and the whole of it after its last call. A key a call creates gets its expiry at once
--- (`born`), so no key of a cell is ever without one.
-local function touch(idle, reply)
-  if idle and idle > 0 and now_ms - tonumber(c[14] or '0') >= math.min(idle / 10, 60000) then
-    for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], idle) end
-    redis.call('HSET', KEYS[1], 'touched', int(now_ms))
+  -- The config, the asking tenant's override, and the server's clock. A build with the test-util
+  -- feature adds a forward skew to it (the lines between the test-util markers, which the
+  -- production script does not contain: nothing in production can move the cell's time).
+  local asking = (op == 'acquire' and ARGV[4]) or (op == 'snapshot' and ARGV[3]) or ''
+  local function read_cfg()
+    return redis.call('HMGET', cfg, 'fingerprint', 'sb', 'st', 'tb', 'tt', 'bt', 'maxlen',
+      'version', 'skew_ms', 'o:' .. asking, 'ttl', 'nq', 'idle', 'touched', 'ne', 'rid', 'rec')
   end
-  return reply
-end
+  local c = read_cfg()
+  if not me then me = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') end
+  local t = redis.call('TIME')
+  local skew = 0
+  -- test-util begin
+  skew = tonumber(c[9] or '0')
+  -- test-util end
+  local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + skew
+  local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2]) + skew * 1000
 
-if op == 'init' then
-  -- ARGV: 3 service_bytes 4 service_transfers 5 tenant_bytes 6 tenant_transfers
-  --       7 backend_transfers 8 events_max_len 9 lease ttl ms (a waiter's grant lives this long)
-  --       10 idle ms (every key expires after this long without a call; 0: never)
-  if c[1] then
-    if c[1] ~= fingerprint then return {'MISMATCH', c[1]} end
-    return touch(tonumber(c[13]), {'OK', c[8]})
+  -- A number as Redis stores it. Numbers handed to `redis.call` or returned need no conversion
+  -- (Redis writes them with 17 digits, exact below 2^53); Lua's own `..` writes 14, so a number
+  -- joined into a string (a token, a byte count) goes through here or `string.format` first.
+  local function int(n) return string.format('%.0f', n) end
+
+  -- Every key of the cell expires after `idle` milliseconds without a call, so a fleet that
+  -- crashed, or stopped using a cell, leaves nothing behind for good. A call refreshes the expiry of
+  -- every key (last thing, so a key emptied and re-created during the call is covered too) when the
+  -- last refresh (`touched`, server ms) is older than a tenth of the idle time, at most a minute:
+  -- seven calls a minute rather than seven a call, and a cell expires between nine tenths of its
+  -- idle time and the whole of it after its last call. A key a call creates gets its expiry at once
+  -- (`born`), so no key of a cell is ever without one.
+  local function touch(idle, reply)
+    if idle and idle > 0 and now_ms - tonumber(c[14] or '0') >= math.min(idle / 10, 60000) then
+      for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], idle) end
+      redis.call('HSET', KEYS[1], 'touched', int(now_ms))
+    end
+    return reply
   end
+
   -- A cell created afresh (first start, or a server that restarted empty) starts its policy
   -- version at the server's clock, so versions never go back across a restart either.
-  local version = int(math.max(1, math.floor(now_ms)))
-  redis.call('HSET', cfg, 'fingerprint', fingerprint, 'sb', ARGV[3], 'st', ARGV[4],
-    'tb', ARGV[5], 'tt', ARGV[6], 'bt', ARGV[7], 'maxlen', ARGV[8], 'version', version,
-    'ttl', ARGV[9], 'idle', ARGV[10], 'nq', redis.call('ZCARD', line))
-  return touch(tonumber(ARGV[10]), {'OK', version})
-end
-
-if not c[1] then return {'NOCONFIG'} end
-if c[1] ~= fingerprint then return {'MISMATCH', c[1]} end
-local S_B, S_T, T_B, T_T, B_T = tonumber(c[2]), tonumber(c[3]), tonumber(c[4]), tonumber(c[5]), tonumber(c[6])
-local maxlen, version, TTL, IDLE = c[7], c[8], tonumber(c[11]), tonumber(c[13])
--- No lease expires before `NE` (server ms; `ne` in cfg): the reap looks at the expiries only
--- from then on. It is a lower bound, kept by the reap (the earliest expiry left, or `NONE` when
--- nothing is held) and lowered by a grant that expires sooner; a renewal or a release only raises
--- the true earliest expiry, so neither needs to touch it. Missing (a new cell): look now.
-local NONE = 9007199254740991
-local NE = tonumber(c[15] or '0')
-
--- A key this call has just created expires as the cell does (see `touch`).
-local function born(key)
-  if IDLE and IDLE > 0 then redis.call('PEXPIRE', key, IDLE) end
-end
--- How many wait in the line: with none (the usual case) the line is never read.
-local queued = tonumber(c[12] or '0')
-local DIMS = { 'service_bytes', 'service_transfers', 'tenant_bytes', 'tenant_transfers', 'backend_transfers' }
-
--- The asking tenant's ceilings: its override, or the defaults.
-local function limits(override)
-  if override then
-    local sep = string.find(override, '|', 1, true)
-    return tonumber(string.sub(override, 1, sep - 1)), tonumber(string.sub(override, sep + 1))
+  -- ARGV of init: 3 service_bytes 4 service_transfers 5 tenant_bytes 6 tenant_transfers
+  --   7 backend_transfers 8 events_max_len 9 lease ttl ms (a waiter's grant lives this long)
+  --   10 idle ms (every key expires after this long without a call; 0: never)
+  --   11 recover ('1': a cell created afresh recovers, see below, before it admits anything)
+  local created = false
+  if op == 'init' and not c[1] then
+    local rec = (ARGV[11] == '1' and now_ms + tonumber(ARGV[9])) or 0
+    redis.call('HSET', cfg, 'fingerprint', fingerprint, 'sb', ARGV[3], 'st', ARGV[4],
+      'tb', ARGV[5], 'tt', ARGV[6], 'bt', ARGV[7], 'maxlen', ARGV[8],
+      'version', int(math.max(1, math.floor(now_ms))), 'ttl', ARGV[9], 'idle', ARGV[10],
+      'nq', redis.call('ZCARD', line), 'rid', me, 'rec', rec)
+    c = read_cfg()
+    created = true
   end
-  return T_B, T_T
-end
 
--- The five counters of one tenant and one backend, plus `extra` fields, in one read.
-local function read(tenant, backend, ...)
-  local v = redis.call('HMGET', occ, 'sb', 'st', 'tb:' .. tenant, 'tt:' .. tenant, 'bt:' .. backend, ...)
-  local o = { tonumber(v[1] or '0'), tonumber(v[2] or '0'), tonumber(v[3] or '0'),
-    tonumber(v[4] or '0'), tonumber(v[5] or '0') }
-  return o, v
-end
+  if not c[1] then return {'NOCONFIG'} end
+  if c[1] ~= fingerprint then return {'MISMATCH', c[1]} end
+  local S_B, S_T, T_B, T_T, B_T = tonumber(c[2]), tonumber(c[3]), tonumber(c[4]), tonumber(c[5]), tonumber(c[6])
+  local maxlen, version, TTL, IDLE = c[7], c[8], tonumber(c[11]), tonumber(c[13])
+  -- No lease expires before `NE` (server ms; `ne` in cfg): the reap looks at the expiries only
+  -- from then on. It is a lower bound, kept by the reap (the earliest expiry left, or `NONE` when
+  -- nothing is held) and lowered by a grant that expires sooner; a renewal or a release only raises
+  -- the true earliest expiry, so neither needs to touch it. Missing (a new cell): look now.
+  local NONE = 9007199254740991
+  local NE = tonumber(c[15] or '0')
+  -- Until `REC` (server ms) the cell recovers: see below.
+  local REC = tonumber(c[17] or '0')
+  local recovering = now_ms < REC
 
--- Writes the five counters back with `extra` field/value pairs in one call, and drops counters
--- back at zero (and `gone` fields) in one more, so the hash holds only what is held.
-local function write(o, tenant, backend, extra, gone)
-  local fields = { 'sb', 'st', 'tb:' .. tenant, 'tt:' .. tenant, 'bt:' .. backend }
-  local set, drop = extra or {}, gone or {}
-  for i = 1, 5 do
-    if o[i] > 0 then
-      set[#set + 1] = fields[i]
-      set[#set + 1] = o[i]
-    else
-      drop[#drop + 1] = fields[i]
+  -- A key this call has just created expires as the cell does (see `touch`).
+  local function born(key)
+    if IDLE and IDLE > 0 then redis.call('PEXPIRE', key, IDLE) end
+  end
+  -- How many wait in the line: with none (the usual case) the line is never read.
+  local queued = tonumber(c[12] or '0')
+  local DIMS = { 'service_bytes', 'service_transfers', 'tenant_bytes', 'tenant_transfers', 'backend_transfers' }
+
+  -- The asking tenant's ceilings: its override, or the defaults.
+  local function limits(override)
+    if override then
+      local sep = string.find(override, '|', 1, true)
+      return tonumber(string.sub(override, 1, sep - 1)), tonumber(string.sub(override, sep + 1))
     end
+    return T_B, T_T
   end
-  if #set > 0 then redis.call('HSET', occ, unpack(set)) end
-  if #drop > 0 then redis.call('HDEL', occ, unpack(drop)) end
-end
 
--- `seq` numbers the records: a reader that sees a gap knows trimming dropped some. A caller
--- that already wrote the counter (in the same HSET as the occupancy) passes it.
-local function append(kind, lease, token, tenant, backend, footprint, operation, outcome, o, seq)
-  seq = seq or redis.call('HINCRBY', occ, 'seq', 1)
-  local id = redis.call('XADD', events, 'MAXLEN', '~', maxlen, '*',
-    'v', 'admission-event-v1', 'seq', seq, 'kind', kind, 'time_ms', now_ms,
-    'lease', lease, 'token', token, 'tenant', tenant, 'backend', backend,
-    'footprint', footprint, 'operation', operation, 'outcome', outcome, 'policy', version,
-    'occupancy', string.format('%.0f %.0f %.0f %.0f %.0f', o[1], o[2], o[3], o[4], o[5]))
-  -- The cell's first record creates the stream; `seq` lives in occ, which a call creates only
-  -- on its way to its first record (a grant, a waiter, a policy change), so occ is born here too.
-  if tonumber(seq) == 1 then
-    born(events)
-    born(occ)
+  -- The five counters of one tenant and one backend, plus `extra` fields, in one read.
+  local function read(tenant, backend, ...)
+    local v = redis.call('HMGET', occ, 'sb', 'st', 'tb:' .. tenant, 'tt:' .. tenant, 'bt:' .. backend, ...)
+    local o = { tonumber(v[1] or '0'), tonumber(v[2] or '0'), tonumber(v[3] or '0'),
+      tonumber(v[4] or '0'), tonumber(v[5] or '0') }
+    return o, v
   end
-  return id
-end
 
-local function parse(r)
-  local f = {}
-  for part in string.gmatch(r, '[^|]+') do f[#f + 1] = part end
-  return f -- token (or ticket), tenant, backend, footprint, operation, nonce
-end
-
--- Gives back what lease `id` holds (its record `r`) and records why.
-local function settle(id, r, kind)
-  local f = parse(r)
-  local footprint = tonumber(f[4])
-  local o, v = read(f[2], f[3], 'seq')
-  local seq = tonumber(v[6] or '0') + 1
-  o[1], o[2], o[3], o[4], o[5] = o[1] - footprint, o[2] - 1, o[3] - footprint, o[4] - 1, o[5] - 1
-  write(o, f[2], f[3], { 'seq', seq }, { 'r:' .. id })
-  redis.call('ZREM', exp, id)
-  append(kind, id, f[1], f[2], f[3], f[4], f[5], kind, o, seq)
-  return o
-end
-
--- Takes waiter `id` (record `q`) out of the line.
-local function unqueue(id)
-  redis.call('ZREM', line, id)
-  redis.call('ZREM', live, id)
-  if redis.call('HDEL', occ, 'q:' .. id) == 1 then
-    queued = redis.call('HINCRBY', cfg, 'nq', -1)
-  end
-end
-
--- The first dimension on which `need` (five amounts) does not fit `o` with `r` set aside, or
--- which `blocked` forbids; nil when it fits.
-local function short_on(o, need, tb_max, tt_max, r, blocked)
-  local max = { S_B, S_T, tb_max, tt_max, B_T }
-  for i = 1, 5 do
-    if blocked[i] or o[i] + r[i] + need[i] > max[i] then return i end
-  end
-  return nil
-end
-
--- The head of the line as the waiters behind it see it: its demand, and the dimensions it is
--- short on, from its record `w`, its counters `o` and its byte and transfer ceilings.
-local function head_of(w, o, tb_max, tt_max)
-  local f = tonumber(w[4]) or 0
-  local need, max, short = { f, 1, f, 1, 1 }, { S_B, S_T, tb_max, tt_max, B_T }, {}
-  for i = 1, 5 do short[i] = o[i] + need[i] > max[i] end
-  return { tenant = w[2], backend = w[3], need = need, short = short }
-end
-
--- The head's reservation (EASY backfilling): what anyone behind `head` of `tenant` on `backend`
--- must leave for it on every dimension they share, and the dimensions it may not take from at
--- all (those the head is short on). Nothing without a head.
-local function set_aside(head, tenant, backend)
-  local r, blocked = { 0, 0, 0, 0, 0 }, {}
-  if head then
-    local shares = { true, true, head.tenant == tenant, head.tenant == tenant, head.backend == backend }
+  -- Writes the five counters back with `extra` field/value pairs in one call, and drops counters
+  -- back at zero (and `gone` fields) in one more, so the hash holds only what is held.
+  local function write(o, tenant, backend, extra, gone)
+    local fields = { 'sb', 'st', 'tb:' .. tenant, 'tt:' .. tenant, 'bt:' .. backend }
+    local set, drop = extra or {}, gone or {}
     for i = 1, 5 do
-      if shares[i] then
-        r[i] = head.need[i]
-        blocked[i] = head.short[i]
+      if o[i] > 0 then
+        set[#set + 1] = fields[i]
+        set[#set + 1] = o[i]
+      else
+        drop[#drop + 1] = fields[i]
       end
     end
+    if #set > 0 then redis.call('HSET', occ, unpack(set)) end
+    if #drop > 0 then redis.call('HDEL', occ, unpack(drop)) end
   end
-  return r, blocked
-end
 
--- Grants lease `id` to the acquisition `nonce` with counters `o` (read before the grant).
-local function grant(id, tenant, backend, footprint, operation, ttl, o, nonce, outcome, last, seq)
-  local f = tonumber(footprint)
-  if not last then
-    local v = redis.call('HMGET', occ, 'tok', 'seq')
-    last, seq = v[1], v[2]
+  -- `seq` numbers the records: a reader that sees a gap knows trimming dropped some. A caller
+  -- that already wrote the counter (in the same HSET as the occupancy) passes it.
+  local function append(kind, lease, token, tenant, backend, footprint, operation, outcome, o, seq)
+    seq = seq or redis.call('HINCRBY', occ, 'seq', 1)
+    local id = redis.call('XADD', events, 'MAXLEN', '~', maxlen, '*',
+      'v', 'admission-event-v1', 'seq', seq, 'kind', kind, 'time_ms', now_ms,
+      'lease', lease, 'token', token, 'tenant', tenant, 'backend', backend,
+      'footprint', footprint, 'operation', operation, 'outcome', outcome, 'policy', version,
+      'occupancy', string.format('%.0f %.0f %.0f %.0f %.0f', o[1], o[2], o[3], o[4], o[5]))
+    -- The cell's first record creates the stream; `seq` lives in occ, which a call creates only
+    -- on its way to its first record (a grant, a waiter, a policy change), so occ is born here too.
+    if tonumber(seq) == 1 then
+      born(events)
+      born(occ)
+    end
+    return id
   end
-  seq = tonumber(seq or '0') + 1
-  local token = math.max(tonumber(last or '0') + 1, now_us)
-  local expiry = now_ms + ttl
-  redis.call('ZADD', exp, expiry, id)
-  -- No lease held before this one: the expiries are new.
-  local first = o[2] == 0
-  o[1], o[2], o[3], o[4], o[5] = o[1] + f, o[2] + 1, o[3] + f, o[4] + 1, o[5] + 1
-  local record = string.format('%.0f|%s|%s|%s|%s|%s', token, tenant, backend, footprint, operation,
-    nonce)
-  write(o, tenant, backend, { 'tok', token, 'r:' .. id, record, 'seq', seq })
-  if first then born(exp) end
-  if expiry < NE then
-    NE = expiry
-    redis.call('HSET', cfg, 'ne', NE)
-  end
-  append('admitted', id, token, tenant, backend, footprint, operation, outcome, o, seq)
-  return token, expiry
-end
 
--- The hand-off: walks the line from its head (at most `limit` waiters) and grants every waiter
--- that fits, the first that does not becoming the head whose amounts are set aside (EASY
--- backfilling, as the monitor does): a follower goes only if it fits beside the head's demand on
--- every dimension they share, and never takes from a dimension the head is short on.
-local function handoff(limit)
-  if queued <= 0 then return 0 end
-  local waiting = redis.call('ZRANGE', line, 0, limit - 1)
-  local head
-  local granted = 0
-  for _, id in ipairs(waiting) do
-    local q = redis.call('HGET', occ, 'q:' .. id)
-    local alive = tonumber(redis.call('ZSCORE', live, id) or '0') >= now_ms
-    if not q then
-      redis.call('ZREM', line, id)
-      redis.call('ZREM', live, id)
-    elseif not alive then
-      -- Its liveness ran out and the bounded reap has not come to it yet: never grant the dead.
-      local w = parse(q)
-      unqueue(id)
-      append('timed_out', id, '0', w[2], w[3], w[4], w[5], 'abandoned', (read(w[2], w[3])))
-    else
-      local w = parse(q) -- ticket, tenant, backend, footprint, operation, nonce
-      local f = tonumber(w[4])
-      local tb_max, tt_max = limits(redis.call('HGET', cfg, 'o:' .. w[2]))
-      local o = read(w[2], w[3])
-      local r, blocked = set_aside(head, w[2], w[3])
-      local need = { f, 1, f, 1, 1 }
-      if not short_on(o, need, tb_max, tt_max, r, blocked) then
-        unqueue(id)
-        grant(id, w[2], w[3], w[4], w[5], TTL, o, w[6], 'handoff')
-        granted = granted + 1
-      elseif not head then
-        head = head_of(w, o, tb_max, tt_max)
-        -- Every waiter needs service bytes and a service transfer: when the head is short on
-        -- either, or nothing is left of them beside its reservation, nobody behind can go.
-        if head.short[1] or head.short[2] or o[1] + f + 1 > S_B or o[2] + 2 > S_T then break end
+  local function parse(r)
+    local f = {}
+    for part in string.gmatch(r, '[^|]+') do f[#f + 1] = part end
+    return f -- token (or ticket), tenant, backend, footprint, operation, nonce
+  end
+
+  -- Gives back what lease `id` holds (its record `r`) and records why.
+  local function settle(id, r, kind)
+    local f = parse(r)
+    local footprint = tonumber(f[4])
+    local o, v = read(f[2], f[3], 'seq')
+    local seq = tonumber(v[6] or '0') + 1
+    o[1], o[2], o[3], o[4], o[5] = o[1] - footprint, o[2] - 1, o[3] - footprint, o[4] - 1, o[5] - 1
+    write(o, f[2], f[3], { 'seq', seq }, { 'r:' .. id })
+    redis.call('ZREM', exp, id)
+    append(kind, id, f[1], f[2], f[3], f[4], f[5], kind, o, seq)
+    return o
+  end
+
+  -- Takes waiter `id` (record `q`) out of the line.
+  local function unqueue(id)
+    redis.call('ZREM', line, id)
+    redis.call('ZREM', live, id)
+    if redis.call('HDEL', occ, 'q:' .. id) == 1 then
+      queued = redis.call('HINCRBY', cfg, 'nq', -1)
+    end
+  end
+
+  -- The first dimension on which `need` (five amounts) does not fit `o` with `r` set aside, or
+  -- which `blocked` forbids; nil when it fits.
+  local function short_on(o, need, tb_max, tt_max, r, blocked)
+    local max = { S_B, S_T, tb_max, tt_max, B_T }
+    for i = 1, 5 do
+      if blocked[i] or o[i] + r[i] + need[i] > max[i] then return i end
+    end
+    return nil
+  end
+
+  -- The head of the line as the waiters behind it see it: its demand, and the dimensions it is
+  -- short on, from its record `w`, its counters `o` and its byte and transfer ceilings.
+  local function head_of(w, o, tb_max, tt_max)
+    local f = tonumber(w[4]) or 0
+    local need, max, short = { f, 1, f, 1, 1 }, { S_B, S_T, tb_max, tt_max, B_T }, {}
+    for i = 1, 5 do short[i] = o[i] + need[i] > max[i] end
+    return { tenant = w[2], backend = w[3], need = need, short = short }
+  end
+
+  -- The head's reservation (EASY backfilling): what anyone behind `head` of `tenant` on `backend`
+  -- must leave for it on every dimension they share, and the dimensions it may not take from at
+  -- all (those the head is short on). Nothing without a head.
+  local function set_aside(head, tenant, backend)
+    local r, blocked = { 0, 0, 0, 0, 0 }, {}
+    if head then
+      local shares = { true, true, head.tenant == tenant, head.tenant == tenant, head.backend == backend }
+      for i = 1, 5 do
+        if shares[i] then
+          r[i] = head.need[i]
+          blocked[i] = head.short[i]
+        end
       end
     end
+    return r, blocked
   end
-  return granted
-end
 
--- Bounded reaping on every call: at most `limit` leases whose expiry passed on server time, and
--- at most `limit` waiters whose liveness ran out (a crashed waiter cannot hold the head); the
--- hand-off follows when anything was reaped. The expiries are read only once `NE` has passed.
-local function reap(limit)
-  local due = {}
-  if now_ms >= NE then
-    due = redis.call('ZRANGEBYSCORE', exp, '-inf', now_ms, 'LIMIT', 0, limit)
-    for _, id in ipairs(due) do
-      local r = redis.call('HGET', occ, 'r:' .. id)
-      if r then settle(id, r, 'expired') else redis.call('ZREM', exp, id) end
+  -- Grants lease `id` to the acquisition `nonce` with counters `o` (read before the grant).
+  local function grant(id, tenant, backend, footprint, operation, ttl, o, nonce, outcome, last, seq)
+    local f = tonumber(footprint)
+    if not last then
+      local v = redis.call('HMGET', occ, 'tok', 'seq')
+      last, seq = v[1], v[2]
     end
-    local left = redis.call('ZRANGE', exp, 0, 0, 'WITHSCORES')
-    local earliest = (#left == 0 and NONE) or tonumber(left[2])
-    if earliest ~= NE then
-      NE = earliest
+    seq = tonumber(seq or '0') + 1
+    local token = math.max(tonumber(last or '0') + 1, now_us)
+    local expiry = now_ms + ttl
+    redis.call('ZADD', exp, expiry, id)
+    -- No lease held before this one: the expiries are new.
+    local first = o[2] == 0
+    o[1], o[2], o[3], o[4], o[5] = o[1] + f, o[2] + 1, o[3] + f, o[4] + 1, o[5] + 1
+    local record = string.format('%.0f|%s|%s|%s|%s|%s', token, tenant, backend, footprint, operation,
+      nonce)
+    write(o, tenant, backend, { 'tok', token, 'r:' .. id, record, 'seq', seq })
+    if first then born(exp) end
+    if expiry < NE then
+      NE = expiry
       redis.call('HSET', cfg, 'ne', NE)
     end
+    append('admitted', id, token, tenant, backend, footprint, operation, outcome, o, seq)
+    return token, expiry
   end
-  local dead = {}
-  if queued > 0 then dead = redis.call('ZRANGEBYSCORE', live, '-inf', now_ms, 'LIMIT', 0, limit) end
-  for _, id in ipairs(dead) do
-    local q = redis.call('HGET', occ, 'q:' .. id)
-    unqueue(id)
-    if q then
-      local w = parse(q)
-      append('timed_out', id, '0', w[2], w[3], w[4], w[5], 'abandoned', (read(w[2], w[3])))
+
+  -- The hand-off: walks the line from its head (at most `limit` waiters) and grants every waiter
+  -- that fits, the first that does not becoming the head whose amounts are set aside (EASY
+  -- backfilling, as the monitor does): a follower goes only if it fits beside the head's demand on
+  -- every dimension they share, and never takes from a dimension the head is short on.
+  local function handoff(limit)
+    if queued <= 0 or recovering then return 0 end
+    local waiting = redis.call('ZRANGE', line, 0, limit - 1)
+    local head
+    local granted = 0
+    for _, id in ipairs(waiting) do
+      local q = redis.call('HGET', occ, 'q:' .. id)
+      local alive = tonumber(redis.call('ZSCORE', live, id) or '0') >= now_ms
+      if not q then
+        redis.call('ZREM', line, id)
+        redis.call('ZREM', live, id)
+      elseif not alive then
+        -- Its liveness ran out and the bounded reap has not come to it yet: never grant the dead.
+        local w = parse(q)
+        unqueue(id)
+        append('timed_out', id, '0', w[2], w[3], w[4], w[5], 'abandoned', (read(w[2], w[3])))
+      else
+        local w = parse(q) -- ticket, tenant, backend, footprint, operation, nonce
+        local f = tonumber(w[4])
+        local tb_max, tt_max = limits(redis.call('HGET', cfg, 'o:' .. w[2]))
+        local o = read(w[2], w[3])
+        local r, blocked = set_aside(head, w[2], w[3])
+        local need = { f, 1, f, 1, 1 }
+        if not short_on(o, need, tb_max, tt_max, r, blocked) then
+          unqueue(id)
+          grant(id, w[2], w[3], w[4], w[5], TTL, o, w[6], 'handoff')
+          granted = granted + 1
+        elseif not head then
+          head = head_of(w, o, tb_max, tt_max)
+          -- Every waiter needs service bytes and a service transfer: when the head is short on
+          -- either, or nothing is left of them beside its reservation, nobody behind can go.
+          if head.short[1] or head.short[2] or o[1] + f + 1 > S_B or o[2] + 2 > S_T then break end
+        end
+      end
     end
+    return granted
   end
-  if #due + #dead > 0 then handoff(limit) end
-  return #due
-end
 
-local function last_event_id()
-  local last = redis.call('XREVRANGE', events, '+', '-', 'COUNT', 1)
-  if #last == 0 then return '0-0' end
-  return last[1][1]
-end
-
-local function earliest_expiry()
-  local first = redis.call('ZRANGE', exp, 0, 0, 'WITHSCORES')
-  if #first == 0 then return -1 end
-  return tonumber(first[2])
-end
-
-if op == 'acquire' then
-  -- ARGV: 3 lease id 4 tenant 5 backend 6 footprint 7 operation 8 ttl ms 9 reap limit
-  --       10 wait flag (1: join the line, with a `queued` event, when it does not fit now)
-  --       11 the acquisition's nonce (the same on every call of one acquisition)
-  local id, tenant, backend, operation = ARGV[3], ARGV[4], ARGV[5], ARGV[7]
-  local footprint, ttl, nonce = tonumber(ARGV[6]), tonumber(ARGV[8]), ARGV[11]
-  reap(tonumber(ARGV[9]))
-  if not footprint or footprint <= 0 then return touch(IDLE, {'NEVER', 'footprint', ARGV[6], '1'}) end
-  local tb_max, tt_max = limits(c[10])
-  if footprint > S_B then return touch(IDLE, {'NEVER', 'service_bytes', ARGV[6], int(S_B)}) end
-  if footprint > tb_max then return touch(IDLE, {'NEVER', 'tenant_bytes', ARGV[6], int(tb_max)}) end
-  local o, v = read(tenant, backend, 'r:' .. id, 'q:' .. id, 'tok', 'seq')
-  if v[6] then
-    -- Held: this acquisition's own lease (granted from the line, or by a call whose reply was
-    -- lost), claimed as it is; or a duplicate.
-    local f = parse(v[6])
-    if f[6] ~= nonce then return touch(IDLE, {'NEVER', 'lease_id', id, '0'}) end
-    local expiry = tonumber(redis.call('ZSCORE', exp, id) or '0')
-    if expiry > now_ms then
-      return touch(IDLE, {'OK', f[1], version, o[1], o[2], o[3], o[4],
-        o[5], expiry, now_ms})
+  -- Bounded reaping on every call: at most `limit` leases whose expiry passed on server time, and
+  -- at most `limit` waiters whose liveness ran out (a crashed waiter cannot hold the head); the
+  -- hand-off follows when anything was reaped. The expiries are read only once `NE` has passed.
+  local function reap(limit)
+    local due = {}
+    if now_ms >= NE then
+      due = redis.call('ZRANGEBYSCORE', exp, '-inf', now_ms, 'LIMIT', 0, limit)
+      for _, id in ipairs(due) do
+        local r = redis.call('HGET', occ, 'r:' .. id)
+        if r then settle(id, r, 'expired') else redis.call('ZREM', exp, id) end
+      end
+      local left = redis.call('ZRANGE', exp, 0, 0, 'WITHSCORES')
+      local earliest = (#left == 0 and NONE) or tonumber(left[2])
+      if earliest ~= NE then
+        NE = earliest
+        redis.call('HSET', cfg, 'ne', NE)
+      end
     end
-    -- Its grant expired before this acquisition could claim it (a reply lost for a whole TTL),
-    -- and the bounded reap has not come to it yet: it is over. Settle it as expired, let the
-    -- line have what it frees, and ask afresh.
-    settle(id, v[6], 'expired')
-    handoff(tonumber(ARGV[9]))
-    o, v = read(tenant, backend, 'r:' .. id, 'q:' .. id, 'tok', 'seq')
-  end
-  local waiting
-  if v[7] then
-    local w = parse(v[7])
-    -- Another acquisition waits under this id: a duplicate, not this one asking again.
-    if w[6] ~= nonce then return touch(IDLE, {'NEVER', 'lease_id', id, '0'}) end
-    waiting = w[1]
-  end
-  if waiting then
-    -- A waiter asking again: still waiting (the hand-off grants it when it fits); its liveness
-    -- is renewed.
-    redis.call('ZADD', live, now_ms + ttl, id)
-  end
-  -- Who is first? A newcomer goes before the line only beside the head's reserved demand.
-  local head
-  local first = queued > 0 and redis.call('ZRANGE', line, 0, 0)[1]
-  if first and first ~= id then
-    local h = parse(redis.call('HGET', occ, 'q:' .. first) or '0|||0|')
-    local htb, htt = limits(redis.call('HGET', cfg, 'o:' .. (h[2] or '')))
-    head = head_of(h, (read(h[2] or '', h[3] or '')), htb, htt)
-  end
-  local r, blocked = set_aside(head, tenant, backend)
-  local need = { footprint, 1, footprint, 1, 1 }
-  local dim = short_on(o, need, tb_max, tt_max, r, blocked)
-  if dim and not waiting and ARGV[10] == '1' then
-    waiting = int(redis.call('HINCRBY', occ, 'tick', 1))
-    queued = redis.call('HINCRBY', cfg, 'nq', 1)
-    redis.call('ZADD', line, waiting, id)
-    redis.call('ZADD', live, now_ms + ttl, id)
-    redis.call('HSET', occ, 'q:' .. id,
-      waiting .. '|' .. tenant .. '|' .. backend .. '|' .. ARGV[6] .. '|' .. operation .. '|' .. nonce)
-    -- The line's first waiter creates the line and its liveness set.
-    if queued == 1 then
-      born(line)
-      born(live)
-    end
-    local last = append('queued', id, '0', tenant, backend, ARGV[6], operation, 'queued', o)
-    local max = { S_B, S_T, tb_max, tt_max, B_T }
-    return touch(IDLE, {'FULL', DIMS[dim], int(o[dim] + r[dim]), int(max[dim]), last, int(earliest_expiry()),
-      int(now_ms), waiting})
-  end
-  if dim then
-    local max = { S_B, S_T, tb_max, tt_max, B_T }
-    return touch(IDLE, {'FULL', DIMS[dim], int(o[dim] + r[dim]), int(max[dim]), last_event_id(),
-      int(earliest_expiry()), int(now_ms), waiting or ''})
-  end
-  if waiting then unqueue(id) end
-  local token, expiry = grant(id, tenant, backend, ARGV[6], operation, ttl, o, nonce, 'admitted', v[8] or '0', v[9])
-  return touch(IDLE, {'OK', token, version, o[1], o[2], o[3], o[4], o[5],
-    expiry, now_ms})
-end
-
-if op == 'withdraw' then
-  -- ARGV: 3 lease id 4 nonce 5 reap limit. An acquisition that gives up (timeout,
-  -- cancellation): out of the line with a `timed_out` event, or, if it was granted meanwhile
-  -- (by the hand-off, or by a call whose reply it never read), its lease, for the caller to keep
-  -- or release.
-  local id, nonce = ARGV[3], ARGV[4]
-  reap(tonumber(ARGV[5]))
-  local v = redis.call('HMGET', occ, 'q:' .. id, 'r:' .. id)
-  if v[1] then
-    local w = parse(v[1])
-    if w[6] == nonce then
+    local dead = {}
+    if queued > 0 then dead = redis.call('ZRANGEBYSCORE', live, '-inf', now_ms, 'LIMIT', 0, limit) end
+    for _, id in ipairs(dead) do
+      local q = redis.call('HGET', occ, 'q:' .. id)
       unqueue(id)
-      append('timed_out', id, '0', w[2], w[3], w[4], w[5], 'timed_out', (read(w[2], w[3])))
-      handoff(tonumber(ARGV[5]))
-      return touch(IDLE, {'WITHDRAWN'})
+      if q then
+        local w = parse(q)
+        append('timed_out', id, '0', w[2], w[3], w[4], w[5], 'abandoned', (read(w[2], w[3])))
+      end
     end
+    if #due + #dead > 0 then handoff(limit) end
+    return #due
   end
-  if v[2] then
-    local f = parse(v[2])
-    if f[6] == nonce then
-      local o = read(f[2], f[3])
-      local expiry = redis.call('ZSCORE', exp, id)
-      return touch(IDLE, {'OK', f[1], version, o[1], o[2], o[3], o[4], o[5],
-        tonumber(expiry), now_ms})
-    end
-  end
-  return touch(IDLE, {'GONE'})
-end
 
-if op == 'renew' then
-  -- ARGV: 3 ttl ms 4 reap limit, then (lease id, token) pairs: every lease due, in one call.
-  -- Reply: OK, server ms, new expiry, then one word per lease: OK, LOST or STALE:<current>.
-  reap(tonumber(ARGV[4]))
-  local expiry = now_ms + tonumber(ARGV[3])
-  local reply = {'OK', now_ms, expiry}
-  local expired = 0
-  for i = 5, #ARGV, 2 do
-    local id, token = ARGV[i], ARGV[i + 1]
+  -- Recovery. Leases granted by another server process may still run with no record here, or
+  -- with an expiry older than their holder's: after a restart (its AOF or RDB may have lost the
+  -- last writes) or a replica's promotion (it may have missed them), and, when the creating caller
+  -- asks for it, in a cell created afresh (the server may have restarted empty). For one lease
+  -- TTL from then the cell admits nothing new, the line included, and a renewal brings back what
+  -- the cell lost (`rejoin`) or renews what it would have expired. By the end every lease granted
+  -- before has been renewed back or has ended: a holder stops at its own deadline, which is never
+  -- later than its last renewal plus the TTL. Which process last wrote the cell is `rid` in cfg.
+  if c[16] ~= me then
+    REC = now_ms + TTL
+    recovering = true
+    redis.call('HSET', cfg, 'rid', me, 'rec', REC)
+    append('recovering', '', '0', '', '', '0', 'recovery', 'restarted', (read('', '')))
+  elseif created and recovering then
+    append('recovering', '', '0', '', '', '0', 'recovery', 'created', (read('', '')))
+  end
+  if op == 'init' then return touch(IDLE, {'OK', version}) end
+
+  -- Brings back lease `id`, which the cell lost (see recovery): its record, expiry and counters,
+  -- whatever the ceilings say (it was admitted under them). The record has no nonce: no later
+  -- acquisition can claim it.
+  local function rejoin(id, token, tenant, backend, footprint, operation, expiry)
+    local f = tonumber(footprint)
+    local o, v = read(tenant, backend, 'seq', 'tok')
+    local first = o[2] == 0
+    local seq = tonumber(v[6] or '0') + 1
+    o[1], o[2], o[3], o[4], o[5] = o[1] + f, o[2] + 1, o[3] + f, o[4] + 1, o[5] + 1
+    write(o, tenant, backend, { 'seq', seq, 'tok', math.max(tonumber(v[7] or '0'), tonumber(token)),
+      'r:' .. id, table.concat({ token, tenant, backend, footprint, operation, '' }, '|') })
+    redis.call('ZADD', exp, expiry, id)
+    if first then born(exp) end
+    if expiry < NE then
+      NE = expiry
+      redis.call('HSET', cfg, 'ne', NE)
+    end
+    append('rejoined', id, token, tenant, backend, footprint, operation, 'rejoined', o, seq)
+  end
+
+  local function last_event_id()
+    local last = redis.call('XREVRANGE', events, '+', '-', 'COUNT', 1)
+    if #last == 0 then return '0-0' end
+    return last[1][1]
+  end
+
+  local function earliest_expiry()
+    local first = redis.call('ZRANGE', exp, 0, 0, 'WITHSCORES')
+    if #first == 0 then return -1 end
+    return tonumber(first[2])
+  end
+
+  if op == 'acquire' then
+    -- ARGV: 3 lease id 4 tenant 5 backend 6 footprint 7 operation 8 ttl ms 9 reap limit
+    --       10 wait flag (1: join the line, with a `queued` event, when it does not fit now)
+    --       11 the acquisition's nonce (the same on every call of one acquisition)
+    local id, tenant, backend, operation = ARGV[3], ARGV[4], ARGV[5], ARGV[7]
+    local footprint, ttl, nonce = tonumber(ARGV[6]), tonumber(ARGV[8]), ARGV[11]
+    reap(tonumber(ARGV[9]))
+    if not footprint or footprint <= 0 then return touch(IDLE, {'NEVER', 'footprint', ARGV[6], '1'}) end
+    local tb_max, tt_max = limits(c[10])
+    if footprint > S_B then return touch(IDLE, {'NEVER', 'service_bytes', ARGV[6], int(S_B)}) end
+    if footprint > tb_max then return touch(IDLE, {'NEVER', 'tenant_bytes', ARGV[6], int(tb_max)}) end
+    local o, v = read(tenant, backend, 'r:' .. id, 'q:' .. id, 'tok', 'seq')
+    if v[6] then
+      -- Held: this acquisition's own lease (granted from the line, or by a call whose reply was
+      -- lost), claimed as it is; or a duplicate.
+      local f = parse(v[6])
+      if f[6] ~= nonce then return touch(IDLE, {'NEVER', 'lease_id', id, '0'}) end
+      local expiry = tonumber(redis.call('ZSCORE', exp, id) or '0')
+      if expiry > now_ms then
+        return touch(IDLE, {'OK', f[1], version, o[1], o[2], o[3], o[4],
+          o[5], expiry, now_ms})
+      end
+      -- Its grant expired before this acquisition could claim it (a reply lost for a whole TTL),
+      -- and the bounded reap has not come to it yet: it is over. Settle it as expired, let the
+      -- line have what it frees, and ask afresh.
+      settle(id, v[6], 'expired')
+      handoff(tonumber(ARGV[9]))
+      o, v = read(tenant, backend, 'r:' .. id, 'q:' .. id, 'tok', 'seq')
+    end
+    local waiting
+    if v[7] then
+      local w = parse(v[7])
+      -- Another acquisition waits under this id: a duplicate, not this one asking again.
+      if w[6] ~= nonce then return touch(IDLE, {'NEVER', 'lease_id', id, '0'}) end
+      waiting = w[1]
+    end
+    if waiting then
+      -- A waiter asking again: still waiting (the hand-off grants it when it fits); its liveness
+      -- is renewed.
+      redis.call('ZADD', live, now_ms + ttl, id)
+    end
+    -- Who is first? A newcomer goes before the line only beside the head's reserved demand.
+    local head
+    local first = queued > 0 and redis.call('ZRANGE', line, 0, 0)[1]
+    if first and first ~= id then
+      local h = parse(redis.call('HGET', occ, 'q:' .. first) or '0|||0|')
+      local htb, htt = limits(redis.call('HGET', cfg, 'o:' .. (h[2] or '')))
+      head = head_of(h, (read(h[2] or '', h[3] or '')), htb, htt)
+    end
+    local r, blocked = set_aside(head, tenant, backend)
+    local need = { footprint, 1, footprint, 1, 1 }
+    local dim = short_on(o, need, tb_max, tt_max, r, blocked)
+    -- Recovering: nothing new until it ends, when a waiter asks again (the refusal's earliest
+    -- expiry is the end).
+    if recovering then dim = 0 end
+    -- The refusal: the dimension without room, what it holds and its ceiling.
+    local function full(last, ticket)
+      if dim == 0 then return touch(IDLE, {'FULL', 'recovering', 0, 0, last, REC, now_ms, ticket}) end
+      local max = { S_B, S_T, tb_max, tt_max, B_T }
+      return touch(IDLE, {'FULL', DIMS[dim], o[dim] + r[dim], max[dim], last, earliest_expiry(),
+        now_ms, ticket})
+    end
+    if dim and not waiting and ARGV[10] == '1' then
+      waiting = int(redis.call('HINCRBY', occ, 'tick', 1))
+      queued = redis.call('HINCRBY', cfg, 'nq', 1)
+      redis.call('ZADD', line, waiting, id)
+      redis.call('ZADD', live, now_ms + ttl, id)
+      redis.call('HSET', occ, 'q:' .. id,
+        waiting .. '|' .. tenant .. '|' .. backend .. '|' .. ARGV[6] .. '|' .. operation .. '|' .. nonce)
+      -- The line's first waiter creates the line and its liveness set.
+      if queued == 1 then
+        born(line)
+        born(live)
+      end
+      return full(append('queued', id, '0', tenant, backend, ARGV[6], operation, 'queued', o), waiting)
+    end
+    if dim then return full(last_event_id(), waiting or '') end
+    if waiting then unqueue(id) end
+    local token, expiry = grant(id, tenant, backend, ARGV[6], operation, ttl, o, nonce, 'admitted', v[8] or '0', v[9])
+    return touch(IDLE, {'OK', token, version, o[1], o[2], o[3], o[4], o[5],
+      expiry, now_ms})
+  end
+
+  if op == 'withdraw' then
+    -- ARGV: 3 lease id 4 nonce 5 reap limit. An acquisition that gives up (timeout,
+    -- cancellation): out of the line with a `timed_out` event, or, if it was granted meanwhile
+    -- (by the hand-off, or by a call whose reply it never read), its lease, for the caller to keep
+    -- or release.
+    local id, nonce = ARGV[3], ARGV[4]
+    reap(tonumber(ARGV[5]))
+    local v = redis.call('HMGET', occ, 'q:' .. id, 'r:' .. id)
+    if v[1] then
+      local w = parse(v[1])
+      if w[6] == nonce then
+        unqueue(id)
+        append('timed_out', id, '0', w[2], w[3], w[4], w[5], 'timed_out', (read(w[2], w[3])))
+        handoff(tonumber(ARGV[5]))
+        return touch(IDLE, {'WITHDRAWN'})
+      end
+    end
+    if v[2] then
+      local f = parse(v[2])
+      if f[6] == nonce then
+        local o = read(f[2], f[3])
+        local expiry = redis.call('ZSCORE', exp, id)
+        return touch(IDLE, {'OK', f[1], version, o[1], o[2], o[3], o[4], o[5],
+          tonumber(expiry), now_ms})
+      end
+    end
+    return touch(IDLE, {'GONE'})
+  end
+
+  if op == 'renew' then
+    -- ARGV: 3 ttl ms 4 reap limit, then for every lease due, in one call: id, token, tenant,
+    -- backend, footprint, operation (the last four bring the lease back while the cell recovers).
+    -- Reply: OK, server ms, new expiry, then one word per lease: OK, LOST or STALE:<current>.
+    reap(tonumber(ARGV[4]))
+    local expiry = now_ms + tonumber(ARGV[3])
+    local reply = {'OK', now_ms, expiry}
+    local expired = 0
+    for i = 5, #ARGV, 6 do
+      local id, token = ARGV[i], ARGV[i + 1]
+      local r = redis.call('HGET', occ, 'r:' .. id)
+      local current = r and string.sub(r, 1, string.find(r, '|', 1, true) - 1)
+      if not r and recovering then
+        rejoin(id, token, ARGV[i + 2], ARGV[i + 3], ARGV[i + 4], ARGV[i + 5], expiry)
+        reply[#reply + 1] = 'OK'
+      elseif not r then
+        reply[#reply + 1] = 'LOST'
+      elseif current ~= token then
+        reply[#reply + 1] = 'STALE:' .. current
+      elseif not recovering and tonumber(redis.call('ZSCORE', exp, id) or '0') <= now_ms then
+        -- Expired on server time, and the bounded reap has not come to it yet: a renewal never
+        -- brings it back (its capacity may be promised to a waiter already). While the cell
+        -- recovers nothing is promised, and the expiry may be one a lost renewal would have moved.
+        settle(id, r, 'expired')
+        expired = expired + 1
+        reply[#reply + 1] = 'LOST'
+      else
+        redis.call('ZADD', exp, expiry, id)
+        reply[#reply + 1] = 'OK'
+      end
+    end
+    if expired > 0 then handoff(tonumber(ARGV[4])) end
+    return touch(IDLE, reply)
+  end
+
+  if op == 'release' then
+    -- ARGV: 3 lease id 4 token 5 outcome (completed, failed, interrupted) 6 reap limit
+    local id, token = ARGV[3], ARGV[4]
+    reap(tonumber(ARGV[6]))
     local r = redis.call('HGET', occ, 'r:' .. id)
-    local current = r and string.sub(r, 1, string.find(r, '|', 1, true) - 1)
-    if not r then
-      reply[#reply + 1] = 'LOST'
-    elseif current ~= token then
-      reply[#reply + 1] = 'STALE:' .. current
-    elseif tonumber(redis.call('ZSCORE', exp, id) or '0') <= now_ms then
-      -- Expired on server time, and the bounded reap has not come to it yet: a renewal never
-      -- brings it back (its capacity may be promised to a waiter already).
-      settle(id, r, 'expired')
-      expired = expired + 1
-      reply[#reply + 1] = 'LOST'
+    -- While the cell recovers, a lease it does not know may be one it lost that was not renewed
+    -- back yet: its holder is done with it, and nothing is left to give back.
+    if not r and recovering then return touch(IDLE, {'OK', now_ms}) end
+    if not r then return touch(IDLE, {'LOST'}) end
+    local current = string.sub(r, 1, string.find(r, '|', 1, true) - 1)
+    if current ~= token then return touch(IDLE, {'STALE', current}) end
+    settle(id, r, ARGV[5])
+    handoff(tonumber(ARGV[6]))
+    return touch(IDLE, {'OK', now_ms})
+  end
+
+  -- test-util begin
+  if op == 'skew' then
+    -- ARGV: 3 milliseconds to move the cell's clock forward (test-util only)
+    redis.call('HINCRBY', cfg, 'skew_ms', tonumber(ARGV[3]))
+    return touch(IDLE, {'OK', int(now_ms + tonumber(ARGV[3]))})
+  end
+  -- test-util end
+
+  if op == 'snapshot' then
+    -- ARGV: 3 tenant 4 backend 5 reap limit
+    local reaped = reap(tonumber(ARGV[5]))
+    local o, v = read(ARGV[3], ARGV[4], 'tok')
+    local tb_max, tt_max = limits(c[10])
+    return touch(IDLE, {'OK', version, o[1], o[2], o[3], o[4], o[5],
+      o[2], int(tb_max), int(tt_max), int(now_ms), int(reaped), v[6] or '0',
+      int(redis.call('XLEN', events))})
+  end
+
+  if op == 'policy' then
+    -- ARGV: 3 tenant 4 bytes ('' clears) 5 transfers 6 reap limit
+    reap(tonumber(ARGV[6]))
+    local tenant = ARGV[3]
+    if ARGV[4] == '' then
+      redis.call('HDEL', cfg, 'o:' .. tenant)
     else
-      redis.call('ZADD', exp, expiry, id)
-      reply[#reply + 1] = 'OK'
+      local b, n = tonumber(ARGV[4]), tonumber(ARGV[5])
+      if not b or b < 1 or b > S_B then return touch(IDLE, {'INVALID', 'bytes', ARGV[4], int(S_B)}) end
+      if not n or n < 1 or n > S_T then return touch(IDLE, {'INVALID', 'transfers', ARGV[5], int(S_T)}) end
+      redis.call('HSET', cfg, 'o:' .. tenant, ARGV[4] .. '|' .. ARGV[5])
     end
+    version = int(redis.call('HINCRBY', cfg, 'version', 1))
+    handoff(tonumber(ARGV[6]))
+    append('policy_changed', '', '0', tenant, '', '0', 'policy', ARGV[4] == '' and 'cleared' or 'set',
+      (read(tenant, '')))
+    return touch(IDLE, {'OK', version})
   end
-  if expired > 0 then handoff(tonumber(ARGV[4])) end
-  return touch(IDLE, reply)
-end
 
-if op == 'release' then
-  -- ARGV: 3 lease id 4 token 5 outcome (completed, failed, interrupted) 6 reap limit
-  local id, token = ARGV[3], ARGV[4]
-  reap(tonumber(ARGV[6]))
-  local r = redis.call('HGET', occ, 'r:' .. id)
-  if not r then return touch(IDLE, {'LOST'}) end
-  local current = string.sub(r, 1, string.find(r, '|', 1, true) - 1)
-  if current ~= token then return touch(IDLE, {'STALE', current}) end
-  settle(id, r, ARGV[5])
-  handoff(tonumber(ARGV[6]))
-  return touch(IDLE, {'OK', now_ms})
-end
-
--- test-util begin
-if op == 'skew' then
-  -- ARGV: 3 milliseconds to move the cell's clock forward (test-util only)
-  redis.call('HINCRBY', cfg, 'skew_ms', tonumber(ARGV[3]))
-  return touch(IDLE, {'OK', int(now_ms + tonumber(ARGV[3]))})
-end
--- test-util end
-
-if op == 'snapshot' then
-  -- ARGV: 3 tenant 4 backend 5 reap limit
-  local reaped = reap(tonumber(ARGV[5]))
-  local o, v = read(ARGV[3], ARGV[4], 'tok')
-  local tb_max, tt_max = limits(c[10])
-  return touch(IDLE, {'OK', version, o[1], o[2], o[3], o[4], o[5],
-    o[2], int(tb_max), int(tt_max), int(now_ms), int(reaped), v[6] or '0',
-    int(redis.call('XLEN', events))})
-end
-
-if op == 'policy' then
-  -- ARGV: 3 tenant 4 bytes ('' clears) 5 transfers 6 reap limit
-  reap(tonumber(ARGV[6]))
-  local tenant = ARGV[3]
-  if ARGV[4] == '' then
-    redis.call('HDEL', cfg, 'o:' .. tenant)
-  else
-    local b, n = tonumber(ARGV[4]), tonumber(ARGV[5])
-    if not b or b < 1 or b > S_B then return touch(IDLE, {'INVALID', 'bytes', ARGV[4], int(S_B)}) end
-    if not n or n < 1 or n > S_T then return touch(IDLE, {'INVALID', 'transfers', ARGV[5], int(S_T)}) end
-    redis.call('HSET', cfg, 'o:' .. tenant, ARGV[4] .. '|' .. ARGV[5])
+  if op == 'quota' then
+    -- ARGV: 3 kind ('r' requests, 'b' bytes) 4 tenant 5 amount 6 limit 7 window ms
+    local field = ARGV[3] .. ':' .. ARGV[4]
+    local amount, limit, window_ms = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+    local window = math.floor(now_ms / window_ms)
+    local used = 0
+    local stored = redis.call('HGET', quota, field)
+    if stored then
+      local sep = string.find(stored, '|', 1, true)
+      if tonumber(string.sub(stored, 1, sep - 1)) == window then used = tonumber(string.sub(stored, sep + 1)) end
+    end
+    local left_ms = (window + 1) * window_ms - now_ms
+    if used + amount > limit then
+      return touch(IDLE, {'OVER', int(used), int(limit), int(left_ms)})
+    end
+    used = used + amount
+    redis.call('HSET', quota, field, int(window) .. '|' .. int(used))
+    if not stored then born(quota) end
+    return touch(IDLE, {'OK', int(used), int(limit), int(left_ms)})
   end
-  version = int(redis.call('HINCRBY', cfg, 'version', 1))
-  handoff(tonumber(ARGV[6]))
-  append('policy_changed', '', '0', tenant, '', '0', 'policy', ARGV[4] == '' and 'cleared' or 'set',
-    (read(tenant, '')))
-  return touch(IDLE, {'OK', version})
+
+  return redis.error_reply('admission-redis: unknown operation ' .. tostring(op))
 end
 
-if op == 'quota' then
-  -- ARGV: 3 kind ('r' requests, 'b' bytes) 4 tenant 5 amount 6 limit 7 window ms
-  local field = ARGV[3] .. ':' .. ARGV[4]
-  local amount, limit, window_ms = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-  local window = math.floor(now_ms / window_ms)
-  local used = 0
-  local stored = redis.call('HGET', quota, field)
-  if stored then
-    local sep = string.find(stored, '|', 1, true)
-    if tonumber(string.sub(stored, 1, sep - 1)) == window then used = tonumber(string.sub(stored, sep + 1)) end
-  end
-  local left_ms = (window + 1) * window_ms - now_ms
-  if used + amount > limit then
-    return touch(IDLE, {'OVER', int(used), int(limit), int(left_ms)})
-  end
-  used = used + amount
-  redis.call('HSET', quota, field, int(window) .. '|' .. int(used))
-  if not stored then born(quota) end
-  return touch(IDLE, {'OK', int(used), int(limit), int(left_ms)})
-end
-
-return redis.error_reply('admission-redis: unknown operation ' .. tostring(op))
+redis.register_function('__LIBRARY__', call)

@@ -69,12 +69,7 @@ impl Lease {
         deadline: Instant,
     ) -> Lease {
         let config = &shared.cell.config;
-        let entry = Arc::new(Entry::new(
-            request.id.clone(),
-            token,
-            request.operation.clone(),
-            deadline,
-        ));
+        let entry = Arc::new(Entry::new(request, token, deadline));
         shared.renewals.schedule(
             &shared.cell,
             &shared.runtime,
@@ -152,7 +147,7 @@ impl Lease {
     /// background renewal), [`LeaseError::Unavailable`] when Redis fails.
     pub async fn renew_now(&self) -> Result<(), LeaseError> {
         let cell = &self.shared.cell;
-        let result = renew_one(cell, &self.id, self.token, self.entry.deadline()).await;
+        let result = renew_one(cell, &self.entry, self.entry.deadline()).await;
         match &result {
             Ok(sent) => self.entry.renewed(*sent, cell.config.lease_ttl),
             Err(LeaseError::Lost { .. }) => self.entry.lose(LossReason::Lost),
@@ -241,13 +236,9 @@ pub(crate) async fn give_back(
 
 /// Renews one lease now, retrying a failure on the connection until `deadline`; `Ok` with when
 /// the renewal that answered was sent.
-async fn renew_one(
-    cell: &Cell,
-    id: &str,
-    token: FencingToken,
-    deadline: Instant,
-) -> Result<Instant, LeaseError> {
-    let leases = [(id, token)];
+async fn renew_one(cell: &Cell, entry: &Entry, deadline: Instant) -> Result<Instant, LeaseError> {
+    let (id, token) = (entry.id.as_str(), entry.token);
+    let leases = [entry.renewing()];
     let called = cell
         .call::<Renewed>(&Op::Renew { leases: &leases }, deadline)
         .await?;

@@ -13,16 +13,22 @@
 //! [`RedisAdmission::acquire`]). Admission fails closed: while Redis is unreachable nothing new is
 //! admitted. A call that fails on the connection (a restart, a pause, a reset) is retried until
 //! its caller's own deadline, so an outage shorter than a job's wait costs it only the wait.
+//! A server that restarted or failed over may have lost leases that still run: the cell then
+//! recovers for one lease TTL, admitting nothing new while renewals bring those leases back, so
+//! the ceilings hold across it ([`AcquireError::Recovering`]; `docs/guides/running-a-fleet.md`).
 //!
 //! # Keys
 //!
 //! Every key of a cell is `<prefix>:{<cell>}:<name>`, so the cell id is the Redis Cluster hash
 //! tag and a whole transition stays in one slot: `cfg` (ceilings, config fingerprint, policy
-//! version, tenant overrides, the number waiting), `occ` (occupancy counters, lease and waiter
+//! version, tenant overrides, the number waiting, the server process that wrote it last and the
+//! end of its recovery), `occ` (occupancy counters, lease and waiter
 //! records, the last fencing token, the ticket and event counters), `exp` (lease expiries, a
 //! sorted set on server time), `events` (the stream), `quota` (per-tenant traffic windows),
-//! `line` (waiters by ticket), `live` (waiters' liveness expiries). An acquisition reads and writes each hash once: seven Redis
-//! calls inside one script call. Every key expires after the config's `cell_idle_expiry` without a
+//! `line` (waiters by ticket), `live` (waiters' liveness expiries). The program is a Redis
+//! function library (`FUNCTION LOAD`, called with `FCALL`; loaded again by the client where it
+//! is missing) named after a digest of its text. An acquisition reads and writes each hash once:
+//! seven Redis calls inside one function call. Every key expires after the config's `cell_idle_expiry` without a
 //! call, so a crashed fleet leaves nothing behind. Tenant and backend ids appear only as
 //! SHA-256 hex digests ([`hashed_id`]); raw tenant ids never reach Redis, events or metric labels.
 //!
@@ -31,7 +37,8 @@
 //! Each transition appends one record to the stream (`XADD MAXLEN ~`: about the config's
 //! `events_max_len` records are kept, trimmed a node at a time) with fields `v` (`admission-event-v1`), `seq` (numbers the records, so a
 //! reader sees a gap trimming made), `kind` (`admitted`, `queued`, `timed_out`, `completed`,
-//! `interrupted`, `failed`, `expired`, `policy_changed`), `time_ms` (server time), `lease`,
+//! `interrupted`, `failed`, `expired`, `policy_changed`, `recovering` (outcome `created` or
+//! `restarted`), `rejoined` (a lease a renewal brought back during a recovery)), `time_ms` (server time), `lease`,
 //! `token`, `tenant` and `backend` (digests), `footprint`, `operation`, `outcome` (for an
 //! admission: `admitted` at the asker's own call, `handoff` when another's transition granted a
 //! waiter; `abandoned` for a waiter whose liveness ran out), `policy`, and `occupancy`, the five counters after the transition separated by

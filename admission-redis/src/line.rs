@@ -84,12 +84,7 @@ pub(crate) async fn try_acquire(
         Ok(Attempt::Full { refusal, .. }) => {
             // Refused without joining the line: nothing was left behind.
             guard.disarm();
-            Err(AcquireError::Full {
-                dimension: refusal.dimension,
-                held: refusal.held,
-                asked: request.asked_on(refusal.dimension),
-                ceiling: refusal.ceiling,
-            })
+            Err(refusal.error(request, None))
         }
         // Never, a mismatch: the script refused before changing anything.
         Err(error @ (AcquireError::Never { .. } | AcquireError::Mismatch { .. })) => {
@@ -140,13 +135,7 @@ pub(crate) async fn acquire(
             Err(error) => return Err(error),
         };
         let (refusal, received) = refusal;
-        let timed_out = |now: Instant| AcquireError::TimedOut {
-            waited: now - start,
-            dimension: refusal.dimension,
-            held: refusal.held,
-            asked: request.asked_on(refusal.dimension),
-            ceiling: refusal.ceiling,
-        };
+        let timed_out = |now: Instant| refusal.error(request, Some(now - start));
         let now = Instant::now();
         let Some(receiver) = slot.as_mut().filter(|_| now < deadline) else {
             // Out of time: leave the line, unless the acquisition was granted meanwhile.

@@ -20,7 +20,8 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::script::{Cell, FencingToken, Held, Op, Renewed};
+use crate::request::{LeaseRequest, hashed_id};
+use crate::script::{Cell, FencingToken, Held, Op, Renewed, Renewing};
 
 /// Why a held lease was lost.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,6 +75,12 @@ pub(crate) struct Entry {
     pub(crate) id: String,
     pub(crate) token: FencingToken,
     pub(crate) operation: String,
+    /// The tenant's and the backend's digests and the footprint: with the id, the token and the
+    /// operation, the lease's record, which a renewal sends so that a recovering cell can bring
+    /// the lease back.
+    tenant: String,
+    backend: String,
+    footprint: u64,
     pub(crate) loss: watch::Sender<Option<LossReason>>,
     /// Set when the holder released or dropped the lease: the task forgets it.
     pub(crate) done: AtomicBool,
@@ -87,22 +94,32 @@ struct Timing {
 }
 
 impl Entry {
-    pub(crate) fn new(
-        id: String,
-        token: FencingToken,
-        operation: String,
-        deadline: Instant,
-    ) -> Entry {
+    pub(crate) fn new(request: &LeaseRequest, token: FencingToken, deadline: Instant) -> Entry {
         Entry {
-            id,
+            id: request.id.clone(),
             token,
-            operation,
+            operation: request.operation.clone(),
+            tenant: hashed_id(&request.tenant),
+            backend: hashed_id(&request.backend),
+            footprint: request.footprint,
             loss: watch::channel(None).0,
             done: AtomicBool::new(false),
             timing: Mutex::new(Timing {
                 deadline,
                 last_error: None,
             }),
+        }
+    }
+
+    /// The lease as a renewal sends it.
+    pub(crate) fn renewing(&self) -> Renewing<'_> {
+        Renewing {
+            id: &self.id,
+            token: self.token,
+            tenant: &self.tenant,
+            backend: &self.backend,
+            footprint: self.footprint,
+            operation: &self.operation,
         }
     }
 
@@ -287,9 +304,9 @@ async fn renew(cell: &Cell, renewals: &Renewals, batch: Vec<Arc<Entry>>) {
     let Some(deadline) = earliest else {
         return;
     };
-    let pairs: Vec<(&str, FencingToken)> = live.iter().map(|e| (e.id.as_str(), e.token)).collect();
+    let leases: Vec<Renewing<'_>> = live.iter().map(|e| e.renewing()).collect();
     let error = match cell
-        .call::<Renewed>(&Op::Renew { leases: &pairs }, deadline)
+        .call::<Renewed>(&Op::Renew { leases: &leases }, deadline)
         .await
     {
         Ok(called) => match called.answer {

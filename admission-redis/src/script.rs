@@ -20,34 +20,61 @@ use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use redis::{Client, FromRedisValue, ParsingError, Value};
+use sha2::Digest;
 use tokio::time::Instant;
 
 use crate::config::RedisAdmissionConfig;
 use crate::error::{Dimension, NeverReason, Unavailable};
 
-/// The script as written: the test-util parts included.
+/// The library as written: the test-util parts included, its name a placeholder.
 const SOURCE: &str = include_str!("lease.lua");
 
-/// The script this build runs. Without the `test-util` feature the lines between the
-/// `-- test-util begin` and `-- test-util end` markers are left out, so nothing in a production
-/// build can move the cell's clock.
-pub(crate) fn source() -> &'static str {
-    #[cfg(feature = "test-util")]
-    {
-        SOURCE
-    }
-    #[cfg(not(feature = "test-util"))]
-    {
-        static PRODUCTION: std::sync::LazyLock<String> =
-            std::sync::LazyLock::new(|| production(SOURCE));
-        &PRODUCTION
+/// A function library as this build loads it: named after a digest of its text, so two builds
+/// that send different code never replace each other's library on a shared server.
+pub(crate) struct Library {
+    /// The library's name, which is also its one function's name.
+    pub(crate) name: String,
+    /// The text sent with `FUNCTION LOAD`.
+    pub(crate) code: String,
+}
+
+impl Library {
+    fn named(source: &str) -> Library {
+        let digest = crate::config::hex(&sha2::Sha256::digest(source.as_bytes()));
+        let name = format!("admission_{}", &digest[..16]);
+        Library {
+            code: source.replace("__LIBRARY__", &name),
+            name,
+        }
     }
 }
 
-/// The script without its test-util parts: what a build without the feature runs.
+/// The library this build runs. Without the `test-util` feature the lines between the
+/// `-- test-util begin` and `-- test-util end` markers are left out, so nothing in a production
+/// build can move the cell's clock.
+pub(crate) fn library() -> &'static Library {
+    static LIBRARY: std::sync::LazyLock<Library> = std::sync::LazyLock::new(|| {
+        #[cfg(feature = "test-util")]
+        {
+            Library::named(SOURCE)
+        }
+        #[cfg(not(feature = "test-util"))]
+        {
+            Library::named(&production(SOURCE))
+        }
+    });
+    &LIBRARY
+}
+
+/// The library's text as this build loads it.
+pub(crate) fn source() -> &'static str {
+    &library().code
+}
+
+/// The library without its test-util parts: what a build without the feature loads.
 #[cfg(feature = "test-util")]
 pub(crate) fn production_source() -> String {
-    production(SOURCE)
+    Library::named(&production(SOURCE)).code
 }
 
 fn production(source: &str) -> String {
@@ -167,6 +194,17 @@ impl StreamId {
     }
 }
 
+/// A held lease as a renewal sends it: what the cell needs to bring it back while it recovers
+/// (the lease's record, with `tenant` and `backend` as digests).
+pub(crate) struct Renewing<'a> {
+    pub(crate) id: &'a str,
+    pub(crate) token: FencingToken,
+    pub(crate) tenant: &'a str,
+    pub(crate) backend: &'a str,
+    pub(crate) footprint: u64,
+    pub(crate) operation: &'a str,
+}
+
 /// One operation of the script, with its arguments (the TTL, the reap bound and the idle time
 /// come from the cell's config).
 pub(crate) enum Op<'a> {
@@ -186,9 +224,7 @@ pub(crate) enum Op<'a> {
     /// An acquisition gives up: out of the line, or its grant handed over.
     Withdraw { id: &'a str, nonce: &'a str },
     /// Renews every `(id, token)` in one call.
-    Renew {
-        leases: &'a [(&'a str, FencingToken)],
-    },
+    Renew { leases: &'a [Renewing<'a>] },
     /// Gives a lease back.
     Release {
         id: &'a str,
@@ -248,6 +284,12 @@ impl Op<'_> {
                     config.events_max_len.to_string(),
                     ttl,
                     config.cell_idle_expiry.as_millis().to_string(),
+                    if config.recover_created_cells {
+                        "1"
+                    } else {
+                        "0"
+                    }
+                    .to_string(),
                 ]
             }
             Op::Acquire {
@@ -272,9 +314,13 @@ impl Op<'_> {
             Op::Withdraw { id, nonce } => vec![id.to_string(), nonce.to_string(), reap],
             Op::Renew { leases } => {
                 let mut args = vec![ttl, reap];
-                for (id, token) in leases.iter() {
-                    args.push(id.to_string());
-                    args.push(token.0.to_string());
+                for lease in leases.iter() {
+                    args.push(lease.id.to_string());
+                    args.push(lease.token.0.to_string());
+                    args.push(lease.tenant.to_string());
+                    args.push(lease.backend.to_string());
+                    args.push(lease.footprint.to_string());
+                    args.push(lease.operation.to_string());
                 }
                 args
             }
@@ -346,7 +392,9 @@ impl Granted {
 /// A refusal for now: the first dimension without room, and when to look again.
 #[derive(Clone, Debug)]
 pub(crate) struct Full {
-    pub(crate) dimension: Dimension,
+    /// `None` while the cell recovers (see `lease.lua`): it admits nothing new until
+    /// `earliest_expiry_ms`, the recovery's end.
+    pub(crate) dimension: Option<Dimension>,
     pub(crate) held: u64,
     pub(crate) ceiling: u64,
     /// The stream's last record when the refusal was decided (a waiter's `queued` record).
@@ -354,6 +402,40 @@ pub(crate) struct Full {
     /// When the earliest lease expires, server milliseconds (`None`: none is held).
     pub(crate) earliest_expiry_ms: Option<u64>,
     pub(crate) now_ms: u64,
+}
+
+impl Full {
+    /// The refusal as an error: no room on a dimension (`Full`, or `TimedOut` after `waited`),
+    /// or a recovering cell.
+    pub(crate) fn error(
+        &self,
+        request: &crate::request::LeaseRequest,
+        waited: Option<Duration>,
+    ) -> crate::error::AcquireError {
+        use crate::error::AcquireError;
+        let Some(dimension) = self.dimension else {
+            let end = self.earliest_expiry_ms.unwrap_or(self.now_ms);
+            return AcquireError::Recovering {
+                left: Duration::from_millis(end.saturating_sub(self.now_ms)),
+            };
+        };
+        let (held, asked, ceiling) = (self.held, request.asked_on(dimension), self.ceiling);
+        match waited {
+            None => AcquireError::Full {
+                dimension,
+                held,
+                asked,
+                ceiling,
+            },
+            Some(waited) => AcquireError::TimedOut {
+                waited,
+                dimension,
+                held,
+                asked,
+                ceiling,
+            },
+        }
+    }
 }
 
 /// What an acquisition's attempt got.
@@ -467,7 +549,10 @@ impl Decode for AcquireReply {
             "FULL" => {
                 let expiry: i64 = w.word(5)?.parse().ok()?;
                 AcquireReply::Full(Full {
-                    dimension: Dimension::parse(w.word(1)?)?,
+                    dimension: match w.word(1)? {
+                        "recovering" => None,
+                        name => Some(Dimension::parse(name)?),
+                    },
                     held: w.int(2)?,
                     ceiling: w.int(3)?,
                     last_event: StreamId::parse(w.word(4)?),
@@ -634,7 +719,6 @@ pub(crate) struct Cell {
     keys: [String; 7],
     conn: ConnectionManager,
     pub(crate) client: Client,
-    script: redis::Script,
 }
 
 /// The first pause before a retry, and the longest.
@@ -656,7 +740,6 @@ impl Cell {
             keys,
             conn,
             client,
-            script: redis::Script::new(source()),
         }
     }
 
@@ -796,29 +879,47 @@ impl Cell {
         }
     }
 
-    /// One script call, bounded by the connection's response timeout and by `deadline` (a call
-    /// cut short by the deadline may still run on the server: every operation is safe to
-    /// repeat, and an acquisition's guard withdraws what it may have left).
+    /// One call of the library's function (`FCALL`), bounded by the connection's response
+    /// timeout and by `deadline` (a call cut short by the deadline may still run on the server:
+    /// every operation is safe to repeat, and an acquisition's guard withdraws what it may have
+    /// left). A server without the library (a new server, one that restarted empty) gets it
+    /// (`FUNCTION LOAD REPLACE`) and the call is made again.
     async fn invoke<T: Decode>(
         &self,
         op: &Op<'_>,
         deadline: Instant,
     ) -> redis::RedisResult<Raw<T>> {
-        let mut invocation = self.script.prepare_invoke();
-        for key in &self.keys {
-            invocation.key(key);
+        let library = library();
+        let mut call = redis::cmd("FCALL");
+        call.arg(&library.name)
+            .arg(self.keys.len())
+            .arg(&self.keys[..]);
+        call.arg(op.name())
+            .arg(&self.fingerprint)
+            .arg(op.args(&self.config));
+        match self.bounded(&call, deadline).await {
+            Err(error) if is_missing_function(&error) => {
+                let mut load = redis::cmd("FUNCTION");
+                load.arg("LOAD").arg("REPLACE").arg(&library.code);
+                self.bounded::<String>(&load, deadline).await?;
+                self.bounded(&call, deadline).await
+            }
+            result => result,
         }
-        invocation.arg(op.name()).arg(&self.fingerprint);
-        for arg in op.args(&self.config) {
-            invocation.arg(arg);
-        }
+    }
+
+    /// One command, bounded by the connection's response timeout and by `deadline` (at least one
+    /// full response time, however little is left).
+    async fn bounded<T: FromRedisValue>(
+        &self,
+        command: &redis::Cmd,
+        deadline: Instant,
+    ) -> redis::RedisResult<T> {
         let mut conn = self.conn.clone();
-        let call = invocation.invoke_async(&mut conn);
-        // At least one full attempt, however little time is left.
         let bound = deadline
             .saturating_duration_since(Instant::now())
             .max(self.config.response_timeout);
-        match tokio::time::timeout(bound, call).await {
+        match tokio::time::timeout(bound, command.query_async(&mut conn)).await {
             Ok(result) => result,
             Err(_) => Err(redis::RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
@@ -826,6 +927,12 @@ impl Cell {
             ))),
         }
     }
+}
+
+/// True when the server does not have the library's function (it never had it, or it restarted
+/// empty, or someone flushed its functions).
+fn is_missing_function(error: &redis::RedisError) -> bool {
+    error.to_string().contains("Function not found")
 }
 
 /// True for a failure that a retry can mend: the connection (reset, refused, closed, timed out),
@@ -862,9 +969,11 @@ mod tests {
                 .split("-- test-util begin")
                 .skip(1)
                 .map(|part| {
+                    // The lines from the begin marker's end to the end marker's indentation.
                     part.split("-- test-util end")
                         .next()
                         .unwrap()
+                        .trim_end_matches(' ')
                         .lines()
                         .count()
                         + 1
@@ -907,7 +1016,7 @@ mod tests {
         .unwrap();
         match full {
             Raw::Reply(AcquireReply::Full(f)) => {
-                assert_eq!(f.dimension, Dimension::TenantTransfers);
+                assert_eq!(f.dimension, Some(Dimension::TenantTransfers));
                 assert_eq!((f.held, f.ceiling, f.now_ms), (4, 4, 2000));
                 assert_eq!(f.last_event, StreamId(1700, 3));
                 assert_eq!(f.earliest_expiry_ms, None);

@@ -1,11 +1,12 @@
 //! Criterion benches of a fleet lease (`admission-redis`) on a private `redis-server` this bench
 //! starts on a free loopback port (issue 13):
 //!
-//! - `redis_acquire/lease_acquire`: `try_acquire` of a lease that fits (one script call; the
-//!   release after each is not timed), against `redis_acquire/evalsha_same_size`: one EVALSHA
-//!   of a script padded to the same byte length as the lease script, with the same five keys
-//!   and ten arguments, reading `TIME` and returning ten strings, on a connection built the same
-//!   way. Acquire is one round trip; the ratio is what the script's work adds to it.
+//! - `redis_acquire/lease_acquire`: `try_acquire` of a lease that fits (one function call; the
+//!   release after each is not timed), against `redis_acquire/fcall_same_size`: one `FCALL` of
+//!   a function library padded to the same byte length as the lease library, with the same
+//!   seven keys and ten arguments, reading `TIME` and returning ten strings, on a connection
+//!   built the same way. Acquire is one round trip; the ratio is what the lease function's work
+//!   adds to it. After criterion's rows, `redis_acquire/interleaved` times the two in turn.
 //! - `redis_release/lease_release`: `release` of a held lease (the acquire before it untimed).
 //! - `redis_throughput/two_instances_x32`: 1,024 leases acquired and released by 2 provider
 //!   instances x 32 tasks, with a ceiling of 16 transfers so that tasks wait for each other;
@@ -34,39 +35,50 @@ fn config(port: u16, cell: &str, transfers: u64) -> RedisAdmissionConfig {
         tenant_transfers: transfers,
         backend_transfers: transfers,
     };
-    RedisAdmissionConfig::new("127.0.0.1", port, cell, ceilings)
+    let mut config = RedisAdmissionConfig::new("127.0.0.1", port, cell, ceilings);
+    // Each bench's cell is new on a private server: nothing to recover.
+    config.recover_created_cells = false;
+    config
 }
 
-/// A script of the lease script's byte length that reads the server's clock and returns ten
-/// strings, as an admitted acquire does.
-fn same_size_script() -> redis::Script {
-    let body = "local t = redis.call('TIME')\n\
-                return {'OK', t[1], t[2], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]}\n";
+/// The peer function library's name (and its one function's).
+const PEER: &str = "bench_peer";
+
+/// A function library of the lease library's byte length whose one function reads the
+/// server's clock and returns ten strings, as an admitted acquire does.
+fn same_size_library() -> String {
+    let body = format!(
+        "#!lua name={PEER}\n\
+         redis.register_function('{PEER}', function(keys, args)\n\
+         local t = redis.call('TIME')\n\
+         return {{'OK', t[1], t[2], args[2], args[3], args[4], args[5], args[6], args[7], args[8]}}\n\
+         end)\n"
+    );
     let target = admission_redis::script_source().len();
-    let mut code = String::from(body);
+    let mut code = body;
     while code.len() < target {
         let line =
-            "-- padding to the lease script's length so both cost the same to send and hash\n";
+            "-- padding to the lease library's length so both cost the same to load and keep\n";
         code.push_str(&line[..line.len().min(target - code.len())]);
     }
     assert_eq!(code.len(), target);
-    redis::Script::new(&code)
+    code
 }
 
-/// One call of the peer script: the lease script's five keys and ten arguments.
-async fn peer_call(script: &redis::Script, manager: &redis::aio::ConnectionManager) {
-    let mut invocation = script.prepare_invoke();
-    for k in ["cfg", "occ", "exp", "events", "quota"] {
-        invocation.key(format!("peer:{{bench}}:{k}"));
+/// One call of the peer function: the lease function's seven keys and ten arguments.
+async fn peer_call(manager: &redis::aio::ConnectionManager) {
+    let mut call = redis::cmd("FCALL");
+    call.arg(PEER).arg(7);
+    for k in ["cfg", "occ", "exp", "events", "quota", "line", "live"] {
+        call.arg(format!("peer:{{bench}}:{k}"));
     }
-    invocation
-        .arg("acquire")
+    call.arg("acquire")
         .arg("fingerprint-0000")
         .arg("bench-lease");
-    invocation.arg(TENANT).arg(BACKEND).arg(1 << 20);
-    invocation.arg("upload").arg(10_000).arg(64).arg(0);
+    call.arg(TENANT).arg(BACKEND).arg(1 << 20);
+    call.arg("upload").arg(10_000).arg(64).arg(0);
     let mut conn = manager.clone();
-    let reply: Vec<String> = invocation.invoke_async(&mut conn).await.expect("evalsha");
+    let reply: Vec<String> = call.query_async(&mut conn).await.expect("fcall");
     assert_eq!(reply.len(), 10);
 }
 
@@ -78,7 +90,6 @@ fn interleaved(
     fleet: &RedisAdmission,
     request: &LeaseRequest,
     manager: &redis::aio::ConnectionManager,
-    script: &redis::Script,
 ) {
     const PAIRS: usize = 20_000;
     let mut acquire =
@@ -92,14 +103,14 @@ fn interleaved(
             acquire.saturating_record(start.elapsed().as_nanos().max(1) as u64);
             lease.release(Outcome::Completed).await.expect("released");
             let start = Instant::now();
-            peer_call(script, manager).await;
+            peer_call(manager).await;
             peer.saturating_record(start.elapsed().as_nanos().max(1) as u64);
         }
     });
     let us = |h: &hdrhistogram::Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     println!(
         "redis_acquire/interleaved ({PAIRS} pairs): try_acquire p50 {:.1} us p90 {:.1} us; \
-         one EVALSHA of the same size p50 {:.1} us p90 {:.1} us; p50 ratio {:.2}",
+         one FCALL of the same size p50 {:.1} us p90 {:.1} us; p50 ratio {:.2}",
         us(&acquire, 0.5),
         us(&acquire, 0.9),
         us(&peer, 0.5),
@@ -136,29 +147,37 @@ fn benches(c: &mut Criterion) {
             })
         })
     });
-    let script = same_size_script();
     let manager = runtime.block_on(async {
         let client =
             redis::Client::open(format!("redis://127.0.0.1:{}/", server.port)).expect("client");
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_response_timeout(Some(Duration::from_secs(1)));
-        redis::aio::ConnectionManager::new_with_config(client, config)
+        let mut manager = redis::aio::ConnectionManager::new_with_config(client, config)
             .await
-            .expect("manager")
+            .expect("manager");
+        let loaded: String = redis::cmd("FUNCTION")
+            .arg("LOAD")
+            .arg("REPLACE")
+            .arg(same_size_library())
+            .query_async(&mut manager)
+            .await
+            .expect("loads the peer library");
+        assert_eq!(loaded, PEER);
+        manager
     });
-    group.bench_function("evalsha_same_size", |b| {
+    group.bench_function("fcall_same_size", |b| {
         b.iter_custom(|iters| {
             runtime.block_on(async {
                 let start = Instant::now();
                 for _ in 0..iters {
-                    peer_call(&script, &manager).await;
+                    peer_call(&manager).await;
                 }
                 start.elapsed()
             })
         })
     });
     group.finish();
-    interleaved(&runtime, &fleet, &request, &manager, &script);
+    interleaved(&runtime, &fleet, &request, &manager);
 
     let mut group = c.benchmark_group("redis_release");
     group.bench_function("lease_release", |b| {

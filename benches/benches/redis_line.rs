@@ -4,7 +4,7 @@
 //! 1. `wake`: a release on instance A to the waiter on instance B holding its lease, p50/p99
 //!    over 200 hand-offs, beside the same release observed by a waiter polling `try_acquire`
 //!    every 50 ms (the reference adapter's interval), 100 samples.
-//! 2. `round_trips`: script calls (the server's `cmdstat_evalsha`) per admitted lease, 2
+//! 2. `round_trips`: script calls (the server's `cmdstat_fcall`) per admitted lease, 2
 //!    instances x 32 tasks x 16 leases on a ceiling of 8 transfers.
 //! 3. `fairness`: a head needing the whole 10-byte ceiling while ten 1-byte holders leave one
 //!    every 2 ms: its wait alone, with 8 tasks streaming 1-byte requests through the line beside
@@ -40,6 +40,8 @@ fn config(port: u16, cell: &str, bytes: u64, transfers: u64) -> RedisAdmissionCo
     };
     let mut config = RedisAdmissionConfig::new("127.0.0.1", port, cell, ceilings);
     config.redis_wait = Duration::from_secs(20);
+    // Each bench's cell is new on a private server: nothing to recover.
+    config.recover_created_cells = false;
     config
 }
 
@@ -53,7 +55,7 @@ fn request(id: String, bytes: u64) -> LeaseRequest {
     LeaseRequest::new(id, "tenant", "disk", bytes, "upload")
 }
 
-async fn evalsha_calls(port: u16) -> u64 {
+async fn fcall_calls(port: u16) -> u64 {
     let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("client");
     let mut conn = client
         .get_multiplexed_async_connection()
@@ -66,7 +68,7 @@ async fn evalsha_calls(port: u16) -> u64 {
         .expect("info");
     stats
         .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
         .and_then(|rest| rest.split(',').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
@@ -140,7 +142,7 @@ async fn wake(port: u16) -> Results {
 async fn round_trips(port: u16) -> Results {
     let a = connect(port, "round-trips", 1 << 30, 8).await;
     let b = connect(port, "round-trips", 1 << 30, 8).await;
-    let before = evalsha_calls(port).await;
+    let before = fcall_calls(port).await;
     let start = Instant::now();
     let mut tasks = Vec::new();
     for task in 0..64u64 {
@@ -160,7 +162,7 @@ async fn round_trips(port: u16) -> Results {
         task.await.expect("task");
     }
     let elapsed = start.elapsed();
-    let calls = evalsha_calls(port).await - before;
+    let calls = fcall_calls(port).await - before;
     let leases = 64.0 * 16.0;
     let per = calls as f64 / leases;
     println!(
@@ -267,7 +269,7 @@ async fn hundred(port: u16) -> Results {
         fleet.push(connect(port, "hundred", 1 << 30, 16).await);
     }
     let peak = Arc::new(AtomicU64::new(0));
-    let before = evalsha_calls(port).await;
+    let before = fcall_calls(port).await;
     let start = Instant::now();
     let mut tasks = Vec::new();
     for (p, instance) in fleet.iter().enumerate() {
@@ -292,7 +294,7 @@ async fn hundred(port: u16) -> Results {
         task.await.expect("task");
     }
     let elapsed = start.elapsed().as_secs_f64();
-    let calls = evalsha_calls(port).await - before;
+    let calls = fcall_calls(port).await - before;
     let leases = 100.0 * 4.0 * 10.0;
     let peak = peak.load(Ordering::Relaxed);
     println!(
@@ -340,7 +342,7 @@ async fn sharded(shards: &[RedisServer]) -> Results {
             .collect();
         let mut before = Vec::new();
         for s in shards {
-            before.push(evalsha_calls(s.port).await);
+            before.push(fcall_calls(s.port).await);
         }
         let start = Instant::now();
         let mut tasks = Vec::new();
@@ -368,7 +370,7 @@ async fn sharded(shards: &[RedisServer]) -> Results {
         let leases = 12.0 * 8.0 * 10.0;
         let mut per_shard = Vec::new();
         for (s, b) in shards.iter().zip(&before) {
-            per_shard.push(evalsha_calls(s.port).await - b);
+            per_shard.push(fcall_calls(s.port).await - b);
         }
         println!(
             "sharded ({layout}): {leases} leases on 12 cells in {elapsed:.2} s = {:.0}/s; script calls per shard {per_shard:?}; cells per shard {:?}",

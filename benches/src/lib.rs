@@ -15,7 +15,7 @@
 //! waiters, release to running), `gate_and_bucket`, `elastic_window` and `fixed_window` (each
 //! family beside governor's `check_n`), `memory_gate` (what a green gate adds to an admit), and `db`
 //! (the r2d2 SQLite provider of `admission-db` beside a bare checkout of the same pool), `redis`
-//! (a fleet lease of `admission-redis` beside one EVALSHA of a script of the same size) and
+//! (a fleet lease of `admission-redis` beside one FCALL of a function library of the same size) and
 //! `redis_line` (its own harness: the fleet line's wake latency beside a 50 ms polling loop,
 //! round trips per admitted job, the head's wait with and without small followers, and a
 //! simulation of 100 processes on one cell and of cells sharded by hash tag). Both start a

@@ -103,6 +103,9 @@ pub fn cell_config(
 }
 
 /// The cells of every model in `catalog`, connected (each created by whoever comes first).
+/// `new_cells`: the names were never used before (a run's own prefix), so a cell created now
+/// admits at once; otherwise a cell this call creates recovers first (the default: it may have
+/// been lost with leases still running, as when the server restarted empty).
 ///
 /// # Errors
 ///
@@ -112,12 +115,14 @@ pub async fn connect_all(
     (host, port): (&str, u16),
     prefix: &str,
     wait: Duration,
+    new_cells: bool,
 ) -> anyhow::Result<BTreeMap<String, (RedisAdmission, ModelCeiling)>> {
     let mut cells = BTreeMap::new();
     for spec in &catalog.models {
         let ceiling = model_ceiling(spec);
         let cell = cell_name(prefix, &spec.id);
-        let config = cell_config(host, port, &cell, ceiling, wait);
+        let mut config = cell_config(host, port, &cell, ceiling, wait);
+        config.recover_created_cells = !new_cells;
         let admission = RedisAdmission::connect(config)
             .await
             .with_context(|| format!("connecting to the cell {cell} on {host}:{port}"))?;
@@ -239,7 +244,8 @@ impl Cells {
         prefix: &str,
         wait: Duration,
     ) -> anyhow::Result<Cells> {
-        let cells = connect_all(catalog, endpoint, prefix, wait).await?;
+        // The parent created the run's cells; one created again now was lost mid-run.
+        let cells = connect_all(catalog, endpoint, prefix, wait, false).await?;
         let tallies = cells
             .keys()
             .map(|m| (m.clone(), Tally::default()))
@@ -319,7 +325,8 @@ impl Cells {
                 if let Ok(mut failed) = self.failed_waits.lock() {
                     failed.insert(job.name.clone(), deadline_ms);
                 }
-                if let AcquireError::TimedOut { .. } = error {
+                // A wait that ran out, on a full cell or on one still recovering.
+                if let AcquireError::TimedOut { .. } | AcquireError::Recovering { .. } = error {
                     tally.timed_out.fetch_add(1, Ordering::Relaxed);
                     Err(JobOutcome::TimedOut)
                 } else {

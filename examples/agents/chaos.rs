@@ -6,9 +6,9 @@
 //! - `restart`: the private `redis-server` is SIGKILLed and started again on the same port
 //!   `--chaos-down-ms` later ([`DEFAULT_DOWN_MS`] by default). For this fault it runs with an
 //!   append-only file (fsync every second; a killed process loses nothing it acknowledged, the
-//!   page cache survives it), so the cells come back as they were: this is a restart the fleet
-//!   must ride through, not the restart that empties the server (that one lets a re-created cell
-//!   admit its full ceilings beside earlier holders and is out of scope here).
+//!   page cache survives it), so the cells come back as they were. The restarted server is
+//!   another process, so each cell recovers for one lease TTL after its first call (it admits
+//!   nothing new while the members renew their leases back): the outage lasts until then.
 //! - `pause`: `CLIENT PAUSE` for `--chaos-pause-ms` ([`DEFAULT_PAUSE_MS`] by default; every
 //!   client's commands wait on the server).
 //! - `kill-member`: the last member is SIGKILLed. Its leases stay held until their TTL and its
@@ -16,15 +16,16 @@
 //!
 //! The outage is the window of wall-clock time (milliseconds since the Unix epoch, the clock
 //! every process of the machine shares) during which the fleet could not be served: from the
-//! fault to the server's answer again (restart: its "ready" line; pause: the pause's end, timed
-//! from the command's reply), or to the dead member's TTL. A job that did not complete is
+//! fault to the server's answer again (restart: its "ready" line, plus the cells' recovery of one
+//! TTL; pause: the pause's end, timed from the command's reply), or to the dead member's TTL. A job that did not complete is
 //! excused only if its *own* deadline (the deadline of the fleet-lease wait that ended it, as its
 //! member recorded it) fell inside that window, or within [`RECONNECT_ALLOWANCE`] after it; any
 //! other failed or timed-out job fails the run, as does one whose end had no lease deadline.
 //!
-//! After a restart or a pause the verdict also gives the time from the server's return (the end
-//! of the outage) to the first admission after it: the earliest `admitted` record of the cells'
-//! events streams whose server time is at or after the outage's end ([`first_admission_after`]).
+//! After a restart or a pause the verdict also gives the time from the server's return (its
+//! "ready" line, or the pause's end) to the first admission after it: the earliest `admitted`
+//! record of the cells' events streams whose server time is at or after the return
+//! ([`first_admission_after`]); after a restart, that is the recovery's price.
 //! Both are wall-clock milliseconds of this machine, which the server and the processes share.
 
 use std::process::Child;
@@ -85,8 +86,10 @@ pub struct Outage {
     pub fault: Fault,
     /// When it began (the moment before the fault was injected).
     pub start_ms: u64,
-    /// When the fleet could be served again.
+    /// When the fleet could be served again (after a restart: once the cells recovered).
     pub end_ms: u64,
+    /// When the server answered again (a restart, a pause), or `end_ms`.
+    pub returned_ms: u64,
 }
 
 impl Outage {
@@ -243,6 +246,7 @@ impl Injector {
                             fault: self.fault,
                             start_ms,
                             end_ms,
+                            returned_ms: end_ms,
                         });
                         format!(
                             "chaos: CLIENT PAUSE {} sent at {at}; the pause ends by {}",
@@ -269,6 +273,7 @@ impl Injector {
                     fault: self.fault,
                     start_ms,
                     end_ms,
+                    returned_ms: end_ms,
                 });
                 format!(
                     "chaos: process {index} SIGKILLed at {at}; its leases and tickets are held until their TTL, by {}",
@@ -285,16 +290,21 @@ impl Injector {
         };
         match server.restart() {
             Ok(()) => {
-                let end_ms = wall_ms();
+                let ready_ms = wall_ms();
+                // A restarted server makes every cell recover: nothing new is admitted for one
+                // lease TTL after its first call, so the outage a job sees lasts that long more.
+                let end_ms = ready_ms.saturating_add(millis(self.lease_ttl));
                 self.outage = Some(Outage {
                     fault: self.fault,
                     start_ms,
                     end_ms,
+                    returned_ms: ready_ms,
                 });
                 format!(
-                    "chaos: redis-server ready again at {} (down {:.2} s)",
-                    offset(end_ms, self.origin_ms),
-                    (end_ms.saturating_sub(start_ms)) as f64 / 1_000.0
+                    "chaos: redis-server ready again at {} (down {:.2} s); the cells recover (admit nothing new) until about {}",
+                    offset(ready_ms, self.origin_ms),
+                    (ready_ms.saturating_sub(start_ms)) as f64 / 1_000.0,
+                    offset(end_ms, self.origin_ms)
                 )
             }
             Err(error) => self.fail(format!("redis-server did not start again: {error:#}")),
@@ -455,6 +465,7 @@ mod tests {
             fault: Fault::Restart,
             start_ms: 10_000,
             end_ms: 12_050,
+            returned_ms: 12_050,
         };
         let allowance = Duration::from_millis(500);
         assert!(!outage.covers(9_999, allowance));

@@ -442,7 +442,10 @@ pub fn run_fleet(
         }
     });
     let host_port = (endpoint.host.as_str(), endpoint.port);
-    let cells = runtime.block_on(cells::connect_all(catalog, host_port, &prefix, wait))?;
+    // The run's cells are new (its own prefix): nothing can hold a lease of them yet, so the
+    // parent creates them admitting at once; members keep the default and recover a cell that
+    // is created again mid-run (a server restarted empty).
+    let cells = runtime.block_on(cells::connect_all(catalog, host_port, &prefix, wait, true))?;
     let lease_ttl = cells
         .values()
         .next()
@@ -590,7 +593,7 @@ pub fn run_fleet(
     let returned_ms = outage
         .as_ref()
         .filter(|o| o.fault != Fault::KillMember)
-        .map(|o| o.end_ms);
+        .map(|o| o.returned_ms);
     let read_until = Instant::now() + READ_RETRY_FOR;
     let calls_after = runtime.block_on(with_retries(read_until, || {
         redis_server::script_calls(&endpoint)
@@ -1255,7 +1258,7 @@ pub fn render(
         Ok(calls) => {
             let _ = writeln!(
                 out,
-                "round trips: {calls} script calls (EVALSHA/EVAL, counted by the server, connects included) for {leases} leases admitted ({admitted} admitted records): {} per admitted lease",
+                "round trips: {calls} script calls (FCALL/EVALSHA/EVAL, counted by the server, connects included) for {leases} leases admitted ({admitted} admitted records): {} per admitted lease",
                 per_lease(*calls, leases)
             );
         }
@@ -1510,6 +1513,7 @@ mod tests {
             fault: Fault::Pause,
             start_ms: 11_000,
             end_ms: 14_000,
+            returned_ms: 14_000,
         };
         let ends = [
             (

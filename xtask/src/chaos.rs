@@ -17,9 +17,12 @@
 //! A run passes when it prints `check: passed` and exits 0: every job ended, none failed but
 //! those whose own deadline fell inside the outage (the run prints how many failed and how many
 //! of those), no ceiling was exceeded, and nothing was held in Redis at the end. A lease wait
-//! lasts 12 s of real time (`--admit-timeout 3600` at the scale of 300), longer than every
-//! outage (2 s, 3 s, and the 10 s TTL of a killed member's leases and tickets): a job waiting
-//! through one has time left after it, so a fleet that recovers fails no job at all.
+//! lasts 12 s of real time (`--admit-timeout 3600` at the scale of 300), longer than the pause
+//! (3 s) and the 10 s TTL of a killed member's leases and tickets: a job waiting through one has
+//! time left after it. A restarted server makes every cell recover for one lease TTL (10 s: it
+//! admits nothing new while holders renew their leases back), so the restart's outage lasts
+//! from the kill to one TTL after the server's return (about 12 s), and jobs whose wait ended in
+//! it fail, excused.
 //!
 //! # Signals to the parent
 //!

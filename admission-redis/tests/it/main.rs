@@ -8,6 +8,7 @@ mod leases;
 mod line;
 mod metrics;
 mod real_time;
+mod recovery;
 mod rules;
 mod servers;
 mod support;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use admission_redis::{
     LeaseError, LeaseRequest, Outcome, hashed_id, production_script_source, read_events,
+    script_source,
 };
 
 use crate::support::{
@@ -361,19 +362,41 @@ async fn the_production_script_has_no_operation_that_moves_time() {
     };
     let source = production_script_source();
     assert!(!source.contains("'skew'"));
-    let script = redis::Script::new(&source);
+    // The production library, loaded under its own name beside the test build's.
+    let name = source
+        .lines()
+        .next()
+        .and_then(|line| line.strip_prefix("#!lua name="))
+        .expect("a library")
+        .to_owned();
+    assert!(name.starts_with("admission_"), "{name}");
+    assert_ne!(
+        format!("#!lua name={name}"),
+        script_source().lines().next().unwrap()
+    );
+    let mut conn = raw_connection(&host, port).await;
+    let loaded: String = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg("REPLACE")
+        .arg(&source)
+        .query_async(&mut conn)
+        .await
+        .expect("loads");
+    assert_eq!(loaded, name);
     let cell = cell("production_script");
     let keys: Vec<String> = ["cfg", "occ", "exp", "events", "quota", "line", "live"]
         .iter()
         .map(|k| format!("it:{{{cell}}}:{k}"))
         .collect();
-    let mut conn = raw_connection(&host, port).await;
-    let mut invocation = script.prepare_invoke();
-    for key in &keys {
-        invocation.key(key);
-    }
-    invocation.arg("skew").arg("any-fingerprint").arg("3600000");
-    let reply: redis::RedisResult<Vec<String>> = invocation.invoke_async(&mut conn).await;
+    let skew = |keys: Vec<String>, fingerprint: String| {
+        let mut call = redis::cmd("FCALL");
+        call.arg(&name).arg(keys.len()).arg(keys);
+        call.arg("skew").arg(fingerprint).arg("3600000");
+        call
+    };
+    let reply: redis::RedisResult<Vec<String>> = skew(keys, "any-fingerprint".into())
+        .query_async(&mut conn)
+        .await;
     match reply {
         Err(error) => assert!(
             error.to_string().contains("unknown operation skew"),
@@ -385,13 +408,8 @@ async fn the_production_script_has_no_operation_that_moves_time() {
     // With the cell created, the operation is unknown.
     let fleet = connect(config(&host, port, &cell, ceilings(10, 1, 10, 1, 1))).await;
     let fingerprint = fleet.config().fingerprint();
-    let mut invocation = script.prepare_invoke();
-    for key in fleet.keys() {
-        invocation.key(key);
-    }
-    invocation.arg("skew").arg(&fingerprint).arg("3600000");
-    let error = invocation
-        .invoke_async::<Vec<String>>(&mut conn)
+    let error = skew(fleet.keys().to_vec(), fingerprint)
+        .query_async::<Vec<String>>(&mut conn)
         .await
         .expect_err("no skew in production");
     assert!(

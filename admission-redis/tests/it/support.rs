@@ -94,6 +94,8 @@ pub(crate) fn config(
     // A renewal that meets a dead connection ends before the next is due.
     config.connect_timeout = Duration::from_millis(300);
     config.response_timeout = Duration::from_millis(700);
+    // Every test's cell is new (its name is unique): nothing can hold a lease of it from before.
+    config.recover_created_cells = false;
     config
 }
 
@@ -406,7 +408,7 @@ pub(crate) async fn script_calls(port: u16) -> u64 {
         .expect("info");
     stats
         .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+        .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
         .and_then(|rest| rest.split(',').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
