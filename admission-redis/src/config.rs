@@ -139,10 +139,15 @@ pub struct TenantMode {
 /// ```
 #[derive(Clone, Debug)]
 pub struct RedisAdmissionConfig {
-    /// Server host name or address.
+    /// Server host name or address (with `cluster_nodes`, the first seed node's).
     pub host: String,
-    /// Server port.
+    /// Server port (with `cluster_nodes`, the first seed node's).
     pub port: u16,
+    /// The seed nodes of a Redis Cluster (host, port), or empty for one server at `host:port`.
+    /// The cluster client learns the rest of the cluster from them and follows its slots through
+    /// a failover; the cell's hash tag keeps every transition in one slot. See
+    /// [`RedisAdmissionConfig::cluster`].
+    pub cluster_nodes: Vec<(String, u16)>,
     /// Database number.
     pub db: i64,
     /// ACL user name, if any.
@@ -220,6 +225,7 @@ impl RedisAdmissionConfig {
         RedisAdmissionConfig {
             host: host.into(),
             port,
+            cluster_nodes: Vec::new(),
             db: 0,
             username: None,
             password: None,
@@ -244,6 +250,37 @@ impl RedisAdmissionConfig {
         }
     }
 
+    /// As [`new`](RedisAdmissionConfig::new), for a cell on a Redis Cluster reached through
+    /// `nodes` (one is enough; each is tried in turn to learn the cluster).
+    ///
+    /// ```
+    /// use admission_redis::{Ceilings, RedisAdmissionConfig};
+    ///
+    /// let ceilings = Ceilings {
+    ///     service_bytes: 1 << 30,
+    ///     service_transfers: 64,
+    ///     tenant_bytes: 256 << 20,
+    ///     tenant_transfers: 16,
+    ///     backend_transfers: 32,
+    /// };
+    /// let nodes = [("10.0.0.1", 7000), ("10.0.0.2", 7000)];
+    /// let config = RedisAdmissionConfig::cluster(nodes, "uploads-eu-1", ceilings);
+    /// assert_eq!((config.host.as_str(), config.port), ("10.0.0.1", 7000));
+    /// assert_eq!(config.cluster_nodes.len(), 2);
+    /// assert!(config.validate().is_ok());
+    /// ```
+    pub fn cluster<H: Into<String>>(
+        nodes: impl IntoIterator<Item = (H, u16)>,
+        cell: impl Into<String>,
+        ceilings: Ceilings,
+    ) -> RedisAdmissionConfig {
+        let nodes: Vec<(String, u16)> = nodes.into_iter().map(|(h, p)| (h.into(), p)).collect();
+        let (host, port) = nodes.first().cloned().unwrap_or_default();
+        let mut config = RedisAdmissionConfig::new(host, port, cell, ceilings);
+        config.cluster_nodes = nodes;
+        config
+    }
+
     /// Checks every field; the error names the first that cannot work.
     ///
     /// # Errors
@@ -255,6 +292,28 @@ impl RedisAdmissionConfig {
         check_id("cell", &self.cell)?;
         if self.host.is_empty() {
             return Err(ConfigError::new("host", "is empty"));
+        }
+        if let Some((host, port)) = self
+            .cluster_nodes
+            .iter()
+            .find(|(host, port)| host.is_empty() || *port == 0)
+        {
+            return Err(ConfigError::new(
+                "cluster_nodes",
+                format!("has the node {host:?}:{port}: a node needs a host and a port"),
+            ));
+        }
+        if !self.cluster_nodes.is_empty() && self.db != 0 {
+            return Err(ConfigError::new(
+                "db",
+                format!("is {}: a Redis Cluster has only database 0", self.db),
+            ));
+        }
+        if !self.cluster_nodes.is_empty() && self.tls.is_some() {
+            return Err(ConfigError::new(
+                "tls",
+                "is set with cluster_nodes: TLS to a Redis Cluster is not supported yet",
+            ));
         }
         for (field, value) in [
             ("ceilings.service_bytes", c.service_bytes),

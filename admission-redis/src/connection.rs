@@ -1,16 +1,104 @@
-//! Connections to the server: the client built from the config's parts (TLS included), the
-//! reconnecting manager every script call goes through, the dedicated connection of a blocking
-//! read, and the check of the server's eviction policy.
+//! Connections to the server or the cluster: the client built from the config's parts (TLS
+//! included), the reconnecting connection every call goes through, the dedicated connection of
+//! a blocking read, and the check of the server's eviction policy.
 //!
 //! The password goes into `RedisConnectionInfo`, whose `Debug` redacts it, never into a URL.
 
+use std::time::Duration;
+
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
-use redis::{AsyncConnectionConfig, Client, ConnectionAddr, ConnectionInfo, RedisConnectionInfo};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::{
+    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, FromRedisValue,
+    RedisConnectionInfo,
+};
 
 use crate::config::{EvictionCheck, RedisAdmissionConfig};
 use crate::error::ConnectError;
 
-/// Builds the client from parts.
+/// How a cell's server is reached: one server, or a Redis Cluster (its client follows the slots,
+/// MOVED replies and failovers itself).
+#[derive(Clone)]
+pub(crate) enum Clients {
+    Server(Client),
+    Cluster(Box<ClusterClient>),
+}
+
+/// The connection every call goes through: cheap to clone, reconnecting on its own.
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Server(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Conn {
+    /// Sends `command` (to the node of its keys' slot, on a cluster).
+    pub(crate) async fn query<T: FromRedisValue>(&self, command: &Cmd) -> redis::RedisResult<T> {
+        match self {
+            Conn::Server(manager) => command.query_async(&mut manager.clone()).await,
+            Conn::Cluster(cluster) => command.query_async(&mut cluster.clone()).await,
+        }
+    }
+}
+
+/// A connection of its own for one blocking reader.
+pub(crate) enum ReadConn {
+    Server(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl ReadConn {
+    /// Sends `command` and waits for its reply, however long the command blocks.
+    pub(crate) async fn query<T: FromRedisValue>(
+        &mut self,
+        command: &Cmd,
+    ) -> redis::RedisResult<T> {
+        match self {
+            ReadConn::Server(conn) => command.query_async(conn).await,
+            ReadConn::Cluster(conn) => command.query_async(conn).await,
+        }
+    }
+}
+
+/// Builds the clients from the config: one server's, or a cluster's.
+pub(crate) fn clients(config: &RedisAdmissionConfig) -> redis::RedisResult<Clients> {
+    if config.cluster_nodes.is_empty() {
+        return build_client(config).map(Clients::Server);
+    }
+    cluster_builder(config, config.response_timeout)
+        .build()
+        .map(|client| Clients::Cluster(Box::new(client)))
+}
+
+/// A cluster client's builder: the seed nodes, the credentials and the config's timeouts, with
+/// `response_timeout` for each command.
+fn cluster_builder(
+    config: &RedisAdmissionConfig,
+    response_timeout: Duration,
+) -> ClusterClientBuilder {
+    let nodes = config
+        .cluster_nodes
+        .iter()
+        .map(|(host, port)| ConnectionAddr::Tcp(host.clone(), *port));
+    let mut builder = ClusterClientBuilder::new(nodes.collect::<Vec<_>>())
+        .connection_timeout(config.connect_timeout)
+        .response_timeout(response_timeout)
+        // A call is retried by the caller until its own deadline (see `script.rs`): the
+        // cluster client's own retries (a MOVED reply, a node that went away) stay short.
+        .retries(u32::try_from(config.reconnect_retries).unwrap_or(u32::MAX))
+        .min_retry_wait(10)
+        .max_retry_wait(u64::try_from(config.connect_timeout.as_millis()).unwrap_or(u64::MAX));
+    if let Some(user) = &config.username {
+        builder = builder.username(user);
+    }
+    if let Some(password) = &config.password {
+        builder = builder.password(password.expose());
+    }
+    builder
+}
+
+/// Builds one server's client from parts.
 pub(crate) fn build_client(config: &RedisAdmissionConfig) -> redis::RedisResult<Client> {
     let mut redis_info = RedisConnectionInfo::default().set_db(config.db);
     if let Some(user) = &config.username {
@@ -33,42 +121,59 @@ pub(crate) fn build_client(config: &RedisAdmissionConfig) -> redis::RedisResult<
 /// response timeouts, and a bounded number of reconnection attempts per failure (a caller that
 /// still has time retries the call itself; see `script.rs`).
 pub(crate) async fn manager(
-    client: &Client,
+    clients: &Clients,
     config: &RedisAdmissionConfig,
-) -> redis::RedisResult<ConnectionManager> {
-    let manager_config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(config.connect_timeout))
-        .set_response_timeout(Some(config.response_timeout))
-        .set_number_of_retries(config.reconnect_retries)
-        .set_max_delay(config.connect_timeout);
-    ConnectionManager::new_with_config(client.clone(), manager_config).await
+) -> redis::RedisResult<Conn> {
+    match clients {
+        Clients::Server(client) => {
+            let manager_config = ConnectionManagerConfig::new()
+                .set_connection_timeout(Some(config.connect_timeout))
+                .set_response_timeout(Some(config.response_timeout))
+                .set_number_of_retries(config.reconnect_retries)
+                .set_max_delay(config.connect_timeout);
+            ConnectionManager::new_with_config(client.clone(), manager_config)
+                .await
+                .map(Conn::Server)
+        }
+        Clients::Cluster(cluster) => cluster.get_async_connection().await.map(Conn::Cluster),
+    }
 }
 
-/// A connection of its own for blocking reads: no response timeout (`XREAD BLOCK`).
+/// A connection of its own for blocking reads of at most `block`: no response timeout on one
+/// server (`XREAD BLOCK`); on a cluster, whose client always has one, the block plus a response
+/// time.
 pub(crate) async fn blocking_connection(
-    client: &Client,
+    clients: &Clients,
     config: &RedisAdmissionConfig,
-) -> redis::RedisResult<MultiplexedConnection> {
-    let connection_config = AsyncConnectionConfig::new()
-        .set_connection_timeout(Some(config.connect_timeout))
-        .set_response_timeout(None);
-    client
-        .get_multiplexed_async_connection_with_config(&connection_config)
-        .await
+    block: Duration,
+) -> redis::RedisResult<ReadConn> {
+    match clients {
+        Clients::Server(client) => {
+            let connection_config = AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(config.connect_timeout))
+                .set_response_timeout(None);
+            client
+                .get_multiplexed_async_connection_with_config(&connection_config)
+                .await
+                .map(ReadConn::Server)
+        }
+        Clients::Cluster(_) => cluster_builder(config, block + config.response_timeout)
+            .build()?
+            .get_async_connection()
+            .await
+            .map(ReadConn::Cluster),
+    }
 }
 
 /// Refuses (or warns about, as configured) a server that may evict keys: an evicted lease record
 /// would hand its capacity out twice.
 pub(crate) async fn check_eviction(
-    conn: &ConnectionManager,
+    conn: &Conn,
     config: &RedisAdmissionConfig,
 ) -> Result<(), ConnectError> {
-    let mut conn = conn.clone();
-    let reply: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("maxmemory-policy")
-        .query_async(&mut conn)
-        .await;
+    let mut command = redis::cmd("CONFIG");
+    command.arg("GET").arg("maxmemory-policy");
+    let reply: redis::RedisResult<Vec<String>> = conn.query(&command).await;
     match reply {
         Ok(pair) => {
             let policy = pair.get(1).cloned().unwrap_or_default();

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{MAX_EXACT, RedisAdmissionConfig};
-use crate::connection::{build_client, check_eviction, manager};
+use crate::connection::{check_eviction, clients, manager};
 use crate::error::{
     AcquireError, ConnectError, LeaseError, PolicyError, QuotaError, QuotaKind, Unavailable,
 };
@@ -120,10 +120,10 @@ impl RedisAdmission {
             operation: "connect",
             source,
         };
-        let client = build_client(&config).map_err(unavailable)?;
-        let conn = manager(&client, &config).await.map_err(unavailable)?;
+        let clients = clients(&config).map_err(unavailable)?;
+        let conn = manager(&clients, &config).await.map_err(unavailable)?;
         check_eviction(&conn, &config).await?;
-        let cell = Arc::new(Cell::new(config, conn, client));
+        let cell = Arc::new(Cell::new(config, conn, clients));
         let created = cell
             .call::<Created>(&Op::Init, cell.default_deadline())
             .await?;

@@ -18,12 +18,12 @@
 use std::fmt;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
-use redis::{Client, FromRedisValue, ParsingError, Value};
+use redis::{FromRedisValue, ParsingError, Value};
 use sha2::Digest;
 use tokio::time::Instant;
 
 use crate::config::RedisAdmissionConfig;
+use crate::connection::{Clients, Conn};
 use crate::error::{Dimension, NeverReason, Unavailable};
 
 /// The library as written: the test-util parts included, its name a placeholder.
@@ -717,8 +717,8 @@ pub(crate) struct Cell {
     pub(crate) fingerprint: String,
     /// The seven keys, in the script's KEYS order.
     keys: [String; 7],
-    conn: ConnectionManager,
-    pub(crate) client: Client,
+    conn: Conn,
+    pub(crate) clients: Clients,
 }
 
 /// The first pause before a retry, and the longest.
@@ -726,11 +726,7 @@ const FIRST_PAUSE: Duration = Duration::from_millis(10);
 const LONGEST_PAUSE: Duration = Duration::from_millis(250);
 
 impl Cell {
-    pub(crate) fn new(
-        config: RedisAdmissionConfig,
-        conn: ConnectionManager,
-        client: Client,
-    ) -> Cell {
+    pub(crate) fn new(config: RedisAdmissionConfig, conn: Conn, clients: Clients) -> Cell {
         let tag = format!("{}:{{{}}}", config.key_prefix, config.cell);
         let keys =
             ["cfg", "occ", "exp", "events", "quota", "line", "live"].map(|k| format!("{tag}:{k}"));
@@ -739,7 +735,7 @@ impl Cell {
             config,
             keys,
             conn,
-            client,
+            clients,
         }
     }
 
@@ -794,15 +790,14 @@ impl Cell {
         let mut from = "-".to_string();
         loop {
             let read = || async {
-                let mut conn = self.conn.clone();
-                let page: redis::streams::StreamRangeReply = redis::AsyncCommands::xrange_count(
-                    &mut conn,
-                    self.events_key(),
-                    &from,
-                    "+",
-                    PAGE,
-                )
-                .await?;
+                let mut command = redis::cmd("XRANGE");
+                command
+                    .arg(self.events_key())
+                    .arg(&from)
+                    .arg("+")
+                    .arg("COUNT")
+                    .arg(PAGE);
+                let page: redis::streams::StreamRangeReply = self.conn.query(&command).await?;
                 Ok(page)
             };
             let page = self.retrying("read_events", deadline, read).await?.0;
@@ -915,11 +910,10 @@ impl Cell {
         command: &redis::Cmd,
         deadline: Instant,
     ) -> redis::RedisResult<T> {
-        let mut conn = self.conn.clone();
         let bound = deadline
             .saturating_duration_since(Instant::now())
             .max(self.config.response_timeout);
-        match tokio::time::timeout(bound, command.query_async(&mut conn)).await {
+        match tokio::time::timeout(bound, self.conn.query(command)).await {
             Ok(result) => result,
             Err(_) => Err(redis::RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use redis::streams::{StreamReadOptions, StreamReadReply};
+use redis::streams::StreamReadReply;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -171,6 +171,9 @@ impl Wakeups {
     }
 }
 
+/// The longest one blocking read waits for news.
+const BLOCK: Duration = Duration::from_secs(5);
+
 async fn read(
     cell: std::sync::Weak<Cell>,
     slots: Slots,
@@ -186,7 +189,7 @@ async fn read(
         let key = strong.events_key().to_owned();
         let retry = strong.config.connect_timeout;
         if conn.is_none() {
-            match blocking_connection(&strong.client, &strong.config).await {
+            match blocking_connection(&strong.clients, &strong.config, BLOCK).await {
                 Ok(c) => conn = Some(c),
                 Err(error) => {
                     drop(strong);
@@ -199,9 +202,16 @@ async fn read(
         drop(strong);
         let Some(c) = conn.as_mut() else { continue };
         // Block for a bounded time so that a provider dropped meanwhile ends the reader.
-        let options = StreamReadOptions::default().block(5_000).count(256);
-        let reply: redis::RedisResult<Option<StreamReadReply>> =
-            redis::AsyncCommands::xread_options(c, &[&key], &[last.render()], &options).await;
+        let mut command = redis::cmd("XREAD");
+        command
+            .arg("COUNT")
+            .arg(256)
+            .arg("BLOCK")
+            .arg(BLOCK.as_millis() as u64)
+            .arg("STREAMS")
+            .arg(&key)
+            .arg(last.render());
+        let reply: redis::RedisResult<Option<StreamReadReply>> = c.query(&command).await;
         match reply {
             Ok(Some(reply)) => {
                 let mut gap = false;

@@ -1,6 +1,7 @@
 //! The integration tests of `admission-redis`, against real `redis-server`s: the one `cargo xtask
 //! ci` starts (`ADMISSION_REDIS_URL`), and private ones for stopping, restarting, TLS and a crash.
 
+mod cluster;
 mod config;
 mod faults;
 mod fleet;
