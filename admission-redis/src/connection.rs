@@ -20,9 +20,13 @@ use crate::error::ConnectError;
 /// How a cell's server is reached: one server, or a Redis Cluster (its client follows the slots,
 /// MOVED replies and failovers itself).
 #[derive(Clone)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one per cell, built once and never moved on a hot path"
+)]
 pub(crate) enum Clients {
     Server(Client),
-    Cluster(Box<ClusterClient>),
+    Cluster(ClusterClient),
 }
 
 /// The connection every call goes through: cheap to clone, reconnecting on its own.
@@ -68,7 +72,7 @@ pub(crate) fn clients(config: &RedisAdmissionConfig) -> redis::RedisResult<Clien
     }
     cluster_builder(config, config.response_timeout)
         .build()
-        .map(|client| Clients::Cluster(Box::new(client)))
+        .map(Clients::Cluster)
 }
 
 /// A cluster client's builder: the seed nodes, the credentials and the config's timeouts, with
