@@ -423,9 +423,10 @@ async fn a_master_killed_under_load_fails_closed_then_resumes_with_no_ceiling_ex
         .min()
         .unwrap();
     eprintln!(
-        "cluster_failover: new master after {elected_after:?}; first grant {first_after:?} after the kill; {} acquisitions unavailable; {} lost; {} grants before, {} after",
+        "cluster_failover: new master after {elected_after:?}; first grant {first_after:?} after the kill; {} acquisitions unavailable; {} lost; most running {} of {CEILING}; {} grants before, {} after",
         unavailable.load(Ordering::SeqCst),
         lost.load(Ordering::SeqCst),
+        most.load(Ordering::SeqCst),
         before.len(),
         after.len()
     );
