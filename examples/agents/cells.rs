@@ -33,6 +33,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::chaos::{self, EndKind, Hold, JobEnd};
 use crate::clock::ScaledClock;
+use crate::redis_server::FleetRedis;
 use crate::stats::JobOutcome;
 use crate::stop::Stop;
 use crate::workload::{JobPlan, StepPlan};
@@ -79,11 +80,12 @@ pub fn cell_name(prefix: &str, model: &str) -> String {
     format!("{prefix}-{model}")
 }
 
-/// The config every process of the fleet uses for a model's cell (they must agree: the cell
-/// keeps the first one's fingerprint). `wait` is the longest a lease may wait, in real time.
+/// The config every process of the fleet uses for a model's cell on `redis` (they must agree:
+/// the cell keeps the first one's fingerprint): on a cluster, its seed nodes, the cell's name
+/// (with the key prefix, its keys' hash tag) choosing the master that serves it. `wait` is the
+/// longest a lease may wait, in real time.
 pub fn cell_config(
-    host: &str,
-    port: u16,
+    redis: &FleetRedis,
     cell: &str,
     ceiling: ModelCeiling,
     wait: Duration,
@@ -95,7 +97,16 @@ pub fn cell_config(
         tenant_transfers: ceiling.requests,
         backend_transfers: ceiling.requests,
     };
-    let mut config = RedisAdmissionConfig::new(host, port, cell, ceilings);
+    let mut config = match redis {
+        FleetRedis::Server(endpoint) => {
+            RedisAdmissionConfig::new(endpoint.host.as_str(), endpoint.port, cell, ceilings)
+        }
+        FleetRedis::Cluster(nodes) => RedisAdmissionConfig::cluster(
+            nodes.0.iter().map(|n| (n.host.as_str(), n.port)),
+            cell,
+            ceilings,
+        ),
+    };
     config.events_max_len = EVENTS_MAX_LEN;
     config.redis_wait = wait;
     config.local_timeout = wait;
@@ -112,7 +123,7 @@ pub fn cell_config(
 /// When a cell's config is refused or the server cannot be reached.
 pub async fn connect_all(
     catalog: &ModelCatalog,
-    (host, port): (&str, u16),
+    redis: &FleetRedis,
     prefix: &str,
     wait: Duration,
     new_cells: bool,
@@ -121,11 +132,11 @@ pub async fn connect_all(
     for spec in &catalog.models {
         let ceiling = model_ceiling(spec);
         let cell = cell_name(prefix, &spec.id);
-        let mut config = cell_config(host, port, &cell, ceiling, wait);
+        let mut config = cell_config(redis, &cell, ceiling, wait);
         config.recover_created_cells = !new_cells;
         let admission = RedisAdmission::connect(config)
             .await
-            .with_context(|| format!("connecting to the cell {cell} on {host}:{port}"))?;
+            .with_context(|| format!("connecting to the cell {cell} on {redis}"))?;
         cells.insert(spec.id.clone(), (admission, ceiling));
     }
     Ok(cells)
@@ -231,7 +242,7 @@ pub struct CellReading {
 }
 
 impl Cells {
-    /// Connects member `member` to the cells named from `prefix` on `endpoint`. Runs inside the
+    /// Connects member `member` to the cells named from `prefix` on `redis`. Runs inside the
     /// runtime its leases will live on.
     ///
     /// # Errors
@@ -240,12 +251,12 @@ impl Cells {
     pub async fn connect(
         member: u32,
         catalog: &ModelCatalog,
-        endpoint: (&str, u16),
+        redis: &FleetRedis,
         prefix: &str,
         wait: Duration,
     ) -> anyhow::Result<Cells> {
         // The parent created the run's cells; one created again now was lost mid-run.
-        let cells = connect_all(catalog, endpoint, prefix, wait, false).await?;
+        let cells = connect_all(catalog, redis, prefix, wait, false).await?;
         let tallies = cells
             .keys()
             .map(|m| (m.clone(), Tally::default()))
@@ -476,9 +487,9 @@ mod tests {
             }
         );
         assert_eq!(cell_name("agents-7", "model-a"), "agents-7-model-a");
+        let server = FleetRedis::Server("127.0.0.1:6379".parse().unwrap());
         let config = cell_config(
-            "127.0.0.1",
-            6379,
+            &server,
             "agents-7-model-a",
             ceiling("model-a"),
             Duration::from_secs(6),
@@ -486,5 +497,54 @@ mod tests {
         assert!(config.validate().is_ok());
         assert_eq!(config.ceilings.service_bytes, 10_416);
         assert_eq!(config.ceilings.backend_transfers, 7);
+        assert!(config.cluster_nodes.is_empty());
+        assert_eq!((config.host.as_str(), config.port), ("127.0.0.1", 6379));
+    }
+
+    #[test]
+    fn a_cell_on_a_cluster_gets_every_seed_node_and_the_same_settings() {
+        let cluster = FleetRedis::Cluster(
+            "127.0.0.1:7001,127.0.0.1:7002,10.0.0.3:7000"
+                .parse()
+                .unwrap(),
+        );
+        let ceiling = ModelCeiling {
+            tokens: 10_416,
+            requests: 7,
+        };
+        let wait = Duration::from_secs(12);
+        let config = cell_config(&cluster, "agents-7-model-a", ceiling, wait);
+        assert!(config.validate().is_ok());
+        assert_eq!(
+            config.cluster_nodes,
+            [
+                ("127.0.0.1".to_owned(), 7001),
+                ("127.0.0.1".to_owned(), 7002),
+                ("10.0.0.3".to_owned(), 7000)
+            ]
+        );
+        assert_eq!((config.host.as_str(), config.port), ("127.0.0.1", 7001));
+        // The cell's name is its hash tag, as on one server.
+        assert_eq!(config.cell, "agents-7-model-a");
+        let single = cell_config(
+            &FleetRedis::Server("127.0.0.1:7001".parse().unwrap()),
+            "agents-7-model-a",
+            ceiling,
+            wait,
+        );
+        assert_eq!(
+            (
+                config.events_max_len,
+                config.redis_wait,
+                config.local_timeout,
+                config.key_prefix.as_str()
+            ),
+            (
+                single.events_max_len,
+                single.redis_wait,
+                single.local_timeout,
+                single.key_prefix.as_str()
+            )
+        );
     }
 }

@@ -13,19 +13,30 @@
 //!   client's commands wait on the server).
 //! - `kill-member`: the last member is SIGKILLed. Its leases stay held until their TTL and its
 //!   waiting tickets until their liveness runs out (one TTL too), so the outage is the TTL.
+//! - `kill-master`: on a private six-node Redis Cluster (`redis_cluster.rs`, started by the
+//!   parent for this fault), the master serving the first model's cell (its slot found with
+//!   `CLUSTER KEYSLOT` and `CLUSTER NODES`) is SIGKILLed. The parent polls until a replica took
+//!   the slot over (the election, 2 to 3 s with the nodes' 1 s timeout) and every node left says
+//!   `cluster_state:ok` (the cluster's return). The promoted replica is another process, so each
+//!   cell it now serves recovers for one lease TTL: the outage lasts from the kill to the
+//!   election plus one TTL ([`Outage::failover`]). The cells on the other masters are served
+//!   throughout.
 //!
 //! The outage is the window of wall-clock time (milliseconds since the Unix epoch, the clock
 //! every process of the machine shares) during which the fleet could not be served: from the
 //! fault to the server's answer again (restart: its "ready" line, plus the cells' recovery of one
-//! TTL; pause: the pause's end, timed from the command's reply), or to the dead member's TTL. A job that did not complete is
+//! TTL; pause: the pause's end, timed from the command's reply), to the dead member's TTL, or to
+//! the election plus the promoted replica's recovery of one TTL. A job that did not complete is
 //! excused only if its *own* deadline (the deadline of the fleet-lease wait that ended it, as its
 //! member recorded it) fell inside that window, or within [`RECONNECT_ALLOWANCE`] after it; any
 //! other failed or timed-out job fails the run, as does one whose end had no lease deadline.
 //!
-//! After a restart or a pause the verdict also gives the time from the server's return (its
-//! "ready" line, or the pause's end) to the first admission after it: the earliest `admitted`
-//! record of the cells' events streams whose server time is at or after the return
-//! ([`first_admission_after`]); after a restart, that is the recovery's price.
+//! After a restart, a pause or a failover the verdict also gives the time from the server's
+//! return (its "ready" line, the pause's end, the cluster ok again) to the first admission after
+//! it: the earliest `admitted` record of the cells' events streams (after a failover, of the
+//! cells the killed master served) whose server time is at or after the return
+//! ([`first_admission_after`]); after a restart or a failover, that is the recovery's price.
+//! After a failover it also gives the election's time, from the kill.
 //! Both are wall-clock milliseconds of this machine, which the server and the processes share.
 
 use std::process::Child;
@@ -34,6 +45,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
+use crate::redis_cluster::{self, PrivateCluster};
 use crate::redis_server::{self, Endpoint, PrivateRedis};
 
 /// How long the server stays down in a `restart` unless `--chaos-down-ms` says otherwise.
@@ -43,6 +55,9 @@ pub const DEFAULT_PAUSE_MS: u64 = 3_000;
 /// After the server answers again, the time a client may need to notice and reconnect: a job
 /// whose deadline fell this soon after the outage is excused too.
 pub const RECONNECT_ALLOWANCE: Duration = Duration::from_millis(500);
+/// How long after a `kill-master` a replica must have taken the slot over and the cluster be ok
+/// again, or the fault failed.
+pub const ELECTION_LIMIT: Duration = Duration::from_secs(30);
 
 /// The fault a `--chaos` run injects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -54,6 +69,9 @@ pub enum Fault {
     Pause,
     /// SIGKILL the last member process; its leases are held until their TTL.
     KillMember,
+    /// SIGKILL the master serving the first model's cell on a private six-node Redis Cluster;
+    /// a replica takes over and the cell recovers for one lease TTL.
+    KillMaster,
 }
 
 impl Fault {
@@ -63,6 +81,7 @@ impl Fault {
             Fault::Restart => "restart",
             Fault::Pause => "pause",
             Fault::KillMember => "kill-member",
+            Fault::KillMaster => "kill-master",
         }
     }
 }
@@ -86,10 +105,14 @@ pub struct Outage {
     pub fault: Fault,
     /// When it began (the moment before the fault was injected).
     pub start_ms: u64,
-    /// When the fleet could be served again (after a restart: once the cells recovered).
+    /// When the fleet could be served again (after a restart or a failover: once the cells
+    /// recovered).
     pub end_ms: u64,
-    /// When the server answered again (a restart, a pause), or `end_ms`.
+    /// When the server answered again (a restart, a pause) or the cluster was ok again (a
+    /// failover), or `end_ms`.
     pub returned_ms: u64,
+    /// After a failover: when a replica was seen serving the killed master's slot.
+    pub elected_ms: Option<u64>,
 }
 
 impl Outage {
@@ -97,6 +120,26 @@ impl Outage {
     /// window or within `allowance` after it.
     pub fn covers(&self, deadline_ms: u64, allowance: Duration) -> bool {
         self.start_ms <= deadline_ms && deadline_ms <= self.end_ms.saturating_add(millis(allowance))
+    }
+
+    /// The outage of a master killed at `start_ms` whose slot a replica was seen serving at
+    /// `elected_ms`, the cluster ok again at `ok_ms`: it lasts to the election plus one
+    /// `lease_ttl` (the cells' recovery on the promoted replica, which admits nothing new), and
+    /// the cluster returned when it was ok again.
+    pub fn failover(start_ms: u64, elected_ms: u64, ok_ms: u64, lease_ttl: Duration) -> Outage {
+        let elected_ms = elected_ms.max(start_ms);
+        Outage {
+            fault: Fault::KillMaster,
+            start_ms,
+            end_ms: elected_ms.saturating_add(millis(lease_ttl)),
+            returned_ms: ok_ms.max(elected_ms),
+            elected_ms: Some(elected_ms),
+        }
+    }
+
+    /// After a failover, the election's time from the kill, in milliseconds.
+    pub fn election_ms(&self) -> Option<u64> {
+        self.elected_ms.map(|e| e.saturating_sub(self.start_ms))
     }
 }
 
@@ -107,8 +150,13 @@ const PAUSE_REPLY_WAIT: Duration = Duration::from_secs(2);
 pub struct Targets<'a> {
     /// The fleet's private server, if it has one.
     pub server: Option<&'a mut PrivateRedis>,
-    /// Where the fleet's server listens.
-    pub endpoint: &'a Endpoint,
+    /// The fleet's private cluster, if it has one.
+    pub cluster: Option<&'a mut PrivateCluster>,
+    /// Where the fleet's server listens (none on a cluster).
+    pub endpoint: Option<&'a Endpoint>,
+    /// Each model's cell, by a key of it, in the parent's order: a `kill-master` kills the
+    /// master serving the first.
+    pub cells: &'a [(String, String)],
     /// The member a `kill-member` kills, if it still runs: its index and process.
     pub victim: Option<(u32, &'a mut Child)>,
     /// The parent's runtime, for the `CLIENT PAUSE` call.
@@ -122,6 +170,16 @@ enum Phase {
     Armed,
     /// The server is down since `start_ms` (a restart), to be started again at `until`.
     Down { until: Instant, start_ms: u64 },
+    /// The master on port `killed` was SIGKILLed at `start_ms`: waiting, until `give_up`, for a
+    /// replica to serve `slot` (`elected`: seen at that wall-clock ms, on that port) and the
+    /// cluster to be ok again.
+    Electing {
+        start_ms: u64,
+        slot: u16,
+        killed: u16,
+        give_up: Instant,
+        elected: Option<(u64, u16)>,
+    },
     /// Injected (and, for a restart, the server is back), or it could not be.
     Over,
 }
@@ -149,6 +207,9 @@ pub struct Injector {
     pub outage: Option<Outage>,
     /// The member it killed.
     pub killed: Option<u32>,
+    /// The models whose cells the fault reached, when not every one: after a `kill-master`,
+    /// those the killed master served.
+    pub affected: Option<Vec<String>>,
     /// Why the fault could not be injected (or the server not started again).
     pub failure: Option<String>,
 }
@@ -175,6 +236,7 @@ impl Injector {
             tried: false,
             outage: None,
             killed: None,
+            affected: None,
             failure: None,
         }
     }
@@ -192,19 +254,22 @@ impl Injector {
         }
     }
 
-    /// Whether the server is down, to be started again.
+    /// Whether the fault is still under way: the server is down, to be started again, or the
+    /// cluster's election is awaited.
     pub fn is_down(&self) -> bool {
-        matches!(self.phase, Phase::Down { .. })
+        matches!(self.phase, Phase::Down { .. } | Phase::Electing { .. })
     }
 
-    /// Moves the fault on at `now`: injects it when its time has come, and starts a restarted
-    /// server again when its down time is over. Answers a line for the log when it acted.
+    /// Moves the fault on at `now`: injects it when its time has come, starts a restarted
+    /// server again when its down time is over, and looks whether a killed master's slot was
+    /// taken over. Answers a line for the log when it acted.
     pub fn step(&mut self, now: Instant, targets: Targets<'_>) -> Option<String> {
         match self.phase {
             Phase::Armed if now >= self.at => Some(self.inject(targets)),
             Phase::Down { until, start_ms } if now >= until => {
                 Some(self.bring_back(start_ms, targets))
             }
+            Phase::Electing { .. } => self.watch_election(now, targets),
             _ => None,
         }
     }
@@ -230,7 +295,10 @@ impl Injector {
                 )
             }
             Fault::Pause => {
-                let (endpoint, pause) = (targets.endpoint, self.pause);
+                let Some(endpoint) = targets.endpoint else {
+                    return self.fail("CLIENT PAUSE needs one server, not a cluster".into());
+                };
+                let pause = self.pause;
                 // The timer is made inside the runtime, as it must be.
                 let paused = targets.runtime.block_on(async {
                     tokio::time::timeout(
@@ -247,6 +315,7 @@ impl Injector {
                             start_ms,
                             end_ms,
                             returned_ms: end_ms,
+                            elected_ms: None,
                         });
                         format!(
                             "chaos: CLIENT PAUSE {} sent at {at}; the pause ends by {}",
@@ -274,13 +343,124 @@ impl Injector {
                     start_ms,
                     end_ms,
                     returned_ms: end_ms,
+                    elected_ms: None,
                 });
                 format!(
                     "chaos: process {index} SIGKILLed at {at}; its leases and tickets are held until their TTL, by {}",
                     offset(end_ms, self.origin_ms)
                 )
             }
+            Fault::KillMaster => self.kill_master(targets),
         }
+    }
+
+    /// `kill-master`: finds the master serving the first cell's slot, SIGKILLs it, and starts
+    /// waiting for the election.
+    fn kill_master(&mut self, targets: Targets<'_>) -> String {
+        let Some(cluster) = targets.cluster else {
+            return self.fail("there is no private Redis Cluster to kill a master of".into());
+        };
+        let Some((model, key)) = targets.cells.first() else {
+            return self.fail("the fleet has no cell".into());
+        };
+        let Some(slot) = cluster.keyslot(key) else {
+            return self.fail(format!("CLUSTER KEYSLOT {key} had no answer"));
+        };
+        let Some(nodes) = cluster.view() else {
+            return self.fail("CLUSTER NODES had no answer".into());
+        };
+        let Some(master) = redis_cluster::master_of_slot(&nodes, slot) else {
+            return self.fail(format!("no master serves slot {slot} before the kill"));
+        };
+        // The cells the same master serves go through the same failover.
+        let affected: Vec<String> = targets
+            .cells
+            .iter()
+            .filter(|(_, key)| cluster.keyslot(key).is_some_and(|s| master.serves(s)))
+            .map(|(model, _)| model.clone())
+            .collect();
+        let start_ms = wall_ms();
+        if !cluster.kill(master.endpoint.port) {
+            return self.fail(format!(
+                "the master of slot {slot}, {}, is no running node of the private cluster",
+                master.endpoint
+            ));
+        }
+        self.phase = Phase::Electing {
+            start_ms,
+            slot,
+            killed: master.endpoint.port,
+            give_up: Instant::now() + ELECTION_LIMIT,
+            elected: None,
+        };
+        let line = format!(
+            "chaos: master {} (slot {slot}, {model}'s cell; cells on it: {}) SIGKILLed at {}; waiting for a replica to take over",
+            master.endpoint,
+            affected.join(", "),
+            offset(start_ms, self.origin_ms)
+        );
+        self.affected = Some(affected);
+        line
+    }
+
+    /// While a killed master's election is awaited: whether a replica serves its slot now, and
+    /// once one does, whether every node left says the cluster is ok; then the outage.
+    fn watch_election(&mut self, now: Instant, targets: Targets<'_>) -> Option<String> {
+        let Phase::Electing {
+            start_ms,
+            slot,
+            killed,
+            give_up,
+            elected,
+        } = self.phase
+        else {
+            return None;
+        };
+        let Some(cluster) = targets.cluster else {
+            self.phase = Phase::Over;
+            return Some(self.fail("the private Redis Cluster is gone".into()));
+        };
+        let elected = elected.or_else(|| {
+            let nodes = cluster.view()?;
+            let master = redis_cluster::master_of_slot(&nodes, slot)?;
+            (master.endpoint.port != killed).then(|| (wall_ms(), master.endpoint.port))
+        });
+        if let Some((elected_ms, by)) = elected
+            && cluster.all_ok()
+        {
+            let outage = Outage::failover(start_ms, elected_ms, wall_ms(), self.lease_ttl);
+            let line = format!(
+                "chaos: failover: 127.0.0.1:{by} took slot {slot} over at {}, {} ms after the kill; the cluster was ok again at {}; the cells on it recover (admit nothing new) until about {}",
+                offset(outage.elected_ms.unwrap_or(elected_ms), self.origin_ms),
+                outage.election_ms().unwrap_or(0),
+                offset(outage.returned_ms, self.origin_ms),
+                offset(outage.end_ms, self.origin_ms)
+            );
+            self.outage = Some(outage);
+            self.phase = Phase::Over;
+            return Some(line);
+        }
+        if now >= give_up {
+            self.phase = Phase::Over;
+            return Some(self.fail(match elected {
+                Some(_) => format!(
+                    "a replica took slot {slot} over, but the cluster was not ok again within {} s of the kill",
+                    ELECTION_LIMIT.as_secs()
+                ),
+                None => format!(
+                    "no replica took slot {slot} over within {} s of the kill",
+                    ELECTION_LIMIT.as_secs()
+                ),
+            }));
+        }
+        self.phase = Phase::Electing {
+            start_ms,
+            slot,
+            killed,
+            give_up,
+            elected,
+        };
+        None
     }
 
     fn bring_back(&mut self, start_ms: u64, targets: Targets<'_>) -> String {
@@ -299,6 +479,7 @@ impl Injector {
                     start_ms,
                     end_ms,
                     returned_ms: ready_ms,
+                    elected_ms: None,
                 });
                 format!(
                     "chaos: redis-server ready again at {} (down {:.2} s); the cells recover (admit nothing new) until about {}",
@@ -466,6 +647,7 @@ mod tests {
             start_ms: 10_000,
             end_ms: 12_050,
             returned_ms: 12_050,
+            elected_ms: None,
         };
         let allowance = Duration::from_millis(500);
         assert!(!outage.covers(9_999, allowance));
@@ -550,5 +732,46 @@ mod tests {
         assert_eq!(offset(12_346, 10_000), "+2.35 s");
         assert_eq!(offset(9_500, 10_000), "-0.50 s");
         assert_eq!(Fault::KillMember.name(), "kill-member");
+        assert_eq!(Fault::KillMaster.name(), "kill-master");
+    }
+
+    #[test]
+    fn a_failovers_outage_lasts_to_the_election_plus_one_ttl() {
+        let ttl = Duration::from_secs(10);
+        // Killed at 10 s, the slot served by a replica at 12.1 s, the cluster ok at 12.15 s.
+        let outage = Outage::failover(10_000, 12_100, 12_150, ttl);
+        assert_eq!(
+            outage,
+            Outage {
+                fault: Fault::KillMaster,
+                start_ms: 10_000,
+                end_ms: 22_100,
+                returned_ms: 12_150,
+                elected_ms: Some(12_100),
+            }
+        );
+        assert_eq!(outage.election_ms(), Some(2_100));
+        // A job whose wait ended in the recovery, or just after it, is excused; later, not.
+        let allowance = RECONNECT_ALLOWANCE;
+        assert!(outage.covers(10_000, allowance));
+        assert!(outage.covers(22_100, allowance));
+        assert!(outage.covers(22_600, allowance));
+        assert!(!outage.covers(22_601, allowance));
+        assert!(!outage.covers(9_999, allowance));
+        // Times seen out of order are clamped: no election before the kill, no return before it.
+        let odd = Outage::failover(10_000, 9_000, 8_000, ttl);
+        assert_eq!(
+            (odd.end_ms, odd.returned_ms, odd.election_ms()),
+            (20_000, 10_000, Some(0))
+        );
+        // Other faults have no election.
+        let restart = Outage {
+            fault: Fault::Restart,
+            start_ms: 0,
+            end_ms: 1,
+            returned_ms: 1,
+            elected_ms: None,
+        };
+        assert_eq!(restart.election_ms(), None);
     }
 }

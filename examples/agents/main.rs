@@ -6,6 +6,7 @@
 //! cargo run --release --example agents -- --time-scale 300 --check    # CI's short run
 //! cargo run --release --example agents -- --fleet 4                    # 4 processes, one Redis
 //! cargo run --release --example agents -- --fleet 4 --chaos restart    # ... through a fault
+//! cargo run --release --example agents -- --fleet 4 --chaos kill-master  # ... on a Redis Cluster
 //! cargo run --release --example agents -- --metrics 127.0.0.1:9000     # Prometheus at /metrics
 //! ```
 //!
@@ -43,12 +44,14 @@
 //! every job through its `JobContext`, stops the monitor and still prints the summary.
 //!
 //! `--fleet N` runs the agents as N processes of this program sharing one Redis cell per model
-//! (`multi.rs` the parent, `cells.rs` a member's leases, `redis_server.rs` the private server):
+//! (`multi.rs` the parent, `cells.rs` a member's leases, `redis_server.rs` the private server,
+//! `redis_cluster.rs` a private Redis Cluster; `--redis-cluster` puts the cells on a cluster):
 //! each step takes its model's fleet lease first and then its local demand, and the parent
 //! prints per-process rows and fleet totals and checks the fleet's ceilings. The parent forwards
 //! SIGINT and SIGTERM to its members, and a member whose parent is gone stops (`signals.rs`).
-//! `--chaos restart|pause|kill-member` has the parent inject one fault mid-run and judge the
-//! failed jobs against the outage it caused (`chaos.rs`): `cargo xtask chaos` runs all three.
+//! `--chaos restart|pause|kill-member|kill-master` has the parent inject one fault mid-run and
+//! judge the failed jobs against the outage it caused (`chaos.rs`; `kill-master` SIGKILLs a
+//! master of a private six-node Redis Cluster): `cargo xtask chaos` runs all four.
 //!
 //! `--metrics ADDR` serves the monitor's events as Prometheus series at `http://ADDR/metrics`
 //! while the run lasts (`metrics.rs`: `admission_events::MetricsSink` behind the run's fanout).
@@ -63,6 +66,7 @@ mod metrics;
 mod multi;
 mod progress;
 mod provider_sim;
+mod redis_cluster;
 mod redis_server;
 mod report;
 mod results;
@@ -88,7 +92,7 @@ use clap::{Parser, ValueEnum, value_parser};
 use crate::cells::Cells;
 use crate::chaos::Fault;
 use crate::multi::MemberReport;
-use crate::redis_server::Endpoint;
+use crate::redis_server::{ClusterNodes, Endpoint, FleetRedis};
 use crate::report::RunSummary;
 use crate::run::{Input, Strategy};
 use crate::stop::Stop;
@@ -114,6 +118,7 @@ enum StrategyArg {
 /// API through one admission monitor, against a simulated provider with its own limits.
 #[derive(Debug, Parser)]
 #[command(name = "agents", version)]
+#[command(group(clap::ArgGroup::new("server").args(["redis", "redis_cluster"])))]
 struct Args {
     /// Agents to run.
     #[arg(long, default_value_t = 400, value_parser = value_parser!(u32).range(1..=100_000))]
@@ -184,17 +189,25 @@ struct Args {
     fleet: Option<u32>,
 
     /// With --fleet: the Redis server (HOST:PORT) of the fleet's cells [default: a private
-    /// redis-server started from PATH and stopped at the end].
+    /// redis-server started from PATH and stopped at the end; with --chaos kill-master, a
+    /// private six-node Redis Cluster].
     #[arg(long, value_name = "HOST:PORT", requires = "fleet")]
     redis: Option<Endpoint>,
+
+    /// With --fleet: put the fleet's cells on the Redis Cluster these seed nodes belong to (one
+    /// is enough); each cell lives on the master that serves its slot.
+    #[arg(long, value_name = "HOST:PORT[,HOST:PORT...]", requires = "fleet")]
+    redis_cluster: Option<ClusterNodes>,
 
     /// With --fleet: inject one fault mid-run and judge the run against the outage it caused.
     /// restart: SIGKILL the private redis-server and start it again on its port --chaos-down-ms
     /// later (it keeps an append-only file); pause: CLIENT PAUSE for --chaos-pause-ms;
-    /// kill-member: SIGKILL the last member. The run prints the jobs that failed and how many
-    /// had their own deadline inside the outage, and after a restart or a pause the time from
-    /// the server's return to the first admission; --check fails it on any other failed job,
-    /// any ceiling exceeded, any lease left held.
+    /// kill-member: SIGKILL the last member; kill-master: start a private six-node Redis
+    /// Cluster and SIGKILL the master serving the first model's cell (a replica takes over, the
+    /// cell recovers for one lease TTL). The run prints the jobs that failed and how many had
+    /// their own deadline inside the outage, and after a restart, a pause or a failover the
+    /// time from the server's (the cluster's) return to the first admission; --check fails it
+    /// on any other failed job, any ceiling exceeded, any lease left held.
     #[arg(long, value_enum, value_name = "FAULT", requires = "fleet")]
     chaos: Option<Fault>,
 
@@ -221,13 +234,25 @@ struct Args {
 
     /// Internal: run as member I of a --fleet run (the parent passes it; the member stops when
     /// its stdin says so or closes).
-    #[arg(long, hide = true, value_name = "I", requires_all = ["fleet", "redis", "cell"],
+    #[arg(long, hide = true, value_name = "I", requires_all = ["fleet", "server", "cell"],
           conflicts_with = "chaos")]
     fleet_member: Option<u32>,
 
     /// Internal: the prefix of the fleet's cell names (the parent passes it).
     #[arg(long, hide = true, value_name = "PREFIX", requires = "fleet_member")]
     cell: Option<String>,
+}
+
+impl Args {
+    /// The Redis the fleet's cells live on, when the command line names one (`--redis`,
+    /// `--redis-cluster`: at most one of them).
+    fn fleet_redis(&self) -> Option<FleetRedis> {
+        match (&self.redis, &self.redis_cluster) {
+            (Some(endpoint), _) => Some(FleetRedis::Server(endpoint.clone())),
+            (None, Some(nodes)) => Some(FleetRedis::Cluster(nodes.clone())),
+            (None, None) => None,
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -279,12 +304,11 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
         if member.is_some() {
             signals::watch_parent(interrupt.clone());
         }
-        let cells = match (member, &args.redis, &args.cell) {
-            (Some(index), Some(endpoint), Some(prefix)) => {
+        let cells = match (member, args.fleet_redis(), &args.cell) {
+            (Some(index), Some(redis), Some(prefix)) => {
                 let wait = multi::lease_wait(args.admit_timeout, args.time_scale);
-                let host_port = (endpoint.host.as_str(), endpoint.port);
                 Some(Arc::new(
-                    Cells::connect(index, &catalog, host_port, prefix, wait).await?,
+                    Cells::connect(index, &catalog, &redis, prefix, wait).await?,
                 ))
             }
             _ => None,

@@ -1,16 +1,18 @@
 //! `--fleet N`: the agents run as N processes that share one Redis cell per model.
 //!
-//! The parent starts a private `redis-server` (unless `--redis` names one), creates the cells,
-//! and runs N copies of this binary as fleet members (`--fleet-member I`), each with its share of
-//! the agents and the seed offset by I, its own monitor, database and simulated provider view,
-//! and its output in `<out>/fleet/member-I.{out,err}`. Each member ends its stdout with one line,
-//! [`REPORT_PREFIX`] and its [`MemberReport`] as JSON. The parent reads them, the cells' events
-//! and final state, and the server's count of script calls, and prints per-process rows and
-//! fleet totals; with `--check` it fails on a member that failed or found a problem of its own,
-//! on a job that timed out or failed (under `--chaos`, unless its own deadline fell inside the
-//! outage), on any fleet-wide occupancy over a ceiling (as the leases saw it at admission, as the
-//! cells' events recorded it, and as the members held leases by their own clocks), on a lease
-//! lost, and on a lease still held once every member has exited.
+//! The parent starts a private `redis-server` (unless `--redis` names one, or `--redis-cluster` a
+//! Redis Cluster; for `--chaos kill-master` it starts a private six-node cluster), creates the
+//! cells, and runs N copies of this binary as fleet members (`--fleet-member I`), each with its
+//! share of the agents and the seed offset by I, its own monitor, database and simulated provider
+//! view, and its output in `<out>/fleet/member-I.{out,err}`. Each member ends its stdout with one
+//! line, [`REPORT_PREFIX`] and its [`MemberReport`] as JSON. The parent reads them, the cells'
+//! events and final state (through the cells' own clients: on a cluster, from the master serving
+//! each cell's slot), and the count of script calls (on a cluster, summed over its masters), and
+//! prints per-process rows and fleet totals; with `--check` it fails on a member that failed or
+//! found a problem of its own, on a job that timed out or failed (under `--chaos`, unless its own
+//! deadline fell inside the outage), on any fleet-wide occupancy over a ceiling (as the leases saw
+//! it at admission, as the cells' events recorded it, and as the members held leases by their own
+//! clocks), on a lease lost, and on a lease still held once every member has exited.
 //!
 //! The parent survives what it tests. Once the members run, nothing it meets ends it before its
 //! table and verdict: SIGINT and SIGTERM are forwarded to the members (through their stdin, see
@@ -34,7 +36,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::cells::{self, CellReading, ModelCeiling};
 use crate::chaos::{self, Fault, Hold, Injector, JobEnd, Judged, Outage, Targets};
-use crate::redis_server::{self, Endpoint, PrivateRedis};
+use crate::redis_cluster::PrivateCluster;
+use crate::redis_server::{self, FleetRedis, PrivateRedis};
 use crate::report::RunSummary;
 use crate::say;
 use crate::signals::{self, Signals};
@@ -319,22 +322,26 @@ pub fn share(jobs: u32, n: u32, index: u32) -> u32 {
 }
 
 /// The command line of member `index` of `n`: the user's flags, its share of the agents, its
-/// seed, its own output directory, and the fleet's server and cells.
+/// seed, its own output directory, and the fleet's server (or cluster) and cells.
 pub fn member_args(
     args: &crate::Args,
     n: u32,
     index: u32,
-    endpoint: &Endpoint,
+    redis: &FleetRedis,
     prefix: &str,
     out_dir: &Path,
 ) -> Vec<String> {
+    let (flag, place) = match redis {
+        FleetRedis::Server(endpoint) => ("--redis", endpoint.to_string()),
+        FleetRedis::Cluster(nodes) => ("--redis-cluster", nodes.to_string()),
+    };
     let mut out = vec![
         "--fleet".to_owned(),
         n.to_string(),
         "--fleet-member".to_owned(),
         index.to_string(),
-        "--redis".to_owned(),
-        endpoint.to_string(),
+        flag.to_owned(),
+        place,
         "--cell".to_owned(),
         prefix.to_owned(),
         "--jobs".to_owned(),
@@ -391,24 +398,67 @@ pub fn run_fleet(
     if args.strategy != crate::StrategyArg::Monitor {
         bail!("--fleet runs the monitor strategy only; drop --strategy");
     }
+    let given = args.fleet_redis();
     match args.chaos {
-        Some(Fault::Restart) if args.redis.is_some() => bail!(
-            "--chaos restart kills and restarts the fleet's server: it needs the private redis-server; drop --redis"
+        Some(Fault::Restart) if given.is_some() => bail!(
+            "--chaos restart kills and restarts the fleet's server: it needs the private redis-server; drop --redis or --redis-cluster"
+        ),
+        Some(Fault::Pause) if args.redis_cluster.is_some() => {
+            bail!("--chaos pause sends CLIENT PAUSE to one server: drop --redis-cluster")
+        }
+        Some(Fault::KillMaster) if given.is_some() => bail!(
+            "--chaos kill-master SIGKILLs a master of the private Redis Cluster it starts: drop --redis or --redis-cluster"
         ),
         Some(Fault::KillMember) if n < 2 => {
             bail!("--chaos kill-member needs --fleet 2 or more: the others must go on")
         }
         _ => {}
     }
-    let (mut private, endpoint) = match &args.redis {
-        Some(endpoint) => (None, endpoint.clone()),
+    // One worker: the signal listener and the server's clients run beside the watching loop.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    // From here on SIGINT and SIGTERM no longer end the parent: they are forwarded once the
+    // members run, and before that end the run by an early return, which stops the private
+    // server or cluster (a signal's default would leave them running).
+    let (signal_tx, signals) = std::sync::mpsc::channel();
+    let mut caught = {
+        let _entered = runtime.enter();
+        Signals::new()
+    };
+    runtime.spawn(async move {
+        while let Some(signal) = caught.next().await {
+            if signal_tx.send(signal).is_err() {
+                break;
+            }
+        }
+    });
+    // Each stops (its processes killed) when dropped: at the end, and on every early return.
+    let mut private: Option<PrivateRedis> = None;
+    let mut cluster: Option<PrivateCluster> = None;
+    let redis = match given {
+        Some(redis) => redis,
         None => {
             let binary = redis_server::find_binary()
                 .with_context(|| redis_server::INSTALL_HINT.to_owned())?;
-            // A restart must find the cells as they were: keep an append-only file for it.
-            let server = PrivateRedis::start(&binary, args.chaos == Some(Fault::Restart))?;
-            let endpoint = server.endpoint.clone();
-            (Some(server), endpoint)
+            if args.chaos == Some(Fault::KillMaster) {
+                let started = Instant::now();
+                let nodes = cluster.insert(PrivateCluster::start(&binary)?).nodes();
+                say(&format!(
+                    "a private Redis Cluster (three masters, three replicas) on {nodes}, ready in {:.2} s",
+                    started.elapsed().as_secs_f64()
+                ));
+                FleetRedis::Cluster(nodes)
+            } else {
+                // A restart must find the cells as they were: keep an append-only file for it.
+                let server = private.insert(PrivateRedis::start(
+                    &binary,
+                    args.chaos == Some(Fault::Restart),
+                )?);
+                FleetRedis::Server(server.endpoint.clone())
+            }
         }
     };
     let started = std::time::SystemTime::now()
@@ -422,43 +472,32 @@ pub fn run_fleet(
     std::fs::create_dir_all(&fleet_dir)
         .with_context(|| format!("creating {}", fleet_dir.display()))?;
 
-    // One worker: the signal listener and the server's clients run beside the watching loop.
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .context("starting the tokio runtime")?;
-    // From here on SIGINT and SIGTERM no longer end the parent: they are forwarded.
-    let (signal_tx, signals) = std::sync::mpsc::channel();
-    let mut caught = {
-        let _entered = runtime.enter();
-        Signals::new()
-    };
-    runtime.spawn(async move {
-        while let Some(signal) = caught.next().await {
-            if signal_tx.send(signal).is_err() {
-                break;
-            }
-        }
-    });
-    let host_port = (endpoint.host.as_str(), endpoint.port);
     // The run's cells are new (its own prefix): nothing can hold a lease of them yet, so the
     // parent creates them admitting at once; members keep the default and recover a cell that
     // is created again mid-run (a server restarted empty).
-    let cells = runtime.block_on(cells::connect_all(catalog, host_port, &prefix, wait, true))?;
+    let cells = runtime.block_on(cells::connect_all(catalog, &redis, &prefix, wait, true))?;
     let lease_ttl = cells
         .values()
         .next()
         .map_or(Duration::ZERO, |(cell, _)| cell.config().lease_ttl);
-    let calls_before = runtime.block_on(redis_server::script_calls(&endpoint))?;
+    // Each model's cell by a key of it (all its keys share one slot), for a `kill-master`.
+    let cell_keys: Vec<(String, String)> = cells
+        .iter()
+        .filter_map(|(model, (cell, _))| Some((model.clone(), cell.keys().first()?.clone())))
+        .collect();
+    let calls_before = runtime.block_on(redis_server::script_calls(&redis))?;
+    if let Ok(signal) = signals.try_recv() {
+        bail!("{signal} before the members started: the run stops here");
+    }
     say(&format!(
-        "== fleet: {n} processes, {} agents, seed {} (+ process index), cells {prefix}-<model> on {endpoint} ({}) ==",
+        "== fleet: {n} processes, {} agents, seed {} (+ process index), cells {prefix}-<model> on {redis} ({}) ==",
         args.jobs,
         args.seed,
-        if private.is_some() {
-            "a private redis-server"
-        } else {
-            "--redis"
+        match (&private, &cluster, &redis) {
+            (Some(_), _, _) => "a private redis-server",
+            (_, Some(_), _) => "a private Redis Cluster",
+            (_, _, FleetRedis::Server(_)) => "--redis",
+            (_, _, FleetRedis::Cluster(_)) => "--redis-cluster",
         }
     ));
 
@@ -466,7 +505,7 @@ pub fn run_fleet(
     let mut members = Vec::new();
     for index in 0..n {
         let dir = fleet_dir.join(format!("member-{index}"));
-        let args = member_args(args, n, index, &endpoint, &prefix, &dir);
+        let args = member_args(args, n, index, &redis, &prefix, &dir);
         match start_member(&exe, args, index, &fleet_dir) {
             Ok(member) => members.push(member),
             Err(error) => {
@@ -505,7 +544,9 @@ pub fn run_fleet(
         &mut Some(Faults {
             injector: injector.as_mut(),
             server: private.as_mut(),
-            endpoint: &endpoint,
+            cluster: cluster.as_mut(),
+            redis: &redis,
+            cells: &cell_keys,
             runtime: &runtime,
         }),
     );
@@ -577,26 +618,36 @@ pub fn run_fleet(
     }
 
     // A killed member's leases and tickets are the server's until their TTL: read the cells
-    // after it, so that "nothing held" means the TTL took them back.
-    if let Some(outage) = outage.as_ref().filter(|o| o.fault == Fault::KillMember) {
+    // after it, so that "nothing held" means the TTL took them back. After a failover, a lease
+    // whose release could not reach the cluster during the election is held until its TTL,
+    // which the outage's end (the election plus one TTL) has passed.
+    if let Some(outage) = outage
+        .as_ref()
+        .filter(|o| matches!(o.fault, Fault::KillMember | Fault::KillMaster))
+    {
         let expired_ms = outage.end_ms.saturating_add(AFTER_TTL.as_millis() as u64);
         let left = Duration::from_millis(expired_ms.saturating_sub(chaos::wall_ms()));
         if !left.is_zero() {
             say(&format!(
-                "chaos: waiting {:.1} s for the killed process's leases to reach their TTL",
-                left.as_secs_f64()
+                "chaos: waiting {:.1} s for the {} leases to reach their TTL",
+                left.as_secs_f64(),
+                if outage.fault == Fault::KillMember {
+                    "killed process's"
+                } else {
+                    "failed-over cells'"
+                }
             ));
             std::thread::sleep(left);
         }
     }
-    // When the server returned, for the time to the first admission after it.
+    // When the server (the cluster) returned, for the time to the first admission after it.
     let returned_ms = outage
         .as_ref()
         .filter(|o| o.fault != Fault::KillMember)
         .map(|o| o.returned_ms);
     let read_until = Instant::now() + READ_RETRY_FOR;
     let calls_after = runtime.block_on(with_retries(read_until, || {
-        redis_server::script_calls(&endpoint)
+        redis_server::script_calls(&redis)
     }));
     let mut after = Vec::new();
     for (model, (cell, _)) in &cells {
@@ -620,6 +671,7 @@ pub fn run_fleet(
     }
     drop(cells);
     drop(private); // the private server stops here
+    drop(cluster); // and the private cluster
 
     let totals = model_totals(&reports);
     say(&render(&reports, &totals, &after, &script_calls, n));
@@ -641,8 +693,17 @@ pub fn run_fleet(
         outage.as_ref(),
         chaos::RECONNECT_ALLOWANCE,
     );
-    let first_admission = returned_ms
-        .and_then(|end| chaos::since_return(after.iter().map(|a| a.first_admission_ms), end));
+    // After a failover, only the cells the killed master served went through it.
+    let affected = injector.as_ref().and_then(|i| i.affected.as_ref());
+    let first_admission = returned_ms.and_then(|end| {
+        chaos::since_return(
+            after
+                .iter()
+                .filter(|a| affected.is_none_or(|models| models.contains(&a.model)))
+                .map(|a| a.first_admission_ms),
+            end,
+        )
+    });
     if let Some(injector) = &injector {
         for line in chaos_lines(
             injector.fault,
@@ -712,7 +773,10 @@ fn start_member(
 struct Faults<'a> {
     injector: Option<&'a mut Injector>,
     server: Option<&'a mut PrivateRedis>,
-    endpoint: &'a Endpoint,
+    cluster: Option<&'a mut PrivateCluster>,
+    redis: &'a FleetRedis,
+    /// Each model's cell by a key of it.
+    cells: &'a [(String, String)],
     runtime: &'a tokio::runtime::Runtime,
 }
 
@@ -771,9 +835,15 @@ fn watch(
                 let index = m.index;
                 m.child.as_mut().map(|child| (index, child))
             });
+            let endpoint = match faults.redis {
+                FleetRedis::Server(endpoint) => Some(endpoint),
+                FleetRedis::Cluster(_) => None,
+            };
             let targets = Targets {
                 server: faults.server.as_deref_mut(),
-                endpoint: faults.endpoint,
+                cluster: faults.cluster.as_deref_mut(),
+                endpoint,
+                cells: faults.cells,
                 victim,
                 runtime: faults.runtime,
             };
@@ -927,9 +997,11 @@ async fn read_cell_on(
     })
 }
 
-/// The lines a `--chaos` run prints before its verdict: the outage, the failed jobs judged
-/// against it, after a restart or a pause the time from the server's return to the first
-/// admission (`first_admission`, ms), and what the members held at once by their own clocks.
+/// The lines a `--chaos` run prints before its verdict: the outage, after a failover the
+/// election's time, the failed jobs judged against it, after a restart, a pause or a failover
+/// the time from the server's (the cluster's) return to the first admission (`first_admission`,
+/// ms; after a failover on the cells the killed master served), and what the members held at
+/// once by their own clocks.
 pub fn chaos_lines(
     fault: Fault,
     outage: Option<&Outage>,
@@ -950,6 +1022,16 @@ pub fn chaos_lines(
         ),
         None => format!("chaos: {}: no outage recorded", fault.name()),
     });
+    if let Some(o) = outage
+        && let Some(elected_ms) = o.elected_ms
+    {
+        lines.push(format!(
+            "chaos: election: a replica took the killed master's slots over {} ms after the kill (at {}); the cluster was ok again at {}",
+            elected_ms.saturating_sub(o.start_ms),
+            chaos::offset(elected_ms, origin_ms),
+            chaos::offset(o.returned_ms, origin_ms)
+        ));
+    }
     lines.push(format!(
         "chaos: jobs failed: {} ({} timed out, {} failed); {} with their own deadline inside the outage, {} not",
         judged.failed,
@@ -959,9 +1041,14 @@ pub fn chaos_lines(
         judged.outside.len()
     ));
     if outage.is_some() && fault != Fault::KillMember {
+        let (cells, what) = if fault == Fault::KillMaster {
+            (" on the failed-over cells", "the cluster")
+        } else {
+            ("", "the server")
+        };
         lines.push(match first_admission {
-            Some(ms) => format!("chaos: first admission {ms} ms after the server returned"),
-            None => "chaos: no admission recorded after the server returned".to_owned(),
+            Some(ms) => format!("chaos: first admission{cells} {ms} ms after {what} returned"),
+            None => format!("chaos: no admission recorded{cells} after {what} returned"),
         });
     }
     let held: Vec<String> = totals
@@ -1258,7 +1345,7 @@ pub fn render(
         Ok(calls) => {
             let _ = writeln!(
                 out,
-                "round trips: {calls} script calls (FCALL/EVALSHA/EVAL, counted by the server, connects included) for {leases} leases admitted ({admitted} admitted records): {} per admitted lease",
+                "round trips: {calls} script calls (FCALL/EVALSHA/EVAL, counted by the server or summed over the cluster's masters, connects included) for {leases} leases admitted ({admitted} admitted records): {} per admitted lease",
                 per_lease(*calls, leases)
             );
         }
@@ -1306,6 +1393,7 @@ pub fn fleet_report(reports: &[MemberReport]) -> MemberReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::redis_server::{ClusterNodes, Endpoint};
 
     fn reading(model: &str, leases: u64, peak: (u64, u64), waits_us: &[u64]) -> CellReading {
         CellReading {
@@ -1393,7 +1481,8 @@ mod tests {
             host: "127.0.0.1".into(),
             port: 6400,
         };
-        let line = member_args(&args, 3, 2, &endpoint, "agents-1-2", Path::new("/o/m2")).join(" ");
+        let server = FleetRedis::Server(endpoint.clone());
+        let line = member_args(&args, 3, 2, &server, "agents-1-2", Path::new("/o/m2")).join(" ");
         assert_eq!(
             line,
             "--fleet 3 --fleet-member 2 --redis 127.0.0.1:6400 --cell agents-1-2 --jobs 3 \
@@ -1410,6 +1499,84 @@ mod tests {
             (Some(2), 3, 9)
         );
         assert_eq!(member.redis, Some(endpoint));
+        assert_eq!(member.redis_cluster, None);
+        assert_eq!(member.fleet_redis(), Some(server));
+    }
+
+    #[test]
+    fn a_member_of_a_fleet_on_a_cluster_gets_every_seed_node() {
+        use clap::Parser as _;
+        let args = crate::Args::try_parse_from([
+            "agents",
+            "--fleet",
+            "2",
+            "--jobs",
+            "10",
+            "--redis-cluster",
+            "127.0.0.1:7000,127.0.0.1:7001",
+        ])
+        .unwrap();
+        let nodes: ClusterNodes = "127.0.0.1:7000,127.0.0.1:7001".parse().unwrap();
+        assert_eq!(args.redis_cluster, Some(nodes.clone()));
+        assert_eq!(args.redis, None);
+        let cluster = FleetRedis::Cluster(nodes);
+        assert_eq!(args.fleet_redis(), Some(cluster.clone()));
+        let line = member_args(&args, 2, 1, &cluster, "p", Path::new("/o/m1")).join(" ");
+        assert!(
+            line.starts_with(
+                "--fleet 2 --fleet-member 1 --redis-cluster 127.0.0.1:7000,127.0.0.1:7001 --cell p "
+            ),
+            "{line}"
+        );
+        assert!(!line.contains("--redis "), "{line}");
+        let member = crate::Args::try_parse_from(
+            std::iter::once("agents".to_owned()).chain(line.split(' ').map(str::to_owned)),
+        )
+        .unwrap();
+        assert_eq!(
+            (member.fleet_member, member.fleet_redis()),
+            (Some(1), Some(cluster))
+        );
+    }
+
+    #[test]
+    fn the_cluster_flags_are_checked() {
+        use clap::Parser as _;
+        let parse = |a: &[&str]| crate::Args::try_parse_from([&["agents"], a].concat());
+        // --redis-cluster only with --fleet, never with --redis, and with well-formed nodes.
+        assert!(parse(&["--redis-cluster", "127.0.0.1:7000"]).is_err());
+        let both = parse(&[
+            "--fleet",
+            "2",
+            "--redis",
+            "127.0.0.1:6379",
+            "--redis-cluster",
+            "127.0.0.1:7000",
+        ])
+        .unwrap_err();
+        assert_eq!(both.kind(), clap::error::ErrorKind::ArgumentConflict);
+        let bad = parse(&["--fleet", "2", "--redis-cluster", "127.0.0.1:7000,"]).unwrap_err();
+        assert!(bad.to_string().contains("an empty node"), "{bad}");
+        // A member needs its fleet's server or cluster, and its cells.
+        assert!(parse(&["--fleet", "2", "--fleet-member", "0", "--cell", "p"]).is_err());
+        let member = parse(&[
+            "--fleet",
+            "2",
+            "--fleet-member",
+            "0",
+            "--cell",
+            "p",
+            "--redis-cluster",
+            "127.0.0.1:7000",
+        ])
+        .unwrap();
+        assert_eq!(member.fleet_member, Some(0));
+        // kill-master needs no server: the parent starts its own cluster.
+        let args = parse(&["--fleet", "4", "--chaos", "kill-master"]).unwrap();
+        assert_eq!(
+            (args.chaos, args.fleet_redis()),
+            (Some(Fault::KillMaster), None)
+        );
     }
 
     #[test]
@@ -1461,7 +1628,15 @@ mod tests {
             host: "127.0.0.1".into(),
             port: 6400,
         };
-        let line = member_args(&args, 4, 1, &endpoint, "p", Path::new("/o")).join(" ");
+        let line = member_args(
+            &args,
+            4,
+            1,
+            &FleetRedis::Server(endpoint),
+            "p",
+            Path::new("/o"),
+        )
+        .join(" ");
         assert!(!line.contains("chaos"), "{line}");
     }
 
@@ -1514,6 +1689,7 @@ mod tests {
             start_ms: 11_000,
             end_ms: 14_000,
             returned_ms: 14_000,
+            elected_ms: None,
         };
         let ends = [
             (
@@ -1577,6 +1753,38 @@ mod tests {
         assert_eq!(
             lines[2],
             "chaos: no admission recorded after the server returned"
+        );
+
+        // A failover: the election's line, and the first admission on the failed-over cells.
+        let failover = Outage::failover(11_000, 13_050, 13_100, Duration::from_secs(10));
+        let lines = chaos_lines(
+            Fault::KillMaster,
+            Some(&failover),
+            &judged,
+            Some(10_120),
+            &totals,
+            10_000,
+        );
+        assert_eq!(
+            lines[..4],
+            [
+                "chaos: kill-master: outage from +1.00 s to +13.05 s (12.05 s); a failed job is excused if its own deadline fell in it or up to 0.5 s after",
+                "chaos: election: a replica took the killed master's slots over 2050 ms after the kill (at +3.05 s); the cluster was ok again at +3.10 s",
+                "chaos: jobs failed: 3 (2 timed out, 1 failed); 1 with their own deadline inside the outage, 2 not",
+                "chaos: first admission on the failed-over cells 10120 ms after the cluster returned",
+            ]
+        );
+        let lines = chaos_lines(
+            Fault::KillMaster,
+            Some(&failover),
+            &judged,
+            None,
+            &totals,
+            10_000,
+        );
+        assert_eq!(
+            lines[3],
+            "chaos: no admission recorded on the failed-over cells after the cluster returned"
         );
     }
 

@@ -1,8 +1,9 @@
-//! The Redis a `--fleet` run shares: `--redis HOST:PORT`, or a private `redis-server` the parent
-//! starts on a free loopback port (no persistence, its log on stdout) and stops at the end, and
-//! for `--chaos` kills and starts again (then with an append-only file) or pauses; and the
-//! server's count of script calls (`INFO commandstats`), from which the round trips per admitted
-//! lease are read.
+//! The Redis a `--fleet` run shares: `--redis HOST:PORT`, `--redis-cluster HOST:PORT[,...]` (a
+//! Redis Cluster's seed nodes), or a private `redis-server` the parent starts on a free loopback
+//! port (no persistence, its log on stdout) and stops at the end, and for `--chaos` kills and
+//! starts again (then with an append-only file) or pauses (`--chaos kill-master`'s private
+//! cluster is `redis_cluster.rs`'s); and the count of script calls (`INFO commandstats`, on a
+//! cluster summed over its masters), from which the round trips per admitted lease are read.
 
 use std::fmt;
 use std::io::{BufRead, BufReader};
@@ -13,6 +14,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+
+use crate::redis_cluster;
 
 /// Where the fleet's Redis listens.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,10 +60,67 @@ impl FromStr for Endpoint {
     }
 }
 
+/// A Redis Cluster's seed nodes, as `--redis-cluster` spells them: `HOST:PORT[,HOST:PORT...]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClusterNodes(pub Vec<Endpoint>);
+
+impl fmt::Display for ClusterNodes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (index, node) in self.0.iter().enumerate() {
+            if index > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{node}")?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for ClusterNodes {
+    type Err = String;
+
+    /// One or more `HOST:PORT`, comma separated (each also `redis://HOST:PORT/`); a node named
+    /// twice counts once.
+    fn from_str(text: &str) -> Result<ClusterNodes, String> {
+        let mut nodes: Vec<Endpoint> = Vec::new();
+        for part in text.split(',') {
+            if part.trim().is_empty() {
+                return Err(format!(
+                    "{text:?}: an empty node; write HOST:PORT[,HOST:PORT...]"
+                ));
+            }
+            let node: Endpoint = part.parse()?;
+            if !nodes.contains(&node) {
+                nodes.push(node);
+            }
+        }
+        Ok(ClusterNodes(nodes))
+    }
+}
+
+/// Where a fleet's cells live: one server, or a Redis Cluster (its seed nodes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FleetRedis {
+    /// One server.
+    Server(Endpoint),
+    /// A Redis Cluster: the cluster client routes each cell's calls to the master of its slot.
+    Cluster(ClusterNodes),
+}
+
+impl fmt::Display for FleetRedis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FleetRedis::Server(endpoint) => write!(f, "{endpoint}"),
+            FleetRedis::Cluster(nodes) => write!(f, "the cluster of {nodes}"),
+        }
+    }
+}
+
 /// What to say when the fleet needs a Redis and none is there.
 pub const INSTALL_HINT: &str = "--fleet needs Redis (7 or later): install redis-server \
      (`apt-get install redis-server`, or your platform's package) so that it is on PATH, \
-     or pass --redis HOST:PORT to use a server that is already running";
+     or pass --redis HOST:PORT (--redis-cluster HOST:PORT[,...]) to use a server (a cluster) \
+     that is already running";
 
 /// A `redis-server` of this run's own, stopped (killed, it keeps nothing) when dropped. It runs
 /// in a process group of its own, so that a Ctrl-C at the terminal reaches the fleet's processes,
@@ -98,7 +158,7 @@ impl PrivateRedis {
             .context("finding a free port for redis-server")?
             .port();
         let dir = tempfile::tempdir().context("creating redis-server's directory")?;
-        let child = spawn_ready(binary, port, dir.path(), persist)?;
+        let child = spawn_ready(binary, port, dir.path(), persist, &[])?;
         Ok(PrivateRedis {
             child,
             endpoint: Endpoint {
@@ -130,13 +190,21 @@ impl PrivateRedis {
             self.endpoint.port,
             self.dir.path(),
             self.persist,
+            &[],
         )?;
         Ok(())
     }
 }
 
-/// Starts `binary` on `port` with its files in `dir` and waits until it says it is ready.
-fn spawn_ready(binary: &Path, port: u16, dir: &Path, persist: bool) -> anyhow::Result<Child> {
+/// Starts `binary` on `port` with its files in `dir` and `extra` arguments, in a process group
+/// of its own, and waits until it says it is ready.
+pub fn spawn_ready(
+    binary: &Path,
+    port: u16,
+    dir: &Path,
+    persist: bool,
+    extra: &[&str],
+) -> anyhow::Result<Child> {
     let mut command = Command::new(binary);
     command
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
@@ -151,6 +219,7 @@ fn spawn_ready(binary: &Path, port: u16, dir: &Path, persist: bool) -> anyhow::R
     } else {
         command.args(["--appendonly", "no"]);
     }
+    command.args(extra);
     #[cfg(unix)]
     std::os::unix::process::CommandExt::process_group(&mut command, 0);
     let mut child = command
@@ -215,21 +284,46 @@ async fn connect(endpoint: &Endpoint) -> anyhow::Result<redis::aio::MultiplexedC
         .with_context(|| format!("connecting to {endpoint}"))
 }
 
-/// The server's count of script calls, and which run of the server counted them.
+/// The count of script calls, and which run of the server (of each master) counted them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScriptCalls {
-    /// The server's `run_id`: a new one after every restart, whose counters start again at 0.
+    /// The server's `run_id` (on a cluster, its masters', sorted and comma separated): a new one
+    /// after every restart or failover, whose counters start again at 0.
     pub run_id: String,
-    /// Script calls (`FCALL`, `EVALSHA` and `EVAL`) since the server started.
+    /// Script calls (`FCALL`, `EVALSHA` and `EVAL`) since the server started (on a cluster,
+    /// summed over its masters).
     pub calls: u64,
+    /// Whether it was read from a cluster's masters.
+    pub cluster: bool,
 }
 
 impl ScriptCalls {
+    /// The reading of a cluster: each master's `(run_id, calls)`, in any order.
+    pub fn of_masters(masters: impl IntoIterator<Item = (String, u64)>) -> ScriptCalls {
+        let (mut run_ids, mut calls) = (Vec::new(), 0u64);
+        for (run_id, n) in masters {
+            run_ids.push(run_id);
+            calls = calls.saturating_add(n);
+        }
+        run_ids.sort_unstable();
+        ScriptCalls {
+            run_id: run_ids.join(","),
+            calls,
+            cluster: true,
+        }
+    }
+
     /// The calls made from `earlier` to `self`; an error saying why when they cannot be told
-    /// (the server restarted between the two readings, and its counters with it).
+    /// (the server restarted between the two readings, or a master of the cluster changed, and
+    /// its counters with it).
     pub fn since(&self, earlier: &ScriptCalls) -> Result<u64, String> {
         if self.run_id == earlier.run_id {
             Ok(self.calls.saturating_sub(earlier.calls))
+        } else if self.cluster || earlier.cluster {
+            Err(
+                "not counted: a master of the cluster changed during the run (a failover), and the counters with it"
+                    .to_owned(),
+            )
         } else {
             Err(
                 "not counted: the server restarted during the run, and its counters with it"
@@ -239,13 +333,62 @@ impl ScriptCalls {
     }
 }
 
-/// Script calls the server has run (`FCALL`, `EVALSHA` and `EVAL`), from `INFO commandstats`, with its
-/// `run_id` (`INFO server`).
+/// Script calls Redis has run (`FCALL`, `EVALSHA` and `EVAL`), from `INFO commandstats`, with
+/// the `run_id` (`INFO server`) of the run that counted them: one server's, or the sum over the
+/// masters that serve a cluster's slots (as the first seed node that answers lists them; a
+/// replica's counters are left out, it runs no script of a client).
 ///
 /// # Errors
 ///
-/// When the server cannot be reached.
-pub async fn script_calls(endpoint: &Endpoint) -> anyhow::Result<ScriptCalls> {
+/// When the server, the cluster or one of its masters cannot be reached.
+pub async fn script_calls(redis: &FleetRedis) -> anyhow::Result<ScriptCalls> {
+    match redis {
+        FleetRedis::Server(endpoint) => {
+            let (run_id, calls) = node_script_calls(endpoint).await?;
+            Ok(ScriptCalls {
+                run_id,
+                calls,
+                cluster: false,
+            })
+        }
+        FleetRedis::Cluster(seeds) => {
+            let text = cluster_nodes(seeds).await?;
+            let nodes = redis_cluster::parse_nodes(&text);
+            let masters = redis_cluster::serving_masters(&nodes);
+            if masters.is_empty() {
+                bail!("CLUSTER NODES on {seeds} lists no master serving slots");
+            }
+            let mut readings = Vec::new();
+            for master in masters {
+                readings.push(node_script_calls(&master.endpoint).await?);
+            }
+            Ok(ScriptCalls::of_masters(readings))
+        }
+    }
+}
+
+/// `CLUSTER NODES` as the first of `seeds` that answers sees the cluster.
+async fn cluster_nodes(seeds: &ClusterNodes) -> anyhow::Result<String> {
+    let mut last = None;
+    for seed in &seeds.0 {
+        let reply = async {
+            let mut conn = connect(seed).await?;
+            redis::cmd("CLUSTER")
+                .arg("NODES")
+                .query_async::<String>(&mut conn)
+                .await
+                .with_context(|| format!("CLUSTER NODES on {seed}"))
+        };
+        match reply.await {
+            Ok(text) => return Ok(text),
+            Err(error) => last = Some(error),
+        }
+    }
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no seed node")))
+}
+
+/// One server's `run_id` and script calls.
+async fn node_script_calls(endpoint: &Endpoint) -> anyhow::Result<(String, u64)> {
     let mut conn = connect(endpoint).await?;
     let server: String = redis::cmd("INFO")
         .arg("server")
@@ -257,10 +400,10 @@ pub async fn script_calls(endpoint: &Endpoint) -> anyhow::Result<ScriptCalls> {
         .query_async(&mut conn)
         .await
         .with_context(|| format!("INFO commandstats on {endpoint}"))?;
-    Ok(ScriptCalls {
-        run_id: run_id_in(&server).unwrap_or_default().to_owned(),
-        calls: script_calls_in(&info),
-    })
+    Ok((
+        run_id_in(&server).unwrap_or_default().to_owned(),
+        script_calls_in(&info),
+    ))
 }
 
 /// The `run_id` in an `INFO server` reply.
@@ -341,9 +484,70 @@ mod tests {
         let reading = |run_id: &str, calls| ScriptCalls {
             run_id: run_id.into(),
             calls,
+            cluster: false,
         };
         assert_eq!(reading("a", 2_914).since(&reading("a", 14)), Ok(2_900));
         // A restart starts the counters again: the difference means nothing.
-        assert!(reading("b", 900).since(&reading("a", 14)).is_err());
+        let restarted = reading("b", 900).since(&reading("a", 14)).unwrap_err();
+        assert!(restarted.contains("the server restarted"), "{restarted}");
+    }
+
+    #[test]
+    fn a_clusters_calls_are_summed_over_its_masters_and_a_failover_is_not_counted() {
+        let masters = |readings: &[(&str, u64)]| {
+            ScriptCalls::of_masters(readings.iter().map(|(id, n)| ((*id).to_owned(), *n)))
+        };
+        let before = masters(&[("c", 5), ("a", 10), ("b", 0)]);
+        assert_eq!(
+            before,
+            ScriptCalls {
+                run_id: "a,b,c".into(),
+                calls: 15,
+                cluster: true,
+            }
+        );
+        // The same masters, listed in another order.
+        let after = masters(&[("b", 400), ("c", 305), ("a", 1_010)]);
+        assert_eq!(after.since(&before), Ok(1_700));
+        // A replica took over from master c: its counters are not c's.
+        let failed_over = masters(&[("a", 1_010), ("b", 400), ("d", 20)]);
+        let why = failed_over.since(&before).unwrap_err();
+        assert!(
+            why.starts_with("not counted: a master of the cluster changed"),
+            "{why}"
+        );
+        assert_eq!(masters(&[]).run_id, "");
+    }
+
+    #[test]
+    fn cluster_nodes_parse_as_a_comma_separated_list() {
+        let nodes: ClusterNodes = "127.0.0.1:7000,redis://127.0.0.1:7001/, 127.0.0.1:7000"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            nodes.0.iter().map(|e| e.port).collect::<Vec<_>>(),
+            [7000, 7001]
+        );
+        assert_eq!(nodes.to_string(), "127.0.0.1:7000,127.0.0.1:7001");
+        let one: ClusterNodes = "cache:7000".parse().unwrap();
+        assert_eq!(one.0.len(), 1);
+        for bad in [
+            "",
+            ",",
+            "127.0.0.1:7000,",
+            "127.0.0.1:7000,,127.0.0.1:7001",
+            "h:0",
+            "h",
+        ] {
+            assert!(bad.parse::<ClusterNodes>().is_err(), "{bad:?} was accepted");
+        }
+        assert_eq!(
+            FleetRedis::Cluster(nodes).to_string(),
+            "the cluster of 127.0.0.1:7000,127.0.0.1:7001"
+        );
+        assert_eq!(
+            FleetRedis::Server("127.0.0.1:6379".parse().unwrap()).to_string(),
+            "127.0.0.1:6379"
+        );
     }
 }

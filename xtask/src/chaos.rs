@@ -5,14 +5,24 @@
 //!
 //! Each fault run is `agents --fleet 4 --time-scale 300 --admit-timeout 3600 --check --chaos
 //! FAULT` (see `examples/agents/chaos.rs`): the fleet's parent injects the fault itself, one
-//! second of real time after its members started, on its private `redis-server`, so the fault
-//! lands at the same point of every run and is over in bounded time:
+//! second of real time after its members started, on its private `redis-server` (for
+//! `kill-master`, on a private six-node Redis Cluster it starts and stops itself,
+//! `examples/agents/redis_cluster.rs`), so the fault lands at the same point of every run and is
+//! over in bounded time:
 //!
 //! | fault         | what the parent does                                                   |
 //! |---------------|------------------------------------------------------------------------|
 //! | `restart`     | SIGKILLs the server and starts it again on its port 2 s later (AOF on) |
 //! | `pause`       | sends `CLIENT PAUSE 3000`                                              |
 //! | `kill-member` | SIGKILLs the last member; its leases stay held until their TTL (10 s)  |
+//!
+//! A fourth fault, `kill-master` (the cluster master of the first model's cell SIGKILLed; a
+//! replica takes over in about 2.5 s), runs with `agents --fleet 4 --time-scale 300
+//! --admit-timeout 3600 --check --chaos kill-master` but is **not in this step yet**: on a loaded
+//! machine (3 runs in 10 with other builds running, none in 25 without) a member's cluster client
+//! can stay without an answer from the promoted master for seconds past the recovery, and jobs
+//! time out outside the outage. Until that client defect is fixed (issue 23), the step keeps its
+//! verdict reliable; `FAULTS_NOT_IN_CI` names the run.
 //!
 //! A run passes when it prints `check: passed` and exits 0: every job ended, none failed but
 //! those whose own deadline fell inside the outage (the run prints how many failed and how many
@@ -22,7 +32,11 @@
 //! time left after it. A restarted server makes every cell recover for one lease TTL (10 s: it
 //! admits nothing new while holders renew their leases back), so the restart's outage lasts
 //! from the kill to one TTL after the server's return (about 12 s), and jobs whose wait ended in
-//! it fail, excused.
+//! it fail, excused. A killed master's cells recover the same way on the promoted replica: that
+//! outage lasts from the kill to the election plus one TTL (about 12.5 s), and the run prints
+//! the election's time and the first admission on those cells after the cluster was ok again
+//! (about one TTL); the cells on the other two masters are served throughout. Its verdict reads
+//! the cells on the cluster, through their own cluster clients.
 //!
 //! # Signals to the parent
 //!
@@ -67,10 +81,12 @@
 //! [`RUN_LIMIT`] gets SIGTERM (the parent forwards it to its members, which give their leases
 //! back, and still prints its verdict), then SIGKILL after [`STOP_GRACE`]; a signal run's parent
 //! or members still running at their bound are SIGKILLed by pid and the run fails. The five runs
-//! take about 35 s on a 2-core machine once the example is built (the three faults about 30 s,
-//! each signal run about 2 s); [`RUN_LIMIT`] and [`STOP_GRACE`] bound a fault run at 45 s, and
-//! the bounds above a signal run at about a minute (`term-parent`) or 40 s (`kill-parent`),
-//! which only a run that hangs reaches.
+//! take about 38 s on a 2-core machine once the example is built (the three faults about 34 s,
+//! each signal run about 2 s; `kill-master`, run by hand, about 16 s more: 2 s to start and join
+//! its cluster and 14 s of run); [`RUN_LIMIT`] and [`STOP_GRACE`] bound a fault run at 45 s (a
+//! `kill-master` parent SIGTERMed stops its cluster's nodes on its way out), and the bounds
+//! above a signal run at about a minute (`term-parent`) or 40 s (`kill-parent`), which only a
+//! run that hangs reaches.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -88,6 +104,16 @@ use crate::step::Workspace;
 
 /// The faults, in the order they run.
 pub(crate) const FAULTS: [&str; 3] = ["restart", "pause", "kill-member"];
+
+/// Faults the example injects that this step does not run yet (see the module docs).
+#[cfg_attr(
+    not(test),
+    expect(
+        dead_code,
+        reason = "named by the module docs; the run is made by hand for now"
+    )
+)]
+pub(crate) const FAULTS_NOT_IN_CI: [&str; 1] = ["kill-master"];
 
 /// The signal runs, after the faults: each one's name and the signal its parent gets.
 const SIGNAL_RUNS: [SignalRun; 2] = [
@@ -146,7 +172,8 @@ const CELL_KEYS: [&str; 7] = ["cfg", "occ", "exp", "events", "quota", "line", "l
 /// What one run printed and how it ended.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Verdict {
-    /// `chaos: ...` lines: the outage and the failed jobs judged against it.
+    /// `chaos: ...` lines: the failed jobs judged against the outage, after a failover the
+    /// election's time, and the first admission after the server's (the cluster's) return.
     chaos: Vec<String>,
     /// `check: ...` lines: the verdict.
     check: Vec<String>,
@@ -156,7 +183,16 @@ impl Verdict {
     /// Keeps `line` if it is part of the verdict.
     fn observe(&mut self, line: &str) {
         let line = line.trim_end();
-        if line.starts_with("chaos: jobs failed:") || line.starts_with("chaos: FAILED") {
+        if [
+            "chaos: jobs failed:",
+            "chaos: FAILED",
+            "chaos: election:",
+            "chaos: first admission",
+            "chaos: no admission recorded",
+        ]
+        .iter()
+        .any(|prefix| line.starts_with(prefix))
+        {
             self.chaos.push(line.to_owned());
         } else if line.starts_with("check: ") {
             self.check.push(line.to_owned());
@@ -1160,6 +1196,28 @@ mod tests {
         verdict.observe("check: FAILED: model-a: 1 leases (300 tokens, 1 requests) still held");
         assert!(!verdict.passed());
         assert!(!Verdict::default().passed());
+
+        // A failover's run keeps its election and its first admission after the return, not the
+        // log lines of its course.
+        let mut verdict = Verdict::default();
+        let failover = [
+            "chaos: master 127.0.0.1:40001 (slot 1005, model-a's cell; cells on it: model-a) SIGKILLed at +1.03 s; waiting for a replica to take over",
+            "chaos: failover: 127.0.0.1:40006 took slot 1005 over at +3.52 s, 2482 ms after the kill; the cluster was ok again at +3.52 s; ...",
+            "chaos: kill-master: outage from +1.03 s to +13.52 s (12.48 s); ...",
+            "chaos: election: a replica took the killed master's slots over 2482 ms after the kill (at +3.52 s); the cluster was ok again at +3.52 s",
+            "chaos: jobs failed: 120 (120 timed out, 0 failed); 120 with their own deadline inside the outage, 0 not",
+            "chaos: first admission on the failed-over cells 9965 ms after the cluster returned",
+            "chaos: most held at once by the members' clocks: ...",
+            "check: passed (the fault was injected, ...)",
+        ];
+        for line in failover {
+            verdict.observe(line);
+        }
+        assert_eq!(verdict.chaos, [failover[3], failover[4], failover[5]]);
+        assert!(verdict.passed());
+        let mut nothing = Verdict::default();
+        nothing.observe("chaos: no admission recorded after the server returned");
+        assert_eq!(nothing.chaos.len(), 1);
     }
 
     #[test]
@@ -1515,6 +1573,21 @@ mod tests {
                 "held: 1 tickets in line, 1 tickets in live, -1 transfers in flight (occ st), 1 waiter records (occ q:)"
             )
         );
+    }
+
+    #[test]
+    fn the_fault_runs_are_bounded_and_the_failover_waits_for_its_client_fix() {
+        assert_eq!(FAULTS, ["restart", "pause", "kill-member"]);
+        assert_eq!(FAULTS_NOT_IN_CI, ["kill-master"]);
+        // Each fault run is bounded, the longest outage (a failover's, about 12.5 s, after
+        // 2 s of cluster start) and the run's own timeout well inside it.
+        assert!(RUN_LIMIT >= Duration::from_secs(30));
+        let timeout = RUN_ARGS
+            .iter()
+            .position(|a| *a == "--run-timeout")
+            .and_then(|i| RUN_ARGS[i + 1].parse::<u64>().ok())
+            .expect("a --run-timeout");
+        assert!(Duration::from_secs(timeout) < RUN_LIMIT);
     }
 
     #[test]
