@@ -46,7 +46,7 @@ commands:
   test                     steps 3 and 4
   loom                     step 10
   chaos                    the agents fleet through three real faults and two signals to its
-                           parent, one run each (about 35 s once the example is built; each run
+                           parent, one run each (about 40 s once the example is built; each run
                            bounded): agents --fleet 4 --time-scale 300 --admit-timeout 3600
                            --check --chaos FAULT for FAULT = restart (its private redis-server
                            SIGKILLed 1 s in and started again on its port 2 s later), pause
@@ -60,7 +60,9 @@ commands:
                            fails only for the signal, no member left) and kill-parent (SIGKILL:
                            every member must exit within 10 s and write its report); after
                            either, nothing held in Redis (redis-cli: every cell's exp, line and
-                           live empty, occ without st, sb, r: or q:)
+                           live empty, occ without st, sb, r: or q:); the example's fourth fault,
+                           kill-master (a Redis Cluster master SIGKILLed), is run by hand for
+                           now (xtask/src/chaos.rs says why)
   soak [N]                 the core soak test at N admissions (default 1,000,000) in release:
                            threads and tasks, cancellations, 1 ms timeouts, abandoned futures;
                            prints the tally, fails on any overdraw, hang or leaked unit
@@ -70,7 +72,8 @@ commands:
                            bench, cargo bench -p admission-benches [args...]), then rewrites the table
                            between the side-by-side markers in BENCHMARKS.md from
                            target/criterion and target/side-by-side (--report-only: no run)
-  with-services -- CMD...  run CMD with Redis and PostgreSQL up (ADMISSION_REDIS_URL, ADMISSION_PG_URL)
+  with-services -- CMD...  run CMD with Redis, a six-node Redis Cluster and PostgreSQL up
+                           (ADMISSION_REDIS_URL, ADMISSION_REDIS_CLUSTER, ADMISSION_PG_URL)
   help                     this text
 
 FEATURES is `--features admission-db/r2d2-sqlite,admission-db/r2d2-postgres,
@@ -82,8 +85,9 @@ metrics and test clock, the tower layer's HTTP and gRPC refusal mappings and the
 which no default build compiles.
 
 The test steps run with the services listed in xtask/src/services.rs (REQUIRED) up: Redis
-(ADMISSION_REDIS_URL) for admission-redis and PostgreSQL (ADMISSION_PG_URL) for admission-db's
-PostgreSQL tests (unset under CI=true, they fail).";
+(ADMISSION_REDIS_URL) and a Redis Cluster of three masters and three replicas
+(ADMISSION_REDIS_CLUSTER, its nodes comma separated) for admission-redis, and PostgreSQL
+(ADMISSION_PG_URL) for admission-db's PostgreSQL tests (unset under CI=true, they fail).";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
