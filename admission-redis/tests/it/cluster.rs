@@ -168,14 +168,11 @@ fn shared_cluster(test: &str) -> Option<Vec<(String, u16)>> {
     }
 }
 
+/// The tests' usual config (`support::config`), on the cluster of `nodes`.
 fn cluster_config(nodes: &[(String, u16)], cell: &str, ceilings: Ceilings) -> RedisAdmissionConfig {
-    let mut config = RedisAdmissionConfig::cluster(nodes.iter().cloned(), cell, ceilings);
-    config.key_prefix = "it".into();
-    config.lease_ttl = Duration::from_secs(3);
-    config.renew_every = Duration::from_secs(1);
-    config.connect_timeout = Duration::from_millis(300);
-    config.response_timeout = Duration::from_millis(700);
-    config.recover_created_cells = false;
+    let (host, port) = &nodes[0];
+    let mut config = crate::support::config(host, *port, cell, ceilings);
+    config.cluster_nodes = nodes.to_vec();
     config
 }
 
@@ -235,19 +232,10 @@ async fn a_waiter_on_a_cluster_is_woken_by_the_reader_on_its_cells_node() {
         )
         .await
     });
-    // The waiter's ticket is in the line before the release.
-    let started = Instant::now();
-    loop {
-        let events = read_events(&a).await.expect("events");
-        if events
-            .iter()
-            .any(|e| e.kind == "queued" && e.lease == "second")
-        {
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(10), "never queued");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // The waiter's ticket is in the line before the release (a blocking read on the master
+    // that serves the cell).
+    let master = master_of(nodes[0].1, &a.keys()[0]).expect("a master");
+    crate::support::wait_for_event(&a, "127.0.0.1", master, "queued", "second").await;
     held.release(Outcome::Completed).await.expect("released");
     let lease = waiter
         .await
