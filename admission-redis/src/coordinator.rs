@@ -178,8 +178,9 @@ impl RedisAdmission {
     /// ticket is the head: its demand is set aside, so a later, smaller request goes ahead only if
     /// it fits beside it on every dimension they share and needs nothing the head is short on
     /// (EASY backfilling, as the monitor does in one process). A release, an expiry or a policy
-    /// change hands capacity to the waiters in ticket order inside the same script call; the
-    /// process's one events reader tells the local waiter its grant. No polling: besides that, a
+    /// change hands capacity to the waiters in ticket order inside the same script call, and
+    /// writes each grant to the notices of the waiter's instance, whose one reader tells the
+    /// local waiter (other instances read nothing of it). No polling: besides that, a
     /// waiter asks again only at its deadline, at the earliest lease expiry (reaping is lazy) and
     /// to renew its ticket's liveness (every `renew_every`; a crashed waiter's ticket runs out
     /// after the lease TTL and cannot hold the head).

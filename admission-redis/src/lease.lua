@@ -14,11 +14,16 @@
 --       4 events (stream)   5 quota (hash: "r:<tenant>" / "b:<tenant>" -> "window|used")
 --       6 line (sorted set: waiting lease id -> ticket)   7 live (sorted set: waiting id ->
 --              liveness expiry, server ms)
--- Waiters are recorded in occ as q:<id> = "ticket|tenant|backend|footprint|operation|nonce"; a
--- lease record carries the nonce of the acquisition that took it as a sixth field. The nonce is
+-- Waiters are recorded in occ as q:<id> = "ticket|tenant|backend|footprint|operation|nonce|instance";
+-- a lease record carries the nonce of the acquisition that took it as a sixth field. The nonce is
 -- the caller's, chosen before its first call: only the same call may ask again as that waiter,
 -- claim a grant made to it (read-only, so a claim whose reply was lost can be claimed again) or
 -- withdraw it; another acquisition with the same lease id is a duplicate.
+-- A grant the hand-off makes to a waiter is written, besides the events stream, to the notices of
+-- the waiter's instance (the provider that queued it): the stream `<tag>:to:<instance>`, outside
+-- KEYS because no caller but the hand-off knows which instances wait, yet in the cell's slot
+-- (same hash tag). Each instance reads only its own notices, so the cost of a wake does not grow
+-- with the number of instances. A notice lives one lease TTL: its grant is void after that.
 -- A transition reads and writes each hash once: the lease path is seven calls in all.
 --
 -- Replies are flat arrays whose first element is a status word:
@@ -168,7 +173,17 @@ local function call(KEYS, ARGV)
   local function parse(r)
     local f = {}
     for part in string.gmatch(r, '[^|]+') do f[#f + 1] = part end
-    return f -- token (or ticket), tenant, backend, footprint, operation, nonce
+    return f -- token (or ticket), tenant, backend, footprint, operation, nonce, instance
+  end
+
+  -- Tells instance `to` that the hand-off granted lease `id` to its acquisition `nonce` (see the
+  -- notices at the top), with the counters `o` after the grant.
+  local function notify(to, id, nonce, token, o)
+    local key = string.sub(events, 1, -8) .. ':to:' .. to
+    redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', 'lease', id, 'nonce', nonce,
+      'token', token, 'policy', version, 'time_ms', now_ms,
+      'occupancy', string.format('%.0f %.0f %.0f %.0f %.0f', o[1], o[2], o[3], o[4], o[5]))
+    redis.call('PEXPIRE', key, TTL)
   end
 
   -- Gives back what lease `id` holds (its record `r`) and records why.
@@ -284,7 +299,8 @@ local function call(KEYS, ARGV)
         local need = { f, 1, f, 1, 1 }
         if not short_on(o, need, tb_max, tt_max, r, blocked) then
           unqueue(id)
-          grant(id, w[2], w[3], w[4], w[5], TTL, o, w[6], 'handoff')
+          local token = grant(id, w[2], w[3], w[4], w[5], TTL, o, w[6], 'handoff')
+          if w[7] then notify(w[7], id, w[6], token, o) end
           granted = granted + 1
         elseif not head then
           head = head_of(w, o, tb_max, tt_max)
@@ -367,12 +383,6 @@ local function call(KEYS, ARGV)
     append('rejoined', id, token, tenant, backend, footprint, operation, 'rejoined', o, seq)
   end
 
-  local function last_event_id()
-    local last = redis.call('XREVRANGE', events, '+', '-', 'COUNT', 1)
-    if #last == 0 then return '0-0' end
-    return last[1][1]
-  end
-
   local function earliest_expiry()
     local first = redis.call('ZRANGE', exp, 0, 0, 'WITHSCORES')
     if #first == 0 then return -1 end
@@ -383,8 +393,12 @@ local function call(KEYS, ARGV)
     -- ARGV: 3 lease id 4 tenant 5 backend 6 footprint 7 operation 8 ttl ms 9 reap limit
     --       10 wait flag (1: join the line, with a `queued` event, when it does not fit now)
     --       11 the acquisition's nonce (the same on every call of one acquisition)
+    --       12 the asking instance, where the hand-off's notice of a grant goes ('': none)
     local id, tenant, backend, operation = ARGV[3], ARGV[4], ARGV[5], ARGV[7]
     local footprint, ttl, nonce = tonumber(ARGV[6]), tonumber(ARGV[8]), ARGV[11]
+    -- Only what a key name may carry: an instance is hex, at most 32 digits.
+    local instance = string.match(ARGV[12] or '', '^%x+$') or ''
+    if #instance > 32 then instance = '' end
     reap(tonumber(ARGV[9]))
     if not footprint or footprint <= 0 then return touch(IDLE, {'NEVER', 'footprint', ARGV[6], '1'}) end
     local tb_max, tt_max = limits(c[10])
@@ -435,10 +449,10 @@ local function call(KEYS, ARGV)
     -- expiry is the end).
     if recovering then dim = 0 end
     -- The refusal: the dimension without room, what it holds and its ceiling.
-    local function full(last, ticket)
-      if dim == 0 then return touch(IDLE, {'FULL', 'recovering', 0, 0, last, REC, now_ms, ticket}) end
+    local function full(ticket)
+      if dim == 0 then return touch(IDLE, {'FULL', 'recovering', 0, 0, REC, now_ms, ticket}) end
       local max = { S_B, S_T, tb_max, tt_max, B_T }
-      return touch(IDLE, {'FULL', DIMS[dim], o[dim] + r[dim], max[dim], last, earliest_expiry(),
+      return touch(IDLE, {'FULL', DIMS[dim], o[dim] + r[dim], max[dim], earliest_expiry(),
         now_ms, ticket})
     end
     if dim and not waiting and ARGV[10] == '1' then
@@ -447,15 +461,17 @@ local function call(KEYS, ARGV)
       redis.call('ZADD', line, waiting, id)
       redis.call('ZADD', live, now_ms + ttl, id)
       redis.call('HSET', occ, 'q:' .. id,
-        waiting .. '|' .. tenant .. '|' .. backend .. '|' .. ARGV[6] .. '|' .. operation .. '|' .. nonce)
+        waiting .. '|' .. tenant .. '|' .. backend .. '|' .. ARGV[6] .. '|' .. operation .. '|' .. nonce
+        .. '|' .. instance)
       -- The line's first waiter creates the line and its liveness set.
       if queued == 1 then
         born(line)
         born(live)
       end
-      return full(append('queued', id, '0', tenant, backend, ARGV[6], operation, 'queued', o), waiting)
+      append('queued', id, '0', tenant, backend, ARGV[6], operation, 'queued', o)
+      return full(waiting)
     end
-    if dim then return full(last_event_id(), waiting or '') end
+    if dim then return full(waiting or '') end
     if waiting then unqueue(id) end
     local token, expiry = grant(id, tenant, backend, ARGV[6], operation, ttl, o, nonce, 'admitted', v[8] or '0', v[9])
     return touch(IDLE, {'OK', token, version, o[1], o[2], o[3], o[4], o[5],

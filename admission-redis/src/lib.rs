@@ -50,9 +50,9 @@
 // The layout, lowest first (each file imports only files above it): `config`, `error`,
 // `request` (what is asked), `connection` (clients and connections), `script` (the one module
 // that knows the script's KEYS, ARGV and replies, and retries through outages), `pending`,
-// `renewal`, `wake` (the events reader), `shared` (what an instance, its leases and its tasks
-// share), `lease`, `line` (an acquisition and its wait), `coordinator` (the public provider),
-// `events`, `local`.
+// `renewal`, `wake` (the reader of the instance's notices), `shared` (what an instance, its
+// leases and its tasks share), `lease`, `line` (an acquisition and its wait), `coordinator` (the
+// public provider), `events`, `local`; `test_util` (private servers) stands apart.
 mod config;
 mod connection;
 mod coordinator;
@@ -66,6 +66,8 @@ mod renewal;
 mod request;
 mod script;
 mod shared;
+#[cfg(feature = "private-servers")]
+pub mod test_util;
 mod wake;
 
 pub use config::{Ceilings, EvictionCheck, Quotas, RedisAdmissionConfig, Secret, TenantMode, Tls};

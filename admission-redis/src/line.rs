@@ -109,13 +109,13 @@ pub(crate) async fn acquire(
     let start = Instant::now();
     let deadline = start + wait.min(config.redis_wait);
     let waits = !wait.is_zero() && !config.redis_wait.is_zero();
-    // Registered before the first attempt: a grant from the line that the reader sees before
-    // this task looks is kept for it.
-    let mut slot = waits.then(|| shared.wakeups.register(&request.id));
     // Armed before the first call, with the acquisition's nonce: dropped at any await, or ended
     // by an error, the guard withdraws the ticket or gives back a lease the acquisition was
     // granted.
     let mut guard = Withdraw::new(shared, request);
+    // Registered before the first attempt: a notice of a grant that the reader sees before this
+    // task looks is kept for it.
+    let mut slot = waits.then(|| shared.wakeups.register(&guard.nonce));
     loop {
         let (refusal, sent) = match attempt(shared, request, waits, &guard.nonce, deadline).await {
             Ok(Attempt::Admitted(lease)) => {
@@ -155,7 +155,7 @@ pub(crate) async fn acquire(
             .min(now + config.renew_every);
         let granted = shared
             .wakeups
-            .wait_grant(&shared.cell, receiver, refusal.last_event, until)
+            .wait_grant(&shared.cell, receiver, until)
             .await;
         if let Some(granted) = granted {
             guard.disarm();
@@ -205,6 +205,7 @@ async fn attempt(
         operation: &request.operation,
         queued,
         nonce,
+        instance: shared.wakeups.instance(),
     };
     let called = cell.call::<AcquireReply>(&op, deadline).await?;
     let (sent, received) = (called.sent, Instant::now());

@@ -222,6 +222,8 @@ pub(crate) enum Op<'a> {
         operation: &'a str,
         queued: bool,
         nonce: &'a str,
+        /// The asking provider's instance, where the hand-off's notice of a grant goes.
+        instance: &'a str,
     },
     /// An acquisition gives up: out of the line, or its grant handed over.
     Withdraw { id: &'a str, nonce: &'a str },
@@ -302,6 +304,7 @@ impl Op<'_> {
                 operation,
                 queued,
                 nonce,
+                instance,
             } => vec![
                 id.to_string(),
                 tenant.to_string(),
@@ -312,6 +315,7 @@ impl Op<'_> {
                 reap,
                 if *queued { "1" } else { "0" }.to_string(),
                 nonce.to_string(),
+                instance.to_string(),
             ],
             Op::Withdraw { id, nonce } => vec![id.to_string(), nonce.to_string(), reap],
             Op::Renew { leases } => {
@@ -399,8 +403,6 @@ pub(crate) struct Full {
     pub(crate) dimension: Option<Dimension>,
     pub(crate) held: u64,
     pub(crate) ceiling: u64,
-    /// The stream's last record when the refusal was decided (a waiter's `queued` record).
-    pub(crate) last_event: StreamId,
     /// When the earliest lease expires, server milliseconds (`None`: none is held).
     pub(crate) earliest_expiry_ms: Option<u64>,
     pub(crate) now_ms: u64,
@@ -549,7 +551,7 @@ impl Decode for AcquireReply {
         Some(match w.word(0)? {
             "OK" => AcquireReply::Granted(Granted::decode(w)?),
             "FULL" => {
-                let expiry: i64 = w.word(5)?.parse().ok()?;
+                let expiry: i64 = w.word(4)?.parse().ok()?;
                 AcquireReply::Full(Full {
                     dimension: match w.word(1)? {
                         "recovering" => None,
@@ -557,9 +559,8 @@ impl Decode for AcquireReply {
                     },
                     held: w.int(2)?,
                     ceiling: w.int(3)?,
-                    last_event: StreamId::parse(w.word(4)?),
                     earliest_expiry_ms: u64::try_from(expiry).ok(),
-                    now_ms: w.int(6)?,
+                    now_ms: w.int(5)?,
                 })
             }
             "NEVER" => AcquireReply::Never(match w.word(1)? {
@@ -719,7 +720,10 @@ pub(crate) struct Cell {
     pub(crate) fingerprint: String,
     /// The seven keys, in the script's KEYS order.
     keys: [String; 7],
-    conn: Conn,
+    /// Cloned for each call (a handle; the clones share one connection).
+    conn: parking_lot::RwLock<Conn>,
+    /// When a cluster connection was last replaced (see `replace_stalled`).
+    replaced: parking_lot::Mutex<Option<Instant>>,
     pub(crate) clients: Clients,
 }
 
@@ -736,7 +740,8 @@ impl Cell {
             fingerprint: config.fingerprint(),
             config,
             keys,
-            conn,
+            conn: parking_lot::RwLock::new(conn),
+            replaced: parking_lot::Mutex::new(None),
             clients,
         }
     }
@@ -744,6 +749,14 @@ impl Cell {
     /// The events stream's key.
     pub(crate) fn events_key(&self) -> &str {
         &self.keys[3]
+    }
+
+    /// The stream of the hand-off's notices to provider `instance` (see `wake`): the events
+    /// key with its last part replaced, as the script builds it.
+    pub(crate) fn notices_key(&self, instance: &str) -> String {
+        let events = self.events_key();
+        let tag = events.strip_suffix(":events").unwrap_or(events);
+        format!("{tag}:to:{instance}")
     }
 
     /// Every key of the cell, in the script's KEYS order.
@@ -799,7 +812,8 @@ impl Cell {
                     .arg("+")
                     .arg("COUNT")
                     .arg(PAGE);
-                let page: redis::streams::StreamRangeReply = self.conn.query(&command).await?;
+                let conn = self.conn.read().clone();
+                let page: redis::streams::StreamRangeReply = conn.query(&command).await?;
                 Ok(page)
             };
             let page = self.retrying("read_events", deadline, read).await?.0;
@@ -915,12 +929,54 @@ impl Cell {
         let bound = deadline
             .saturating_duration_since(Instant::now())
             .max(self.config.response_timeout);
-        match tokio::time::timeout(bound, self.conn.query(command)).await {
+        let conn = self.conn.read().clone();
+        let result = match tokio::time::timeout(bound, conn.query(command)).await {
             Ok(result) => result,
             Err(_) => Err(redis::RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
                 format!("no reply within {bound:?}"),
             ))),
+        };
+        if result.as_ref().is_err_and(redis::RedisError::is_timeout) {
+            self.replace_stalled().await;
+        }
+        result
+    }
+
+    /// After a call that got no reply on a cluster connection: a new one, built afresh from the
+    /// cluster client (its own view of the slots and its own node connections), at most once per
+    /// connect timeout. Through a failover, a loaded process's cluster connection was seen to
+    /// stay without answers from the promoted master for seconds after the others had them;
+    /// calls retried on a new connection are answered. One server's connection manager
+    /// reconnects on its own and is kept.
+    async fn replace_stalled(&self) {
+        let Clients::Cluster(client) = &self.clients else {
+            return;
+        };
+        {
+            let mut replaced = self.replaced.lock();
+            if replaced.is_some_and(|at| at.elapsed() < self.config.connect_timeout) {
+                return;
+            }
+            *replaced = Some(Instant::now());
+        }
+        let fresh =
+            tokio::time::timeout(self.config.connect_timeout, client.get_async_connection());
+        match fresh.await {
+            Ok(Ok(conn)) => {
+                tracing::debug!(
+                    "admission-redis: a call got no reply; the cluster connection was replaced"
+                );
+                *self.conn.write() = Conn::Cluster(conn);
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "admission-redis: replacing the cluster connection failed; the next timeout tries again");
+            }
+            Err(_) => {
+                tracing::debug!(
+                    "admission-redis: replacing the cluster connection timed out; the next timeout tries again"
+                );
+            }
         }
     }
 }
@@ -1004,7 +1060,6 @@ mod tests {
             "tenant_transfers",
             "4",
             "4",
-            "1700-3",
             "-1",
             "2000",
             "",
@@ -1014,7 +1069,6 @@ mod tests {
             Raw::Reply(AcquireReply::Full(f)) => {
                 assert_eq!(f.dimension, Some(Dimension::TenantTransfers));
                 assert_eq!((f.held, f.ceiling, f.now_ms), (4, 4, 2000));
-                assert_eq!(f.last_event, StreamId(1700, 3));
                 assert_eq!(f.earliest_expiry_ms, None);
             }
             _ => panic!("expected a refusal"),

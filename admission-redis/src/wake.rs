@@ -1,15 +1,19 @@
-//! Telling waiters of their grants: one reader per process (`XREAD BLOCK` on a connection of its
-//! own) reads the cell's events stream and hands each `admitted` record of the line's hand-off
-//! to the local waiter it names, so a release on any instance admits the waiters of every
-//! instance without a polling loop and without one connection per waiter.
+//! Telling waiters of their grants, at a cost that does not grow with the fleet.
 //!
-//! A waiter registers its lease id before it first asks, and its refusal carries the id of the
-//! stream's record at that moment (its `queued` record). The reader starts after the first
-//! waiter's record; a waiter whose record is older than where the running reader started asks
-//! again once, which claims a grant the reader could not see, so no grant is missed. The reader numbers what it reads (`seq`): a gap means trimming
-//! dropped records it never saw, and every local waiter asks again, as it does when the reader
-//! fails. Besides, a waiter asks again at its own computed deadlines (its timeout, the earliest
-//! lease expiry, its ticket's liveness renewal).
+//! Each provider has an instance id of its own, sent with every acquisition that may join the
+//! line. When the hand-off grants a waiter, the script writes a notice to the stream of the
+//! waiter's instance (`<tag>:to:<instance>`, in the cell's slot). One reader per provider
+//! (`XREAD BLOCK` on a connection of its own) reads only those notices, from the stream's start,
+//! and hands each to the local waiter whose acquisition (its nonce) it names. So a release on any
+//! instance wakes the one instance whose waiter it admitted, in one round trip, and no instance
+//! reads what concerns the others.
+//!
+//! A notice names its acquisition, so reading one twice (a reader whose connection failed reads
+//! from the start again) or after its waiter left hands nothing to anyone else. When the reader
+//! fails, every local waiter asks again at once. A notice that never arrives (the server
+//! restarted, or it was trimmed unread) costs its waiter only time: the waiter asks again at its
+//! own computed deadlines (its timeout, the earliest lease expiry, its ticket's liveness renewal),
+//! and that call claims the grant.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,6 +21,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use redis::streams::StreamReadReply;
+use sha2::{Digest, Sha256};
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -24,14 +29,14 @@ use tokio::time::Instant;
 use crate::connection::blocking_connection;
 use crate::script::{Cell, Occupancy, StreamId};
 
-/// How many times the reader failed or saw a gap: each wakes every waiter, whose next attempt
-/// then fails closed, succeeds, or waits again.
+/// How many times the reader failed: each wakes every waiter, whose next attempt then fails
+/// closed, succeeds, or waits again.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Seen {
     failures: u64,
 }
 
-/// A grant the hand-off made to a local waiter, as its `admitted` record says.
+/// A grant the hand-off made to a local waiter, as its notice says.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Granted {
     pub(crate) token: u64,
@@ -42,46 +47,64 @@ pub(crate) struct Granted {
     pub(crate) time_ms: u64,
 }
 
-/// Local waiters by lease id, each with the generation of its registration.
-type Slots = Arc<Mutex<HashMap<String, (u64, oneshot::Sender<Granted>)>>>;
+/// Local waiters by the nonce of their acquisition.
+type Slots = Arc<Mutex<HashMap<String, oneshot::Sender<Granted>>>>;
 
-/// The process's one reader, started by the first waiter, and the local waiters by lease id.
-#[derive(Default)]
+/// The provider's instance id, its one reader (started by the first waiter) and its local
+/// waiters.
 pub(crate) struct Wakeups {
+    instance: String,
     reader: Mutex<Option<Reader>>,
     slots: Slots,
+}
+
+impl Default for Wakeups {
+    fn default() -> Wakeups {
+        Wakeups {
+            instance: instance_id(),
+            reader: Mutex::default(),
+            slots: Slots::default(),
+        }
+    }
+}
+
+/// 32 hex digits no other provider chooses: a digest of this process, the time, a counter and
+/// std's per-process random hashing keys.
+fn instance_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let mut random = std::collections::hash_map::RandomState::new().build_hasher();
+    random.write_u64(NEXT.fetch_add(1, Ordering::Relaxed));
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut digest = Sha256::new();
+    digest.update(std::process::id().to_le_bytes());
+    digest.update(nanos.to_le_bytes());
+    digest.update(random.finish().to_le_bytes());
+    digest.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// A local waiter's place for its grant; leaves the table when dropped.
 pub(crate) struct Slot {
     slots: Slots,
-    id: String,
-    generation: u64,
+    nonce: String,
     grant: oneshot::Receiver<Granted>,
-    /// Whether it already asked again because the reader started after its refusal.
-    asked_again: bool,
-    /// Whether its sender is gone (a later registration of the same id replaced it).
-    closed: bool,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        // Only its own registration: another acquisition of the same id may have replaced it.
-        let mut slots = self.slots.lock();
-        if slots
-            .get(&self.id)
-            .is_some_and(|(generation, _)| *generation == self.generation)
-        {
-            slots.remove(&self.id);
-        }
+        self.slots.lock().remove(&self.nonce);
     }
 }
 
 struct Reader {
     seen: watch::Receiver<Seen>,
     task: JoinHandle<()>,
-    /// The record the reader started after: it never sees records up to this one.
-    start: StreamId,
 }
 
 impl Drop for Reader {
@@ -91,102 +114,69 @@ impl Drop for Reader {
 }
 
 impl Wakeups {
-    /// Registers waiter `id` for a grant from the line. While another acquisition of the same
-    /// id is registered (a duplicate, which the script refuses), the new slot is born closed and
-    /// the first keeps its place.
-    pub(crate) fn register(&self, id: &str) -> Slot {
-        static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let generation = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    /// This provider's instance id, which an acquisition sends so that the hand-off's notice of
+    /// its grant comes here.
+    pub(crate) fn instance(&self) -> &str {
+        &self.instance
+    }
+
+    /// Registers the acquisition `nonce` for a grant from the line.
+    pub(crate) fn register(&self, nonce: &str) -> Slot {
         let (tx, grant) = oneshot::channel();
-        let mut slots = self.slots.lock();
-        let closed = slots.contains_key(id);
-        if !closed {
-            slots.insert(id.to_string(), (generation, tx));
-        }
+        self.slots.lock().insert(nonce.to_owned(), tx);
         Slot {
             slots: self.slots.clone(),
-            id: id.to_string(),
-            generation,
+            nonce: nonce.to_owned(),
             grant,
-            asked_again: false,
-            closed,
         }
     }
 
-    /// Waits until the reader hands `slot` its grant (returned), the reader fails or sees a
-    /// gap, or `until` passes (both `None`: ask again). The reader starts from `after` at the
-    /// latest.
+    /// Waits until the reader hands `slot` its grant (returned), the reader fails, or `until`
+    /// passes (both `None`: ask again).
     pub(crate) async fn wait_grant(
         &self,
         cell: &Arc<Cell>,
         slot: &mut Slot,
-        after: StreamId,
         until: Instant,
     ) -> Option<Granted> {
-        let (mut seen, late) = self.subscribe(cell, after);
-        if late && !slot.asked_again {
-            // The running reader started after this waiter's refusal: a grant recorded in
-            // between is one it will never see. Ask again (once): that claims such a grant, or
-            // refuses with a record the reader does see. (Once: a server whose clock went back
-            // after a restart must not make this a loop; the waiter's deadlines still hold.)
-            slot.asked_again = true;
-            return None;
-        }
+        let mut seen = self.subscribe(cell);
         let failures = seen.borrow().failures;
-        let woken = seen.wait_for(|s| s.failures != failures);
-        tokio::pin!(woken);
-        if !slot.closed {
-            tokio::select! {
-                granted = &mut slot.grant => match granted {
-                    Ok(granted) => return Some(granted),
-                    // Replaced by another acquisition of the same id: no grant comes this way.
-                    Err(_) => slot.closed = true,
-                },
-                _ = &mut woken => return None,
-                () = tokio::time::sleep_until(until) => return None,
-            }
-        }
         tokio::select! {
-            _ = &mut woken => None,
+            granted = &mut slot.grant => granted.ok(),
+            _ = seen.wait_for(|s| s.failures != failures) => None,
             () = tokio::time::sleep_until(until) => None,
         }
     }
 
-    /// The running reader's news, starting it from `from` if none runs, and whether the one
-    /// running started after `from`.
-    fn subscribe(&self, cell: &Arc<Cell>, from: StreamId) -> (watch::Receiver<Seen>, bool) {
+    /// The running reader's news, starting it if none runs. A reader started now reads the
+    /// notices from the stream's start: it sees every grant made to a waiter registered before.
+    fn subscribe(&self, cell: &Arc<Cell>) -> watch::Receiver<Seen> {
         let mut reader = self.reader.lock();
         if let Some(r) = reader.as_ref().filter(|r| !r.task.is_finished()) {
-            return (r.seen.clone(), from < r.start);
+            return r.seen.clone();
         }
         let (tx, rx) = watch::channel(Seen::default());
+        let key = cell.notices_key(&self.instance);
         // The reader holds only a weak reference: it ends with the provider's last clone.
-        let task = tokio::spawn(read(Arc::downgrade(cell), self.slots.clone(), from, tx));
+        let task = tokio::spawn(read(Arc::downgrade(cell), key, self.slots.clone(), tx));
         *reader = Some(Reader {
             seen: rx.clone(),
             task,
-            start: from,
         });
-        (rx, false)
+        rx
     }
 }
 
 /// The longest one blocking read waits for news.
 const BLOCK: Duration = Duration::from_secs(5);
 
-async fn read(
-    cell: std::sync::Weak<Cell>,
-    slots: Slots,
-    mut last: StreamId,
-    seen: watch::Sender<Seen>,
-) {
+async fn read(cell: std::sync::Weak<Cell>, key: String, slots: Slots, seen: watch::Sender<Seen>) {
     let mut conn = None;
-    let mut last_seq: Option<u64> = None;
+    let mut last = StreamId::default();
     loop {
         let Some(strong) = cell.upgrade() else {
             return;
         };
-        let key = strong.events_key().to_owned();
         let retry = strong.config.connect_timeout;
         if conn.is_none() {
             match blocking_connection(&strong.clients, &strong.config, BLOCK).await {
@@ -214,36 +204,28 @@ async fn read(
         let reply: redis::RedisResult<Option<StreamReadReply>> = c.query(&command).await;
         match reply {
             Ok(Some(reply)) => {
-                let mut gap = false;
-                for stream in reply.keys {
-                    for record in stream.ids {
-                        last = last.max(StreamId::parse(&record.id));
-                        let field = |name: &str| record.get::<String>(name).unwrap_or_default();
-                        let seq: u64 = field("seq").parse().unwrap_or(0);
-                        gap |= last_seq.is_some_and(|l| seq != l + 1);
-                        last_seq = Some(seq);
-                        if field("kind") == "admitted" && field("outcome") == "handoff" {
-                            let waiter = slots.lock().remove(&field("lease"));
-                            if let Some((_, waiter)) = waiter {
-                                let numbers: Vec<String> =
-                                    field("occupancy").split(' ').map(str::to_string).collect();
-                                let _ = waiter.send(Granted {
-                                    token: field("token").parse().unwrap_or(0),
-                                    policy_version: field("policy").parse().unwrap_or(0),
-                                    occupancy: Occupancy::from_fields(&numbers),
-                                    time_ms: field("time_ms").parse().unwrap_or(0),
-                                });
-                            }
-                        }
+                for record in reply.keys.into_iter().flat_map(|stream| stream.ids) {
+                    last = last.max(StreamId::parse(&record.id));
+                    let field = |name: &str| record.get::<String>(name).unwrap_or_default();
+                    let waiter = slots.lock().remove(&field("nonce"));
+                    if let Some(waiter) = waiter {
+                        let numbers: Vec<String> =
+                            field("occupancy").split(' ').map(str::to_string).collect();
+                        let _ = waiter.send(Granted {
+                            token: field("token").parse().unwrap_or(0),
+                            policy_version: field("policy").parse().unwrap_or(0),
+                            occupancy: Occupancy::from_fields(&numbers),
+                            time_ms: field("time_ms").parse().unwrap_or(0),
+                        });
                     }
-                }
-                if gap {
-                    seen.send_modify(|s| s.failures += 1);
                 }
             }
             Ok(None) => {}
             Err(error) => {
                 conn = None;
+                // The server may have restarted (its clock and the stream with it): read from
+                // the start again; a notice read twice finds no waiter the second time.
+                last = StreamId::default();
                 failed(&seen, &error);
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -252,6 +234,6 @@ async fn read(
 }
 
 fn failed(seen: &watch::Sender<Seen>, error: &redis::RedisError) {
-    tracing::debug!(%error, "admission-redis: events reader failed; waiters re-ask");
+    tracing::debug!(%error, "admission-redis: notices reader failed; waiters re-ask");
     seen.send_modify(|s| s.failures += 1);
 }

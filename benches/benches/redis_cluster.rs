@@ -26,16 +26,13 @@
 //! `redis-cli` on PATH). Results are printed and written to
 //! `target/side-by-side/redis_cluster_*.json`.
 
-use std::fs::File;
-use std::net::TcpListener;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use admission_benches::Results;
 use admission_benches::redis_server::RedisServer;
+use admission_redis::test_util::{self, ClusterNode, PrivateCluster};
 use admission_redis::{Ceilings, LeaseRequest, Outcome, RedisAdmission, RedisAdmissionConfig};
 use hdrhistogram::Histogram;
 
@@ -71,197 +68,24 @@ fn cluster_config(seeds: &[(String, u16)], cell: &str, transfers: u64) -> RedisA
     config
 }
 
-/// `redis-cli -p PORT ARGS...`'s output ("" when it could not run).
-fn cli(port: u16, args: &[&str]) -> String {
-    Command::new("redis-cli")
-        .arg("-p")
-        .arg(port.to_string())
-        .args(args)
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default()
+/// The private cluster (`admission_redis::test_util`): six nodes of the `redis-server` on PATH,
+/// three masters with a replica each, killed when dropped (also on a panic).
+fn start_cluster() -> PrivateCluster {
+    let binary = test_util::redis_server_on_path()
+        .expect("redis-server on PATH (apt-get install redis-server)");
+    PrivateCluster::start(&binary).expect("a private Redis Cluster (redis-cli on PATH too)")
 }
 
-/// One master of the cluster: its port and the slot ranges it serves.
-#[derive(Clone, Debug)]
-struct Master {
-    port: u16,
-    slots: Vec<(u16, u16)>,
-}
-
-/// The private cluster: six nodes, each in `DIR/PORT`, killed when dropped (also on a panic)
-/// before the directory is removed.
-struct Cluster {
-    nodes: Vec<(u16, Child)>,
-    dir: tempfile::TempDir,
-}
-
-impl Cluster {
-    /// Starts six nodes on free ports (each with its cluster bus port, +10000, free too), joins
-    /// them with `redis-cli --cluster create ... --cluster-replicas 1`, and waits until every node
-    /// says `cluster_state:ok` and three replicas say `master_link_status:up`.
-    fn start() -> Cluster {
-        let mut cluster = Cluster {
-            nodes: Vec::new(),
-            dir: tempfile::tempdir().expect("a scratch directory"),
-        };
-        for port in free_cluster_ports(6) {
-            let dir = cluster.dir.path().join(port.to_string());
-            std::fs::create_dir(&dir).expect("a node directory");
-            let log = File::create(dir.join("r.log")).expect("a node log");
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
-                .args(["--repl-diskless-sync-delay", "0"])
-                .arg("--dir")
-                .arg(&dir)
-                .args(["--save", "", "--appendonly", "no"])
-                .stdin(Stdio::null())
-                .stdout(log.try_clone().expect("the log again"))
-                .stderr(log)
-                .spawn()
-                .expect("redis-server on PATH (apt-get install redis-server)");
-            cluster.nodes.push((port, child));
-        }
-        let start = Instant::now();
-        for &(port, _) in &cluster.nodes {
-            while cli(port, &["ping"]).trim() != "PONG" {
-                assert!(
-                    start.elapsed() < Duration::from_secs(10),
-                    "node {port} did not answer PING; its log: {}",
-                    log_tail(&cluster.dir.path().join(port.to_string()).join("r.log"))
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        let out = Command::new("redis-cli")
-            .args(["--cluster", "create"])
-            .args(cluster.nodes.iter().map(|(p, _)| format!("127.0.0.1:{p}")))
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
-            .stdin(Stdio::null())
-            .output()
-            .expect("redis-cli on PATH");
-        assert!(
-            out.status.success(),
-            "redis-cli --cluster create: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        cluster.wait_ready();
-        cluster
-    }
-
-    fn wait_ready(&self) {
-        let start = Instant::now();
-        loop {
-            let ok = self
-                .nodes
-                .iter()
-                .filter(|(p, _)| cli(*p, &["cluster", "info"]).contains("cluster_state:ok"))
-                .count();
-            let synced = self
-                .nodes
-                .iter()
-                .filter(|(p, _)| {
-                    cli(*p, &["info", "replication"]).contains("master_link_status:up")
-                })
-                .count();
-            if ok == 6 && synced == 3 {
-                return;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "the cluster was not ready within 30 s: {ok} of 6 nodes cluster_state:ok, \
-                 {synced} of 3 replicas synced"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn seeds(&self) -> Vec<(String, u16)> {
-        self.nodes
-            .iter()
-            .map(|(p, _)| ("127.0.0.1".to_owned(), *p))
-            .collect()
-    }
-
-    /// The masters from `CLUSTER NODES` (`id addr flags master ping pong epoch state slots...`),
-    /// by their first slot.
-    fn masters(&self) -> Vec<Master> {
-        let mut masters = Vec::new();
-        for line in cli(self.nodes[0].0, &["cluster", "nodes"]).lines() {
-            let fields: Vec<&str> = line.split(' ').collect();
-            if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
-                continue;
-            }
-            let port = fields[1]
-                .split('@')
-                .next()
-                .and_then(|addr| addr.rsplit_once(':'))
-                .and_then(|(_, p)| p.parse().ok())
-                .expect("a master's port");
-            let slots = fields[8..]
-                .iter()
-                .filter_map(|range| {
-                    let (from, to) = range.split_once('-').unwrap_or((range, range));
-                    Some((from.parse().ok()?, to.parse().ok()?))
-                })
-                .collect();
-            masters.push(Master { port, slots });
-        }
-        masters.sort_by_key(|m| m.slots.first().copied());
-        assert_eq!(masters.len(), 3, "three masters: {masters:?}");
-        masters
-    }
-
-    /// The pid of the node on `port`.
-    fn pid(&self, port: u16) -> u32 {
-        self.nodes
-            .iter()
-            .find(|(p, _)| *p == port)
-            .map(|(_, c)| c.id())
-            .expect("a node")
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for (_, child) in &mut self.nodes {
-            let _ = child.kill();
-        }
-        for (_, child) in &mut self.nodes {
-            let _ = child.wait();
-        }
-    }
-}
-
-fn log_tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(10)..].join("\n")
-}
-
-/// `n` ports free a moment ago on 127.0.0.1 whose cluster bus port (+10000) was free too; every
-/// listener is held until all are found, so none is handed out twice.
-fn free_cluster_ports(n: usize) -> Vec<u16> {
-    let mut held = Vec::new();
-    let mut ports = Vec::new();
-    while ports.len() < n {
-        assert!(held.len() < n * 100, "no free ports with free bus ports");
-        let listener = TcpListener::bind("127.0.0.1:0").expect("a free port");
-        let port = listener.local_addr().expect("its address").port();
-        held.push(listener);
-        let Some(bus) = port.checked_add(10_000) else {
-            continue;
-        };
-        if let Ok(bus) = TcpListener::bind(("127.0.0.1", bus)) {
-            held.push(bus);
-            ports.push(port);
-        }
-    }
-    ports
+/// The masters from `CLUSTER NODES`, by their first slot.
+fn masters(cluster: &PrivateCluster) -> Vec<ClusterNode> {
+    let nodes = cluster.view().expect("CLUSTER NODES");
+    let mut masters: Vec<ClusterNode> = test_util::serving_masters(&nodes)
+        .into_iter()
+        .cloned()
+        .collect();
+    masters.sort_by_key(|m| m.slots.first().copied());
+    assert_eq!(masters.len(), 3, "three masters: {masters:?}");
+    masters
 }
 
 /// A plain (not cluster) connection to one node, for `INFO` and `CLUSTER KEYSLOT`.
@@ -291,7 +115,7 @@ fn cfg_key(cell: &str) -> String {
 }
 
 /// The index in `masters` of the master serving `key` (`CLUSTER KEYSLOT` on `conn`).
-fn master_of(conn: &mut redis::Connection, masters: &[Master], key: &str) -> usize {
+fn master_of(conn: &mut redis::Connection, masters: &[ClusterNode], key: &str) -> usize {
     let slot: u16 = redis::cmd("CLUSTER")
         .arg("KEYSLOT")
         .arg(key)
@@ -299,7 +123,7 @@ fn master_of(conn: &mut redis::Connection, masters: &[Master], key: &str) -> usi
         .expect("CLUSTER KEYSLOT");
     masters
         .iter()
-        .position(|m| m.slots.iter().any(|&(a, b)| (a..=b).contains(&slot)))
+        .position(|m| m.serves(slot))
         .expect("a master serves every slot")
 }
 
@@ -353,7 +177,7 @@ fn micros(h: &Histogram<u64>, q: f64) -> f64 {
 }
 
 /// Part 1: `try_acquire` on the cluster against the single server, in turn.
-fn acquire(cluster: &Cluster, masters: &[Master], single: &RedisServer) -> Results {
+fn acquire(cluster: &PrivateCluster, masters: &[ClusterNode], single: &RedisServer) -> Results {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -373,7 +197,7 @@ fn acquire(cluster: &Cluster, masters: &[Master], single: &RedisServer) -> Resul
     });
     let key = cfg_key("p50-cluster");
     assert!(on_cluster.keys().contains(&key), "{:?}", on_cluster.keys());
-    let master = masters[master_of(&mut node(cluster.nodes[0].0), masters, &key)].port;
+    let master = masters[master_of(&mut node(cluster.ports()[0]), masters, &key)].port;
     let request = LeaseRequest::new("p50", "tenant", "disk", 1 << 20, "upload");
     let new_histogram =
         || Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram");
@@ -431,7 +255,7 @@ fn acquire(cluster: &Cluster, masters: &[Master], single: &RedisServer) -> Resul
 /// master `on_one`.
 fn cell_names(
     conn: &mut redis::Connection,
-    masters: &[Master],
+    masters: &[ClusterNode],
     run: &str,
     on_one: Option<usize>,
 ) -> Vec<(String, usize)> {
@@ -504,14 +328,14 @@ async fn spread_run(fleets: &[RedisAdmission]) -> (f64, u64) {
 }
 
 /// Part 2: cells spread over the three masters (A) against all on one (B), alternating.
-fn spread(cluster: &Cluster, masters: &[Master]) -> Results {
+fn spread(cluster: &PrivateCluster, masters: &[ClusterNode]) -> Results {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
     let seeds = cluster.seeds();
-    let mut keyslot = node(cluster.nodes[0].0);
+    let mut keyslot = node(cluster.ports()[0]);
     let mut conns: Vec<redis::Connection> = masters.iter().map(|m| node(m.port)).collect();
     let leases = CELLS * INSTANCES * TASKS * PER_TASK;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -522,9 +346,9 @@ fn spread(cluster: &Cluster, masters: &[Master]) -> Results {
         masters.iter().map(|m| m.port).collect::<Vec<_>>()
     );
     let pids: Vec<(u16, String)> = cluster
-        .nodes
-        .iter()
-        .map(|(p, _)| (*p, cluster.pid(*p).to_string()))
+        .ports()
+        .into_iter()
+        .map(|p| (p, cluster.pid(p).expect("a running node").to_string()))
         .collect();
     let mut rates: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
     let mut calls: [Vec<u64>; 2] = [vec![0; 3], vec![0; 3]];
@@ -658,13 +482,13 @@ fn main() {
         load_average()
     );
     let started = Instant::now();
-    let cluster = Cluster::start();
+    let cluster = start_cluster();
     let single = RedisServer::start();
-    let masters = cluster.masters();
+    let masters = masters(&cluster);
     println!(
         "cluster ready in {:.1} s: nodes {:?}, masters {:?}; single server :{}",
         started.elapsed().as_secs_f64(),
-        cluster.nodes.iter().map(|(p, _)| *p).collect::<Vec<_>>(),
+        cluster.ports(),
         masters
             .iter()
             .map(|m| (m.port, &m.slots))

@@ -17,6 +17,9 @@
 //!    (CRC16 mod 16384, the slot ranges `redis-cli --cluster create` gives 3 masters), each shard
 //!    a server of its own, against all 12 cells on one server: leases per second and script
 //!    calls per shard.
+//! 6. `instances`: the server's work per admitted lease (commands, their microseconds and the
+//!    server's CPU, from `INFO commandstats` and `INFO cpu`) for 1, 4, 16 and 64 instances on one
+//!    cell of 16 transfers, 3 s each: 4 tasks on each instance, then 64 tasks spread over them.
 //!
 //! Run with `cargo bench -p admission-benches --bench redis_line` (needs `redis-server` on PATH).
 //! Results are printed and written to `target/side-by-side/redis_line_*.json`.
@@ -309,6 +312,156 @@ async fn hundred(port: u16) -> Results {
         .number("peak_transfers", peak as f64)
 }
 
+/// What the server did so far: calls and microseconds per command (`INFO commandstats`) and its
+/// CPU seconds (`INFO cpu`, user plus system).
+struct ServerWork {
+    commands: std::collections::BTreeMap<String, (u64, u64)>,
+    cpu_s: f64,
+}
+
+impl ServerWork {
+    async fn read(port: u16) -> ServerWork {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("client");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("conn");
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .arg("cpu")
+            .query_async(&mut conn)
+            .await
+            .expect("info");
+        let mut commands = std::collections::BTreeMap::new();
+        let mut cpu_s = 0.0;
+        for line in info.lines() {
+            if let Some((name, rest)) = line
+                .strip_prefix("cmdstat_")
+                .and_then(|l| l.split_once(':'))
+            {
+                let field = |key: &str| {
+                    rest.split(',')
+                        .find_map(|kv| kv.strip_prefix(key))
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .unwrap_or(0)
+                };
+                commands.insert(name.to_owned(), (field("calls="), field("usec=")));
+            } else if let Some(v) = line
+                .strip_prefix("used_cpu_user:")
+                .or_else(|| line.strip_prefix("used_cpu_sys:"))
+            {
+                cpu_s += v.trim().parse::<f64>().unwrap_or(0.0);
+            }
+        }
+        ServerWork { commands, cpu_s }
+    }
+
+    /// Calls of `command` since `before`.
+    fn calls(&self, before: &ServerWork, command: &str) -> u64 {
+        let of = |w: &ServerWork| w.commands.get(command).map_or(0, |c| c.0);
+        of(self) - of(before)
+    }
+
+    /// Calls and microseconds of every command but `INFO` (this harness's) since `before`.
+    fn total(&self, before: &ServerWork) -> (u64, u64) {
+        self.commands
+            .iter()
+            .filter(|(name, _)| name.as_str() != "info")
+            .fold((0, 0), |(calls, usec), (name, (c, u))| {
+                let (c0, u0) = before.commands.get(name).copied().unwrap_or((0, 0));
+                (calls + c - c0, usec + u - u0)
+            })
+    }
+}
+
+/// Part 6: the server's work per admitted lease as the fleet grows: 1, 4, 16 and 64 instances
+/// (each its own connections and reader, as as many processes would have) acquiring and
+/// releasing on one cell of 16 transfers for 3 s; `per_instance` tasks on each (4: the line forms
+/// only past 4 instances), or 64 tasks spread over them (`per_instance` 0: a line at every size,
+/// so only the number of instances changes).
+async fn instances(port: u16, per_instance: usize) -> Results {
+    let series = if per_instance == 0 {
+        "64 tasks"
+    } else {
+        "4 tasks each"
+    };
+    let mut results = Results::new(if per_instance == 0 {
+        "redis_line_instances_64_tasks"
+    } else {
+        "redis_line_instances"
+    });
+    for n in [1usize, 4, 16, 64] {
+        let cell = format!("instances-{n}-{per_instance}");
+        let tasks_each = if per_instance == 0 {
+            64 / n
+        } else {
+            per_instance
+        };
+        let mut fleet = Vec::new();
+        for _ in 0..n {
+            fleet.push(connect(port, &cell, 1 << 30, 16).await);
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let leases = Arc::new(AtomicU64::new(0));
+        let peak = Arc::new(AtomicU64::new(0));
+        let before = ServerWork::read(port).await;
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for (p, instance) in fleet.iter().enumerate() {
+            for t in 0..tasks_each {
+                let (instance, stop, leases, peak) =
+                    (instance.clone(), stop.clone(), leases.clone(), peak.clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut i = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        i += 1;
+                        let lease = instance
+                            .acquire(
+                                &request(format!("p{p}-t{t}-{i}"), 1),
+                                Duration::from_secs(20),
+                            )
+                            .await
+                            .expect("a lease");
+                        peak.fetch_max(lease.occupancy().service_transfers, Ordering::Relaxed);
+                        lease.release(Outcome::Completed).await.expect("released");
+                        leases.fetch_add(1, Ordering::Relaxed);
+                    }
+                }));
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        stop.store(true, Ordering::Relaxed);
+        for task in tasks {
+            task.await.expect("task");
+        }
+        let elapsed = start.elapsed().as_secs_f64();
+        let after = ServerWork::read(port).await;
+        drop(fleet);
+        let leases = leases.load(Ordering::Relaxed) as f64;
+        let (commands, usec) = after.total(&before);
+        let per = |x: f64| x / leases;
+        let fcall = per(after.calls(&before, "fcall") as f64);
+        let xread = per(after.calls(&before, "xread") as f64);
+        let cpu_us = per((after.cpu_s - before.cpu_s) * 1e6);
+        let peak = peak.load(Ordering::Relaxed);
+        println!(
+            "instances ({series}) {n:>2}: {:.0} leases/s; per lease: {:.2} commands ({fcall:.2} FCALL, {xread:.2} XREAD), {:.0} us in commands, {cpu_us:.0} us server CPU; peak {peak} of 16",
+            leases / elapsed,
+            per(commands as f64),
+            per(usec as f64),
+        );
+        assert!(peak <= 16, "over the ceiling");
+        results = results
+            .number(&format!("n{n}_leases_per_second"), leases / elapsed)
+            .number(&format!("n{n}_commands_per_lease"), per(commands as f64))
+            .number(&format!("n{n}_fcall_per_lease"), fcall)
+            .number(&format!("n{n}_xread_per_lease"), xread)
+            .number(&format!("n{n}_command_us_per_lease"), per(usec as f64))
+            .number(&format!("n{n}_cpu_us_per_lease"), cpu_us);
+    }
+    results
+}
+
 /// CRC16/XMODEM, the Redis Cluster key-slot hash.
 fn crc16(bytes: &[u8]) -> u16 {
     let mut crc: u16 = 0;
@@ -418,6 +571,10 @@ fn main() {
         }
         if wanted("sharded") {
             all.push(sharded(&shards).await);
+        }
+        if wanted("instances") {
+            all.push(instances(server.port, 4).await);
+            all.push(instances(server.port, 0).await);
         }
         for results in all {
             match results.write() {

@@ -13,8 +13,8 @@
 //!   client's commands wait on the server).
 //! - `kill-member`: the last member is SIGKILLed. Its leases stay held until their TTL and its
 //!   waiting tickets until their liveness runs out (one TTL too), so the outage is the TTL.
-//! - `kill-master`: on a private six-node Redis Cluster (`redis_cluster.rs`, started by the
-//!   parent for this fault), the master serving the first model's cell (its slot found with
+//! - `kill-master`: on a private six-node Redis Cluster (`admission_redis::test_util`, started by
+//!   the parent for this fault), the master serving the first model's cell (its slot found with
 //!   `CLUSTER KEYSLOT` and `CLUSTER NODES`) is SIGKILLed. The parent polls until a replica took
 //!   the slot over (the election, 2 to 3 s with the nodes' 1 s timeout) and every node left says
 //!   `cluster_state:ok` (the cluster's return). The promoted replica is another process, so each
@@ -42,10 +42,10 @@
 use std::process::Child;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use admission_redis::test_util::{self, PrivateCluster};
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
-use crate::redis_cluster::{self, PrivateCluster};
 use crate::redis_server::{self, Endpoint, PrivateRedis};
 
 /// How long the server stays down in a `restart` unless `--chaos-down-ms` says otherwise.
@@ -369,7 +369,7 @@ impl Injector {
         let Some(nodes) = cluster.view() else {
             return self.fail("CLUSTER NODES had no answer".into());
         };
-        let Some(master) = redis_cluster::master_of_slot(&nodes, slot) else {
+        let Some(master) = test_util::master_of_slot(&nodes, slot) else {
             return self.fail(format!("no master serves slot {slot} before the kill"));
         };
         // The cells the same master serves go through the same failover.
@@ -380,22 +380,22 @@ impl Injector {
             .map(|(model, _)| model.clone())
             .collect();
         let start_ms = wall_ms();
-        if !cluster.kill(master.endpoint.port) {
+        if !cluster.kill(master.port) {
             return self.fail(format!(
                 "the master of slot {slot}, {}, is no running node of the private cluster",
-                master.endpoint
+                master.address()
             ));
         }
         self.phase = Phase::Electing {
             start_ms,
             slot,
-            killed: master.endpoint.port,
+            killed: master.port,
             give_up: Instant::now() + ELECTION_LIMIT,
             elected: None,
         };
         let line = format!(
             "chaos: master {} (slot {slot}, {model}'s cell; cells on it: {}) SIGKILLed at {}; waiting for a replica to take over",
-            master.endpoint,
+            master.address(),
             affected.join(", "),
             offset(start_ms, self.origin_ms)
         );
@@ -422,8 +422,8 @@ impl Injector {
         };
         let elected = elected.or_else(|| {
             let nodes = cluster.view()?;
-            let master = redis_cluster::master_of_slot(&nodes, slot)?;
-            (master.endpoint.port != killed).then(|| (wall_ms(), master.endpoint.port))
+            let master = test_util::master_of_slot(&nodes, slot)?;
+            (master.port != killed).then(|| (wall_ms(), master.port))
         });
         if let Some((elected_ms, by)) = elected
             && cluster.all_ok()

@@ -45,7 +45,8 @@
 //!
 //! `--fleet N` runs the agents as N processes of this program sharing one Redis cell per model
 //! (`multi.rs` the parent, `cells.rs` a member's leases, `redis_server.rs` the private server,
-//! `redis_cluster.rs` a private Redis Cluster; `--redis-cluster` puts the cells on a cluster):
+//! `admission_redis::test_util` a private Redis Cluster; `--redis-cluster` puts the cells on a
+//! cluster):
 //! each step takes its model's fleet lease first and then its local demand, and the parent
 //! prints per-process rows and fleet totals and checks the fleet's ceilings. The parent forwards
 //! SIGINT and SIGTERM to its members, and a member whose parent is gone stops (`signals.rs`).
@@ -66,7 +67,6 @@ mod metrics;
 mod multi;
 mod progress;
 mod provider_sim;
-mod redis_cluster;
 mod redis_server;
 mod report;
 mod results;

@@ -30,14 +30,14 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use admission_llm::model_spec::ModelCatalog;
+use admission_redis::test_util::PrivateCluster;
 use admission_redis::{RedisAdmission, read_events};
 use anyhow::{Context as _, anyhow, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::cells::{self, CellReading, ModelCeiling};
 use crate::chaos::{self, Fault, Hold, Injector, JobEnd, Judged, Outage, Targets};
-use crate::redis_cluster::PrivateCluster;
-use crate::redis_server::{self, FleetRedis, PrivateRedis};
+use crate::redis_server::{self, ClusterNodes, Endpoint, FleetRedis, PrivateRedis};
 use crate::report::RunSummary;
 use crate::say;
 use crate::signals::{self, Signals};
@@ -445,7 +445,18 @@ pub fn run_fleet(
                 .with_context(|| redis_server::INSTALL_HINT.to_owned())?;
             if args.chaos == Some(Fault::KillMaster) {
                 let started = Instant::now();
-                let nodes = cluster.insert(PrivateCluster::start(&binary)?).nodes();
+                let seeds = cluster
+                    .insert(
+                        PrivateCluster::start_in_own_process_group(&binary)
+                            .context("--chaos kill-master starts a private Redis Cluster")?,
+                    )
+                    .seeds();
+                let nodes = ClusterNodes(
+                    seeds
+                        .into_iter()
+                        .map(|(host, port)| Endpoint { host, port })
+                        .collect(),
+                );
                 say(&format!(
                     "a private Redis Cluster (three masters, three replicas) on {nodes}, ready in {:.2} s",
                     started.elapsed().as_secs_f64()

@@ -2,8 +2,9 @@
 //! Redis Cluster's seed nodes), or a private `redis-server` the parent starts on a free loopback
 //! port (no persistence, its log on stdout) and stops at the end, and for `--chaos` kills and
 //! starts again (then with an append-only file) or pauses (`--chaos kill-master`'s private
-//! cluster is `redis_cluster.rs`'s); and the count of script calls (`INFO commandstats`, on a
-//! cluster summed over its masters), from which the round trips per admitted lease are read.
+//! cluster is `admission_redis::test_util`'s); and the count of script calls (`INFO
+//! commandstats`, on a cluster summed over its masters), from which the round trips per admitted
+//! lease are read.
 
 use std::fmt;
 use std::io::{BufRead, BufReader};
@@ -13,9 +14,8 @@ use std::process::{Child, Command, Stdio};
 use std::str::FromStr;
 use std::time::Duration;
 
+use admission_redis::test_util;
 use anyhow::{Context as _, bail};
-
-use crate::redis_cluster;
 
 /// Where the fleet's Redis listens.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -137,10 +137,7 @@ pub struct PrivateRedis {
 
 /// `redis-server` on PATH, if any.
 pub fn find_binary() -> Option<PathBuf> {
-    let paths = std::env::var_os("PATH")?;
-    std::env::split_paths(&paths)
-        .map(|p| p.join("redis-server"))
-        .find(|p| p.is_file())
+    test_util::redis_server_on_path()
 }
 
 impl PrivateRedis {
@@ -158,7 +155,7 @@ impl PrivateRedis {
             .context("finding a free port for redis-server")?
             .port();
         let dir = tempfile::tempdir().context("creating redis-server's directory")?;
-        let child = spawn_ready(binary, port, dir.path(), persist, &[])?;
+        let child = spawn_ready(binary, port, dir.path(), persist)?;
         Ok(PrivateRedis {
             child,
             endpoint: Endpoint {
@@ -190,21 +187,14 @@ impl PrivateRedis {
             self.endpoint.port,
             self.dir.path(),
             self.persist,
-            &[],
         )?;
         Ok(())
     }
 }
 
-/// Starts `binary` on `port` with its files in `dir` and `extra` arguments, in a process group
-/// of its own, and waits until it says it is ready.
-pub fn spawn_ready(
-    binary: &Path,
-    port: u16,
-    dir: &Path,
-    persist: bool,
-    extra: &[&str],
-) -> anyhow::Result<Child> {
+/// Starts `binary` on `port` with its files in `dir`, in a process group of its own, and waits
+/// until it says it is ready.
+fn spawn_ready(binary: &Path, port: u16, dir: &Path, persist: bool) -> anyhow::Result<Child> {
     let mut command = Command::new(binary);
     command
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
@@ -219,7 +209,6 @@ pub fn spawn_ready(
     } else {
         command.args(["--appendonly", "no"]);
     }
-    command.args(extra);
     #[cfg(unix)]
     std::os::unix::process::CommandExt::process_group(&mut command, 0);
     let mut child = command
@@ -353,14 +342,18 @@ pub async fn script_calls(redis: &FleetRedis) -> anyhow::Result<ScriptCalls> {
         }
         FleetRedis::Cluster(seeds) => {
             let text = cluster_nodes(seeds).await?;
-            let nodes = redis_cluster::parse_nodes(&text);
-            let masters = redis_cluster::serving_masters(&nodes);
+            let nodes = test_util::parse_nodes(&text);
+            let masters = test_util::serving_masters(&nodes);
             if masters.is_empty() {
                 bail!("CLUSTER NODES on {seeds} lists no master serving slots");
             }
             let mut readings = Vec::new();
             for master in masters {
-                readings.push(node_script_calls(&master.endpoint).await?);
+                let endpoint = Endpoint {
+                    host: master.host.clone(),
+                    port: master.port,
+                };
+                readings.push(node_script_calls(&endpoint).await?);
             }
             Ok(ScriptCalls::of_masters(readings))
         }

@@ -7,7 +7,7 @@
 //! FAULT` (see `examples/agents/chaos.rs`): the fleet's parent injects the fault itself, one
 //! second of real time after its members started, on its private `redis-server` (for
 //! `kill-master`, on a private six-node Redis Cluster it starts and stops itself,
-//! `examples/agents/redis_cluster.rs`), so the fault lands at the same point of every run and is
+//! `admission_redis::test_util`), so the fault lands at the same point of every run and is
 //! over in bounded time:
 //!
 //! | fault         | what the parent does                                                   |
@@ -344,24 +344,9 @@ fn agents_executable(line: &str) -> Option<PathBuf> {
 /// Runs the agents example once with `args`, its output shown as it comes and its verdict kept;
 /// stopped by its pid after [`RUN_LIMIT`]. Whether it exited 0, and its verdict.
 fn run_one(exe: &Path, args: &[String], root: &Path) -> Result<(bool, Verdict)> {
-    let mut child = Command::new(exe)
-        .args(args)
-        .current_dir(root)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .with_context(|| format!("could not start {}", exe.display()))?;
-    let stdout = child.stdout.take().context("the run's stdout")?;
-    let reader = thread::spawn(move || {
-        let mut verdict = Verdict::default();
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            println!("{line}");
-            verdict.observe(&line);
-        }
-        verdict
-    });
+    let (mut child, reader) = start_shown(exe, args, root, Verdict::default(), |verdict, line| {
+        verdict.observe(&line);
+    })?;
     let deadline = Instant::now() + RUN_LIMIT;
     let mut stopping: Option<Instant> = None;
     let status = loop {
@@ -394,6 +379,40 @@ fn run_one(exe: &Path, args: &[String], root: &Path) -> Result<(bool, Verdict)> 
         .join()
         .map_err(|_| anyhow::anyhow!("the output reader panicked"))?;
     Ok((status.success() && stopping.is_none(), verdict))
+}
+
+/// Starts the agents example `exe` with `args` in `root`, its stdout read by a thread of its own
+/// that shows each line as it comes and hands it to `each` with `state`; the child, and the
+/// thread, which returns `state` once the output closes (and drops `each`).
+fn start_shown<T: Send + 'static>(
+    exe: &Path,
+    args: &[String],
+    root: &Path,
+    mut state: T,
+    mut each: impl FnMut(&mut T, String) + Send + 'static,
+) -> Result<(Child, thread::JoinHandle<T>)> {
+    let mut child = Command::new(exe)
+        .args(args)
+        .current_dir(root)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("could not start {}", exe.display()))?;
+    let Some(stdout) = child.stdout.take() else {
+        let _ = child.kill();
+        let _ = child.wait();
+        bail!("the run's stdout");
+    };
+    let reader = thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            println!("{line}");
+            each(&mut state, line);
+        }
+        state
+    });
+    Ok((child, reader))
 }
 
 /// A run whose fleet parent gets a signal mid-run (see the module docs).
@@ -502,26 +521,12 @@ impl SignalRun {
         let signal_name = self.signal_name();
         let out_dir_text = out_dir.display().to_string();
         let members_now = || running_members(endpoint, &out_dir_text);
-        let mut child = Command::new(exe)
-            .args(args)
-            .current_dir(root)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .with_context(|| format!("could not start {}", exe.display()))?;
-        let stdout = child.stdout.take();
-        let mut parent = Parent(child);
-        let stdout = stdout.context("the run's stdout")?;
         let (tx, lines) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                println!("{line}");
-                // Once the receiver is gone the lines are still shown.
-                let _ = tx.send(line);
-            }
-        });
+        // Once the receiver is gone the lines are still shown; the sender goes with the thread.
+        let (child, _) = start_shown(exe, args, root, (), move |(), line| {
+            let _ = tx.send(line);
+        })?;
+        let mut parent = Parent(child);
         let mut out = ParentOutput::default();
 
         // The parent's `== fleet:` line: its cells exist, its members start.

@@ -1,148 +1,21 @@
 //! The fleet on a real Redis Cluster: six `redis-server` nodes on loopback, three masters and
 //! three replicas. The shared cluster `cargo xtask ci` starts (`ADMISSION_REDIS_CLUSTER`: its
 //! nodes, comma separated) carries the tests that change nothing in it; the failover test kills
-//! a master, so it starts a cluster of its own.
+//! a master, so it starts a cluster of its own (`admission_redis::test_util::PrivateCluster`).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use admission_redis::test_util::{PrivateCluster, cluster_ok, keyslot, master_of, query};
 use admission_redis::{
     AcquireError, Ceilings, LeaseRequest, Outcome, RedisAdmission, RedisAdmissionConfig,
     read_events,
 };
 use parking_lot::Mutex;
 
-use crate::support::{PrivateRedis, ceilings, cell, redis_server_binary};
-
-/// A cluster of this test's own: six nodes, three masters with a replica each, electing a new
-/// master about 2 s after one is killed (`--cluster-node-timeout 1000`).
-struct PrivateCluster {
-    nodes: Vec<PrivateRedis>,
-}
-
-impl PrivateCluster {
-    fn start(binary: &PathBuf) -> PrivateCluster {
-        // A replica syncs at once (no 5 s wait for more replicas to share a transfer).
-        let args: Vec<String> = [
-            "--cluster-enabled",
-            "yes",
-            "--cluster-node-timeout",
-            "1000",
-            "--repl-diskless-sync-delay",
-            "0",
-        ]
-        .map(String::from)
-        .to_vec();
-        let nodes: Vec<PrivateRedis> = (0..6).map(|_| PrivateRedis::start(binary, &args)).collect();
-        let mut create = Command::new("redis-cli");
-        create.arg("--cluster").arg("create");
-        for node in &nodes {
-            create.arg(format!("127.0.0.1:{}", node.port));
-        }
-        let out = create
-            .args(["--cluster-replicas", "1", "--cluster-yes"])
-            .output()
-            .expect("runs redis-cli --cluster create");
-        assert!(
-            out.status.success(),
-            "redis-cli --cluster create: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-        let cluster = PrivateCluster { nodes };
-        cluster.wait_ok();
-        cluster
-    }
-
-    fn seeds(&self) -> Vec<(String, u16)> {
-        self.nodes
-            .iter()
-            .map(|n| ("127.0.0.1".to_owned(), n.port))
-            .collect()
-    }
-
-    /// Waits until every node says `cluster_state:ok` and the three replicas are in sync with
-    /// their masters (at most 30 s): a replica that never synced cannot take over.
-    fn wait_ok(&self) {
-        let start = Instant::now();
-        for node in &self.nodes {
-            while !cli(node.port, &["cluster", "info"]).contains("cluster_state:ok") {
-                assert!(start.elapsed() < Duration::from_secs(30), "cluster not ok");
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-        loop {
-            let synced = self
-                .nodes
-                .iter()
-                .filter(|n| cli(n.port, &["info", "replication"]).contains("master_link_status:up"))
-                .count();
-            if synced == 3 {
-                return;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "{synced} replicas in sync"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// SIGKILLs the node on `port`.
-    fn kill(&mut self, port: u16) {
-        let node = self
-            .nodes
-            .iter_mut()
-            .find(|n| n.port == port)
-            .expect("a node of the cluster");
-        node.signal("KILL");
-        node.stop();
-    }
-}
-
-/// `redis-cli -p PORT ARGS...`'s output ("" when it failed).
-fn cli(port: u16, args: &[&str]) -> String {
-    Command::new("redis-cli")
-        .arg("-p")
-        .arg(port.to_string())
-        .args(args)
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default()
-}
-
-/// The master that serves `key`, as the node on `port` sees the cluster: its port (`None` while
-/// the slot's master is failing and no replica took over yet).
-fn master_of(port: u16, key: &str) -> Option<u16> {
-    let slot: u16 = cli(port, &["cluster", "keyslot", key])
-        .trim()
-        .parse()
-        .expect("a slot");
-    // `CLUSTER NODES`: id addr flags master ping pong epoch state slots...
-    for line in cli(port, &["cluster", "nodes"]).lines() {
-        let fields: Vec<&str> = line.split(' ').collect();
-        if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
-            continue;
-        }
-        let serves = fields[8..].iter().any(|range| {
-            let (from, to) = range.split_once('-').unwrap_or((range, range));
-            match (from.parse::<u16>(), to.parse::<u16>()) {
-                (Ok(from), Ok(to)) => (from..=to).contains(&slot),
-                _ => false,
-            }
-        });
-        if serves {
-            let addr = fields[1].split('@').next().unwrap_or_default();
-            return addr
-                .rsplit_once(':')
-                .and_then(|(_, port)| port.parse().ok());
-        }
-    }
-    None
-}
+use crate::support::{ceilings, cell, redis_server_binary};
 
 /// The nodes of the cluster `cargo xtask ci` started, or `None` (after saying why) when unset
 /// outside CI.
@@ -197,15 +70,15 @@ async fn cells_spread_over_the_three_masters_and_each_keeps_its_keys_on_one() {
         lease.release(Outcome::Completed).await.expect("released");
         // Every key of the cell is in one slot, so on one master.
         let keys = fleet.keys();
-        let slots: BTreeSet<String> = keys
+        let slots: BTreeSet<u16> = keys
             .iter()
-            .map(|key| cli(port, &["cluster", "keyslot", key]).trim().to_owned())
+            .map(|key| keyslot(port, key).expect("a slot"))
             .collect();
         assert_eq!(slots.len(), 1, "{keys:?}");
         let master = master_of(port, &keys[0]).expect("a master");
         // The cell's records are on that master: its events stream holds both transitions.
-        let length = cli(master, &["xlen", &keys[3]]);
-        assert_eq!(length.trim(), "2", "events of {name} on {master}");
+        let length: Option<u64> = query(master, redis::cmd("XLEN").arg(&keys[3]));
+        assert_eq!(length, Some(2), "events of {name} on {master}");
         *masters.entry(master).or_default() += 1;
     }
     assert_eq!(masters.len(), 3, "cells by master: {masters:?}");
@@ -257,7 +130,9 @@ async fn a_master_killed_under_load_fails_closed_then_resumes_with_no_ceiling_ex
     let Some(binary) = redis_server_binary("cluster_failover") else {
         return;
     };
-    let mut cluster = PrivateCluster::start(&binary);
+    // A cluster of this test's own: it kills a master. A replica takes over about 2 s later
+    // (`--cluster-node-timeout 1000`).
+    let mut cluster = PrivateCluster::start(&binary).expect("starts a private cluster");
     let nodes = cluster.seeds();
     let name = cell("cluster_failover");
     let config = cluster_config(
@@ -333,15 +208,14 @@ async fn a_master_killed_under_load_fails_closed_then_resumes_with_no_ceiling_ex
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let killed_at = Instant::now();
-    cluster.kill(master);
+    assert!(cluster.kill(master), "the master on {master} runs");
     // The replica takes over (about 2 s), the cell recovers (one TTL, 3 s), and jobs run again.
     let survivor = nodes.iter().map(|n| n.1).find(|p| *p != master).unwrap();
     tokio::task::spawn_blocking({
         let started = Instant::now();
         let key = key.clone();
         move || {
-            while master_of(survivor, &key).is_none_or(|now| now == master)
-                || !cli(survivor, &["cluster", "info"]).contains("cluster_state:ok")
+            while master_of(survivor, &key).is_none_or(|now| now == master) || !cluster_ok(survivor)
             {
                 assert!(started.elapsed() < Duration::from_secs(30), "no failover");
                 std::thread::sleep(Duration::from_millis(50));

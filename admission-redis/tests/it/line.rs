@@ -372,3 +372,198 @@ async fn a_second_acquisition_of_a_waiting_id_is_a_duplicate() {
     lease.release(Outcome::Completed).await.expect("released");
     assert_eq!(admissions(&fleet).await, ["held:admitted", "job:handoff"]);
 }
+
+/// The notice of a grant goes to the waiter's instance alone: eight providers on one cell, a
+/// holder on the first and one waiter on each of the seven others; when the holder leaves and
+/// each waiter passes its lease on, the cell has written exactly seven notice streams, one per
+/// waiting instance, each with exactly its own waiter's grant (token and all), and each expiring
+/// within one lease TTL. (Writing every grant where every instance reads it, as the events
+/// stream is, makes a wake cost every instance a read.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_is_told_to_the_instance_of_its_waiter_alone() {
+    let Some(binary) = redis_server_binary("notices") else {
+        return;
+    };
+    let redis = PrivateRedis::start(&binary, &[]);
+    let port = redis.port;
+    let cell = cell("notices");
+    let mut cfg = config("127.0.0.1", port, &cell, ceilings(100, 1, 100, 1, 1));
+    cfg.lease_ttl = Duration::from_secs(30);
+    cfg.renew_every = Duration::from_secs(10);
+    let mut fleet = Vec::new();
+    for _ in 0..8 {
+        fleet.push(connect(cfg.clone()).await);
+    }
+    let mut events = blocking_connection("127.0.0.1", port).await;
+    let held = lease(&fleet[0], "held", "t", "d", 1).await;
+    let mut waiters = Vec::new();
+    for (i, instance) in fleet.iter().enumerate().skip(1) {
+        let id = format!("w{i}");
+        let waiting = spawn_acquire(instance, &id, "t", "d", 1, Duration::from_secs(20));
+        wait_for_event_on(&mut events, &fleet[0], "queued", &id).await;
+        waiters.push(tokio::spawn(async move {
+            let lease = waiting.await.expect("task").expect("granted");
+            let token = lease.token().0;
+            lease.release(Outcome::Completed).await.expect("released");
+            (id, token)
+        }));
+    }
+    held.release(Outcome::Completed).await.expect("released");
+    let mut granted = Vec::new();
+    for waiter in waiters {
+        granted.push(waiter.await.expect("waiter"));
+    }
+    granted.sort();
+
+    let mut conn = raw(port).await;
+    let mut streams: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("*{{{cell}}}:to:*"))
+        .query_async(&mut conn)
+        .await
+        .expect("keys");
+    streams.sort();
+    assert_eq!(
+        streams.len(),
+        7,
+        "one notice stream per waiting instance: {streams:?}"
+    );
+    let mut told = Vec::new();
+    for key in &streams {
+        let instance = key.rsplit(':').next().expect("an instance");
+        assert_eq!(instance.len(), 32, "{key}");
+        assert!(instance.bytes().all(|b| b.is_ascii_hexdigit()), "{key}");
+        let records: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+            .arg(key)
+            .arg("-")
+            .arg("+")
+            .query_async(&mut conn)
+            .await
+            .expect("xrange");
+        assert_eq!(records.len(), 1, "{key}: one grant to its one waiter");
+        let field = |name: &str| {
+            records[0]
+                .1
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+                .expect(name)
+        };
+        told.push((
+            field("lease"),
+            field("token").parse::<u64>().expect("a token"),
+        ));
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .expect("pttl");
+        assert!(
+            ttl > 0 && ttl <= 30_000,
+            "{key} expires within a TTL: {ttl} ms"
+        );
+    }
+    told.sort();
+    assert_eq!(told, granted, "each stream tells its waiter's grant");
+}
+
+/// The reader of an instance reads its notices from the start again after its connection fails
+/// (the server may have restarted). A notice names its acquisition, not only its lease id: the
+/// old grant of `x`, read again, is not handed to a later acquisition of `x` that waits, which is
+/// granted only by the next release, with a greater token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notice_read_again_never_grants_a_later_acquisition_of_the_same_id() {
+    let Some(binary) = redis_server_binary("notice_again") else {
+        return;
+    };
+    let redis = PrivateRedis::start(&binary, &[]);
+    let port = redis.port;
+    let mut cfg = config(
+        "127.0.0.1",
+        port,
+        &cell("notice_again"),
+        ceilings(100, 1, 100, 1, 1),
+    );
+    cfg.lease_ttl = Duration::from_secs(30);
+    cfg.renew_every = Duration::from_secs(10);
+    let a = connect(cfg.clone()).await;
+    let b = connect(cfg).await;
+    let mut events = blocking_connection("127.0.0.1", port).await;
+
+    // `x` on B is granted by A's release, through B's notices.
+    let held = lease(&a, "held", "t", "d", 1).await;
+    let first = spawn_acquire(&b, "x", "t", "d", 1, Duration::from_secs(20));
+    wait_for_event_on(&mut events, &a, "queued", "x").await;
+    held.release(Outcome::Completed).await.expect("released");
+    let first = first.await.expect("task").expect("granted");
+    let first_token = first.token();
+    first.release(Outcome::Completed).await.expect("released");
+
+    // A later acquisition of `x` waits; B's reader loses its connection and reads the old notice
+    // again.
+    let held = lease(&a, "held2", "t", "d", 1).await;
+    let second = spawn_acquire(&b, "x", "t", "d", 1, Duration::from_secs(20));
+    wait_for_event_on(&mut events, &a, "queued", "x").await;
+    let mut conn = raw(port).await;
+    let reader = blocked_readers(&mut conn).await;
+    assert_eq!(reader.len(), 1, "B's one reader, blocked: {reader:?}");
+    let _: () = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(reader[0])
+        .query_async(&mut conn)
+        .await
+        .expect("killed");
+    // The new reader has read from the start (the old notice) and blocks for more.
+    let started = std::time::Instant::now();
+    loop {
+        let now = blocked_readers(&mut conn).await;
+        if now.len() == 1 && now[0] != reader[0] {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no new reader: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!second.is_finished(), "the old notice granted nothing");
+
+    held.release(Outcome::Completed).await.expect("released");
+    let second = second.await.expect("task").expect("granted");
+    assert!(
+        second.token() > first_token,
+        "{} after {first_token}",
+        second.token()
+    );
+    let handoffs: Vec<u64> = read_events(&a)
+        .await
+        .expect("events")
+        .iter()
+        .filter(|e| e.kind == "admitted" && e.outcome == "handoff" && e.lease == "x")
+        .map(|e| e.token)
+        .collect();
+    assert_eq!(handoffs, [first_token.0, second.token().0]);
+    second.release(Outcome::Completed).await.expect("released");
+}
+
+/// A plain connection to the private server on `port`.
+async fn raw(port: u16) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}/"))
+        .expect("client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("conn")
+}
+
+/// The ids of the clients blocked in `XREAD` (the readers of notices).
+async fn blocked_readers(conn: &mut redis::aio::MultiplexedConnection) -> Vec<u64> {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(conn)
+        .await
+        .expect("client list");
+    list.lines()
+        .filter(|l| l.contains(" cmd=xread") && l.split(' ').any(|f| f == "flags=b"))
+        .filter_map(|l| l.strip_prefix("id=")?.split(' ').next()?.parse().ok())
+        .collect()
+}

@@ -227,6 +227,18 @@ async fn every_key_of_a_cell_shares_its_hash_tag_and_nothing_else_is_written() {
         .release(Outcome::Completed)
         .await
         .expect("released");
+    // The hand-off told the waiter's instance: one more key, its notices, under the same tag.
+    let mut after: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("*{cell}*"))
+        .query_async(&mut conn)
+        .await
+        .expect("keys");
+    after.retain(|k| !expected.contains(k));
+    assert_eq!(after.len(), 1, "{after:?}");
+    let notices = after[0]
+        .strip_prefix(&format!("{}:{tag}:to:", fleet.config().key_prefix))
+        .unwrap_or_else(|| panic!("the notices of an instance: {}", after[0]));
+    assert!(notices.len() == 32 && notices.bytes().all(|b| b.is_ascii_hexdigit()));
 }
 
 #[tokio::test]

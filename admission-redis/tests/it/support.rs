@@ -197,11 +197,7 @@ pub(crate) struct PrivateRedis {
 }
 
 pub(crate) fn redis_server_binary(test: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|p| p.join("redis-server"))
-            .find(|p| p.is_file())
-    });
+    let found = admission_redis::test_util::redis_server_on_path();
     if found.is_none() {
         if std::env::var("CI").as_deref() == Ok("true") {
             panic!("{test}: redis-server is not on PATH under CI=true (.ci/run installs it)");
