@@ -45,14 +45,16 @@ commands:
                                           LOOM_MAX_PREEMPTIONS=2 (unless set), CARGO_TARGET_DIR=target/loom
   test                     steps 3 and 4
   loom                     step 10
-  chaos                    the agents fleet through three real faults and two signals to its
-                           parent, one run each (about 40 s once the example is built; each run
+  chaos                    the agents fleet through four real faults and two signals to its
+                           parent, one run each (about 55 s once the example is built; each run
                            bounded): agents --fleet 4 --time-scale 300 --admit-timeout 3600
                            --check --chaos FAULT for FAULT = restart (its private redis-server
                            SIGKILLed 1 s in and started again on its port 2 s later), pause
-                           (CLIENT PAUSE 3000) and kill-member (one member SIGKILLed), each
-                           failing on a job that failed unless its own deadline fell inside the
-                           outage, a ceiling exceeded, or anything still held in Redis; then the
+                           (CLIENT PAUSE 3000), kill-member (one member SIGKILLed) and
+                           kill-master (on a private six-node Redis Cluster, the master serving
+                           the first model's cell SIGKILLed), each failing on a job that failed
+                           unless its own deadline fell inside the outage, a ceiling exceeded, or
+                           anything still held in Redis; then the
                            same without --chaos, on a redis-server of the run's own (--redis),
                            its parent sent a signal 1.5 s after its `== fleet:` line:
                            term-parent (SIGTERM: the parent must forward it and exit within
@@ -60,9 +62,7 @@ commands:
                            fails only for the signal, no member left) and kill-parent (SIGKILL:
                            every member must exit within 10 s and write its report); after
                            either, nothing held in Redis (redis-cli: every cell's exp, line and
-                           live empty, occ without st, sb, r: or q:); the example's fourth fault,
-                           kill-master (a Redis Cluster master SIGKILLed), is run by hand for
-                           now (xtask/src/chaos.rs says why)
+                           live empty, occ without st, sb, r: or q:)
   soak [N]                 the core soak test at N admissions (default 1,000,000) in release:
                            threads and tasks, cancellations, 1 ms timeouts, abandoned futures;
                            prints the tally, fails on any overdraw, hang or leaked unit
