@@ -90,6 +90,40 @@ pub struct Quotas {
     pub bytes_per_hour: u64,
 }
 
+/// A cell's rates: what the fleet may spend per minute, as a provider limits an organisation
+/// (its tokens and requests per minute), shared by every instance.
+///
+/// Each is a budget that refills continuously on the server's clock at `budget` per minute (as
+/// the local `TokenBucket` of `admission-accounts` does), slowed by a throttle the fleet's
+/// backpressure raises ([`RedisAdmission::record_429`](crate::RedisAdmission::record_429)). A
+/// lease spends its footprint in tokens and one request when it is granted, in the same call
+/// that checks the in-flight ceilings; a lease that does not fit on rate alone learns the
+/// instant it will. The budgets start full.
+///
+/// ```
+/// use admission_redis::{Ceilings, RedisAdmissionConfig, Rates};
+///
+/// let ceilings = Ceilings {
+///     service_bytes: 100_000,
+///     service_transfers: 16,
+///     tenant_bytes: 100_000,
+///     tenant_transfers: 16,
+///     backend_transfers: 16,
+/// };
+/// let mut config = RedisAdmissionConfig::new("127.0.0.1", 6379, "model-a", ceilings);
+/// config.rates = Some(Rates { tokens_per_minute: 90_000, requests_per_minute: 500 });
+/// assert!(config.validate().is_ok());
+/// config.rates = Some(Rates { tokens_per_minute: 90_000, requests_per_minute: 0 });
+/// assert_eq!(config.validate().unwrap_err().field, "rates.requests_per_minute");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Rates {
+    /// Tokens per minute: the budget (the most a minute's refill holds) and its refill rate.
+    pub tokens_per_minute: u64,
+    /// Requests per minute: the request budget and its refill rate.
+    pub requests_per_minute: u64,
+}
+
 /// What to do when the server's `maxmemory-policy` is not `noeviction` (an evicting server can
 /// drop a lease's record and hand its capacity out twice).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -174,6 +208,8 @@ pub struct RedisAdmissionConfig {
     pub local_timeout: Duration,
     /// Traffic quotas, if enabled.
     pub quotas: Option<Quotas>,
+    /// The cell's rates (tokens and requests per minute), if any.
+    pub rates: Option<Rates>,
     /// Records kept in the events stream: Redis trims whole nodes of the stream
     /// (`XADD MAXLEN ~`), so it keeps at least this many (once written) and at most this many
     /// plus one node (`stream-node-max-entries`, 100 records by default). Trimming one record at
@@ -238,6 +274,7 @@ impl RedisAdmissionConfig {
             redis_wait: Duration::from_secs(5),
             local_timeout: Duration::from_secs(30),
             quotas: None,
+            rates: None,
             events_max_len: 10_000,
             reap_batch: 64,
             connect_timeout: Duration::from_secs(1),
@@ -452,6 +489,19 @@ impl RedisAdmissionConfig {
                 ));
             }
         }
+        if let Some(r) = &self.rates {
+            for (field, value) in [
+                ("rates.tokens_per_minute", r.tokens_per_minute),
+                ("rates.requests_per_minute", r.requests_per_minute),
+            ] {
+                if value == 0 || value > MAX_EXACT {
+                    return Err(ConfigError::new(
+                        field,
+                        format!("is {value}: must be positive and at most 2^53"),
+                    ));
+                }
+            }
+        }
         if let Some(tenant) = &self.tenant_mode {
             match &self.tls {
                 None => return Err(ConfigError::new("tls", "tenant mode requires TLS")),
@@ -483,8 +533,8 @@ impl RedisAdmissionConfig {
     }
 
     /// A digest of everything two instances of one cell must agree on (the ceilings, the quotas,
-    /// the stream's bound and the lease TTL, which a lease granted from the line to another
-    /// instance's waiter gets). Stored in Redis by the first instance; another with a different
+    /// the rates as configured, the stream's bound and the lease TTL, which a lease granted from
+    /// the line to another instance's waiter gets). Stored in Redis by the first instance; another with a different
     /// digest is refused at connect.
     pub fn fingerprint(&self) -> String {
         let c = &self.ceilings;
@@ -492,8 +542,11 @@ impl RedisAdmissionConfig {
             .quotas
             .map(|q| (q.requests_per_minute, q.bytes_per_hour))
             .unwrap_or((0, 0));
+        let rates = self.rates.map_or(String::new(), |r| {
+            format!("|rates:{}:{}", r.tokens_per_minute, r.requests_per_minute)
+        });
         let text = format!(
-            "v2|{}|{}|{}|{}|{}|{}|{}|{}|{}",
+            "v2|{}|{}|{}|{}|{}|{}|{}|{}|{}{rates}",
             c.service_bytes,
             c.service_transfers,
             c.tenant_bytes,

@@ -13,7 +13,7 @@ use crate::lease::{Lease, give_back};
 use crate::request::{LeaseRequest, hashed_id};
 use crate::script::{
     Answer, Cell, Created, FencingToken, Occupancy, Op, Outcome, PolicyReply, QuotaReply,
-    SnapshotReply,
+    SnapshotReply, Throttled,
 };
 use crate::shared::Shared;
 use crate::wake::Wakeups;
@@ -102,6 +102,24 @@ pub struct Snapshot {
     pub last_token: u64,
     /// Records in the events stream.
     pub events: u64,
+    /// The cell's rates now, if it has any.
+    pub rates: Option<RatesNow>,
+}
+
+/// A cell's rates as a snapshot saw them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RatesNow {
+    /// Whole tokens left of the budget (refilled up to the snapshot).
+    pub tokens_left: u64,
+    /// Whole requests left.
+    pub requests_left: u64,
+    /// The token budget in force (per minute).
+    pub tokens_per_minute: u64,
+    /// The request budget in force (per minute).
+    pub requests_per_minute: u64,
+    /// The throttle in tenths: refills run at the budget divided by `1 + throttle_tenths / 10`
+    /// (0 when healthy, at most 90).
+    pub throttle_tenths: u32,
 }
 
 impl RedisAdmission {
@@ -235,6 +253,13 @@ impl RedisAdmission {
                 reaped: s.reaped,
                 last_token: s.last_token,
                 events: s.events,
+                rates: s.rates.map(|r| RatesNow {
+                    tokens_left: r[0],
+                    requests_left: r[1],
+                    tokens_per_minute: r[2],
+                    requests_per_minute: r[3],
+                    throttle_tenths: u32::try_from(r[4]).unwrap_or(u32::MAX),
+                }),
             }),
             Answer::Mismatch(stored) => Err(Unavailable::unexpected(
                 "snapshot",
@@ -271,6 +296,113 @@ impl RedisAdmission {
             });
         }
         self.policy(tenant, Some((bytes, transfers))).await
+    }
+
+    /// The upstream answered 429 (too many requests): the cell's rates slow down for every
+    /// instance, by the local token bucket's rule (the throttle rises by 0.5, at most to 9.0;
+    /// refills run at the budget divided by `1 + throttle`). Returns the throttle.
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::NoRates`] for a cell without rates, [`PolicyError::Unavailable`] when
+    /// Redis fails.
+    pub async fn record_429(&self) -> Result<f64, PolicyError> {
+        self.feedback(1).await
+    }
+
+    /// The upstream asked the fleet to yield with weight `increments` (1 for a 429, 0 says
+    /// nothing and changes nothing): the throttle rises by 0.5 per increment. Returns the
+    /// throttle.
+    ///
+    /// # Errors
+    ///
+    /// As [`record_429`](RedisAdmission::record_429).
+    pub async fn record_backpressure(&self, increments: u32) -> Result<f64, PolicyError> {
+        if increments == 0 {
+            return self.snapshot_throttle().await;
+        }
+        self.feedback(increments).await
+    }
+
+    /// A call succeeded: relieves the throttle (0.2 every third success, or 0.5 per success
+    /// once five minutes of server time have passed without backpressure). Returns the
+    /// throttle.
+    ///
+    /// # Errors
+    ///
+    /// As [`record_429`](RedisAdmission::record_429).
+    pub async fn record_success(&self) -> Result<f64, PolicyError> {
+        self.feedback(0).await
+    }
+
+    async fn snapshot_throttle(&self) -> Result<f64, PolicyError> {
+        if self.inner.cell.config.rates.is_none() {
+            return Err(PolicyError::NoRates);
+        }
+        let snapshot = self.snapshot("", "").await?;
+        Ok(snapshot
+            .rates
+            .map_or(0.0, |r| f64::from(r.throttle_tenths) / 10.0))
+    }
+
+    async fn feedback(&self, increments: u32) -> Result<f64, PolicyError> {
+        let cell = &self.inner.cell;
+        if cell.config.rates.is_none() {
+            return Err(PolicyError::NoRates);
+        }
+        let op = Op::Feedback { increments };
+        let called = cell.call::<Throttled>(&op, cell.default_deadline()).await?;
+        match called.answer {
+            Answer::Reply(Throttled(tenths)) => Ok(tenths as f64 / 10.0),
+            Answer::Mismatch(stored) => Err(PolicyError::Mismatch { stored }),
+        }
+    }
+
+    /// New budgets for the cell's rates, for every instance (a provider's rate-limit headers
+    /// read by any member, say): the levels are first refilled at the old budgets; a budget
+    /// that shrank lowers its level to the new budget; the throttle is kept. Returns the policy
+    /// version: a new one, greater than every earlier one, when anything changed; the same
+    /// budgets again change nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`PolicyError::Invalid`] for a budget of 0 or over 2^53, [`PolicyError::NoRates`] for a
+    /// cell without rates, [`PolicyError::Unavailable`] when Redis fails.
+    pub async fn update_rates(
+        &self,
+        tokens_per_minute: u64,
+        requests_per_minute: u64,
+    ) -> Result<u64, PolicyError> {
+        let cell = &self.inner.cell;
+        if cell.config.rates.is_none() {
+            return Err(PolicyError::NoRates);
+        }
+        for (field, value) in [
+            ("tokens_per_minute", tokens_per_minute),
+            ("requests_per_minute", requests_per_minute),
+        ] {
+            if value == 0 || value > crate::config::MAX_EXACT {
+                return Err(PolicyError::Invalid {
+                    field,
+                    value,
+                    max: crate::config::MAX_EXACT,
+                });
+            }
+        }
+        let op = Op::Rates {
+            tokens_per_minute,
+            requests_per_minute,
+        };
+        let called = cell
+            .call::<PolicyReply>(&op, cell.default_deadline())
+            .await?;
+        match called.answer {
+            Answer::Reply(PolicyReply::Version(version)) => Ok(version),
+            Answer::Reply(PolicyReply::Invalid { field, value, max }) => {
+                Err(PolicyError::Invalid { field, value, max })
+            }
+            Answer::Mismatch(stored) => Err(PolicyError::Mismatch { stored }),
+        }
     }
 
     /// Removes `tenant`'s override: the configured defaults apply again. Returns the new policy
@@ -386,7 +518,7 @@ impl RedisAdmission {
     ) -> Result<(), LeaseError> {
         let cell = &self.inner.cell;
         let deadline = tokio::time::Instant::now() + cell.config.lease_ttl;
-        give_back(cell, id, token, outcome, deadline).await
+        give_back(cell, id, token, outcome, 0, deadline).await
     }
 
     /// Moves the cell's clock forward by `by`, as a fake clock would: expiries, quota windows

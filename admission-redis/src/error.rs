@@ -17,6 +17,11 @@ pub enum Dimension {
     TenantTransfers,
     /// Leases held on the backend.
     BackendTransfers,
+    /// Tokens spent of the cell's per-minute token budget (a cell with
+    /// [`Rates`](crate::Rates)): held is what is spent, the ceiling the budget.
+    TokensPerMinute,
+    /// Requests spent of the cell's per-minute request budget.
+    RequestsPerMinute,
 }
 
 impl Dimension {
@@ -28,6 +33,8 @@ impl Dimension {
             Dimension::TenantBytes => "tenant_bytes",
             Dimension::TenantTransfers => "tenant_transfers",
             Dimension::BackendTransfers => "backend_transfers",
+            Dimension::TokensPerMinute => "tokens_per_minute",
+            Dimension::RequestsPerMinute => "requests_per_minute",
         }
     }
 
@@ -38,6 +45,8 @@ impl Dimension {
             "tenant_bytes" => Dimension::TenantBytes,
             "tenant_transfers" => Dimension::TenantTransfers,
             "backend_transfers" => Dimension::BackendTransfers,
+            "tokens_per_minute" => Dimension::TokensPerMinute,
+            "requests_per_minute" => Dimension::RequestsPerMinute,
             _ => return None,
         })
     }
@@ -146,7 +155,8 @@ pub enum AcquireError {
     },
     /// No room now (from `try_acquire`), on `dimension`.
     #[error(
-        "admission-redis: no room on {dimension}: {held} held + {asked} asked > ceiling {ceiling}"
+        "admission-redis: no room on {dimension}: {held} held + {asked} asked > ceiling {ceiling}{}",
+        retry_in.map_or(String::new(), |d| format!("; the rates have room in {d:?}"))
     )]
     Full {
         /// The first dimension without room.
@@ -157,6 +167,10 @@ pub enum AcquireError {
         asked: u64,
         /// Its ceiling.
         ceiling: u64,
+        /// With [`Rates`](crate::Rates), when they are short: how long until they have room for
+        /// this request (on the server's clock; a release of another lease does not shorten it,
+        /// a refund or a raised budget may).
+        retry_in: Option<Duration>,
     },
     /// Waited `waited` without room; the last refusal's numbers.
     #[error(
@@ -339,16 +353,20 @@ impl fmt::Display for QuotaKind {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PolicyError {
-    /// An override over the service's ceiling, or 0.
-    #[error("admission-redis: tenant override `{field}` = {value} is not within 1..={max}")]
+    /// An override over the service's ceiling, or 0; or a rate budget of 0 or over 2^53.
+    #[error("admission-redis: `{field}` = {value} is not within 1..={max}")]
     Invalid {
-        /// `bytes` or `transfers`.
+        /// `bytes` or `transfers` (a tenant override), `tokens_per_minute` or
+        /// `requests_per_minute` (the rates).
         field: &'static str,
         /// The value asked.
         value: u64,
         /// The service's ceiling.
         max: u64,
     },
+    /// The cell has no rates to change (its config has none).
+    #[error("admission-redis: the cell has no rates (its config's `rates` is None)")]
+    NoRates,
     /// The coordinator failed.
     #[error(transparent)]
     Unavailable(#[from] Unavailable),

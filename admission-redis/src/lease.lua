@@ -47,7 +47,8 @@ local function call(KEYS, ARGV)
   local asking = (op == 'acquire' and ARGV[4]) or (op == 'snapshot' and ARGV[3]) or ''
   local function read_cfg()
     return redis.call('HMGET', cfg, 'fingerprint', 'sb', 'st', 'tb', 'tt', 'bt', 'maxlen',
-      'version', 'skew_ms', 'o:' .. asking, 'ttl', 'nq', 'idle', 'touched', 'ne', 'rid', 'rec')
+      'version', 'skew_ms', 'o:' .. asking, 'ttl', 'nq', 'idle', 'touched', 'ne', 'rid', 'rec',
+      'rt', 'rr', 'thr', 'rh')
   end
   local c = read_cfg()
   if not me then me = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') end
@@ -85,6 +86,7 @@ local function call(KEYS, ARGV)
   --   7 backend_transfers 8 events_max_len 9 lease ttl ms (a waiter's grant lives this long)
   --   10 idle ms (every key expires after this long without a call; 0: never)
   --   11 recover ('1': a cell created afresh recovers, see below, before it admits anything)
+  --   12 tokens per minute 13 requests per minute (the rates, see below; '0': none)
   local created = false
   if op == 'init' and not c[1] then
     local rec = (ARGV[11] == '1' and now_ms + tonumber(ARGV[9])) or 0
@@ -92,6 +94,9 @@ local function call(KEYS, ARGV)
       'tb', ARGV[5], 'tt', ARGV[6], 'bt', ARGV[7], 'maxlen', ARGV[8],
       'version', int(math.max(1, math.floor(now_ms))), 'ttl', ARGV[9], 'idle', ARGV[10],
       'nq', redis.call('ZCARD', line), 'rid', me, 'rec', rec)
+    if tonumber(ARGV[12] or '0') > 0 then
+      redis.call('HSET', cfg, 'rt', ARGV[12], 'rr', ARGV[13], 'thr', 0)
+    end
     c = read_cfg()
     created = true
   end
@@ -116,7 +121,21 @@ local function call(KEYS, ARGV)
   end
   -- How many wait in the line: with none (the usual case) the line is never read.
   local queued = tonumber(c[12] or '0')
-  local DIMS = { 'service_bytes', 'service_transfers', 'tenant_bytes', 'tenant_transfers', 'backend_transfers' }
+  local DIMS = { 'service_bytes', 'service_transfers', 'tenant_bytes', 'tenant_transfers', 'backend_transfers',
+    'tokens_per_minute', 'requests_per_minute' }
+
+  -- The rates (a cell configured with them): tokens and requests per minute, each a budget that
+  -- refills continuously on the server's clock at budget / minute / (1 + throttle), the
+  -- throttle counted in tenths (`thr`) as the local token bucket counts it. Their levels live in
+  -- occ (`lt`, `lr`, and `la`, the server ms they were settled at) and enter the counters as
+  -- dimensions 6 and 7, counted as what is spent (budget - level), so the rules of the in-flight
+  -- dimensions (fit, the head's reservation, the hand-off) apply to them unchanged. A lease spends
+  -- its footprint in tokens and one request when it is granted; a release may give back the
+  -- tokens it did not use. `rh` in cfg is the head last told when the rates will serve it.
+  local RT, RR, THR = tonumber(c[18] or '0'), tonumber(c[19] or '0'), tonumber(c[20] or '0')
+  local RATED = RT > 0
+  local NDIM = RATED and 7 or 5
+  local PER_MS = 10 / (10 + THR) / 60000
 
   -- The asking tenant's ceilings: its override, or the defaults.
   local function limits(override)
@@ -128,10 +147,20 @@ local function call(KEYS, ARGV)
   end
 
   -- The five counters of one tenant and one backend, plus `extra` fields, in one read.
+  -- With rates, the levels too (read last, after the extras), refilled up to now.
   local function read(tenant, backend, ...)
-    local v = redis.call('HMGET', occ, 'sb', 'st', 'tb:' .. tenant, 'tt:' .. tenant, 'bt:' .. backend, ...)
+    local fields = { 'sb', 'st', 'tb:' .. tenant, 'tt:' .. tenant, 'bt:' .. backend, ... }
+    local n = #fields
+    if RATED then fields[n + 1], fields[n + 2], fields[n + 3] = 'lt', 'lr', 'la' end
+    local v = redis.call('HMGET', occ, unpack(fields))
     local o = { tonumber(v[1] or '0'), tonumber(v[2] or '0'), tonumber(v[3] or '0'),
       tonumber(v[4] or '0'), tonumber(v[5] or '0') }
+    if RATED then
+      local lt, lr = tonumber(v[n + 1] or RT), tonumber(v[n + 2] or RR)
+      local dt = math.max(0, now_ms - tonumber(v[n + 3] or now_ms))
+      o[6] = RT - math.min(RT, lt + dt * RT * PER_MS)
+      o[7] = RR - math.min(RR, lr + dt * RR * PER_MS)
+    end
     return o, v
   end
 
@@ -147,6 +176,11 @@ local function call(KEYS, ARGV)
       else
         drop[#drop + 1] = fields[i]
       end
+    end
+    if RATED then
+      local n = #set
+      set[n + 1], set[n + 2], set[n + 3], set[n + 4] = 'lt', RT - o[6], 'lr', RR - o[7]
+      set[n + 5], set[n + 6] = 'la', now_ms
     end
     if #set > 0 then redis.call('HSET', occ, unpack(set)) end
     if #drop > 0 then redis.call('HDEL', occ, unpack(drop)) end
@@ -186,13 +220,30 @@ local function call(KEYS, ARGV)
     redis.call('PEXPIRE', key, TTL)
   end
 
-  -- Gives back what lease `id` holds (its record `r`) and records why.
-  local function settle(id, r, kind)
+  -- Tells instance `to` that its waiter `id` (acquisition `nonce`), now the head of the line, is
+  -- short only of rate until server ms `at`: it asks again then (nobody else's call would grant it
+  -- at that instant). Told once per head and instant (`rh` in cfg).
+  local function tell_ready(to, id, nonce, at)
+    local told = id .. '@' .. int(at)
+    if c[21] == told then return end
+    c[21] = told
+    redis.call('HSET', cfg, 'rh', told)
+    if not to then return end
+    local key = string.sub(events, 1, -8) .. ':to:' .. to
+    redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', 'lease', id, 'nonce', nonce,
+      'at', int(at), 'time_ms', now_ms)
+    redis.call('PEXPIRE', key, TTL)
+  end
+
+  -- Gives back what lease `id` holds (its record `r`), and to the rates the `unused` tokens of
+  -- its footprint (at most the footprint), and records why.
+  local function settle(id, r, kind, unused)
     local f = parse(r)
     local footprint = tonumber(f[4])
     local o, v = read(f[2], f[3], 'seq')
     local seq = tonumber(v[6] or '0') + 1
     o[1], o[2], o[3], o[4], o[5] = o[1] - footprint, o[2] - 1, o[3] - footprint, o[4] - 1, o[5] - 1
+    if RATED and unused and unused > 0 then o[6] = math.max(0, o[6] - math.min(unused, footprint)) end
     write(o, f[2], f[3], { 'seq', seq }, { 'r:' .. id })
     redis.call('ZREM', exp, id)
     append(kind, id, f[1], f[2], f[3], f[4], f[5], kind, o, seq)
@@ -211,8 +262,8 @@ local function call(KEYS, ARGV)
   -- The first dimension on which `need` (five amounts) does not fit `o` with `r` set aside, or
   -- which `blocked` forbids; nil when it fits.
   local function short_on(o, need, tb_max, tt_max, r, blocked)
-    local max = { S_B, S_T, tb_max, tt_max, B_T }
-    for i = 1, 5 do
+    local max = { S_B, S_T, tb_max, tt_max, B_T, RT, RR }
+    for i = 1, NDIM do
       if blocked[i] or o[i] + r[i] + need[i] > max[i] then return i end
     end
     return nil
@@ -222,8 +273,8 @@ local function call(KEYS, ARGV)
   -- short on, from its record `w`, its counters `o` and its byte and transfer ceilings.
   local function head_of(w, o, tb_max, tt_max)
     local f = tonumber(w[4]) or 0
-    local need, max, short = { f, 1, f, 1, 1 }, { S_B, S_T, tb_max, tt_max, B_T }, {}
-    for i = 1, 5 do short[i] = o[i] + need[i] > max[i] end
+    local need, max, short = { f, 1, f, 1, 1, f, 1 }, { S_B, S_T, tb_max, tt_max, B_T, RT, RR }, {}
+    for i = 1, NDIM do short[i] = o[i] + need[i] > max[i] end
     return { tenant = w[2], backend = w[3], need = need, short = short }
   end
 
@@ -231,10 +282,11 @@ local function call(KEYS, ARGV)
   -- must leave for it on every dimension they share, and the dimensions it may not take from at
   -- all (those the head is short on). Nothing without a head.
   local function set_aside(head, tenant, backend)
-    local r, blocked = { 0, 0, 0, 0, 0 }, {}
+    local r, blocked = { 0, 0, 0, 0, 0, 0, 0 }, {}
     if head then
-      local shares = { true, true, head.tenant == tenant, head.tenant == tenant, head.backend == backend }
-      for i = 1, 5 do
+      local shares = { true, true, head.tenant == tenant, head.tenant == tenant, head.backend == backend,
+        true, true }
+      for i = 1, NDIM do
         if shares[i] then
           r[i] = head.need[i]
           blocked[i] = head.short[i]
@@ -242,6 +294,20 @@ local function call(KEYS, ARGV)
       end
     end
     return r, blocked
+  end
+
+  -- When the rates will have room for `need` beside the reservation `r` (server ms), or -1 when
+  -- they have room now or the cell has none. A later throttle makes it later, a raised budget or
+  -- a refund sooner; a waiter told an instant asks again then and learns the new one.
+  local function rate_ready(o, need, r)
+    if not RATED then return -1 end
+    local budget, wait = { [6] = RT, [7] = RR }, 0
+    for i = 6, 7 do
+      local over = o[i] + r[i] + need[i] - budget[i]
+      if over > 0 then wait = math.max(wait, over / (budget[i] * PER_MS)) end
+    end
+    if wait <= 0 then return -1 end
+    return math.ceil(now_ms + wait)
   end
 
   -- Grants lease `id` to the acquisition `nonce` with counters `o` (read before the grant).
@@ -258,6 +324,7 @@ local function call(KEYS, ARGV)
     -- No lease held before this one: the expiries are new.
     local first = o[2] == 0
     o[1], o[2], o[3], o[4], o[5] = o[1] + f, o[2] + 1, o[3] + f, o[4] + 1, o[5] + 1
+    if RATED then o[6], o[7] = o[6] + f, o[7] + 1 end
     local record = string.format('%.0f|%s|%s|%s|%s|%s', token, tenant, backend, footprint, operation,
       nonce)
     write(o, tenant, backend, { 'tok', token, 'r:' .. id, record, 'seq', seq })
@@ -296,7 +363,7 @@ local function call(KEYS, ARGV)
         local tb_max, tt_max = limits(redis.call('HGET', cfg, 'o:' .. w[2]))
         local o = read(w[2], w[3])
         local r, blocked = set_aside(head, w[2], w[3])
-        local need = { f, 1, f, 1, 1 }
+        local need = { f, 1, f, 1, 1, f, 1 }
         if not short_on(o, need, tb_max, tt_max, r, blocked) then
           unqueue(id)
           local token = grant(id, w[2], w[3], w[4], w[5], TTL, o, w[6], 'handoff')
@@ -304,11 +371,18 @@ local function call(KEYS, ARGV)
           granted = granted + 1
         elseif not head then
           head = head_of(w, o, tb_max, tt_max)
+          head.id, head.nonce, head.to, head.o = id, w[6], w[7], o
           -- Every waiter needs service bytes and a service transfer: when the head is short on
           -- either, or nothing is left of them beside its reservation, nobody behind can go.
-          if head.short[1] or head.short[2] or o[1] + f + 1 > S_B or o[2] + 2 > S_T then break end
+          -- So too when it waits for the rates, which every lease spends.
+          if head.short[1] or head.short[2] or o[1] + f + 1 > S_B or o[2] + 2 > S_T
+            or head.short[6] or head.short[7] then break end
         end
       end
+    end
+    if head and RATED then
+      local at = rate_ready(head.o, head.need, { 0, 0, 0, 0, 0, 0, 0 })
+      if at > 0 then tell_ready(head.to, head.id, head.nonce, at) end
     end
     return granted
   end
@@ -404,6 +478,7 @@ local function call(KEYS, ARGV)
     local tb_max, tt_max = limits(c[10])
     if footprint > S_B then return touch(IDLE, {'NEVER', 'service_bytes', ARGV[6], int(S_B)}) end
     if footprint > tb_max then return touch(IDLE, {'NEVER', 'tenant_bytes', ARGV[6], int(tb_max)}) end
+    if RATED and footprint > RT then return touch(IDLE, {'NEVER', 'tokens_per_minute', ARGV[6], int(RT)}) end
     local o, v = read(tenant, backend, 'r:' .. id, 'q:' .. id, 'tok', 'seq')
     if v[6] then
       -- Held: this acquisition's own lease (granted from the line, or by a call whose reply was
@@ -443,17 +518,22 @@ local function call(KEYS, ARGV)
       head = head_of(h, (read(h[2] or '', h[3] or '')), htb, htt)
     end
     local r, blocked = set_aside(head, tenant, backend)
-    local need = { footprint, 1, footprint, 1, 1 }
+    local need = { footprint, 1, footprint, 1, 1, footprint, 1 }
     local dim = short_on(o, need, tb_max, tt_max, r, blocked)
+    -- The first in line (or a newcomer with nobody waiting) learns when the rates serve it; those
+    -- behind wait for the hand-off.
+    local ready = (not head) and rate_ready(o, need, r) or -1
     -- Recovering: nothing new until it ends, when a waiter asks again (the refusal's earliest
     -- expiry is the end).
     if recovering then dim = 0 end
     -- The refusal: the dimension without room, what it holds and its ceiling.
     local function full(ticket)
-      if dim == 0 then return touch(IDLE, {'FULL', 'recovering', 0, 0, REC, now_ms, ticket}) end
-      local max = { S_B, S_T, tb_max, tt_max, B_T }
-      return touch(IDLE, {'FULL', DIMS[dim], o[dim] + r[dim], max[dim], earliest_expiry(),
-        now_ms, ticket})
+      if dim == 0 then return touch(IDLE, {'FULL', 'recovering', 0, 0, REC, now_ms, ticket, -1}) end
+      -- A head in the line told its instant here needs no notice of it.
+      if ticket ~= '' and ready > 0 then tell_ready(nil, id, nonce, ready) end
+      local max = { S_B, S_T, tb_max, tt_max, B_T, RT, RR }
+      return touch(IDLE, {'FULL', DIMS[dim], int(math.ceil(o[dim] + r[dim])), int(max[dim]),
+        earliest_expiry(), now_ms, ticket, ready})
     end
     if dim and not waiting and ARGV[10] == '1' then
       waiting = int(redis.call('HINCRBY', occ, 'tick', 1))
@@ -474,6 +554,9 @@ local function call(KEYS, ARGV)
     if dim then return full(waiting or '') end
     if waiting then unqueue(id) end
     local token, expiry = grant(id, tenant, backend, ARGV[6], operation, ttl, o, nonce, 'admitted', v[8] or '0', v[9])
+    -- A head served by the rates at its instant asks itself: those behind it may fit now, and
+    -- the next head must learn its own instant.
+    if waiting and RATED then handoff(tonumber(ARGV[9])) end
     return touch(IDLE, {'OK', token, version, o[1], o[2], o[3], o[4], o[5],
       expiry, now_ms})
   end
@@ -544,6 +627,7 @@ local function call(KEYS, ARGV)
 
   if op == 'release' then
     -- ARGV: 3 lease id 4 token 5 outcome (completed, failed, interrupted) 6 reap limit
+    --       7 tokens of the footprint not used (given back to the rates; '0': none)
     local id, token = ARGV[3], ARGV[4]
     reap(tonumber(ARGV[6]))
     local r = redis.call('HGET', occ, 'r:' .. id)
@@ -553,7 +637,7 @@ local function call(KEYS, ARGV)
     if not r then return touch(IDLE, {'LOST'}) end
     local current = string.sub(r, 1, string.find(r, '|', 1, true) - 1)
     if current ~= token then return touch(IDLE, {'STALE', current}) end
-    settle(id, r, ARGV[5])
+    settle(id, r, ARGV[5], tonumber(ARGV[7] or '0'))
     handoff(tonumber(ARGV[6]))
     return touch(IDLE, {'OK', now_ms})
   end
@@ -571,9 +655,78 @@ local function call(KEYS, ARGV)
     local reaped = reap(tonumber(ARGV[5]))
     local o, v = read(ARGV[3], ARGV[4], 'tok')
     local tb_max, tt_max = limits(c[10])
+    -- With rates: the levels (whole tokens and requests left), the budgets and the throttle.
+    local rates = { -1, -1, -1, -1, -1 }
+    if RATED then rates = { math.floor(RT - o[6]), math.floor(RR - o[7]), RT, RR, THR } end
     return touch(IDLE, {'OK', version, o[1], o[2], o[3], o[4], o[5],
       o[2], int(tb_max), int(tt_max), int(now_ms), int(reaped), v[6] or '0',
-      int(redis.call('XLEN', events))})
+      int(redis.call('XLEN', events)), rates[1], rates[2], rates[3], rates[4], rates[5]})
+  end
+
+  -- The levels as `read` settled them, written back at now (before the throttle or a budget
+  -- changes, so what was refilled counts at the rate in force until then).
+  local function settle_rates(o)
+    if redis.call('EXISTS', occ) == 0 then
+      redis.call('HSET', occ, 'lt', RT - o[6], 'lr', RR - o[7], 'la', now_ms)
+      born(occ)
+    else
+      redis.call('HSET', occ, 'lt', RT - o[6], 'lr', RR - o[7], 'la', now_ms)
+    end
+  end
+
+  if op == 'feedback' then
+    -- ARGV: 3 backpressure increments (0: a success) 4 reap limit. The rates' throttle, shared by
+    -- the fleet, by the local bucket's rule: +0.5 per increment (a 429 is one) up to 9.0; a
+    -- success takes 0.2 off every third time, or 0.5 every time once five minutes have passed
+    -- without backpressure. Reply: OK, the throttle in tenths.
+    if not RATED then return touch(IDLE, {'OK', 0}) end
+    local inc = tonumber(ARGV[3]) or 0
+    local t = redis.call('HMGET', cfg, 'ts', 'tbp')
+    local successes, last = tonumber(t[1] or '0'), tonumber(t[2] or '0')
+    local before = THR
+    if inc > 0 then
+      THR, successes, last = math.min(90, THR + 5 * inc), 0, math.max(last, now_ms)
+    elseif THR > 0 then
+      if now_ms - last >= 300000 then
+        THR, successes = math.max(0, THR - 5), 0
+      else
+        successes = successes + 1
+        if successes >= 3 then THR, successes = math.max(0, THR - 2), 0 end
+      end
+    end
+    if THR ~= before then settle_rates((read('', ''))) end
+    redis.call('HSET', cfg, 'thr', THR, 'ts', successes, 'tbp', last)
+    PER_MS = 10 / (10 + THR) / 60000
+    -- Relieved: the head may be served sooner than it was told.
+    if THR < before then
+      c[21] = nil
+      handoff(tonumber(ARGV[4]))
+    end
+    return touch(IDLE, {'OK', THR})
+  end
+
+  if op == 'rates' then
+    -- ARGV: 3 tokens per minute 4 requests per minute 5 reap limit: new budgets for every member
+    -- (a provider's rate-limit headers, say). The levels are settled at the old budgets first; a
+    -- budget that shrank lowers its level to it; the same budgets again change nothing. Reply:
+    -- OK, the policy version (a new one when anything changed).
+    if not RATED then return touch(IDLE, {'INVALID', 'rates', '', '0'}) end
+    local t, q = tonumber(ARGV[3]), tonumber(ARGV[4])
+    if not t or t < 1 then return touch(IDLE, {'INVALID', 'tokens_per_minute', ARGV[3], '1'}) end
+    if not q or q < 1 then return touch(IDLE, {'INVALID', 'requests_per_minute', ARGV[4], '1'}) end
+    if t == RT and q == RR then return touch(IDLE, {'OK', version}) end
+    reap(tonumber(ARGV[5]))
+    local o = read('', '')
+    local lt, lr = math.min(RT - o[6], t), math.min(RR - o[7], q)
+    RT, RR = t, q
+    o[6], o[7] = RT - lt, RR - lr
+    settle_rates(o)
+    redis.call('HSET', cfg, 'rt', RT, 'rr', RR)
+    version = int(redis.call('HINCRBY', cfg, 'version', 1))
+    c[21] = nil
+    handoff(tonumber(ARGV[5]))
+    append('policy_changed', '', '0', '', '', '0', 'rates', 'rates', (read('', '')))
+    return touch(IDLE, {'OK', version})
   end
 
   if op == 'policy' then

@@ -171,13 +171,35 @@ impl Lease {
     /// [`LeaseError::Lost`] or [`LeaseError::Stale`] when the lease was no longer this holder's
     /// (nothing was given back twice), [`LeaseError::Unavailable`] when Redis failed (the TTL
     /// then takes the lease back).
-    pub async fn release(mut self, outcome: Outcome) -> Result<(), LeaseError> {
+    pub async fn release(self, outcome: Outcome) -> Result<(), LeaseError> {
+        self.give_back(outcome, 0).await
+    }
+
+    /// Releases the lease now, recording `outcome`, and gives the tokens of its footprint it did
+    /// not spend back to the cell's rates ([`Rates`](crate::Rates)): a call declared its most
+    /// tokens and its answer says how many it used, as the local token bucket's refund does. The
+    /// refund is at most the footprint; on a cell without rates it is ignored.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`release`](Lease::release) (a release on the drop path refunds nothing).
+    ///
+    /// # Errors
+    ///
+    /// As [`release`](Lease::release).
+    pub async fn release_spent(self, outcome: Outcome, spent: u64) -> Result<(), LeaseError> {
+        let unused = self.entry.footprint().saturating_sub(spent);
+        self.give_back(outcome, unused).await
+    }
+
+    async fn give_back(mut self, outcome: Outcome, unused: u64) -> Result<(), LeaseError> {
         self.entry.done.store(true, Ordering::Release);
         let result = give_back(
             &self.shared.cell,
             &self.id,
             self.token,
             outcome,
+            unused,
             self.entry.deadline(),
         )
         .await;
@@ -198,7 +220,8 @@ impl Drop for Lease {
         let entry = self.entry.clone();
         self.shared.pending.spawn(&self.runtime, async move {
             let deadline = entry.deadline();
-            let released = give_back(&cell, &entry.id, entry.token, Outcome::Interrupted, deadline);
+            let released =
+                give_back(&cell, &entry.id, entry.token, Outcome::Interrupted, 0, deadline);
             if let Err(error) = released.await {
                 tracing::debug!(%error, lease = %entry.id, operation = %entry.operation, "admission-redis: release on drop failed; the TTL takes the lease back");
             }
@@ -206,7 +229,8 @@ impl Drop for Lease {
     }
 }
 
-/// Gives lease `id` held with `token` back, recording `outcome`, retrying a failure on the
+/// Gives lease `id` held with `token` back, recording `outcome` (and `unused` tokens to the
+/// cell's rates), retrying a failure on the
 /// connection until `deadline` (the lease's local deadline: past it the server's TTL takes the
 /// lease back anyway). A release that finds the lease gone after an earlier attempt failed on
 /// the connection was released by that attempt: it is not reported lost.
@@ -215,9 +239,15 @@ pub(crate) async fn give_back(
     id: &str,
     token: FencingToken,
     outcome: Outcome,
+    unused: u64,
     deadline: Instant,
 ) -> Result<(), LeaseError> {
-    let op = Op::Release { id, token, outcome };
+    let op = Op::Release {
+        id,
+        token,
+        outcome,
+        unused,
+    };
     let called = cell.call::<Held>(&op, deadline).await?;
     match called.answer {
         Answer::Reply(Held::Ok) => Ok(()),

@@ -70,10 +70,12 @@ mod shared;
 pub mod test_util;
 mod wake;
 
-pub use config::{Ceilings, EvictionCheck, Quotas, RedisAdmissionConfig, Secret, TenantMode, Tls};
+pub use config::{
+    Ceilings, EvictionCheck, Quotas, Rates, RedisAdmissionConfig, Secret, TenantMode, Tls,
+};
 #[cfg(feature = "test-util")]
 pub use coordinator::production_script_source;
-pub use coordinator::{QuotaUse, RedisAdmission, Snapshot, script_source};
+pub use coordinator::{QuotaUse, RatesNow, RedisAdmission, Snapshot, script_source};
 pub use error::{
     AcquireError, ConfigError, ConnectError, Dimension, LeaseError, NeverReason, PolicyError,
     QuotaError, QuotaKind, Unavailable,

@@ -18,6 +18,7 @@ use crate::script::{
     AcquireReply, Answer, FencingToken, Full, Granted, Op, Outcome, WithdrawReply,
 };
 use crate::shared::Shared;
+use crate::wake::Woken;
 
 /// The outcome of one acquisition attempt.
 enum Attempt {
@@ -150,13 +151,28 @@ pub(crate) async fn acquire(
             // Wake just after the server's clock passes the expiry.
             received + Duration::from_millis(expiry.saturating_sub(refusal.now_ms) + 1)
         });
-        let until = earliest_expiry
+        // The first in line short of rate alone asks again when the rates serve it.
+        let ready = refusal
+            .ready_ms
+            .map(|at| received + Duration::from_millis(at.saturating_sub(refusal.now_ms) + 1));
+        let mut until = earliest_expiry
             .map_or(deadline, |at| at.min(deadline))
             .min(now + config.renew_every);
-        let granted = shared
-            .wakeups
-            .wait_grant(&shared.cell, receiver, until)
-            .await;
+        if let Some(ready) = ready {
+            until = until.min(ready);
+        }
+        let granted = loop {
+            match shared
+                .wakeups
+                .wait_grant(&shared.cell, receiver, until)
+                .await
+            {
+                Woken::Granted(granted) => break Some(granted),
+                // Told, as the new head, when the rates serve it: wait on until then.
+                Woken::ReadyAt(at) => until = until.min(at),
+                Woken::AskAgain => break None,
+            }
+        };
         if let Some(granted) = granted {
             guard.disarm();
             // The grant happened at the server's `time_ms`; this waiter's refusal was sent at
@@ -299,7 +315,7 @@ impl Drop for Withdraw<'_> {
                 Ok(called) => {
                     if let Answer::Reply(WithdrawReply::Granted(granted)) = called.answer {
                         let given =
-                            give_back(&cell, &id, granted.token, Outcome::Interrupted, deadline);
+                            give_back(&cell, &id, granted.token, Outcome::Interrupted, 0, deadline);
                         if let Err(error) = given.await {
                             tracing::debug!(%error, lease = %id, "admission-redis: giving back a withdrawn grant failed; the TTL takes it back");
                         }

@@ -123,6 +123,11 @@ impl Entry {
         }
     }
 
+    /// The lease's footprint.
+    pub(crate) fn footprint(&self) -> u64 {
+        self.footprint
+    }
+
     /// Past this instant the lease may have expired on the server.
     pub(crate) fn deadline(&self) -> Instant {
         self.timing.lock().deadline

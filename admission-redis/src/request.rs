@@ -74,7 +74,9 @@ impl LeaseRequest {
     /// What the request adds to `dimension`.
     pub(crate) fn asked_on(&self, dimension: Dimension) -> u64 {
         match dimension {
-            Dimension::ServiceBytes | Dimension::TenantBytes => self.footprint,
+            Dimension::ServiceBytes | Dimension::TenantBytes | Dimension::TokensPerMinute => {
+                self.footprint
+            }
             _ => 1,
         }
     }

@@ -229,11 +229,19 @@ pub(crate) enum Op<'a> {
     Withdraw { id: &'a str, nonce: &'a str },
     /// Renews every `(id, token)` in one call.
     Renew { leases: &'a [Renewing<'a>] },
-    /// Gives a lease back.
+    /// Gives a lease back, and `unused` tokens of its footprint to the cell's rates.
     Release {
         id: &'a str,
         token: FencingToken,
         outcome: Outcome,
+        unused: u64,
+    },
+    /// Backpressure for the rates' throttle: `increments` steps (a 429 is one), or a success (0).
+    Feedback { increments: u32 },
+    /// New budgets for the cell's rates.
+    Rates {
+        tokens_per_minute: u64,
+        requests_per_minute: u64,
     },
     /// Occupancy as `tenant` and `backend` (digests) see it.
     Snapshot { tenant: &'a str, backend: &'a str },
@@ -264,6 +272,8 @@ impl Op<'_> {
             Op::Withdraw { .. } => "withdraw",
             Op::Renew { .. } => "renew",
             Op::Release { .. } => "release",
+            Op::Feedback { .. } => "feedback",
+            Op::Rates { .. } => "rates",
             Op::Snapshot { .. } => "snapshot",
             Op::Policy { .. } => "policy",
             Op::Quota { .. } => "quota",
@@ -294,6 +304,11 @@ impl Op<'_> {
                         "0"
                     }
                     .to_string(),
+                    config.rates.map_or(0, |r| r.tokens_per_minute).to_string(),
+                    config
+                        .rates
+                        .map_or(0, |r| r.requests_per_minute)
+                        .to_string(),
                 ]
             }
             Op::Acquire {
@@ -330,10 +345,25 @@ impl Op<'_> {
                 }
                 args
             }
-            Op::Release { id, token, outcome } => vec![
+            Op::Release {
+                id,
+                token,
+                outcome,
+                unused,
+            } => vec![
                 id.to_string(),
                 token.0.to_string(),
                 outcome.as_str().to_string(),
+                reap,
+                unused.to_string(),
+            ],
+            Op::Feedback { increments } => vec![increments.to_string(), reap],
+            Op::Rates {
+                tokens_per_minute,
+                requests_per_minute,
+            } => vec![
+                tokens_per_minute.to_string(),
+                requests_per_minute.to_string(),
                 reap,
             ],
             Op::Snapshot { tenant, backend } => {
@@ -406,6 +436,9 @@ pub(crate) struct Full {
     /// When the earliest lease expires, server milliseconds (`None`: none is held).
     pub(crate) earliest_expiry_ms: Option<u64>,
     pub(crate) now_ms: u64,
+    /// When the cell's rates will have room for this request, server milliseconds: given to the
+    /// first in line (or a newcomer with nobody waiting) when the rates are short, else `None`.
+    pub(crate) ready_ms: Option<u64>,
 }
 
 impl Full {
@@ -430,6 +463,9 @@ impl Full {
                 held,
                 asked,
                 ceiling,
+                retry_in: self
+                    .ready_ms
+                    .map(|at| Duration::from_millis(at.saturating_sub(self.now_ms))),
             },
             Some(waited) => AcquireError::TimedOut {
                 waited,
@@ -495,6 +531,8 @@ pub(crate) struct SnapshotReply {
     pub(crate) reaped: u64,
     pub(crate) last_token: u64,
     pub(crate) events: u64,
+    /// With rates: tokens and requests left, the budgets, the throttle in tenths.
+    pub(crate) rates: Option<[u64; 5]>,
 }
 
 /// A policy change's answer.
@@ -513,6 +551,15 @@ pub(crate) enum PolicyReply {
 pub(crate) enum QuotaReply {
     Charged { used: u64, left: Duration },
     Over { used: u64, left: Duration },
+}
+
+/// A feedback's answer: the throttle in tenths.
+pub(crate) struct Throttled(pub(crate) u64);
+
+impl Decode for Throttled {
+    fn decode(w: &Words) -> Option<Self> {
+        (w.word(0)? == "OK").then_some(Throttled(w.int(1)?))
+    }
 }
 
 /// The init's answer: the cell exists (created now, or already there with this fingerprint).
@@ -561,6 +608,10 @@ impl Decode for AcquireReply {
                     ceiling: w.int(3)?,
                     earliest_expiry_ms: u64::try_from(expiry).ok(),
                     now_ms: w.int(5)?,
+                    ready_ms: w
+                        .word(7)
+                        .and_then(|r| r.parse::<i64>().ok())
+                        .and_then(|r| u64::try_from(r).ok()),
                 })
             }
             "NEVER" => AcquireReply::Never(match w.word(1)? {
@@ -622,6 +673,11 @@ impl Decode for SnapshotReply {
             reaped: w.int(11)?,
             last_token: w.int(12)?,
             events: w.int(13)?,
+            rates: (14..19)
+                .map(|at| w.word(at)?.parse::<f64>().ok())
+                .collect::<Option<Vec<f64>>>()
+                .filter(|r| r.iter().all(|x| *x >= 0.0))
+                .map(|r| [0, 1, 2, 3, 4].map(|i| r[i] as u64)),
         })
     }
 }
@@ -631,10 +687,12 @@ impl Decode for PolicyReply {
         Some(match w.word(0)? {
             "OK" => PolicyReply::Version(w.int(1)?),
             "INVALID" => PolicyReply::Invalid {
-                field: if w.word(1)? == "bytes" {
-                    "bytes"
-                } else {
-                    "transfers"
+                field: match w.word(1)? {
+                    "bytes" => "bytes",
+                    "transfers" => "transfers",
+                    "tokens_per_minute" => "tokens_per_minute",
+                    "requests_per_minute" => "requests_per_minute",
+                    _ => "rates",
                 },
                 value: w.int(2).unwrap_or(0),
                 max: w.int(3)?,

@@ -8,6 +8,10 @@
 //! instance wakes the one instance whose waiter it admitted, in one round trip, and no instance
 //! reads what concerns the others.
 //!
+//! A cell with rates also tells the head of its line, when the line's walk stops at it for want
+//! of rate alone, the server instant the rates will serve it (a `ready` notice): nobody else's
+//! call would grant it then, so it asks again itself at that instant.
+//!
 //! A notice names its acquisition, so reading one twice (a reader whose connection failed reads
 //! from the start again) or after its waiter left hands nothing to anyone else. When the reader
 //! fails, every local waiter asks again at once. A notice that never arrives (the server
@@ -22,7 +26,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use redis::streams::StreamReadReply;
 use sha2::{Digest, Sha256};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -47,8 +51,29 @@ pub(crate) struct Granted {
     pub(crate) time_ms: u64,
 }
 
-/// Local waiters by the nonce of their acquisition.
-type Slots = Arc<Mutex<HashMap<String, oneshot::Sender<Granted>>>>;
+/// What a notice tells a waiter.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Notice {
+    /// The hand-off granted it.
+    Granted(Granted),
+    /// It heads the line and the rates serve it at server ms `at_ms` (the notice was written
+    /// at server ms `time_ms`).
+    Ready { at_ms: u64, time_ms: u64 },
+}
+
+/// How a wait for the line ended.
+pub(crate) enum Woken {
+    Granted(Granted),
+    /// Ask again at this instant (or sooner, at the waiter's own deadlines).
+    ReadyAt(Instant),
+    /// Ask again now: the reader failed, or the wait's own deadline passed.
+    AskAgain,
+}
+
+/// Local waiters by the nonce of their acquisition. A few notices may queue for a waiter (a
+/// grant, instants); one that finds the queue full is dropped: its waiter still asks again at its
+/// own deadlines.
+type Slots = Arc<Mutex<HashMap<String, mpsc::Sender<Notice>>>>;
 
 /// The provider's instance id, its one reader (started by the first waiter) and its local
 /// waiters.
@@ -93,7 +118,7 @@ fn instance_id() -> String {
 pub(crate) struct Slot {
     slots: Slots,
     nonce: String,
-    grant: oneshot::Receiver<Granted>,
+    notices: mpsc::Receiver<Notice>,
 }
 
 impl Drop for Slot {
@@ -122,29 +147,36 @@ impl Wakeups {
 
     /// Registers the acquisition `nonce` for a grant from the line.
     pub(crate) fn register(&self, nonce: &str) -> Slot {
-        let (tx, grant) = oneshot::channel();
+        let (tx, notices) = mpsc::channel(4);
         self.slots.lock().insert(nonce.to_owned(), tx);
         Slot {
             slots: self.slots.clone(),
             nonce: nonce.to_owned(),
-            grant,
+            notices,
         }
     }
 
-    /// Waits until the reader hands `slot` its grant (returned), the reader fails, or `until`
-    /// passes (both `None`: ask again).
+    /// Waits until the reader hands `slot` a notice, the reader fails, or `until` passes.
     pub(crate) async fn wait_grant(
         &self,
         cell: &Arc<Cell>,
         slot: &mut Slot,
         until: Instant,
-    ) -> Option<Granted> {
+    ) -> Woken {
         let mut seen = self.subscribe(cell);
         let failures = seen.borrow().failures;
         tokio::select! {
-            granted = &mut slot.grant => granted.ok(),
-            _ = seen.wait_for(|s| s.failures != failures) => None,
-            () = tokio::time::sleep_until(until) => None,
+            notice = slot.notices.recv() => match notice {
+                Some(Notice::Granted(granted)) => Woken::Granted(granted),
+                // The server's instant, placed on the local clock from the notice's own time:
+                // just after it, so the rates have refilled when the call arrives.
+                Some(Notice::Ready { at_ms, time_ms }) => Woken::ReadyAt(
+                    Instant::now() + Duration::from_millis(at_ms.saturating_sub(time_ms) + 1),
+                ),
+                None => Woken::AskAgain,
+            },
+            _ = seen.wait_for(|s| s.failures != failures) => Woken::AskAgain,
+            () = tokio::time::sleep_until(until) => Woken::AskAgain,
         }
     }
 
@@ -207,16 +239,25 @@ async fn read(cell: std::sync::Weak<Cell>, key: String, slots: Slots, seen: watc
                 for record in reply.keys.into_iter().flat_map(|stream| stream.ids) {
                     last = last.max(StreamId::parse(&record.id));
                     let field = |name: &str| record.get::<String>(name).unwrap_or_default();
+                    let time_ms = field("time_ms").parse().unwrap_or(0);
+                    if let Some(at_ms) = record.get::<String>("at") {
+                        let waiter = slots.lock().get(&field("nonce")).cloned();
+                        if let Some(waiter) = waiter {
+                            let at_ms = at_ms.parse().unwrap_or(0);
+                            let _ = waiter.try_send(Notice::Ready { at_ms, time_ms });
+                        }
+                        continue;
+                    }
                     let waiter = slots.lock().remove(&field("nonce"));
                     if let Some(waiter) = waiter {
                         let numbers: Vec<String> =
                             field("occupancy").split(' ').map(str::to_string).collect();
-                        let _ = waiter.send(Granted {
+                        let _ = waiter.try_send(Notice::Granted(Granted {
                             token: field("token").parse().unwrap_or(0),
                             policy_version: field("policy").parse().unwrap_or(0),
                             occupancy: Occupancy::from_fields(&numbers),
-                            time_ms: field("time_ms").parse().unwrap_or(0),
-                        });
+                            time_ms,
+                        }));
                     }
                 }
             }

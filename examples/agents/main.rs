@@ -66,6 +66,7 @@ mod fleet;
 mod metrics;
 mod multi;
 mod progress;
+mod provider_http;
 mod provider_sim;
 mod redis_server;
 mod report;

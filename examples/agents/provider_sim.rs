@@ -18,19 +18,22 @@
 //!
 //! Nothing here sleeps: a [`Response`] carries its latency and the caller waits it out holding
 //! its grant, so async and blocking agents share one provider. Time is the run's
-//! [`ScaledClock`]; budgets are per simulated minute.
+//! [`ScaledClock`](crate::clock::ScaledClock) (any [`Clock`] reading zero at the run's start: the
+//! tests drive one by hand); budgets are per simulated minute. The provider also counts, per
+//! model, the most tokens and requests it charged within any rolling simulated minute, so a run
+//! can check the organisation's limit as the provider saw it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
+use admission_core::{Clock, Instant};
 use admission_llm::model_spec::ModelCatalog;
 use admission_llm::rate_limit_info::RateLimitInfo;
 use anyhow::{Context as _, anyhow};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::clock::ScaledClock;
 use crate::rng;
 
 /// The share of the catalog's budgets the provider really grants.
@@ -45,6 +48,8 @@ const BASE_LATENCY: Duration = Duration::from_millis(300);
 const REJECT_LATENCY: Duration = Duration::from_millis(50);
 /// How long an overloaded server takes to say so.
 const OVERLOAD_LATENCY: Duration = Duration::from_millis(800);
+/// The span of the rolling window the provider counts its charges over: a simulated minute.
+const MINUTE: Duration = Duration::from_secs(60);
 
 /// Another consumer of the same quota, active for a span of simulated time.
 #[derive(Clone, Copy, Debug)]
@@ -137,8 +142,9 @@ struct Counters {
     over_concurrency: AtomicU64,
 }
 
-/// What the provider saw of one model, for the report.
-#[derive(Clone, Debug, Default, Serialize)]
+/// What the provider saw of one model, for the report (and, as JSON, for the HTTP server's
+/// `GET /v1/stats`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UpstreamStats {
     /// Calls answered 200.
     pub accepted: u64,
@@ -155,8 +161,16 @@ pub struct UpstreamStats {
     /// Calls that arrived above the true concurrency cap (refused with 529); a client that
     /// honours its model gate causes none.
     pub over_concurrency: u64,
+    /// The most tokens charged for accepted calls within any rolling simulated minute (any
+    /// span of 60 s, charges counted at their arrival). The provider's bucket is full at the
+    /// start and refills continuously, so this may reach up to twice the true limit.
+    pub max_tokens_in_a_minute: u64,
+    /// The most calls accepted within any rolling simulated minute.
+    pub max_requests_in_a_minute: u64,
     /// The true tokens per minute.
     pub true_tokens_per_minute: u64,
+    /// The true requests per minute.
+    pub true_requests_per_minute: u64,
     /// The true concurrency cap, if any.
     pub true_max_concurrent: Option<u64>,
 }
@@ -168,6 +182,43 @@ struct Levels {
     requests: f64,
     /// Simulated seconds at which the levels were last brought up to date.
     at: f64,
+    /// The accepted calls of the last simulated minute and their largest sums.
+    minute: RollingMinute,
+}
+
+/// The accepted calls of the last simulated minute, as `(arrival, tokens charged)`, with the
+/// largest token sum and call count any minute has held. Memory is bounded by the calls one
+/// minute can accept (at most twice the true requests per minute).
+#[derive(Debug, Default)]
+struct RollingMinute {
+    calls: VecDeque<(Instant, u64)>,
+    /// The tokens of `calls`.
+    tokens: u64,
+    max_tokens: u64,
+    max_requests: u64,
+}
+
+impl RollingMinute {
+    /// Counts a call accepted at `at` (never before the last one) for `tokens`. A minute's sums
+    /// only grow at an arrival, so checking each arrival's minute `(at - 60 s, at]` sees every
+    /// rolling minute's largest.
+    fn charge(&mut self, at: Instant, tokens: u64) {
+        while let Some(&(then, charged)) = self.calls.front()
+            && at.saturating_duration_since(then) >= MINUTE
+        {
+            self.calls.pop_front();
+            self.tokens -= charged;
+        }
+        self.calls.push_back((at, tokens));
+        self.tokens += tokens;
+        self.max_tokens = self.max_tokens.max(self.tokens);
+        self.max_requests = self.max_requests.max(self.calls.len() as u64);
+    }
+
+    /// The most tokens and the most calls any rolling minute has held.
+    fn maxima(&self) -> (u64, u64) {
+        (self.max_tokens, self.max_requests)
+    }
 }
 
 #[derive(Debug)]
@@ -207,15 +258,17 @@ impl Drop for InFlight {
 /// The simulated provider.
 #[derive(Debug)]
 pub struct Provider {
-    clock: Arc<ScaledClock>,
+    /// Simulated time, zero at the run's start.
+    clock: Arc<dyn Clock>,
     seed: u64,
     upstreams: BTreeMap<String, Arc<Upstream>>,
 }
 
 impl Provider {
     /// A provider serving every model of `catalog` at [`TRUE_SHARE`] of its budgets, with
-    /// model-a's neighbour, on `clock`.
-    pub fn new(catalog: &ModelCatalog, clock: Arc<ScaledClock>, seed: u64) -> Provider {
+    /// model-a's neighbour, on `clock` (the run's scaled clock; it must read zero at the run's
+    /// start, as the neighbour's span is counted from there).
+    pub fn new(catalog: &ModelCatalog, clock: Arc<dyn Clock>, seed: u64) -> Provider {
         let upstreams = catalog
             .models
             .iter()
@@ -236,6 +289,7 @@ impl Provider {
                         tokens: limits.tokens_per_minute as f64,
                         requests: limits.requests_per_minute as f64,
                         at: 0.0,
+                        minute: RollingMinute::default(),
                     }),
                     limits,
                     counters: Counters::default(),
@@ -250,6 +304,16 @@ impl Provider {
         }
     }
 
+    /// The provider's clock: simulated time, zero at the run's start.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    /// Whether the provider serves `model`.
+    pub fn serves(&self, model: &str) -> bool {
+        self.upstreams.contains_key(model)
+    }
+
     /// Answers one call, charging it if it is accepted.
     ///
     /// # Errors
@@ -261,7 +325,8 @@ impl Provider {
             .get(request.model)
             .with_context(|| format!("the provider serves no model `{}`", request.model))?;
         let counters = &upstream.counters;
-        let t = self.clock.elapsed().as_secs_f64();
+        let now = self.clock.now();
+        let t = Duration::from_nanos(now.as_nanos()).as_secs_f64();
 
         if rng::unit(rng::hash(self.seed, &[request.key, 529])) < OVERLOAD_RATE {
             counters.overloaded.fetch_add(1, Ordering::Relaxed);
@@ -295,6 +360,7 @@ impl Provider {
         if fits {
             levels.tokens -= need;
             levels.requests -= 1.0;
+            levels.minute.charge(now, need as u64);
         }
         let token_rate = upstream.token_rate(t);
         let request_rate = upstream.request_rate();
@@ -384,6 +450,12 @@ impl Provider {
             .iter()
             .map(|(id, u)| {
                 let c = &u.counters;
+                let (max_tokens, max_requests) = u
+                    .levels
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .minute
+                    .maxima();
                 let stats = UpstreamStats {
                     accepted: c.accepted.load(Ordering::Relaxed),
                     tokens_charged: c.tokens_charged.load(Ordering::Relaxed),
@@ -392,7 +464,10 @@ impl Provider {
                     overloaded: c.overloaded.load(Ordering::Relaxed),
                     peak_in_flight: c.peak_in_flight.load(Ordering::Relaxed),
                     over_concurrency: c.over_concurrency.load(Ordering::Relaxed),
+                    max_tokens_in_a_minute: max_tokens,
+                    max_requests_in_a_minute: max_requests,
                     true_tokens_per_minute: u.limits.tokens_per_minute,
+                    true_requests_per_minute: u.limits.requests_per_minute,
                     true_max_concurrent: u.limits.max_concurrent,
                 };
                 (id.clone(), stats)

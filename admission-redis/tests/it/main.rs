@@ -8,6 +8,7 @@ mod fleet;
 mod leases;
 mod line;
 mod metrics;
+mod rates;
 mod real_time;
 mod recovery;
 mod rules;

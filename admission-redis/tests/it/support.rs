@@ -346,6 +346,7 @@ pub(crate) async fn full(
             held,
             asked,
             ceiling,
+            ..
         }) => (dimension, held, asked, ceiling),
         other => panic!("{id}: expected no room now, got {other:?}"),
     }
