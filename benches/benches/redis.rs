@@ -6,7 +6,8 @@
 //!   a function library padded to the same byte length as the lease library, with the same
 //!   seven keys and ten arguments, reading `TIME` and returning ten strings, on a connection
 //!   built the same way. Acquire is one round trip; the ratio is what the lease function's work
-//!   adds to it. After criterion's rows, `redis_acquire/interleaved` times the two in turn.
+//!   adds to it. After criterion's rows, `redis_acquire/interleaved` times the two in turn, and
+//!   `redis_acquire/rated_interleaved` a lease on a cell with rates against one without.
 //! - `redis_release/lease_release`: `release` of a held lease (the acquire before it untimed).
 //! - `redis_throughput/two_instances_x32`: 1,024 leases acquired and released by 2 provider
 //!   instances x 32 tasks, with a ceiling of 16 transfers so that tasks wait for each other;
@@ -119,6 +120,52 @@ fn interleaved(
     );
 }
 
+/// A lease on a cell with rates (budgets far above what the run spends, so every acquire is
+/// granted) against one on a cell without, in turn (20,000 pairs): what charging the rates in
+/// the same call costs (issue 24's goal: p50 within 1.2x).
+fn rated_interleaved(runtime: &tokio::runtime::Runtime, port: u16) {
+    const PAIRS: usize = 20_000;
+    let (plain, rated) = runtime.block_on(async {
+        let plain = RedisAdmission::connect(config(port, "bench-unrated", 1_000))
+            .await
+            .expect("connects");
+        let mut rated_config = config(port, "bench-rated", 1_000);
+        rated_config.rates = Some(admission_redis::Rates {
+            tokens_per_minute: 1 << 50,
+            requests_per_minute: 1 << 50,
+        });
+        let rated = RedisAdmission::connect(rated_config)
+            .await
+            .expect("connects");
+        (plain, rated)
+    });
+    let request = LeaseRequest::new("bench-lease", "tenant", "disk", 1 << 20, "upload");
+    let histogram = || {
+        hdrhistogram::Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3).expect("histogram")
+    };
+    let (mut without, mut with) = (histogram(), histogram());
+    runtime.block_on(async {
+        for _ in 0..PAIRS {
+            for (fleet, h) in [(&plain, &mut without), (&rated, &mut with)] {
+                let start = Instant::now();
+                let lease = fleet.try_acquire(&request).await.expect("fits");
+                h.saturating_record(start.elapsed().as_nanos().max(1) as u64);
+                lease.release(Outcome::Completed).await.expect("released");
+            }
+        }
+    });
+    let us = |h: &hdrhistogram::Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    println!(
+        "redis_acquire/rated_interleaved ({PAIRS} pairs): with rates p50 {:.1} us p90 {:.1} us; \
+         without p50 {:.1} us p90 {:.1} us; p50 ratio {:.2}",
+        us(&with, 0.5),
+        us(&with, 0.9),
+        us(&without, 0.5),
+        us(&without, 0.9),
+        us(&with, 0.5) / us(&without, 0.5),
+    );
+}
+
 fn benches(c: &mut Criterion) {
     let server = RedisServer::start();
     // One thread for the client side, so that neither side pays a hand-over between the
@@ -178,6 +225,7 @@ fn benches(c: &mut Criterion) {
     });
     group.finish();
     interleaved(&runtime, &fleet, &request, &manager);
+    rated_interleaved(&runtime, server.port);
 
     let mut group = c.benchmark_group("redis_release");
     group.bench_function("lease_release", |b| {
