@@ -518,7 +518,7 @@ impl RedisAdmission {
     ) -> Result<(), LeaseError> {
         let cell = &self.inner.cell;
         let deadline = tokio::time::Instant::now() + cell.config.lease_ttl;
-        give_back(cell, id, token, outcome, 0, deadline).await
+        give_back(cell, id, token, outcome, 0, None, deadline).await
     }
 
     /// Moves the cell's clock forward by `by`, as a fake clock would: expiries, quota windows

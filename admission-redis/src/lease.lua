@@ -463,6 +463,44 @@ local function call(KEYS, ARGV)
     return tonumber(first[2])
   end
 
+  -- The levels as `read` settled them, written back at now (before the throttle or a budget
+  -- changes, so what was refilled counts at the rate in force until then).
+  local function settle_rates(o)
+    local fresh = redis.call('EXISTS', occ) == 0
+    redis.call('HSET', occ, 'lt', RT - o[6], 'lr', RR - o[7], 'la', now_ms)
+    if fresh then born(occ) end
+  end
+
+  -- The rates' throttle, shared by the fleet, by the local bucket's rule: +0.5 per backpressure
+  -- increment (a 429 is one) up to 9.0; a success (`inc` 0) takes 0.2 off every third time, or
+  -- 0.5 every time once five minutes have passed without backpressure. The levels must be settled
+  -- at the old throttle before (`settle_rates`, or a `write` in the same call). Returns true when
+  -- the throttle fell (the head may be served sooner than it was told).
+  local function throttle(inc)
+    local t = redis.call('HMGET', cfg, 'ts', 'tbp')
+    local successes, last = tonumber(t[1] or '0'), tonumber(t[2] or '0')
+    local before = THR
+    if inc > 0 then
+      THR, successes, last = math.min(90, THR + 5 * inc), 0, math.max(last, now_ms)
+    elseif THR > 0 then
+      if now_ms - last >= 300000 then
+        THR, successes = math.max(0, THR - 5), 0
+      else
+        successes = successes + 1
+        if successes >= 3 then THR, successes = math.max(0, THR - 2), 0 end
+      end
+    else
+      return false
+    end
+    redis.call('HSET', cfg, 'thr', THR, 'ts', successes, 'tbp', last)
+    PER_MS = 10 / (10 + THR) / 60000
+    if THR < before then
+      c[21] = nil
+      return true
+    end
+    return false
+  end
+
   if op == 'acquire' then
     -- ARGV: 3 lease id 4 tenant 5 backend 6 footprint 7 operation 8 ttl ms 9 reap limit
     --       10 wait flag (1: join the line, with a `queued` event, when it does not fit now)
@@ -628,6 +666,8 @@ local function call(KEYS, ARGV)
   if op == 'release' then
     -- ARGV: 3 lease id 4 token 5 outcome (completed, failed, interrupted) 6 reap limit
     --       7 tokens of the footprint not used (given back to the rates; '0': none)
+    --       8 what the call under the lease said of the upstream's load, for the rates'
+    --         throttle ('': nothing, '0': a success, n: n backpressure increments)
     local id, token = ARGV[3], ARGV[4]
     reap(tonumber(ARGV[6]))
     local r = redis.call('HGET', occ, 'r:' .. id)
@@ -638,6 +678,8 @@ local function call(KEYS, ARGV)
     local current = string.sub(r, 1, string.find(r, '|', 1, true) - 1)
     if current ~= token then return touch(IDLE, {'STALE', current}) end
     settle(id, r, ARGV[5], tonumber(ARGV[7] or '0'))
+    -- `settle` wrote the levels at now: the throttle may change after it.
+    if RATED and (ARGV[8] or '') ~= '' then throttle(tonumber(ARGV[8]) or 0) end
     handoff(tonumber(ARGV[6]))
     return touch(IDLE, {'OK', now_ms})
   end
@@ -663,17 +705,6 @@ local function call(KEYS, ARGV)
       int(redis.call('XLEN', events)), rates[1], rates[2], rates[3], rates[4], rates[5]})
   end
 
-  -- The levels as `read` settled them, written back at now (before the throttle or a budget
-  -- changes, so what was refilled counts at the rate in force until then).
-  local function settle_rates(o)
-    if redis.call('EXISTS', occ) == 0 then
-      redis.call('HSET', occ, 'lt', RT - o[6], 'lr', RR - o[7], 'la', now_ms)
-      born(occ)
-    else
-      redis.call('HSET', occ, 'lt', RT - o[6], 'lr', RR - o[7], 'la', now_ms)
-    end
-  end
-
   if op == 'feedback' then
     -- ARGV: 3 backpressure increments (0: a success) 4 reap limit. The rates' throttle, shared by
     -- the fleet, by the local bucket's rule: +0.5 per increment (a 429 is one) up to 9.0; a
@@ -681,27 +712,8 @@ local function call(KEYS, ARGV)
     -- without backpressure. Reply: OK, the throttle in tenths.
     if not RATED then return touch(IDLE, {'OK', 0}) end
     local inc = tonumber(ARGV[3]) or 0
-    local t = redis.call('HMGET', cfg, 'ts', 'tbp')
-    local successes, last = tonumber(t[1] or '0'), tonumber(t[2] or '0')
-    local before = THR
-    if inc > 0 then
-      THR, successes, last = math.min(90, THR + 5 * inc), 0, math.max(last, now_ms)
-    elseif THR > 0 then
-      if now_ms - last >= 300000 then
-        THR, successes = math.max(0, THR - 5), 0
-      else
-        successes = successes + 1
-        if successes >= 3 then THR, successes = math.max(0, THR - 2), 0 end
-      end
-    end
-    if THR ~= before then settle_rates((read('', ''))) end
-    redis.call('HSET', cfg, 'thr', THR, 'ts', successes, 'tbp', last)
-    PER_MS = 10 / (10 + THR) / 60000
-    -- Relieved: the head may be served sooner than it was told.
-    if THR < before then
-      c[21] = nil
-      handoff(tonumber(ARGV[4]))
-    end
+    if inc > 0 or THR > 0 then settle_rates((read('', ''))) end
+    if throttle(inc) then handoff(tonumber(ARGV[4])) end
     return touch(IDLE, {'OK', THR})
   end
 

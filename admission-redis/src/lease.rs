@@ -16,6 +16,29 @@ use crate::request::LeaseRequest;
 use crate::script::{Answer, Cell, FencingToken, Held, Occupancy, Op, Outcome, Renewed};
 use crate::shared::Shared;
 
+/// What a call made under a lease reported, for the cell's rates
+/// ([`Lease::release_reported`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallReport {
+    /// Tokens of the lease's footprint the call spent (what the upstream charged); the rest goes
+    /// back to the rates. A call refused by the upstream spent none.
+    pub spent: u64,
+    /// What the upstream said of its load.
+    pub upstream: Upstream,
+}
+
+/// What an upstream's answer says of its load, for the rates' throttle (the local token
+/// bucket's `record_success` / `record_backpressure`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Upstream {
+    /// Nothing: a plain error, or an answer that was not about load.
+    Silent,
+    /// A success: relieves the throttle.
+    Success,
+    /// Backpressure of this weight (a 429 is 1): raises the throttle by 0.5 per step.
+    Backpressure(u32),
+}
+
 /// A fleet lease held by this process.
 ///
 /// It renews itself every `renew_every` on the runtime it was acquired on. Release it with
@@ -172,7 +195,7 @@ impl Lease {
     /// (nothing was given back twice), [`LeaseError::Unavailable`] when Redis failed (the TTL
     /// then takes the lease back).
     pub async fn release(self, outcome: Outcome) -> Result<(), LeaseError> {
-        self.give_back(outcome, 0).await
+        self.give_back(outcome, 0, None).await
     }
 
     /// Releases the lease now, recording `outcome`, and gives the tokens of its footprint it did
@@ -189,10 +212,41 @@ impl Lease {
     /// As [`release`](Lease::release).
     pub async fn release_spent(self, outcome: Outcome, spent: u64) -> Result<(), LeaseError> {
         let unused = self.entry.footprint().saturating_sub(spent);
-        self.give_back(outcome, unused).await
+        self.give_back(outcome, unused, None).await
     }
 
-    async fn give_back(mut self, outcome: Outcome, unused: u64) -> Result<(), LeaseError> {
+    /// Releases the lease now with what the call made under it reported: the tokens it spent
+    /// (the rest of the footprint goes back to the cell's rates, as with
+    /// [`release_spent`](Lease::release_spent)) and what the upstream said of its load, for the
+    /// rates' throttle, in the same call: a 429 slows the whole fleet at once, a success relieves
+    /// it, with no call of its own ([`RedisAdmission::record_429`](crate::RedisAdmission::record_429)
+    /// and [`record_success`](crate::RedisAdmission::record_success) are the same signals
+    /// without a lease). On a cell without rates only the release happens.
+    ///
+    /// # Errors
+    ///
+    /// As [`release`](Lease::release).
+    pub async fn release_reported(
+        self,
+        outcome: Outcome,
+        report: CallReport,
+    ) -> Result<(), LeaseError> {
+        let unused = self.entry.footprint().saturating_sub(report.spent);
+        let feedback = match report.upstream {
+            Upstream::Silent => None,
+            Upstream::Success => Some(0),
+            Upstream::Backpressure(0) => None,
+            Upstream::Backpressure(increments) => Some(increments),
+        };
+        self.give_back(outcome, unused, feedback).await
+    }
+
+    async fn give_back(
+        mut self,
+        outcome: Outcome,
+        unused: u64,
+        feedback: Option<u32>,
+    ) -> Result<(), LeaseError> {
         self.entry.done.store(true, Ordering::Release);
         let result = give_back(
             &self.shared.cell,
@@ -200,6 +254,7 @@ impl Lease {
             self.token,
             outcome,
             unused,
+            feedback,
             self.entry.deadline(),
         )
         .await;
@@ -221,7 +276,7 @@ impl Drop for Lease {
         self.shared.pending.spawn(&self.runtime, async move {
             let deadline = entry.deadline();
             let released =
-                give_back(&cell, &entry.id, entry.token, Outcome::Interrupted, 0, deadline);
+                give_back(&cell, &entry.id, entry.token, Outcome::Interrupted, 0, None, deadline);
             if let Err(error) = released.await {
                 tracing::debug!(%error, lease = %entry.id, operation = %entry.operation, "admission-redis: release on drop failed; the TTL takes the lease back");
             }
@@ -240,6 +295,7 @@ pub(crate) async fn give_back(
     token: FencingToken,
     outcome: Outcome,
     unused: u64,
+    feedback: Option<u32>,
     deadline: Instant,
 ) -> Result<(), LeaseError> {
     let op = Op::Release {
@@ -247,6 +303,7 @@ pub(crate) async fn give_back(
         token,
         outcome,
         unused,
+        feedback,
     };
     let called = cell.call::<Held>(&op, deadline).await?;
     match called.answer {

@@ -81,7 +81,7 @@ pub use error::{
     QuotaError, QuotaKind, Unavailable,
 };
 pub use events::{FleetEvent, read_events};
-pub use lease::Lease;
+pub use lease::{CallReport, Lease, Upstream};
 pub use local::{FleetAdmission, FleetGrant};
 pub use renewal::LossReason;
 pub use request::{LeaseRequest, hashed_id};

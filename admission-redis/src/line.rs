@@ -315,7 +315,7 @@ impl Drop for Withdraw<'_> {
                 Ok(called) => {
                     if let Answer::Reply(WithdrawReply::Granted(granted)) = called.answer {
                         let given =
-                            give_back(&cell, &id, granted.token, Outcome::Interrupted, 0, deadline);
+                            give_back(&cell, &id, granted.token, Outcome::Interrupted, 0, None, deadline);
                         if let Err(error) = given.await {
                             tracing::debug!(%error, lease = %id, "admission-redis: giving back a withdrawn grant failed; the TTL takes it back");
                         }

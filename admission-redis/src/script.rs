@@ -229,12 +229,14 @@ pub(crate) enum Op<'a> {
     Withdraw { id: &'a str, nonce: &'a str },
     /// Renews every `(id, token)` in one call.
     Renew { leases: &'a [Renewing<'a>] },
-    /// Gives a lease back, and `unused` tokens of its footprint to the cell's rates.
+    /// Gives a lease back, `unused` tokens of its footprint to the cell's rates, and what the
+    /// call under it said of the upstream's load to their throttle (`Some(0)`: a success).
     Release {
         id: &'a str,
         token: FencingToken,
         outcome: Outcome,
         unused: u64,
+        feedback: Option<u32>,
     },
     /// Backpressure for the rates' throttle: `increments` steps (a 429 is one), or a success (0).
     Feedback { increments: u32 },
@@ -350,12 +352,14 @@ impl Op<'_> {
                 token,
                 outcome,
                 unused,
+                feedback,
             } => vec![
                 id.to_string(),
                 token.0.to_string(),
                 outcome.as_str().to_string(),
                 reap,
                 unused.to_string(),
+                feedback.map_or(String::new(), |f| f.to_string()),
             ],
             Op::Feedback { increments } => vec![increments.to_string(), reap],
             Op::Rates {

@@ -7,8 +7,8 @@
 use std::time::{Duration, Instant};
 
 use admission_redis::{
-    AcquireError, Dimension, LeaseRequest, NeverReason, Outcome, PolicyError, Rates,
-    RedisAdmission, RedisAdmissionConfig,
+    AcquireError, CallReport, Dimension, LeaseRequest, NeverReason, Outcome, PolicyError, Rates,
+    RedisAdmission, RedisAdmissionConfig, Upstream,
 };
 
 use crate::support::{
@@ -363,4 +363,58 @@ async fn a_cell_without_rates_refuses_the_rate_calls() {
             .rates,
         None
     );
+}
+
+/// A release carries what its call said of the upstream, in the same call: a 429 (refused, so it
+/// spent nothing: all 300 tokens go back) raises the throttle the other instance sees to 0.5;
+/// three successes take 0.2 off; a plain error changes nothing.
+#[tokio::test]
+async fn a_release_reports_the_upstreams_answer_to_the_whole_cell() {
+    let Some((host, port)) = server("rate_reported") else {
+        return;
+    };
+    let cfg = rated(&host, port, "rate_reported", 600, 1_000);
+    let (a, b) = (connect(cfg.clone()).await, connect(cfg).await);
+    let throttle = async |fleet: &RedisAdmission| {
+        let snapshot = fleet.snapshot("org", "model").await.expect("snapshot");
+        snapshot.rates.expect("rates").throttle_tenths
+    };
+    let refused = a.try_acquire(&request("429", 300)).await.expect("fits");
+    assert!((300..=301).contains(&tokens_left(&b).await));
+    let report = CallReport {
+        spent: 0,
+        upstream: Upstream::Backpressure(1),
+    };
+    refused
+        .release_reported(Outcome::Failed, report)
+        .await
+        .expect("released");
+    assert_eq!(throttle(&b).await, 5);
+    let left = tokens_left(&b).await;
+    assert!((599..=600).contains(&left), "{left}");
+    for i in 0..3 {
+        let lease = b
+            .try_acquire(&request(&format!("ok{i}"), 10))
+            .await
+            .expect("fits");
+        let report = CallReport {
+            spent: 10,
+            upstream: Upstream::Success,
+        };
+        lease
+            .release_reported(Outcome::Completed, report)
+            .await
+            .expect("released");
+    }
+    assert_eq!(throttle(&a).await, 3);
+    let lease = a.try_acquire(&request("529", 10)).await.expect("fits");
+    let report = CallReport {
+        spent: 0,
+        upstream: Upstream::Silent,
+    };
+    lease
+        .release_reported(Outcome::Failed, report)
+        .await
+        .expect("released");
+    assert_eq!(throttle(&b).await, 3);
 }
