@@ -25,8 +25,8 @@ use std::time::Duration;
 
 use admission_llm::model_spec::{ModelCatalog, ModelSpec};
 use admission_redis::{
-    AcquireError, Ceilings, Lease, LeaseError, LeaseRequest, LossReason, Outcome, RedisAdmission,
-    RedisAdmissionConfig,
+    AcquireError, CallReport, Ceilings, Lease, LeaseError, LeaseRequest, LossReason, Outcome,
+    Rates, RedisAdmission, RedisAdmissionConfig,
 };
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
@@ -89,6 +89,7 @@ pub fn cell_config(
     cell: &str,
     ceiling: ModelCeiling,
     wait: Duration,
+    rates: Option<Rates>,
 ) -> RedisAdmissionConfig {
     let ceilings = Ceilings {
         service_bytes: ceiling.tokens,
@@ -108,15 +109,37 @@ pub fn cell_config(
         ),
     };
     config.events_max_len = EVENTS_MAX_LEN;
+    config.rates = rates;
     config.redis_wait = wait;
     config.local_timeout = wait;
     config
 }
 
+/// A model's rates as its cell carries them with `--fleet-rates on`: the catalog's tokens and
+/// requests per minute (the provider's headers correct them for the whole fleet once the first
+/// answers arrive), per minute of the run's **simulated** time. The cell refills on the Redis
+/// server's real clock, so its budgets are per real minute: `scale` times the simulated ones.
+pub fn model_rates(spec: &ModelSpec, scale: u32) -> Rates {
+    real_rates(
+        (spec.tokens_per_minute, spec.effective_requests_per_minute()),
+        scale,
+    )
+}
+
+/// `(tokens, requests)` per simulated minute as per real minute at `scale`.
+fn real_rates((tokens, requests): (u64, u64), scale: u32) -> Rates {
+    let scale = u64::from(scale.max(1));
+    Rates {
+        tokens_per_minute: tokens.saturating_mul(scale).max(1),
+        requests_per_minute: requests.saturating_mul(scale).max(1),
+    }
+}
+
 /// The cells of every model in `catalog`, connected (each created by whoever comes first).
 /// `new_cells`: the names were never used before (a run's own prefix), so a cell created now
 /// admits at once; otherwise a cell this call creates recovers first (the default: it may have
-/// been lost with leases still running, as when the server restarted empty).
+/// been lost with leases still running, as when the server restarted empty). `rates`: each cell
+/// also carries its model's rates ([`model_rates`]) at the run's time scale.
 ///
 /// # Errors
 ///
@@ -127,12 +150,14 @@ pub async fn connect_all(
     prefix: &str,
     wait: Duration,
     new_cells: bool,
+    rates: Option<u32>,
 ) -> anyhow::Result<BTreeMap<String, (RedisAdmission, ModelCeiling)>> {
     let mut cells = BTreeMap::new();
     for spec in &catalog.models {
         let ceiling = model_ceiling(spec);
         let cell = cell_name(prefix, &spec.id);
-        let mut config = cell_config(redis, &cell, ceiling, wait);
+        let rates = rates.map(|scale| model_rates(spec, scale));
+        let mut config = cell_config(redis, &cell, ceiling, wait, rates);
         config.recover_created_cells = !new_cells;
         let admission = RedisAdmission::connect(config)
             .await
@@ -165,6 +190,11 @@ pub struct Cells {
     tallies: BTreeMap<String, Tally>,
     /// The longest a lease waits, real time.
     wait: Duration,
+    /// With the models' rates in the cells: the run's time scale (the cells' budgets are per
+    /// real minute).
+    rates: Option<u32>,
+    /// Per model, the budgets last applied to its cell from the provider's headers.
+    applied: Mutex<BTreeMap<String, (u64, u64)>>,
     /// The runtime the leases live on, for agents on blocking threads.
     runtime: tokio::runtime::Handle,
     /// Per job, the wall-clock deadline (ms) of its last lease wait that failed: a failed wait
@@ -172,6 +202,14 @@ pub struct Cells {
     failed_waits: Mutex<HashMap<String, u64>>,
     /// The jobs that timed out or failed.
     ends: Mutex<Vec<JobEnd>>,
+}
+
+/// What a step's call tells its model's cell: what to release the lease with, and the budgets the
+/// provider's headers reported (tokens and requests per minute), if they did.
+#[derive(Clone, Copy, Debug)]
+pub struct StepReport {
+    pub call: CallReport,
+    pub limits: Option<(u64, u64)>,
 }
 
 /// A step's lease; give it back with [`Cells::release`].
@@ -254,9 +292,10 @@ impl Cells {
         redis: &FleetRedis,
         prefix: &str,
         wait: Duration,
+        rates: Option<u32>,
     ) -> anyhow::Result<Cells> {
         // The parent created the run's cells; one created again now was lost mid-run.
-        let cells = connect_all(catalog, redis, prefix, wait, false).await?;
+        let cells = connect_all(catalog, redis, prefix, wait, false, rates).await?;
         let tallies = cells
             .keys()
             .map(|m| (m.clone(), Tally::default()))
@@ -266,6 +305,8 @@ impl Cells {
             cells,
             tallies,
             wait,
+            rates,
+            applied: Mutex::new(BTreeMap::new()),
             runtime: tokio::runtime::Handle::current(),
             failed_waits: Mutex::new(HashMap::new()),
             ends: Mutex::new(Vec::new()),
@@ -366,17 +407,31 @@ impl Cells {
             .block_on(self.acquire(stop, clock, job, step_index, attempt, step))
     }
 
-    /// Gives a step's lease back, recording whether the attempt went on (`completed`) or ended
-    /// its job (`failed`).
-    pub async fn release(&self, lease: StepLease, completed: bool) {
-        let outcome = if completed {
-            Outcome::Completed
-        } else {
-            Outcome::Failed
-        };
+    /// Gives a step's lease back: `Some` when the attempt went on (`completed`), with what its
+    /// call, if it made one, reported (the tokens the provider charged, the rest going back to a
+    /// cell's rate, and the provider's load signal for the cell's throttle); `None` when the
+    /// attempt ended its job (`failed`). With rates, budgets the provider's headers report that
+    /// differ from the ones last applied become the cell's, for every member.
+    pub async fn release(&self, lease: StepLease, report: Option<Option<StepReport>>) {
         let StepLease { model, lease, held } = lease;
         drop(held); // the work under the lease is over
-        let released = lease.release(outcome).await;
+        if let Some(Some(StepReport {
+            limits: Some(limits),
+            ..
+        })) = report
+        {
+            self.apply_limits(model, limits).await;
+        }
+        let released = match report {
+            Some(Some(report)) => {
+                lease
+                    .release_reported(Outcome::Completed, report.call)
+                    .await
+            }
+            // No call was made: nothing was spent upstream.
+            Some(None) => lease.release_spent(Outcome::Completed, 0).await,
+            None => lease.release(Outcome::Failed).await,
+        };
         let Some(tally) = self.tallies.get(model) else {
             return;
         };
@@ -394,8 +449,36 @@ impl Cells {
     }
 
     /// [`release`](Cells::release) for an agent on a blocking thread.
-    pub fn release_blocking(&self, lease: StepLease, completed: bool) {
-        self.runtime.block_on(self.release(lease, completed));
+    pub fn release_blocking(&self, lease: StepLease, report: Option<Option<StepReport>>) {
+        self.runtime.block_on(self.release(lease, report));
+    }
+
+    /// Makes `(tokens, requests)` per minute the budgets of `model`'s cell unless they are the
+    /// ones this member applied last (the cell ignores the same budgets again anyway: this
+    /// only saves the call).
+    async fn apply_limits(&self, model: &str, limits: (u64, u64)) {
+        let Some(scale) = self.rates.filter(|_| limits.0 > 0 && limits.1 > 0) else {
+            return;
+        };
+        let Some((cell, _)) = self.cells.get(model) else {
+            return;
+        };
+        {
+            let Ok(mut applied) = self.applied.lock() else {
+                return;
+            };
+            if applied.get(model) == Some(&limits) {
+                return;
+            }
+            applied.insert(model.to_owned(), limits);
+        }
+        let real = real_rates(limits, scale);
+        let updated = cell
+            .update_rates(real.tokens_per_minute, real.requests_per_minute)
+            .await;
+        if let Err(error) = updated {
+            tracing::debug!(%error, model, "the provider's limits were not applied to the cell");
+        }
     }
 
     /// Waits until the releases and withdrawals spawned for dropped leases and lease waits
@@ -493,12 +576,40 @@ mod tests {
             "agents-7-model-a",
             ceiling("model-a"),
             Duration::from_secs(6),
+            None,
         );
         assert!(config.validate().is_ok());
         assert_eq!(config.ceilings.service_bytes, 10_416);
         assert_eq!(config.ceilings.backend_transfers, 7);
         assert!(config.cluster_nodes.is_empty());
         assert_eq!((config.host.as_str(), config.port), ("127.0.0.1", 6379));
+    }
+
+    #[test]
+    fn a_cells_rates_are_the_catalogs_per_real_minute() {
+        let catalog = ModelCatalog::from_toml(crate::CATALOG).unwrap();
+        let spec = catalog.models.iter().find(|m| m.id == "model-a").unwrap();
+        // model-a: 125,000 tokens and 150 requests a simulated minute; at a scale of 300 a real
+        // minute holds 300 simulated ones.
+        assert_eq!(
+            model_rates(spec, 300),
+            Rates {
+                tokens_per_minute: 37_500_000,
+                requests_per_minute: 45_000
+            }
+        );
+        assert_eq!(model_rates(spec, 1).tokens_per_minute, 125_000);
+        let server = FleetRedis::Server("127.0.0.1:6379".parse().unwrap());
+        let ceiling = model_ceiling(spec);
+        let config = cell_config(
+            &server,
+            "c",
+            ceiling,
+            Duration::from_secs(6),
+            Some(model_rates(spec, 60)),
+        );
+        assert!(config.validate().is_ok());
+        assert_eq!(config.rates.map(|r| r.requests_per_minute), Some(9_000));
     }
 
     #[test]
@@ -513,7 +624,7 @@ mod tests {
             requests: 7,
         };
         let wait = Duration::from_secs(12);
-        let config = cell_config(&cluster, "agents-7-model-a", ceiling, wait);
+        let config = cell_config(&cluster, "agents-7-model-a", ceiling, wait, None);
         assert!(config.validate().is_ok());
         assert_eq!(
             config.cluster_nodes,
@@ -531,6 +642,7 @@ mod tests {
             "agents-7-model-a",
             ceiling,
             wait,
+            None,
         );
         assert_eq!(
             (

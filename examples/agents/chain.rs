@@ -111,16 +111,15 @@ async fn job_steps(world: &World, chain: &Chain, job: &JobPlan) -> JobOutcome {
                 Ok(held) => held,
                 Err(outcome) => return outcome,
             };
-            let response = match world.call(job, index, attempt, step) {
+            // The server holds the answer for the call's latency, every permit held meanwhile.
+            let response = match world.call(job, index, attempt, step).await {
                 Ok(response) => response,
                 Err(error) => return JobOutcome::Failed(format!("{error:#}")),
             };
-            clock.sleep(response.latency).await;
             let next = world.feedback(job.model, &response, attempt);
             if next == Next::Done {
                 clock.sleep(step.tool_time).await;
             }
-            drop(response);
             held.holding.leave();
             add_duration(
                 &world.metrics.http_held_ns,

@@ -22,11 +22,12 @@ use std::time::Duration;
 use admission_core::{AdmitError, Grant, JobContext, Monitor};
 use admission_db::r2d2_sqlite::SqliteHandle;
 
-use crate::provider_sim::Response;
+use crate::cells::StepReport;
+use crate::provider_http::HttpAnswer;
 use crate::results::Results;
 use crate::stats::{Holding, JobOutcome, add_duration};
 use crate::workload::{JobPlan, StepPlan};
-use crate::world::{Next, World, result_row};
+use crate::world::{Next, World, result_row, step_report};
 
 /// What an admission error means for the job.
 enum Failure {
@@ -50,29 +51,38 @@ fn classify(error: AdmitError) -> Failure {
 
 /// What happened to one admitted attempt, once its grant is given back.
 enum Attempt {
-    Next(Next),
+    Next(Stepped),
     Fail(JobOutcome),
 }
 
-/// The part of an attempt between the grant and the call's answer, the same for both APIs:
-/// record the wait, enter the gauges, send the call. Returns the answer and the holding.
-fn start_call<'w>(
-    world: &'w World,
-    job: &JobPlan,
-    step_index: usize,
-    attempt: u32,
-    step: &StepPlan,
-    grant: &Grant,
-) -> Result<(Response, Holding<'w>, Duration), JobOutcome> {
+/// An attempt that went on: what the job does next, and what the call (if one was made) tells
+/// the fleet's cell of its model when the step's lease is released.
+pub struct Stepped {
+    pub next: Next,
+    pub report: Option<StepReport>,
+}
+
+impl Stepped {
+    /// An attempt that made no call (an open circuit refused it).
+    fn without_call(next: Next) -> Stepped {
+        Stepped { next, report: None }
+    }
+}
+
+/// The part of an attempt between the grant and the call, the same for both APIs: record the
+/// wait, enter the gauges. Returns the holding and when the grant came.
+fn begin_call<'w>(world: &'w World, job: &JobPlan, grant: &Grant) -> (Holding<'w>, Duration) {
     world.metrics.record_wait(job.model, grant.wall_wait());
     let granted_at = world.now();
     let holding = world
         .metrics
         .hold(grant.entries().iter().map(|e| e.account().name()));
-    match world.call(job, step_index, attempt, step) {
-        Ok(response) => Ok((response, holding, granted_at)),
-        Err(error) => Err(JobOutcome::Failed(format!("{error:#}"))),
-    }
+    (holding, granted_at)
+}
+
+/// A call that could not be made (the provider unreachable): the job fails.
+fn call_failed(error: anyhow::Error) -> JobOutcome {
+    JobOutcome::Failed(format!("{error:#}"))
 }
 
 /// Runs one agent as a tokio task.
@@ -118,11 +128,11 @@ async fn job_steps(
                 match monitor.admit(demand, ctx, timeout).await {
                     Ok(grant) => {
                         match attempt_call(world, job, index, attempt, step, grant).await {
-                            Attempt::Next(next) => Ok(next),
+                            Attempt::Next(stepped) => Ok(stepped),
                             Attempt::Fail(outcome) => Err(outcome),
                         }
                     }
-                    Err(error) => refused(world, job, error),
+                    Err(error) => refused(world, job, error).map(Stepped::without_call),
                 }
             };
             // A step stops when its fleet lease is lost: what it holds may be someone else's
@@ -140,10 +150,11 @@ async fn job_steps(
                 None => work.await,
             };
             if let (Some(cells), Some(lease)) = (&world.cells, lease) {
-                cells.release(lease, result.is_ok()).await;
+                let report = result.as_ref().ok().map(|s| s.report);
+                cells.release(lease, report).await;
             }
             let next = match result {
-                Ok(next) => next,
+                Ok(stepped) => stepped.next,
                 Err(outcome) => return outcome,
             };
             match retry(world, &mut attempt, next) {
@@ -172,12 +183,12 @@ async fn attempt_call(
         Ok(db) => db,
         Err(outcome) => return Attempt::Fail(outcome),
     };
-    let (response, holding, granted_at) = match start_call(world, job, index, attempt, step, &grant)
-    {
-        Ok(started) => started,
-        Err(outcome) => return Attempt::Fail(outcome),
+    let (holding, granted_at) = begin_call(world, job, &grant);
+    // The server holds the answer for the call's latency: the grant is held meanwhile.
+    let response: HttpAnswer = match world.call(job, index, attempt, step).await {
+        Ok(response) => response,
+        Err(error) => return Attempt::Fail(call_failed(error)),
     };
-    world.clock.sleep(response.latency).await;
     let next = world.feedback(job.model, &response, attempt);
     if next == Next::Done {
         world.clock.sleep(step.tool_time).await;
@@ -191,14 +202,17 @@ async fn attempt_call(
             return Attempt::Fail(outcome);
         }
     }
-    drop(response);
+    let report = step_report(&response);
     holding.leave();
     add_duration(
         &world.metrics.http_held_ns,
         world.now().saturating_sub(granted_at),
     );
     drop(grant); // the connection, the gate slot and the database permit come back
-    Attempt::Next(next)
+    Attempt::Next(Stepped {
+        next,
+        report: Some(report),
+    })
 }
 
 /// The step's results connection, checked out of the provider under the grant's permit on a
@@ -307,10 +321,11 @@ fn job_steps_blocking(
                 ),
             };
             if let (Some(cells), Some(lease)) = (&world.cells, lease) {
-                cells.release_blocking(lease, result.is_ok());
+                let report = result.as_ref().ok().map(|s| s.report);
+                cells.release_blocking(lease, report);
             }
             let next = match result {
-                Ok(next) => next,
+                Ok(stepped) => stepped.next,
                 Err(outcome) => return outcome,
             };
             match retry(world, &mut attempt, next) {
@@ -340,11 +355,11 @@ fn attempt_blocking(
     step: &StepPlan,
     demand: admission_core::Demand,
     timeout: Option<Duration>,
-) -> Result<Next, JobOutcome> {
+) -> Result<Stepped, JobOutcome> {
     let clock = &world.clock;
     let grant = match monitor.admit_blocking(demand, ctx, timeout) {
         Ok(grant) => grant,
-        Err(error) => return refused(world, job, error),
+        Err(error) => return refused(world, job, error).map(Stepped::without_call),
     };
     let db = match world.results.as_ref().filter(|_| step.uses_db) {
         Some(results) => match results.open() {
@@ -353,8 +368,10 @@ fn attempt_blocking(
         },
         None => None,
     };
-    let (response, holding, granted_at) = start_call(world, job, index, attempt, step, &grant)?;
-    std::thread::sleep(clock.to_real(response.latency));
+    let (holding, granted_at) = begin_call(world, job, &grant);
+    let response = world
+        .call_blocking(job, index, attempt, step)
+        .map_err(call_failed)?;
     let next = world.feedback(job.model, &response, attempt);
     if next == Next::Done {
         std::thread::sleep(clock.to_real(step.tool_time));
@@ -363,12 +380,15 @@ fn attempt_blocking(
         let row = result_row(job, index, attempt, step, &response, world.now());
         count_stored(world, results.store(handle, &row))?;
     }
-    drop(response);
+    let report = step_report(&response);
     holding.leave();
     add_duration(
         &world.metrics.http_held_ns,
         world.now().saturating_sub(granted_at),
     );
     drop(grant);
-    Ok(next)
+    Ok(Stepped {
+        next,
+        report: Some(report),
+    })
 }

@@ -242,6 +242,26 @@ struct Args {
     /// Internal: the prefix of the fleet's cell names (the parent passes it).
     #[arg(long, hide = true, value_name = "PREFIX", requires = "fleet_member")]
     cell: Option<String>,
+
+    /// With --fleet: whether each model's cell also carries the model's tokens and requests per
+    /// minute, shared by every process (`on`), or each process keeps only its own bucket of the
+    /// model's whole rate (`off`, as before: N processes may spend N times the organisation's
+    /// limit).
+    #[arg(long, value_enum, value_name = "ON|OFF", default_value_t = FleetRates::On, requires = "fleet")]
+    fleet_rates: FleetRates,
+
+    /// Internal: the fleet's provider, served by the parent (its URL).
+    #[arg(long, hide = true, value_name = "URL", requires = "fleet_member")]
+    provider_url: Option<String>,
+}
+
+/// Whether a fleet shares the models' rates in their cells.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FleetRates {
+    /// Each cell carries its model's tokens and requests per minute.
+    On,
+    /// Each process keeps its own bucket of the whole rate.
+    Off,
 }
 
 impl Args {
@@ -308,8 +328,9 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
         let cells = match (member, args.fleet_redis(), &args.cell) {
             (Some(index), Some(redis), Some(prefix)) => {
                 let wait = multi::lease_wait(args.admit_timeout, args.time_scale);
+                let rates = (args.fleet_rates == FleetRates::On).then_some(args.time_scale);
                 Some(Arc::new(
-                    Cells::connect(index, &catalog, &redis, prefix, wait).await?,
+                    Cells::connect(index, &catalog, &redis, prefix, wait, rates).await?,
                 ))
             }
             _ => None,
@@ -338,6 +359,7 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
             interrupt: interrupt.clone(),
             run_timeout: Duration::from_secs(args.run_timeout),
             cells: cells.clone(),
+            provider_url: args.provider_url.clone(),
             metrics: serving.as_ref().map(|serving| serving.sink.clone()),
         };
         let mut summaries = Vec::new();

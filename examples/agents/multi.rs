@@ -35,8 +35,12 @@ use admission_redis::{RedisAdmission, read_events};
 use anyhow::{Context as _, anyhow, bail};
 use serde::{Deserialize, Serialize};
 
+use crate::FleetRates;
 use crate::cells::{self, CellReading, ModelCeiling};
 use crate::chaos::{self, Fault, Hold, Injector, JobEnd, Judged, Outage, Targets};
+use crate::clock::ScaledClock;
+use crate::provider_http::{ProviderClient, ProviderServer};
+use crate::provider_sim::{Provider, UpstreamStats};
 use crate::redis_server::{self, ClusterNodes, Endpoint, FleetRedis, PrivateRedis};
 use crate::report::RunSummary;
 use crate::say;
@@ -330,6 +334,7 @@ pub fn member_args(
     redis: &FleetRedis,
     prefix: &str,
     out_dir: &Path,
+    provider_url: &str,
 ) -> Vec<String> {
     let (flag, place) = match redis {
         FleetRedis::Server(endpoint) => ("--redis", endpoint.to_string()),
@@ -350,6 +355,14 @@ pub fn member_args(
         args.seed.wrapping_add(u64::from(index)).to_string(),
         "--out-dir".to_owned(),
         out_dir.display().to_string(),
+        "--provider-url".to_owned(),
+        provider_url.to_owned(),
+        "--fleet-rates".to_owned(),
+        match args.fleet_rates {
+            FleetRates::On => "on",
+            FleetRates::Off => "off",
+        }
+        .to_owned(),
     ];
     if let Some(steps) = args.steps {
         out.extend(["--steps".to_owned(), steps.to_string()]);
@@ -486,7 +499,20 @@ pub fn run_fleet(
     // The run's cells are new (its own prefix): nothing can hold a lease of them yet, so the
     // parent creates them admitting at once; members keep the default and recover a cell that
     // is created again mid-run (a server restarted empty).
-    let cells = runtime.block_on(cells::connect_all(catalog, &redis, &prefix, wait, true))?;
+    let rates = (args.fleet_rates == FleetRates::On).then_some(args.time_scale);
+    let cells = runtime.block_on(cells::connect_all(
+        catalog, &redis, &prefix, wait, true, rates,
+    ))?;
+    // One provider for the whole fleet, as an organisation has: its limits hold across every
+    // member's calls. Its clock starts now; the members' run at the same scale.
+    let provider_started = Instant::now();
+    let provider = runtime
+        .block_on(ProviderServer::start(std::sync::Arc::new(Provider::new(
+            catalog,
+            ScaledClock::new(args.time_scale),
+            args.seed,
+        ))))
+        .context("serving the fleet's provider")?;
     let lease_ttl = cells
         .values()
         .next()
@@ -516,7 +542,7 @@ pub fn run_fleet(
     let mut members = Vec::new();
     for index in 0..n {
         let dir = fleet_dir.join(format!("member-{index}"));
-        let args = member_args(args, n, index, &redis, &prefix, &dir);
+        let args = member_args(args, n, index, &redis, &prefix, &dir, provider.url());
         match start_member(&exe, args, index, &fleet_dir) {
             Ok(member) => members.push(member),
             Err(error) => {
@@ -683,9 +709,23 @@ pub fn run_fleet(
     drop(cells);
     drop(private); // the private server stops here
     drop(cluster); // and the private cluster
+    let simulated = provider_started
+        .elapsed()
+        .mul_f64(f64::from(args.time_scale.max(1)));
+    let upstream = ProviderClient::new(provider.url(), 1)
+        .and_then(|client| runtime.block_on(client.stats()));
+    if let Err(error) = runtime.block_on(provider.shutdown()) {
+        notes.push(format!(
+            "the fleet's provider did not stop cleanly: {error:#}"
+        ));
+    }
 
     let totals = model_totals(&reports);
     say(&render(&reports, &totals, &after, &script_calls, n));
+    match &upstream {
+        Ok(stats) => say(&organisation_table(stats, simulated, args.fleet_rates)),
+        Err(error) => problems.push(format!("the provider's stats could not be read: {error:#}")),
+    }
     for member in &members {
         say(&format!(
             "process {}'s own report: {}",
@@ -748,6 +788,59 @@ pub fn run_fleet(
         }
         Ok(false)
     }
+}
+
+/// What the fleet's one provider saw, per model: the organisation's limits against what the whole
+/// fleet spent, and how often it refused.
+pub fn organisation_table(
+    stats: &BTreeMap<String, UpstreamStats>,
+    simulated: Duration,
+    rates: FleetRates,
+) -> String {
+    let minutes = simulated.as_secs_f64() / 60.0;
+    let mut out = format!(
+        "== the organisation at the provider ({} simulated minutes; fleet rates {}) ==\n",
+        format_args!("{minutes:.1}"),
+        match rates {
+            FleetRates::On => "on: every cell carries its model's rates",
+            FleetRates::Off => "off: each process keeps its own bucket of the whole rate",
+        }
+    );
+    let _ = writeln!(
+        out,
+        "{:<10} {:>10} {:>12} {:>9} {:>14} {:>8} {:>8} {:>8} {:>7}",
+        "model",
+        "limit tpm",
+        "achieved tpm",
+        "of limit",
+        "most in a min",
+        "calls",
+        "429",
+        "529",
+        "429 %"
+    );
+    for (model, s) in stats {
+        let achieved = if minutes > 0.0 {
+            s.tokens_charged as f64 / minutes
+        } else {
+            0.0
+        };
+        let asked = s.accepted + s.rate_limited + s.overloaded;
+        let _ = writeln!(
+            out,
+            "{:<10} {:>10} {:>12.0} {:>8.1}% {:>14} {:>8} {:>8} {:>8} {:>6.2}%",
+            model,
+            s.true_tokens_per_minute,
+            achieved,
+            100.0 * achieved / s.true_tokens_per_minute.max(1) as f64,
+            s.max_tokens_in_a_minute,
+            s.accepted,
+            s.rate_limited,
+            s.overloaded,
+            100.0 * s.rate_limited as f64 / asked.max(1) as f64,
+        );
+    }
+    out
 }
 
 /// Starts member `index` with `args`, its stdin a pipe from this process and its output in
@@ -1493,11 +1586,21 @@ mod tests {
             port: 6400,
         };
         let server = FleetRedis::Server(endpoint.clone());
-        let line = member_args(&args, 3, 2, &server, "agents-1-2", Path::new("/o/m2")).join(" ");
+        let line = member_args(
+            &args,
+            3,
+            2,
+            &server,
+            "agents-1-2",
+            Path::new("/o/m2"),
+            "http://127.0.0.1:9",
+        )
+        .join(" ");
         assert_eq!(
             line,
             "--fleet 3 --fleet-member 2 --redis 127.0.0.1:6400 --cell agents-1-2 --jobs 3 \
-             --seed 9 --out-dir /o/m2 --steps 2 --time-scale 60 --blocking-percent 10 --http 9 \
+             --seed 9 --out-dir /o/m2 --provider-url http://127.0.0.1:9 --fleet-rates on \
+             --steps 2 --time-scale 60 --blocking-percent 10 --http 9 \
              --db 8 --search-per-minute 40 --retries 5 --admit-timeout 1800 --run-timeout 300"
         );
         // The member's own command line parses back.
@@ -1532,7 +1635,16 @@ mod tests {
         assert_eq!(args.redis, None);
         let cluster = FleetRedis::Cluster(nodes);
         assert_eq!(args.fleet_redis(), Some(cluster.clone()));
-        let line = member_args(&args, 2, 1, &cluster, "p", Path::new("/o/m1")).join(" ");
+        let line = member_args(
+            &args,
+            2,
+            1,
+            &cluster,
+            "p",
+            Path::new("/o/m1"),
+            "http://127.0.0.1:9",
+        )
+        .join(" ");
         assert!(
             line.starts_with(
                 "--fleet 2 --fleet-member 1 --redis-cluster 127.0.0.1:7000,127.0.0.1:7001 --cell p "
@@ -1646,6 +1758,7 @@ mod tests {
             &FleetRedis::Server(endpoint),
             "p",
             Path::new("/o"),
+            "http://127.0.0.1:9",
         )
         .join(" ");
         assert!(!line.contains("chaos"), "{line}");

@@ -129,13 +129,6 @@ pub struct ProviderServer {
     task: Option<JoinHandle<std::io::Result<()>>>,
 }
 
-#[cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "wired into the fleet in the next step of issue 24"
-    )
-)]
 impl ProviderServer {
     /// Serves `provider` on `127.0.0.1:0` from the current tokio runtime.
     ///
@@ -181,11 +174,13 @@ impl ProviderServer {
         &self.url
     }
 
+    #[cfg_attr(not(test), expect(dead_code, reason = "read by the tests"))]
     /// The server's address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
 
+    #[cfg_attr(not(test), expect(dead_code, reason = "read by the tests"))]
     /// The count of calls the provider has answered (charged or refused), raised as each answer
     /// is decided, before it is held for its latency: a test waits on it to know a call has
     /// been charged.
@@ -356,27 +351,24 @@ impl HttpBody for HeldBody {
 
 /// One answer as a client reads it off the wire.
 #[derive(Clone, Debug)]
-#[cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "wired into the fleet in the next step of issue 24"
-    )
-)]
 pub struct HttpAnswer {
     /// The HTTP status: 200, 429 or 529.
     pub status: Status,
     /// The rate-limit headers as the provider layer reads them: a 429's as a rate-limited
     /// reading (with its `retry-after`), any other answer's as a capacity reading.
     pub rate_limit: RateLimitInfo,
+    #[cfg_attr(not(test), expect(dead_code, reason = "read by the tests"))]
     /// The response's headers as they arrived.
     pub headers: HeaderMap,
+    #[cfg_attr(not(test), expect(dead_code, reason = "read by the tests"))]
     /// Tokens the model generated (zero unless the call ran).
     pub output_tokens: u64,
     /// Tokens the provider charged (zero unless the call ran).
     pub charged_tokens: u64,
+    #[cfg_attr(not(test), expect(dead_code, reason = "read by the tests"))]
     /// The simulated time the server held the answer.
     pub latency: Duration,
+    #[cfg_attr(not(test), expect(dead_code, reason = "read by the tests"))]
     /// When the call arrived, on the provider's clock.
     pub at: Instant,
 }
@@ -390,13 +382,6 @@ pub struct ProviderClient {
     stats: Uri,
 }
 
-#[cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "wired into the fleet in the next step of issue 24"
-    )
-)]
 impl ProviderClient {
     /// A client of the server at `url` (`http://HOST:PORT`), keeping at most `max_idle` idle
     /// connections open between calls (for 30 s each). Calls need a tokio runtime.

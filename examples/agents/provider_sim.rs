@@ -26,11 +26,10 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use admission_core::{Clock, Instant};
 use admission_llm::model_spec::ModelCatalog;
-use admission_llm::rate_limit_info::RateLimitInfo;
 use anyhow::{Context as _, anyhow};
 use serde::{Deserialize, Serialize};
 
@@ -112,21 +111,6 @@ pub struct Response {
     pub latency: Duration,
     /// Keeps the call counted as in flight until the response is dropped.
     _in_flight: Option<InFlight>,
-}
-
-impl Response {
-    /// The headers as the provider layer reads them: a 429's as a rate-limited reading (with
-    /// its `retry-after`), any other answer's as a capacity reading.
-    pub fn rate_limit_info(&self, model: &str) -> RateLimitInfo {
-        let pairs = self.headers.iter().map(|(n, v)| (*n, v.as_str()));
-        // The simulated resets and retry-afters are durations, never dates: the wall clock is
-        // only what a date would be measured from.
-        let now = SystemTime::now();
-        match self.status {
-            Status::RateLimited => RateLimitInfo::rate_limited_from_pairs(model, pairs, now),
-            Status::Ok | Status::Overloaded => RateLimitInfo::from_pairs(model, pairs, now),
-        }
-    }
 }
 
 /// Per-model counters, read by the report.
@@ -509,6 +493,7 @@ mod tests {
 
     #[test]
     fn reset_values_are_go_durations_the_provider_layer_reads_back() {
+        use admission_llm::rate_limit_info::RateLimitInfo;
         for (d, text) in [
             (Duration::from_millis(20), "20ms"),
             (Duration::from_secs(6), "6s"),

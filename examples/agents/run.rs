@@ -64,6 +64,9 @@ pub struct Input<'a> {
     pub run_timeout: Duration,
     /// The fleet's cells, when this process is a member of a `--fleet` run.
     pub cells: Option<Arc<Cells>>,
+    /// The fleet's provider (its parent serves it), when this process is a member; a run
+    /// without one serves its own.
+    pub provider_url: Option<String>,
     /// With `--metrics`: the sink recording the monitor's events for the Prometheus endpoint.
     pub metrics: Option<Arc<admission_events::MetricsSink>>,
 }
@@ -96,14 +99,18 @@ pub async fn run(strategy: Strategy, input: &Input<'_>) -> anyhow::Result<RunSum
     // The monitor run stores its results in a fresh SQLite database; the chain keeps a plain
     // semaphore for its database permits.
     let results_path = input.out_dir.join("results.sqlite");
-    let world = Arc::new(World::new(
-        input.catalog,
-        input.plan,
-        input.settings.clone(),
-        (strategy == Strategy::Monitor).then_some(results_path.as_path()),
-        stop.clone(),
-        input.cells.clone(),
-    )?);
+    let world = Arc::new(
+        World::new(
+            input.catalog,
+            input.plan,
+            input.settings.clone(),
+            (strategy == Strategy::Monitor).then_some(results_path.as_path()),
+            stop.clone(),
+            input.cells.clone(),
+            input.provider_url.as_deref(),
+        )
+        .await?,
+    );
     let started = std::time::Instant::now();
     let mut jobs = JoinSet::new();
 
@@ -256,9 +263,16 @@ pub async fn run(strategy: Strategy, input: &Input<'_>) -> anyhow::Result<RunSum
         }
         None => None,
     };
+    // What the provider saw (the fleet's, in a fleet member: every member's calls).
+    let upstream = world
+        .upstream
+        .stats()
+        .await
+        .context("reading the provider's stats")?;
     let mut summary = summarize(
         strategy,
         &world,
+        &upstream,
         input,
         &timeline,
         &after,
@@ -477,6 +491,7 @@ fn permits_in_use(world: &World, setup: &Setup) -> BTreeMap<String, u64> {
 fn summarize(
     strategy: Strategy,
     world: &World,
+    upstream: &BTreeMap<String, crate::provider_sim::UpstreamStats>,
     input: &Input<'_>,
     timeline: &Timeline,
     after: &BTreeMap<String, u64>,
@@ -537,7 +552,7 @@ fn summarize(
         waits: report::wait_rows(&metrics.waits()),
         models: report::model_rows(
             &catalog_tpm,
-            &world.provider.stats(),
+            upstream,
             &tallies,
             &timeline.throttle_peaks(),
         ),

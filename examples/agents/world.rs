@@ -1,7 +1,14 @@
 //! [`World`]: everything one run shares — the scaled clock, the provider layer's [`Registry`]
 //! built from the catalog, the results database (under the monitor), the search API's fixed
-//! window, the simulated provider and the counters — and the steps both strategies take the same way: building a
-//! step's demand, making the call, and feeding the answer back to the registry.
+//! window, the simulated provider over HTTP and the counters — and the steps both strategies
+//! take the same way: building a step's demand, making the call, and feeding the answer back to
+//! the registry.
+//!
+//! The provider is a real HTTP server on loopback (`provider_http.rs`): this run's own, or, in a
+//! fleet member, the one the fleet's parent serves to every member, so that one organisation's
+//! limits are enforced across all its processes. Calls go through a real HTTP client whose
+//! connections are at most the `http` gate's, and the answer's real headers are read with
+//! `RateLimitInfo::from_headers`.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -12,11 +19,13 @@ use admission_accounts::FixedWindow;
 use admission_core::{Amount, Clock, Demand};
 use admission_llm::model_spec::ModelCatalog;
 use admission_llm::provider::Registry;
+use admission_redis::{CallReport, Upstream};
 use anyhow::Context as _;
 
-use crate::cells::Cells;
+use crate::cells::{Cells, StepReport};
 use crate::clock::ScaledClock;
-use crate::provider_sim::{Provider, Request, Response, Status};
+use crate::provider_http::{HttpAnswer, ProviderClient, ProviderServer};
+use crate::provider_sim::{Provider, Request, Status};
 use crate::results::{Results, Row};
 use crate::rng;
 use crate::stats::{Gauge, Metrics};
@@ -66,8 +75,13 @@ pub struct World {
     pub clock: Arc<ScaledClock>,
     /// The provider layer: buckets, model gates, windows, the HTTP gate.
     pub registry: Registry,
-    /// The simulated upstream.
-    pub provider: Provider,
+    /// The simulated upstream, over HTTP.
+    pub upstream: ProviderClient,
+    /// This run's own provider server, served while the world lives (none in a fleet member:
+    /// the parent's serves the fleet).
+    _server: Option<ProviderServer>,
+    /// The runtime the HTTP client lives on, for agents on blocking threads.
+    runtime: tokio::runtime::Handle,
     /// The results database, whose provider's gate is the database part of a demand (monitor
     /// runs; the hold-and-wait chain keeps a plain semaphore instead).
     pub results: Option<Arc<Results>>,
@@ -83,19 +97,21 @@ pub struct World {
 }
 
 impl World {
-    /// A fresh world: new clock (simulated time zero now), new limiters, a new provider.
+    /// A fresh world: new clock (simulated time zero now), new limiters, and the provider at
+    /// `provider_url`, or a new one served by this run when there is none.
     ///
     /// # Errors
     ///
-    /// When the catalog or a setting is refused by the limiters, or the results database at
-    /// `results_path` cannot be created.
-    pub fn new(
+    /// When the catalog or a setting is refused by the limiters, the results database at
+    /// `results_path` cannot be created, or the provider cannot be served or reached.
+    pub async fn new(
         catalog: &ModelCatalog,
         plan: &[Arc<JobPlan>],
         settings: Settings,
         results_path: Option<&Path>,
         stop: Arc<Stop>,
         cells: Option<Arc<Cells>>,
+        provider_url: Option<&str>,
     ) -> anyhow::Result<World> {
         let clock = ScaledClock::new(settings.time_scale);
         let shared: Arc<dyn Clock> = clock.clone();
@@ -133,8 +149,27 @@ impl World {
             catalog.models.iter().map(|m| m.id.as_str()),
             gauges,
         );
+        let server = match provider_url {
+            Some(_) => None,
+            None => Some(
+                ProviderServer::start(Arc::new(Provider::new(
+                    catalog,
+                    clock.clone(),
+                    settings.seed,
+                )))
+                .await
+                .context("serving the provider")?,
+            ),
+        };
+        let url = provider_url
+            .or(server.as_ref().map(ProviderServer::url))
+            .context("a provider URL")?;
+        let idle = usize::try_from(settings.http_connections).unwrap_or(usize::MAX);
+        let upstream = ProviderClient::new(url, idle)?;
         Ok(World {
-            provider: Provider::new(catalog, clock.clone(), settings.seed),
+            upstream,
+            _server: server,
+            runtime: tokio::runtime::Handle::current(),
             settings,
             clock,
             registry,
@@ -177,25 +212,43 @@ impl World {
         Ok(demand)
     }
 
-    /// Sends one step's call to the provider.
+    /// Sends one step's call to the provider over HTTP; returns once the provider has answered,
+    /// after the call's latency (the server holds the answer that long).
     ///
     /// # Errors
     ///
-    /// When the provider does not serve the model (a bug in the example).
-    pub fn call(
+    /// When the provider cannot be reached or does not serve the model (a bug in the example).
+    pub async fn call(
         &self,
         job: &JobPlan,
         step_index: usize,
         attempt: u32,
         step: &StepPlan,
-    ) -> anyhow::Result<Response> {
-        self.provider.call(&Request {
+    ) -> anyhow::Result<HttpAnswer> {
+        let request = Request {
             model: job.model,
             input_tokens: step.input_tokens,
             max_output_tokens: step.max_output_tokens,
             output_tokens: step.output_tokens,
             key: rng::hash(job.index as u64, &[step_index as u64, u64::from(attempt)]),
-        })
+        };
+        self.upstream.call(&request).await
+    }
+
+    /// [`call`](World::call) for an agent on a blocking thread.
+    ///
+    /// # Errors
+    ///
+    /// As for [`call`](World::call).
+    pub fn call_blocking(
+        &self,
+        job: &JobPlan,
+        step_index: usize,
+        attempt: u32,
+        step: &StepPlan,
+    ) -> anyhow::Result<HttpAnswer> {
+        self.runtime
+            .block_on(self.call(job, step_index, attempt, step))
     }
 
     /// Feeds an answer back to the provider layer and says what the job does next.
@@ -206,12 +259,12 @@ impl World {
     ///   then retry after the `retry-after`;
     /// - 529: `on_overload` (three throttle steps, a failure on the model's window), then retry
     ///   after an exponential backoff.
-    pub fn feedback(&self, model: &str, response: &Response, attempt: u32) -> Next {
+    pub fn feedback(&self, model: &str, response: &HttpAnswer, attempt: u32) -> Next {
         let tally = self.metrics.model(model);
         match response.status {
             Status::Ok => {
                 self.registry.on_success(model);
-                self.registry.observe(&response.rate_limit_info(model));
+                self.registry.observe(&response.rate_limit);
                 if let Some(t) = tally {
                     t.calls_ok.fetch_add(1, Ordering::Relaxed);
                 }
@@ -219,8 +272,8 @@ impl World {
             }
             Status::RateLimited => {
                 // A 429's headers: what the provider says, read as a limit that was hit.
-                let info = response.rate_limit_info(model);
-                self.registry.on_rate_limit_error(model, &info);
+                let info = &response.rate_limit;
+                self.registry.on_rate_limit_error(model, info);
                 if let Some(t) = tally {
                     t.rate_limited.fetch_add(1, Ordering::Relaxed);
                 }
@@ -243,13 +296,39 @@ impl World {
     }
 }
 
+/// What a call's answer tells the fleet's cell of its model when the step's lease is released:
+/// the tokens the provider charged (the rest of the lease's footprint goes back to the cell's
+/// rate), its load signal, weighed as the local bucket weighs it (a 429 one backpressure step, a
+/// 529 [`admission_llm::provider::OVERLOAD_INCREMENTS`], a success a relief), and the budgets
+/// its headers report.
+pub fn step_report(answer: &HttpAnswer) -> StepReport {
+    let info = &answer.rate_limit;
+    let limits = (info.tokens_per_minute(), info.requests_per_minute());
+    StepReport {
+        call: call_report(answer),
+        limits: (limits.0 > 0 && limits.1 > 0).then_some(limits),
+    }
+}
+
+fn call_report(answer: &HttpAnswer) -> CallReport {
+    let upstream = match answer.status {
+        Status::Ok => Upstream::Success,
+        Status::RateLimited => Upstream::Backpressure(1),
+        Status::Overloaded => Upstream::Backpressure(admission_llm::provider::OVERLOAD_INCREMENTS),
+    };
+    CallReport {
+        spent: answer.charged_tokens,
+        upstream,
+    }
+}
+
 /// What a step stores once its call answered: `ok` with the tokens used, or the refusal with none.
 pub fn result_row(
     job: &JobPlan,
     index: usize,
     attempt: u32,
     step: &StepPlan,
-    response: &Response,
+    response: &HttpAnswer,
     at: Duration,
 ) -> Row {
     let (outcome, tokens) = match response.status {
