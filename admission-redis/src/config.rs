@@ -98,7 +98,12 @@ pub struct Quotas {
 /// backpressure raises ([`RedisAdmission::record_429`](crate::RedisAdmission::record_429)). A
 /// lease spends its footprint in tokens and one request when it is granted, in the same call
 /// that checks the in-flight ceilings; a lease that does not fit on rate alone learns the
-/// instant it will. The budgets start full.
+/// instant it will. The budgets start full and never hold more than one minute's worth.
+///
+/// `minute` is 60 s. A simulation whose clock runs `k` times faster than the server's sets it
+/// to `60 s / k`: the budgets stay what they are per simulated minute, and so does the most
+/// they accumulate (multiplying the budgets by `k` instead would let `k` minutes' worth pile
+/// up).
 ///
 /// ```
 /// use admission_redis::{Ceilings, RedisAdmissionConfig, Rates};
@@ -111,9 +116,9 @@ pub struct Quotas {
 ///     backend_transfers: 16,
 /// };
 /// let mut config = RedisAdmissionConfig::new("127.0.0.1", 6379, "model-a", ceilings);
-/// config.rates = Some(Rates { tokens_per_minute: 90_000, requests_per_minute: 500 });
+/// config.rates = Some(Rates::per_minute(90_000, 500));
 /// assert!(config.validate().is_ok());
-/// config.rates = Some(Rates { tokens_per_minute: 90_000, requests_per_minute: 0 });
+/// config.rates = Some(Rates::per_minute(90_000, 0));
 /// assert_eq!(config.validate().unwrap_err().field, "rates.requests_per_minute");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -122,6 +127,19 @@ pub struct Rates {
     pub tokens_per_minute: u64,
     /// Requests per minute: the request budget and its refill rate.
     pub requests_per_minute: u64,
+    /// How long the budgets' minute lasts on the server's clock (60 s; see above).
+    pub minute: Duration,
+}
+
+impl Rates {
+    /// Budgets of `tokens` and `requests` per 60-second minute.
+    pub const fn per_minute(tokens: u64, requests: u64) -> Rates {
+        Rates {
+            tokens_per_minute: tokens,
+            requests_per_minute: requests,
+            minute: Duration::from_secs(60),
+        }
+    }
 }
 
 /// What to do when the server's `maxmemory-policy` is not `noeviction` (an evicting server can
@@ -501,6 +519,12 @@ impl RedisAdmissionConfig {
                     ));
                 }
             }
+            if r.minute < Duration::from_millis(1) || r.minute > Duration::from_secs(3600) {
+                return Err(ConfigError::new(
+                    "rates.minute",
+                    format!("is {:?}: must be within 1 ms..=1 h", r.minute),
+                ));
+            }
         }
         if let Some(tenant) = &self.tenant_mode {
             match &self.tls {
@@ -543,7 +567,12 @@ impl RedisAdmissionConfig {
             .map(|q| (q.requests_per_minute, q.bytes_per_hour))
             .unwrap_or((0, 0));
         let rates = self.rates.map_or(String::new(), |r| {
-            format!("|rates:{}:{}", r.tokens_per_minute, r.requests_per_minute)
+            format!(
+                "|rates:{}:{}:{}",
+                r.tokens_per_minute,
+                r.requests_per_minute,
+                r.minute.as_millis()
+            )
         });
         let text = format!(
             "v2|{}|{}|{}|{}|{}|{}|{}|{}|{}{rates}",

@@ -9,7 +9,7 @@ use crate::connection::{check_eviction, clients, manager};
 use crate::error::{
     AcquireError, ConnectError, LeaseError, PolicyError, QuotaError, QuotaKind, Unavailable,
 };
-use crate::lease::{Lease, give_back};
+use crate::lease::{Lease, Return, give_back};
 use crate::request::{LeaseRequest, hashed_id};
 use crate::script::{
     Answer, Cell, Created, FencingToken, Occupancy, Op, Outcome, PolicyReply, QuotaReply,
@@ -518,7 +518,7 @@ impl RedisAdmission {
     ) -> Result<(), LeaseError> {
         let cell = &self.inner.cell;
         let deadline = tokio::time::Instant::now() + cell.config.lease_ttl;
-        give_back(cell, id, token, outcome, 0, None, deadline).await
+        give_back(cell, id, token, Return::plain(outcome), deadline).await
     }
 
     /// Moves the cell's clock forward by `by`, as a fake clock would: expiries, quota windows

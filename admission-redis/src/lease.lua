@@ -48,7 +48,7 @@ local function call(KEYS, ARGV)
   local function read_cfg()
     return redis.call('HMGET', cfg, 'fingerprint', 'sb', 'st', 'tb', 'tt', 'bt', 'maxlen',
       'version', 'skew_ms', 'o:' .. asking, 'ttl', 'nq', 'idle', 'touched', 'ne', 'rid', 'rec',
-      'rt', 'rr', 'thr', 'rh')
+      'rt', 'rr', 'thr', 'rh', 'rm')
   end
   local c = read_cfg()
   if not me then me = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') end
@@ -87,6 +87,7 @@ local function call(KEYS, ARGV)
   --   10 idle ms (every key expires after this long without a call; 0: never)
   --   11 recover ('1': a cell created afresh recovers, see below, before it admits anything)
   --   12 tokens per minute 13 requests per minute (the rates, see below; '0': none)
+  --   14 the rates' minute, ms (60000; shorter for a simulation running faster than real time)
   local created = false
   if op == 'init' and not c[1] then
     local rec = (ARGV[11] == '1' and now_ms + tonumber(ARGV[9])) or 0
@@ -95,7 +96,7 @@ local function call(KEYS, ARGV)
       'version', int(math.max(1, math.floor(now_ms))), 'ttl', ARGV[9], 'idle', ARGV[10],
       'nq', redis.call('ZCARD', line), 'rid', me, 'rec', rec)
     if tonumber(ARGV[12] or '0') > 0 then
-      redis.call('HSET', cfg, 'rt', ARGV[12], 'rr', ARGV[13], 'thr', 0)
+      redis.call('HSET', cfg, 'rt', ARGV[12], 'rr', ARGV[13], 'thr', 0, 'rm', ARGV[14] or 60000)
     end
     c = read_cfg()
     created = true
@@ -133,9 +134,10 @@ local function call(KEYS, ARGV)
   -- its footprint in tokens and one request when it is granted; a release may give back the
   -- tokens it did not use. `rh` in cfg is the head last told when the rates will serve it.
   local RT, RR, THR = tonumber(c[18] or '0'), tonumber(c[19] or '0'), tonumber(c[20] or '0')
+  local RM = tonumber(c[22] or '60000')
   local RATED = RT > 0
   local NDIM = RATED and 7 or 5
-  local PER_MS = 10 / (10 + THR) / 60000
+  local PER_MS = 10 / (10 + THR) / RM
 
   -- The asking tenant's ceilings: its override, or the defaults.
   local function limits(override)
@@ -236,14 +238,16 @@ local function call(KEYS, ARGV)
   end
 
   -- Gives back what lease `id` holds (its record `r`), and to the rates the `unused` tokens of
-  -- its footprint (at most the footprint), and records why.
-  local function settle(id, r, kind, unused)
+  -- its footprint (at most the footprint), then lowers the token level to `left` if it is above
+  -- it (what the upstream said it had left), and records why.
+  local function settle(id, r, kind, unused, left)
     local f = parse(r)
     local footprint = tonumber(f[4])
     local o, v = read(f[2], f[3], 'seq')
     local seq = tonumber(v[6] or '0') + 1
     o[1], o[2], o[3], o[4], o[5] = o[1] - footprint, o[2] - 1, o[3] - footprint, o[4] - 1, o[5] - 1
     if RATED and unused and unused > 0 then o[6] = math.max(0, o[6] - math.min(unused, footprint)) end
+    if RATED and left then o[6] = math.max(o[6], RT - left) end
     write(o, f[2], f[3], { 'seq', seq }, { 'r:' .. id })
     redis.call('ZREM', exp, id)
     append(kind, id, f[1], f[2], f[3], f[4], f[5], kind, o, seq)
@@ -493,7 +497,7 @@ local function call(KEYS, ARGV)
       return false
     end
     redis.call('HSET', cfg, 'thr', THR, 'ts', successes, 'tbp', last)
-    PER_MS = 10 / (10 + THR) / 60000
+    PER_MS = 10 / (10 + THR) / RM
     if THR < before then
       c[21] = nil
       return true
@@ -668,6 +672,8 @@ local function call(KEYS, ARGV)
     --       7 tokens of the footprint not used (given back to the rates; '0': none)
     --       8 what the call under the lease said of the upstream's load, for the rates'
     --         throttle ('': nothing, '0': a success, n: n backpressure increments)
+    --       9 the tokens the upstream said it had left ('': it did not say): a token level
+    --         above it comes down to it (someone outside the fleet spends the same budget)
     local id, token = ARGV[3], ARGV[4]
     reap(tonumber(ARGV[6]))
     local r = redis.call('HGET', occ, 'r:' .. id)
@@ -677,7 +683,7 @@ local function call(KEYS, ARGV)
     if not r then return touch(IDLE, {'LOST'}) end
     local current = string.sub(r, 1, string.find(r, '|', 1, true) - 1)
     if current ~= token then return touch(IDLE, {'STALE', current}) end
-    settle(id, r, ARGV[5], tonumber(ARGV[7] or '0'))
+    settle(id, r, ARGV[5], tonumber(ARGV[7] or '0'), tonumber(ARGV[9] or ''))
     -- `settle` wrote the levels at now: the throttle may change after it.
     if RATED and (ARGV[8] or '') ~= '' then throttle(tonumber(ARGV[8]) or 0) end
     handoff(tonumber(ARGV[6]))

@@ -16,6 +16,28 @@ use crate::request::LeaseRequest;
 use crate::script::{Answer, Cell, FencingToken, Held, Occupancy, Op, Outcome, Renewed};
 use crate::shared::Shared;
 
+/// How a lease goes back: its outcome, and what the call made under it tells the cell's rates
+/// (see [`Op::Release`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Return {
+    pub(crate) outcome: Outcome,
+    pub(crate) unused: u64,
+    pub(crate) feedback: Option<u32>,
+    pub(crate) left: Option<u64>,
+}
+
+impl Return {
+    /// A release that tells the rates nothing.
+    pub(crate) fn plain(outcome: Outcome) -> Return {
+        Return {
+            outcome,
+            unused: 0,
+            feedback: None,
+            left: None,
+        }
+    }
+}
+
 /// What a call made under a lease reported, for the cell's rates
 /// ([`Lease::release_reported`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +47,11 @@ pub struct CallReport {
     pub spent: u64,
     /// What the upstream said of its load.
     pub upstream: Upstream,
+    /// The tokens the upstream said it had left (its `x-ratelimit-remaining-tokens`), if it
+    /// said: a cell whose token level is above it comes down to it, so that spending outside
+    /// the fleet (another service on the same organisation) is seen by every member at once.
+    /// It can only lower the level.
+    pub tokens_left: Option<u64>,
 }
 
 /// What an upstream's answer says of its load, for the rates' throttle (the local token
@@ -195,7 +222,7 @@ impl Lease {
     /// (nothing was given back twice), [`LeaseError::Unavailable`] when Redis failed (the TTL
     /// then takes the lease back).
     pub async fn release(self, outcome: Outcome) -> Result<(), LeaseError> {
-        self.give_back(outcome, 0, None).await
+        self.give_back(Return::plain(outcome)).await
     }
 
     /// Releases the lease now, recording `outcome`, and gives the tokens of its footprint it did
@@ -212,7 +239,11 @@ impl Lease {
     /// As [`release`](Lease::release).
     pub async fn release_spent(self, outcome: Outcome, spent: u64) -> Result<(), LeaseError> {
         let unused = self.entry.footprint().saturating_sub(spent);
-        self.give_back(outcome, unused, None).await
+        self.give_back(Return {
+            unused,
+            ..Return::plain(outcome)
+        })
+        .await
     }
 
     /// Releases the lease now with what the call made under it reported: the tokens it spent
@@ -238,23 +269,22 @@ impl Lease {
             Upstream::Backpressure(0) => None,
             Upstream::Backpressure(increments) => Some(increments),
         };
-        self.give_back(outcome, unused, feedback).await
+        self.give_back(Return {
+            outcome,
+            unused,
+            feedback,
+            left: report.tokens_left,
+        })
+        .await
     }
 
-    async fn give_back(
-        mut self,
-        outcome: Outcome,
-        unused: u64,
-        feedback: Option<u32>,
-    ) -> Result<(), LeaseError> {
+    async fn give_back(mut self, back: Return) -> Result<(), LeaseError> {
         self.entry.done.store(true, Ordering::Release);
         let result = give_back(
             &self.shared.cell,
             &self.id,
             self.token,
-            outcome,
-            unused,
-            feedback,
+            back,
             self.entry.deadline(),
         )
         .await;
@@ -276,7 +306,13 @@ impl Drop for Lease {
         self.shared.pending.spawn(&self.runtime, async move {
             let deadline = entry.deadline();
             let released =
-                give_back(&cell, &entry.id, entry.token, Outcome::Interrupted, 0, None, deadline);
+                give_back(
+                &cell,
+                &entry.id,
+                entry.token,
+                Return::plain(Outcome::Interrupted),
+                deadline,
+            );
             if let Err(error) = released.await {
                 tracing::debug!(%error, lease = %entry.id, operation = %entry.operation, "admission-redis: release on drop failed; the TTL takes the lease back");
             }
@@ -293,17 +329,16 @@ pub(crate) async fn give_back(
     cell: &Cell,
     id: &str,
     token: FencingToken,
-    outcome: Outcome,
-    unused: u64,
-    feedback: Option<u32>,
+    back: Return,
     deadline: Instant,
 ) -> Result<(), LeaseError> {
     let op = Op::Release {
         id,
         token,
-        outcome,
-        unused,
-        feedback,
+        outcome: back.outcome,
+        unused: back.unused,
+        feedback: back.feedback,
+        left: back.left,
     };
     let called = cell.call::<Held>(&op, deadline).await?;
     match called.answer {

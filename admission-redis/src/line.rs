@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::error::AcquireError;
-use crate::lease::{Lease, give_back};
+use crate::lease::{Lease, Return, give_back};
 use crate::request::{LeaseRequest, hashed_id};
 use crate::script::{
     AcquireReply, Answer, FencingToken, Full, Granted, Op, Outcome, WithdrawReply,
@@ -315,7 +315,13 @@ impl Drop for Withdraw<'_> {
                 Ok(called) => {
                     if let Answer::Reply(WithdrawReply::Granted(granted)) = called.answer {
                         let given =
-                            give_back(&cell, &id, granted.token, Outcome::Interrupted, 0, None, deadline);
+                            give_back(
+                                &cell,
+                                &id,
+                                granted.token,
+                                Return::plain(Outcome::Interrupted),
+                                deadline,
+                            );
                         if let Err(error) = given.await {
                             tracing::debug!(%error, lease = %id, "admission-redis: giving back a withdrawn grant failed; the TTL takes it back");
                         }

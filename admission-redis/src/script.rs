@@ -237,6 +237,7 @@ pub(crate) enum Op<'a> {
         outcome: Outcome,
         unused: u64,
         feedback: Option<u32>,
+        left: Option<u64>,
     },
     /// Backpressure for the rates' throttle: `increments` steps (a 429 is one), or a success (0).
     Feedback { increments: u32 },
@@ -311,6 +312,10 @@ impl Op<'_> {
                         .rates
                         .map_or(0, |r| r.requests_per_minute)
                         .to_string(),
+                    config
+                        .rates
+                        .map_or(60_000, |r| r.minute.as_millis())
+                        .to_string(),
                 ]
             }
             Op::Acquire {
@@ -353,6 +358,7 @@ impl Op<'_> {
                 outcome,
                 unused,
                 feedback,
+                left,
             } => vec![
                 id.to_string(),
                 token.0.to_string(),
@@ -360,6 +366,7 @@ impl Op<'_> {
                 reap,
                 unused.to_string(),
                 feedback.map_or(String::new(), |f| f.to_string()),
+                left.map_or(String::new(), |l| l.to_string()),
             ],
             Op::Feedback { increments } => vec![increments.to_string(), reap],
             Op::Rates {

@@ -130,10 +130,7 @@ fn rated_interleaved(runtime: &tokio::runtime::Runtime, port: u16) {
             .await
             .expect("connects");
         let mut rated_config = config(port, "bench-rated", 1_000);
-        rated_config.rates = Some(admission_redis::Rates {
-            tokens_per_minute: 1 << 50,
-            requests_per_minute: 1 << 50,
-        });
+        rated_config.rates = Some(admission_redis::Rates::per_minute(1 << 50, 1 << 50));
         let rated = RedisAdmission::connect(rated_config)
             .await
             .expect("connects");

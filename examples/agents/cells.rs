@@ -46,7 +46,10 @@ const OPERATION: &str = "llm_call";
 /// peak read back from the stream is complete.
 pub const EVENTS_MAX_LEN: u64 = 200_000;
 /// A cell's fleet-wide tokens in flight: this many simulated seconds of the model's token budget.
-const TOKENS_IN_FLIGHT_SECONDS: u64 = 5;
+/// Long enough that what is in flight does not bind before the rate does (a call runs several
+/// simulated seconds): the rate is the organisation's limit, shared by the cell's rates with
+/// `--fleet-rates on` and not at all with `off`, and the two runs differ only in that.
+const TOKENS_IN_FLIGHT_SECONDS: u64 = 30;
 /// Without a catalog concurrency cap, the fleet-wide requests in flight: this many seconds of
 /// the model's request budget.
 const REQUESTS_IN_FLIGHT_SECONDS: u64 = 3;
@@ -117,21 +120,20 @@ pub fn cell_config(
 
 /// A model's rates as its cell carries them with `--fleet-rates on`: the catalog's tokens and
 /// requests per minute (the provider's headers correct them for the whole fleet once the first
-/// answers arrive), per minute of the run's **simulated** time. The cell refills on the Redis
-/// server's real clock, so its budgets are per real minute: `scale` times the simulated ones.
+/// answers arrive), per minute of the run's **simulated** time: the cell refills on the Redis
+/// server's real clock, on which a simulated minute lasts `60 s / scale`.
 pub fn model_rates(spec: &ModelSpec, scale: u32) -> Rates {
-    real_rates(
+    simulated_rates(
         (spec.tokens_per_minute, spec.effective_requests_per_minute()),
         scale,
     )
 }
 
-/// `(tokens, requests)` per simulated minute as per real minute at `scale`.
-fn real_rates((tokens, requests): (u64, u64), scale: u32) -> Rates {
-    let scale = u64::from(scale.max(1));
+/// `(tokens, requests)` per simulated minute at `scale`.
+fn simulated_rates((tokens, requests): (u64, u64), scale: u32) -> Rates {
     Rates {
-        tokens_per_minute: tokens.saturating_mul(scale).max(1),
-        requests_per_minute: requests.saturating_mul(scale).max(1),
+        minute: Duration::from_secs(60) / scale.max(1),
+        ..Rates::per_minute(tokens.max(1), requests.max(1))
     }
 }
 
@@ -472,7 +474,7 @@ impl Cells {
             }
             applied.insert(model.to_owned(), limits);
         }
-        let real = real_rates(limits, scale);
+        let real = simulated_rates(limits, scale);
         let updated = cell
             .update_rates(real.tokens_per_minute, real.requests_per_minute)
             .await;
@@ -546,18 +548,18 @@ mod tests {
     fn ceilings_come_from_the_catalog() {
         let catalog = ModelCatalog::from_toml(crate::CATALOG).unwrap();
         let ceiling = |id: &str| model_ceiling(catalog.models.iter().find(|m| m.id == id).unwrap());
-        // model-a: 125,000 tpm * 5 s / 60 s; 150 rpm * 3 s / 60 s.
+        // model-a: 125,000 tpm * 30 s / 60 s; 150 rpm * 3 s / 60 s.
         assert_eq!(
             ceiling("model-a"),
             ModelCeiling {
-                tokens: 10_416,
+                tokens: 62_500,
                 requests: 7
             }
         );
         assert_eq!(
             ceiling("model-b"),
             ModelCeiling {
-                tokens: 83_333,
+                tokens: 500_000,
                 requests: 60
             }
         );
@@ -565,7 +567,7 @@ mod tests {
         assert_eq!(
             ceiling("model-c"),
             ModelCeiling {
-                tokens: 25_000,
+                tokens: 150_000,
                 requests: 4
             }
         );
@@ -579,7 +581,7 @@ mod tests {
             None,
         );
         assert!(config.validate().is_ok());
-        assert_eq!(config.ceilings.service_bytes, 10_416);
+        assert_eq!(config.ceilings.service_bytes, 62_500);
         assert_eq!(config.ceilings.backend_transfers, 7);
         assert!(config.cluster_nodes.is_empty());
         assert_eq!((config.host.as_str(), config.port), ("127.0.0.1", 6379));
@@ -589,16 +591,17 @@ mod tests {
     fn a_cells_rates_are_the_catalogs_per_real_minute() {
         let catalog = ModelCatalog::from_toml(crate::CATALOG).unwrap();
         let spec = catalog.models.iter().find(|m| m.id == "model-a").unwrap();
-        // model-a: 125,000 tokens and 150 requests a simulated minute; at a scale of 300 a real
-        // minute holds 300 simulated ones.
+        // model-a: 125,000 tokens and 150 requests a simulated minute, which lasts 0.2 s of
+        // the server's clock at a scale of 300.
         assert_eq!(
             model_rates(spec, 300),
             Rates {
-                tokens_per_minute: 37_500_000,
-                requests_per_minute: 45_000
+                tokens_per_minute: 125_000,
+                requests_per_minute: 150,
+                minute: Duration::from_millis(200),
             }
         );
-        assert_eq!(model_rates(spec, 1).tokens_per_minute, 125_000);
+        assert_eq!(model_rates(spec, 1).minute, Duration::from_secs(60));
         let server = FleetRedis::Server("127.0.0.1:6379".parse().unwrap());
         let ceiling = model_ceiling(spec);
         let config = cell_config(
@@ -609,7 +612,7 @@ mod tests {
             Some(model_rates(spec, 60)),
         );
         assert!(config.validate().is_ok());
-        assert_eq!(config.rates.map(|r| r.requests_per_minute), Some(9_000));
+        assert_eq!(config.rates.map(|r| r.minute), Some(Duration::from_secs(1)));
     }
 
     #[test]

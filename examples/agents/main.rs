@@ -117,7 +117,7 @@ enum StrategyArg {
 
 /// Hundreds of LLM agents sharing HTTP connections, model token budgets, a database and a search
 /// API through one admission monitor, against a simulated provider with its own limits.
-#[derive(Debug, Parser)]
+#[derive(Clone, Debug, Parser)]
 #[command(name = "agents", version)]
 #[command(group(clap::ArgGroup::new("server").args(["redis", "redis_cluster"])))]
 struct Args {
@@ -246,8 +246,9 @@ struct Args {
     /// With --fleet: whether each model's cell also carries the model's tokens and requests per
     /// minute, shared by every process (`on`), or each process keeps only its own bucket of the
     /// model's whole rate (`off`, as before: N processes may spend N times the organisation's
-    /// limit).
-    #[arg(long, value_enum, value_name = "ON|OFF", default_value_t = FleetRates::On, requires = "fleet")]
+    /// limit); `both` runs the fleet once each way and prints the organisation's numbers side by
+    /// side.
+    #[arg(long, value_enum, value_name = "ON|OFF|BOTH", default_value_t = FleetRates::On, requires = "fleet")]
     fleet_rates: FleetRates,
 
     /// Internal: the fleet's provider, served by the parent (its URL).
@@ -262,6 +263,8 @@ pub enum FleetRates {
     On,
     /// Each process keeps its own bucket of the whole rate.
     Off,
+    /// The fleet once each way, compared.
+    Both,
 }
 
 impl Args {
@@ -304,7 +307,12 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
     let out_dir = args.out_dir.clone().unwrap_or_else(default_out_dir);
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let member = match (args.fleet, args.fleet_member) {
-        (Some(n), None) => return multi::run_fleet(args, n, &catalog, &out_dir),
+        (Some(n), None) if args.fleet_rates == FleetRates::Both => {
+            return multi::run_fleet_both(args, n, &catalog, &out_dir);
+        }
+        (Some(n), None) => {
+            return multi::run_fleet(args, n, &catalog, &out_dir).map(|run| run.passed);
+        }
         (Some(n), Some(index)) if index >= n => {
             anyhow::bail!("--fleet-member {index} is not below --fleet {n}")
         }

@@ -359,7 +359,7 @@ pub fn member_args(
         provider_url.to_owned(),
         "--fleet-rates".to_owned(),
         match args.fleet_rates {
-            FleetRates::On => "on",
+            FleetRates::On | FleetRates::Both => "on",
             FleetRates::Off => "off",
         }
         .to_owned(),
@@ -390,7 +390,105 @@ pub fn lease_wait(admit_timeout_s: u64, time_scale: u32) -> Duration {
         .max(Duration::from_secs(1))
 }
 
-/// Runs the fleet; `Ok(false)` when `--check` found a problem.
+/// What one fleet run found, for the verdict and for `--fleet-rates both`'s comparison.
+#[derive(Debug)]
+pub struct FleetRun {
+    /// False when `--check` found a problem.
+    pub passed: bool,
+    /// Whether the cells carried the models' rates.
+    pub rates: FleetRates,
+    /// What the fleet's provider saw, per model (empty when it could not be read).
+    pub organisation: BTreeMap<String, UpstreamStats>,
+    /// Agents that completed, of all.
+    pub completed: u64,
+    /// See `completed`.
+    pub jobs: u64,
+    /// Every lease wait of the fleet.
+    pub lease_waits: WaitSummary,
+}
+
+/// `--fleet-rates both`: the fleet with the rates in its cells, then without, and the
+/// organisation's numbers side by side; `Ok(false)` when `--check` failed either run.
+///
+/// # Errors
+///
+/// As for [`run_fleet`].
+pub fn run_fleet_both(
+    args: &crate::Args,
+    n: u32,
+    catalog: &ModelCatalog,
+    out_dir: &Path,
+) -> anyhow::Result<bool> {
+    let mut runs = Vec::new();
+    for rates in [FleetRates::On, FleetRates::Off] {
+        let mut one = args.clone();
+        one.fleet_rates = rates;
+        let dir = out_dir.join(match rates {
+            FleetRates::Off => "fleet-rates-off",
+            _ => "fleet-rates-on",
+        });
+        runs.push(run_fleet(&one, n, catalog, &dir)?);
+    }
+    say(&side_by_side(&runs));
+    Ok(runs.iter().all(|run| run.passed))
+}
+
+/// The organisation's numbers of each run, one column per run.
+pub fn side_by_side(runs: &[FleetRun]) -> String {
+    let mut out = String::from("== fleet rates side by side ==\n");
+    let name = |run: &FleetRun| match run.rates {
+        FleetRates::Off => "off",
+        _ => "on",
+    };
+    let mut row = |label: &str, cell: &dyn Fn(&FleetRun) -> String| {
+        let _ = write!(out, "{label:<40}");
+        for run in runs {
+            let _ = write!(out, " {:>18}", cell(run));
+        }
+        out.push('\n');
+    };
+    row("fleet rates", &|run| name(run).to_owned());
+    row("agents completed", &|run| {
+        format!("{} of {}", run.completed, run.jobs)
+    });
+    row("lease wait p50 / p99 (simulated s)", &|run| {
+        format!(
+            "{:.1} / {:.1}",
+            run.lease_waits.p50_s, run.lease_waits.p99_s
+        )
+    });
+    let models: Vec<&String> = runs
+        .first()
+        .map(|run| run.organisation.keys().collect())
+        .unwrap_or_default();
+    for model in models {
+        let stat = |run: &FleetRun| run.organisation.get(model).cloned().unwrap_or_default();
+        let limit = runs
+            .first()
+            .map_or(0, |run| stat(run).true_tokens_per_minute);
+        row(&format!("{model}: charged tpm (limit {limit})"), &|run| {
+            format!("{:.0}", OrganisationRow::of(&stat(run)).charged_per_minute)
+        });
+        row(&format!("{model}: of what the provider allowed"), &|run| {
+            format!("{:.1}%", 100.0 * OrganisationRow::of(&stat(run)).of_limit)
+        });
+        row(&format!("{model}: most tokens in a minute"), &|run| {
+            stat(run).max_tokens_in_a_minute.to_string()
+        });
+        row(&format!("{model}: answered 429 / 529"), &|run| {
+            let s = stat(run);
+            format!(
+                "{} / {} ({:.2}%)",
+                s.rate_limited,
+                s.overloaded,
+                100.0 * OrganisationRow::of(&s).rate_limited_share
+            )
+        });
+    }
+    out
+}
+
+/// Runs the fleet.
 ///
 /// # Errors
 ///
@@ -401,7 +499,7 @@ pub fn run_fleet(
     n: u32,
     catalog: &ModelCatalog,
     out_dir: &Path,
-) -> anyhow::Result<bool> {
+) -> anyhow::Result<FleetRun> {
     if args.jobs < n {
         bail!(
             "--fleet {n} needs at least {n} agents (--jobs {}): each process runs its share",
@@ -712,8 +810,8 @@ pub fn run_fleet(
     let simulated = provider_started
         .elapsed()
         .mul_f64(f64::from(args.time_scale.max(1)));
-    let upstream = ProviderClient::new(provider.url(), 1)
-        .and_then(|client| runtime.block_on(client.stats()));
+    let upstream =
+        ProviderClient::new(provider.url(), 1).and_then(|client| runtime.block_on(client.stats()));
     if let Err(error) = runtime.block_on(provider.shutdown()) {
         notes.push(format!(
             "the fleet's provider did not stop cleanly: {error:#}"
@@ -769,11 +867,25 @@ pub fn run_fleet(
     }
     problems.extend(failed_job_problems(&judged, outage.as_ref(), origin_ms));
 
+    let fleet = fleet_report(&reports);
+    let mut run = FleetRun {
+        passed: true,
+        rates: args.fleet_rates,
+        organisation: upstream.unwrap_or_default(),
+        completed: fleet.outcomes.completed,
+        jobs: u64::from(args.jobs),
+        lease_waits: WaitSummary::of(
+            reports
+                .iter()
+                .flat_map(|r| r.cells.iter().flat_map(|c| c.waits_us.iter().copied()))
+                .collect(),
+        ),
+    };
     if !args.check {
         for problem in &problems {
             say(&format!("problem: {problem}"));
         }
-        return Ok(true);
+        return Ok(run);
     }
     if problems.is_empty() {
         say(if injector.is_some() {
@@ -781,13 +893,13 @@ pub fn run_fleet(
         } else {
             "check: passed (every process ran and passed its own check, no fleet-wide occupancy over a ceiling, no lease lost, nothing held afterwards)"
         });
-        Ok(true)
     } else {
         for problem in &problems {
             say(&format!("check: FAILED: {problem}"));
         }
-        Ok(false)
+        run.passed = false;
     }
+    Ok(run)
 }
 
 /// What the fleet's one provider saw, per model: the organisation's limits against what the whole
@@ -797,21 +909,21 @@ pub fn organisation_table(
     simulated: Duration,
     rates: FleetRates,
 ) -> String {
-    let minutes = simulated.as_secs_f64() / 60.0;
     let mut out = format!(
-        "== the organisation at the provider ({} simulated minutes; fleet rates {}) ==\n",
-        format_args!("{minutes:.1}"),
+        "== the organisation at the provider ({:.1} simulated minutes; fleet rates {}) ==\n",
+        simulated.as_secs_f64() / 60.0,
         match rates {
-            FleetRates::On => "on: every cell carries its model's rates",
             FleetRates::Off => "off: each process keeps its own bucket of the whole rate",
+            FleetRates::On | FleetRates::Both => "on: every cell carries its model's rates",
         }
     );
     let _ = writeln!(
         out,
-        "{:<10} {:>10} {:>12} {:>9} {:>14} {:>8} {:>8} {:>8} {:>7}",
+        "{:<10} {:>10} {:>9} {:>12} {:>9} {:>14} {:>7} {:>6} {:>6} {:>7}",
         "model",
         "limit tpm",
-        "achieved tpm",
+        "busy min",
+        "charged tpm",
         "of limit",
         "most in a min",
         "calls",
@@ -820,27 +932,54 @@ pub fn organisation_table(
         "429 %"
     );
     for (model, s) in stats {
-        let achieved = if minutes > 0.0 {
-            s.tokens_charged as f64 / minutes
-        } else {
-            0.0
-        };
-        let asked = s.accepted + s.rate_limited + s.overloaded;
+        let row = OrganisationRow::of(s);
         let _ = writeln!(
             out,
-            "{:<10} {:>10} {:>12.0} {:>8.1}% {:>14} {:>8} {:>8} {:>8} {:>6.2}%",
+            "{:<10} {:>10} {:>9.1} {:>12.0} {:>8.1}% {:>14} {:>7} {:>6} {:>6} {:>6.2}%",
             model,
             s.true_tokens_per_minute,
-            achieved,
-            100.0 * achieved / s.true_tokens_per_minute.max(1) as f64,
+            s.last_accepted_ms as f64 / 60e3,
+            row.charged_per_minute,
+            100.0 * row.of_limit,
             s.max_tokens_in_a_minute,
             s.accepted,
             s.rate_limited,
             s.overloaded,
-            100.0 * s.rate_limited as f64 / asked.max(1) as f64,
+            100.0 * row.rate_limited_share,
         );
     }
+    out.push_str(
+        "(busy min: until the model's last accepted call; charged tpm: tokens the provider charged per minute of that; of limit: charged against what the provider could have accepted over it, its full bucket plus its refill, a neighbour's share taken; most in a min: in any rolling minute, which a bucket that starts full lets reach twice the limit; 429 %: of all the model's calls)",
+    );
     out
+}
+
+/// One model's line of the organisation's table, as `--check` judges it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct OrganisationRow {
+    /// Tokens charged per simulated minute while the model had work.
+    pub charged_per_minute: f64,
+    /// Tokens charged against what the provider could have accepted over that time.
+    pub of_limit: f64,
+    /// 429 answers among all the model's calls.
+    pub rate_limited_share: f64,
+}
+
+impl OrganisationRow {
+    /// The row of `stats`.
+    pub fn of(stats: &UpstreamStats) -> OrganisationRow {
+        let minutes = stats.last_accepted_ms as f64 / 60e3;
+        let asked = stats.accepted + stats.rate_limited + stats.overloaded;
+        OrganisationRow {
+            charged_per_minute: if minutes > 0.0 {
+                stats.tokens_charged as f64 / minutes
+            } else {
+                0.0
+            },
+            of_limit: stats.tokens_charged as f64 / stats.offered_tokens.max(1) as f64,
+            rate_limited_share: stats.rate_limited as f64 / asked.max(1) as f64,
+        }
+    }
 }
 
 /// Starts member `index` with `args`, its stdin a pipe from this process and its output in

@@ -157,6 +157,15 @@ pub struct UpstreamStats {
     pub true_requests_per_minute: u64,
     /// The true concurrency cap, if any.
     pub true_max_concurrent: Option<u64>,
+    /// When the last call was accepted, simulated milliseconds since the provider started.
+    #[serde(default)]
+    pub last_accepted_ms: u64,
+    /// The most tokens the provider could have accepted from its start to its last accepted
+    /// call: its full bucket plus its refill over that span, the neighbour's share taken.
+    /// Tokens charged against it say how much of what the organisation was allowed it used
+    /// while it had work.
+    #[serde(default)]
+    pub offered_tokens: u64,
 }
 
 /// Levels of the provider's own buckets (fractional tokens: this is a simulation, not a limiter).
@@ -168,6 +177,8 @@ struct Levels {
     at: f64,
     /// The accepted calls of the last simulated minute and their largest sums.
     minute: RollingMinute,
+    /// Simulated seconds of the last accepted call.
+    last_accepted: f64,
 }
 
 /// The accepted calls of the last simulated minute, as `(arrival, tokens charged)`, with the
@@ -227,6 +238,16 @@ impl Upstream {
     fn request_rate(&self) -> f64 {
         self.limits.requests_per_minute as f64 / 60.0
     }
+
+    /// The full bucket plus the token refill from simulated second 0 to `t`.
+    fn offered(&self, t: f64) -> f64 {
+        let full = self.limits.tokens_per_minute as f64 / 60.0;
+        let taken = self.limits.neighbour.map_or(0.0, |n| {
+            let overlap = (t.min(n.until.as_secs_f64()) - n.from.as_secs_f64()).max(0.0);
+            overlap * full * n.share
+        });
+        self.limits.tokens_per_minute as f64 + full * t - taken
+    }
 }
 
 /// Decrements a model's in-flight count when a response is dropped.
@@ -274,6 +295,7 @@ impl Provider {
                         requests: limits.requests_per_minute as f64,
                         at: 0.0,
                         minute: RollingMinute::default(),
+                        last_accepted: 0.0,
                     }),
                     limits,
                     counters: Counters::default(),
@@ -345,6 +367,7 @@ impl Provider {
             levels.tokens -= need;
             levels.requests -= 1.0;
             levels.minute.charge(now, need as u64);
+            levels.last_accepted = t;
         }
         let token_rate = upstream.token_rate(t);
         let request_rate = upstream.request_rate();
@@ -434,12 +457,11 @@ impl Provider {
             .iter()
             .map(|(id, u)| {
                 let c = &u.counters;
-                let (max_tokens, max_requests) = u
-                    .levels
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .minute
-                    .maxima();
+                let (max_tokens, max_requests, last) = {
+                    let levels = u.levels.lock().unwrap_or_else(PoisonError::into_inner);
+                    let (tokens, requests) = levels.minute.maxima();
+                    (tokens, requests, levels.last_accepted)
+                };
                 let stats = UpstreamStats {
                     accepted: c.accepted.load(Ordering::Relaxed),
                     tokens_charged: c.tokens_charged.load(Ordering::Relaxed),
@@ -453,6 +475,8 @@ impl Provider {
                     true_tokens_per_minute: u.limits.tokens_per_minute,
                     true_requests_per_minute: u.limits.requests_per_minute,
                     true_max_concurrent: u.limits.max_concurrent,
+                    last_accepted_ms: (last * 1e3) as u64,
+                    offered_tokens: u.offered(last) as u64,
                 };
                 (id.clone(), stats)
             })

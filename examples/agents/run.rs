@@ -550,12 +550,7 @@ fn summarize(
         retries: metrics.retries.load(Ordering::Relaxed),
         limits: report::limit_rows(&timeline.peaks(), &exact, after),
         waits: report::wait_rows(&metrics.waits()),
-        models: report::model_rows(
-            &catalog_tpm,
-            upstream,
-            &tallies,
-            &timeline.throttle_peaks(),
-        ),
+        models: report::model_rows(&catalog_tpm, upstream, &tallies, &timeline.throttle_peaks()),
         events,
         http_connection_minutes: total_http / 60e9,
         http_idle_share: if total_http > 0.0 {

@@ -299,8 +299,9 @@ impl World {
 /// What a call's answer tells the fleet's cell of its model when the step's lease is released:
 /// the tokens the provider charged (the rest of the lease's footprint goes back to the cell's
 /// rate), its load signal, weighed as the local bucket weighs it (a 429 one backpressure step, a
-/// 529 [`admission_llm::provider::OVERLOAD_INCREMENTS`], a success a relief), and the budgets
-/// its headers report.
+/// 529 [`admission_llm::provider::OVERLOAD_INCREMENTS`], a success a relief), the tokens it says
+/// it has left (which bring a fuller cell down: the neighbour spends the same quota), and the
+/// budgets its headers report.
 pub fn step_report(answer: &HttpAnswer) -> StepReport {
     let info = &answer.rate_limit;
     let limits = (info.tokens_per_minute(), info.requests_per_minute());
@@ -319,6 +320,7 @@ fn call_report(answer: &HttpAnswer) -> CallReport {
     CallReport {
         spent: answer.charged_tokens,
         upstream,
+        tokens_left: answer.rate_limit.token_remaining,
     }
 }
 

@@ -37,7 +37,8 @@ commands:
                              5 docs       cargo doc --workspace --no-deps FEATURES with RUSTDOCFLAGS='-D warnings'
                              6 benches    cargo bench --workspace --no-run (compiled, not run)
                              7 agents     cargo run --release --example agents -- --time-scale 300 --check
-                             8 agents fleet  the same as a fleet: -- --fleet 2 --time-scale 300 --check
+                             8 agents fleet  the same as a fleet: -- --fleet 2 --time-scale 300
+                                          --fleet-rates both --check
                                           (two processes on a private redis-server, which must be on PATH)
                              9 chaos      cargo xtask chaos (below)
                             10 loom       cargo test -p admission-core --lib --release -- loom
@@ -192,8 +193,10 @@ const AGENTS_CHECK: &[&str] = &[
 ];
 
 /// The agents example as a fleet, run short: two processes sharing one Redis cell per model on a
-/// private `redis-server` the example starts and stops (about 4 s), with `--check`: it also fails
-/// on any fleet-wide occupancy over a ceiling, a lease lost, or a lease still held afterwards.
+/// private `redis-server` the example starts and stops, and one provider over HTTP the parent
+/// serves, once with the models' rates in the cells and once without (`--fleet-rates both`,
+/// about 8 s), with `--check`: it also fails on any fleet-wide occupancy over a ceiling, a lease
+/// lost, or a lease still held afterwards.
 const AGENTS_FLEET_CHECK: &[&str] = &[
     "run",
     "--release",
@@ -204,6 +207,8 @@ const AGENTS_FLEET_CHECK: &[&str] = &[
     "2",
     "--time-scale",
     "300",
+    "--fleet-rates",
+    "both",
     "--check",
 ];
 

@@ -23,10 +23,7 @@ fn rated(host: &str, port: u16, test: &str, tokens: u64, requests: u64) -> Redis
         &cell(test),
         ceilings(1 << 40, 64, 1 << 40, 64, 64),
     );
-    cfg.rates = Some(Rates {
-        tokens_per_minute: tokens,
-        requests_per_minute: requests,
-    });
+    cfg.rates = Some(Rates::per_minute(tokens, requests));
     cfg
 }
 
@@ -384,6 +381,7 @@ async fn a_release_reports_the_upstreams_answer_to_the_whole_cell() {
     let report = CallReport {
         spent: 0,
         upstream: Upstream::Backpressure(1),
+        tokens_left: None,
     };
     refused
         .release_reported(Outcome::Failed, report)
@@ -400,6 +398,7 @@ async fn a_release_reports_the_upstreams_answer_to_the_whole_cell() {
         let report = CallReport {
             spent: 10,
             upstream: Upstream::Success,
+            tokens_left: None,
         };
         lease
             .release_reported(Outcome::Completed, report)
@@ -411,10 +410,47 @@ async fn a_release_reports_the_upstreams_answer_to_the_whole_cell() {
     let report = CallReport {
         spent: 0,
         upstream: Upstream::Silent,
+        tokens_left: None,
     };
     lease
         .release_reported(Outcome::Failed, report)
         .await
         .expect("released");
     assert_eq!(throttle(&b).await, 3);
+}
+
+/// The tokens an upstream says it has left bring a fuller level down to them, for every
+/// instance (someone outside the fleet spent the same budget); never up.
+#[tokio::test]
+async fn the_upstreams_tokens_left_bring_the_level_down() {
+    let Some((host, port)) = server("rate_left") else {
+        return;
+    };
+    let cfg = rated(&host, port, "rate_left", 600, 1_000);
+    let (a, b) = (connect(cfg.clone()).await, connect(cfg).await);
+    let lease = a.try_acquire(&request("call", 100)).await.expect("fits");
+    let report = CallReport {
+        spent: 100,
+        upstream: Upstream::Success,
+        tokens_left: Some(200),
+    };
+    lease
+        .release_reported(Outcome::Completed, report)
+        .await
+        .expect("released");
+    let left = tokens_left(&b).await;
+    assert!((200..=201).contains(&left), "{left}");
+    // A larger reading raises nothing.
+    let lease = b.try_acquire(&request("again", 10)).await.expect("fits");
+    let report = CallReport {
+        spent: 10,
+        upstream: Upstream::Success,
+        tokens_left: Some(590),
+    };
+    lease
+        .release_reported(Outcome::Completed, report)
+        .await
+        .expect("released");
+    let left = tokens_left(&a).await;
+    assert!((190..=192).contains(&left), "{left}");
 }
