@@ -119,7 +119,7 @@ pub struct Quotas {
 /// config.rates = Some(Rates::per_minute(90_000, 500));
 /// assert!(config.validate().is_ok());
 /// config.rates = Some(Rates::per_minute(90_000, 0));
-/// assert_eq!(config.validate().unwrap_err().field, "rates.requests_per_minute");
+/// assert_eq!(config.validate().unwrap_err().field(), "rates.requests_per_minute");
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Rates {

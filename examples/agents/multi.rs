@@ -821,7 +821,13 @@ pub fn run_fleet(
     let totals = model_totals(&reports);
     say(&render(&reports, &totals, &after, &script_calls, n));
     match &upstream {
-        Ok(stats) => say(&organisation_table(stats, simulated, args.fleet_rates)),
+        Ok(stats) => {
+            say(&organisation_table(stats, simulated, args.fleet_rates));
+            // The fleet's rates are judged on a run without a fault (an outage costs rate).
+            if args.fleet_rates != FleetRates::Off && args.chaos.is_none() {
+                problems.extend(rate_problems(stats));
+            }
+        }
         Err(error) => problems.push(format!("the provider's stats could not be read: {error:#}")),
     }
     for member in &members {
@@ -952,6 +958,43 @@ pub fn organisation_table(
         "(busy min: until the model's last accepted call; charged tpm: tokens the provider charged per minute of that; of limit: charged against what the provider could have accepted over it, its full bucket plus its refill, a neighbour's share taken; most in a min: in any rolling minute, which a bucket that starts full lets reach twice the limit; 429 %: of all the model's calls)",
     );
     out
+}
+
+/// With the models' rates in the cells, the most of its calls a model may see answered 429.
+pub const GOAL_RATE_LIMITED_SHARE: f64 = 0.01;
+/// With the models' rates in the cells, the least the saturated model (the one that used the
+/// largest share of what the provider allowed) must use of it.
+pub const GOAL_OF_LIMIT: f64 = 0.90;
+
+/// What `--check` finds wrong with a fleet run that shared the models' rates: a model answered
+/// 429 on more than [`GOAL_RATE_LIMITED_SHARE`] of its calls, or the saturated model used less
+/// than [`GOAL_OF_LIMIT`] of what the provider allowed.
+pub fn rate_problems(stats: &BTreeMap<String, UpstreamStats>) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (model, s) in stats {
+        let row = OrganisationRow::of(s);
+        if row.rate_limited_share > GOAL_RATE_LIMITED_SHARE {
+            problems.push(format!(
+                "{model}: {} of its {} calls answered 429 ({:.2} %), over the {:.0} % a fleet sharing its rates may see",
+                s.rate_limited,
+                s.accepted + s.rate_limited + s.overloaded,
+                100.0 * row.rate_limited_share,
+                100.0 * GOAL_RATE_LIMITED_SHARE
+            ));
+        }
+    }
+    let saturated = stats
+        .iter()
+        .map(|(model, s)| (model, OrganisationRow::of(s).of_limit))
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    if let Some((model, of_limit)) = saturated.filter(|(_, share)| *share < GOAL_OF_LIMIT) {
+        problems.push(format!(
+            "{model}, the most saturated model, used {:.1} % of what the provider allowed, under the {:.0} % a fleet sharing its rates must reach",
+            100.0 * of_limit,
+            100.0 * GOAL_OF_LIMIT
+        ));
+    }
+    problems
 }
 
 /// One model's line of the organisation's table, as `--check` judges it.
@@ -1673,6 +1716,39 @@ mod tests {
             problems: Vec::new(),
             ends: Vec::new(),
         }
+    }
+
+    #[test]
+    fn the_fleets_rates_are_judged_by_the_providers_counts() {
+        let stats = |accepted, rate_limited, charged, offered| UpstreamStats {
+            accepted,
+            rate_limited,
+            tokens_charged: charged,
+            offered_tokens: offered,
+            last_accepted_ms: 60_000,
+            ..UpstreamStats::default()
+        };
+        let mut fleet = BTreeMap::new();
+        fleet.insert("a".to_owned(), stats(99, 1, 90_000, 100_000));
+        fleet.insert("b".to_owned(), stats(50, 0, 10_000, 100_000));
+        // 1 % answered 429 and 90 % used: both goals met, exactly.
+        assert_eq!(rate_problems(&fleet), Vec::<String>::new());
+        fleet.insert("a".to_owned(), stats(98, 2, 88_000, 100_000));
+        let problems = rate_problems(&fleet);
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert!(
+            problems[0].starts_with("a: 2 of its 100 calls answered 429 (2.00 %)"),
+            "{problems:?}"
+        );
+        assert!(
+            problems[1].starts_with("a, the most saturated model, used 88.0 %"),
+            "{problems:?}"
+        );
+        let row = OrganisationRow::of(&fleet["b"]);
+        assert_eq!(
+            (row.charged_per_minute, row.of_limit, row.rate_limited_share),
+            (10_000.0, 0.1, 0.0)
+        );
     }
 
     #[test]

@@ -19,6 +19,7 @@ use admission_accounts::FixedWindow;
 use admission_core::{Amount, Clock, Demand};
 use admission_llm::model_spec::ModelCatalog;
 use admission_llm::provider::Registry;
+use admission_llm::rate_limit_info::RateLimitInfo;
 use admission_redis::{CallReport, Upstream};
 use anyhow::Context as _;
 
@@ -298,24 +299,45 @@ impl World {
 
 /// What a call's answer tells the fleet's cell of its model when the step's lease is released:
 /// the tokens the provider charged (the rest of the lease's footprint goes back to the cell's
-/// rate), its load signal, weighed as the local bucket weighs it (a 429 one backpressure step, a
-/// 529 [`admission_llm::provider::OVERLOAD_INCREMENTS`], a success a relief), the tokens it says
+/// rate), its load signal for the cell's rate (a 429 one backpressure step, a success a relief,
+/// a 529 nothing: an overloaded model is not a spent rate), the tokens it says
 /// it has left (which bring a fuller cell down: the neighbour spends the same quota), and the
 /// budgets its headers report.
 pub fn step_report(answer: &HttpAnswer) -> StepReport {
     let info = &answer.rate_limit;
-    let limits = (info.tokens_per_minute(), info.requests_per_minute());
+    let limits = (refilled_tokens_per_minute(info), info.requests_per_minute());
     StepReport {
         call: call_report(answer),
         limits: (limits.0 > 0 && limits.1 > 0).then_some(limits),
     }
 }
 
+/// The tokens per minute the provider's headers say it really refills: its limit, or less when
+/// its reset says it refills slower (`(limit - remaining) / reset`: another service on the same
+/// organisation spending part of it), in whole percent of the limit so that the cell's budget
+/// changes only when the provider's does. Zero when the headers do not say.
+pub fn refilled_tokens_per_minute(info: &RateLimitInfo) -> u64 {
+    let limit = info.tokens_per_minute();
+    let (Some(remaining), Some(reset)) = (info.token_remaining, info.token_reset) else {
+        return limit;
+    };
+    if limit == 0 || remaining >= limit || reset.is_zero() {
+        return limit;
+    }
+    let per_minute = (limit - remaining) as f64 * 60.0 / reset.as_secs_f64();
+    let percent = (100.0 * per_minute / limit as f64)
+        .round()
+        .clamp(1.0, 100.0);
+    (limit as f64 * percent / 100.0) as u64
+}
+
 fn call_report(answer: &HttpAnswer) -> CallReport {
     let upstream = match answer.status {
         Status::Ok => Upstream::Success,
         Status::RateLimited => Upstream::Backpressure(1),
-        Status::Overloaded => Upstream::Backpressure(admission_llm::provider::OVERLOAD_INCREMENTS),
+        // An overloaded model says nothing of the organisation's rate: each process's own bucket
+        // and the model's window still react to it (`feedback`), the fleet's rate does not.
+        Status::Overloaded => Upstream::Silent,
     };
     CallReport {
         spent: answer.charged_tokens,
@@ -352,4 +374,33 @@ pub fn result_row(
 /// 1, 2, 4, 8, 16 simulated seconds, then 16 again.
 fn backoff(attempt: u32) -> Duration {
     Duration::from_secs(1 << attempt.min(4))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_refill_the_headers_tell_is_the_limit_or_less() {
+        let info = |remaining: &str, reset: &str| {
+            RateLimitInfo::from_pairs(
+                "m",
+                [
+                    ("x-ratelimit-limit-tokens", "100000"),
+                    ("x-ratelimit-remaining-tokens", remaining),
+                    ("x-ratelimit-reset-tokens", reset),
+                ],
+                std::time::SystemTime::now(),
+            )
+        };
+        // 60,000 short, full again in 36 s: 100,000 a minute, the whole limit.
+        assert_eq!(refilled_tokens_per_minute(&info("40000", "36s")), 100_000);
+        // The same 60,000 in 65.45 s: 55,000 a minute (a neighbour takes 45 %).
+        assert_eq!(
+            refilled_tokens_per_minute(&info("40000", "1m5.45s")),
+            55_000
+        );
+        // Full: nothing to read from the reset.
+        assert_eq!(refilled_tokens_per_minute(&info("100000", "0s")), 100_000);
+    }
 }
