@@ -373,8 +373,7 @@ impl RedisAdmission {
         tokens_per_minute: u64,
         requests_per_minute: u64,
     ) -> Result<u64, PolicyError> {
-        let cell = &self.inner.cell;
-        if cell.config.rates.is_none() {
+        if self.inner.cell.config.rates.is_none() {
             return Err(PolicyError::NoRates);
         }
         for (field, value) in [
@@ -389,20 +388,11 @@ impl RedisAdmission {
                 });
             }
         }
-        let op = Op::Rates {
+        self.versioned(&Op::Rates {
             tokens_per_minute,
             requests_per_minute,
-        };
-        let called = cell
-            .call::<PolicyReply>(&op, cell.default_deadline())
-            .await?;
-        match called.answer {
-            Answer::Reply(PolicyReply::Version(version)) => Ok(version),
-            Answer::Reply(PolicyReply::Invalid { field, value, max }) => {
-                Err(PolicyError::Invalid { field, value, max })
-            }
-            Answer::Mismatch(stored) => Err(PolicyError::Mismatch { stored }),
-        }
+        })
+        .await
     }
 
     /// Removes `tenant`'s override: the configured defaults apply again. Returns the new policy
@@ -416,14 +406,19 @@ impl RedisAdmission {
     }
 
     async fn policy(&self, tenant: &str, limits: Option<(u64, u64)>) -> Result<u64, PolicyError> {
-        let cell = &self.inner.cell;
         let tenant = hashed_id(tenant);
-        let op = Op::Policy {
+        self.versioned(&Op::Policy {
             tenant: &tenant,
             limits,
-        };
+        })
+        .await
+    }
+
+    /// A policy change (`op`): the new policy version, or why not.
+    async fn versioned(&self, op: &Op<'_>) -> Result<u64, PolicyError> {
+        let cell = &self.inner.cell;
         let called = cell
-            .call::<PolicyReply>(&op, cell.default_deadline())
+            .call::<PolicyReply>(op, cell.default_deadline())
             .await?;
         match called.answer {
             Answer::Reply(PolicyReply::Version(version)) => Ok(version),
