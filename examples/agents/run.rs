@@ -263,12 +263,17 @@ pub async fn run(strategy: Strategy, input: &Input<'_>) -> anyhow::Result<RunSum
         }
         None => None,
     };
-    // What the provider saw (the fleet's, in a fleet member: every member's calls).
-    let upstream = world
-        .upstream
-        .stats()
-        .await
-        .context("reading the provider's stats")?;
+    // What the provider saw (the fleet's, in a fleet member: every member's calls). A member
+    // whose parent is gone has no provider left to ask, and still reports what it counted.
+    let upstream = match world.upstream.stats().await {
+        Ok(stats) => stats,
+        Err(error) => {
+            crate::say(&format!(
+                "the provider's counts could not be read ({error:#}): the model table's upstream columns are empty"
+            ));
+            BTreeMap::new()
+        }
+    };
     let mut summary = summarize(
         strategy,
         &world,
