@@ -147,14 +147,12 @@ pub(crate) async fn acquire(
         };
         // Wait for the hand-off's grant; ask again at the earliest lease expiry (reaping is
         // lazy), when the ticket's liveness needs renewing, or when the reader failed.
-        let earliest_expiry = refusal.earliest_expiry_ms.map(|expiry| {
-            // Wake just after the server's clock passes the expiry.
-            received + Duration::from_millis(expiry.saturating_sub(refusal.now_ms) + 1)
-        });
+        // A server instant on the local clock: just after the server's clock passes it.
+        let just_after =
+            |at_ms: u64| received + Duration::from_millis(at_ms.saturating_sub(refusal.now_ms) + 1);
+        let earliest_expiry = refusal.earliest_expiry_ms.map(just_after);
         // The first in line short of rate alone asks again when the rates serve it.
-        let ready = refusal
-            .ready_ms
-            .map(|at| received + Duration::from_millis(at.saturating_sub(refusal.now_ms) + 1));
+        let ready = refusal.ready_ms.map(just_after);
         let mut until = earliest_expiry
             .map_or(deadline, |at| at.min(deadline))
             .min(now + config.renew_every);

@@ -277,6 +277,39 @@ impl PrivateCluster {
 
 /// One `redis-server` of a [`PrivateCluster`]: its port, and its process until it is killed
 /// (SIGKILLed when dropped).
+/// Spawns `command`, a `redis-server` on `port` whose log goes to its stdout (`--logfile ""`,
+/// stdout piped), and waits until it says it is ready to accept connections; a thread then
+/// drains its log so that it never blocks on a full pipe.
+///
+/// # Errors
+///
+/// When it cannot be spawned, or exits before it is ready (its port taken, say).
+pub fn spawn_until_ready(command: &mut Command, port: u16) -> io::Result<Child> {
+    let mut child = command.spawn()?;
+    let Some(stdout) = child.stdout.take() else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(io::Error::other("redis-server's output could not be read"));
+    };
+    let mut lines = BufReader::new(stdout).lines();
+    let ready = loop {
+        match lines.next() {
+            Some(Ok(line)) if line.contains("Ready to accept connections") => break true,
+            Some(Ok(_)) => {}
+            _ => break false,
+        }
+    };
+    if !ready {
+        let status = child.wait().ok();
+        return Err(io::Error::other(format!(
+            "redis-server exited before it was ready ({}); is port {port} free?",
+            status.map_or_else(|| "status unknown".to_owned(), |s| s.to_string())
+        )));
+    }
+    std::thread::spawn(move || for _ in lines {});
+    Ok(child)
+}
+
 struct PrivateServer {
     port: u16,
     child: Option<Child>,
@@ -309,31 +342,8 @@ impl PrivateServer {
         }
         #[cfg(not(unix))]
         let _ = own_group;
-        let mut child = command
-            .spawn()
+        let child = spawn_until_ready(&mut command, port)
             .map_err(|e| context(e, format!("starting {}", binary.display())))?;
-        let Some(stdout) = child.stdout.take() else {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(io::Error::other("redis-server's output could not be read"));
-        };
-        let mut lines = BufReader::new(stdout).lines();
-        let ready = loop {
-            match lines.next() {
-                Some(Ok(line)) if line.contains("Ready to accept connections") => break true,
-                Some(Ok(_)) => {}
-                _ => break false,
-            }
-        };
-        if !ready {
-            let status = child.wait().ok();
-            return Err(io::Error::other(format!(
-                "redis-server exited before it was ready ({}); is port {port} free?",
-                status.map_or_else(|| "status unknown".to_owned(), |s| s.to_string())
-            )));
-        }
-        // Keep draining its log so that it never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
         Ok(PrivateServer {
             port,
             child: Some(child),

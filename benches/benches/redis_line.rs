@@ -59,22 +59,8 @@ fn request(id: String, bytes: u64) -> LeaseRequest {
 }
 
 async fn fcall_calls(port: u16) -> u64 {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("client");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("conn");
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .expect("info");
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    let work = ServerWork::read(port).await;
+    work.commands.get("fcall").map_or(0, |c| c.0)
 }
 
 fn micros(h: &Histogram<u64>, q: f64) -> f64 {

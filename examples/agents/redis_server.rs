@@ -7,7 +7,6 @@
 //! lease are read.
 
 use std::fmt;
-use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -211,32 +210,8 @@ fn spawn_ready(binary: &Path, port: u16, dir: &Path, persist: bool) -> anyhow::R
     }
     #[cfg(unix)]
     std::os::unix::process::CommandExt::process_group(&mut command, 0);
-    let mut child = command
-        .spawn()
-        .with_context(|| format!("starting {}", binary.display()))?;
-    let Some(stdout) = child.stdout.take() else {
-        let _ = child.kill();
-        let _ = child.wait();
-        bail!("redis-server's output could not be read");
-    };
-    let mut lines = BufReader::new(stdout).lines();
-    let ready = loop {
-        match lines.next() {
-            Some(Ok(line)) if line.contains("Ready to accept connections") => break true,
-            Some(Ok(_)) => {}
-            _ => break false,
-        }
-    };
-    if !ready {
-        let status = child.wait().ok();
-        bail!(
-            "redis-server exited before it was ready ({}); is port {port} free?",
-            status.map_or_else(|| "status unknown".to_owned(), |s| s.to_string())
-        );
-    }
-    // Keep draining its log so that it never blocks on a full pipe.
-    std::thread::spawn(move || for _ in lines {});
-    Ok(child)
+    test_util::spawn_until_ready(&mut command, port)
+        .with_context(|| format!("starting {}", binary.display()))
 }
 
 impl Drop for PrivateRedis {
