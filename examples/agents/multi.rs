@@ -823,8 +823,12 @@ pub fn run_fleet(
     match &upstream {
         Ok(stats) => {
             say(&organisation_table(stats, simulated, args.fleet_rates));
-            // The fleet's rates are judged on a run without a fault (an outage costs rate).
-            if args.fleet_rates != FleetRates::Off && args.chaos.is_none() {
+            // The fleet's rates are judged on a whole run without a fault: an outage costs rate,
+            // and a run cut short by a signal stops mid-ramp.
+            if args.fleet_rates != FleetRates::Off
+                && args.chaos.is_none()
+                && watched.signal.is_none()
+            {
                 problems.extend(rate_problems(stats));
             }
         }
