@@ -100,6 +100,14 @@ pub struct Quotas {
 /// that checks the in-flight ceilings; a lease that does not fit on rate alone learns the
 /// instant it will. The budgets start full and never hold more than one minute's worth.
 ///
+/// A budget that holds a whole minute's worth and refills a whole budget per minute is what a
+/// provider's own bucket does, and lets up to twice the budget through in one rolling minute (a
+/// full budget, then its refill). Where no rolling minute may ever see more than the budget (an
+/// organisation's limit counted over every span of 60 s), set a burst
+/// ([`within_every_minute`](Rates::within_every_minute)): the level then holds that share of the
+/// budget and refills the rest per minute, so the most any minute can spend is the burst plus
+/// the refill, the budget itself. The price is the burst's share of the steady rate.
+///
 /// `minute` is 60 s. A simulation whose clock runs `k` times faster than the server's sets it
 /// to `60 s / k`: the budgets stay what they are per simulated minute, and so does the most
 /// they accumulate (multiplying the budgets by `k` instead would let `k` minutes' worth pile
@@ -129,6 +137,11 @@ pub struct Rates {
     pub requests_per_minute: u64,
     /// How long the budgets' minute lasts on the server's clock (60 s; see above).
     pub minute: Duration,
+    /// `None`: each level holds up to a whole budget and refills a whole budget per minute.
+    /// `Some(p)`: each level holds `p` permille of its budget (1 to 999; a lease's footprint and
+    /// requests must fit in it) and refills the rest of the budget per minute, so no rolling
+    /// minute spends more than the budget.
+    pub burst_permille: Option<u16>,
 }
 
 impl Rates {
@@ -138,7 +151,37 @@ impl Rates {
             tokens_per_minute: tokens,
             requests_per_minute: requests,
             minute: Duration::from_secs(60),
+            burst_permille: None,
         }
+    }
+
+    /// The same rates held over every rolling minute: each level holds `burst_permille` of its
+    /// budget and refills the rest per minute.
+    ///
+    /// ```
+    /// use admission_redis::Rates;
+    ///
+    /// // 100,000 tokens and 150 requests in any 60 s: at most 5,000 tokens and 7.5 requests at
+    /// // once, refilled at 95,000 tokens and 142.5 requests per minute.
+    /// let rates = Rates::per_minute(100_000, 150).within_every_minute(50);
+    /// assert_eq!(rates.burst_permille, Some(50));
+    /// assert_eq!(rates.capacity(), (5_000.0, 7.5));
+    /// ```
+    #[must_use]
+    pub const fn within_every_minute(self, burst_permille: u16) -> Rates {
+        Rates {
+            burst_permille: Some(burst_permille),
+            ..self
+        }
+    }
+
+    /// The most each level holds at once: `(tokens, requests)`.
+    pub fn capacity(&self) -> (f64, f64) {
+        let share = self.burst_permille.map_or(1.0, |p| f64::from(p) / 1000.0);
+        (
+            self.tokens_per_minute as f64 * share,
+            self.requests_per_minute as f64 * share,
+        )
     }
 }
 
@@ -525,6 +568,19 @@ impl RedisAdmissionConfig {
                     format!("is {:?}: must be within 1 ms..=1 h", r.minute),
                 ));
             }
+            if let Some(p) = r.burst_permille {
+                let (tokens, requests) = r.capacity();
+                if !(1..=999).contains(&p) || requests < 1.0 || tokens < 1.0 {
+                    return Err(ConfigError::new(
+                        "rates.burst_permille",
+                        format!(
+                            "is {p}: must be within 1..=999 and leave the levels room for one \
+                             request and one token (they would hold {tokens} tokens and \
+                             {requests} requests)"
+                        ),
+                    ));
+                }
+            }
         }
         if let Some(tenant) = &self.tenant_mode {
             match &self.tls {
@@ -567,8 +623,9 @@ impl RedisAdmissionConfig {
             .map(|q| (q.requests_per_minute, q.bytes_per_hour))
             .unwrap_or((0, 0));
         let rates = self.rates.map_or(String::new(), |r| {
+            let burst = r.burst_permille.map_or(String::new(), |p| format!(":{p}"));
             format!(
-                "|rates:{}:{}:{}",
+                "|rates:{}:{}:{}{burst}",
                 r.tokens_per_minute,
                 r.requests_per_minute,
                 r.minute.as_millis()

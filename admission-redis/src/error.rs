@@ -233,12 +233,16 @@ pub enum NeverReason {
     /// The footprint is 0 bytes.
     #[error("footprint is 0 bytes")]
     EmptyFootprint,
-    /// The footprint is over a byte ceiling (the tenant's including its override).
-    #[error("footprint {asked} bytes is over the {dimension} ceiling of {ceiling}")]
+    /// The request spends no requests of the rates, or more than 2^53.
+    #[error("a lease spends 1 to 2^53 requests of the rates")]
+    NoRequests,
+    /// The footprint (or, on `RequestsPerMinute`, the requests) is over a ceiling: a byte
+    /// ceiling (the tenant's including its override), or the most a rate's level holds.
+    #[error("{}", over_ceiling(*.dimension, *.asked, *.ceiling))]
     OverCeiling {
-        /// `ServiceBytes` or `TenantBytes`.
+        /// `ServiceBytes`, `TenantBytes`, `TokensPerMinute` or `RequestsPerMinute`.
         dimension: Dimension,
-        /// The footprint.
+        /// The footprint (the requests on `RequestsPerMinute`).
         asked: u64,
         /// The ceiling.
         ceiling: u64,
@@ -376,4 +380,14 @@ pub enum PolicyError {
         /// The fingerprint stored in Redis.
         stored: String,
     },
+}
+
+/// An over-ceiling refusal in words: what was asked on `dimension`, and its ceiling.
+fn over_ceiling(dimension: Dimension, asked: u64, ceiling: u64) -> String {
+    let what = match dimension {
+        Dimension::RequestsPerMinute => format!("{asked} requests are"),
+        Dimension::TokensPerMinute => format!("footprint {asked} tokens is"),
+        _ => format!("footprint {asked} bytes is"),
+    };
+    format!("{what} over the {dimension} ceiling of {ceiling}")
 }

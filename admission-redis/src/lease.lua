@@ -9,13 +9,15 @@
 --
 -- KEYS: 1 cfg (hash: ceilings, fingerprint, policy version, tenant overrides `o:<tenant>`)
 --       2 occ (hash: counters sb, st, tb:<tenant>, tt:<tenant>, bt:<backend>; lease records
---              r:<id> = "token|tenant|backend|footprint|operation"; the last token, tok)
+--              r:<id> = "token|tenant|backend|footprint|operation|requests|nonce"; the last
+--              token, tok)
 --       3 exp (sorted set: lease id -> expiry, server milliseconds)
 --       4 events (stream)   5 quota (hash: "r:<tenant>" / "b:<tenant>" -> "window|used")
 --       6 line (sorted set: waiting lease id -> ticket)   7 live (sorted set: waiting id ->
 --              liveness expiry, server ms)
--- Waiters are recorded in occ as q:<id> = "ticket|tenant|backend|footprint|operation|nonce|instance";
--- a lease record carries the nonce of the acquisition that took it as a sixth field. The nonce is
+-- Waiters are recorded in occ as q:<id> = "ticket|tenant|backend|footprint|operation|requests|nonce|
+-- instance"; a lease record carries the nonce of the acquisition that took it last. `requests` is
+-- what the lease spends of the requests per minute (1 for a call; more for a slice). The nonce is
 -- the caller's, chosen before its first call: only the same call may ask again as that waiter,
 -- claim a grant made to it (read-only, so a claim whose reply was lost can be claimed again) or
 -- withdraw it; another acquisition with the same lease id is a duplicate.
@@ -48,7 +50,7 @@ local function call(KEYS, ARGV)
   local function read_cfg()
     return redis.call('HMGET', cfg, 'fingerprint', 'sb', 'st', 'tb', 'tt', 'bt', 'maxlen',
       'version', 'skew_ms', 'o:' .. asking, 'ttl', 'nq', 'idle', 'touched', 'ne', 'rid', 'rec',
-      'rt', 'rr', 'thr', 'rh', 'rm')
+      'rt', 'rr', 'thr', 'rh', 'rm', 'rb')
   end
   local c = read_cfg()
   if not me then me = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') end
@@ -88,6 +90,7 @@ local function call(KEYS, ARGV)
   --   11 recover ('1': a cell created afresh recovers, see below, before it admits anything)
   --   12 tokens per minute 13 requests per minute (the rates, see below; '0': none)
   --   14 the rates' minute, ms (60000; shorter for a simulation running faster than real time)
+  --   15 the rates' burst, permille of the budgets ('0': a whole minute's worth, see below)
   local created = false
   if op == 'init' and not c[1] then
     local rec = (ARGV[11] == '1' and now_ms + tonumber(ARGV[9])) or 0
@@ -96,7 +99,8 @@ local function call(KEYS, ARGV)
       'version', int(math.max(1, math.floor(now_ms))), 'ttl', ARGV[9], 'idle', ARGV[10],
       'nq', redis.call('ZCARD', line), 'rid', me, 'rec', rec)
     if tonumber(ARGV[12] or '0') > 0 then
-      redis.call('HSET', cfg, 'rt', ARGV[12], 'rr', ARGV[13], 'thr', 0, 'rm', ARGV[14] or 60000)
+      redis.call('HSET', cfg, 'rt', ARGV[12], 'rr', ARGV[13], 'thr', 0, 'rm', ARGV[14] or 60000,
+        'rb', ARGV[15] or 0)
     end
     c = read_cfg()
     created = true
@@ -125,19 +129,35 @@ local function call(KEYS, ARGV)
   local DIMS = { 'service_bytes', 'service_transfers', 'tenant_bytes', 'tenant_transfers', 'backend_transfers',
     'tokens_per_minute', 'requests_per_minute' }
 
-  -- The rates (a cell configured with them): tokens and requests per minute, each a budget that
-  -- refills continuously on the server's clock at budget / minute / (1 + throttle), the
-  -- throttle counted in tenths (`thr`) as the local token bucket counts it. Their levels live in
-  -- occ (`lt`, `lr`, and `la`, the server ms they were settled at) and enter the counters as
-  -- dimensions 6 and 7, counted as what is spent (budget - level), so the rules of the in-flight
-  -- dimensions (fit, the head's reservation, the hand-off) apply to them unchanged. A lease spends
-  -- its footprint in tokens and one request when it is granted; a release may give back the
-  -- tokens it did not use. `rh` in cfg is the head last told when the rates will serve it.
+  -- The rates (a cell configured with them): tokens and requests per minute (`rt`, `rr`). Each is
+  -- a level that holds at most its capacity (CT, CR) and refills continuously on the server's
+  -- clock at FT (FR) per minute / (1 + throttle), the throttle counted in tenths (`thr`) as the
+  -- local token bucket counts it. Without a burst (`rb` 0) the capacity and the refill are the
+  -- whole budget, as a provider's bucket is: a full level and a minute's refill let up to twice
+  -- the budget through in one rolling minute. With a burst of `rb` permille the capacity is that
+  -- share of the budget and the refill the rest: capacity + refill never exceed the budget, so
+  -- no rolling minute of the server's clock spends more than it. The levels live in occ (`lt`,
+  -- `lr`, and `la`, the server ms they were settled at) and enter the counters as dimensions 6
+  -- and 7, counted as what is spent (capacity - level), so the rules of the in-flight dimensions
+  -- (fit, the head's reservation, the hand-off) apply to them unchanged. A lease spends its
+  -- footprint in tokens and its requests (one for a call) when it is granted; a release may give
+  -- back what it did not use. `rh` in cfg is the head last told when the rates will serve it.
   local RT, RR, THR = tonumber(c[18] or '0'), tonumber(c[19] or '0'), tonumber(c[20] or '0')
   local RM = tonumber(c[22] or '60000')
+  local RB = tonumber(c[23] or '0')
   local RATED = RT > 0
   local NDIM = RATED and 7 or 5
   local PER_MS = 10 / (10 + THR) / RM
+  local CT, CR, FT, FR
+  local function capacities()
+    if RB > 0 then
+      CT, CR = RT * RB / 1000, RR * RB / 1000
+      FT, FR = RT - CT, RR - CR
+    else
+      CT, CR, FT, FR = RT, RR, RT, RR
+    end
+  end
+  capacities()
 
   -- The asking tenant's ceilings: its override, or the defaults.
   local function limits(override)
@@ -158,10 +178,10 @@ local function call(KEYS, ARGV)
     local o = { tonumber(v[1] or '0'), tonumber(v[2] or '0'), tonumber(v[3] or '0'),
       tonumber(v[4] or '0'), tonumber(v[5] or '0') }
     if RATED then
-      local lt, lr = tonumber(v[n + 1] or RT), tonumber(v[n + 2] or RR)
+      local lt, lr = tonumber(v[n + 1] or CT), tonumber(v[n + 2] or CR)
       local dt = math.max(0, now_ms - tonumber(v[n + 3] or now_ms))
-      o[6] = RT - math.min(RT, lt + dt * RT * PER_MS)
-      o[7] = RR - math.min(RR, lr + dt * RR * PER_MS)
+      o[6] = CT - math.min(CT, lt + dt * FT * PER_MS)
+      o[7] = CR - math.min(CR, lr + dt * FR * PER_MS)
     end
     return o, v
   end
@@ -181,7 +201,7 @@ local function call(KEYS, ARGV)
     end
     if RATED then
       local n = #set
-      set[n + 1], set[n + 2], set[n + 3], set[n + 4] = 'lt', RT - o[6], 'lr', RR - o[7]
+      set[n + 1], set[n + 2], set[n + 3], set[n + 4] = 'lt', CT - o[6], 'lr', CR - o[7]
       set[n + 5], set[n + 6] = 'la', now_ms
     end
     if #set > 0 then redis.call('HSET', occ, unpack(set)) end
@@ -209,7 +229,7 @@ local function call(KEYS, ARGV)
   local function parse(r)
     local f = {}
     for part in string.gmatch(r, '[^|]+') do f[#f + 1] = part end
-    return f -- token (or ticket), tenant, backend, footprint, operation, nonce, instance
+    return f -- token (or ticket), tenant, backend, footprint, operation, requests, nonce, instance
   end
 
   -- Tells instance `to` that the hand-off granted lease `id` to its acquisition `nonce` (see the
@@ -238,16 +258,20 @@ local function call(KEYS, ARGV)
   end
 
   -- Gives back what lease `id` holds (its record `r`), and to the rates the `unused` tokens of
-  -- its footprint (at most the footprint), then lowers the token level to `left` if it is above
-  -- it (what the upstream said it had left), and records why.
-  local function settle(id, r, kind, unused, left)
+  -- its footprint (at most the footprint) and the `unused_requests` of its requests (at most
+  -- those), then lowers the token level to `left` if it is above it (what the upstream said it
+  -- had left), and records why.
+  local function settle(id, r, kind, unused, left, unused_requests)
     local f = parse(r)
     local footprint = tonumber(f[4])
     local o, v = read(f[2], f[3], 'seq')
     local seq = tonumber(v[6] or '0') + 1
     o[1], o[2], o[3], o[4], o[5] = o[1] - footprint, o[2] - 1, o[3] - footprint, o[4] - 1, o[5] - 1
     if RATED and unused and unused > 0 then o[6] = math.max(0, o[6] - math.min(unused, footprint)) end
-    if RATED and left then o[6] = math.max(o[6], RT - left) end
+    if RATED and unused_requests and unused_requests > 0 then
+      o[7] = math.max(0, o[7] - math.min(unused_requests, tonumber(f[6]) or 0))
+    end
+    if RATED and left then o[6] = math.max(o[6], CT - left) end
     write(o, f[2], f[3], { 'seq', seq }, { 'r:' .. id })
     redis.call('ZREM', exp, id)
     append(kind, id, f[1], f[2], f[3], f[4], f[5], kind, o, seq)
@@ -266,7 +290,7 @@ local function call(KEYS, ARGV)
   -- The first dimension on which `need` (five amounts) does not fit `o` with `r` set aside, or
   -- which `blocked` forbids; nil when it fits.
   local function short_on(o, need, tb_max, tt_max, r, blocked)
-    local max = { S_B, S_T, tb_max, tt_max, B_T, RT, RR }
+    local max = { S_B, S_T, tb_max, tt_max, B_T, CT, CR }
     for i = 1, NDIM do
       if blocked[i] or o[i] + r[i] + need[i] > max[i] then return i end
     end
@@ -276,8 +300,8 @@ local function call(KEYS, ARGV)
   -- The head of the line as the waiters behind it see it: its demand, and the dimensions it is
   -- short on, from its record `w`, its counters `o` and its byte and transfer ceilings.
   local function head_of(w, o, tb_max, tt_max)
-    local f = tonumber(w[4]) or 0
-    local need, max, short = { f, 1, f, 1, 1, f, 1 }, { S_B, S_T, tb_max, tt_max, B_T, RT, RR }, {}
+    local f, q = tonumber(w[4]) or 0, tonumber(w[6]) or 1
+    local need, max, short = { f, 1, f, 1, 1, f, q }, { S_B, S_T, tb_max, tt_max, B_T, CT, CR }, {}
     for i = 1, NDIM do short[i] = o[i] + need[i] > max[i] end
     return { tenant = w[2], backend = w[3], need = need, short = short }
   end
@@ -305,17 +329,18 @@ local function call(KEYS, ARGV)
   -- a refund sooner; a waiter told an instant asks again then and learns the new one.
   local function rate_ready(o, need, r)
     if not RATED then return -1 end
-    local budget, wait = { [6] = RT, [7] = RR }, 0
+    local capacity, refill, wait = { [6] = CT, [7] = CR }, { [6] = FT, [7] = FR }, 0
     for i = 6, 7 do
-      local over = o[i] + r[i] + need[i] - budget[i]
-      if over > 0 then wait = math.max(wait, over / (budget[i] * PER_MS)) end
+      local over = o[i] + r[i] + need[i] - capacity[i]
+      if over > 0 then wait = math.max(wait, over / (refill[i] * PER_MS)) end
     end
     if wait <= 0 then return -1 end
     return math.ceil(now_ms + wait)
   end
 
   -- Grants lease `id` to the acquisition `nonce` with counters `o` (read before the grant).
-  local function grant(id, tenant, backend, footprint, operation, ttl, o, nonce, outcome, last, seq)
+  local function grant(id, tenant, backend, footprint, requests, operation, ttl, o, nonce, outcome,
+    last, seq)
     local f = tonumber(footprint)
     if not last then
       local v = redis.call('HMGET', occ, 'tok', 'seq')
@@ -328,9 +353,9 @@ local function call(KEYS, ARGV)
     -- No lease held before this one: the expiries are new.
     local first = o[2] == 0
     o[1], o[2], o[3], o[4], o[5] = o[1] + f, o[2] + 1, o[3] + f, o[4] + 1, o[5] + 1
-    if RATED then o[6], o[7] = o[6] + f, o[7] + 1 end
-    local record = string.format('%.0f|%s|%s|%s|%s|%s', token, tenant, backend, footprint, operation,
-      nonce)
+    if RATED then o[6], o[7] = o[6] + f, o[7] + tonumber(requests) end
+    local record = string.format('%.0f|%s|%s|%s|%s|%s|%s', token, tenant, backend, footprint, operation,
+      requests, nonce)
     write(o, tenant, backend, { 'tok', token, 'r:' .. id, record, 'seq', seq })
     if first then born(exp) end
     if expiry < NE then
@@ -362,20 +387,20 @@ local function call(KEYS, ARGV)
         unqueue(id)
         append('timed_out', id, '0', w[2], w[3], w[4], w[5], 'abandoned', (read(w[2], w[3])))
       else
-        local w = parse(q) -- ticket, tenant, backend, footprint, operation, nonce
+        local w = parse(q) -- ticket, tenant, backend, footprint, operation, requests, nonce, instance
         local f = tonumber(w[4])
         local tb_max, tt_max = limits(redis.call('HGET', cfg, 'o:' .. w[2]))
         local o = read(w[2], w[3])
         local r, blocked = set_aside(head, w[2], w[3])
-        local need = { f, 1, f, 1, 1, f, 1 }
+        local need = { f, 1, f, 1, 1, f, tonumber(w[6]) }
         if not short_on(o, need, tb_max, tt_max, r, blocked) then
           unqueue(id)
-          local token = grant(id, w[2], w[3], w[4], w[5], TTL, o, w[6], 'handoff')
-          if w[7] then notify(w[7], id, w[6], token, o) end
+          local token = grant(id, w[2], w[3], w[4], w[6], w[5], TTL, o, w[7], 'handoff')
+          if w[8] then notify(w[8], id, w[7], token, o) end
           granted = granted + 1
         elseif not head then
           head = head_of(w, o, tb_max, tt_max)
-          head.id, head.nonce, head.to, head.o = id, w[6], w[7], o
+          head.id, head.nonce, head.to, head.o = id, w[7], w[8], o
           -- Every waiter needs service bytes and a service transfer: when the head is short on
           -- either, or nothing is left of them beside its reservation, nobody behind can go.
           -- So too when it waits for the rates, which every lease spends.
@@ -451,7 +476,7 @@ local function call(KEYS, ARGV)
     local seq = tonumber(v[6] or '0') + 1
     o[1], o[2], o[3], o[4], o[5] = o[1] + f, o[2] + 1, o[3] + f, o[4] + 1, o[5] + 1
     write(o, tenant, backend, { 'seq', seq, 'tok', math.max(tonumber(v[7] or '0'), tonumber(token)),
-      'r:' .. id, table.concat({ token, tenant, backend, footprint, operation, '' }, '|') })
+      'r:' .. id, table.concat({ token, tenant, backend, footprint, operation, '0', '' }, '|') })
     redis.call('ZADD', exp, expiry, id)
     if first then born(exp) end
     if expiry < NE then
@@ -471,7 +496,7 @@ local function call(KEYS, ARGV)
   -- changes, so what was refilled counts at the rate in force until then).
   local function settle_rates(o)
     local fresh = redis.call('EXISTS', occ) == 0
-    redis.call('HSET', occ, 'lt', RT - o[6], 'lr', RR - o[7], 'la', now_ms)
+    redis.call('HSET', occ, 'lt', CT - o[6], 'lr', CR - o[7], 'la', now_ms)
     if fresh then born(occ) end
   end
 
@@ -510,8 +535,10 @@ local function call(KEYS, ARGV)
     --       10 wait flag (1: join the line, with a `queued` event, when it does not fit now)
     --       11 the acquisition's nonce (the same on every call of one acquisition)
     --       12 the asking instance, where the hand-off's notice of a grant goes ('': none)
+    --       13 the requests the lease spends of the rates (1 for a call)
     local id, tenant, backend, operation = ARGV[3], ARGV[4], ARGV[5], ARGV[7]
     local footprint, ttl, nonce = tonumber(ARGV[6]), tonumber(ARGV[8]), ARGV[11]
+    local requests = tonumber(ARGV[13] or '1')
     -- Only what a key name may carry: an instance is hex, at most 32 digits.
     local instance = string.match(ARGV[12] or '', '^%x+$') or ''
     if #instance > 32 then instance = '' end
@@ -520,13 +547,21 @@ local function call(KEYS, ARGV)
     local tb_max, tt_max = limits(c[10])
     if footprint > S_B then return touch(IDLE, {'NEVER', 'service_bytes', ARGV[6], int(S_B)}) end
     if footprint > tb_max then return touch(IDLE, {'NEVER', 'tenant_bytes', ARGV[6], int(tb_max)}) end
-    if RATED and footprint > RT then return touch(IDLE, {'NEVER', 'tokens_per_minute', ARGV[6], int(RT)}) end
+    if not requests or requests < 1 or requests ~= math.floor(requests) then
+      return touch(IDLE, {'NEVER', 'requests', ARGV[13], '1'})
+    end
+    if RATED and footprint > CT then
+      return touch(IDLE, {'NEVER', 'tokens_per_minute', ARGV[6], int(math.floor(CT))})
+    end
+    if RATED and requests > CR then
+      return touch(IDLE, {'NEVER', 'requests_per_minute', ARGV[13], int(math.floor(CR))})
+    end
     local o, v = read(tenant, backend, 'r:' .. id, 'q:' .. id, 'tok', 'seq')
     if v[6] then
       -- Held: this acquisition's own lease (granted from the line, or by a call whose reply was
       -- lost), claimed as it is; or a duplicate.
       local f = parse(v[6])
-      if f[6] ~= nonce then return touch(IDLE, {'NEVER', 'lease_id', id, '0'}) end
+      if f[7] ~= nonce then return touch(IDLE, {'NEVER', 'lease_id', id, '0'}) end
       local expiry = tonumber(redis.call('ZSCORE', exp, id) or '0')
       if expiry > now_ms then
         return touch(IDLE, {'OK', f[1], version, o[1], o[2], o[3], o[4],
@@ -543,7 +578,7 @@ local function call(KEYS, ARGV)
     if v[7] then
       local w = parse(v[7])
       -- Another acquisition waits under this id: a duplicate, not this one asking again.
-      if w[6] ~= nonce then return touch(IDLE, {'NEVER', 'lease_id', id, '0'}) end
+      if w[7] ~= nonce then return touch(IDLE, {'NEVER', 'lease_id', id, '0'}) end
       waiting = w[1]
     end
     if waiting then
@@ -560,7 +595,7 @@ local function call(KEYS, ARGV)
       head = head_of(h, (read(h[2] or '', h[3] or '')), htb, htt)
     end
     local r, blocked = set_aside(head, tenant, backend)
-    local need = { footprint, 1, footprint, 1, 1, footprint, 1 }
+    local need = { footprint, 1, footprint, 1, 1, footprint, requests }
     local dim = short_on(o, need, tb_max, tt_max, r, blocked)
     -- The first in line (or a newcomer with nobody waiting) learns when the rates serve it; those
     -- behind wait for the hand-off.
@@ -573,7 +608,7 @@ local function call(KEYS, ARGV)
       if dim == 0 then return touch(IDLE, {'FULL', 'recovering', 0, 0, REC, now_ms, ticket, -1}) end
       -- A head in the line told its instant here needs no notice of it.
       if ticket ~= '' and ready > 0 then tell_ready(nil, id, nonce, ready) end
-      local max = { S_B, S_T, tb_max, tt_max, B_T, RT, RR }
+      local max = { S_B, S_T, tb_max, tt_max, B_T, CT, CR }
       return touch(IDLE, {'FULL', DIMS[dim], int(math.ceil(o[dim] + r[dim])), int(max[dim]),
         earliest_expiry(), now_ms, ticket, ready})
     end
@@ -583,8 +618,8 @@ local function call(KEYS, ARGV)
       redis.call('ZADD', line, waiting, id)
       redis.call('ZADD', live, now_ms + ttl, id)
       redis.call('HSET', occ, 'q:' .. id,
-        waiting .. '|' .. tenant .. '|' .. backend .. '|' .. ARGV[6] .. '|' .. operation .. '|' .. nonce
-        .. '|' .. instance)
+        waiting .. '|' .. tenant .. '|' .. backend .. '|' .. ARGV[6] .. '|' .. operation .. '|'
+        .. int(requests) .. '|' .. nonce .. '|' .. instance)
       -- The line's first waiter creates the line and its liveness set.
       if queued == 1 then
         born(line)
@@ -595,7 +630,8 @@ local function call(KEYS, ARGV)
     end
     if dim then return full(waiting or '') end
     if waiting then unqueue(id) end
-    local token, expiry = grant(id, tenant, backend, ARGV[6], operation, ttl, o, nonce, 'admitted', v[8] or '0', v[9])
+    local token, expiry = grant(id, tenant, backend, ARGV[6], int(requests), operation, ttl, o, nonce,
+      'admitted', v[8] or '0', v[9])
     -- A head served by the rates at its instant asks itself: those behind it may fit now, and
     -- the next head must learn its own instant.
     if waiting and RATED then handoff(tonumber(ARGV[9])) end
@@ -613,7 +649,7 @@ local function call(KEYS, ARGV)
     local v = redis.call('HMGET', occ, 'q:' .. id, 'r:' .. id)
     if v[1] then
       local w = parse(v[1])
-      if w[6] == nonce then
+      if w[7] == nonce then
         unqueue(id)
         append('timed_out', id, '0', w[2], w[3], w[4], w[5], 'timed_out', (read(w[2], w[3])))
         handoff(tonumber(ARGV[5]))
@@ -622,7 +658,7 @@ local function call(KEYS, ARGV)
     end
     if v[2] then
       local f = parse(v[2])
-      if f[6] == nonce then
+      if f[7] == nonce then
         local o = read(f[2], f[3])
         local expiry = redis.call('ZSCORE', exp, id)
         return touch(IDLE, {'OK', f[1], version, o[1], o[2], o[3], o[4], o[5],
@@ -674,6 +710,7 @@ local function call(KEYS, ARGV)
     --         throttle ('': nothing, '0': a success, n: n backpressure increments)
     --       9 the tokens the upstream said it had left ('': it did not say): a token level
     --         above it comes down to it (someone outside the fleet spends the same budget)
+    --       10 requests of the lease not used (given back to the rates; '0': none)
     local id, token = ARGV[3], ARGV[4]
     reap(tonumber(ARGV[6]))
     local r = redis.call('HGET', occ, 'r:' .. id)
@@ -683,7 +720,7 @@ local function call(KEYS, ARGV)
     if not r then return touch(IDLE, {'LOST'}) end
     local current = string.sub(r, 1, string.find(r, '|', 1, true) - 1)
     if current ~= token then return touch(IDLE, {'STALE', current}) end
-    settle(id, r, ARGV[5], tonumber(ARGV[7] or '0'), tonumber(ARGV[9] or ''))
+    settle(id, r, ARGV[5], tonumber(ARGV[7] or '0'), tonumber(ARGV[9] or ''), tonumber(ARGV[10] or '0'))
     -- `settle` wrote the levels at now: the throttle may change after it.
     if RATED and (ARGV[8] or '') ~= '' then throttle(tonumber(ARGV[8]) or 0) end
     handoff(tonumber(ARGV[6]))
@@ -705,7 +742,7 @@ local function call(KEYS, ARGV)
     local tb_max, tt_max = limits(c[10])
     -- With rates: the levels (whole tokens and requests left), the budgets and the throttle.
     local rates = { -1, -1, -1, -1, -1 }
-    if RATED then rates = { math.floor(RT - o[6]), math.floor(RR - o[7]), RT, RR, THR } end
+    if RATED then rates = { math.floor(CT - o[6]), math.floor(CR - o[7]), RT, RR, THR } end
     return touch(IDLE, {'OK', version, o[1], o[2], o[3], o[4], o[5],
       o[2], int(tb_max), int(tt_max), int(now_ms), int(reaped), v[6] or '0',
       int(redis.call('XLEN', events)), rates[1], rates[2], rates[3], rates[4], rates[5]})
@@ -735,9 +772,11 @@ local function call(KEYS, ARGV)
     if t == RT and q == RR then return touch(IDLE, {'OK', version}) end
     reap(tonumber(ARGV[5]))
     local o = read('', '')
-    local lt, lr = math.min(RT - o[6], t), math.min(RR - o[7], q)
+    local lt, lr = CT - o[6], CR - o[7]
     RT, RR = t, q
-    o[6], o[7] = RT - lt, RR - lr
+    capacities()
+    lt, lr = math.min(lt, CT), math.min(lr, CR)
+    o[6], o[7] = CT - lt, CR - lr
     settle_rates(o)
     redis.call('HSET', cfg, 'rt', RT, 'rr', RR)
     version = int(redis.call('HINCRBY', cfg, 'version', 1))

@@ -22,6 +22,7 @@ use crate::shared::Shared;
 pub(crate) struct Return {
     pub(crate) outcome: Outcome,
     pub(crate) unused: u64,
+    pub(crate) unused_requests: u64,
     pub(crate) feedback: Option<u32>,
     pub(crate) left: Option<u64>,
 }
@@ -32,6 +33,7 @@ impl Return {
         Return {
             outcome,
             unused: 0,
+            unused_requests: 0,
             feedback: None,
             left: None,
         }
@@ -272,8 +274,32 @@ impl Lease {
         self.give_back(Return {
             outcome,
             unused,
+            unused_requests: 0,
             feedback,
             left: report.tokens_left,
+        })
+        .await
+    }
+
+    /// Releases a slice of the cell's rates ([`RateSlices`](crate::RateSlices)) that spent
+    /// `tokens` of its footprint and `requests` of its requests: the rest of each goes back to
+    /// the rates (at most what the lease took).
+    ///
+    /// # Errors
+    ///
+    /// As [`release`](Lease::release).
+    pub async fn release_slice(
+        self,
+        outcome: Outcome,
+        tokens: u64,
+        requests: u64,
+    ) -> Result<(), LeaseError> {
+        let unused = self.entry.footprint().saturating_sub(tokens);
+        let unused_requests = self.entry.requests().saturating_sub(requests);
+        self.give_back(Return {
+            unused,
+            unused_requests,
+            ..Return::plain(outcome)
         })
         .await
     }
@@ -337,6 +363,7 @@ pub(crate) async fn give_back(
         token,
         outcome: back.outcome,
         unused: back.unused,
+        unused_requests: back.unused_requests,
         feedback: back.feedback,
         left: back.left,
     };

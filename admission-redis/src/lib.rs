@@ -66,6 +66,7 @@ mod renewal;
 mod request;
 mod script;
 mod shared;
+mod slice;
 #[cfg(feature = "private-servers")]
 pub mod test_util;
 mod wake;
@@ -86,3 +87,4 @@ pub use local::{FleetAdmission, FleetGrant};
 pub use renewal::LossReason;
 pub use request::{LeaseRequest, hashed_id};
 pub use script::{FencingToken, Occupancy, Outcome};
+pub use slice::{RateSlices, SliceCall, SliceConfig, SliceStats};

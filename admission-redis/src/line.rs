@@ -216,6 +216,7 @@ async fn attempt(
         tenant: &tenant,
         backend: &backend,
         footprint: request.footprint,
+        requests: request.requests,
         operation: &request.operation,
         queued,
         nonce,

@@ -81,6 +81,8 @@ pub(crate) struct Entry {
     tenant: String,
     backend: String,
     footprint: u64,
+    /// What the lease spent of the cell's requests per minute.
+    requests: u64,
     pub(crate) loss: watch::Sender<Option<LossReason>>,
     /// Set when the holder released or dropped the lease: the task forgets it.
     pub(crate) done: AtomicBool,
@@ -102,6 +104,7 @@ impl Entry {
             tenant: hashed_id(&request.tenant),
             backend: hashed_id(&request.backend),
             footprint: request.footprint,
+            requests: request.requests,
             loss: watch::channel(None).0,
             done: AtomicBool::new(false),
             timing: Mutex::new(Timing {
@@ -126,6 +129,11 @@ impl Entry {
     /// The lease's footprint.
     pub(crate) fn footprint(&self) -> u64 {
         self.footprint
+    }
+
+    /// What the lease spent of the cell's requests per minute.
+    pub(crate) fn requests(&self) -> u64 {
+        self.requests
     }
 
     /// Past this instant the lease may have expired on the server.

@@ -19,6 +19,10 @@ pub struct LeaseRequest {
     pub footprint: u64,
     /// A bounded operation label, 1 to 32 of `[a-z0-9_]` (`upload`, `download`, ...).
     pub operation: String,
+    /// What the lease spends of the cell's requests per minute ([`Rates`](crate::Rates)) when it
+    /// is granted: 1 for one call (the default), more for a slice of the rate that several calls
+    /// will spend ([`RateSlices`](crate::RateSlices)). Ignored by a cell without rates.
+    pub requests: u64,
 }
 
 impl LeaseRequest {
@@ -36,7 +40,15 @@ impl LeaseRequest {
             backend: backend.into(),
             footprint,
             operation: operation.into(),
+            requests: 1,
         }
+    }
+
+    /// The same request spending `requests` of the cell's requests per minute instead of 1.
+    #[must_use]
+    pub fn with_requests(mut self, requests: u64) -> LeaseRequest {
+        self.requests = requests;
+        self
     }
 
     /// Why the request can never be admitted by a cell whose service byte ceiling is
@@ -61,6 +73,9 @@ impl LeaseRequest {
         if self.footprint == 0 {
             return Err(NeverReason::EmptyFootprint);
         }
+        if self.requests == 0 || self.requests > MAX_EXACT {
+            return Err(NeverReason::NoRequests);
+        }
         if self.footprint > MAX_EXACT {
             return Err(NeverReason::OverCeiling {
                 dimension: Dimension::ServiceBytes,
@@ -77,6 +92,7 @@ impl LeaseRequest {
             Dimension::ServiceBytes | Dimension::TenantBytes | Dimension::TokensPerMinute => {
                 self.footprint
             }
+            Dimension::RequestsPerMinute => self.requests,
             _ => 1,
         }
     }

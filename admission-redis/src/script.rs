@@ -219,6 +219,8 @@ pub(crate) enum Op<'a> {
         tenant: &'a str,
         backend: &'a str,
         footprint: u64,
+        /// What the lease spends of the requests per minute.
+        requests: u64,
         operation: &'a str,
         queued: bool,
         nonce: &'a str,
@@ -229,13 +231,15 @@ pub(crate) enum Op<'a> {
     Withdraw { id: &'a str, nonce: &'a str },
     /// Renews every `(id, token)` in one call.
     Renew { leases: &'a [Renewing<'a>] },
-    /// Gives a lease back, `unused` tokens of its footprint to the cell's rates, and what the
+    /// Gives a lease back, `unused` tokens of its footprint and `unused_requests` of its requests
+    /// to the cell's rates, and what the
     /// call under it said of the upstream's load to their throttle (`Some(0)`: a success).
     Release {
         id: &'a str,
         token: FencingToken,
         outcome: Outcome,
         unused: u64,
+        unused_requests: u64,
         feedback: Option<u32>,
         left: Option<u64>,
     },
@@ -316,6 +320,11 @@ impl Op<'_> {
                         .rates
                         .map_or(60_000, |r| r.minute.as_millis())
                         .to_string(),
+                    config
+                        .rates
+                        .and_then(|r| r.burst_permille)
+                        .map_or(0, u16::from)
+                        .to_string(),
                 ]
             }
             Op::Acquire {
@@ -323,6 +332,7 @@ impl Op<'_> {
                 tenant,
                 backend,
                 footprint,
+                requests,
                 operation,
                 queued,
                 nonce,
@@ -338,6 +348,7 @@ impl Op<'_> {
                 if *queued { "1" } else { "0" }.to_string(),
                 nonce.to_string(),
                 instance.to_string(),
+                requests.to_string(),
             ],
             Op::Withdraw { id, nonce } => vec![id.to_string(), nonce.to_string(), reap],
             Op::Renew { leases } => {
@@ -357,6 +368,7 @@ impl Op<'_> {
                 token,
                 outcome,
                 unused,
+                unused_requests,
                 feedback,
                 left,
             } => vec![
@@ -367,6 +379,7 @@ impl Op<'_> {
                 unused.to_string(),
                 feedback.map_or(String::new(), |f| f.to_string()),
                 left.map_or(String::new(), |l| l.to_string()),
+                unused_requests.to_string(),
             ],
             Op::Feedback { increments } => vec![increments.to_string(), reap],
             Op::Rates {
@@ -628,6 +641,7 @@ impl Decode for AcquireReply {
             "NEVER" => AcquireReply::Never(match w.word(1)? {
                 "lease_id" => NeverReason::DuplicateId(w.word(2)?.to_owned()),
                 "footprint" => NeverReason::EmptyFootprint,
+                "requests" => NeverReason::NoRequests,
                 name => NeverReason::OverCeiling {
                     dimension: Dimension::parse(name)?,
                     asked: w.int(2)?,

@@ -598,6 +598,7 @@ mod tests {
             Rates {
                 tokens_per_minute: 125_000,
                 requests_per_minute: 150,
+                burst_permille: None,
                 minute: Duration::from_millis(200),
             }
         );

@@ -13,4 +13,5 @@ mod real_time;
 mod recovery;
 mod rules;
 mod servers;
+mod slices;
 mod support;
