@@ -103,10 +103,11 @@ pub struct Quotas {
 /// A budget that holds a whole minute's worth and refills a whole budget per minute is what a
 /// provider's own bucket does, and lets up to twice the budget through in one rolling minute (a
 /// full budget, then its refill). Where no rolling minute may ever see more than the budget (an
-/// organisation's limit counted over every span of 60 s), set a burst
-/// ([`within_every_minute`](Rates::within_every_minute)): the level then holds that share of the
-/// budget and refills the rest per minute, so the most any minute can spend is the burst plus
-/// the refill, the budget itself. The price is the burst's share of the steady rate.
+/// organisation's limit counted over every span of 60 s), set a [`Burst`]
+/// ([`within_every_minute`](Rates::within_every_minute)): each level then holds at most the
+/// burst and refills the rest of its budget per minute, so the most any minute can spend is the
+/// burst plus the refill, the budget itself. The price is the burst's share of the steady rate;
+/// the burst must hold the largest lease.
 ///
 /// `minute` is 60 s. A simulation whose clock runs `k` times faster than the server's sets it
 /// to `60 s / k`: the budgets stay what they are per simulated minute, and so does the most
@@ -138,10 +139,21 @@ pub struct Rates {
     /// How long the budgets' minute lasts on the server's clock (60 s; see above).
     pub minute: Duration,
     /// `None`: each level holds up to a whole budget and refills a whole budget per minute.
-    /// `Some(p)`: each level holds `p` permille of its budget (1 to 999; a lease's footprint and
-    /// requests must fit in it) and refills the rest of the budget per minute, so no rolling
-    /// minute spends more than the budget.
-    pub burst_permille: Option<u16>,
+    /// `Some(burst)`: each level holds at most the burst (and at most half its budget) and
+    /// refills the rest of the budget per minute, so no rolling minute spends more than the
+    /// budget.
+    pub burst: Option<Burst>,
+}
+
+/// The most a cell's rate levels hold at once when the rates hold over every rolling minute
+/// ([`Rates::within_every_minute`]). Each is also capped at half its budget (a budget the
+/// headers lower keeps some refill); a lease's footprint and requests must fit in it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Burst {
+    /// Tokens: at least the largest lease's footprint.
+    pub tokens: u64,
+    /// Requests: at least the most requests one lease spends (1 for a call).
+    pub requests: u64,
 }
 
 impl Rates {
@@ -151,37 +163,46 @@ impl Rates {
             tokens_per_minute: tokens,
             requests_per_minute: requests,
             minute: Duration::from_secs(60),
-            burst_permille: None,
+            burst: None,
         }
     }
 
-    /// The same rates held over every rolling minute: each level holds `burst_permille` of its
-    /// budget and refills the rest per minute.
+    /// The same rates held over every rolling minute: each level holds at most `burst` and
+    /// refills the rest of its budget per minute.
     ///
     /// ```
-    /// use admission_redis::Rates;
+    /// use admission_redis::{Burst, Rates};
     ///
-    /// // 100,000 tokens and 150 requests in any 60 s: at most 5,000 tokens and 7.5 requests at
-    /// // once, refilled at 95,000 tokens and 142.5 requests per minute.
-    /// let rates = Rates::per_minute(100_000, 150).within_every_minute(50);
-    /// assert_eq!(rates.burst_permille, Some(50));
-    /// assert_eq!(rates.capacity(), (5_000.0, 7.5));
+    /// // 100,000 tokens and 150 requests in any 60 s: at most 6,000 tokens and 4 requests at
+    /// // once, refilled at 94,000 tokens and 146 requests per minute.
+    /// let burst = Burst { tokens: 6_000, requests: 4 };
+    /// let rates = Rates::per_minute(100_000, 150).within_every_minute(burst);
+    /// assert_eq!(rates.capacity(), (6_000.0, 4.0));
+    /// // A budget the headers lower to 10,000 tokens a minute keeps 5,000 of refill.
+    /// let lowered = Rates::per_minute(10_000, 150).within_every_minute(burst);
+    /// assert_eq!(lowered.capacity().0, 5_000.0);
     /// ```
     #[must_use]
-    pub const fn within_every_minute(self, burst_permille: u16) -> Rates {
+    pub const fn within_every_minute(self, burst: Burst) -> Rates {
         Rates {
-            burst_permille: Some(burst_permille),
+            burst: Some(burst),
             ..self
         }
     }
 
     /// The most each level holds at once: `(tokens, requests)`.
     pub fn capacity(&self) -> (f64, f64) {
-        let share = self.burst_permille.map_or(1.0, |p| f64::from(p) / 1000.0);
-        (
-            self.tokens_per_minute as f64 * share,
-            self.requests_per_minute as f64 * share,
-        )
+        let (tokens, requests) = (
+            self.tokens_per_minute as f64,
+            self.requests_per_minute as f64,
+        );
+        match self.burst {
+            None => (tokens, requests),
+            Some(b) => (
+                (b.tokens as f64).min(tokens / 2.0),
+                (b.requests as f64).min(requests / 2.0),
+            ),
+        }
     }
 }
 
@@ -568,17 +589,20 @@ impl RedisAdmissionConfig {
                     format!("is {:?}: must be within 1 ms..=1 h", r.minute),
                 ));
             }
-            if let Some(p) = r.burst_permille {
-                let (tokens, requests) = r.capacity();
-                if !(1..=999).contains(&p) || requests < 1.0 || tokens < 1.0 {
-                    return Err(ConfigError::new(
-                        "rates.burst_permille",
-                        format!(
-                            "is {p}: must be within 1..=999 and leave the levels room for one \
-                             request and one token (they would hold {tokens} tokens and \
-                             {requests} requests)"
-                        ),
-                    ));
+            if let Some(b) = r.burst {
+                for (field, value, budget) in [
+                    ("rates.burst.tokens", b.tokens, r.tokens_per_minute),
+                    ("rates.burst.requests", b.requests, r.requests_per_minute),
+                ] {
+                    if value == 0 || value > budget / 2 {
+                        return Err(ConfigError::new(
+                            field,
+                            format!(
+                                "is {value}: must be at least 1 and at most half the budget \
+                                 ({budget} a minute), so that the level refills"
+                            ),
+                        ));
+                    }
                 }
             }
         }
@@ -623,7 +647,9 @@ impl RedisAdmissionConfig {
             .map(|q| (q.requests_per_minute, q.bytes_per_hour))
             .unwrap_or((0, 0));
         let rates = self.rates.map_or(String::new(), |r| {
-            let burst = r.burst_permille.map_or(String::new(), |p| format!(":{p}"));
+            let burst = r
+                .burst
+                .map_or(String::new(), |b| format!(":{}:{}", b.tokens, b.requests));
             format!(
                 "|rates:{}:{}:{}{burst}",
                 r.tokens_per_minute,

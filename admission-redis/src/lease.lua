@@ -50,7 +50,7 @@ local function call(KEYS, ARGV)
   local function read_cfg()
     return redis.call('HMGET', cfg, 'fingerprint', 'sb', 'st', 'tb', 'tt', 'bt', 'maxlen',
       'version', 'skew_ms', 'o:' .. asking, 'ttl', 'nq', 'idle', 'touched', 'ne', 'rid', 'rec',
-      'rt', 'rr', 'thr', 'rh', 'rm', 'rb')
+      'rt', 'rr', 'thr', 'rh', 'rm', 'rbt', 'rbq')
   end
   local c = read_cfg()
   if not me then me = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') end
@@ -90,7 +90,7 @@ local function call(KEYS, ARGV)
   --   11 recover ('1': a cell created afresh recovers, see below, before it admits anything)
   --   12 tokens per minute 13 requests per minute (the rates, see below; '0': none)
   --   14 the rates' minute, ms (60000; shorter for a simulation running faster than real time)
-  --   15 the rates' burst, permille of the budgets ('0': a whole minute's worth, see below)
+  --   15 16 the rates' burst, tokens and requests ('0': a whole minute's worth, see below)
   local created = false
   if op == 'init' and not c[1] then
     local rec = (ARGV[11] == '1' and now_ms + tonumber(ARGV[9])) or 0
@@ -100,7 +100,7 @@ local function call(KEYS, ARGV)
       'nq', redis.call('ZCARD', line), 'rid', me, 'rec', rec)
     if tonumber(ARGV[12] or '0') > 0 then
       redis.call('HSET', cfg, 'rt', ARGV[12], 'rr', ARGV[13], 'thr', 0, 'rm', ARGV[14] or 60000,
-        'rb', ARGV[15] or 0)
+        'rbt', ARGV[15] or 0, 'rbq', ARGV[16] or 0)
     end
     c = read_cfg()
     created = true
@@ -132,11 +132,12 @@ local function call(KEYS, ARGV)
   -- The rates (a cell configured with them): tokens and requests per minute (`rt`, `rr`). Each is
   -- a level that holds at most its capacity (CT, CR) and refills continuously on the server's
   -- clock at FT (FR) per minute / (1 + throttle), the throttle counted in tenths (`thr`) as the
-  -- local token bucket counts it. Without a burst (`rb` 0) the capacity and the refill are the
-  -- whole budget, as a provider's bucket is: a full level and a minute's refill let up to twice
-  -- the budget through in one rolling minute. With a burst of `rb` permille the capacity is that
-  -- share of the budget and the refill the rest: capacity + refill never exceed the budget, so
-  -- no rolling minute of the server's clock spends more than it. The levels live in occ (`lt`,
+  -- local token bucket counts it. Without a burst (`rbt`, `rbq` 0) the capacity and the refill
+  -- are the whole budget, as a provider's bucket is: a full level and a minute's refill let up to
+  -- twice the budget through in one rolling minute. With a burst the capacity is the burst (at
+  -- most half the budget, whatever budget the headers set) and the refill the rest of the
+  -- budget: capacity + refill never exceed the budget, so no rolling minute of the server's clock
+  -- spends more than it. The levels live in occ (`lt`,
   -- `lr`, and `la`, the server ms they were settled at) and enter the counters as dimensions 6
   -- and 7, counted as what is spent (capacity - level), so the rules of the in-flight dimensions
   -- (fit, the head's reservation, the hand-off) apply to them unchanged. A lease spends its
@@ -144,14 +145,14 @@ local function call(KEYS, ARGV)
   -- back what it did not use. `rh` in cfg is the head last told when the rates will serve it.
   local RT, RR, THR = tonumber(c[18] or '0'), tonumber(c[19] or '0'), tonumber(c[20] or '0')
   local RM = tonumber(c[22] or '60000')
-  local RB = tonumber(c[23] or '0')
+  local RBT, RBQ = tonumber(c[23] or '0'), tonumber(c[24] or '0')
   local RATED = RT > 0
   local NDIM = RATED and 7 or 5
   local PER_MS = 10 / (10 + THR) / RM
   local CT, CR, FT, FR
   local function capacities()
-    if RB > 0 then
-      CT, CR = RT * RB / 1000, RR * RB / 1000
+    if RBT > 0 then
+      CT, CR = math.min(RBT, RT / 2), math.min(RBQ, RR / 2)
       FT, FR = RT - CT, RR - CR
     else
       CT, CR, FT, FR = RT, RR, RT, RR

@@ -72,7 +72,7 @@ pub mod test_util;
 mod wake;
 
 pub use config::{
-    Ceilings, EvictionCheck, Quotas, Rates, RedisAdmissionConfig, Secret, TenantMode, Tls,
+    Burst, Ceilings, EvictionCheck, Quotas, Rates, RedisAdmissionConfig, Secret, TenantMode, Tls,
 };
 #[cfg(feature = "test-util")]
 pub use coordinator::production_script_source;

@@ -322,8 +322,13 @@ impl Op<'_> {
                         .to_string(),
                     config
                         .rates
-                        .and_then(|r| r.burst_permille)
-                        .map_or(0, u16::from)
+                        .and_then(|r| r.burst)
+                        .map_or(0, |b| b.tokens)
+                        .to_string(),
+                    config
+                        .rates
+                        .and_then(|r| r.burst)
+                        .map_or(0, |b| b.requests)
                         .to_string(),
                 ]
             }

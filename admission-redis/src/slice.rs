@@ -31,7 +31,7 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use crate::coordinator::RedisAdmission;
-use crate::error::{AcquireError, ConfigError, NeverReason};
+use crate::error::{AcquireError, ConfigError, Dimension, NeverReason};
 use crate::lease::Lease;
 use crate::request::LeaseRequest;
 use crate::script::Outcome;
@@ -117,8 +117,6 @@ pub struct RateSlices {
 struct Inner {
     fleet: RedisAdmission,
     config: SliceConfig,
-    /// The most a slice may hold: `(tokens, requests)`, from the cell's rates and byte ceilings.
-    most: (u64, u64),
     state: Mutex<State>,
     /// Held while a slice is given back and the next taken: one at a time per process.
     taking: tokio::sync::Mutex<()>,
@@ -133,6 +131,9 @@ struct State {
     mean_tokens: f64,
     generation: u64,
     stats: SliceStats,
+    /// The most a slice may hold: `(tokens, requests)`, from the cell's rates and byte ceilings,
+    /// lowered when the cell's levels turn out to hold less (a budget the headers lowered).
+    most: (u64, u64),
 }
 
 struct Held {
@@ -203,9 +204,9 @@ impl RateSlices {
             inner: Arc::new(Inner {
                 fleet,
                 config,
-                most,
                 state: Mutex::new(State {
                     next_calls: 1,
+                    most,
                     ..State::default()
                 }),
                 taking: tokio::sync::Mutex::new(()),
@@ -241,35 +242,41 @@ impl RateSlices {
         if let Some(old) = old {
             inner.give_back(old, Instant::now()).await;
         }
-        let (request, calls) = {
+        {
             let mut state = inner.state.lock();
             state.mean_tokens = if state.mean_tokens == 0.0 {
                 tokens as f64
             } else {
                 state.mean_tokens * 0.9 + tokens as f64 * 0.1
             };
-            let calls = state
-                .next_calls
-                .clamp(1, inner.config.max_calls)
-                .min(inner.most.1.max(1));
-            let wanted = ((state.mean_tokens.max(tokens as f64)) * calls as f64).ceil() as u64;
-            let slice_tokens = wanted.min(inner.most.0).max(tokens);
-            state.generation += 1;
-            let request = LeaseRequest::new(
-                format!(
-                    "slice-{}-{}",
-                    inner.fleet.inner.wakeups.instance(),
-                    state.generation
-                ),
-                &inner.config.tenant,
-                &inner.config.backend,
-                slice_tokens,
-                &inner.config.operation,
-            )
-            .with_requests(calls);
-            (request, calls)
+        }
+        let mut shrinks = 0;
+        let (lease, request, calls) = loop {
+            let (request, calls) = inner.next_request(tokens);
+            match inner.fleet.acquire(&request, inner.config.wait).await {
+                Ok(lease) => break (lease, request, calls),
+                // The cell's levels hold less than when the slices began (a budget the headers
+                // lowered): the slices shrink to what they hold now, and this one asks again.
+                Err(AcquireError::Never {
+                    reason:
+                        NeverReason::OverCeiling {
+                            dimension:
+                                dimension @ (Dimension::TokensPerMinute | Dimension::RequestsPerMinute),
+                            ceiling,
+                            ..
+                        },
+                }) if shrinks < 2 && (calls > 1 || request.footprint > tokens) => {
+                    let mut state = inner.state.lock();
+                    if dimension == Dimension::TokensPerMinute {
+                        state.most.0 = ceiling;
+                    } else {
+                        state.most.1 = ceiling;
+                    }
+                    shrinks += 1;
+                }
+                Err(error) => return Err(error),
+            }
         };
-        let lease = inner.fleet.acquire(&request, inner.config.wait).await?;
         let until = Instant::now() + inner.config.hold;
         let mut held = Held {
             lease,
@@ -322,6 +329,32 @@ impl RateSlices {
 }
 
 impl Inner {
+    /// The next slice's request for a call of `tokens`: its size from the demand, within what
+    /// a slice may hold.
+    fn next_request(&self, tokens: u64) -> (LeaseRequest, u64) {
+        let mut state = self.state.lock();
+        let calls = state
+            .next_calls
+            .clamp(1, self.config.max_calls)
+            .min(state.most.1.max(1));
+        let wanted = ((state.mean_tokens.max(tokens as f64)) * calls as f64).ceil() as u64;
+        let slice_tokens = wanted.min(state.most.0).max(tokens);
+        state.generation += 1;
+        let request = LeaseRequest::new(
+            format!(
+                "slice-{}-{}",
+                self.fleet.inner.wakeups.instance(),
+                state.generation
+            ),
+            &self.config.tenant,
+            &self.config.backend,
+            slice_tokens,
+            &self.config.operation,
+        )
+        .with_requests(calls);
+        (request, calls)
+    }
+
     fn take_from_held(&self, tokens: u64) -> Option<SliceCall> {
         let mut state = self.state.lock();
         let held = state.slice.as_mut()?;

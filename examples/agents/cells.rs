@@ -25,8 +25,8 @@ use std::time::Duration;
 
 use admission_llm::model_spec::{ModelCatalog, ModelSpec};
 use admission_redis::{
-    AcquireError, CallReport, Ceilings, Lease, LeaseError, LeaseRequest, LossReason, Outcome,
-    Rates, RedisAdmission, RedisAdmissionConfig,
+    AcquireError, Burst, CallReport, Ceilings, Lease, LeaseError, LeaseRequest, LossReason,
+    Outcome, Rates, RedisAdmission, RedisAdmissionConfig,
 };
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
@@ -121,19 +121,38 @@ pub fn cell_config(
 /// A model's rates as its cell carries them with `--fleet-rates on`: the catalog's tokens and
 /// requests per minute (the provider's headers correct them for the whole fleet once the first
 /// answers arrive), per minute of the run's **simulated** time: the cell refills on the Redis
-/// server's real clock, on which a simulated minute lasts `60 s / scale`.
+/// server's real clock, on which a simulated minute lasts `60 s / scale`. Held over every
+/// rolling minute ([`FLEET_BURST`]): no span of 60 s simulated spends more than the budget.
 pub fn model_rates(spec: &ModelSpec, scale: u32) -> Rates {
     simulated_rates(
         (spec.tokens_per_minute, spec.effective_requests_per_minute()),
         scale,
     )
+    .within_every_minute(FLEET_BURST)
 }
 
-/// `(tokens, requests)` per simulated minute at `scale`.
+/// The most a cell's rate levels hold at once: the largest step's tokens (5,048) with a margin
+/// (a head waiting for its instant asks a little late, in which the level must not fill up and
+/// waste refill: 152 tokens are 1.5 ms of model-a's refill at a time scale of 60), and a few
+/// requests. The rest of each budget is refilled per minute: the burst is what holding the
+/// limit over every rolling minute costs (5.2 % of model-a's 100,000 tokens).
+pub const FLEET_BURST: Burst = Burst {
+    tokens: 5_200,
+    requests: 4,
+};
+
+/// The share of a model's limits a cell's budgets keep back, percent: a call reaches the provider
+/// after its grant by the time its process's own admission takes (the HTTP gate, the process's
+/// bucket of the model), up to about a simulated second, so one minute of grants can reach the
+/// provider as a minute and a second of calls.
+pub const LAG_MARGIN_PERCENT: u64 = 2;
+
+/// `(tokens, requests)` per simulated minute at `scale`, less [`LAG_MARGIN_PERCENT`].
 fn simulated_rates((tokens, requests): (u64, u64), scale: u32) -> Rates {
+    let kept = |limit: u64| (limit - limit * LAG_MARGIN_PERCENT / 100).max(1);
     Rates {
         minute: Duration::from_secs(60) / scale.max(1),
-        ..Rates::per_minute(tokens.max(1), requests.max(1))
+        ..Rates::per_minute(kept(tokens), kept(requests))
     }
 }
 
@@ -591,14 +610,15 @@ mod tests {
     fn a_cells_rates_are_the_catalogs_per_real_minute() {
         let catalog = ModelCatalog::from_toml(crate::CATALOG).unwrap();
         let spec = catalog.models.iter().find(|m| m.id == "model-a").unwrap();
-        // model-a: 125,000 tokens and 150 requests a simulated minute, which lasts 0.2 s of
+        // model-a: 125,000 tokens and 150 requests a simulated minute less 2 %, held over every
+        // rolling minute; a simulated minute lasts 0.2 s of
         // the server's clock at a scale of 300.
         assert_eq!(
             model_rates(spec, 300),
             Rates {
-                tokens_per_minute: 125_000,
-                requests_per_minute: 150,
-                burst_permille: None,
+                tokens_per_minute: 122_500,
+                requests_per_minute: 147,
+                burst: Some(FLEET_BURST),
                 minute: Duration::from_millis(200),
             }
         );

@@ -469,7 +469,7 @@ pub fn side_by_side(runs: &[FleetRun]) -> String {
         row(&format!("{model}: charged tpm (limit {limit})"), &|run| {
             format!("{:.0}", OrganisationRow::of(&stat(run)).charged_per_minute)
         });
-        row(&format!("{model}: of what the provider allowed"), &|run| {
+        row(&format!("{model}: of its limit"), &|run| {
             format!("{:.1}%", 100.0 * OrganisationRow::of(&stat(run)).of_limit)
         });
         row(&format!("{model}: most tokens in a minute"), &|run| {
@@ -959,7 +959,7 @@ pub fn organisation_table(
         );
     }
     out.push_str(
-        "(busy min: until the model's last accepted call; charged tpm: tokens the provider charged per minute of that; of limit: charged against what the provider could have accepted over it, its full bucket plus its refill, a neighbour's share taken; most in a min: in any rolling minute, which a bucket that starts full lets reach twice the limit; 429 %: of all the model's calls)",
+        "(busy min: until the model's last accepted call; charged tpm: tokens the provider charged per minute of that; of limit: charged against the limit over that time, a neighbour's share taken (a fleet held to the limit in every rolling minute reaches 100 % at most; the provider's bucket starts full, so one that is not may pass it); most in a min: in any rolling minute, which a bucket that starts full lets reach twice the limit; 429 %: of all the model's calls)",
     );
     out
 }
@@ -967,15 +967,30 @@ pub fn organisation_table(
 /// With the models' rates in the cells, the most of its calls a model may see answered 429.
 pub const GOAL_RATE_LIMITED_SHARE: f64 = 0.01;
 /// With the models' rates in the cells, the least the saturated model (the one that used the
-/// largest share of what the provider allowed) must use of it.
+/// largest share of its limit) must use of it.
 pub const GOAL_OF_LIMIT: f64 = 0.90;
 
 /// What `--check` finds wrong with a fleet run that shared the models' rates: a model answered
-/// 429 on more than [`GOAL_RATE_LIMITED_SHARE`] of its calls, or the saturated model used less
-/// than [`GOAL_OF_LIMIT`] of what the provider allowed.
+/// 429 on more than [`GOAL_RATE_LIMITED_SHARE`] of its calls, the provider charged a model more
+/// tokens or calls than its limit within a rolling minute, or the saturated model used less than
+/// [`GOAL_OF_LIMIT`] of its limit.
 pub fn rate_problems(stats: &BTreeMap<String, UpstreamStats>) -> Vec<String> {
     let mut problems = Vec::new();
     for (model, s) in stats {
+        if s.max_tokens_in_a_minute > s.true_tokens_per_minute {
+            problems.push(format!(
+                "{model}: the provider charged {} tokens within one rolling minute (ending at simulated second {:.1}), over the organisation's limit of {}",
+                s.max_tokens_in_a_minute,
+                s.busiest_minute_ends_ms as f64 / 1e3,
+                s.true_tokens_per_minute
+            ));
+        }
+        if s.max_requests_in_a_minute > s.true_requests_per_minute {
+            problems.push(format!(
+                "{model}: the provider accepted {} calls within one rolling minute, over the organisation's limit of {}",
+                s.max_requests_in_a_minute, s.true_requests_per_minute
+            ));
+        }
         let row = OrganisationRow::of(s);
         if row.rate_limited_share > GOAL_RATE_LIMITED_SHARE {
             problems.push(format!(
@@ -993,7 +1008,7 @@ pub fn rate_problems(stats: &BTreeMap<String, UpstreamStats>) -> Vec<String> {
         .max_by(|a, b| a.1.total_cmp(&b.1));
     if let Some((model, of_limit)) = saturated.filter(|(_, share)| *share < GOAL_OF_LIMIT) {
         problems.push(format!(
-            "{model}, the most saturated model, used {:.1} % of what the provider allowed, under the {:.0} % a fleet sharing its rates must reach",
+            "{model}, the most saturated model, used {:.1} % of its limit, under the {:.0} % a fleet sharing its rates must reach",
             100.0 * of_limit,
             100.0 * GOAL_OF_LIMIT
         ));
@@ -1023,7 +1038,11 @@ impl OrganisationRow {
             } else {
                 0.0
             },
-            of_limit: stats.tokens_charged as f64 / stats.offered_tokens.max(1) as f64,
+            of_limit: stats.tokens_charged as f64
+                / stats
+                    .offered_tokens
+                    .saturating_sub(stats.true_tokens_per_minute)
+                    .max(1) as f64,
             rate_limited_share: stats.rate_limited as f64 / asked.max(1) as f64,
         }
     }
@@ -1724,28 +1743,48 @@ mod tests {
 
     #[test]
     fn the_fleets_rates_are_judged_by_the_providers_counts() {
-        let stats = |accepted, rate_limited, charged, offered| UpstreamStats {
+        // A minute of 100,000 tokens and 200 calls: the provider could have charged its full
+        // bucket and a minute's refill (200,000); a fleet held to the limit, the refill.
+        let stats = |accepted, rate_limited, charged, most| UpstreamStats {
             accepted,
             rate_limited,
             tokens_charged: charged,
-            offered_tokens: offered,
+            offered_tokens: 200_000,
+            true_tokens_per_minute: 100_000,
+            true_requests_per_minute: 200,
+            max_tokens_in_a_minute: most,
+            max_requests_in_a_minute: accepted,
             last_accepted_ms: 60_000,
             ..UpstreamStats::default()
         };
         let mut fleet = BTreeMap::new();
         fleet.insert("a".to_owned(), stats(99, 1, 90_000, 100_000));
-        fleet.insert("b".to_owned(), stats(50, 0, 10_000, 100_000));
-        // 1 % answered 429 and 90 % used: both goals met, exactly.
+        fleet.insert("b".to_owned(), stats(50, 0, 10_000, 10_000));
+        // 1 % answered 429, 90 % of the limit used, the limit in the busiest minute: every goal
+        // met, exactly.
         assert_eq!(rate_problems(&fleet), Vec::<String>::new());
-        fleet.insert("a".to_owned(), stats(98, 2, 88_000, 100_000));
+        fleet.insert("a".to_owned(), stats(98, 2, 88_000, 100_001));
+        fleet.insert("b".to_owned(), stats(201, 0, 10_000, 10_000));
         let problems = rate_problems(&fleet);
-        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert_eq!(problems.len(), 4, "{problems:?}");
         assert!(
-            problems[0].starts_with("a: 2 of its 100 calls answered 429 (2.00 %)"),
+            problems[0].starts_with(
+                "a: the provider charged 100001 tokens within one rolling minute (ending at simulated second 0.0), over the organisation's limit of 100000"
+            ),
             "{problems:?}"
         );
         assert!(
-            problems[1].starts_with("a, the most saturated model, used 88.0 %"),
+            problems[1].starts_with("a: 2 of its 100 calls answered 429 (2.00 %)"),
+            "{problems:?}"
+        );
+        assert!(
+            problems[2].starts_with(
+                "b: the provider accepted 201 calls within one rolling minute, over the organisation's limit of 200"
+            ),
+            "{problems:?}"
+        );
+        assert!(
+            problems[3].starts_with("a, the most saturated model, used 88.0 % of its limit"),
             "{problems:?}"
         );
         let row = OrganisationRow::of(&fleet["b"]);

@@ -151,6 +151,10 @@ pub struct UpstreamStats {
     pub max_tokens_in_a_minute: u64,
     /// The most calls accepted within any rolling simulated minute.
     pub max_requests_in_a_minute: u64,
+    /// When the minute of `max_tokens_in_a_minute` ended, simulated milliseconds since the
+    /// provider started.
+    #[serde(default)]
+    pub busiest_minute_ends_ms: u64,
     /// The true tokens per minute.
     pub true_tokens_per_minute: u64,
     /// The true requests per minute.
@@ -191,13 +195,15 @@ struct RollingMinute {
     tokens: u64,
     max_tokens: u64,
     max_requests: u64,
+    /// Simulated seconds at the end of the minute that held `max_tokens`.
+    max_tokens_at: f64,
 }
 
 impl RollingMinute {
     /// Counts a call accepted at `at` (never before the last one) for `tokens`. A minute's sums
     /// only grow at an arrival, so checking each arrival's minute `(at - 60 s, at]` sees every
     /// rolling minute's largest.
-    fn charge(&mut self, at: Instant, tokens: u64) {
+    fn charge(&mut self, at: Instant, t: f64, tokens: u64) {
         while let Some(&(then, charged)) = self.calls.front()
             && at.saturating_duration_since(then) >= MINUTE
         {
@@ -206,13 +212,17 @@ impl RollingMinute {
         }
         self.calls.push_back((at, tokens));
         self.tokens += tokens;
-        self.max_tokens = self.max_tokens.max(self.tokens);
+        if self.tokens > self.max_tokens {
+            self.max_tokens = self.tokens;
+            self.max_tokens_at = t;
+        }
         self.max_requests = self.max_requests.max(self.calls.len() as u64);
     }
 
-    /// The most tokens and the most calls any rolling minute has held.
-    fn maxima(&self) -> (u64, u64) {
-        (self.max_tokens, self.max_requests)
+    /// The most tokens and the most calls any rolling minute has held, and when (simulated
+    /// seconds) the minute of the most tokens ended.
+    fn maxima(&self) -> (u64, u64, f64) {
+        (self.max_tokens, self.max_requests, self.max_tokens_at)
     }
 }
 
@@ -366,7 +376,7 @@ impl Provider {
         if fits {
             levels.tokens -= need;
             levels.requests -= 1.0;
-            levels.minute.charge(now, need as u64);
+            levels.minute.charge(now, t, need as u64);
             levels.last_accepted = t;
         }
         let token_rate = upstream.token_rate(t);
@@ -457,10 +467,10 @@ impl Provider {
             .iter()
             .map(|(id, u)| {
                 let c = &u.counters;
-                let (max_tokens, max_requests, last) = {
+                let (max_tokens, max_requests, busiest, last) = {
                     let levels = u.levels.lock().unwrap_or_else(PoisonError::into_inner);
-                    let (tokens, requests) = levels.minute.maxima();
-                    (tokens, requests, levels.last_accepted)
+                    let (tokens, requests, at) = levels.minute.maxima();
+                    (tokens, requests, at, levels.last_accepted)
                 };
                 let stats = UpstreamStats {
                     accepted: c.accepted.load(Ordering::Relaxed),
@@ -472,6 +482,7 @@ impl Provider {
                     over_concurrency: c.over_concurrency.load(Ordering::Relaxed),
                     max_tokens_in_a_minute: max_tokens,
                     max_requests_in_a_minute: max_requests,
+                    busiest_minute_ends_ms: (busiest * 1e3) as u64,
                     true_tokens_per_minute: u.limits.tokens_per_minute,
                     true_requests_per_minute: u.limits.requests_per_minute,
                     true_max_concurrent: u.limits.max_concurrent,

@@ -37,9 +37,12 @@ commands:
                              5 docs       cargo doc --workspace --no-deps FEATURES with RUSTDOCFLAGS='-D warnings'
                              6 benches    cargo bench --workspace --no-run (compiled, not run)
                              7 agents     cargo run --release --example agents -- --time-scale 300 --check
-                             8 agents fleet  the same as a fleet: -- --fleet 2 --time-scale 300
+                             8 agents fleet  the same as a fleet: -- --fleet 4 --time-scale 60
                                           --fleet-rates both --check
-                                          (two processes on a private redis-server, which must be on PATH)
+                                          (four processes on a private redis-server, which must be on
+                                          PATH; a simulated minute of one real second, so that a few
+                                          milliseconds of lag between a grant and its call stay small
+                                          beside the minute the provider counts over)
                              9 chaos      cargo xtask chaos (below)
                             10 loom       cargo test -p admission-core --lib --release -- loom
                                           with RUSTFLAGS='--cfg admission_loom',
@@ -204,9 +207,9 @@ const AGENTS_FLEET_CHECK: &[&str] = &[
     "agents",
     "--",
     "--fleet",
-    "2",
+    "4",
     "--time-scale",
-    "300",
+    "60",
     "--fleet-rates",
     "both",
     "--check",

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use admission_redis::{
-    AcquireError, Dimension, LeaseRequest, NeverReason, Outcome, RateSlices, Rates, RedisAdmission,
-    RedisAdmissionConfig, SliceConfig, SliceStats,
+    AcquireError, Burst, Dimension, LeaseRequest, NeverReason, Outcome, RateSlices, Rates,
+    RedisAdmission, RedisAdmissionConfig, SliceConfig, SliceStats,
 };
 
 use crate::support::{ceilings, cell, config, connect, server};
@@ -20,7 +20,7 @@ fn hourly(
     port: u16,
     test: &str,
     (tokens, requests): (u64, u64),
-    burst_permille: Option<u16>,
+    burst: Option<Burst>,
 ) -> RedisAdmissionConfig {
     let mut cfg = config(
         host,
@@ -30,7 +30,7 @@ fn hourly(
     );
     cfg.rates = Some(Rates {
         minute: HOUR,
-        burst_permille,
+        burst,
         ..Rates::per_minute(tokens, requests)
     });
     cfg
@@ -86,7 +86,7 @@ fn most_in_a_minute(rounds: &[u64]) -> u64 {
         .unwrap_or(0)
 }
 
-/// 1,000 tokens a minute with a burst of 100 permille: the level holds 100 tokens and refills 900
+/// 1,000 tokens a minute with a burst of 100 tokens: the level holds 100 tokens and refills 900
 /// a minute (15 each sixtieth), so greedy 10-token leases get 10 at once, then 1 and 2 in turn:
 /// 98 in the first minute (100 + 59 * 15 tokens), 90 in every later one, 278 in three; never over
 /// the 100 leases (1,000 tokens) of the budget in any rolling minute. The same budget without a
@@ -101,7 +101,10 @@ async fn a_burst_holds_the_budget_over_every_rolling_minute() {
         port,
         "rate_burst",
         (1_000, 10_000),
-        Some(100),
+        Some(Burst {
+            tokens: 100,
+            requests: 1_000,
+        }),
     ))
     .await;
     assert_eq!(
@@ -146,7 +149,10 @@ async fn a_lease_spends_its_requests_and_a_slice_gives_back_the_rest() {
         port,
         "rate_requests_n",
         (1_000, 100),
-        Some(100),
+        Some(Burst {
+            tokens: 100,
+            requests: 10,
+        }),
     ))
     .await;
     assert_eq!(levels(&fleet).await, (100, 10));
@@ -309,6 +315,54 @@ async fn slices_grow_with_demand_and_give_back_what_they_did_not_spend() {
     assert_eq!(levels(&fleet).await, (1_000 - 244 - 20, 1_000 - 27));
 }
 
+/// Budgets the headers lower under slices that grew: a slice bigger than the levels now hold is
+/// refused for good by the cell, and the slices shrink to what they hold (tokens, then requests)
+/// and ask again, so the call is admitted.
+#[tokio::test]
+async fn slices_shrink_to_levels_that_a_lower_budget_holds() {
+    let Some((host, port)) = server("rate_slices_shrink") else {
+        return;
+    };
+    let fleet = connect(hourly(
+        &host,
+        port,
+        "rate_slices_shrink",
+        (1_000, 1_000),
+        None,
+    ))
+    .await;
+    let slices = RateSlices::new(
+        fleet.clone(),
+        SliceConfig {
+            max_calls: 64,
+            hold: Duration::from_secs(1),
+            ..SliceConfig::new("org", "model")
+        },
+    )
+    .expect("a valid slice config");
+    // Slices of 1, 2, 4, 8 and 16 calls: the next asks for 32 (320 tokens, 32 requests).
+    for _ in 0..31 {
+        let call = slices.admit(10).await.expect("admitted");
+        slices.finish(call, 10);
+    }
+    assert_eq!(slices.stats().slices, 5);
+    fleet.update_rates(200, 20).await.expect("new budgets");
+    assert_eq!(levels(&fleet).await, (200, 20));
+    let call = slices
+        .admit(10)
+        .await
+        .expect("admitted from a smaller slice");
+    slices.finish(call, 10);
+    assert_eq!(slices.stats().slices, 6);
+    assert_eq!(
+        levels(&fleet).await,
+        (0, 0),
+        "a slice of 20 calls, 200 tokens"
+    );
+    slices.close().await;
+    assert_eq!(levels(&fleet).await, (190, 19));
+}
+
 /// A slice config that cannot work is refused with the field named.
 #[tokio::test]
 async fn a_slice_config_that_cannot_work_is_refused() {
@@ -341,30 +395,20 @@ async fn a_slice_config_that_cannot_work_is_refused() {
     assert_eq!(error.field(), "rates");
 }
 
-/// A burst must leave each level room for one token and one request, and be a share of the
-/// budget: refused at validation with the field named.
+/// A burst must be at least one token and one request and at most half of each budget (else the
+/// level would not refill): refused at validation with the field named.
 #[test]
 fn a_burst_that_cannot_work_is_refused_at_validation() {
-    let field = |rates: Rates| {
+    let field = |tokens: u64, requests: u64| {
         let mut cfg = config("127.0.0.1", 6379, "burst", ceilings(100, 4, 100, 4, 4));
-        cfg.rates = Some(rates);
+        cfg.rates =
+            Some(Rates::per_minute(1_000, 100).within_every_minute(Burst { tokens, requests }));
         cfg.validate().err().map(|e| e.field())
     };
-    let per_minute = Rates::per_minute(1_000, 100);
-    assert_eq!(field(per_minute.within_every_minute(50)), None);
-    assert_eq!(field(per_minute.within_every_minute(999)), None);
-    assert_eq!(
-        field(per_minute.within_every_minute(0)),
-        Some("rates.burst_permille")
-    );
-    assert_eq!(
-        field(per_minute.within_every_minute(1_000)),
-        Some("rates.burst_permille")
-    );
-    // 100 requests * 5 permille = 0.5 of a request: no lease would ever fit.
-    assert_eq!(
-        field(per_minute.within_every_minute(5)),
-        Some("rates.burst_permille")
-    );
-    assert_eq!(field(per_minute.within_every_minute(10)), None);
+    assert_eq!(field(60, 4), None);
+    assert_eq!(field(500, 50), None);
+    assert_eq!(field(0, 4), Some("rates.burst.tokens"));
+    assert_eq!(field(501, 4), Some("rates.burst.tokens"));
+    assert_eq!(field(60, 0), Some("rates.burst.requests"));
+    assert_eq!(field(60, 51), Some("rates.burst.requests"));
 }
