@@ -120,6 +120,9 @@ fn run(args: &[String]) -> Result<ExitCode> {
     match command {
         "ci" => {
             takes_no_args("ci")?;
+            // Before the first step: a machine that lacks a service's package learns it now
+            // (or gets it installed), not after clippy.
+            services::ensure_installed(services::REQUIRED)?;
             let mut steps = vec![
                 Step::cargo("fmt", &["fmt", "--all", "--", "--check"]),
                 Step::cargo(

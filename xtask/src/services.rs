@@ -28,9 +28,10 @@
 //! Redis and a Redis Cluster, for `admission-redis`, and PostgreSQL, for `admission-db`'s
 //! providers over it (features `r2d2-postgres`, `deadpool-postgres`, `sqlx-postgres`). A test that
 //! needs a service reads its variable; when it is unset (plain `cargo test`) it prints that it was
-//! skipped and why, except under `CI=true`, where it fails. `.ci/run` installs `redis-server`
-//! (which brings `redis-cli`) and `postgresql` when they are missing, and fails when either is
-//! still missing after that. `cargo xtask with-services -- CMD ...` starts all of [`ALL`], whatever
+//! skipped and why, except under `CI=true`, where it fails. The xtask installs the packages it
+//! is missing itself before it starts a service (`redis-server`, `redis-tools` for `redis-cli`,
+//! `postgresql`), with apt-get as root or through passwordless sudo; `cargo xtask ci` checks
+//! that before its first step. Where it cannot, it stops with the one command to run. `cargo xtask with-services -- CMD ...` starts all of [`ALL`], whatever
 //! [`REQUIRED`] says, to run one command against them by hand.
 //!
 //! # How each service is started
@@ -139,8 +140,119 @@ impl Drop for Running {
     }
 }
 
-/// Starts `services` in order. If one fails, those already started are stopped again.
+/// The Debian packages behind `services` whose binaries `found` does not find, in a stable
+/// order, each once: `redis-server` for Redis (it brings `redis-tools`), `redis-tools` for the
+/// cluster's `redis-cli` too, `postgresql` for PostgreSQL's `initdb` and `pg_ctl`.
+fn missing_packages(services: &[Service], found: &dyn Fn(&str) -> bool) -> Vec<&'static str> {
+    let mut packages = Vec::new();
+    let mut need = |binary: &str, package: &'static str| {
+        if !found(binary) && !packages.contains(&package) {
+            packages.push(package);
+        }
+    };
+    for service in services {
+        match service {
+            Service::Redis => need("redis-server", "redis-server"),
+            Service::RedisCluster => {
+                need("redis-server", "redis-server");
+                need("redis-cli", "redis-tools");
+            }
+            Service::Postgres => {
+                need("initdb", "postgresql");
+                need("pg_ctl", "postgresql");
+            }
+        }
+    }
+    packages
+}
+
+/// Whether `binary` can be run: PostgreSQL's tools where [`pg_bin`] looks for them, the others
+/// on `PATH`.
+fn binary_found(binary: &str) -> bool {
+    let path = match binary {
+        "initdb" | "pg_ctl" => pg_bin(binary),
+        _ => PathBuf::from(binary),
+    };
+    if path.is_absolute() {
+        return path.is_file();
+    }
+    std::env::var_os("PATH")
+        .is_some_and(|dirs| std::env::split_paths(&dirs).any(|dir| dir.join(&path).is_file()))
+}
+
+/// Installs what `services` need and this machine lacks, with `apt-get` (as root, or through
+/// passwordless `sudo`): exactly the missing packages, nothing when everything is there. Where
+/// it cannot install (not root and no passwordless sudo, no apt-get, or apt-get failed), the
+/// error names the one command to run.
+pub(crate) fn ensure_installed(services: &[Service]) -> Result<()> {
+    let packages = missing_packages(services, &binary_found);
+    if packages.is_empty() {
+        return Ok(());
+    }
+    let list = packages.join(" ");
+    let manual = format!("sudo apt-get install -y {list}");
+    if !binary_found("apt-get") {
+        bail!(
+            "the services need {list}, which are not installed, and this machine has no apt-get: \
+             install them with its package manager and run again"
+        );
+    }
+    let sudo: &[&str] = if is_root() {
+        &[]
+    } else if Command::new("sudo")
+        .args(["-n", "true"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+    {
+        &["sudo", "-n"]
+    } else {
+        bail!(
+            "the services need {list}, which are not installed; this xtask installs them itself \
+             when run as root or with passwordless sudo. Run `{manual}` and run again"
+        );
+    };
+    println!("==> services: installing {list} with apt-get (missing on this machine)");
+    let apt = |args: &[&str]| -> Result<()> {
+        let (program, rest) = match sudo.split_first() {
+            Some((first, rest)) => (*first, [rest, &["apt-get"][..]].concat()),
+            None => ("apt-get", Vec::new()),
+        };
+        let status = Command::new(program)
+            .args(rest)
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdin(Stdio::null())
+            .status()
+            .with_context(|| format!("could not run apt-get; run `{manual}` and run again"))?;
+        if !status.success() {
+            bail!(
+                "apt-get {} failed ({status}); run `{manual}` and run again",
+                args.join(" ")
+            );
+        }
+        Ok(())
+    };
+    apt(&["update", "-qq"])?;
+    let mut install = vec!["install", "-y", "-qq", "--no-install-recommends"];
+    install.extend(&packages);
+    apt(&install)?;
+    let still = missing_packages(services, &binary_found);
+    if !still.is_empty() {
+        bail!(
+            "apt-get installed {list}, yet {} still cannot be found; run `{manual}` and check",
+            still.join(" ")
+        );
+    }
+    Ok(())
+}
+
+/// Starts `services` in order, installing their packages first where they are missing
+/// ([`ensure_installed`]). If one fails, those already started are stopped again.
 pub(crate) fn start(services: &[Service]) -> Result<Running> {
+    ensure_installed(services)?;
     let mut running = Running::default();
     for &service in services {
         // Dropped, and so cleaned up, if starting fails.
@@ -820,5 +932,40 @@ fn tail(first: &Path, second: &Path) -> String {
             format!("last lines of output:\n{}", lines[start..].join("\n"))
         }
         None => format!("no output (see {})", first.display()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_missing_packages_are_installed_each_once() {
+        let none = |_: &str| false;
+        assert_eq!(
+            missing_packages(REQUIRED, &none),
+            ["redis-server", "redis-tools", "postgresql"]
+        );
+        let all = |_: &str| true;
+        assert!(missing_packages(ALL, &all).is_empty());
+        // redis-server installed (with its tools): only PostgreSQL.
+        let redis = |binary: &str| binary.starts_with("redis");
+        assert_eq!(missing_packages(REQUIRED, &redis), ["postgresql"]);
+        // A machine with the server but not the cluster's client.
+        let no_cli = |binary: &str| binary != "redis-cli";
+        assert_eq!(
+            missing_packages(&[Service::Redis], &no_cli),
+            Vec::<&str>::new()
+        );
+        assert_eq!(
+            missing_packages(&[Service::RedisCluster], &no_cli),
+            ["redis-tools"]
+        );
+    }
+
+    #[test]
+    fn a_binary_is_found_on_path_or_not_at_all() {
+        assert!(binary_found("sh"));
+        assert!(!binary_found("no-such-binary-admission-xtask"));
     }
 }
