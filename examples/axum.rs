@@ -2,8 +2,10 @@
 //! layer: an HTTP connection to the model provider, the model's tokens and one request (built by
 //! `Registry::demand_for`), and a connection of a SQLite pool (`R2d2SqliteProvider`'s gate). The
 //! grant lives in the response body, so nothing is given back before the answer is sent. A
-//! refusal is an HTTP status: 503 on a timeout, 400 for a request no demand can be built from,
-//! 503 for one that can never fit the model's budget.
+//! refusal is an HTTP status: 503 with `Retry-After` on a timeout (the layer's estimate of how
+//! long its line takes to drain), 400 for a request no demand can be built from, 422 (never
+//! retried) for one that can never fit the model's budget, its body naming the account, what was
+//! asked and the capacity.
 //!
 //! Run it with `cargo run --example axum` and try
 //! `curl -i 'http://127.0.0.1:3000/summarize?tokens=800'`; `--self-test 24` sends 24 requests of
@@ -293,12 +295,13 @@ mod tests {
             (status, body.as_str()),
             (400, "admission refused: invalid\n")
         );
-        // More tokens than the model's whole minute: it can never fit.
+        // More tokens than the model's whole minute: it can never fit, and says by how much.
         let (status, body) = get_once(addr, "/summarize?tokens=100000").await.unwrap();
-        assert_eq!(
-            (status, body.as_str()),
-            (503, "admission refused: too_large\n")
-        );
+        let expected = "admission refused: too_large: account `small` asked 100200+1, capacity \
+                        60000+600: `small` allows 60000 tokens and 600 requests per minute; a \
+                        demand of 100200 tokens and 1 requests can never fit: split it into \
+                        smaller calls or use a model with a larger budget\n";
+        assert_eq!((status, body.as_str()), (422, expected));
         let (status, body) = get_once(addr, "/summarize?tokens=100").await.unwrap();
         assert_eq!(status, 200);
         assert!(body.starts_with("note 1: 100 tokens summarized"), "{body}");

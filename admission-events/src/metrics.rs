@@ -3,16 +3,25 @@
 //!
 //! | name | kind | unit | labels |
 //! |---|---|---|---|
-//! | `admission.admitted` | counter | jobs | `path` = `immediate` \| `after_wait` |
-//! | `admission.rejected` | counter | jobs | `reason` = a [`RejectReason`]'s wire name |
-//! | `admission.released` | counter | grants | `kind` = `release` \| `rollback` |
-//! | `admission.wait` | histogram | seconds | `outcome` = `granted` or the rejection's reason |
+//! | `admission.admitted_total` | counter | jobs | `path` = `immediate` \| `after_wait` |
+//! | `admission.rejected_total` | counter | jobs | `reason` = a [`RejectReason`]'s wire name |
+//! | `admission.released_total` | counter | grants | `kind` = `release` \| `rollback` |
+//! | `admission.wait_seconds` | histogram | real seconds | `outcome` = `granted` or the rejection's reason |
 //! | `admission.waiters` | gauge | jobs | |
-//! | `admission.held` | counter | holds | `account` = the account (or gate) a waiter was held on |
+//! | `admission.held_total` | counter | holds | `account` = the account (or gate) a waiter was held on |
+//! | `admission.simulated_wait_seconds` | histogram | the monitor clock's seconds | as `admission.wait_seconds`; only from [`MetricsSink::simulated`] |
+//!
+//! The names follow Prometheus's conventions as its exporters write them (dots become
+//! underscores): counters end in `_total`, durations are `_seconds` of real time. A monitor whose
+//! clock runs faster than real time (a simulation) builds its sink with
+//! [`MetricsSink::simulated`]: `admission.wait_seconds` is then divided back into real seconds,
+//! and the clock's own seconds go to `admission.simulated_wait_seconds`. Every counter and
+//! the gauge are written at zero when the sink is created (each label value of the fixed
+//! enums), so the first scrape already holds every series and a rate starts from zero.
 //!
 //! Labels are bounded: account names and fixed enums only, never a job's id or name, its
 //! workflow or its tenant (those belong in logs and events, where cardinality costs nothing).
-//! `admission.wait` has one sample per outcome: zero for a grant on arrival or a refusal that
+//! `admission.wait_seconds` has one sample per outcome: zero for a grant on arrival or a refusal that
 //! did not wait, the grant's own wait after a hold, and, for a refusal after a hold, the time
 //! from the job's first hold to the refusal, read on the monitor's clock (the events' instants).
 //! `admission.waiters` counts the jobs held and not yet granted or refused, as the events tell
@@ -29,18 +38,31 @@ use admission_core::Instant;
 use admission_core::event::{Event, EventKind, EventSink, RejectReason, SinkError};
 use parking_lot::Mutex;
 
-/// `admission.admitted`: jobs granted, label `path` = `immediate` | `after_wait`.
-pub const ADMITTED: &str = "admission.admitted";
-/// `admission.rejected`: jobs refused, label `reason`.
-pub const REJECTED: &str = "admission.rejected";
-/// `admission.released`: grants given back, label `kind` = `release` | `rollback`.
-pub const RELEASED: &str = "admission.released";
-/// `admission.wait`, seconds: how long a job waited, label `outcome`.
-pub const WAIT: &str = "admission.wait";
+/// `admission.admitted_total`: jobs granted, label `path` = `immediate` | `after_wait`.
+pub const ADMITTED: &str = "admission.admitted_total";
+/// `admission.rejected_total`: jobs refused, label `reason`.
+pub const REJECTED: &str = "admission.rejected_total";
+/// `admission.released_total`: grants given back, label `kind` = `release` | `rollback`.
+pub const RELEASED: &str = "admission.released_total";
+/// `admission.wait_seconds`, real seconds: how long a job waited, label `outcome`.
+pub const WAIT: &str = "admission.wait_seconds";
+/// `admission.simulated_wait_seconds`, seconds of a simulated monitor clock
+/// ([`MetricsSink::simulated`]): how long a job waited, label `outcome`.
+pub const SIMULATED_WAIT: &str = "admission.simulated_wait_seconds";
 /// `admission.waiters`: jobs held now.
 pub const WAITERS: &str = "admission.waiters";
-/// `admission.held`: how often a waiter was held on an account, label `account`.
-pub const HELD: &str = "admission.held";
+/// `admission.held_total`: how often a waiter was held on an account, label `account`.
+pub const HELD: &str = "admission.held_total";
+
+/// Every [`RejectReason`], for the series written at zero.
+const REASONS: [RejectReason; 6] = [
+    RejectReason::Cancelled,
+    RejectReason::CircuitBlocked,
+    RejectReason::Aborted,
+    RejectReason::Shutdown,
+    RejectReason::TimedOut,
+    RejectReason::Closed,
+];
 
 /// Records each admission event in the `metrics` facade's current recorder (see the module's
 /// table for the series).
@@ -60,16 +82,66 @@ pub struct MetricsSink {
     /// The instant each job now waiting was first held, by job id; a job leaves it when granted
     /// or refused. Never exported: ids are not labels.
     waiting: Mutex<HashMap<u64, Instant>>,
+    /// How many times faster than real time the monitor's clock runs: 1 for a real clock.
+    clock_rate: f64,
 }
 
 impl MetricsSink {
     /// A sink recording into the current recorder; it [`describe`](MetricsSink::describe)s its
-    /// series there first, so create it after installing the recorder.
+    /// series there first and writes them at zero, so create it after installing the recorder.
     pub fn new() -> MetricsSink {
+        MetricsSink::with_clock_rate(1.0)
+    }
+
+    /// A sink for a monitor whose clock runs `clock_rate` times faster than real time (a
+    /// simulation): waits are recorded in real seconds in `admission.wait_seconds` (the clock's
+    /// durations divided by `clock_rate`) and as the clock read them in
+    /// `admission.simulated_wait_seconds`. A rate that is not finite and positive is taken as 1.
+    ///
+    /// ```
+    /// use admission_events::MetricsSink;
+    ///
+    /// // A monitor on a clock 300 times faster than real time.
+    /// let sink = MetricsSink::simulated(300.0);
+    /// # drop(sink);
+    /// ```
+    pub fn simulated(clock_rate: f64) -> MetricsSink {
+        MetricsSink::with_clock_rate(clock_rate)
+    }
+
+    fn with_clock_rate(clock_rate: f64) -> MetricsSink {
+        let clock_rate = if clock_rate.is_finite() && clock_rate > 0.0 {
+            clock_rate
+        } else {
+            1.0
+        };
         MetricsSink::describe();
+        if clock_rate != 1.0 {
+            describe_histogram!(
+                SIMULATED_WAIT,
+                Unit::Seconds,
+                "how long a job waited, by outcome, in seconds of the monitor's simulated clock"
+            );
+        }
+        MetricsSink::zeroes();
         MetricsSink {
             waiting: Mutex::new(HashMap::new()),
+            clock_rate,
         }
+    }
+
+    /// Every counter of a fixed label set, and the gauge, at zero.
+    fn zeroes() {
+        for path in ["immediate", "after_wait"] {
+            counter!(ADMITTED, "path" => path).absolute(0);
+        }
+        for reason in REASONS {
+            counter!(REJECTED, "reason" => reason.as_str()).absolute(0);
+        }
+        for kind in ["release", "rollback"] {
+            counter!(RELEASED, "kind" => kind).absolute(0);
+        }
+        gauge!(WAITERS).set(0.0);
     }
 
     /// Describes every series (unit and help text) to the current recorder.
@@ -81,7 +153,11 @@ impl MetricsSink {
         );
         describe_counter!(REJECTED, Unit::Count, "jobs refused, by reason");
         describe_counter!(RELEASED, Unit::Count, "grants given back, by kind");
-        describe_histogram!(WAIT, Unit::Seconds, "how long a job waited, by outcome");
+        describe_histogram!(
+            WAIT,
+            Unit::Seconds,
+            "how long a job waited, by outcome, in real seconds"
+        );
         describe_gauge!(WAITERS, Unit::Count, "jobs waiting in the line now");
         describe_counter!(
             HELD,
@@ -105,8 +181,12 @@ impl MetricsSink {
         since
     }
 
-    fn wait(outcome: &'static str, wait: Duration) {
-        histogram!(WAIT, "outcome" => outcome).record(wait.as_secs_f64());
+    fn wait(&self, outcome: &'static str, wait: Duration) {
+        let seconds = wait.as_secs_f64();
+        histogram!(WAIT, "outcome" => outcome).record(seconds / self.clock_rate);
+        if self.clock_rate != 1.0 {
+            histogram!(SIMULATED_WAIT, "outcome" => outcome).record(seconds);
+        }
     }
 }
 
@@ -121,7 +201,7 @@ impl EventSink for MetricsSink {
         match &event.kind {
             EventKind::GrantedImmediate => {
                 counter!(ADMITTED, "path" => "immediate").increment(1);
-                MetricsSink::wait("granted", Duration::ZERO);
+                self.wait("granted", Duration::ZERO);
             }
             EventKind::Held => {
                 for entry in &event.entries {
@@ -132,7 +212,7 @@ impl EventSink for MetricsSink {
             EventKind::GrantedFromHold { wait, .. } => {
                 counter!(ADMITTED, "path" => "after_wait").increment(1);
                 self.left(event.job.id);
-                MetricsSink::wait("granted", *wait);
+                self.wait("granted", *wait);
             }
             EventKind::Rejected { reason, .. } => {
                 let reason: &'static str = RejectReason::as_str(reason);
@@ -140,7 +220,7 @@ impl EventSink for MetricsSink {
                 let waited = self.left(event.job.id).map_or(Duration::ZERO, |since| {
                     event.at.saturating_duration_since(since)
                 });
-                MetricsSink::wait(reason, waited);
+                self.wait(reason, waited);
             }
             EventKind::Released { rolled_back } => {
                 let kind = if *rolled_back { "rollback" } else { "release" };
@@ -157,6 +237,7 @@ impl fmt::Debug for MetricsSink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MetricsSink")
             .field("waiting", &self.waiting.lock().len())
+            .field("clock_rate", &self.clock_rate)
             .finish()
     }
 }

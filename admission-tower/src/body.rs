@@ -9,9 +9,10 @@ use std::fmt;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use admission_core::Grant;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+
+use crate::retry::Held;
 
 pin_project! {
     /// The inner service's body with the request's grant held inside it, or the body of a
@@ -37,7 +38,7 @@ pin_project! {
             #[pin]
             body: B,
             // `Some` until the body ends, fails or is dropped.
-            grant: Option<Grant>,
+            grant: Option<Held>,
         },
         Full {
             // The refusal's one chunk, taken by the first poll.
@@ -48,7 +49,7 @@ pin_project! {
 
 impl<B: Body> AdmittedBody<B> {
     /// `body`, holding `grant` until it ends.
-    pub(crate) fn held(body: B, grant: Grant) -> AdmittedBody<B> {
+    pub(crate) fn held(body: B, grant: Held) -> AdmittedBody<B> {
         let grant = (!body.is_end_stream()).then_some(grant);
         AdmittedBody {
             kind: Kind::Held { body, grant },

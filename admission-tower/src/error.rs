@@ -1,12 +1,14 @@
-//! What the layer says when a request is not admitted: [`Refused`] (with its [`Reason`] and
-//! [`retry_after`](Refused::retry_after)), [`AdmissionError`] around the inner service's own
-//! errors, [`DemandError`] for a request no demand can be built from, and the [`Waited`]
-//! extension an admitted request carries.
+//! What the layer says when a request is not admitted: [`Refused`] (with its [`Reason`],
+//! [`retry_after`](Refused::retry_after) and, for a demand that can never fit, [`NeverFits`]),
+//! [`AdmissionError`] around the inner service's own errors, [`DemandError`] for a request no
+//! demand can be built from, and the [`Waited`] extension an admitted request carries.
 
 use std::fmt;
 use std::time::Duration;
 
-use admission_core::{AdmitError, RefusalKind};
+use admission_core::{AdmitError, Amount, RefusalKind};
+
+use crate::retry::RetryAfter;
 
 /// How long a request waited for its grant, on the monitor's clock; zero when granted on
 /// arrival. Every admitted request carries it as a request extension.
@@ -79,10 +81,12 @@ pub enum Reason {
     /// ([`AdmissionLayer::quota_account`](crate::AdmissionLayer::quota_account)), or the demand
     /// function said so ([`DemandError::quota`]).
     Quota,
-    /// The demand can never fit an account as configured.
+    /// The demand can never fit an account as configured ([`Refused::never_fits`] has the
+    /// numbers). Retrying the same request cannot help.
     TooLarge,
     /// The demand can never fit an account that counts bytes
-    /// ([`AdmissionLayer::bytes_account`](crate::AdmissionLayer::bytes_account)).
+    /// ([`AdmissionLayer::bytes_account`](crate::AdmissionLayer::bytes_account)): the request's
+    /// body is what is too large. Retrying the same request cannot help.
     TooLargeBytes,
     /// No demand could be built from the request ([`DemandError::invalid`]).
     Invalid,
@@ -110,6 +114,26 @@ impl Reason {
             Reason::Misconfigured => "misconfigured",
         }
     }
+
+    /// Whether the same request, sent again later, may be admitted: false for a demand that can
+    /// never fit, a request no demand can be built from, and a service built wrong.
+    pub fn is_retryable(&self) -> bool {
+        !matches!(
+            self,
+            Reason::TooLarge | Reason::TooLargeBytes | Reason::Invalid | Reason::Misconfigured
+        )
+    }
+
+    /// Whether the layer estimates a retry time for this reason when the refusal has none of its
+    /// own: the refusals of the monitor's line ([`TimedOut`](Reason::TimedOut),
+    /// [`Cancelled`](Reason::Cancelled), [`Unavailable`](Reason::Unavailable), and
+    /// [`CircuitOpen`](Reason::CircuitOpen), which always has its own).
+    fn is_estimated(&self) -> bool {
+        matches!(
+            self,
+            Reason::TimedOut | Reason::Cancelled | Reason::Unavailable | Reason::CircuitOpen
+        )
+    }
 }
 
 impl fmt::Display for Reason {
@@ -130,7 +154,8 @@ pub enum Cause {
     Demand(DemandError),
 }
 
-/// A request that was not admitted: why, what said so, and how long it waited first.
+/// A request that was not admitted: why, what said so, how long it waited first, and when it
+/// may try again.
 ///
 /// Carried by [`AdmissionError::Refused`], and inserted into a refusal response's extensions
 /// when refusals are mapped to responses.
@@ -141,6 +166,91 @@ pub struct Refused {
     waited: Duration,
     #[source]
     cause: Cause,
+    /// The layer's estimate, when the cause knows no instant and the reason is estimated.
+    estimate: Option<Duration>,
+}
+
+/// A demand that can never fit one account as it is configured: which account, and the numbers
+/// when the account gave them. From [`Refused::never_fits`].
+///
+/// Its `Display` is one line naming the account, what was asked, what the account can ever
+/// grant at once, and the account's own words: what the `http` mapping writes in a 413 or 422
+/// body, and the `grpc` mapping in `grpc-message`.
+///
+/// # Examples
+///
+/// ```
+/// use admission_core::{AdmitError, Amount, Refusal};
+/// use admission_tower::NeverFits;
+///
+/// let error = AdmitError::Refused {
+///     account: "workers".into(),
+///     refusal: Refusal::too_large(Amount::units(5), Amount::units(2)),
+/// };
+/// let never = NeverFits::from_error(&error).unwrap();
+/// assert_eq!((never.asked(), never.capacity()), (Some(Amount::units(5)), Some(Amount::units(2))));
+/// assert_eq!(
+///     never.to_string(),
+///     "account `workers` asked 5, capacity 2: asks 5, more than the 2 it can ever grant at once",
+/// );
+/// ```
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct NeverFits<'a> {
+    account: &'a str,
+    asked: Option<Amount>,
+    capacity: Option<Amount>,
+    message: &'a str,
+}
+
+impl<'a> NeverFits<'a> {
+    /// The facts of `error` when it says a demand can never fit an account: a refusal that is
+    /// not a temporary one. `None` for every other error.
+    pub fn from_error(error: &'a AdmitError) -> Option<NeverFits<'a>> {
+        let AdmitError::Refused { account, refusal } = error else {
+            return None;
+        };
+        let (asked, capacity) = match refusal.kind() {
+            RefusalKind::TooLarge { asked, max } => (Some(asked), Some(max)),
+            RefusalKind::RefusingAll { .. } => return None,
+            _ => (None, None),
+        };
+        Some(NeverFits {
+            account,
+            asked,
+            capacity,
+            message: refusal.message(),
+        })
+    }
+
+    /// The account the demand can never fit.
+    pub fn account(&self) -> &'a str {
+        self.account
+    }
+
+    /// What the demand asked of it, when the account said.
+    pub fn asked(&self) -> Option<Amount> {
+        self.asked
+    }
+
+    /// The most the account can ever grant at once, when it said.
+    pub fn capacity(&self) -> Option<Amount> {
+        self.capacity
+    }
+
+    /// The account's own words.
+    pub fn message(&self) -> &'a str {
+        self.message
+    }
+}
+
+impl fmt::Display for NeverFits<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "account `{}`", self.account)?;
+        if let (Some(asked), Some(capacity)) = (self.asked, self.capacity) {
+            write!(f, " asked {asked}, capacity {capacity}")?;
+        }
+        write!(f, ": {}", self.message)
+    }
 }
 
 /// The accounts the layer was told count bytes or are quotas: how a refusal is classified.
@@ -182,6 +292,24 @@ impl Refused {
             reason,
             waited,
             cause: Cause::Admit(error),
+            estimate: None,
+        }
+    }
+
+    /// Adds `estimate()` as the time to retry when the cause knows none and the reason is one
+    /// the layer estimates for.
+    pub(crate) fn or_estimate(mut self, estimate: impl FnOnce() -> Duration) -> Refused {
+        if self.reason.is_estimated() && self.known_retry_after().is_none() {
+            self.estimate = Some(estimate());
+        }
+        self
+    }
+
+    /// The instant the cause itself gives.
+    fn known_retry_after(&self) -> Option<Duration> {
+        match &self.cause {
+            Cause::Admit(error) => error.retry_after(),
+            Cause::Demand(error) => error.retry_after(),
         }
     }
 
@@ -195,6 +323,7 @@ impl Refused {
             },
             waited: Duration::ZERO,
             cause: Cause::Demand(error),
+            estimate: None,
         }
     }
 
@@ -231,13 +360,34 @@ impl Refused {
         }
     }
 
-    /// When to try again, when whoever refused knows: an open circuit's cooldown, a quota's
-    /// reset. `None` for every other refusal (a timeout does not know).
-    pub fn retry_after(&self) -> Option<Duration> {
-        match &self.cause {
-            Cause::Admit(error) => error.retry_after(),
-            Cause::Demand(error) => error.retry_after(),
+    /// The facts of a demand that can never fit, for [`Reason::TooLarge`] and
+    /// [`Reason::TooLargeBytes`] refusals by the monitor; `None` otherwise.
+    pub fn never_fits(&self) -> Option<NeverFits<'_>> {
+        match (&self.reason, &self.cause) {
+            (Reason::TooLarge | Reason::TooLargeBytes, Cause::Admit(error)) => {
+                NeverFits::from_error(error)
+            }
+            _ => None,
         }
+    }
+
+    /// When to try again, and where that comes from: whoever refused, when it knows (an open
+    /// circuit's cooldown, a quota's reset); otherwise, for a refusal by the monitor's line (a
+    /// timeout, a cancelled job, a stopped or failing monitor), the layer's estimate (see
+    /// [`RetryEstimate`](crate::RetryEstimate)). `None` for a refusal that retrying cannot
+    /// help (a demand that can never fit, an invalid request, a misconfigured service) and for a
+    /// quota with no known reset.
+    pub fn retry_hint(&self) -> Option<RetryAfter> {
+        match (self.known_retry_after(), self.estimate) {
+            (Some(known), _) => Some(RetryAfter::Known(known)),
+            (None, Some(estimate)) => Some(RetryAfter::Estimated(estimate)),
+            (None, None) => None,
+        }
+    }
+
+    /// When to try again ([`retry_hint`](Refused::retry_hint) without its source).
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_hint().map(RetryAfter::duration)
     }
 
     /// [`retry_after`](Refused::retry_after) in whole seconds as a `Retry-After` header says
@@ -280,7 +430,7 @@ pub enum AdmissionError<E> {
 }
 
 impl<E> AdmissionError<E> {
-    /// For a refusal whose source knows, when to try again; `None` otherwise.
+    /// For a refusal, when to try again ([`Refused::retry_after`]); `None` otherwise.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             AdmissionError::Refused(refused) => refused.retry_after(),
@@ -377,6 +527,84 @@ mod tests {
         assert_eq!(timed_out.reason(), Reason::TimedOut);
         assert_eq!(timed_out.retry_after(), None);
         assert_eq!(timed_out.waited(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn only_refusals_of_the_line_without_a_time_of_their_own_take_the_estimate() {
+        let estimate = || Duration::from_secs(4);
+        let timed_out = AdmitError::TimedOut {
+            job: 1,
+            waited: Duration::from_secs(5),
+            timeout: Duration::from_secs(5),
+        };
+        let of = |error| Refused::admit(error, Duration::from_secs(5), &accounts());
+        let line = of(timed_out).or_estimate(estimate);
+        assert_eq!(line.retry_hint(), Some(RetryAfter::Estimated(estimate())));
+        assert_eq!(line.retry_after_secs(), Some(4));
+        let stopped = of(AdmitError::Shutdown).or_estimate(estimate);
+        assert_eq!(stopped.retry_after(), Some(estimate()));
+        let cancelled = of(AdmitError::Cancelled {
+            job: 2,
+            waited: Duration::ZERO,
+        });
+        assert!(
+            cancelled
+                .or_estimate(estimate)
+                .retry_hint()
+                .unwrap()
+                .is_estimate()
+        );
+
+        let open = Refusal::temporary("open", Duration::from_millis(2_500));
+        let circuit = refused_by("http", open).or_estimate(estimate);
+        let known = RetryAfter::Known(Duration::from_millis(2_500));
+        assert_eq!(circuit.retry_hint(), Some(known));
+        let too_large = Refusal::too_large(Amount::units(5), Amount::units(2));
+        for never in [
+            refused_by("http", too_large.clone()),
+            refused_by("upload", too_large),
+        ] {
+            let never = never.or_estimate(estimate);
+            assert_eq!(never.retry_hint(), None);
+            assert!(!never.reason().is_retryable());
+        }
+        let spent = refused_by("tenant", Refusal::new("spent for good")).or_estimate(estimate);
+        assert_eq!((spent.reason(), spent.retry_after()), (Reason::Quota, None));
+        assert!(spent.reason().is_retryable());
+        let unmet = of(AdmitError::Unmet {
+            account: "window".into(),
+            requires: admission_core::Capability::HTTP_CONNECTION,
+        });
+        assert_eq!(unmet.or_estimate(estimate).retry_after(), None);
+    }
+
+    #[test]
+    fn a_demand_that_never_fits_gives_its_account_and_numbers() {
+        let too_large = Refusal::too_large(Amount::pair(100, 1), Amount::pair(60, 9));
+        let refused = refused_by("tokens", too_large);
+        let never = refused.never_fits().unwrap();
+        assert_eq!(never.account(), "tokens");
+        assert_eq!(never.asked(), Some(Amount::pair(100, 1)));
+        assert_eq!(never.capacity(), Some(Amount::pair(60, 9)));
+        assert_eq!(
+            never.to_string(),
+            "account `tokens` asked 100+1, capacity 60+9: asks 100+1, more than the 60+9 it can \
+             ever grant at once"
+        );
+        let other = refused_by("http", Refusal::new("no such model"));
+        let never = other.never_fits().unwrap();
+        assert_eq!((never.asked(), never.capacity()), (None, None));
+        assert_eq!(never.to_string(), "account `http`: no such model");
+        // Not a demand that can never fit: a quota, an open circuit, an invalid request.
+        assert!(
+            refused_by("tenant", Refusal::new("spent"))
+                .never_fits()
+                .is_none()
+        );
+        let open = Refusal::temporary("open", Duration::from_secs(1));
+        assert!(refused_by("http", open).never_fits().is_none());
+        let invalid = Refused::demand(DemandError::invalid("no length"));
+        assert!(invalid.never_fits().is_none());
     }
 
     #[test]

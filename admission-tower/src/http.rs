@@ -4,14 +4,23 @@
 //!
 //! | reason | status | `Retry-After` |
 //! |---|---|---|
-//! | timed out, open circuit, monitor failing or stopped, job cancelled | 503 | when known |
-//! | quota | 429 | when known |
+//! | timed out, open circuit, monitor failing or stopped, job cancelled | 503 | always |
+//! | quota | 429 | when its reset is known |
 //! | a demand that can never fit an account counting bytes | 413 | no |
-//! | a demand that can never fit any other account | 503 | no |
+//! | a demand that can never fit any other account | 422 | no |
 //! | no demand could be built from the request | 400 | no |
 //! | a demand lacking a required account (the service is built wrong) | 500 | no |
 //!
-//! `Retry-After` is in whole seconds, rounded up, and never 0.
+//! `Retry-After` is in whole seconds, rounded up, and never 0. On a 503 it is the refuser's own
+//! time when it has one (an open circuit's cooldown), and otherwise the layer's estimate of how
+//! long its line takes to drain ([`RetryEstimate`](crate::RetryEstimate)), so every 503 carries
+//! one.
+//!
+//! A demand that can never fit is a client error, not an outage: a client that retries a 503
+//! would send it again and again. It answers 413 when an account counting the request's bytes
+//! refused ([`AdmissionLayer::bytes_account`](crate::AdmissionLayer::bytes_account)), 422
+//! otherwise, and the body says which account, what was asked and what it can ever grant
+//! ([`NeverFits`](crate::NeverFits)), so the caller can shrink the request.
 
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
@@ -23,20 +32,39 @@ pub fn status(refused: &Refused) -> StatusCode {
     match refused.reason() {
         Reason::Quota => StatusCode::TOO_MANY_REQUESTS,
         Reason::TooLargeBytes => StatusCode::PAYLOAD_TOO_LARGE,
+        Reason::TooLarge => StatusCode::UNPROCESSABLE_ENTITY,
         Reason::Invalid => StatusCode::BAD_REQUEST,
         Reason::Misconfigured => StatusCode::INTERNAL_SERVER_ERROR,
         _ => StatusCode::SERVICE_UNAVAILABLE,
     }
 }
 
-/// The `Retry-After` value, in whole seconds rounded up (at least 1), when the refusal knows one.
+/// The `Retry-After` value, in whole seconds rounded up (at least 1), when the refusal has one
+/// ([`Refused::retry_after`]: known or estimated).
 pub fn retry_after(refused: &Refused) -> Option<HeaderValue> {
     refused.retry_after_secs().map(HeaderValue::from)
 }
 
-/// The default response: [`status`], [`retry_after`] when known, and a one-line plain-text body
-/// naming the reason (the refusal itself, with the account and the numbers, is in the response's
-/// extensions for logging, never in the body a client sees).
+/// The one-line plain-text body of [`response`]: `admission refused: {reason}`, followed, for a
+/// demand that can never fit, by `: ` and its [`NeverFits`](crate::NeverFits) line (account,
+/// asked, capacity, the account's words).
+///
+/// # Examples
+///
+/// ```text
+/// admission refused: timed_out
+/// admission refused: too_large: account `workers` asked 2, capacity 1: `workers` has 1 permits in all; ...
+/// ```
+pub fn body(refused: &Refused) -> String {
+    match refused.never_fits() {
+        Some(never) => format!("admission refused: {}: {never}\n", refused.reason()),
+        None => format!("admission refused: {}\n", refused.reason()),
+    }
+}
+
+/// The default response: [`status`], [`retry_after`] when there is one, and the plain-text
+/// [`body`]. Only a demand that can never fit names its account and numbers in the body; the
+/// refusal itself is in the response's extensions for logging.
 ///
 /// # Examples
 ///
@@ -56,7 +84,7 @@ pub fn retry_after(refused: &Refused) -> Option<HeaderValue> {
 /// # let _ = my_responses;
 /// ```
 pub fn response(refused: &Refused) -> Response<String> {
-    let mut response = Response::new(format!("admission refused: {}\n", refused.reason()));
+    let mut response = Response::new(body(refused));
     *response.status_mut() = status(refused);
     let headers = response.headers_mut();
     headers.insert(

@@ -11,6 +11,7 @@ use crate::error::{Accounts, Refused};
 #[cfg(any(feature = "http", feature = "grpc"))]
 use crate::policy::RespondFn;
 use crate::policy::{Propagate, Respond};
+use crate::retry::{Drain, RetryEstimate};
 use crate::service::Admission;
 
 /// What a layer and each of its services share: cheap to clone.
@@ -20,6 +21,8 @@ pub(crate) struct Config<D, P> {
     pub(crate) policy: Arc<P>,
     pub(crate) timeout: Option<Duration>,
     pub(crate) accounts: Arc<Accounts>,
+    /// The layer's completions and waiters, for retry estimates.
+    pub(crate) drain: Arc<Drain>,
 }
 
 impl<D, P> Clone for Config<D, P> {
@@ -30,6 +33,7 @@ impl<D, P> Clone for Config<D, P> {
             policy: self.policy.clone(),
             timeout: self.timeout,
             accounts: self.accounts.clone(),
+            drain: self.drain.clone(),
         }
     }
 }
@@ -44,7 +48,9 @@ impl<D, P> Clone for Config<D, P> {
 ///
 /// Refusals are errors ([`AdmissionError`]) by default; [`on_refusal`](AdmissionLayer::on_refusal)
 /// (or, with the features, [`http_responses`](AdmissionLayer::http_responses) and
-/// [`grpc_responses`](AdmissionLayer::grpc_responses)) turns them into responses.
+/// [`grpc_responses`](AdmissionLayer::grpc_responses)) turns them into responses. A refusal by
+/// the monitor's line that knows no retry time of its own gets the layer's estimate
+/// ([`retry_estimate`](AdmissionLayer::retry_estimate)).
 ///
 /// [`AdmittedBody`]: crate::AdmittedBody
 /// [`AdmissionError`]: crate::AdmissionError
@@ -78,8 +84,13 @@ impl<D> AdmissionLayer<D, Propagate> {
     /// A layer admitting on `monitor` the demand `demand` builds from each request, with no
     /// timeout, refusals reported as errors.
     pub fn new(monitor: Monitor, demand: D) -> AdmissionLayer<D, Propagate> {
+        let drain = Arc::new(Drain::new(
+            monitor.clock().clone(),
+            RetryEstimate::default(),
+        ));
         AdmissionLayer {
             config: Config {
+                drain,
                 monitor,
                 demand: Arc::new(demand),
                 policy: Arc::new(Propagate),
@@ -116,6 +127,17 @@ impl<D, P> AdmissionLayer<D, P> {
         self
     }
 
+    /// How the retry time of a refusal without one of its own is estimated (a timeout in the
+    /// line, a cancelled job, a stopped or failing monitor): see [`RetryEstimate`] for the
+    /// computation. The default has a floor of 1 s, a ceiling of 60 s and a window of 10 s.
+    ///
+    /// The layer measures from when this is called: set it while building the layer.
+    pub fn retry_estimate(mut self, estimate: RetryEstimate) -> AdmissionLayer<D, P> {
+        let clock = self.config.monitor.clock().clone();
+        self.config.drain = Arc::new(Drain::new(clock, estimate));
+        self
+    }
+
     /// Answers refusals with `handler`'s responses ([`Respond`]).
     pub fn on_refusal<H>(self, handler: H) -> AdmissionLayer<D, Respond<H>>
     where
@@ -131,6 +153,7 @@ impl<D, P> AdmissionLayer<D, P> {
             demand,
             timeout,
             accounts,
+            drain,
             ..
         } = self.config;
         AdmissionLayer {
@@ -140,20 +163,22 @@ impl<D, P> AdmissionLayer<D, P> {
                 policy: Arc::new(policy),
                 timeout,
                 accounts,
+                drain,
             },
         }
     }
 
-    /// Answers refusals with HTTP statuses ([`crate::http::response`]): 503 for a timeout, an
-    /// open circuit or a failing monitor, 429 for a quota, 413 or 503 for a demand that can
-    /// never fit, with `Retry-After` when known.
+    /// Answers refusals with HTTP statuses ([`crate::http::response`]): 503 with `Retry-After`
+    /// for a timeout, an open circuit or a failing monitor, 429 for a quota (with `Retry-After`
+    /// when its reset is known), 413 or 422 for a demand that can never fit (no `Retry-After`).
     #[cfg(feature = "http")]
     pub fn http_responses(self) -> AdmissionLayer<D, RespondFn> {
         self.on_refusal(crate::http::response as fn(&Refused) -> http::Response<String>)
     }
 
     /// Answers refusals with gRPC statuses ([`crate::grpc::response`]): `RESOURCE_EXHAUSTED`
-    /// for a quota, `UNAVAILABLE` for a timeout or a failing monitor.
+    /// for a quota, `UNAVAILABLE` with a retry pushback for a timeout or a failing monitor,
+    /// `INVALID_ARGUMENT` for a demand that can never fit.
     #[cfg(feature = "grpc")]
     pub fn grpc_responses(self) -> AdmissionLayer<D, RespondFn> {
         self.on_refusal(crate::grpc::response as fn(&Refused) -> http::Response<String>)
@@ -188,6 +213,7 @@ impl<D, P: fmt::Debug> fmt::Debug for AdmissionLayer<D, P> {
             .field("timeout", &self.config.timeout)
             .field("policy", &self.config.policy)
             .field("accounts", &self.config.accounts)
+            .field("retry_estimate", &self.config.drain.settings())
             .finish_non_exhaustive()
     }
 }

@@ -7,7 +7,8 @@
 //! granted, and keeps the [`Grant`](admission_core::Grant) inside the response body
 //! ([`AdmittedBody`]) until the body ends, fails or is dropped: a streamed body keeps its permits
 //! to the last byte. A request whose client goes away while it waits leaves the line. A refusal
-//! is a typed [`Refused`] with [`retry_after`](Refused::retry_after); features `http` and `grpc`
+//! is a typed [`Refused`] with [`retry_after`](Refused::retry_after) (the refuser's own, or the
+//! layer's estimate from the drain it measures: [`RetryEstimate`]); features `http` and `grpc`
 //! turn it into a response instead, and a handler of the user's own can replace either mapping.
 //! The time a request waited reaches the handler as the [`Waited`] request extension.
 //!
@@ -58,10 +59,12 @@ pub mod guides;
 pub mod http;
 mod layer;
 mod policy;
+mod retry;
 mod service;
 
 pub use body::AdmittedBody;
-pub use error::{AdmissionError, Cause, DemandError, Reason, Refused, Waited};
+pub use error::{AdmissionError, Cause, DemandError, NeverFits, Reason, Refused, Waited};
 pub use layer::AdmissionLayer;
 pub use policy::{OnRefusal, Propagate, Respond, RespondFn};
+pub use retry::{RetryAfter, RetryEstimate};
 pub use service::{Admission, ResponseFuture};

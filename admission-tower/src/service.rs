@@ -84,7 +84,7 @@ where
                     inner,
                     request,
                     policy,
-                    monitor.clock().clone(),
+                    &self.config.drain,
                     self.config.accounts.clone(),
                 )
             }

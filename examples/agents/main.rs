@@ -233,6 +233,12 @@ struct Args {
     #[arg(long, value_name = "ADDR", conflicts_with = "fleet")]
     metrics: Option<SocketAddr>,
 
+    /// With --metrics: after the run, keep the endpoint up until one more scrape has been
+    /// served, at most this many seconds (0: stop at once), so the run's last values are read.
+    #[arg(long, value_name = "SECS", default_value_t = 15, requires = "metrics",
+          value_parser = value_parser!(u64).range(0..=3600))]
+    metrics_linger: u64,
+
     /// Internal: run as member I of a --fleet run (the parent passes it; the member stops when
     /// its stdin says so or closes).
     #[arg(long, hide = true, value_name = "I", requires_all = ["fleet", "server", "cell"],
@@ -344,7 +350,10 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
             _ => None,
         };
         // Bound before any agent starts, so a bad ADDR ends the run before it begins.
-        let serving = args.metrics.map(metrics::serve).transpose()?;
+        let serving = args
+            .metrics
+            .map(|addr| metrics::serve(addr, args.time_scale))
+            .transpose()?;
         if let Some(serving) = &serving {
             say(&format!(
                 "serving metrics at http://{}/metrics",
@@ -378,6 +387,22 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
             let summary = run::run(strategy, &input).await?;
             say(&summary.render());
             summaries.push(summary);
+        }
+        if let Some(serving) = &serving
+            && args.metrics_linger > 0
+            && !interrupt.is_triggered()
+        {
+            say(&format!(
+                "metrics: waiting up to {} s for a last scrape of http://{}/metrics",
+                args.metrics_linger,
+                serving.addr()
+            ));
+            if !serving
+                .linger(Duration::from_secs(args.metrics_linger))
+                .await
+            {
+                say("metrics: no scrape came; stopping the endpoint");
+            }
         }
         listener.abort();
         // A member's last line: its report, for the parent.

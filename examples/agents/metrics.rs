@@ -1,40 +1,138 @@
 //! `--metrics ADDR`: the monitor's events as Prometheus series, served at `http://ADDR/metrics`
-//! while the run lasts.
+//! while the run lasts, and after it until one more scrape has been served (at most
+//! `--metrics-linger` seconds), so the run's last values are read.
 //!
-//! The series are `admission_events::MetricsSink`'s (admitted by path, rejected by reason,
-//! released by kind, the wait in seconds by outcome, the waiters gauge, holds by account; see
-//! its module docs), recorded through the `metrics` facade into `metrics-exporter-prometheus`'s
-//! recorder, whose HTTP listener answers scrapes (on any path; `/metrics` is Prometheus's
-//! default). The sink is one more sink behind the run's
-//! `Fanout`, beside the tally and the events file (`events.rs`). The wait is a histogram with
-//! fixed buckets (simulated seconds, as every wait in this example), so the fleet's processes'
-//! series add up in Prometheus.
+//! The series are `admission_events::MetricsSink`'s (admitted, rejected and released counters,
+//! the wait in real seconds by outcome, the waiters gauge, holds by account; see its module
+//! docs), recorded through the `metrics` facade into `metrics-exporter-prometheus`'s recorder
+//! and rendered by its handle on every scrape of this module's own HTTP endpoint (on any path;
+//! `/metrics` is Prometheus's default), which counts the scrapes it serves. The sink is one more
+//! sink behind the run's `Fanout`, beside the tally and the events file (`events.rs`). The run's
+//! clock is simulated (`--time-scale`): the sink divides waits back into real seconds for
+//! `admission_wait_seconds`, and the simulated ones are `admission_simulated_wait_seconds`. Both
+//! are histograms with fixed buckets, so the fleet's processes' series add up in Prometheus.
+//! Every counter starts at zero, so the first scrape already lists every series.
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use admission_events::MetricsSink;
-use admission_events::metrics::WAIT;
+use admission_events::metrics::{SIMULATED_WAIT, WAIT};
 use anyhow::Context as _;
-use metrics_exporter_prometheus::{ExporterFuture, Matcher, PrometheusBuilder, PrometheusRecorder};
+use metrics_exporter_prometheus::{
+    Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
+use tokio::sync::Notify;
 
-/// The upper bounds of the `admission_wait` buckets, in seconds.
+/// The upper bounds of the wait buckets, in seconds (real and simulated alike).
 pub const WAIT_BUCKETS: [f64; 8] = [0.001, 0.01, 0.1, 1.0, 10.0, 60.0, 600.0, 3600.0];
 
-/// The recorder and its listener, bound to `addr` but not yet serving.
+/// How often the recorder's upkeep runs (it drains histograms' rolling summaries).
+const UPKEEP: Duration = Duration::from_secs(5);
+
+/// The recorder, with the wait buckets set.
 ///
-/// Must be called inside a tokio runtime (the exporter spawns its upkeep task on it).
+/// # Errors
+///
+/// When the buckets are refused (never, for these constants).
+pub fn recorder() -> anyhow::Result<PrometheusRecorder> {
+    Ok(PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(WAIT.to_owned()), &WAIT_BUCKETS)
+        .context("configuring the wait buckets")?
+        .set_buckets_for_metric(Matcher::Full(SIMULATED_WAIT.to_owned()), &WAIT_BUCKETS)
+        .context("configuring the simulated wait buckets")?
+        .build_recorder())
+}
+
+/// The scrapes an endpoint has served, and a wake-up for each.
+#[derive(Debug, Default)]
+pub struct Scrapes {
+    served: AtomicU64,
+    notify: Notify,
+}
+
+impl Scrapes {
+    /// How many scrapes have been served.
+    pub fn served(&self) -> u64 {
+        self.served.load(Ordering::Acquire)
+    }
+
+    /// Waits until more than `seen` scrapes have been served, at most `wait`; whether one was.
+    pub async fn after(&self, seen: u64, wait: Duration) -> bool {
+        let waited = tokio::time::timeout(wait, async {
+            loop {
+                let notified = self.notify.notified();
+                if self.served() > seen {
+                    return;
+                }
+                notified.await;
+            }
+        });
+        waited.await.is_ok()
+    }
+}
+
+/// Serves `handle`'s rendering on `listener` (any path), counting scrapes in `scrapes`, until
+/// the task is aborted.
+async fn endpoint(
+    listener: tokio::net::TcpListener,
+    handle: PrometheusHandle,
+    scrapes: Arc<Scrapes>,
+) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let (handle, scrapes) = (handle.clone(), scrapes.clone());
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |_request| {
+                let body = handle.render();
+                scrapes.served.fetch_add(1, Ordering::AcqRel);
+                scrapes.notify.notify_waiters();
+                async move {
+                    Ok::<_, Infallible>(
+                        hyper::Response::builder()
+                            .header(
+                                hyper::header::CONTENT_TYPE,
+                                "text/plain; version=0.0.4; charset=utf-8",
+                            )
+                            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+                            .expect("a valid response"),
+                    )
+                }
+            });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(10))
+                .serve_connection(io, service)
+                .await;
+        });
+    }
+}
+
+/// Binds `addr` and serves `handle` there on the current tokio runtime: the endpoint's task and
+/// its scrape count.
 ///
 /// # Errors
 ///
 /// When `addr` cannot be bound (in use, not an address of this host, no permission).
-pub fn bind(addr: SocketAddr) -> anyhow::Result<(PrometheusRecorder, ExporterFuture)> {
-    PrometheusBuilder::new()
-        .with_http_listener(addr)
-        .set_buckets_for_metric(Matcher::Full(WAIT.to_owned()), &WAIT_BUCKETS)
-        .context("configuring the wait buckets")?
-        .build()
-        .with_context(|| format!("serving metrics on {addr}"))
+pub fn bind(
+    addr: SocketAddr,
+    handle: PrometheusHandle,
+) -> anyhow::Result<(tokio::task::JoinHandle<()>, Arc<Scrapes>)> {
+    let listener = std::net::TcpListener::bind(addr)
+        .and_then(|listener| {
+            listener.set_nonblocking(true)?;
+            tokio::net::TcpListener::from_std(listener)
+        })
+        .with_context(|| format!("serving metrics on {addr}"))?;
+    let scrapes = Arc::new(Scrapes::default());
+    let task = tokio::spawn(endpoint(listener, handle, scrapes.clone()));
+    Ok((task, scrapes))
 }
 
 /// The endpoint while it serves; dropping it stops the listener.
@@ -43,7 +141,8 @@ pub struct Serving {
     /// The sink to put behind the monitor's fanout: it records into the installed recorder.
     pub sink: Arc<MetricsSink>,
     addr: SocketAddr,
-    task: tokio::task::JoinHandle<()>,
+    scrapes: Arc<Scrapes>,
+    tasks: [tokio::task::JoinHandle<()>; 2],
 }
 
 impl Serving {
@@ -51,32 +150,48 @@ impl Serving {
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
+
+    /// Keeps serving until one more scrape has been served, at most `wait`: whether one was.
+    pub async fn linger(&self, wait: Duration) -> bool {
+        self.scrapes.after(self.scrapes.served(), wait).await
+    }
 }
 
 impl Drop for Serving {
     fn drop(&mut self) {
-        self.task.abort();
+        for task in &self.tasks {
+            task.abort();
+        }
     }
 }
 
 /// Binds `addr`, installs the recorder as the process's, and serves `/metrics` on the current
-/// tokio runtime until the returned [`Serving`] is dropped.
+/// tokio runtime until the returned [`Serving`] is dropped; the monitor's clock runs
+/// `time_scale` times faster than real time.
 ///
 /// # Errors
 ///
 /// When `addr` cannot be bound, or a recorder was already installed.
-pub fn serve(addr: SocketAddr) -> anyhow::Result<Serving> {
-    let (recorder, exporter) = bind(addr)?;
+pub fn serve(addr: SocketAddr, time_scale: u32) -> anyhow::Result<Serving> {
+    let recorder = recorder()?;
+    let handle = recorder.handle();
+    let (endpoint, scrapes) = bind(addr, handle.clone())?;
     metrics::set_global_recorder(recorder)
         .map_err(|_| anyhow::anyhow!("a metrics recorder is already installed"))?;
-    let task = tokio::spawn(async move {
-        if let Err(error) = exporter.await {
-            eprintln!("metrics endpoint on {addr} stopped: {error:?}");
+    let upkeep = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(UPKEEP).await;
+            handle.run_upkeep();
         }
     });
-    // Created after the recorder is installed, so its series are described there.
-    let sink = Arc::new(MetricsSink::new());
-    Ok(Serving { sink, addr, task })
+    // Created after the recorder is installed, so its series are described and zeroed there.
+    let sink = Arc::new(MetricsSink::simulated(f64::from(time_scale.max(1))));
+    Ok(Serving {
+        sink,
+        addr,
+        scrapes,
+        tasks: [endpoint, upkeep],
+    })
 }
 
 #[cfg(test)]
@@ -92,7 +207,7 @@ mod tests {
     use admission_testkit::monitor::poll_once;
     use http_body_util::{BodyExt as _, Empty};
 
-    use super::bind;
+    use super::{WAIT_BUCKETS, bind, recorder};
 
     /// A port free on loopback now (bound, read, released: the exporter binds it next).
     fn free_port() -> SocketAddr {
@@ -144,14 +259,14 @@ mod tests {
     }
 
     /// The monitor's events, recorded through `MetricsSink` into the exporter's recorder (as the
-    /// thread's recorder, so no other test sees it), come back from `/metrics` as exact lines: an
-    /// immediate grant, a hold of 250 ms on the fake clock then a grant, a demand that can never
-    /// fit, two releases.
+    /// thread's recorder, so no other test sees it), come back from the endpoint as exact lines:
+    /// an immediate grant, a hold of 250 ms on the fake clock then a grant, a demand that can
+    /// never fit, two releases; every other counter of a fixed label set at zero.
     #[tokio::test(flavor = "current_thread")]
     async fn the_endpoint_serves_the_monitor_series() {
         let addr = free_port();
-        let (recorder, exporter) = bind(addr).expect("binding the endpoint");
-        let serving = tokio::spawn(exporter);
+        let recorder = recorder().expect("the recorder");
+        let (serving, scrapes) = bind(addr, recorder.handle()).expect("binding the endpoint");
 
         let clock = FakeClock::new();
         metrics::with_local_recorder(&recorder, || {
@@ -184,48 +299,57 @@ mod tests {
 
         let (status, body) = get(addr, "/metrics").await;
         assert_eq!(status, 200);
-        let expected = [
-            "# HELP admission_admitted jobs granted their whole demand, by path",
-            "# TYPE admission_admitted counter",
-            "admission_admitted{path=\"after_wait\"} 1",
-            "admission_admitted{path=\"immediate\"} 1",
-            "# HELP admission_held waiters held, by the account that held them",
-            "# TYPE admission_held counter",
-            "admission_held{account=\"db:results\"} 1",
-            "# HELP admission_rejected jobs refused, by reason",
-            "# TYPE admission_rejected counter",
-            "admission_rejected{reason=\"circuit_blocked\"} 1",
-            "# HELP admission_released grants given back, by kind",
-            "# TYPE admission_released counter",
-            "admission_released{kind=\"release\"} 2",
+        assert_eq!(scrapes.served(), 1);
+        let mut expected = vec![
+            "# HELP admission_admitted_total jobs granted their whole demand, by path",
+            "# TYPE admission_admitted_total counter",
+            "admission_admitted_total{path=\"after_wait\"} 1",
+            "admission_admitted_total{path=\"immediate\"} 1",
+            "# HELP admission_held_total waiters held, by the account that held them",
+            "# TYPE admission_held_total counter",
+            "admission_held_total{account=\"db:results\"} 1",
+            "# HELP admission_rejected_total jobs refused, by reason",
+            "# TYPE admission_rejected_total counter",
+            "admission_rejected_total{reason=\"aborted\"} 0",
+            "admission_rejected_total{reason=\"cancelled\"} 0",
+            "admission_rejected_total{reason=\"circuit_blocked\"} 1",
+            "admission_rejected_total{reason=\"closed\"} 0",
+            "admission_rejected_total{reason=\"shutdown\"} 0",
+            "admission_rejected_total{reason=\"timed_out\"} 0",
+            "# HELP admission_released_total grants given back, by kind",
+            "# TYPE admission_released_total counter",
+            "admission_released_total{kind=\"release\"} 2",
+            "admission_released_total{kind=\"rollback\"} 0",
             "# HELP admission_waiters jobs waiting in the line now",
             "# TYPE admission_waiters gauge",
             "admission_waiters 0",
-            "# HELP admission_wait how long a job waited, by outcome",
-            "# TYPE admission_wait histogram",
-            "admission_wait_bucket{outcome=\"circuit_blocked\",le=\"0.001\"} 1",
-            "admission_wait_bucket{outcome=\"circuit_blocked\",le=\"0.01\"} 1",
-            "admission_wait_bucket{outcome=\"circuit_blocked\",le=\"0.1\"} 1",
-            "admission_wait_bucket{outcome=\"circuit_blocked\",le=\"1\"} 1",
-            "admission_wait_bucket{outcome=\"circuit_blocked\",le=\"10\"} 1",
-            "admission_wait_bucket{outcome=\"circuit_blocked\",le=\"60\"} 1",
-            "admission_wait_bucket{outcome=\"circuit_blocked\",le=\"600\"} 1",
-            "admission_wait_bucket{outcome=\"circuit_blocked\",le=\"3600\"} 1",
-            "admission_wait_bucket{outcome=\"circuit_blocked\",le=\"+Inf\"} 1",
-            "admission_wait_sum{outcome=\"circuit_blocked\"} 0",
-            "admission_wait_count{outcome=\"circuit_blocked\"} 1",
-            "admission_wait_bucket{outcome=\"granted\",le=\"0.001\"} 1",
-            "admission_wait_bucket{outcome=\"granted\",le=\"0.01\"} 1",
-            "admission_wait_bucket{outcome=\"granted\",le=\"0.1\"} 1",
-            "admission_wait_bucket{outcome=\"granted\",le=\"1\"} 2",
-            "admission_wait_bucket{outcome=\"granted\",le=\"10\"} 2",
-            "admission_wait_bucket{outcome=\"granted\",le=\"60\"} 2",
-            "admission_wait_bucket{outcome=\"granted\",le=\"600\"} 2",
-            "admission_wait_bucket{outcome=\"granted\",le=\"3600\"} 2",
-            "admission_wait_bucket{outcome=\"granted\",le=\"+Inf\"} 2",
-            "admission_wait_sum{outcome=\"granted\"} 0.25",
-            "admission_wait_count{outcome=\"granted\"} 2",
+            "# HELP admission_wait_seconds how long a job waited, by outcome, in real seconds",
+            "# TYPE admission_wait_seconds histogram",
         ];
+        let buckets = |outcome: &str, counts: [u32; 8], total: u32, sum: &str| {
+            let mut lines: Vec<String> = WAIT_BUCKETS
+                .iter()
+                .zip(counts)
+                .map(|(le, n)| {
+                    format!(
+                        "admission_wait_seconds_bucket{{outcome=\"{outcome}\",le=\"{le}\"}} {n}"
+                    )
+                })
+                .collect();
+            lines.push(format!(
+                "admission_wait_seconds_bucket{{outcome=\"{outcome}\",le=\"+Inf\"}} {total}"
+            ));
+            lines.push(format!(
+                "admission_wait_seconds_sum{{outcome=\"{outcome}\"}} {sum}"
+            ));
+            lines.push(format!(
+                "admission_wait_seconds_count{{outcome=\"{outcome}\"}} {total}"
+            ));
+            lines
+        };
+        let blocked = buckets("circuit_blocked", [1; 8], 1, "0");
+        let granted = buckets("granted", [1, 1, 1, 2, 2, 2, 2, 2], 2, "0.25");
+        expected.extend(blocked.iter().chain(&granted).map(String::as_str));
         assert_eq!(
             families(&body),
             families(&expected.join("\n")),
@@ -235,12 +359,94 @@ mod tests {
         serving.abort();
     }
 
+    /// A real scrape, parsed by a Prometheus text-format parser: before any event it already
+    /// lists every counter (at zero) and the gauge; after a simulated wait, counters end in
+    /// `_total`, durations are `_seconds`, the real wait is the simulated one divided by the
+    /// clock's rate, and every family has its help text. `Scrapes::after` wakes on a scrape.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_scrape_parses_and_follows_prometheus_conventions() {
+        let addr = free_port();
+        let recorder = recorder().expect("the recorder");
+        let (serving, scrapes) = bind(addr, recorder.handle()).expect("binding the endpoint");
+        let sink = metrics::with_local_recorder(&recorder, || MetricsSink::simulated(300.0));
+
+        let (_, first) = get(addr, "/metrics").await;
+        let parsed = prometheus_parse::Scrape::parse(first.lines().map(|l| Ok(l.to_owned())))
+            .expect("the first scrape parses");
+        assert_eq!(parsed.samples.len(), 11, "every zeroed series:\n{first}");
+
+        let clock = FakeClock::new();
+        metrics::with_local_recorder(&recorder, || {
+            let monitor = Monitor::builder()
+                .clock(clock.shared())
+                .sink(Arc::new(sink))
+                .manual_passes()
+                .build();
+            let gate = Arc::new(CountingGate::new("http", 1, clock.shared()).unwrap());
+            let one = || Demand::new().with(gate.clone(), Amount::ONE);
+            let first = monitor
+                .admit_blocking(one(), &JobContext::new("first"), None)
+                .expect("granted at once");
+            let mut second = monitor.admit(one(), &JobContext::new("second"), None);
+            assert!(poll_once(&mut second).is_none());
+            clock.advance(Duration::from_secs(30)); // 0.1 s of real time at 300x
+            drop(first);
+            drop(poll_once(&mut second).expect("granted").expect("granted"));
+            monitor.stop();
+        });
+        let seen = scrapes.served();
+        let waiting = tokio::spawn({
+            let scrapes = scrapes.clone();
+            async move { scrapes.after(seen, Duration::from_secs(10)).await }
+        });
+        let (_, body) = get(addr, "/metrics").await;
+        assert!(
+            waiting.await.expect("the waiter"),
+            "a scrape wakes the linger"
+        );
+        let parsed = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_owned())))
+            .expect("the scrape parses");
+        for sample in &parsed.samples {
+            let family = sample
+                .metric
+                .trim_end_matches("_bucket")
+                .trim_end_matches("_sum")
+                .trim_end_matches("_count");
+            assert!(
+                parsed.docs.contains_key(family),
+                "{} has no help text",
+                sample.metric
+            );
+            match &sample.value {
+                prometheus_parse::Value::Counter(_) => {
+                    assert!(sample.metric.ends_with("_total"), "{}", sample.metric)
+                }
+                prometheus_parse::Value::Histogram(_) => {
+                    assert!(sample.metric.ends_with("_seconds"), "{}", sample.metric)
+                }
+                _ => {}
+            }
+        }
+        let sum = |name: &str| {
+            body.lines()
+                .find(|l| l.starts_with(&format!("{name}_sum{{outcome=\"granted\"}}")))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("no {name}_sum in:\n{body}"))
+        };
+        assert_eq!(sum("admission_simulated_wait_seconds"), 30.0);
+        assert!((sum("admission_wait_seconds") - 0.1).abs() < 1e-9);
+
+        serving.abort();
+    }
+
     /// An address that is already taken is a typed error naming it, not a panic.
     #[tokio::test(flavor = "current_thread")]
     async fn an_address_in_use_is_an_error() {
         let taken = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("binding loopback");
         let addr = taken.local_addr().expect("the bound address");
-        let Err(error) = bind(addr) else {
+        let handle = recorder().expect("the recorder").handle();
+        let Err(error) = bind(addr, handle) else {
             panic!("{addr} was bound twice");
         };
         assert_eq!(error.to_string(), format!("serving metrics on {addr}"));

@@ -8,7 +8,9 @@ use std::time::Duration;
 use admission_core::event::{EventKind, EventSink, RejectReason};
 use admission_core::{Amount, Demand, Instant, JobContext, Monitor};
 use admission_events::MetricsSink;
-use admission_events::metrics::{ADMITTED, HELD, REJECTED, RELEASED, WAIT, WAITERS};
+use admission_events::metrics::{
+    ADMITTED, HELD, REJECTED, RELEASED, SIMULATED_WAIT, WAIT, WAITERS,
+};
 use admission_testkit::FakeClock;
 use admission_testkit::monitor::poll_once;
 use admission_testkit::reference::Permits;
@@ -36,8 +38,18 @@ fn recorded<T>(f: impl FnOnce(&Snapshotter) -> T) -> T {
     metrics::with_local_recorder(&recorder, || f(&snapshotter))
 }
 
-/// The snapshot (counters reset and histograms drained by it), sorted by name and labels.
+/// The snapshot (counters reset and histograms drained by it), sorted by name and labels,
+/// without the counters that did not move since the last one (the sink writes every counter of
+/// a fixed label set at zero when it is built: `every_series_is_written_at_zero_first`).
 fn series(snapshotter: &Snapshotter) -> Vec<Series> {
+    all_series(snapshotter)
+        .into_iter()
+        .filter(|(_, _, _, value)| *value != Value::Counter(0))
+        .collect()
+}
+
+/// The whole snapshot, sorted by name and labels.
+fn all_series(snapshotter: &Snapshotter) -> Vec<Series> {
     let mut all: Vec<Series> = snapshotter
         .snapshot()
         .into_vec()
@@ -72,6 +84,79 @@ fn s(name: &str, label: Option<(&str, &str)>, unit: Unit, value: Value) -> Serie
 
 fn at(millis: u64) -> Instant {
     Instant::from_nanos(millis * 1_000_000)
+}
+
+/// Before any event, every counter of a fixed label set and the waiters gauge are written at
+/// zero (so a first scrape holds them and a rate starts from zero); `held_total` (labelled by
+/// account) and the wait histograms appear with their first sample.
+#[test]
+fn every_series_is_written_at_zero_first() {
+    recorded(|snapshotter| {
+        let _sink = MetricsSink::new();
+        let zero =
+            |name: &str, label: (&str, &str)| s(name, Some(label), Unit::Count, Value::Counter(0));
+        assert_eq!(
+            all_series(snapshotter),
+            [
+                zero(ADMITTED, ("path", "after_wait")),
+                zero(ADMITTED, ("path", "immediate")),
+                zero(REJECTED, ("reason", "aborted")),
+                zero(REJECTED, ("reason", "cancelled")),
+                zero(REJECTED, ("reason", "circuit_blocked")),
+                zero(REJECTED, ("reason", "closed")),
+                zero(REJECTED, ("reason", "shutdown")),
+                zero(REJECTED, ("reason", "timed_out")),
+                zero(RELEASED, ("kind", "release")),
+                zero(RELEASED, ("kind", "rollback")),
+                s(WAITERS, None, Unit::Count, Value::Gauge(0.0)),
+            ]
+        );
+        assert!(
+            [ADMITTED, REJECTED, RELEASED, HELD]
+                .iter()
+                .all(|name| name.ends_with("_total"))
+                && WAIT.ends_with("_seconds"),
+            "Prometheus's conventions"
+        );
+    });
+}
+
+/// A sink for a clock 300 times faster than real time records a 30 s wait of the clock as
+/// 0.1 s of real time, and the 30 s in the simulated series.
+#[test]
+fn a_simulated_clocks_waits_are_real_seconds_and_have_their_own_series() {
+    recorded(|snapshotter| {
+        let sink = MetricsSink::simulated(300.0);
+        let mut held = event(EventKind::Held, 1);
+        held.at = at(1_000);
+        held.entries = vec![entry("model", Amount::ONE)];
+        sink.emit(&held).unwrap();
+        let mut granted = event(from_hold(30_000, 1), 1);
+        granted.at = at(31_000);
+        granted.entries = vec![entry("model", Amount::ONE)];
+        sink.emit(&granted).unwrap();
+        let waits: Vec<Series> = series(snapshotter)
+            .into_iter()
+            .filter(|(name, ..)| name == WAIT || name == SIMULATED_WAIT)
+            .collect();
+        assert_eq!(
+            waits,
+            [
+                s(
+                    SIMULATED_WAIT,
+                    Some(("outcome", "granted")),
+                    Unit::Seconds,
+                    Value::Histogram(vec![30.0])
+                ),
+                s(
+                    WAIT,
+                    Some(("outcome", "granted")),
+                    Unit::Seconds,
+                    Value::Histogram(vec![0.1])
+                ),
+            ]
+        );
+    });
 }
 
 #[test]
@@ -127,18 +212,6 @@ fn every_event_kind_moves_its_series_by_exact_amounts() {
                     Some(("path", "immediate")),
                     Unit::Count,
                     Value::Counter(1)
-                ),
-                s(
-                    HELD,
-                    Some(("account", "http")),
-                    Unit::Count,
-                    Value::Counter(0)
-                ),
-                s(
-                    HELD,
-                    Some(("account", "model")),
-                    Unit::Count,
-                    Value::Counter(0)
                 ),
                 s(
                     REJECTED,

@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use admission_core::{Admit, Clock, Grant, Instant};
+use admission_core::{Admit, Instant};
 use http::{Request, Response};
 use http_body::Body;
 use pin_project_lite::pin_project;
@@ -15,10 +15,12 @@ use tower::Service;
 use crate::body::AdmittedBody;
 use crate::error::{Accounts, Refused, Waited};
 use crate::policy::OnRefusal;
+use crate::retry::{Drain, Held, Waiting};
 
-/// Where the admit started, to say how long a refused request waited.
+/// Where the admit started, to say how long a refused request waited; it counts as waiting in
+/// the layer's drain until dropped.
 struct Started {
-    clock: Arc<dyn Clock>,
+    waiting: Waiting,
     at: Instant,
     accounts: Arc<Accounts>,
 }
@@ -38,7 +40,7 @@ pin_project! {
         Calling {
             #[pin]
             future: F,
-            grant: Grant,
+            grant: Held,
         },
         // Refused before asking the monitor.
         Refused {
@@ -76,17 +78,17 @@ impl<S: Service<R>, R, P> ResponseFuture<S, R, P> {
         inner: S,
         request: R,
         policy: Arc<P>,
-        clock: Arc<dyn Clock>,
+        drain: &Arc<Drain>,
         accounts: Arc<Accounts>,
     ) -> ResponseFuture<S, R, P> {
-        let at = clock.now();
+        let at = drain.clock().now();
         ResponseFuture {
             state: State::Admitting {
                 admit,
                 inner,
                 request,
                 started: Started {
-                    clock,
+                    waiting: drain.waiting(),
                     at,
                     accounts,
                 },
@@ -129,12 +131,18 @@ where
                     match outcome {
                         Ok(grant) => {
                             request.extensions_mut().insert(Waited(grant.wall_wait()));
+                            let grant = started.waiting.drain().hold(grant);
                             let future = inner.call(request);
                             this.state.set(State::Calling { future, grant });
                         }
                         Err(error) => {
-                            let waited = started.clock.now().saturating_duration_since(started.at);
-                            let refused = Refused::admit(error, waited, &started.accounts);
+                            // Still counted as waiting while the estimate is made: a retry
+                            // waits behind everyone that waited with it, and its own turn.
+                            let drain = started.waiting.drain();
+                            let now = drain.clock().now();
+                            let waited = now.saturating_duration_since(started.at);
+                            let refused = Refused::admit(error, waited, &started.accounts)
+                                .or_estimate(|| drain.estimate(waited));
                             return Poll::Ready(this.policy.refused(refused));
                         }
                     }

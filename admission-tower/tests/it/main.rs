@@ -6,6 +6,7 @@ mod concurrency;
 mod disconnect;
 mod grpc;
 mod propagate;
+mod retry;
 mod status;
 mod streaming;
 

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use admission_accounts::CountingGate;
 use admission_core::{Amount, Demand, JobContext, Monitor, Refusal};
-use admission_tower::{AdmissionError, AdmissionLayer, DemandError, Reason};
+use admission_tower::{
+    AdmissionError, AdmissionLayer, DemandError, Reason, RetryAfter, RetryEstimate,
+};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use tower::{Layer, ServiceExt};
@@ -67,6 +69,31 @@ async fn a_refusal_is_a_typed_error_and_the_inner_service_is_not_called() {
     assert_eq!(refused.waited(), Duration::ZERO);
     assert_eq!(calls.load(Ordering::SeqCst), 0);
     monitor.stop();
+}
+
+#[tokio::test]
+async fn a_refusal_without_a_time_of_its_own_carries_the_layers_estimate() {
+    let clock = admission_testkit::FakeClock::new();
+    let monitor = Monitor::builder().clock(clock.shared()).build();
+    let gate = Arc::new(CountingGate::new("workers", 2, monitor.clock().clone()).unwrap());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = AdmissionLayer::new(monitor.clone(), move |_: &Req| {
+        let demand = Demand::new().with(gate.clone(), Amount::ONE);
+        Ok::<_, DemandError>((demand, JobContext::new("call")))
+    })
+    .retry_estimate(RetryEstimate::new().floor(Duration::from_secs(7)));
+    monitor.stop();
+    let error = layer
+        .layer(inner(&calls))
+        .oneshot(get("/"))
+        .await
+        .unwrap_err();
+    let refused = error.refused().expect("a refusal");
+    assert_eq!(refused.reason(), Reason::Unavailable);
+    let estimate = RetryAfter::Estimated(Duration::from_secs(7));
+    assert_eq!(refused.retry_hint(), Some(estimate));
+    assert_eq!(error.retry_after(), Some(Duration::from_secs(7)));
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
 }
 
 #[tokio::test]

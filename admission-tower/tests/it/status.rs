@@ -1,5 +1,6 @@
-//! Refusals become the statuses the `http` feature promises, with exact `Retry-After` values; a
-//! handler of one's own replaces the mapping; a handler reads how long its request waited.
+//! Refusals become the statuses the `http` feature promises, with exact `Retry-After` values
+//! (every 503 has one; a demand that can never fit has none, and names its numbers); a handler
+//! of one's own replaces the mapping; a handler reads how long its request waited.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -89,13 +90,25 @@ impl Cases {
     }
 }
 
-fn refused(reason: &str) -> String {
+pub fn refused(reason: &str) -> String {
     format!("admission refused: {reason}\n")
+}
+
+/// The body of a refusal of a demand that can never fit the counting gate `gate` of `capacity`
+/// permits, asked `asked`.
+pub fn never_fits(reason: &str, gate: &str, asked: u64, capacity: u64) -> String {
+    format!(
+        "admission refused: {reason}: account `{gate}` asked {asked}, capacity {capacity}: \
+         `{gate}` has {capacity} permits in all; a demand of {asked} can never fit (ask for at \
+         most {capacity})\n"
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_refusal_maps_to_its_status_and_retry_after() {
-    let monitor = Monitor::new();
+    // A clock that stands still: the estimate after the stop below is exactly the floor.
+    let clock = FakeClock::new();
+    let monitor = Monitor::builder().clock(clock.shared()).build();
     let cases = Cases::new(&monitor);
     let layer = cases.layer(&monitor).http_responses();
     let server = Server::start(routes(&Streams::default()).layer(layer)).await;
@@ -118,11 +131,15 @@ async fn every_refusal_maps_to_its_status_and_retry_after() {
         ),
         (
             &[("x-demand", "too-many")],
-            (503, None, refused("too_large")),
+            (422, None, never_fits("too_large", "workers", 2, 1)),
         ),
         (
             &[("x-demand", "bytes"), ("x-bytes", "5000")],
-            (413, None, refused("too_large_bytes")),
+            (
+                413,
+                None,
+                never_fits("too_large_bytes", "upload-bytes", 5000, 1000),
+            ),
         ),
         (
             &[("x-demand", "bytes"), ("x-bytes", "-1")],
@@ -144,11 +161,15 @@ async fn every_refusal_maps_to_its_status_and_retry_after() {
     }
     assert_eq!(cases.workers.in_use(), 0);
     assert_eq!(cases.uploads.in_use(), 0);
+
+    // A stopped monitor knows no time to come back: the layer's estimate, here its floor.
     monitor.stop();
+    let stopped = fetch(server.addr, "/hello", &[("x-demand", "ok")]).await;
+    assert_eq!(stopped, (503, Some("1".into()), refused("unavailable")));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_timeout_on_the_monitors_clock_is_503_without_retry_after() {
+async fn a_timeout_on_the_monitors_clock_is_503_with_an_estimated_retry_after() {
     let clock = FakeClock::new();
     let (sink, mut events) = Events::new();
     let monitor = Monitor::builder().clock(clock.shared()).sink(sink).build();
@@ -166,7 +187,9 @@ async fn a_timeout_on_the_monitors_clock_is_503_without_retry_after() {
     clock.advance(Duration::from_millis(4_999));
     assert_eq!(monitor.queue_size(), 1, "not due yet");
     clock.advance(Duration::from_millis(1));
-    assert_eq!(waiting.await.unwrap(), (503, None, refused("timed_out")));
+    // Nothing completed in the window: the estimate is the 5 s the request waited.
+    let timed_out = (503, Some("5".to_owned()), refused("timed_out"));
+    assert_eq!(waiting.await.unwrap(), timed_out);
     assert_eq!(monitor.queue_size(), 0);
     drop(body);
     assert!(holder.body_mut().frame().await.is_none());
