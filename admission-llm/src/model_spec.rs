@@ -263,8 +263,9 @@ impl ModelCatalog {
     /// # Errors
     ///
     /// [`SpecError::Parse`] when the text is not JSON; [`SpecError::Value`] naming the model,
-    /// the field's path and the line when a value has the wrong type or is out of range, or a
-    /// field is unknown or missing; else as [`ModelCatalog::validate`].
+    /// the field's path and the line when a value has the wrong type or is out of range (a
+    /// number no float holds, `1e400`, included: serde_json calls that a syntax error, this
+    /// does not), or a field is unknown or missing; else as [`ModelCatalog::validate`].
     ///
     /// # Examples
     ///
@@ -360,8 +361,9 @@ pub enum SpecError {
         reason: String,
     },
     /// A value in the catalog's text has the wrong type or is out of range (`-1`, `1.5` or
-    /// `"1000"` for a count, a number past `u64::MAX`, `"soon"` for a duration), or a field is
-    /// unknown or missing.
+    /// `"1000"` for a count, a number past `u64::MAX` or past what a float holds, `1e400`,
+    /// `"soon"` for a duration), or a field is unknown or missing (the path is then the table
+    /// the field is missing from, and the message names the field).
     #[error(
         "{}: `{path}` {message} ({format}{})",
         subject(.model),

@@ -5,8 +5,16 @@
 //! path, the line and column the parser reports, and the model, named by its `id` read again
 //! from the text on its own (so an `id` written after the bad value still names it) or, when
 //! that `id` cannot be read, by its index. The second reading happens only on the error path.
+//!
+//! serde_json reports a number no `f64` holds (`1e400`) as a syntax error, like a missing
+//! bracket. So a JSON refusal that is not about a value is told apart by reading the text again
+//! with every value ignored (numbers are then scanned, never converted): text that reads is
+//! syntactically JSON, and the refusal was about the value at its path after all.
 
-use serde::de::DeserializeOwned;
+use std::fmt;
+
+use serde::de::{DeserializeOwned, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 use serde_path_to_error::{Path, Segment};
 
 use super::{ModelCatalog, ModelRef, SpecError};
@@ -43,12 +51,21 @@ fn read<'de, D: serde::Deserializer<'de>, T: DeserializeOwned>(
     serde_path_to_error::deserialize(deserializer)
 }
 
-/// A JSON refusal: a syntax error is [`SpecError::Parse`], a value error [`SpecError::Value`].
+/// A JSON refusal: a syntax error is [`SpecError::Parse`], a value error (a number out of range
+/// included) [`SpecError::Value`].
 fn json_error(text: &str, error: serde_path_to_error::Error<serde_json::Error>) -> SpecError {
     let path = error.path().clone();
     let inner = error.into_inner();
-    if !inner.is_data() || is_root(&path) {
+    if is_root(&path) {
         return json_parse_error(&inner);
+    }
+    if !inner.is_data() {
+        // A syntax error, or a number out of range, which serde_json files as syntax too: the
+        // text read with every value ignored tells them apart (and places a real syntax error
+        // where the text first stops being JSON).
+        if let Err(syntax) = json_syntax(text) {
+            return json_parse_error(&syntax);
+        }
     }
     let (line, column) = json_position(&inner);
     SpecError::Value {
@@ -88,16 +105,173 @@ fn json_message(error: &serde_json::Error) -> String {
     }
 }
 
+/// Reads `text` as JSON with every value ignored: fails only where the text is not JSON (a
+/// number is scanned, never converted, so `1e400` reads).
+fn json_syntax(text: &str) -> Result<(), serde_json::Error> {
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    IgnoredAny::deserialize(&mut deserializer)?;
+    deserializer.end()
+}
+
 /// The `id` of the `index`th model of a JSON catalog, when the text reads as JSON and that id
 /// is a string.
+///
+/// Only that id is converted; every other value is ignored, so a number no type holds
+/// (`1e400`), in this model or another, does not stop the id being read.
 fn json_id(text: &str, index: usize) -> Option<String> {
-    let value: serde_json::Value = serde_json::from_str(text).ok()?;
-    value
-        .get("models")?
-        .get(index)?
-        .get("id")?
-        .as_str()
-        .map(str::to_owned)
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let id = CatalogId(index).deserialize(&mut deserializer).ok()?;
+    deserializer.end().ok()?;
+    id
+}
+
+/// Reads a catalog for the `id` of model `.0` only.
+struct CatalogId(usize);
+
+impl<'de> DeserializeSeed<'de> for CatalogId {
+    type Value = Option<String>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for CatalogId {
+    type Value = Option<String>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a model catalog")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut id = None;
+        while let Some(key) = map.next_key::<String>()? {
+            if key == "models" {
+                id = map.next_value_seed(ModelsId(self.0))?;
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(id)
+    }
+}
+
+/// Reads the `models` list for the `id` of model `.0` only.
+struct ModelsId(usize);
+
+impl<'de> DeserializeSeed<'de> for ModelsId {
+    type Value = Option<String>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ModelsId {
+    type Value = Option<String>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a list of models")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut id = None;
+        let mut index = 0;
+        loop {
+            if index == self.0 {
+                match seq.next_element_seed(ModelId)? {
+                    Some(found) => id = found,
+                    None => break,
+                }
+            } else if seq.next_element::<IgnoredAny>()?.is_none() {
+                break;
+            }
+            index += 1;
+        }
+        Ok(id)
+    }
+}
+
+/// Reads one model for its `id`, when that is a string.
+struct ModelId;
+
+impl<'de> DeserializeSeed<'de> for ModelId {
+    type Value = Option<String>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ModelId {
+    type Value = Option<String>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a model")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut id = None;
+        while let Some(key) = map.next_key::<String>()? {
+            if key == "id" {
+                id = map.next_value::<IdText>()?.0;
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(id)
+    }
+}
+
+/// An `id` value: its text when it is a string, `None` for any other value (read and ignored).
+struct IdText(Option<String>);
+
+impl<'de> Deserialize<'de> for IdText {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<IdText, D::Error> {
+        deserializer.deserialize_any(IdTextVisitor)
+    }
+}
+
+struct IdTextVisitor;
+
+impl<'de> Visitor<'de> for IdTextVisitor {
+    type Value = IdText;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any value")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<IdText, E> {
+        Ok(IdText(Some(text.to_owned())))
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<IdText, E> {
+        Ok(IdText(None))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<IdText, E> {
+        Ok(IdText(None))
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<IdText, E> {
+        Ok(IdText(None))
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<IdText, E> {
+        Ok(IdText(None))
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<IdText, E> {
+        Ok(IdText(None))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<IdText, A::Error> {
+        IgnoredAny.visit_seq(seq).map(|_| IdText(None))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<IdText, A::Error> {
+        IgnoredAny.visit_map(map).map(|_| IdText(None))
+    }
 }
 
 /// A TOML refusal found while deserializing (the syntax was checked before): a value error,

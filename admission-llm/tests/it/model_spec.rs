@@ -368,6 +368,194 @@ fn a_wrong_value_in_json_names_the_model_the_path_and_the_line() {
     }
 }
 
+/// One wrong value written in each format: a number no integer (or float) type holds, a
+/// negative count, a string for a count, a missing field. JSON and TOML both refuse it as a
+/// [`SpecError::Value`] naming the model (`haiku`) and the field's path, in these exact words.
+#[test]
+fn json_and_toml_name_the_model_and_the_field_for_the_same_wrong_value() {
+    let tpm = "models[1].tokens_per_minute";
+    // (JSON, TOML, path, JSON's message, TOML's message)
+    let cases = [
+        (
+            "\"tokens_per_minute\": 1e400",
+            "tokens_per_minute = 1e400",
+            tpm,
+            "model spec `haiku`: `models[1].tokens_per_minute` number out of range (JSON line 3, \
+             column 76)",
+            "model spec `haiku`: `models[1].tokens_per_minute` floating-point number overflowed \
+             (TOML line 9, column 21)",
+        ),
+        (
+            "\"tokens_per_minute\": -1e400",
+            "tokens_per_minute = -1e400",
+            tpm,
+            "model spec `haiku`: `models[1].tokens_per_minute` number out of range (JSON line 3, \
+             column 77)",
+            "model spec `haiku`: `models[1].tokens_per_minute` floating-point number overflowed \
+             (TOML line 9, column 21)",
+        ),
+        (
+            "\"tokens_per_minute\": 1000, \"requests_per_minute\": 1e400",
+            "tokens_per_minute = 1000\nrequests_per_minute = 1e400",
+            "models[1].requests_per_minute",
+            "model spec `haiku`: `models[1].requests_per_minute` number out of range (JSON line 3, \
+             column 105)",
+            "model spec `haiku`: `models[1].requests_per_minute` floating-point number overflowed \
+             (TOML line 10, column 23)",
+        ),
+        (
+            "\"tokens_per_minute\": -5",
+            "tokens_per_minute = -5",
+            tpm,
+            "model spec `haiku`: `models[1].tokens_per_minute` invalid value: integer `-5`, \
+             expected u64 (JSON line 3, column 73)",
+            "model spec `haiku`: `models[1].tokens_per_minute` invalid value: integer `-5`, \
+             expected u64 (TOML line 9, column 21)",
+        ),
+        (
+            "\"tokens_per_minute\": \"many\"",
+            "tokens_per_minute = \"many\"",
+            tpm,
+            "model spec `haiku`: `models[1].tokens_per_minute` invalid type: string \"many\", \
+             expected u64 (JSON line 3, column 77)",
+            "model spec `haiku`: `models[1].tokens_per_minute` invalid type: string \"many\", \
+             expected u64 (TOML line 9, column 21)",
+        ),
+        (
+            "\"max_concurrent\": 2",
+            "max_concurrent = 2",
+            "models[1]",
+            "model spec `haiku`: `models[1]` missing field `tokens_per_minute` (JSON line 3, \
+             column 70)",
+            "model spec `haiku`: `models[1]` missing field `tokens_per_minute` (TOML line 6, \
+             column 1)",
+        ),
+        (
+            "\"tokens_per_minute\": 1000, \"window\": {\"max_requests\": 1e400, \"window\": \"1s\"}",
+            "tokens_per_minute = 1000\nwindow = { max_requests = 1e400, window = \"1s\" }",
+            "models[1].window.max_requests",
+            "model spec `haiku`: `models[1].window.max_requests` number out of range (JSON line 3, \
+             column 109)",
+            "model spec `haiku`: `models[1].window.max_requests` floating-point number overflowed \
+             (TOML line 10, column 27)",
+        ),
+        (
+            "\"tokens_per_minute\": 1000, \"window\": {\"max_requests\": 5}",
+            "tokens_per_minute = 1000\nwindow = { max_requests = 5 }",
+            "models[1].window",
+            "model spec `haiku`: `models[1].window` missing field `window` (JSON line 3, column \
+             106)",
+            "model spec `haiku`: `models[1].window` missing field `window` (TOML line 10, column \
+             10)",
+        ),
+    ];
+    for (json, toml, path, json_message, toml_message) in cases {
+        for (format, refused, message) in [
+            (
+                "JSON",
+                ModelCatalog::from_json(&json_with(json)),
+                json_message,
+            ),
+            (
+                "TOML",
+                ModelCatalog::from_toml(&toml_with(toml)),
+                toml_message,
+            ),
+        ] {
+            let refused = refused.unwrap_err();
+            assert_eq!(refused.to_string(), message, "{format}: {json}");
+            assert!(
+                matches!(
+                    &refused,
+                    SpecError::Value { format: f, model: Some(ModelRef::Id(id)), path: p, .. }
+                        if *f == format && id == "haiku" && p == path
+                ),
+                "{format}: {refused:?}"
+            );
+        }
+    }
+}
+
+/// `1e400` was refused as "not valid JSON" without the model or the field: now the exact
+/// [`SpecError::Value`], with the model named by an id written after it, or by its index when
+/// it has none; a number out of range outside every model names the field alone.
+#[test]
+fn a_json_number_out_of_range_is_a_value_error_not_a_parse_error() {
+    let refused = ModelCatalog::from_json(&json_with("\"tokens_per_minute\": 1e400"));
+    assert_eq!(
+        refused,
+        Err(value_error(
+            "JSON",
+            haiku(),
+            "models[1].tokens_per_minute",
+            (3, 76),
+            "number out of range"
+        ))
+    );
+    let late = r#"{"models": [{"tokens_per_minute": 1e400, "wire_model": "x", "id": "late"}]}"#;
+    assert_eq!(
+        ModelCatalog::from_json(late).map_err(|e| e.to_string()),
+        Err(
+            "model spec `late`: `models[0].tokens_per_minute` number out of range (JSON line 1, \
+             column 39)"
+                .to_owned()
+        )
+    );
+    // Another model's number out of range does not stop this model's id being read.
+    let other = r#"{"models": [{"id": "a", "tokens_per_minute": 1e400}, {"id": "b", "x": 1e999}]}"#;
+    assert!(
+        matches!(
+            ModelCatalog::from_json(other),
+            Err(SpecError::Value { model: Some(ModelRef::Id(id)), .. }) if id == "a"
+        ),
+        "{other}"
+    );
+    for nameless in [
+        r#"{"models": [{"tokens_per_minute": 1e400, "wire_model": "x"}]}"#,
+        r#"{"models": [{"tokens_per_minute": 1e400, "wire_model": "x", "id": 1e400}]}"#,
+    ] {
+        assert_eq!(
+            ModelCatalog::from_json(nameless),
+            Err(value_error(
+                "JSON",
+                ModelRef::Index(0),
+                "models[0].tokens_per_minute",
+                (1, 39),
+                "number out of range"
+            )),
+            "{nameless}"
+        );
+    }
+    assert_eq!(
+        ModelCatalog::from_json(r#"{"models": 1e400}"#),
+        Err(SpecError::Value {
+            format: "JSON",
+            model: None,
+            path: "models".into(),
+            line: Some(1),
+            column: Some(16),
+            message: "number out of range".into(),
+        })
+    );
+}
+
+/// A number out of range in text that is not JSON further on: the refusal is the syntax error,
+/// placed where the text stops being JSON.
+#[test]
+fn a_syntax_error_after_a_number_out_of_range_is_still_a_parse_error() {
+    let text =
+        "{\"models\": [\n  {\"id\": \"a\", \"tokens_per_minute\": 1e400,\n   \"wire_model\": }\n]}";
+    assert_eq!(
+        ModelCatalog::from_json(text),
+        Err(SpecError::Parse {
+            format: "JSON",
+            line: Some(3),
+            column: Some(18),
+            message: "expected value".into(),
+        })
+    );
+}
+
 #[test]
 fn the_catalogs_around_the_bad_values_load_when_the_values_are_right() {
     let toml = ModelCatalog::from_toml(&toml_with(
