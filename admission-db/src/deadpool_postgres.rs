@@ -7,6 +7,11 @@
 //! that is dropped (or closed) while a transaction may be open, a `begin` cancelled mid-flight
 //! included, detaches its session from the pool ([`Object::take`]) instead of handing it back:
 //! the session is closed and the server rolls back.
+//!
+//! A session the pool cannot open (the server down or restarting, `57P03` while it shuts down)
+//! is [`DbError::Connect`], its source the `tokio_postgres::Error` itself (not deadpool's
+//! wrapper, whose message would repeat it), so its [`code`](tokio_postgres::Error::code) gives
+//! the SQLSTATE.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,7 +19,7 @@ use std::time::Duration;
 
 use admission_accounts::CountingGate;
 use admission_core::Clock;
-use deadpool_postgres::{Object, Pool};
+use deadpool_postgres::{Object, Pool, PoolError};
 use parking_lot::Mutex;
 use tokio::runtime::Handle as Runtime;
 use tokio_postgres::NoTls;
@@ -22,6 +27,9 @@ use tokio_postgres::error::SqlState;
 
 use crate::metrics::{PoolMetrics, PoolState};
 use crate::{Aborter, DbError, DbHandle, DbResourceProvider, ProviderId};
+
+/// The pool and driver, as [`DbError::Connect`] names them.
+const BACKEND: &str = "deadpool-postgres";
 
 /// The checkout timeout unless one is set: under a permit the pool should have a session at
 /// once, so waiting longer means the bound exceeds what the pool reserves.
@@ -132,15 +140,17 @@ impl DeadpoolPostgresProvider {
     ///
     /// # Errors
     ///
-    /// [`DbError::PoolTimeout`] when no session comes within the checkout timeout, or a driver
-    /// error connecting or setting the read-only state.
+    /// [`DbError::PoolTimeout`] when no session comes within the checkout timeout;
+    /// [`DbError::Connect`] when the pool cannot open one (the driver's error, or deadpool's
+    /// create timeout, as its source); [`DbError::Database`] for a closed pool or a driver
+    /// error setting the read-only state.
     pub async fn checkout(&self, read_only: bool) -> Result<DeadpoolHandle, DbError> {
         let name = self.name();
         let started = self.metrics.now();
         let obj = match tokio::time::timeout(self.checkout_timeout, self.pool.get()).await {
             Ok(Ok(obj)) => obj,
-            Ok(Err(e)) => return Err(self.pool_error(e.to_string(), matches_timeout(&e))),
-            Err(_) => return Err(self.pool_error("timed out".to_owned(), true)),
+            Ok(Err(e)) => return Err(self.pool_error(e)),
+            Err(_) => return Err(self.pool_timeout("timed out".to_owned())),
         };
         self.metrics.checked_out(started, || pool_state(&self.pool));
         let token = obj.cancel_token();
@@ -185,10 +195,28 @@ impl DeadpoolPostgresProvider {
         Ok(handle)
     }
 
-    fn pool_error(&self, message: String, timed_out: bool) -> DbError {
-        if !timed_out {
-            return DbError::database(self.name(), "acquire", message);
+    /// What deadpool's refusal means: a wait for a slot is a pool timeout; a session it could
+    /// not create (the driver's error, a create timeout, a failed `post_create` hook) a
+    /// connection failure; a closed pool a refusal of `acquire`.
+    fn pool_error(&self, error: PoolError) -> DbError {
+        use deadpool_postgres::{HookError, TimeoutType};
+        let name = self.name();
+        match error {
+            PoolError::Timeout(TimeoutType::Wait) => self.pool_timeout(error.to_string()),
+            PoolError::Backend(driver) | PoolError::PostCreateHook(HookError::Backend(driver)) => {
+                DbError::connect(name, BACKEND, driver)
+            }
+            PoolError::Timeout(_) | PoolError::PostCreateHook(_) => {
+                DbError::connect(name, BACKEND, error)
+            }
+            PoolError::Closed | PoolError::NoRuntimeSpecified => {
+                DbError::database(name, "acquire", error)
+            }
         }
+    }
+
+    /// No slot within the checkout timeout: the pool's counts and its words.
+    fn pool_timeout(&self, message: String) -> DbError {
         self.metrics.timed_out(|| pool_state(&self.pool));
         let status = self.pool.status();
         DbError::PoolTimeout {
@@ -213,10 +241,6 @@ fn pool_state(pool: &Pool) -> PoolState {
         max: count(status.max_size),
         pending: Some(count(status.waiting)),
     }
-}
-
-fn matches_timeout(e: &deadpool_postgres::PoolError) -> bool {
-    matches!(e, deadpool_postgres::PoolError::Timeout(_))
 }
 
 impl DbResourceProvider for DeadpoolPostgresProvider {
@@ -518,5 +542,107 @@ impl std::fmt::Debug for DeadpoolHandle {
             .field("in_transaction", &self.in_transaction())
             .field("closed", &self.is_closed())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+    use std::io;
+
+    use admission_core::SystemClock;
+    use deadpool_postgres::{Manager, TimeoutType};
+
+    use super::*;
+    use crate::error::testing::{assert_says_each_thing_once, closed_port};
+
+    fn provider(port: u16) -> (tokio::runtime::Runtime, DeadpoolPostgresProvider) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut config = tokio_postgres::Config::new();
+        config
+            .host("127.0.0.1")
+            .port(port)
+            .user("postgres")
+            .dbname("postgres");
+        let pool = Pool::builder(Manager::new(config, NoTls))
+            .max_size(1)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .build()
+            .unwrap();
+        let clock = Arc::new(SystemClock::new());
+        let provider =
+            DeadpoolPostgresProvider::new("pg", 1, pool, clock, runtime.handle().clone()).unwrap();
+        (runtime, provider)
+    }
+
+    /// A refused connection was `acquire failed: Error occurred while creating a new object: db
+    /// error`, twice over in a report, its cause a string: now the connection variant, the
+    /// `tokio_postgres::Error` itself its source.
+    #[test]
+    fn a_refused_connection_is_connect_with_the_driver_error_as_its_source() {
+        let (runtime, provider) = provider(closed_port());
+        let error = runtime.block_on(provider.checkout(false)).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "db provider `pg`: deadpool-postgres could not connect to the database"
+        );
+        assert!(
+            matches!(&error, DbError::Connect { provider, backend: "deadpool-postgres", .. } if provider == "pg"),
+            "{error:?}"
+        );
+        let driver = error
+            .source()
+            .and_then(|s| s.downcast_ref::<tokio_postgres::Error>())
+            .expect("the driver's error is the source");
+        assert_eq!(driver.code(), None);
+        let io = driver
+            .source()
+            .and_then(|s| s.downcast_ref::<io::Error>())
+            .expect("the refusal under it");
+        assert_eq!(io.kind(), io::ErrorKind::ConnectionRefused);
+        assert_says_each_thing_once(&error);
+        assert_eq!(provider.checked_out(), 0);
+    }
+
+    /// Only a wait for a slot is a pool timeout; a create timeout is a connection failure, a
+    /// closed pool a refused acquire.
+    #[test]
+    fn deadpool_refusals_are_told_apart() {
+        let (_runtime, provider) = provider(closed_port());
+        let wait = provider.pool_error(PoolError::Timeout(TimeoutType::Wait));
+        assert!(
+            matches!(&wait, DbError::PoolTimeout { message, .. }
+                if message == "Timeout occurred while waiting for a slot to become available"),
+            "{wait:?}"
+        );
+        let create = provider.pool_error(PoolError::Timeout(TimeoutType::Create));
+        assert_eq!(
+            create.to_string(),
+            "db provider `pg`: deadpool-postgres could not connect to the database"
+        );
+        assert!(
+            create
+                .source()
+                .and_then(|s| s.downcast_ref::<PoolError>())
+                .is_some_and(|e| matches!(e, PoolError::Timeout(TimeoutType::Create))),
+            "{create:?}"
+        );
+        assert_says_each_thing_once(&create);
+        let closed = provider.pool_error(PoolError::Closed);
+        assert!(
+            matches!(
+                &closed,
+                DbError::Database {
+                    operation: "acquire",
+                    ..
+                }
+            ),
+            "{closed:?}"
+        );
+        assert_eq!(closed.to_string(), "db provider `pg`: acquire failed");
+        assert_says_each_thing_once(&closed);
     }
 }

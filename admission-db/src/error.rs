@@ -1,4 +1,10 @@
 //! The typed errors of the database providers: every one names the provider it comes from.
+//!
+//! A [`DbError`]'s message says what this layer knows, once; the driver's or pool's error it
+//! wraps is its [`source`](StdError::source), never repeated in the message. So a report that
+//! walks the chain (`{:#}` with anyhow, `tracing`'s `error = &e as &dyn Error`) shows each
+//! thing once, and a caller can downcast the source to the driver's error
+//! (`tokio_postgres::Error`, `sqlx::Error`, `rusqlite::Error`) for its SQLSTATE or code.
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -16,8 +22,10 @@ pub enum DbError {
         /// What was wrong.
         reason: String,
     },
-    /// The pool gave no connection within the checkout timeout. Under a permit this means the
-    /// bound exceeds the connections the host's pool reserves for jobs.
+    /// The pool gave no connection within the checkout timeout while it was full: under a permit
+    /// this means the bound exceeds the connections the host's pool reserves for jobs. A pool
+    /// that timed out because it could not open a connection reports [`DbError::Connect`]
+    /// instead.
     #[error(
         "db provider `{provider}`: no pooled connection within {timeout:?} (pool of at most \
          {max_size}: {size} open, {idle} idle): {message}; the bound must not exceed the \
@@ -37,9 +45,9 @@ pub enum DbError {
         /// The pool's own words.
         message: String,
     },
-    /// A pool that counts its waiters (deadpool) gave no connection within the checkout timeout.
-    /// Under a permit this means the bound exceeds the connections the host's pool reserves for
-    /// jobs.
+    /// A pool that counts its waiters (deadpool) gave no connection within the checkout timeout,
+    /// waiting for a slot. Under a permit this means the bound exceeds the connections the host's
+    /// pool reserves for jobs. A connection the pool could not open is [`DbError::Connect`].
     #[error(
         "db provider `{provider}`: no pooled connection within {timeout:?} (pool of at most \
          {max_size}: {size} open, {available} available, {waiting} waiting): {message}; the \
@@ -61,8 +69,28 @@ pub enum DbError {
         /// The pool's own words.
         message: String,
     },
-    /// The database refused a statement.
-    #[error("db provider `{provider}`: {operation} failed: {source}")]
+    /// The pool could not open a connection to the database: the server is down, restarting,
+    /// refusing connections (PostgreSQL's `57P03`, "the database system is shutting down"), or
+    /// the connection's setup failed. Not a matter of pool size: the pool had room.
+    ///
+    /// The source is the driver's error (`tokio_postgres::Error` for deadpool and r2d2 over
+    /// PostgreSQL, `sqlx::Error` for sqlx, `rusqlite::Error` for r2d2 over SQLite), or the
+    /// pool's own where the pool reports no driver error (a deadpool create timeout; an r2d2
+    /// pool whose provider never held a connection, whose `r2d2::Error` keeps only the text).
+    #[error("db provider `{provider}`: {backend} could not connect to the database")]
+    Connect {
+        /// The provider's name.
+        provider: String,
+        /// The pool and driver: `deadpool-postgres`, `sqlx-postgres`, `sqlx-sqlite`,
+        /// `r2d2-postgres` or `r2d2-sqlite`.
+        backend: &'static str,
+        /// The driver's error.
+        #[source]
+        source: Box<dyn StdError + Send + Sync>,
+    },
+    /// The database refused a statement. The message names the verb; the driver's error is the
+    /// source.
+    #[error("db provider `{provider}`: {operation} failed")]
     Database {
         /// The provider's name.
         provider: String,
@@ -140,6 +168,7 @@ impl DbError {
             DbError::Config { provider, .. }
             | DbError::Checkout { provider, .. }
             | DbError::PoolTimeout { provider, .. }
+            | DbError::Connect { provider, .. }
             | DbError::Database { provider, .. }
             | DbError::Closed { provider, .. }
             | DbError::Aborted { provider, .. }
@@ -147,6 +176,19 @@ impl DbError {
             | DbError::ForeignHandle { provider, .. }
             | DbError::NoPermit { provider, .. }
             | DbError::WrongHandle { provider, .. } => provider,
+        }
+    }
+
+    /// A connection `backend`'s pool of `provider` could not open, for the driver's `source`.
+    pub fn connect(
+        provider: &str,
+        backend: &'static str,
+        source: impl Into<Box<dyn StdError + Send + Sync>>,
+    ) -> DbError {
+        DbError::Connect {
+            provider: provider.to_owned(),
+            backend,
+            source: source.into(),
         }
     }
 
@@ -166,6 +208,10 @@ impl DbError {
 
 /// Several handles' errors from one job-wide step (`commit_all`, `rollback_all`, a close), in
 /// the order they happened; never empty.
+///
+/// Its message lists every error with its causes (`db provider `b`: commit failed: db error:
+/// ERROR: ...`), so it has no [`source`](StdError::source) of its own: each error, and its
+/// driver error, is reached through [`errors`](DbErrors::errors).
 #[derive(Debug)]
 pub struct DbErrors(Vec<DbError>);
 
@@ -195,16 +241,25 @@ impl fmt::Display for DbErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} database error(s)", self.0.len())?;
         for (i, e) in self.0.iter().enumerate() {
-            write!(f, "{} {e}", if i == 0 { ":" } else { ";" })?;
+            f.write_str(if i == 0 { ": " } else { "; " })?;
+            write_chain(f, e)?;
         }
         Ok(())
     }
 }
 
-impl StdError for DbErrors {
-    fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.0.first().map(|e| e as &(dyn StdError + 'static))
+/// Every error's message is in this one's: no source, so a report does not repeat them.
+impl StdError for DbErrors {}
+
+/// `error`, then each of its sources, joined by `: `.
+fn write_chain(f: &mut fmt::Formatter<'_>, error: &(dyn StdError + 'static)) -> fmt::Result {
+    write!(f, "{error}")?;
+    let mut source = error.source();
+    while let Some(cause) = source {
+        write!(f, ": {cause}")?;
+        source = cause.source();
     }
+    Ok(())
 }
 
 /// What the provider registry refused.
@@ -244,4 +299,99 @@ pub enum RegistryError {
     /// The default provider could not be built.
     #[error(transparent)]
     Provider(#[from] DbError),
+}
+
+/// Test helpers shared by the providers' unit tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::error::Error as StdError;
+
+    /// The messages of `error` and of each of its sources, outermost first.
+    pub(crate) fn chain(error: &(dyn StdError + 'static)) -> Vec<String> {
+        let mut messages = vec![error.to_string()];
+        let mut source = error.source();
+        while let Some(cause) = source {
+            messages.push(cause.to_string());
+            source = cause.source();
+        }
+        messages
+    }
+
+    /// Asserts that `error`'s message repeats no message further down its chain (each of this
+    /// crate's layers says its own words; its cause is its source), and that no message appears
+    /// twice in the chain. (A driver's own error may still quote its cause: sqlx's does.)
+    pub(crate) fn assert_says_each_thing_once(error: &(dyn StdError + 'static)) {
+        let messages = chain(error);
+        for inner in &messages[1..] {
+            assert!(
+                !messages[0].contains(inner.as_str()),
+                "`{}` repeats its cause `{inner}`: {messages:?}",
+                messages[0]
+            );
+        }
+        for (i, message) in messages.iter().enumerate() {
+            assert!(
+                !messages[i + 1..].contains(message),
+                "`{message}` appears twice: {messages:?}"
+            );
+        }
+    }
+
+    /// A loopback port nothing listens on (bound, read back, released).
+    pub(crate) fn closed_port() -> u16 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+
+    use super::testing::{assert_says_each_thing_once, chain};
+    use super::*;
+
+    #[test]
+    fn a_connection_failure_says_who_could_not_connect_and_keeps_the_cause_as_its_source() {
+        let refused = io::Error::new(io::ErrorKind::ConnectionRefused, "connection refused");
+        let error = DbError::connect("shop", "deadpool-postgres", refused);
+        assert_eq!(
+            error.to_string(),
+            "db provider `shop`: deadpool-postgres could not connect to the database"
+        );
+        assert_eq!(error.provider(), "shop");
+        let source = error.source().unwrap().downcast_ref::<io::Error>().unwrap();
+        assert_eq!(source.kind(), io::ErrorKind::ConnectionRefused);
+        assert_says_each_thing_once(&error);
+    }
+
+    #[test]
+    fn a_refused_statement_names_the_verb_once_and_its_cause_once() {
+        let error = DbError::database("shop", "commit", "could not serialize access");
+        assert_eq!(error.to_string(), "db provider `shop`: commit failed");
+        assert_eq!(
+            chain(&error),
+            [
+                "db provider `shop`: commit failed",
+                "could not serialize access"
+            ]
+        );
+        assert_says_each_thing_once(&error);
+    }
+
+    #[test]
+    fn several_errors_are_listed_with_their_causes_and_repeat_none() {
+        let errors = DbErrors::from_vec(vec![
+            DbError::database("a", "commit", "disk full"),
+            DbError::connect("b", "sqlx-postgres", "connection refused"),
+        ])
+        .unwrap();
+        assert_eq!(
+            errors.to_string(),
+            "2 database error(s): db provider `a`: commit failed: disk full; db provider `b`: \
+             sqlx-postgres could not connect to the database: connection refused"
+        );
+        assert!(errors.source().is_none());
+        assert_says_each_thing_once(&errors);
+    }
 }

@@ -19,6 +19,8 @@ pub mod deadpool_postgres;
 mod error;
 mod metrics;
 mod provider;
+#[cfg(any(feature = "r2d2-sqlite", feature = "r2d2-postgres"))]
+mod r2d2_connect;
 #[cfg(feature = "r2d2-postgres")]
 pub mod r2d2_postgres;
 #[cfg(feature = "r2d2-sqlite")]

@@ -96,7 +96,8 @@ pub trait DbResourceProvider: Any + Send + Sync {
     ///
     /// # Errors
     ///
-    /// [`DbError::Checkout`] when the pool gives no connection in time, or a driver error.
+    /// [`DbError::Checkout`] (or [`DbError::PoolTimeout`]) when the pool, full, gives no
+    /// connection in time; [`DbError::Connect`] when it cannot open one; or a driver error.
     fn acquire(&self, read_only: bool) -> Result<Box<dyn DbHandle>, DbError>;
 
     /// Closes `handle` ([`DbHandle::close`]) if this provider made it.

@@ -8,9 +8,14 @@
 //!
 //! The sync client runs its own runtime: call it from threads, or from `spawn_blocking` under an
 //! async runtime, never from inside a task.
+//!
+//! A session the pool cannot open (the server down or restarting, `57P03` while it shuts down)
+//! is [`DbError::Connect`]. r2d2 keeps only the text of its connection errors, so the provider
+//! then connects once itself, with the pool's configuration (bounded by [`PROBE_TIMEOUT`]), and
+//! that attempt's `postgres::Error` is the source, [`code`](postgres::Error::code) and all.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use admission_accounts::CountingGate;
@@ -22,7 +27,14 @@ use r2d2::{ManageConnection, Pool, PooledConnection};
 use r2d2_postgres::PostgresConnectionManager;
 
 use crate::metrics::{PoolMetrics, PoolState};
+use crate::r2d2_connect::connect_failure;
 use crate::{Aborter, DbError, DbHandle, DbResourceProvider, ProviderId};
+
+/// The pool and driver, as [`DbError::Connect`] names them.
+const BACKEND: &str = "r2d2-postgres";
+
+/// The longest the provider's own connection attempt after a failed checkout may take.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// One pooled PostgreSQL session: the client, and the state the provider keeps on it.
 pub struct PgConnection {
@@ -31,6 +43,9 @@ pub struct PgConnection {
     read_only: bool,
     /// Set when a handle could not end the session's transaction: r2d2 drops it.
     broken: bool,
+    /// The manager's configuration, bounded by [`PROBE_TIMEOUT`]: how the provider connects
+    /// once itself to learn why the pool could not.
+    probe: Arc<postgres::Config>,
 }
 
 impl PgConnection {
@@ -53,13 +68,25 @@ impl std::fmt::Debug for PgConnection {
 /// `r2d2_postgres`'s manager over [`PgConnection`], refusing to pool a session its handle left
 /// inside a transaction.
 #[derive(Debug)]
-pub struct PgManager(PostgresConnectionManager<NoTls>);
+pub struct PgManager {
+    inner: PostgresConnectionManager<NoTls>,
+    /// `config`, its connect timeout bounded by [`PROBE_TIMEOUT`], shared with every connection.
+    probe: Arc<postgres::Config>,
+}
 
 impl PgManager {
     /// A manager connecting with `config`, without TLS (a session's default
     /// `default_transaction_read_only` must be off: the provider sets it per handle).
     pub fn new(config: postgres::Config) -> PgManager {
-        PgManager(PostgresConnectionManager::new(config, NoTls))
+        let mut probe = config.clone();
+        let bound = config
+            .get_connect_timeout()
+            .map_or(PROBE_TIMEOUT, |t| (*t).min(PROBE_TIMEOUT));
+        probe.connect_timeout(bound);
+        PgManager {
+            inner: PostgresConnectionManager::new(config, NoTls),
+            probe: Arc::new(probe),
+        }
     }
 }
 
@@ -69,14 +96,15 @@ impl ManageConnection for PgManager {
 
     fn connect(&self) -> Result<PgConnection, postgres::Error> {
         Ok(PgConnection {
-            client: self.0.connect()?,
+            client: self.inner.connect()?,
             read_only: false,
             broken: false,
+            probe: self.probe.clone(),
         })
     }
 
     fn is_valid(&self, conn: &mut PgConnection) -> Result<(), postgres::Error> {
-        self.0.is_valid(&mut conn.client)
+        self.inner.is_valid(&mut conn.client)
     }
 
     /// A session its handle left inside a transaction, or a closed one, is dropped.
@@ -132,6 +160,8 @@ pub struct R2d2PostgresProvider {
     pool: Pool<PgManager>,
     checkout_timeout: Duration,
     metrics: PoolMetrics,
+    /// The pool's connection configuration, learned from the first session handed out.
+    probe: OnceLock<Arc<postgres::Config>>,
 }
 
 impl R2d2PostgresProvider {
@@ -156,6 +186,7 @@ impl R2d2PostgresProvider {
             pool,
             checkout_timeout: CHECKOUT_TIMEOUT,
             metrics,
+            probe: OnceLock::new(),
         })
     }
 
@@ -181,21 +212,15 @@ impl R2d2PostgresProvider {
     /// # Errors
     ///
     /// [`DbError::Checkout`] naming the pool's size and idle count (r2d2 does not count its
-    /// waiters), or a driver error setting the read-only state.
+    /// waiters) when the pool timed out full; [`DbError::Connect`] when it could not open a
+    /// session (see the module's docs); a driver error setting the read-only state.
     pub fn checkout(&self, read_only: bool) -> Result<PgHandle, DbError> {
         let started = self.metrics.now();
-        let mut conn = self.pool.get_timeout(self.checkout_timeout).map_err(|e| {
-            self.metrics.timed_out(|| pool_state(&self.pool));
-            let state = self.pool.state();
-            DbError::Checkout {
-                provider: self.name().to_owned(),
-                size: state.connections,
-                idle: state.idle_connections,
-                max_size: self.pool.max_size(),
-                timeout: self.checkout_timeout,
-                message: e.to_string(),
-            }
-        })?;
+        let mut conn = self
+            .pool
+            .get_timeout(self.checkout_timeout)
+            .map_err(|e| self.timed_out(e))?;
+        self.probe.get_or_init(|| conn.probe.clone());
         self.metrics.checked_out(started, || pool_state(&self.pool));
         let handed_out = self.metrics.now();
         let handed_read_only = conn.read_only;
@@ -234,6 +259,33 @@ impl R2d2PostgresProvider {
             metrics: self.metrics.clone(),
             handed_out,
         })
+    }
+}
+
+impl R2d2PostgresProvider {
+    /// A checkout that ended in `error`: [`DbError::Connect`] for a session the pool could not
+    /// open, else [`DbError::Checkout`].
+    fn timed_out(&self, error: r2d2::Error) -> DbError {
+        let state = self.pool.state();
+        let room = state.connections < self.pool.max_size();
+        let probe = self
+            .probe
+            .get()
+            .map(|config| move || config.connect(NoTls).map(drop));
+        match connect_failure(self.name(), BACKEND, error, room, probe) {
+            Ok(connect) => connect,
+            Err(error) => {
+                self.metrics.timed_out(|| pool_state(&self.pool));
+                DbError::Checkout {
+                    provider: self.name().to_owned(),
+                    size: state.connections,
+                    idle: state.idle_connections,
+                    max_size: self.pool.max_size(),
+                    timeout: self.checkout_timeout,
+                    message: error.to_string(),
+                }
+            }
+        }
     }
 }
 
@@ -487,5 +539,92 @@ impl std::fmt::Debug for PgHandle {
             .field("in_transaction", &self.in_transaction())
             .field("closed", &self.is_closed())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+    use std::io;
+
+    use admission_core::SystemClock;
+
+    use super::*;
+    use crate::error::testing::{assert_says_each_thing_once, closed_port};
+
+    fn provider(config: &postgres::Config) -> R2d2PostgresProvider {
+        let pool = Pool::builder()
+            .max_size(1)
+            .min_idle(Some(0))
+            .build_unchecked(PgManager::new(config.clone()));
+        R2d2PostgresProvider::new("pg", 1, pool, Arc::new(SystemClock::new()))
+            .unwrap()
+            .with_checkout_timeout(Duration::from_millis(500))
+    }
+
+    fn refused() -> postgres::Config {
+        let mut config = postgres::Config::new();
+        config
+            .host("127.0.0.1")
+            .port(closed_port())
+            .user("postgres");
+        config
+    }
+
+    /// A provider that has held a session knows its pool's configuration: a refused connection
+    /// is the connection variant, the `postgres::Error` of its own attempt the source.
+    #[test]
+    fn a_refused_connection_is_connect_with_the_driver_error_as_its_source() {
+        let config = refused();
+        let provider = provider(&config);
+        // As the first session handed out would have taught it.
+        let _ = provider.probe.set(PgManager::new(config).probe);
+        let error = provider.checkout(false).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "db provider `pg`: r2d2-postgres could not connect to the database"
+        );
+        assert!(
+            matches!(&error, DbError::Connect { provider, backend: "r2d2-postgres", .. } if provider == "pg"),
+            "{error:?}"
+        );
+        let driver = error
+            .source()
+            .and_then(|s| s.downcast_ref::<postgres::Error>())
+            .expect("the driver's error is the source");
+        assert_eq!(driver.code(), None);
+        let io = driver
+            .source()
+            .and_then(|s| s.downcast_ref::<io::Error>())
+            .expect("the refusal under it");
+        assert_eq!(io.kind(), io::ErrorKind::ConnectionRefused);
+        assert_says_each_thing_once(&error);
+    }
+
+    /// Before its first session the provider has only r2d2's text of the error: still the
+    /// connection variant, `r2d2::Error` its source.
+    #[test]
+    fn a_provider_that_never_connected_has_r2d2s_words_as_the_source() {
+        let provider = provider(&refused());
+        let error = provider.checkout(false).unwrap_err();
+        assert!(
+            matches!(
+                &error,
+                DbError::Connect {
+                    backend: "r2d2-postgres",
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+        let pool = error
+            .source()
+            .and_then(|s| s.downcast_ref::<r2d2::Error>())
+            .expect("r2d2's error is the source");
+        assert_eq!(
+            pool.to_string(),
+            "timed out waiting for connection: error connecting to server"
+        );
+        assert_says_each_thing_once(&error);
     }
 }

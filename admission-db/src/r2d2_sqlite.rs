@@ -7,10 +7,15 @@
 //! The manager treats a connection still inside a transaction as broken: r2d2 then drops it
 //! instead of pooling it, so a connection never goes back to the pool mid-transaction, whatever
 //! happened to its handle.
+//!
+//! A connection the pool cannot open (a database file that cannot be opened) is
+//! [`DbError::Connect`]. r2d2 keeps only the text of its connection errors, so the provider then
+//! opens one connection itself, with the pool's manager, and that attempt's `rusqlite::Error` is
+//! the source.
 
 use std::ops::{Deref, DerefMut};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use admission_accounts::CountingGate;
@@ -21,7 +26,11 @@ use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::{Connection, InterruptHandle};
 
 use crate::metrics::{PoolMetrics, PoolState, Stamp};
+use crate::r2d2_connect::connect_failure;
 use crate::{Aborter, DbError, DbHandle, DbResourceProvider, ProviderId};
+
+/// The pool and driver, as [`DbError::Connect`] names them.
+const BACKEND: &str = "r2d2-sqlite";
 
 /// `r2d2_sqlite`'s manager, refusing to pool a connection left inside a transaction.
 ///
@@ -32,12 +41,12 @@ use crate::{Aborter, DbError, DbHandle, DbResourceProvider, ProviderId};
 /// `PRAGMA query_only`, in place of `r2d2_sqlite`'s `SELECT 1`: it proves the connection usable
 /// just as well, and tells the provider the read-only state the pool is handing out.
 #[derive(Debug)]
-pub struct SqliteManager(SqliteConnectionManager);
+pub struct SqliteManager(Arc<SqliteConnectionManager>);
 
 impl SqliteManager {
     /// Wraps `manager` (`SqliteConnectionManager::file(..)`, with its init).
     pub fn new(manager: SqliteConnectionManager) -> SqliteManager {
-        SqliteManager(manager)
+        SqliteManager(Arc::new(manager))
     }
 }
 
@@ -55,6 +64,7 @@ impl ManageConnection for SqliteManager {
             conn,
             query_only: Some(query_only),
             stop,
+            opener: self.0.clone(),
         })
     }
 
@@ -90,6 +100,9 @@ pub struct SqliteConnection {
     /// only by the abort of the handle holding the connection, and cleared before that handle's
     /// rollback and close.
     stop: Arc<AtomicBool>,
+    /// The manager that opened it: how the provider opens one connection itself to learn why the
+    /// pool could not.
+    opener: Arc<SqliteConnectionManager>,
 }
 
 impl Deref for SqliteConnection {
@@ -177,6 +190,8 @@ struct Shared {
     id: ProviderId,
     pool: Pool<SqliteManager>,
     metrics: PoolMetrics,
+    /// The pool's manager, learned from the first connection handed out.
+    opener: OnceLock<Arc<SqliteConnectionManager>>,
 }
 
 impl R2d2SqliteProvider {
@@ -196,7 +211,12 @@ impl R2d2SqliteProvider {
         let gate = id.gate(bound, clock.clone())?;
         let metrics = PoolMetrics::new(id.name().into(), clock);
         Ok(R2d2SqliteProvider {
-            shared: Arc::new(Shared { id, pool, metrics }),
+            shared: Arc::new(Shared {
+                id,
+                pool,
+                metrics,
+                opener: OnceLock::new(),
+            }),
             gate,
             checkout_timeout: CHECKOUT_TIMEOUT,
         })
@@ -227,25 +247,17 @@ impl R2d2SqliteProvider {
     /// # Errors
     ///
     /// [`DbError::Checkout`] naming the pool's size and idle count (r2d2 does not count its
-    /// waiters), or a driver error reading or setting the read-only state.
+    /// waiters) when the pool timed out full; [`DbError::Connect`] when it could not open a
+    /// connection (see the module's docs); a driver error reading or setting the read-only
+    /// state.
     pub fn checkout(&self, read_only: bool) -> Result<SqliteHandle, DbError> {
         let shared = &self.shared;
         let started = shared.metrics.now();
         let mut conn = shared
             .pool
             .get_timeout(self.checkout_timeout)
-            .map_err(|e| {
-                shared.metrics.timed_out(|| pool_state(&shared.pool));
-                let state = shared.pool.state();
-                DbError::Checkout {
-                    provider: self.name().to_owned(),
-                    size: state.connections,
-                    idle: state.idle_connections,
-                    max_size: shared.pool.max_size(),
-                    timeout: self.checkout_timeout,
-                    message: e.to_string(),
-                }
-            })?;
+            .map_err(|e| self.timed_out(e))?;
+        shared.opener.get_or_init(|| conn.opener.clone());
         shared
             .metrics
             .checked_out(started, || pool_state(&shared.pool));
@@ -276,6 +288,34 @@ impl R2d2SqliteProvider {
             handed_query_only,
             handed_out,
         })
+    }
+}
+
+impl R2d2SqliteProvider {
+    /// A checkout that ended in `error`: [`DbError::Connect`] for a connection the pool could not
+    /// open, else [`DbError::Checkout`].
+    fn timed_out(&self, error: r2d2::Error) -> DbError {
+        let shared = &self.shared;
+        let state = shared.pool.state();
+        let room = state.connections < shared.pool.max_size();
+        let probe = shared
+            .opener
+            .get()
+            .map(|opener| move || opener.connect().map(drop));
+        match connect_failure(self.name(), BACKEND, error, room, probe) {
+            Ok(connect) => connect,
+            Err(error) => {
+                shared.metrics.timed_out(|| pool_state(&shared.pool));
+                DbError::Checkout {
+                    provider: self.name().to_owned(),
+                    size: state.connections,
+                    idle: state.idle_connections,
+                    max_size: shared.pool.max_size(),
+                    timeout: self.checkout_timeout,
+                    message: error.to_string(),
+                }
+            }
+        }
     }
 }
 
@@ -511,5 +551,88 @@ impl std::fmt::Debug for SqliteHandle {
             .field("in_transaction", &self.in_transaction())
             .field("closed", &self.is_closed())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use admission_core::SystemClock;
+    use rusqlite::ErrorCode;
+
+    use super::*;
+    use crate::error::testing::assert_says_each_thing_once;
+
+    fn provider(path: &std::path::Path) -> R2d2SqliteProvider {
+        let pool = Pool::builder()
+            .max_size(1)
+            .min_idle(Some(0))
+            .build_unchecked(SqliteManager::new(SqliteConnectionManager::file(path)));
+        R2d2SqliteProvider::new("lite", 1, pool, Arc::new(SystemClock::new()))
+            .unwrap()
+            .with_checkout_timeout(Duration::from_millis(500))
+    }
+
+    /// The database's directory removed under a provider in use: the pool cannot open a
+    /// connection, which was a pool timeout with advice on the bound; now the connection
+    /// variant, rusqlite's `SQLITE_CANTOPEN` its source.
+    #[test]
+    fn a_file_that_cannot_be_opened_is_connect_with_the_driver_error_as_its_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        let provider = provider(&data.join("db.sqlite"));
+        provider.checkout(false).unwrap().close().unwrap();
+        // The pooled connection discarded (returned inside a transaction), the file gone.
+        let raw = provider.pool().get().unwrap();
+        raw.execute_batch("BEGIN").unwrap();
+        drop(raw);
+        assert_eq!(provider.pool().state().connections, 0);
+        std::fs::remove_dir_all(&data).unwrap();
+
+        let error = provider.checkout(false).unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "db provider `lite`: r2d2-sqlite could not connect to the database"
+        );
+        assert!(
+            matches!(
+                &error,
+                DbError::Connect {
+                    backend: "r2d2-sqlite",
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+        let driver = error
+            .source()
+            .and_then(|s| s.downcast_ref::<rusqlite::Error>())
+            .expect("the driver's error is the source");
+        assert_eq!(driver.sqlite_error_code(), Some(ErrorCode::CannotOpen));
+        assert_says_each_thing_once(&error);
+    }
+
+    /// A full pool is still a pool timeout: the bound exceeds what the pool reserves.
+    #[test]
+    fn a_full_pool_is_still_a_checkout_timeout() {
+        let dir = tempfile::tempdir().unwrap();
+        let provider = provider(&dir.path().join("db.sqlite"));
+        let held = provider.checkout(false).unwrap();
+        let error = provider.checkout(false).unwrap_err();
+        assert!(
+            matches!(
+                error,
+                DbError::Checkout {
+                    size: 1,
+                    idle: 0,
+                    max_size: 1,
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+        drop(held);
     }
 }

@@ -15,6 +15,13 @@
 //! not end, closes its connection instead of pooling it. That also covers sqlx 0.9.0 handing a
 //! PostgreSQL session back mid-`BEGIN` when a begin is cancelled: the handle never gives such a
 //! session to the pool.
+//!
+//! A connection the pool cannot open is [`DbError::Connect`] with the `sqlx::Error` as its
+//! source. sqlx retries a refused connection, and a PostgreSQL server that is starting up or
+//! shutting down (`57P03`), until its acquire timeout and then keeps only "timed out"; so when a
+//! checkout times out while the pool had room to connect, the provider connects once more
+//! itself (bounded by [`PROBE_TIMEOUT`]) and reports that attempt's error. A pool that timed out
+//! full is [`DbError::Checkout`].
 
 use std::future::Future;
 use std::sync::Arc;
@@ -24,7 +31,7 @@ use std::time::Duration;
 use admission_accounts::CountingGate;
 use admission_core::Clock;
 use sqlx::pool::PoolConnection;
-use sqlx::{Database, Pool};
+use sqlx::{ConnectOptions, Connection, Database, Pool};
 use tokio::runtime::Handle;
 
 use crate::metrics::{PoolMetrics, PoolState, Stamp};
@@ -34,9 +41,17 @@ use crate::{Aborter, DbError, DbHandle, DbResourceProvider, ProviderId};
 /// once, so waiting longer means the bound exceeds what the pool reserves.
 const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The longest the provider's own connection attempt after a checkout timeout may take (at most
+/// the checkout timeout).
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// A database the sqlx providers run over: its transaction and read-only statements, and how a
 /// handle's abort reaches a running statement. Implemented for SQLite and PostgreSQL only.
 pub trait SqlxDatabase: Database + sealed::Sealed {
+    /// The pool and driver, as [`DbError::Connect`] names them (`sqlx-postgres`, `sqlx-sqlite`).
+    #[doc(hidden)]
+    const BACKEND: &'static str;
+
     /// The statement that opens a transaction on a write or a read-only handle.
     #[doc(hidden)]
     fn begin_sql(read_only: bool) -> &'static str;
@@ -161,22 +176,23 @@ impl<DB: SqlxDatabase> SqlxProvider<DB> {
     /// # Errors
     ///
     /// [`DbError::Checkout`] naming the pool's size and idle count (sqlx does not count its
-    /// waiters), or a driver error setting the read-only state.
+    /// waiters) when the pool timed out full; [`DbError::Connect`] with the `sqlx::Error` when
+    /// a connection could not be opened (see the module's docs for a timeout with room in the
+    /// pool); [`DbError::Database`] for a closed pool or a driver error setting the read-only
+    /// state.
     pub async fn checkout(&self, read_only: bool) -> Result<SqlxHandle<DB>, DbError> {
         let started = self.metrics.now();
         let acquired = tokio::time::timeout(self.checkout_timeout, self.pool.acquire()).await;
         let conn = match acquired {
             Ok(Ok(conn)) => conn,
-            Ok(Err(e)) => {
-                if matches!(e, sqlx::Error::PoolTimedOut) {
-                    self.metrics.timed_out(|| pool_state(&self.pool));
-                }
-                return Err(self.checkout_error(e.to_string()));
+            Ok(Err(sqlx::Error::PoolTimedOut)) => {
+                return Err(self.timed_out(sqlx::Error::PoolTimedOut.to_string()).await);
             }
-            Err(_) => {
-                self.metrics.timed_out(|| pool_state(&self.pool));
-                return Err(self.checkout_error("timed out".to_owned()));
+            Err(_) => return Err(self.timed_out("timed out".to_owned()).await),
+            Ok(Err(e @ sqlx::Error::PoolClosed)) => {
+                return Err(DbError::database(self.name(), "acquire", e));
             }
+            Ok(Err(e)) => return Err(DbError::connect(self.name(), DB::BACKEND, e)),
         };
         self.metrics.checked_out(started, || pool_state(&self.pool));
         let mut handle = SqlxHandle {
@@ -193,6 +209,34 @@ impl<DB: SqlxDatabase> SqlxProvider<DB> {
         };
         handle.prepare().await.inspect_err(|_| handle.discard())?;
         Ok(handle)
+    }
+
+    /// A checkout that timed out: a connection failure when the pool had room and a connection
+    /// attempt of the provider's own fails, else [`DbError::Checkout`].
+    async fn timed_out(&self, message: String) -> DbError {
+        if self.pool.size() < self.pool.options().get_max_connections()
+            && let Some(error) = self.probe().await
+        {
+            return DbError::connect(self.name(), DB::BACKEND, error);
+        }
+        self.metrics.timed_out(|| pool_state(&self.pool));
+        self.checkout_error(message)
+    }
+
+    /// One connection attempt with the pool's options, bounded by [`PROBE_TIMEOUT`] (and the
+    /// checkout timeout): its error, or `None` when it connected (the connection is closed) or
+    /// did not answer in time.
+    async fn probe(&self) -> Option<sqlx::Error> {
+        let options = self.pool.connect_options();
+        let bound = PROBE_TIMEOUT.min(self.checkout_timeout);
+        match tokio::time::timeout(bound, options.connect()).await {
+            Ok(Err(error)) => Some(error),
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+                None
+            }
+            Err(_) => None,
+        }
     }
 
     fn checkout_error(&self, message: String) -> DbError {
@@ -591,7 +635,8 @@ impl<DB: SqlxDatabase> DbHandle for SqlxHandle<DB> {
 impl<DB: SqlxDatabase> Drop for SqlxHandle<DB> {
     fn drop(&mut self) {
         if let Err(e) = DbHandle::close(self) {
-            tracing::warn!(error = %e, "closing a dropped sqlx handle failed");
+            let e: &(dyn std::error::Error + 'static) = &e;
+            tracing::warn!(error = e, "closing a dropped sqlx handle failed");
         }
     }
 }

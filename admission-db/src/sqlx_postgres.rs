@@ -52,6 +52,8 @@ pub type SqlxPgHandle = SqlxHandle<Postgres>;
 impl sealed::Sealed for Postgres {}
 
 impl SqlxDatabase for Postgres {
+    const BACKEND: &'static str = "sqlx-postgres";
+
     fn begin_sql(_read_only: bool) -> &'static str {
         "BEGIN"
     }
@@ -91,5 +93,62 @@ impl SqlxDatabase for Postgres {
 
     fn disarm(_conn: &mut PgConnection) -> impl Future<Output = bool> + Send + '_ {
         std::future::ready(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+    use std::io;
+    use std::time::Duration;
+
+    use admission_core::SystemClock;
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+    use super::*;
+    use crate::DbError;
+    use crate::error::testing::{assert_says_each_thing_once, closed_port};
+
+    /// sqlx retries a refused connection until its acquire timeout and then says only "pool
+    /// timed out", which the provider reported as a pool timeout with advice on the bound: now
+    /// the connection variant, the refused attempt's `sqlx::Error` its source.
+    #[test]
+    fn a_refused_connection_is_connect_with_the_driver_error_as_its_source() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let options = PgConnectOptions::new()
+            .host("127.0.0.1")
+            .port(closed_port())
+            .username("postgres");
+        let error = runtime.block_on(async {
+            let pool = PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(Duration::from_millis(300))
+                .connect_lazy_with(options);
+            let clock = Arc::new(SystemClock::new());
+            let provider = SqlxPgProvider::new("pg", 1, pool, clock, runtime.handle().clone())
+                .unwrap()
+                .with_checkout_timeout(Duration::from_secs(2));
+            provider.checkout(false).await.unwrap_err()
+        });
+        assert_eq!(
+            error.to_string(),
+            "db provider `pg`: sqlx-postgres could not connect to the database"
+        );
+        assert!(
+            matches!(&error, DbError::Connect { provider, backend: "sqlx-postgres", .. } if provider == "pg"),
+            "{error:?}"
+        );
+        let driver = error
+            .source()
+            .and_then(|s| s.downcast_ref::<sqlx::Error>())
+            .expect("the driver's error is the source");
+        assert!(
+            matches!(driver, sqlx::Error::Io(io) if io.kind() == io::ErrorKind::ConnectionRefused),
+            "{driver:?}"
+        );
+        assert_says_each_thing_once(&error);
     }
 }

@@ -57,6 +57,8 @@ const PROGRESS_OPS: i32 = 1_000;
 impl sealed::Sealed for Sqlite {}
 
 impl SqlxDatabase for Sqlite {
+    const BACKEND: &'static str = "sqlx-sqlite";
+
     fn begin_sql(read_only: bool) -> &'static str {
         if read_only {
             "BEGIN"
@@ -105,5 +107,61 @@ impl SqlxDatabase for Sqlite {
             }
             Err(_) => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use admission_core::SystemClock;
+    use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+
+    use super::*;
+    use crate::DbError;
+    use crate::error::testing::assert_says_each_thing_once;
+
+    /// A database file that cannot be opened was a pool timeout with advice on the bound: now
+    /// the connection variant, sqlx's error (SQLite's `SQLITE_CANTOPEN`, 14) its source.
+    #[test]
+    fn a_file_that_cannot_be_opened_is_connect_with_the_driver_error_as_its_source() {
+        let dir = tempfile::tempdir().unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let options = SqliteConnectOptions::new()
+            .filename(dir.path().join("missing").join("db.sqlite"))
+            .create_if_missing(true);
+        let error = runtime.block_on(async {
+            let pool = SqlitePoolOptions::new()
+                .max_connections(1)
+                .connect_lazy_with(options);
+            let clock = Arc::new(SystemClock::new());
+            let provider =
+                SqlxSqliteProvider::new("lite", 1, pool, clock, runtime.handle().clone()).unwrap();
+            provider.checkout(false).await.unwrap_err()
+        });
+        assert_eq!(
+            error.to_string(),
+            "db provider `lite`: sqlx-sqlite could not connect to the database"
+        );
+        assert!(
+            matches!(
+                &error,
+                DbError::Connect {
+                    backend: "sqlx-sqlite",
+                    ..
+                }
+            ),
+            "{error:?}"
+        );
+        let driver = error
+            .source()
+            .and_then(|s| s.downcast_ref::<sqlx::Error>())
+            .expect("the driver's error is the source");
+        let code = driver.as_database_error().and_then(|db| db.code());
+        assert_eq!(code.as_deref(), Some("14"), "{driver:?}");
+        assert_says_each_thing_once(&error);
     }
 }

@@ -7,6 +7,13 @@ mod metrics;
 #[cfg(all(
     feature = "contract",
     feature = "r2d2-postgres",
+    feature = "deadpool-postgres",
+    feature = "sqlx-postgres"
+))]
+mod pg_outage;
+#[cfg(all(
+    feature = "contract",
+    feature = "r2d2-postgres",
     feature = "deadpool-postgres"
 ))]
 mod postgres;

@@ -367,10 +367,14 @@ fn a_blocking_verb_inside_the_runtime_is_refused_not_run() {
         let Err(err) = provider.acquire(false) else {
             panic!("acquired")
         };
+        assert_eq!(err.to_string(), "db provider `sqlx`: acquire failed");
         assert_eq!(
-            err.to_string(),
-            "db provider `sqlx`: acquire failed: a blocking verb was called inside a tokio \
-             runtime: await the async method instead"
+            std::error::Error::source(&err).map(ToString::to_string),
+            Some(
+                "a blocking verb was called inside a tokio runtime: await the async method \
+                 instead"
+                    .to_owned()
+            )
         );
         let mut handle = provider.checkout(false).await.unwrap();
         assert!(matches!(
