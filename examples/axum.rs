@@ -7,16 +7,23 @@
 //! retried) for one that can never fit the model's budget, its body naming the account, what was
 //! asked and the capacity.
 //!
+//! The write is a `POST` (a `GET` or `HEAD` of it is answered 405 before any admission), its
+//! `tokens` parameter read by axum's `Query` extractor (percent-encoded values are decoded), and
+//! `GET /status` shows the line's waiters and every account's numbers as JSON. Connections are
+//! served by hyper with a header-read timeout, so a client that sends part of a request and
+//! stalls is closed instead of holding a connection open.
+//!
 //! Run it with `cargo run --example axum` and try
-//! `curl -i 'http://127.0.0.1:3000/summarize?tokens=800'`; `--self-test 24` sends 24 requests of
-//! its own at once, prints their statuses and exits (non-zero on an unexpected one).
+//! `curl -i -X POST 'http://127.0.0.1:3000/summarize?tokens=800'` and
+//! `curl 'http://127.0.0.1:3000/status'`; `--self-test 24` sends 24 requests of its own at once,
+//! prints their statuses and exits (non-zero on an unexpected one).
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use admission_core::{Amount, Demand, JobContext, Monitor};
+use admission_core::{Account as _, Amount, Demand, JobContext, Monitor};
 use admission_db::DbHandle as _;
 use admission_db::DbResourceProvider as _;
 use admission_db::r2d2_sqlite::{R2d2SqliteProvider, SqliteManager};
@@ -24,11 +31,12 @@ use admission_llm::{ModelCatalog, Registry};
 use admission_tower::{AdmissionLayer, DemandError, Waited};
 use anyhow::Context as _;
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::{Query, Request, State};
 use axum::http::StatusCode;
-use axum::routing::get;
+use axum::routing::{get, post};
 use clap::Parser;
 use r2d2_sqlite::SqliteConnectionManager;
+use serde::Deserialize;
 use tokio::net::TcpListener;
 
 /// The model every request calls, its budget, and the other limits.
@@ -51,6 +59,17 @@ const HTTP_CONNECTIONS: u64 = 8;
 const DB_BOUND: u64 = 3;
 /// The longest a request waits for its demand.
 const ADMIT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest a client may take to send a request's headers before its connection is closed.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// The prompt's size when the request does not say.
+const DEFAULT_TOKENS: u64 = 800;
+
+/// The query of `POST /summarize`.
+#[derive(Debug, Deserialize)]
+struct Params {
+    /// The prompt's size, in tokens.
+    tokens: Option<u64>,
+}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -72,8 +91,8 @@ struct App {
     notes: Arc<R2d2SqliteProvider>,
 }
 
-/// The service: `/summarize?tokens=N` behind the admission layer, on `monitor`, its database in
-/// `dir`.
+/// The service: `POST /summarize?tokens=N` behind the admission layer and `GET /status`, on
+/// `monitor`, its database in `dir`.
 fn app(monitor: &Monitor, dir: &Path) -> anyhow::Result<(Router, Arc<App>)> {
     let clock = monitor.clock().clone();
     let registry = Registry::new(clock.clone()).with_http_connections(HTTP_CONNECTIONS)?;
@@ -99,7 +118,7 @@ fn app(monitor: &Monitor, dir: &Path) -> anyhow::Result<(Router, Arc<App>)> {
     let demand = {
         let app = app.clone();
         move |request: &Request| -> Result<(Demand, JobContext), DemandError> {
-            let tokens = prompt_tokens(request.uri().query())?;
+            let tokens = prompt_tokens(request)?;
             let call = app
                 .registry
                 .demand_for(MODEL, tokens, MAX_OUTPUT_TOKENS)
@@ -111,34 +130,52 @@ fn app(monitor: &Monitor, dir: &Path) -> anyhow::Result<(Router, Arc<App>)> {
     let layer = AdmissionLayer::new(monitor.clone(), demand)
         .timeout(ADMIT_TIMEOUT)
         .http_responses();
+    // `route_layer`: only a request that matches the route and its method is admitted; a `GET`
+    // or `HEAD` of `/summarize` is answered 405 without taking anything.
+    let status = {
+        let (monitor, app) = (monitor.clone(), app.clone());
+        move || {
+            let (monitor, app) = (monitor.clone(), app.clone());
+            async move { status(&monitor, &app) }
+        }
+    };
     let router = Router::new()
-        .route("/summarize", get(summarize))
-        .layer(layer)
+        .route("/summarize", post(summarize).route_layer(layer))
+        .route("/status", get(status))
         .with_state(app.clone());
     Ok((router, app))
 }
 
-/// The `tokens` query parameter (the prompt's size), 800 when absent.
-fn prompt_tokens(query: Option<&str>) -> Result<u64, DemandError> {
-    let value = query
-        .unwrap_or("")
-        .split('&')
-        .find_map(|pair| pair.strip_prefix("tokens="));
-    match value {
-        None => Ok(800),
-        Some(v) => v
-            .parse()
-            .map_err(|_| DemandError::invalid(format!("tokens must be a whole number, was `{v}`"))),
-    }
+/// The `tokens` query parameter (the prompt's size), [`DEFAULT_TOKENS`] when absent, read by
+/// axum's `Query` extractor.
+fn prompt_tokens(request: &Request) -> Result<u64, DemandError> {
+    let Query(params) = Query::<Params>::try_from_uri(request.uri())
+        .map_err(|rejection| DemandError::invalid(rejection.body_text()))?;
+    Ok(params.tokens.unwrap_or(DEFAULT_TOKENS))
+}
+
+/// `GET /status`: the line's waiters and every account's status record, as JSON.
+fn status(monitor: &Monitor, app: &App) -> (StatusCode, String) {
+    let mut accounts = app.registry.status();
+    accounts.push(app.notes.admission().status());
+    let body = serde_json::json!({
+        "waiters": monitor.queue_size(),
+        "accounts": accounts,
+    });
+    (StatusCode::OK, format!("{body}\n"))
 }
 
 /// Runs under the grant: "calls" the model, stores a note on a pooled connection, answers.
-async fn summarize(State(app): State<Arc<App>>, request: Request) -> (StatusCode, String) {
+async fn summarize(
+    State(app): State<Arc<App>>,
+    Query(params): Query<Params>,
+    request: Request,
+) -> (StatusCode, String) {
     let waited = request
         .extensions()
         .get::<Waited>()
         .map_or(Duration::ZERO, |w| w.0);
-    let tokens = prompt_tokens(request.uri().query()).unwrap_or(0);
+    let tokens = params.tokens.unwrap_or(DEFAULT_TOKENS);
     // The model call would go here; the grant holds its connection, tokens and slot.
     tokio::task::yield_now().await;
     app.registry.on_success(MODEL);
@@ -170,15 +207,17 @@ async fn summarize(State(app): State<Arc<App>>, request: Request) -> (StatusCode
     }
 }
 
-/// `GET path` on a new connection to `addr`: the status and the body.
-async fn get_once(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+/// `method path` on a new connection to `addr`: the status and the body.
+async fn send_once(addr: SocketAddr, method: &str, path: &str) -> anyhow::Result<(u16, String)> {
     use http_body_util::{BodyExt as _, Empty};
 
     let stream = tokio::net::TcpStream::connect(addr).await?;
     let io = hyper_util::rt::TokioIo::new(stream);
     let (mut send, conn) = hyper::client::conn::http1::handshake(io).await?;
     let conn = tokio::spawn(conn);
-    let request = hyper::Request::get(path)
+    let request = hyper::Request::builder()
+        .method(method)
+        .uri(path)
         .header("host", addr.to_string())
         .body(Empty::<bytes::Bytes>::new())?;
     let response = send.send_request(request).await?;
@@ -189,26 +228,47 @@ async fn get_once(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)>
     Ok((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
+/// Serves `router` on `listener` until the task is aborted: each connection by hyper's HTTP/1
+/// server, closed when its request's headers take longer than `header_read_timeout` to arrive.
+async fn serve(listener: TcpListener, router: Router, header_read_timeout: Duration) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        tokio::spawn(async move {
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(header_read_timeout)
+                .serve_connection(io, service)
+                .await;
+        });
+    }
+}
+
 /// Serves `router` on a free loopback port; the address and the server's task.
 async fn serve_on_free_port(
     router: Router,
-) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>)> {
+    header_read_timeout: Duration,
+) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     Ok((
         addr,
-        tokio::spawn(axum::serve(listener, router).into_future()),
+        tokio::spawn(serve(listener, router, header_read_timeout)),
     ))
 }
 
 /// `requests` concurrent requests against a server of its own; the statuses, in order.
 async fn self_test(monitor: &Monitor, dir: &Path, requests: usize) -> anyhow::Result<Vec<u16>> {
     let (router, _) = app(monitor, dir)?;
-    let (addr, server) = serve_on_free_port(router).await?;
+    let (addr, server) = serve_on_free_port(router, HEADER_READ_TIMEOUT).await?;
     let calls: Vec<_> = (0..requests)
         .map(|i| {
-            tokio::spawn(get_once(
+            tokio::spawn(send_once(
                 addr,
+                "POST",
                 if i % 2 == 0 {
                     "/summarize?tokens=400"
                 } else {
@@ -248,14 +308,13 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listening on {}", args.addr))?;
     println!(
-        "listening on http://{}; try: curl -i 'http://{}/summarize?tokens=800'",
+        "listening on http://{}; try: curl -i -X POST 'http://{}/summarize?tokens=800'",
         args.addr, args.addr
     );
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await?;
+    tokio::select! {
+        () = serve(listener, router, HEADER_READ_TIMEOUT) => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
     monitor.stop();
     Ok(())
 }
@@ -288,24 +347,128 @@ mod tests {
         let monitor = Monitor::new();
         let dir = tempfile::tempdir().unwrap();
         let (router, app) = app(&monitor, dir.path()).unwrap();
-        let (addr, server) = serve_on_free_port(router).await.unwrap();
+        let (addr, server) = serve_on_free_port(router, HEADER_READ_TIMEOUT)
+            .await
+            .unwrap();
 
-        let (status, body) = get_once(addr, "/summarize?tokens=many").await.unwrap();
+        let (status, body) = send_once(addr, "POST", "/summarize?tokens=many")
+            .await
+            .unwrap();
         assert_eq!(
             (status, body.as_str()),
             (400, "admission refused: invalid\n")
         );
         // More tokens than the model's whole minute: it can never fit, and says by how much.
-        let (status, body) = get_once(addr, "/summarize?tokens=100000").await.unwrap();
+        let (status, body) = send_once(addr, "POST", "/summarize?tokens=100000")
+            .await
+            .unwrap();
         let expected = "admission refused: too_large: account `small` asked 100200+1, capacity \
                         60000+600: `small` allows 60000 tokens and 600 requests per minute; a \
                         demand of 100200 tokens and 1 requests can never fit: split it into \
                         smaller calls or use a model with a larger budget\n";
         assert_eq!((status, body.as_str()), (422, expected));
-        let (status, body) = get_once(addr, "/summarize?tokens=100").await.unwrap();
+        let (status, body) = send_once(addr, "POST", "/summarize?tokens=100")
+            .await
+            .unwrap();
         assert_eq!(status, 200);
         assert!(body.starts_with("note 1: 100 tokens summarized"), "{body}");
         assert_eq!(app.notes.admission().in_use(), 0);
+        server.abort();
+        monitor.stop();
+    }
+
+    fn rows(app: &App) -> i64 {
+        app.notes
+            .pool()
+            .get()
+            .unwrap()
+            .query_row("SELECT COUNT(*) FROM notes", [], |r| r.get(0))
+            .unwrap()
+    }
+
+    /// A `GET` or `HEAD` of the write is 405 and writes nothing; a percent-encoded parameter is
+    /// decoded (`%32%35%30` is 250); `/status` shows no waiter and every account, the database
+    /// gate with its one permit back.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_write_is_a_post_with_decoded_parameters_and_a_status_route() {
+        let monitor = Monitor::new();
+        let dir = tempfile::tempdir().unwrap();
+        let (router, app) = app(&monitor, dir.path()).unwrap();
+        let (addr, server) = serve_on_free_port(router, HEADER_READ_TIMEOUT)
+            .await
+            .unwrap();
+        for method in ["GET", "HEAD"] {
+            let (status, _) = send_once(addr, method, "/summarize?tokens=100")
+                .await
+                .unwrap();
+            assert_eq!(status, 405, "{method}");
+        }
+        assert_eq!(rows(&app), 0, "nothing written by a GET or a HEAD");
+        let (status, body) = send_once(addr, "POST", "/summarize?tokens=%32%35%30")
+            .await
+            .unwrap();
+        assert_eq!(status, 200, "{body}");
+        assert!(body.starts_with("note 1: 250 tokens summarized"), "{body}");
+        assert_eq!(rows(&app), 1);
+
+        let (status, body) = send_once(addr, "GET", "/status").await.unwrap();
+        assert_eq!(status, 200);
+        let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(status["waiters"], 0);
+        let names: Vec<&str> = status["accounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|a| a["name"].as_str())
+            .collect();
+        assert!(names.contains(&"http"), "{body}");
+        let db = status["accounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["name"] == "db:notes")
+            .unwrap_or_else(|| panic!("no db:notes account in {body}"));
+        assert_eq!(
+            (&db["max_concurrent"], &db["available_permits"]),
+            (&serde_json::json!(3), &serde_json::json!(3)),
+            "{body}"
+        );
+        server.abort();
+        monitor.stop();
+    }
+
+    /// A client that sends half a request's headers and stalls has its connection closed after
+    /// the header-read timeout (0.3 s here), well before a second passes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stalled_partial_request_is_closed_after_the_header_read_timeout() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+        let monitor = Monitor::new();
+        let dir = tempfile::tempdir().unwrap();
+        let (router, _app) = app(&monitor, dir.path()).unwrap();
+        let (addr, server) = serve_on_free_port(router, Duration::from_millis(300))
+            .await
+            .unwrap();
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream
+            .write_all(b"POST /summarize?tokens=10 HTTP/1.1\r\nHost: x\r\n")
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut buf))
+            .await
+            .expect("the server closed the connection");
+        let elapsed = started.elapsed();
+        let answered = String::from_utf8_lossy(&buf);
+        assert!(
+            read.is_err() || !answered.contains("200 OK"),
+            "a half request is never served: {answered:?}"
+        );
+        assert!(
+            elapsed >= Duration::from_millis(250) && elapsed < Duration::from_secs(3),
+            "closed after {elapsed:?}"
+        );
         server.abort();
         monitor.stop();
     }
