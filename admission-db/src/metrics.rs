@@ -1,4 +1,6 @@
-//! Pool metrics under the OpenTelemetry database-client names, through the `metrics` facade.
+//! Pool metrics under the OpenTelemetry database-client names as a Prometheus exporter writes
+//! them (a counter ends in `_total`, a duration in its unit, `_seconds`), through the `metrics`
+//! facade.
 //!
 //! With feature `metrics`, each provider reports its pool at checkout, close and checkout
 //! timeout; without it, [`PoolMetrics`]'s hooks are empty and nothing is recorded. Every series
@@ -10,9 +12,9 @@
 //! | `db.client.connection.count` | gauge | connections | `state` = `idle` \| `used` |
 //! | `db.client.connection.max` | gauge | connections | |
 //! | `db.client.connection.pending_requests` | gauge | requests | only where the pool counts its waiters: the deadpool-postgres provider reports deadpool's `waiting`; r2d2 and sqlx count none, so their providers omit it |
-//! | `db.client.connection.wait_time` | histogram | seconds | how long a successful checkout waited |
-//! | `db.client.connection.use_time` | histogram | seconds | checkout to close |
-//! | `db.client.connection.timeouts` | counter | checkouts | checkouts that timed out |
+//! | `db.client.connection.wait_time_seconds` | histogram | seconds | how long a successful checkout waited |
+//! | `db.client.connection.use_time_seconds` | histogram | seconds | checkout to close |
+//! | `db.client.connection.timeouts_total` | counter | checkouts | checkouts that timed out |
 //!
 //! The gauges are set to the pool's state read right after each checkout, close and timeout.
 //! Where a close gives the connection back on a task (a sqlx handle closed or dropped inside a
@@ -30,12 +32,12 @@ pub const CONNECTION_COUNT: &str = "db.client.connection.count";
 pub const CONNECTION_MAX: &str = "db.client.connection.max";
 /// `db.client.connection.pending_requests`: checkouts waiting, where the pool counts them.
 pub const PENDING_REQUESTS: &str = "db.client.connection.pending_requests";
-/// `db.client.connection.wait_time`, seconds: how long a successful checkout waited.
-pub const WAIT_TIME: &str = "db.client.connection.wait_time";
-/// `db.client.connection.use_time`, seconds: from checkout to close.
-pub const USE_TIME: &str = "db.client.connection.use_time";
-/// `db.client.connection.timeouts`: checkouts that timed out.
-pub const TIMEOUTS: &str = "db.client.connection.timeouts";
+/// `db.client.connection.wait_time_seconds`: how long a successful checkout waited.
+pub const WAIT_TIME: &str = "db.client.connection.wait_time_seconds";
+/// `db.client.connection.use_time_seconds`: from checkout to close.
+pub const USE_TIME: &str = "db.client.connection.use_time_seconds";
+/// `db.client.connection.timeouts_total`: checkouts that timed out.
+pub const TIMEOUTS: &str = "db.client.connection.timeouts_total";
 /// The label every series carries: the provider's name.
 pub const POOL_NAME: &str = "pool.name";
 

@@ -87,8 +87,8 @@ fn use_time_has_one_sample_per_close() {
             provider.checkout(false).unwrap().close().unwrap();
         }
         let all = series(snapshotter);
-        assert_eq!(samples(&all, "db.client.connection.use_time"), 5);
-        assert_eq!(samples(&all, "db.client.connection.wait_time"), 5);
+        assert_eq!(samples(&all, "db.client.connection.use_time_seconds"), 5);
+        assert_eq!(samples(&all, "db.client.connection.wait_time_seconds"), 5);
     });
 }
 
@@ -121,7 +121,7 @@ fn a_checkout_from_a_held_pool_of_one_counts_one_timeout() {
         assert!(matches!(err, DbError::Checkout { .. }), "{err}");
         let all = series(snapshotter);
         assert_eq!(
-            value(&all, "db.client.connection.timeouts", &[]),
+            value(&all, "db.client.connection.timeouts_total", &[]),
             &DebugValue::Counter(1)
         );
         assert_eq!(
@@ -149,9 +149,9 @@ fn every_series_names_its_pool_and_has_a_unit() {
             [
                 "db.client.connection.count",
                 "db.client.connection.max",
-                "db.client.connection.timeouts",
-                "db.client.connection.use_time",
-                "db.client.connection.wait_time",
+                "db.client.connection.timeouts_total",
+                "db.client.connection.use_time_seconds",
+                "db.client.connection.wait_time_seconds",
             ]
         );
         for (name, labels, unit, _) in &all {
@@ -159,12 +159,17 @@ fn every_series_names_its_pool_and_has_a_unit() {
                 labels.contains(&("pool.name".to_owned(), "orders".to_owned())),
                 "{name} {labels:?}"
             );
-            let want = if name.ends_with("_time") {
+            let want = if name.ends_with("_seconds") {
                 Unit::Seconds
             } else {
                 Unit::Count
             };
             assert_eq!(unit.as_ref(), Some(&want), "{name}");
+            // Prometheus's conventions: a counter ends in `_total`, a duration in `_seconds`.
+            assert!(
+                !name.contains("timeouts") || name.ends_with("_total"),
+                "{name}"
+            );
         }
     });
 }
@@ -188,8 +193,8 @@ mod sqlx_sqlite {
                 provider.acquire(false).unwrap().close().unwrap();
             }
             let all = series(snapshotter);
-            assert_eq!(samples(&all, "db.client.connection.use_time"), 5);
-            assert_eq!(samples(&all, "db.client.connection.wait_time"), 5);
+            assert_eq!(samples(&all, "db.client.connection.use_time_seconds"), 5);
+            assert_eq!(samples(&all, "db.client.connection.wait_time_seconds"), 5);
         });
     }
 
@@ -233,7 +238,7 @@ mod sqlx_sqlite {
             assert!(matches!(err, DbError::Checkout { .. }), "{err}");
             let all = series(snapshotter);
             assert_eq!(
-                value(&all, "db.client.connection.timeouts", &[]),
+                value(&all, "db.client.connection.timeouts_total", &[]),
                 &DebugValue::Counter(1)
             );
             drop(held);
@@ -279,7 +284,7 @@ mod deadpool_postgres {
                 handle.close().unwrap();
             }
             let all = series(snapshotter);
-            assert_eq!(samples(&all, "db.client.connection.use_time"), 3);
+            assert_eq!(samples(&all, "db.client.connection.use_time_seconds"), 3);
             assert_eq!(gauge(&all, count, &[("state", "used")]), 0.0);
             assert_eq!(gauge(&all, count, &[("state", "idle")]), 1.0);
 
@@ -293,7 +298,7 @@ mod deadpool_postgres {
             runtime.block_on(provider.checkout(false)).unwrap_err();
             let all = series(snapshotter);
             assert_eq!(
-                value(&all, "db.client.connection.timeouts", &[]),
+                value(&all, "db.client.connection.timeouts_total", &[]),
                 &DebugValue::Counter(1)
             );
             drop(held);
@@ -337,7 +342,7 @@ mod r2d2_postgres {
                 provider.checkout(false).unwrap().close().unwrap();
             }
             let all = series(snapshotter);
-            assert_eq!(samples(&all, "db.client.connection.use_time"), 3);
+            assert_eq!(samples(&all, "db.client.connection.use_time_seconds"), 3);
             assert_eq!(gauge(&all, count, &[("state", "used")]), 0.0);
             assert_eq!(gauge(&all, count, &[("state", "idle")]), 2.0);
             assert!(
@@ -358,7 +363,7 @@ mod r2d2_postgres {
             small.checkout(false).unwrap_err();
             let all = series(snapshotter);
             assert_eq!(
-                value(&all, "db.client.connection.timeouts", &[]),
+                value(&all, "db.client.connection.timeouts_total", &[]),
                 &DebugValue::Counter(1)
             );
             drop(held);
@@ -417,8 +422,8 @@ mod sqlx_postgres {
                 provider.acquire(false).unwrap().close().unwrap();
             }
             let all = series(snapshotter);
-            assert_eq!(samples(&all, "db.client.connection.use_time"), 5);
-            assert_eq!(samples(&all, "db.client.connection.wait_time"), 5);
+            assert_eq!(samples(&all, "db.client.connection.use_time_seconds"), 5);
+            assert_eq!(samples(&all, "db.client.connection.wait_time_seconds"), 5);
             assert_eq!(gauge(&all, count, used), 0.0);
             assert_eq!(gauge(&all, count, idle), 1.0);
             assert_eq!(gauge(&all, "db.client.connection.max", &[]), 2.0);
@@ -433,8 +438,8 @@ mod sqlx_postgres {
             let all = series(snapshotter);
             assert_eq!(gauge(&all, count, used), 2.0);
             assert_eq!(gauge(&all, count, idle), 0.0);
-            assert_eq!(samples(&all, "db.client.connection.wait_time"), 1);
-            assert_eq!(samples(&all, "db.client.connection.use_time"), 0);
+            assert_eq!(samples(&all, "db.client.connection.wait_time_seconds"), 1);
+            assert_eq!(samples(&all, "db.client.connection.use_time_seconds"), 0);
 
             // Closing each gives its session back before the gauges are read.
             second.close().unwrap();
@@ -445,10 +450,10 @@ mod sqlx_postgres {
             let all = series(snapshotter);
             assert_eq!(gauge(&all, count, used), 0.0);
             assert_eq!(gauge(&all, count, idle), 2.0);
-            assert_eq!(samples(&all, "db.client.connection.use_time"), 1);
+            assert_eq!(samples(&all, "db.client.connection.use_time_seconds"), 1);
             assert!(
                 all.iter()
-                    .all(|(name, ..)| name != "db.client.connection.timeouts"),
+                    .all(|(name, ..)| name != "db.client.connection.timeouts_total"),
                 "no checkout timed out yet"
             );
             db.runtime.block_on(provider.pool().close());
@@ -463,13 +468,13 @@ mod sqlx_postgres {
             assert!(matches!(err, DbError::Checkout { .. }), "{err}");
             let all = series(snapshotter);
             assert_eq!(
-                value(&all, "db.client.connection.timeouts", &[]),
+                value(&all, "db.client.connection.timeouts_total", &[]),
                 &DebugValue::Counter(1)
             );
             assert_eq!(gauge(&all, count, used), 1.0);
             assert_eq!(gauge(&all, count, idle), 0.0);
             assert_eq!(gauge(&all, "db.client.connection.max", &[]), 1.0);
-            assert_eq!(samples(&all, "db.client.connection.wait_time"), 1);
+            assert_eq!(samples(&all, "db.client.connection.wait_time_seconds"), 1);
             held.close().unwrap();
 
             // sqlx counts no waiters: no pending_requests; every series has its unit.
@@ -482,9 +487,9 @@ mod sqlx_postgres {
                 [
                     "db.client.connection.count",
                     "db.client.connection.max",
-                    "db.client.connection.timeouts",
-                    "db.client.connection.use_time",
-                    "db.client.connection.wait_time",
+                    "db.client.connection.timeouts_total",
+                    "db.client.connection.use_time_seconds",
+                    "db.client.connection.wait_time_seconds",
                 ]
             );
             for (name, _, unit, _) in &all {
@@ -495,7 +500,7 @@ mod sqlx_postgres {
                 };
                 assert_eq!(unit.as_ref(), Some(&want), "{name}");
             }
-            assert_eq!(samples(&all, "db.client.connection.use_time"), 1);
+            assert_eq!(samples(&all, "db.client.connection.use_time_seconds"), 1);
             assert_eq!(gauge(&all, count, used), 0.0);
             assert_eq!(gauge(&all, count, idle), 1.0);
             db.runtime.block_on(small.pool().close());
