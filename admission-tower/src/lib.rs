@@ -52,6 +52,8 @@
 
 mod body;
 mod error;
+#[cfg(feature = "fleet")]
+pub mod fleet;
 #[cfg(feature = "grpc")]
 pub mod grpc;
 pub mod guides;
@@ -64,6 +66,8 @@ mod service;
 
 pub use body::AdmittedBody;
 pub use error::{AdmissionError, Cause, DemandError, NeverFits, Reason, Refused, Waited};
+#[cfg(feature = "fleet")]
+pub use fleet::{Quota, QuotaBody, QuotaBodyError, QuotaLayer};
 pub use layer::AdmissionLayer;
 pub use policy::{OnRefusal, Propagate, Respond, RespondFn};
 pub use retry::{RetryAfter, RetryEstimate};

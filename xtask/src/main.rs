@@ -83,9 +83,11 @@ commands:
 FEATURES is `--features admission-db/r2d2-sqlite,admission-db/r2d2-postgres,
 admission-db/deadpool-postgres,admission-db/sqlx-sqlite,admission-db/sqlx-postgres,
 admission-db/contract,admission-db/metrics,admission-redis/tls,admission-redis/metrics,
-admission-redis/test-util,admission-tower/http,admission-tower/grpc,admission-events/metrics`:
+admission-redis/test-util,admission-tower/http,admission-tower/grpc,admission-tower/fleet,
+admission-events/metrics`:
 the database providers, their contract suite and their pool metrics, the Redis provider's TLS,
-metrics and test clock, the tower layer's HTTP and gRPC refusal mappings and the metrics sink,
+metrics and test clock, the tower layer's HTTP and gRPC refusal mappings and its fleet quotas,
+and the metrics sink,
 which no default build compiles.
 
 The test steps run with the services listed in xtask/src/services.rs (REQUIRED) up: Redis
@@ -229,14 +231,14 @@ fn run_plan(ws: &Workspace, steps: &[Step]) -> Result<ExitCode> {
 
 /// The features the checks turn on beyond the defaults: the database providers and their
 /// contract suite (`admission-db`), the Redis provider's TLS, metrics and test clock
-/// (`admission-redis`), the tower layer's refusal mappings (`admission-tower`) and the metrics
-/// sink (`admission-events`), which nothing in the workspace enables by default.
+/// (`admission-redis`), the tower layer's refusal mappings and fleet quotas (`admission-tower`)
+/// and the metrics sink (`admission-events`), which nothing in the workspace enables by default.
 const FEATURES: &[&str] = &[
     "--features",
     "admission-db/r2d2-sqlite,admission-db/r2d2-postgres,admission-db/deadpool-postgres,\
      admission-db/sqlx-sqlite,admission-db/sqlx-postgres,admission-db/contract,\
      admission-db/metrics,admission-redis/tls,admission-redis/metrics,admission-redis/test-util,\
-     admission-tower/http,admission-tower/grpc,admission-events/metrics",
+     admission-tower/http,admission-tower/grpc,admission-tower/fleet,admission-events/metrics",
 ];
 
 /// `before`, then [`FEATURES`], then `after`: one cargo command's arguments.

@@ -4,6 +4,8 @@
 
 mod concurrency;
 mod disconnect;
+#[cfg(feature = "fleet")]
+mod fleet;
 mod grpc;
 mod propagate;
 mod retry;

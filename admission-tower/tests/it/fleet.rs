@@ -1,0 +1,326 @@
+//! Feature `fleet`: [`QuotaLayer`] against the Redis `cargo xtask ci` starts
+//! (`ADMISSION_REDIS_URL`). Requests within the per-minute quota pass and the next one is a 429
+//! with the window's `Retry-After`; every byte of a response body is charged, exactly; a spent
+//! byte quota ends the body; a request naming no tenant is a 400; a Redis gone away is a 503.
+//!
+//! Without `ADMISSION_REDIS_URL` a test prints that it was skipped and returns, unless `CI=true`,
+//! where it fails.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use admission_redis::{Ceilings, Quotas, RedisAdmission, RedisAdmissionConfig};
+use admission_tower::fleet::QuotaLayer;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::routing::get;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+use crate::{PATIENCE, Server, fetch};
+
+/// The chunks `/chunks` sends, in order.
+const CHUNKS: [usize; 4] = [5, 1_000, 17, 64 * 1024];
+
+/// The shared server's host and port, or `None` (after saying why) when unset outside CI.
+fn redis(test: &str) -> Option<(String, u16)> {
+    match std::env::var("ADMISSION_REDIS_URL") {
+        Ok(url) if !url.is_empty() => {
+            let rest = url.trim_start_matches("redis://").trim_end_matches('/');
+            let (host, port) = rest
+                .rsplit_once(':')
+                .expect("ADMISSION_REDIS_URL has host:port");
+            Some((host.to_owned(), port.parse().expect("a port number")))
+        }
+        _ if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("{test}: ADMISSION_REDIS_URL is unset under CI=true")
+        }
+        _ => {
+            eprintln!(
+                "{test}: skipped: ADMISSION_REDIS_URL is unset (run `cargo xtask test` to start Redis)"
+            );
+            None
+        }
+    }
+}
+
+/// A config for a cell no other test (or earlier run) uses, with `quotas` and short timeouts.
+fn config(host: &str, port: u16, test: &str, quotas: Quotas) -> RedisAdmissionConfig {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let cell = format!(
+        "tower-{test}-{}-{}-{nanos}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let ceilings = Ceilings {
+        service_bytes: 1 << 30,
+        service_transfers: 64,
+        tenant_bytes: 1 << 30,
+        tenant_transfers: 64,
+        backend_transfers: 64,
+    };
+    let mut config = RedisAdmissionConfig::new(host, port, cell, ceilings);
+    config.key_prefix = "it".into();
+    config.quotas = Some(quotas);
+    config.lease_ttl = Duration::from_secs(3);
+    config.renew_every = Duration::from_secs(1);
+    config.connect_timeout = Duration::from_millis(300);
+    config.response_timeout = Duration::from_millis(700);
+    config.recover_created_cells = false;
+    config
+}
+
+async fn connect(config: RedisAdmissionConfig) -> RedisAdmission {
+    RedisAdmission::connect(config)
+        .await
+        .expect("connects to the test server")
+}
+
+/// Waits out the current server-time minute when less than 10 s of it is left, so that a test's
+/// requests all fall in one window (a probe tenant's charge reads the time left).
+async fn clear_of_window_end(fleet: &RedisAdmission) {
+    let probe = fleet
+        .charge_request("probe")
+        .await
+        .expect("charges the probe");
+    if probe.window_left < Duration::from_secs(10) {
+        tokio::time::sleep(probe.window_left + Duration::from_millis(100)).await;
+    }
+}
+
+/// `/hello` and `/chunks` ([`CHUNKS`] as separate frames), behind a [`QuotaLayer`] charging
+/// the tenant of the `x-tenant` header.
+fn app(fleet: RedisAdmission) -> Router {
+    let tenant = |request: &Request| {
+        let value = request.headers().get("x-tenant")?;
+        value.to_str().ok().map(str::to_owned)
+    };
+    Router::new()
+        .route("/hello", get(|| async { "hello" }))
+        .route(
+            "/chunks",
+            get(|| async {
+                let chunks = CHUNKS.map(|len| Ok::<_, Infallible>(Bytes::from(vec![b'x'; len])));
+                Body::from_stream(futures::stream::iter(chunks))
+            }),
+        )
+        .layer(QuotaLayer::new(fleet, tenant))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_within_the_quota_pass_and_the_next_is_429() {
+    let Some((host, port)) = redis("requests_within_the_quota_pass_and_the_next_is_429") else {
+        return;
+    };
+    const N: u64 = 3;
+    let quotas = Quotas {
+        requests_per_minute: N,
+        bytes_per_hour: 1 << 30,
+    };
+    let fleet = connect(config(&host, port, "requests", quotas)).await;
+    clear_of_window_end(&fleet).await;
+    let server = Server::start(app(fleet.clone())).await;
+
+    for i in 0..N {
+        let (status, retry_after, body) = fetch(server.addr, "/hello", &[("x-tenant", "a")]).await;
+        assert_eq!((status, body.as_str()), (200, "hello"), "request {i}");
+        assert_eq!(retry_after, None);
+    }
+    let (status, retry_after, body) = fetch(server.addr, "/hello", &[("x-tenant", "a")]).await;
+    assert_eq!(status, 429, "{body}");
+    let secs: u64 = retry_after.expect("a 429 has Retry-After").parse().unwrap();
+    assert!((1..=60).contains(&secs), "Retry-After {secs}");
+    assert!(
+        body.contains("requests-per-minute quota exceeded"),
+        "{body}"
+    );
+
+    // Another tenant has a quota of its own.
+    let (status, _, _) = fetch(server.addr, "/hello", &[("x-tenant", "b")]).await;
+    assert_eq!(status, 200);
+    // The refused request was not counted: the tenant has used exactly N.
+    let refused = fleet.charge_request("a").await.unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            admission_redis::QuotaError::Exceeded {
+                used: N,
+                limit: N,
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_delivered_byte_is_charged_exactly() {
+    let Some((host, port)) = redis("every_delivered_byte_is_charged_exactly") else {
+        return;
+    };
+    let quotas = Quotas {
+        requests_per_minute: 100,
+        bytes_per_hour: 1 << 30,
+    };
+    let fleet = connect(config(&host, port, "bytes", quotas)).await;
+    clear_of_window_end(&fleet).await;
+    let server = Server::start(app(fleet.clone())).await;
+
+    let mut sent = 0;
+    for _ in 0..2 {
+        let (status, _, body) = fetch(server.addr, "/chunks", &[("x-tenant", "c")]).await;
+        assert_eq!(status, 200);
+        sent += body.len() as u64;
+    }
+    let (_, _, hello) = fetch(server.addr, "/hello", &[("x-tenant", "c")]).await;
+    sent += hello.len() as u64;
+    assert_eq!(sent, 2 * CHUNKS.iter().sum::<usize>() as u64 + 5);
+
+    // Each frame is charged before it is yielded: once the bodies are read, all is counted.
+    let used = fleet.charge_delivered("c", 0).await.unwrap();
+    assert_eq!(used.used, sent);
+    let other = fleet.charge_delivered("d", 0).await.unwrap();
+    assert_eq!(other.used, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_byte_quota_ends_the_body() {
+    let Some((host, port)) = redis("a_spent_byte_quota_ends_the_body") else {
+        return;
+    };
+    // The first two chunks fit (1005 bytes), the third does not.
+    let quotas = Quotas {
+        requests_per_minute: 100,
+        bytes_per_hour: 1_010,
+    };
+    let fleet = connect(config(&host, port, "spent", quotas)).await;
+    clear_of_window_end(&fleet).await;
+    let server = Server::start(app(fleet.clone())).await;
+
+    let response = server.get("/chunks", &[("x-tenant", "e")]).await;
+    assert_eq!(response.status().as_u16(), 200);
+    let mut body = response.into_body();
+    let mut received = 0;
+    let ended = tokio::time::timeout(PATIENCE, async {
+        loop {
+            match body.frame().await {
+                Some(Ok(frame)) => received += frame.data_ref().map_or(0, Bytes::len),
+                Some(Err(_)) => return true,
+                None => return false,
+            }
+        }
+    })
+    .await
+    .expect("the body ends");
+    assert!(ended, "the body ends with an error, not cleanly");
+    assert_eq!(received, CHUNKS[0] + CHUNKS[1]);
+    let used = fleet.charge_delivered("e", 0).await.unwrap();
+    assert_eq!(used.used, received as u64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_naming_no_tenant_is_400() {
+    let Some((host, port)) = redis("a_request_naming_no_tenant_is_400") else {
+        return;
+    };
+    let quotas = Quotas {
+        requests_per_minute: 100,
+        bytes_per_hour: 1 << 30,
+    };
+    let fleet = connect(config(&host, port, "anonymous", quotas)).await;
+    let server = Server::start(app(fleet)).await;
+    let (status, retry_after, body) = fetch(server.addr, "/hello", &[]).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(retry_after, None);
+    assert!(body.contains("names no tenant"), "{body}");
+}
+
+/// A TCP forwarder to Redis that the test can shut: its port closes and every connection
+/// through it is cut.
+struct Proxy {
+    port: u16,
+    tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    accept: JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(host: &str, port: u16) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let local = listener.local_addr().unwrap().port();
+        let tasks: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let target = format!("{host}:{port}");
+        let spawned = tasks.clone();
+        let accept = tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    return;
+                };
+                let target = target.clone();
+                let task = tokio::spawn(async move {
+                    if let Ok(mut server) = TcpStream::connect(&target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+                spawned.lock().unwrap().push(task);
+            }
+        });
+        Proxy {
+            port: local,
+            tasks,
+            accept,
+        }
+    }
+
+    /// Closes the port and cuts every connection.
+    async fn shut(self) {
+        self.accept.abort();
+        let _ = self.accept.await;
+        for task in self.tasks.lock().unwrap().drain(..) {
+            task.abort();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_unreachable_is_503() {
+    let Some((host, port)) = redis("redis_unreachable_is_503") else {
+        return;
+    };
+    let quotas = Quotas {
+        requests_per_minute: 100,
+        bytes_per_hour: 1 << 30,
+    };
+    let proxy = Proxy::start(&host, port).await;
+    let fleet = connect(config("127.0.0.1", proxy.port, "unreachable", quotas)).await;
+    let server = Server::start(app(fleet)).await;
+    let (status, _, _) = fetch(server.addr, "/hello", &[("x-tenant", "f")]).await;
+    assert_eq!(status, 200, "served while Redis is reachable");
+
+    proxy.shut().await;
+    let (status, retry_after, body) =
+        tokio::time::timeout(PATIENCE, fetch(server.addr, "/hello", &[("x-tenant", "f")]))
+            .await
+            .expect("the charge fails within its timeouts");
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    assert!(body.contains("failed on the coordinator"), "{body}");
+}
+
+#[test]
+fn the_layer_service_and_body_are_send_and_sync() {
+    fn send_sync<X: Send + Sync>() {}
+    type Tenant = fn(&Request) -> Option<String>;
+    send_sync::<QuotaLayer<Tenant>>();
+    send_sync::<admission_tower::fleet::Quota<Router, Tenant>>();
+    // As Sync as the inner body (axum's own `Body` is Send only).
+    send_sync::<admission_tower::fleet::QuotaBody<http_body_util::Full<Bytes>>>();
+    send_sync::<admission_tower::fleet::QuotaBodyError>();
+}
