@@ -7,13 +7,16 @@
 //!   its concurrency slot and window) and closes the loop with the upstream's answers.
 //! - [`RateLimitInfo`] reads a provider's rate-limit headers; reading never panics.
 //! - The spend cap ([`CostLedger`], a [`SpendGate`]) judges a call's price before admission and
-//!   never interrupts work.
+//!   never interrupts work; [`Registry::demand_within`] puts it in the call path (a
+//!   [`BudgetedCall`] whose [`CallReservation`] settles with the answer's usage, or a
+//!   [`CallError::OverBudget`] carrying the numbers).
 //!
 //! Everything here builds on `admission-accounts` and reads time only through the clock it is
 //! given; nothing here blocks but the monitor's own admit.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod budgeted;
 pub mod model_spec;
 pub mod provider;
 pub mod rate_limit_info;
@@ -25,6 +28,7 @@ pub mod spend;
 #[doc = include_str!("../../README.md")]
 struct ReadmeDoctests;
 
+pub use budgeted::{BudgetedCall, CallError, CallReservation};
 pub use model_spec::{ModelCatalog, ModelRef, ModelSpec, SpecError};
 pub use provider::{HttpGate, LimiterFactory, ModelCall, ProviderError, Registry};
 pub use rate_limit_info::RateLimitInfo;

@@ -805,7 +805,8 @@ impl Registry {
     /// max_output_tokens` tokens and one request from the model's bucket; one slot of the model
     /// gate where the spec declares `max_concurrent`; one call of the elastic window where it
     /// configures one. The price is the same tokens at the spec's prices, the reservation a
-    /// spend cap judges.
+    /// spend cap judges: [`demand_within`](Registry::demand_within) judges it against a
+    /// workflow's cap and reserves it before the call can wait.
     ///
     /// Charging the declared most output at the grant is how providers count a request against
     /// the quota when it starts, so the local bucket spends what the provider's does, at the same

@@ -20,11 +20,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use admission_core::{Account, Amount, Answer, Ask, Clock, Instant};
+use admission_llm::spend::SpendGate;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::stats::{Holding, JobOutcome, add_duration};
 use crate::workload::{JobPlan, StepPlan};
-use crate::world::{DB, HTTP, Next, World};
+use crate::world::{DB, HTTP, Next, World, settle};
 
 /// The chain's own semaphores and its line counters.
 #[derive(Debug)]
@@ -95,11 +96,18 @@ struct Held<'w> {
 
 /// Runs one agent through the chain.
 pub async fn run_job(world: Arc<World>, chain: Arc<Chain>, job: Arc<JobPlan>) {
-    let outcome = job_steps(&world, &chain, &job).await;
+    let budget = world.budget(&job);
+    let outcome = job_steps(&world, &chain, &job, &*budget).await;
+    world.job_spent(&budget);
     world.metrics.job_ended(job.model, &outcome, world.now());
 }
 
-async fn job_steps(world: &World, chain: &Chain, job: &JobPlan) -> JobOutcome {
+async fn job_steps(
+    world: &World,
+    chain: &Chain,
+    job: &JobPlan,
+    budget: &dyn SpendGate,
+) -> JobOutcome {
     let clock = &world.clock;
     if world.stop.sleep(clock.to_real(job.start_after)).await {
         return JobOutcome::Cancelled;
@@ -107,6 +115,12 @@ async fn job_steps(world: &World, chain: &Chain, job: &JobPlan) -> JobOutcome {
     for (index, step) in job.steps.iter().enumerate() {
         let mut attempt = 0;
         loop {
+            // The same price and cap as the monitor's steps, judged before any wait (the chain
+            // takes its own limits, so only the reservation of the priced call is kept).
+            let reservation = match world.price_step(job, step, budget) {
+                Ok((_, reservation)) => reservation,
+                Err(outcome) => return outcome,
+            };
             let held = match acquire(world, chain, job, step).await {
                 Ok(held) => held,
                 Err(outcome) => return outcome,
@@ -116,6 +130,7 @@ async fn job_steps(world: &World, chain: &Chain, job: &JobPlan) -> JobOutcome {
                 Ok(response) => response,
                 Err(error) => return JobOutcome::Failed(format!("{error:#}")),
             };
+            settle(reservation, step, &response);
             let next = world.feedback(job.model, &response, attempt);
             if next == Next::Done {
                 clock.sleep(step.tool_time).await;

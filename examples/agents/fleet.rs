@@ -21,13 +21,15 @@ use std::time::Duration;
 
 use admission_core::{AdmitError, Grant, JobContext, Monitor};
 use admission_db::r2d2_sqlite::SqliteHandle;
+use admission_llm::CallReservation;
+use admission_llm::spend::SpendGate;
 
 use crate::cells::StepReport;
 use crate::provider_http::HttpAnswer;
 use crate::results::Results;
 use crate::stats::{Holding, JobOutcome, add_duration};
 use crate::workload::{JobPlan, StepPlan};
-use crate::world::{Next, World, result_row, step_report};
+use crate::world::{Next, World, result_row, settle, step_report};
 
 /// What an admission error means for the job.
 enum Failure {
@@ -87,7 +89,9 @@ fn call_failed(error: anyhow::Error) -> JobOutcome {
 
 /// Runs one agent as a tokio task.
 pub async fn run_job(world: Arc<World>, monitor: Monitor, job: Arc<JobPlan>, ctx: JobContext) {
-    let outcome = job_steps(&world, &monitor, &job, &ctx).await;
+    let budget = world.budget(&job);
+    let outcome = job_steps(&world, &monitor, &job, &ctx, &*budget).await;
+    world.job_spent(&budget);
     if let Some(cells) = &world.cells {
         cells.job_ended(&job.name, &outcome);
     }
@@ -99,6 +103,7 @@ async fn job_steps(
     monitor: &Monitor,
     job: &JobPlan,
     ctx: &JobContext,
+    budget: &dyn SpendGate,
 ) -> JobOutcome {
     let clock = &world.clock;
     if world.stop.sleep(clock.to_real(job.start_after)).await {
@@ -107,9 +112,11 @@ async fn job_steps(
     for (index, step) in job.steps.iter().enumerate() {
         let mut attempt = 0;
         loop {
-            let demand = match world.step_demand(job, step) {
-                Ok(demand) => demand,
-                Err(error) => return JobOutcome::Failed(format!("{error:#}")),
+            // Priced against the workflow's cap first: a step it refuses ends the job before
+            // it waits for anything.
+            let (demand, reservation) = match world.step_demand(job, step, budget) {
+                Ok(priced) => priced,
+                Err(outcome) => return outcome,
             };
             // In a fleet run, the model's fleet lease first, held while the local demand is
             // admitted and the call runs; nothing local is held while it waits.
@@ -127,7 +134,9 @@ async fn job_steps(
             let work = async {
                 match monitor.admit(demand, ctx, timeout).await {
                     Ok(grant) => {
-                        match attempt_call(world, job, index, attempt, step, grant).await {
+                        match attempt_call(world, job, index, attempt, step, grant, reservation)
+                            .await
+                        {
                             Attempt::Next(stepped) => Ok(stepped),
                             Attempt::Fail(outcome) => Err(outcome),
                         }
@@ -178,6 +187,7 @@ async fn attempt_call(
     attempt: u32,
     step: &StepPlan,
     grant: Grant,
+    reservation: CallReservation,
 ) -> Attempt {
     let db = match open_results(world, step).await {
         Ok(db) => db,
@@ -189,6 +199,7 @@ async fn attempt_call(
         Ok(response) => response,
         Err(error) => return Attempt::Fail(call_failed(error)),
     };
+    settle(reservation, step, &response);
     let next = world.feedback(job.model, &response, attempt);
     if next == Next::Done {
         world.clock.sleep(step.tool_time).await;
@@ -277,7 +288,9 @@ fn retry(world: &World, attempt: &mut u32, next: Next) -> Result<Option<Duration
 
 /// Runs one agent on a blocking thread, admitting with [`Monitor::admit_blocking`].
 pub fn run_job_blocking(world: Arc<World>, monitor: Monitor, job: Arc<JobPlan>, ctx: JobContext) {
-    let outcome = job_steps_blocking(&world, &monitor, &job, &ctx);
+    let budget = world.budget(&job);
+    let outcome = job_steps_blocking(&world, &monitor, &job, &ctx, &*budget);
+    world.job_spent(&budget);
     if let Some(cells) = &world.cells {
         cells.job_ended(&job.name, &outcome);
     }
@@ -289,6 +302,7 @@ fn job_steps_blocking(
     monitor: &Monitor,
     job: &JobPlan,
     ctx: &JobContext,
+    budget: &dyn SpendGate,
 ) -> JobOutcome {
     let clock = &world.clock;
     if world.stop.sleep_blocking(clock.to_real(job.start_after)) {
@@ -297,9 +311,11 @@ fn job_steps_blocking(
     for (index, step) in job.steps.iter().enumerate() {
         let mut attempt = 0;
         loop {
-            let demand = match world.step_demand(job, step) {
-                Ok(demand) => demand,
-                Err(error) => return JobOutcome::Failed(format!("{error:#}")),
+            // Priced against the workflow's cap first: a step it refuses ends the job before
+            // it waits for anything.
+            let (demand, reservation) = match world.step_demand(job, step, budget) {
+                Ok(priced) => priced,
+                Err(outcome) => return outcome,
             };
             let lease = match &world.cells {
                 Some(cells) => {
@@ -317,7 +333,13 @@ fn job_steps_blocking(
                     "the fleet lease was lost: {reason}"
                 ))),
                 None => attempt_blocking(
-                    world, monitor, ctx, job, index, attempt, step, demand, timeout,
+                    world,
+                    monitor,
+                    ctx,
+                    job,
+                    (index, attempt, step),
+                    (demand, reservation),
+                    timeout,
                 ),
             };
             if let (Some(cells), Some(lease)) = (&world.cells, lease) {
@@ -350,10 +372,8 @@ fn attempt_blocking(
     monitor: &Monitor,
     ctx: &JobContext,
     job: &JobPlan,
-    index: usize,
-    attempt: u32,
-    step: &StepPlan,
-    demand: admission_core::Demand,
+    (index, attempt, step): (usize, u32, &StepPlan),
+    (demand, reservation): (admission_core::Demand, CallReservation),
     timeout: Option<Duration>,
 ) -> Result<Stepped, JobOutcome> {
     let clock = &world.clock;
@@ -372,6 +392,7 @@ fn attempt_blocking(
     let response = world
         .call_blocking(job, index, attempt, step)
         .map_err(call_failed)?;
+    settle(reservation, step, &response);
     let next = world.feedback(job.model, &response, attempt);
     if next == Next::Done {
         std::thread::sleep(clock.to_real(step.tool_time));

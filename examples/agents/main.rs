@@ -87,6 +87,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use admission_llm::model_spec::ModelCatalog;
+use admission_llm::spend::Money;
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum, value_parser};
 
@@ -161,6 +162,14 @@ struct Args {
     /// Retries of a step after a 429, a 529 or an open circuit.
     #[arg(long, default_value_t = 5, value_parser = value_parser!(u32).range(0..=50))]
     retries: u32,
+
+    /// Each agent's (workflow's) spend cap, in micro-units of the catalog's prices: every step is
+    /// priced (prompt + declared most output) against it before it may wait, and a step it
+    /// refuses ends its agent over budget, an expected outcome `--check` accepts. The default,
+    /// 1 unit, is more than any agent of the workload spends (the most, seed 42: 0.105); 60000
+    /// (0.06 units) stops the longest model-a agents.
+    #[arg(long, default_value_t = 1_000_000)]
+    budget_micros: u64,
 
     /// How long one admission may wait, in simulated seconds.
     #[arg(long, default_value_t = 1_800, value_parser = value_parser!(u64).range(1..=604_800))]
@@ -371,6 +380,7 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
                 admit_timeout: Duration::from_secs(args.admit_timeout),
                 retries: args.retries,
                 seed: args.seed,
+                budget: Money::from_micros(args.budget_micros),
             },
             out_dir: &out_dir,
             interrupt: interrupt.clone(),

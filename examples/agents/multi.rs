@@ -1686,6 +1686,7 @@ pub fn fleet_report(reports: &[MemberReport]) -> MemberReport {
         f.total += o.total;
         f.completed += o.completed;
         f.gave_up += o.gave_up;
+        f.over_budget += o.over_budget;
         f.timed_out += o.timed_out;
         f.cancelled += o.cancelled;
         f.failed += o.failed;

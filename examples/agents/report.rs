@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use admission_llm::spend::Money;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
@@ -95,6 +96,29 @@ pub struct ResultsReading {
     pub checked_out: u64,
 }
 
+/// What the workflows spent against their spend caps (each agent is one workflow with the same
+/// cap). Amounts in the catalog's currency.
+#[derive(Clone, Debug, Serialize)]
+pub struct SpendReading {
+    /// Workflows (agents), each with its own cap.
+    pub workflows: u64,
+    /// One workflow's cap.
+    pub cap_each: Money,
+    /// What every workflow spent, settled from the answers' usage.
+    pub spent: Money,
+    /// The most one workflow spent.
+    pub most_spent: Money,
+    /// Steps whose price a cap refused before they waited (each ends its workflow).
+    pub refused_for_money: u64,
+}
+
+impl SpendReading {
+    /// The caps of every workflow together.
+    pub fn cap_total(&self) -> Money {
+        Money::from_micros(self.cap_each.micros().saturating_mul(self.workflows))
+    }
+}
+
 /// Everything a run reports.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunSummary {
@@ -140,6 +164,8 @@ pub struct RunSummary {
     pub leaks: Vec<String>,
     /// The results database (monitor runs only).
     pub results: Option<ResultsReading>,
+    /// The workflows' spend against their caps.
+    pub spend: SpendReading,
     /// The first failure messages.
     pub failures: Vec<String>,
     /// Files written.
@@ -288,15 +314,27 @@ impl RunSummary {
         }
         let _ = writeln!(
             out,
-            "ran {:.1} s real = {} simulated; jobs: {} completed, {} gave up, {} timed out, {} cancelled, {} failed, {} never ended",
+            "ran {:.1} s real = {} simulated; jobs: {} completed, {} over budget, {} gave up, {} timed out, {} cancelled, {} failed, {} never ended",
             self.real_seconds,
             span(self.simulated_seconds),
             o.completed,
+            o.over_budget,
             o.gave_up,
             o.timed_out,
             o.cancelled,
             o.failed,
             o.total.saturating_sub(o.ended())
+        );
+        let sp = &self.spend;
+        let _ = writeln!(
+            out,
+            "spend: {} spent of {} capped ({} workflows x {}), most by one workflow {}; {} calls refused for money",
+            sp.spent,
+            sp.cap_total(),
+            sp.workflows,
+            sp.cap_each,
+            sp.most_spent,
+            sp.refused_for_money
         );
         let _ = writeln!(
             out,
@@ -427,7 +465,9 @@ impl RunSummary {
     /// Nothing over capacity (exact peaks and sampled peaks of every permit limit, the provider's
     /// true concurrency never exceeded), every job ended and none was cancelled or failed (nor,
     /// under the monitor, timed out), nothing held or parked once the run is over, and the
-    /// results database holds one row per stored result with no connection checked out.
+    /// results database holds one row per stored result with no connection checked out. A job
+    /// its workflow's spend cap stopped is an expected end; a workflow that spent past its cap
+    /// is a problem.
     pub fn problems(&self) -> Vec<String> {
         self.problems_judging(true)
     }
@@ -467,6 +507,19 @@ impl RunSummary {
             if n > 0 && (strict || what != "timed out") {
                 problems.push(format!("{name}: {n} jobs {what}"));
             }
+        }
+        // Answers never bill past what a step declared, so no workflow may pass its cap.
+        if self.spend.most_spent > self.spend.cap_each {
+            problems.push(format!(
+                "{name}: a workflow spent {} past its cap {}",
+                self.spend.most_spent, self.spend.cap_each
+            ));
+        }
+        if self.spend.refused_for_money != o.over_budget {
+            problems.push(format!(
+                "{name}: {} calls refused for money but {} jobs ended over budget",
+                self.spend.refused_for_money, o.over_budget
+            ));
         }
         for l in &self.limits {
             let permits = l.peak_exact.is_some();
@@ -535,6 +588,12 @@ pub fn side_by_side(monitor: &RunSummary, chain: &RunSummary) -> String {
     row("simulated time", &|s| span(s.simulated_seconds));
     row("jobs completed", &|s| {
         format!("{} / {}", s.outcomes.completed, s.outcomes.total)
+    });
+    row("jobs over budget / refused for money", &|s| {
+        format!("{} / {}", s.outcomes.over_budget, s.spend.refused_for_money)
+    });
+    row("spent of capped", &|s| {
+        format!("{} of {}", s.spend.spent, s.spend.cap_total())
     });
     row("jobs timed out / gave up", &|s| {
         format!("{} / {}", s.outcomes.timed_out, s.outcomes.gave_up)

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use admission_core::{Clock, EventSink, JobContext, Monitor};
 use admission_llm::model_spec::ModelCatalog;
+use admission_llm::spend::Money;
 use anyhow::Context as _;
 use tokio::task::JoinSet;
 
@@ -567,6 +568,13 @@ fn summarize(
         longest_line: timeline.longest_line(),
         leaks,
         results: None,
+        spend: report::SpendReading {
+            workflows: metrics.jobs_total,
+            cap_each: world.settings.budget,
+            spent: Money::from_micros(metrics.spent_micros.load(Ordering::Relaxed)),
+            most_spent: Money::from_micros(metrics.most_spent_micros.load(Ordering::Relaxed)),
+            refused_for_money: metrics.refused_for_money.load(Ordering::Relaxed),
+        },
         failures: metrics.failures(),
         files,
     }

@@ -24,6 +24,9 @@ pub enum JobOutcome {
     TimedOut,
     /// Cancelled: Ctrl-C or the run's deadline.
     Cancelled,
+    /// The workflow's spend cap refused a step's price (the refusal says the numbers): an
+    /// expected end, not a failure.
+    OverBudget(String),
     /// Anything else (a refusal that retrying cannot fix, a bug); the message says what.
     Failed(String),
 }
@@ -119,6 +122,13 @@ pub struct Metrics {
     timed_out: AtomicU64,
     cancelled: AtomicU64,
     failed: AtomicU64,
+    over_budget: AtomicU64,
+    /// Steps whose price a workflow's spend cap refused (each ends its job).
+    pub refused_for_money: AtomicU64,
+    /// What the workflows spent, in micro-units, summed as each job ends.
+    pub spent_micros: AtomicU64,
+    /// The most one workflow spent, in micro-units.
+    pub most_spent_micros: AtomicU64,
     /// Admissions (or chain acquisitions) that produced a grant.
     pub grants: AtomicU64,
     /// Calls retried after a 429 or 529.
@@ -159,12 +169,20 @@ pub struct Outcomes {
     pub cancelled: u64,
     /// Failed otherwise.
     pub failed: u64,
+    /// Stopped by the workflow's spend cap (expected, not a failure).
+    #[serde(default)]
+    pub over_budget: u64,
 }
 
 impl Outcomes {
     /// Jobs that reached an end of any kind.
     pub fn ended(&self) -> u64 {
-        self.completed + self.gave_up + self.timed_out + self.cancelled + self.failed
+        self.completed
+            + self.gave_up
+            + self.timed_out
+            + self.cancelled
+            + self.failed
+            + self.over_budget
     }
 }
 
@@ -183,6 +201,10 @@ impl Metrics {
             timed_out: AtomicU64::new(0),
             cancelled: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            over_budget: AtomicU64::new(0),
+            refused_for_money: AtomicU64::new(0),
+            spent_micros: AtomicU64::new(0),
+            most_spent_micros: AtomicU64::new(0),
             grants: AtomicU64::new(0),
             retries: AtomicU64::new(0),
             http_held_ns: AtomicU64::new(0),
@@ -252,6 +274,7 @@ impl Metrics {
             JobOutcome::GaveUp => &self.gave_up,
             JobOutcome::TimedOut => &self.timed_out,
             JobOutcome::Cancelled => &self.cancelled,
+            JobOutcome::OverBudget(_) => &self.over_budget,
             JobOutcome::Failed(message) => {
                 if let Ok(mut failures) = self.failures.lock()
                     && failures.len() < 5
@@ -279,7 +302,15 @@ impl Metrics {
             timed_out: self.timed_out.load(Ordering::Acquire),
             cancelled: self.cancelled.load(Ordering::Acquire),
             failed: self.failed.load(Ordering::Acquire),
+            over_budget: self.over_budget.load(Ordering::Acquire),
         }
+    }
+
+    /// Adds what one workflow spent (in micro-units) once its job ended.
+    pub fn record_spend(&self, spent_micros: u64) {
+        self.spent_micros.fetch_add(spent_micros, Ordering::Relaxed);
+        self.most_spent_micros
+            .fetch_max(spent_micros, Ordering::Relaxed);
     }
 
     /// The first failure messages.

@@ -20,6 +20,8 @@ use admission_core::{Amount, Clock, Demand};
 use admission_llm::model_spec::ModelCatalog;
 use admission_llm::provider::Registry;
 use admission_llm::rate_limit_info::RateLimitInfo;
+use admission_llm::spend::{CostLedger, Money, SpendGate};
+use admission_llm::{CallError, CallReservation};
 use admission_redis::{CallReport, Upstream};
 use anyhow::Context as _;
 
@@ -29,7 +31,7 @@ use crate::provider_http::{HttpAnswer, ProviderClient, ProviderServer};
 use crate::provider_sim::{Provider, Request, Status};
 use crate::results::{Results, Row};
 use crate::rng;
-use crate::stats::{Gauge, Metrics};
+use crate::stats::{Gauge, JobOutcome, Metrics};
 use crate::stop::Stop;
 use crate::workload::{JobPlan, StepPlan};
 
@@ -57,6 +59,8 @@ pub struct Settings {
     pub retries: u32,
     /// The seed of the workload and of the provider's draws.
     pub seed: u64,
+    /// Each workflow's (agent's) spend cap: every step is priced against it before it may wait.
+    pub budget: Money,
 }
 
 /// What a job does after a call's answer.
@@ -187,30 +191,77 @@ impl World {
         self.clock.elapsed()
     }
 
-    /// One step's whole demand: the model call from [`Registry::demand_for`] (HTTP connection,
-    /// tokens and a request, the model gate and window where the catalog has them), plus a
-    /// permit on the results provider's gate and a search call when the step needs them.
+    /// A fresh spend cap for `job`'s workflow: [`Settings::budget`], nothing spent.
+    pub fn budget(&self, job: &JobPlan) -> Arc<CostLedger> {
+        CostLedger::new(job.name.clone(), self.settings.budget)
+    }
+
+    /// Records what `budget`'s workflow spent, once its job has ended.
+    pub fn job_spent(&self, budget: &CostLedger) {
+        self.metrics.record_spend(budget.spent().micros());
+    }
+
+    /// Prices one step against its workflow's cap ([`Registry::demand_within`]): the step's
+    /// reservation, and the model call's demand (HTTP connection, tokens and a request, the model
+    /// gate and window where the catalog has them). A step the cap refuses ends its job with
+    /// [`JobOutcome::OverBudget`] at once, before it waits for anything.
     ///
     /// # Errors
     ///
-    /// When the model is not registered, or a step needs the database in a world without one.
-    pub fn step_demand(&self, job: &JobPlan, step: &StepPlan) -> anyhow::Result<Demand> {
-        let call = self
-            .registry
-            .demand_for(job.model, step.input_tokens, step.max_output_tokens)
-            .with_context(|| format!("building the demand of {}", job.name))?;
-        let mut demand = call.demand;
+    /// [`JobOutcome::OverBudget`] (counted in `refused_for_money`), or [`JobOutcome::Failed`]
+    /// when the model is not registered.
+    pub fn price_step(
+        &self,
+        job: &JobPlan,
+        step: &StepPlan,
+        budget: &dyn SpendGate,
+    ) -> Result<(Demand, CallReservation), JobOutcome> {
+        match self.registry.demand_within(
+            job.model,
+            step.input_tokens,
+            step.max_output_tokens,
+            budget,
+        ) {
+            Ok(priced) => Ok((priced.call.demand, priced.reservation)),
+            Err(CallError::OverBudget(refused)) => {
+                self.metrics
+                    .refused_for_money
+                    .fetch_add(1, Ordering::Relaxed);
+                Err(JobOutcome::OverBudget(refused.to_string()))
+            }
+            Err(error) => Err(JobOutcome::Failed(format!(
+                "building the demand of {}: {error}",
+                job.name
+            ))),
+        }
+    }
+
+    /// One step's whole demand, priced against `budget` ([`price_step`](World::price_step)),
+    /// plus a permit on the results provider's gate and a search call when the step needs them.
+    ///
+    /// # Errors
+    ///
+    /// As [`price_step`](World::price_step), and [`JobOutcome::Failed`] when a step needs the
+    /// database in a world without one.
+    pub fn step_demand(
+        &self,
+        job: &JobPlan,
+        step: &StepPlan,
+        budget: &dyn SpendGate,
+    ) -> Result<(Demand, CallReservation), JobOutcome> {
+        let (mut demand, reservation) = self.price_step(job, step, budget)?;
         if step.uses_db {
-            let results = self
-                .results
-                .as_ref()
-                .context("a step needs the database, and this run has none")?;
+            let Some(results) = self.results.as_ref() else {
+                return Err(JobOutcome::Failed(
+                    "a step needs the database, and this run has none".into(),
+                ));
+            };
             demand.add(results.gate().clone(), Amount::ONE);
         }
         if step.uses_search {
             demand.add(self.search.clone(), Amount::ONE);
         }
-        Ok(demand)
+        Ok((demand, reservation))
     }
 
     /// Sends one step's call to the provider over HTTP; returns once the provider has answered,
@@ -344,6 +395,17 @@ fn call_report(answer: &HttpAnswer) -> CallReport {
         upstream,
         tokens_left: answer.rate_limit.token_remaining,
     }
+}
+
+/// Settles a step's reservation with what the answer says was billed: the prompt and the output
+/// of a call that ran, nothing for a 429 or a 529 (the provider bills neither). The rest of the
+/// reservation goes back to the workflow's cap.
+pub fn settle(reservation: CallReservation, step: &StepPlan, answer: &HttpAnswer) {
+    let (input, output) = match answer.status {
+        Status::Ok => (step.input_tokens, step.output_tokens),
+        Status::RateLimited | Status::Overloaded => (0, 0),
+    };
+    let _ = reservation.settle(input, output);
 }
 
 /// What a step stores once its call answered: `ok` with the tokens used, or the refusal with none.
