@@ -493,7 +493,7 @@ mod sqlx_postgres {
                 ]
             );
             for (name, _, unit, _) in &all {
-                let want = if name.ends_with("_time") {
+                let want = if name.ends_with("_seconds") {
                     Unit::Seconds
                 } else {
                     Unit::Count
