@@ -6,7 +6,7 @@
 //! frame of the response body to the tenant's per-hour delivered-bytes quota
 //! ([`RedisAdmission::charge_delivered`]) just before the frame leaves ([`QuotaBody`]). Both
 //! quotas are counted in Redis on the server's clock, so every instance of the service shares
-//! them; the cell's config must enable them ([`RedisAdmissionConfig::quotas`]).
+//! them; the cell's config must enable them ([`RedisAdmissionConfig::quotas`](admission_redis::RedisAdmissionConfig::quotas)).
 //!
 //! # Requests
 //!
