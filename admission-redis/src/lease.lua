@@ -235,10 +235,10 @@ local function call(KEYS, ARGV)
 
   -- Tells instance `to` that the hand-off granted lease `id` to its acquisition `nonce` (see the
   -- notices at the top), with the counters `o` after the grant.
-  local function notify(to, id, nonce, token, o)
+  local function notify(to, id, nonce, token, expiry, o)
     local key = string.sub(events, 1, -8) .. ':to:' .. to
     redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', 'lease', id, 'nonce', nonce,
-      'token', token, 'policy', version, 'time_ms', now_ms,
+      'token', token, 'policy', version, 'time_ms', now_ms, 'expiry', expiry,
       'occupancy', string.format('%.0f %.0f %.0f %.0f %.0f', o[1], o[2], o[3], o[4], o[5]))
     redis.call('PEXPIRE', key, TTL)
   end
@@ -378,7 +378,8 @@ local function call(KEYS, ARGV)
     local granted = 0
     for _, id in ipairs(waiting) do
       local q = redis.call('HGET', occ, 'q:' .. id)
-      local alive = tonumber(redis.call('ZSCORE', live, id) or '0') >= now_ms
+      local live_until = tonumber(redis.call('ZSCORE', live, id) or '0')
+      local alive = live_until >= now_ms
       if not q then
         redis.call('ZREM', line, id)
         redis.call('ZREM', live, id)
@@ -396,8 +397,12 @@ local function call(KEYS, ARGV)
         local need = { f, 1, f, 1, 1, f, tonumber(w[6]) }
         if not short_on(o, need, tb_max, tt_max, r, blocked) then
           unqueue(id)
-          local token = grant(id, w[2], w[3], w[4], w[6], w[5], TTL, o, w[7], 'handoff')
-          if w[8] then notify(w[8], id, w[7], token, o) end
+          -- The grant lives no longer than its waiter's liveness: a waiter that died in the
+          -- line holds nothing past it (its process would never renew the lease), and a live
+          -- one, which renews its liveness every renew_every, renews the lease in time.
+          local token, expiry = grant(id, w[2], w[3], w[4], w[6], w[5],
+            math.min(TTL, live_until - now_ms), o, w[7], 'handoff')
+          if w[8] then notify(w[8], id, w[7], token, expiry, o) end
           granted = granted + 1
         elseif not head then
           head = head_of(w, o, tb_max, tt_max)

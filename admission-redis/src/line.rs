@@ -178,13 +178,18 @@ pub(crate) async fn acquire(
             // `sent + (time_ms - now_ms)`: its deadline counts from there.
             let began =
                 sent + Duration::from_millis(granted.time_ms.saturating_sub(refusal.now_ms));
+            // Its expiry counts from there too: one TTL, or less when the hand-off bounded the
+            // grant by this waiter's liveness.
+            let lives = granted.expiry_ms.map_or(config.lease_ttl, |expiry| {
+                Duration::from_millis(expiry.saturating_sub(granted.time_ms)).min(config.lease_ttl)
+            });
             return Ok(Lease::start(
                 shared.clone(),
                 request,
                 FencingToken(granted.token),
                 granted.policy_version,
                 granted.occupancy,
-                began + config.lease_ttl,
+                began + lives,
             ));
         }
         if Instant::now() >= deadline {

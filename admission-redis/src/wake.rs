@@ -49,6 +49,10 @@ pub(crate) struct Granted {
     /// The server's clock at the grant, read against the waiter's own refusal to place the
     /// lease's beginning on the local clock.
     pub(crate) time_ms: u64,
+    /// When the grant expires unless renewed, on the server's clock: at most one TTL after
+    /// `time_ms`, earlier when the waiter's liveness ran out sooner (the hand-off never grants
+    /// past it). `None` from a notice that does not say (one lease TTL).
+    pub(crate) expiry_ms: Option<u64>,
 }
 
 /// What a notice tells a waiter.
@@ -257,6 +261,7 @@ async fn read(cell: std::sync::Weak<Cell>, key: String, slots: Slots, seen: watc
                             policy_version: field("policy").parse().unwrap_or(0),
                             occupancy: Occupancy::from_fields(&numbers),
                             time_ms,
+                            expiry_ms: field("expiry").parse().ok(),
                         }));
                     }
                 }

@@ -12,7 +12,8 @@
 //! - `pause`: `CLIENT PAUSE` for `--chaos-pause-ms` ([`DEFAULT_PAUSE_MS`] by default; every
 //!   client's commands wait on the server).
 //! - `kill-member`: the last member is SIGKILLed. Its leases stay held until their TTL and its
-//!   waiting tickets until their liveness runs out (one TTL too), so the outage is the TTL.
+//!   waiting tickets until their liveness runs out (one TTL too; a ticket the line grants
+//!   before then gets a lease that expires with that liveness), so the outage is the TTL.
 //! - `kill-master`: on a private six-node Redis Cluster (`admission_redis::test_util`, started by
 //!   the parent for this fault), the master serving the first model's cell (its slot found with
 //!   `CLUSTER KEYSLOT` and `CLUSTER NODES`) is SIGKILLed. The parent polls until a replica took

@@ -340,6 +340,126 @@ async fn the_hand_off_never_grants_a_waiter_whose_liveness_ran_out() {
     );
 }
 
+/// A waiter that died in the line but whose liveness has not run out yet may still be granted by
+/// the hand-off; that grant expires with the liveness, not one TTL after the grant, so a dead
+/// process holds nothing later than one TTL after its last call (the chaos `kill-member` run's
+/// promise). With a grant living its full TTL the lease below is still held 1.1 s later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_to_a_dead_waiter_expires_with_its_liveness() {
+    let Some((host, port)) = server("dead_grant") else {
+        return;
+    };
+    let cell = cell("dead_grant");
+    let fleet = connect(config(&host, port, &cell, ceilings(10, 1, 10, 1, 1))).await;
+    let held = lease(&fleet, "held", "t", "d", 1).await;
+    let spec = format!("{host} {port} {cell} dead");
+    let (mut child, _) = child_process(
+        "line::waiter_process",
+        "ADMISSION_REDIS_WAITER",
+        &spec,
+        "WAITING",
+    );
+    wait_for_event(&fleet, &host, port, "queued", "dead").await;
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped by the OS");
+    // 2 s later on the cell's clock (the holder renewing), the dead waiter's 3 s of liveness
+    // have 1 s left: the release hands the lease to it.
+    held.renew_now().await.expect("renewed");
+    fleet
+        .advance_server_clock(Duration::from_millis(2_000))
+        .await
+        .expect("skew");
+    held.release(Outcome::Completed).await.expect("released");
+    assert_eq!(admissions(&fleet).await, ["held:admitted", "dead:handoff"]);
+    let snapshot = fleet.snapshot("t", "d").await.expect("snapshot");
+    assert_eq!((snapshot.leases, snapshot.reaped), (1, 0));
+    // 1.1 s more: past the liveness, 1.9 s before one TTL after the grant. Reaped.
+    fleet
+        .advance_server_clock(Duration::from_millis(1_100))
+        .await
+        .expect("skew");
+    let snapshot = fleet.snapshot("t", "d").await.expect("snapshot");
+    assert_eq!(
+        (
+            snapshot.reaped,
+            snapshot.leases,
+            snapshot.occupancy.service_transfers
+        ),
+        (1, 0, 0)
+    );
+    let expired: Vec<String> = read_events(&fleet)
+        .await
+        .expect("events")
+        .into_iter()
+        .filter(|e| e.kind == "expired")
+        .map(|e| e.lease)
+        .collect();
+    assert_eq!(expired, ["dead"]);
+}
+
+/// The other side of the bound, in real time: a live waiter renews its ticket's liveness every
+/// `renew_every` (1 s here), so a grant 1.5 s after it queued is bounded about 2.5 s ahead, short
+/// of the 3 s TTL; the lease's background renewal, scheduled from that shorter expiry, renews it
+/// before it, and the lease is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_waiter_renews_a_grant_bounded_by_its_liveness_in_time() {
+    let Some((host, port)) = server("live_grant") else {
+        return;
+    };
+    let cell = cell("live_grant");
+    let fleet = connect(config(&host, port, &cell, ceilings(10, 1, 10, 1, 1))).await;
+    let held = lease(&fleet, "held", "t", "d", 1).await;
+    let waiter = spawn_acquire(&fleet, "waiter", "t", "d", 1, Duration::from_secs(20));
+    wait_for_event(&fleet, &host, port, "queued", "waiter").await;
+    // Not a refill: the waiter's own liveness schedule has to run.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    held.release(Outcome::Completed).await.expect("released");
+    let lease = waiter.await.expect("task").expect("granted from the line");
+    let mut conn = blocking_connection(&host, port).await;
+    let exp = fleet.keys()[2].clone();
+    let mut score = async || -> u64 {
+        redis::cmd("ZSCORE")
+            .arg(&exp)
+            .arg("waiter")
+            .query_async::<Option<String>>(&mut conn)
+            .await
+            .expect("ZSCORE")
+            .and_then(|score| score.parse().ok())
+            .expect("the lease's expiry")
+    };
+    let granted_until = score().await;
+    let now = fleet
+        .snapshot("t", "d")
+        .await
+        .expect("snapshot")
+        .server_time_ms;
+    assert!(
+        granted_until + 300 < now + 3_000,
+        "a grant bounded by the liveness: expiry {granted_until}, server now {now}"
+    );
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    let renewed = loop {
+        let expiry = score().await;
+        if expiry > granted_until {
+            break expiry;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "not renewed past {granted_until}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let snapshot = fleet.snapshot("t", "d").await.expect("snapshot");
+    assert!(
+        snapshot.server_time_ms < granted_until,
+        "renewed to {renewed} only at {}, past the bounded expiry {granted_until}",
+        snapshot.server_time_ms
+    );
+    assert_eq!((snapshot.reaped, snapshot.leases), (0, 1));
+    assert!(lease.loss().is_none());
+    lease.release(Outcome::Completed).await.expect("released");
+}
+
 /// A second acquisition under the id of one that waits is a duplicate, refused at once: it
 /// never takes over the first one's place in the line, nor its grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
