@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use admission_core::{AdmitError, Amount, RefusalKind};
 
-use crate::retry::RetryAfter;
+use crate::retry::{LineFull, RetryAfter};
 
 /// How long a request waited for its grant, on the monitor's clock; zero when granted on
 /// arrival. Every admitted request carries it as a request extension.
@@ -90,6 +90,9 @@ pub enum Reason {
     TooLargeBytes,
     /// No demand could be built from the request ([`DemandError::invalid`]).
     Invalid,
+    /// The line was past the layer's [`LineBound`](crate::LineBound) when the request arrived:
+    /// refused at once, without waiting ([`Cause::Shed`] says how long the line was).
+    Shed,
     /// The job was cancelled through its context.
     Cancelled,
     /// Admission itself failed or ended: the monitor was stopped or closed by a defect, an
@@ -109,6 +112,7 @@ impl Reason {
             Reason::TooLarge => "too_large",
             Reason::TooLargeBytes => "too_large_bytes",
             Reason::Invalid => "invalid",
+            Reason::Shed => "shed",
             Reason::Cancelled => "cancelled",
             Reason::Unavailable => "unavailable",
             Reason::Misconfigured => "misconfigured",
@@ -126,12 +130,17 @@ impl Reason {
 
     /// Whether the layer estimates a retry time for this reason when the refusal has none of its
     /// own: the refusals of the monitor's line ([`TimedOut`](Reason::TimedOut),
-    /// [`Cancelled`](Reason::Cancelled), [`Unavailable`](Reason::Unavailable), and
-    /// [`CircuitOpen`](Reason::CircuitOpen), which always has its own).
+    /// [`Shed`](Reason::Shed), [`Cancelled`](Reason::Cancelled),
+    /// [`Unavailable`](Reason::Unavailable), and [`CircuitOpen`](Reason::CircuitOpen), which
+    /// always has its own).
     fn is_estimated(&self) -> bool {
         matches!(
             self,
-            Reason::TimedOut | Reason::Cancelled | Reason::Unavailable | Reason::CircuitOpen
+            Reason::TimedOut
+                | Reason::Shed
+                | Reason::Cancelled
+                | Reason::Unavailable
+                | Reason::CircuitOpen
         )
     }
 }
@@ -142,7 +151,8 @@ impl fmt::Display for Reason {
     }
 }
 
-/// What refused the request: the monitor, or the demand function before it.
+/// What refused the request: the monitor, the demand function before it, or the layer's line
+/// bound.
 #[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Cause {
@@ -152,6 +162,9 @@ pub enum Cause {
     /// The demand function's.
     #[error(transparent)]
     Demand(DemandError),
+    /// The layer's: the line was past its [`LineBound`](crate::LineBound).
+    #[error(transparent)]
+    Shed(LineFull),
 }
 
 /// A request that was not admitted: why, what said so, how long it waited first, and when it
@@ -310,6 +323,7 @@ impl Refused {
         match &self.cause {
             Cause::Admit(error) => error.retry_after(),
             Cause::Demand(error) => error.retry_after(),
+            Cause::Shed(_) => None,
         }
     }
 
@@ -324,6 +338,16 @@ impl Refused {
             waited: Duration::ZERO,
             cause: Cause::Demand(error),
             estimate: None,
+        }
+    }
+
+    /// Refused at once by the line bound, with `estimate` to retry after.
+    pub(crate) fn shed(full: LineFull, estimate: Duration) -> Refused {
+        Refused {
+            reason: Reason::Shed,
+            waited: Duration::ZERO,
+            cause: Cause::Shed(full),
+            estimate: Some(estimate),
         }
     }
 
@@ -346,7 +370,7 @@ impl Refused {
     pub fn admit_error(&self) -> Option<&AdmitError> {
         match &self.cause {
             Cause::Admit(error) => Some(error),
-            Cause::Demand(_) => None,
+            Cause::Demand(_) | Cause::Shed(_) => None,
         }
     }
 

@@ -23,6 +23,25 @@
 //! outside this one, and return its tenant from the request (an extension, a header the
 //! authentication layer set). Refusals have a one-line plain-text body.
 //!
+//! # gRPC
+//!
+//! With [`QuotaLayer::grpc_responses`] the same refusals are gRPC statuses, as a trailers-only
+//! response (HTTP 200, `content-type: application/grpc`, the status in the headers, no body;
+//! see [`grpc_status`]):
+//!
+//! | charge | `grpc-status` | `grpc-retry-pushback-ms` |
+//! |---|---|---|
+//! | quota exceeded | `RESOURCE_EXHAUSTED` (8) | until the window ends |
+//! | Redis unavailable, or the cell's config changed under this instance | `UNAVAILABLE` (14) | 1000 |
+//! | quotas not enabled in the config | `INTERNAL` (13) | none |
+//! | the request names no tenant | `INVALID_ARGUMENT` (3) | none |
+//!
+//! `grpc-message` is the refusal's line, percent-encoded. A frame whose charge is refused ends
+//! the stream with trailers carrying the same status instead of an error, so a gRPC client reads
+//! `RESOURCE_EXHAUSTED` (or `UNAVAILABLE`) where the response stopped; the inner service's own
+//! trailers are not sent after it. A response let through declares those trailers in a
+//! `Trailer` header, which HTTP/1 needs before it sends them.
+//!
 //! # Frames
 //!
 //! Each non-empty data frame of the inner body is held back until its length is charged: the
@@ -33,8 +52,6 @@
 //! the response (HTTP/1 closes the connection; the client sees a truncated body). A body dropped
 //! while a charge is in flight lets the charge finish: the bytes of that frame are counted
 //! though not delivered (at most one frame per response).
-//!
-//! gRPC is not mapped: a refusal is always an HTTP status, never a `grpc-status`.
 //!
 //! # Examples
 //!
@@ -92,15 +109,32 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub struct QuotaLayer<T> {
     fleet: RedisAdmission,
     tenant: Arc<T>,
+    answers: Answers,
+}
+
+/// How refusals are answered.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Answers {
+    Http,
+    Grpc,
 }
 
 impl<T> QuotaLayer<T> {
-    /// Charges `fleet`'s quotas, to the tenant `tenant` names for each request.
+    /// Charges `fleet`'s quotas, to the tenant `tenant` names for each request; refusals are
+    /// HTTP statuses.
     pub fn new(fleet: RedisAdmission, tenant: T) -> QuotaLayer<T> {
         QuotaLayer {
             fleet,
             tenant: Arc::new(tenant),
+            answers: Answers::Http,
         }
+    }
+
+    /// Answers refusals as gRPC statuses, and ends a stream whose frame was refused with
+    /// trailers carrying the status (see the [module](self)'s table).
+    pub fn grpc_responses(mut self) -> QuotaLayer<T> {
+        self.answers = Answers::Grpc;
+        self
     }
 }
 
@@ -109,6 +143,7 @@ impl<T> Clone for QuotaLayer<T> {
         QuotaLayer {
             fleet: self.fleet.clone(),
             tenant: self.tenant.clone(),
+            answers: self.answers,
         }
     }
 }
@@ -117,6 +152,7 @@ impl<T> fmt::Debug for QuotaLayer<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("QuotaLayer")
             .field("cell", &self.fleet.config().cell)
+            .field("answers", &self.answers)
             .finish_non_exhaustive()
     }
 }
@@ -129,6 +165,7 @@ impl<S, T> Layer<S> for QuotaLayer<T> {
             inner,
             fleet: self.fleet.clone(),
             tenant: self.tenant.clone(),
+            answers: self.answers,
         }
     }
 }
@@ -138,6 +175,7 @@ pub struct Quota<S, T> {
     inner: S,
     fleet: RedisAdmission,
     tenant: Arc<T>,
+    answers: Answers,
 }
 
 impl<S: Clone, T> Clone for Quota<S, T> {
@@ -146,6 +184,7 @@ impl<S: Clone, T> Clone for Quota<S, T> {
             inner: self.inner.clone(),
             fleet: self.fleet.clone(),
             tenant: self.tenant.clone(),
+            answers: self.answers,
         }
     }
 }
@@ -154,6 +193,7 @@ impl<S, T> fmt::Debug for Quota<S, T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Quota")
             .field("cell", &self.fleet.config().cell)
+            .field("answers", &self.answers)
             .finish_non_exhaustive()
     }
 }
@@ -184,22 +224,99 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let fleet = self.fleet.clone();
         let tenant = (self.tenant)(&request);
+        let answers = self.answers;
         Box::pin(async move {
             let Some(tenant) = tenant else {
-                return Ok(plain(
-                    StatusCode::BAD_REQUEST,
-                    None,
-                    "quota refused: the request names no tenant\n".to_owned(),
-                ));
+                return Ok(match answers {
+                    Answers::Http => plain(
+                        StatusCode::BAD_REQUEST,
+                        None,
+                        format!("quota refused: {NO_TENANT}\n"),
+                    ),
+                    Answers::Grpc => trailers_only(crate::grpc::INVALID_ARGUMENT, None, NO_TENANT),
+                });
             };
             if let Err(error) = fleet.charge_request(&tenant).await {
-                return Ok(refusal(&error));
+                return Ok(match answers {
+                    Answers::Http => refusal(&error),
+                    Answers::Grpc => trailers_only(
+                        grpc_status(&error),
+                        grpc_pushback_ms(&error),
+                        &error.to_string(),
+                    ),
+                });
             }
-            let response = inner.call(request).await?;
+            let mut response = inner.call(request).await?;
+            if answers == Answers::Grpc {
+                // The trailers a refused frame may end the stream with; HTTP/1 sends only
+                // trailers the response declared.
+                response.headers_mut().append(
+                    http::header::TRAILER,
+                    HeaderValue::from_static("grpc-status, grpc-message, grpc-retry-pushback-ms"),
+                );
+            }
             let tenant: Arc<str> = tenant.into();
-            Ok(response.map(|body| QuotaBody::charged(body, fleet, tenant)))
+            Ok(response.map(|body| QuotaBody::charged(body, fleet, tenant, answers)))
         })
     }
+}
+
+/// The refusal's line for a request naming no tenant.
+const NO_TENANT: &str = "the request names no tenant";
+
+/// The `grpc-status` a refused charge maps to (see the [module](self)'s gRPC table):
+/// `RESOURCE_EXHAUSTED` for a spent quota, `INTERNAL` for quotas not enabled, `UNAVAILABLE`
+/// otherwise.
+pub fn grpc_status(error: &QuotaError) -> u16 {
+    match error {
+        QuotaError::Exceeded { .. } => crate::grpc::RESOURCE_EXHAUSTED,
+        QuotaError::NotEnabled => crate::grpc::INTERNAL,
+        _ => crate::grpc::UNAVAILABLE,
+    }
+}
+
+/// The `grpc-retry-pushback-ms` of a refused charge: the milliseconds until the window ends for
+/// a spent quota (at least 1), 1000 for an unavailable coordinator, none for a misconfigured
+/// service.
+pub fn grpc_pushback_ms(error: &QuotaError) -> Option<u64> {
+    match error {
+        QuotaError::Exceeded { retry_after, .. } => Some(
+            u64::try_from(retry_after.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1),
+        ),
+        QuotaError::NotEnabled => None,
+        _ => Some(1_000),
+    }
+}
+
+/// The gRPC status headers (or trailers): `grpc-status`, `grpc-message` (percent-encoded) and
+/// `grpc-retry-pushback-ms` when there is one.
+fn grpc_headers(code: u16, pushback_ms: Option<u64>, message: &str) -> http::HeaderMap {
+    let mut headers = http::HeaderMap::new();
+    headers.insert("grpc-status", HeaderValue::from(code));
+    let message = HeaderValue::try_from(crate::grpc::percent_encode(&format!(
+        "quota refused: {message}"
+    )))
+    .unwrap_or_else(|_| HeaderValue::from_static("quota refused"));
+    headers.insert("grpc-message", message);
+    if let Some(millis) = pushback_ms {
+        headers.insert("grpc-retry-pushback-ms", HeaderValue::from(millis));
+    }
+    headers
+}
+
+/// A trailers-only gRPC response with the status.
+fn trailers_only<B: Body<Data = Bytes>>(
+    code: u16,
+    pushback_ms: Option<u64>,
+    message: &str,
+) -> Response<QuotaBody<B>> {
+    let mut response = Response::new(QuotaBody::full(Bytes::new()));
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.extend(grpc_headers(code, pushback_ms, message));
+    response
 }
 
 /// The status a refused charge maps to (see the [module](self)'s table).
@@ -295,6 +412,8 @@ pin_project! {
             pending: Option<(Frame<Bytes>, Charge)>,
             // Set once the body failed or a charge was refused: nothing more is yielded.
             failed: bool,
+            // gRPC: a refused charge ends the stream with trailers carrying its status.
+            answers: Answers,
         },
         Full {
             data: Option<Bytes>,
@@ -303,7 +422,7 @@ pin_project! {
 }
 
 impl<B> QuotaBody<B> {
-    fn charged(body: B, fleet: RedisAdmission, tenant: Arc<str>) -> QuotaBody<B> {
+    fn charged(body: B, fleet: RedisAdmission, tenant: Arc<str>, answers: Answers) -> QuotaBody<B> {
         QuotaBody {
             kind: Kind::Charged {
                 body,
@@ -311,13 +430,17 @@ impl<B> QuotaBody<B> {
                 tenant,
                 pending: None,
                 failed: false,
+                answers,
             },
         }
     }
 
+    /// One chunk (none when empty).
     fn full(data: Bytes) -> QuotaBody<B> {
         QuotaBody {
-            kind: Kind::Full { data: Some(data) },
+            kind: Kind::Full {
+                data: (!data.is_empty()).then_some(data),
+            },
         }
     }
 }
@@ -334,18 +457,20 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, QuotaBodyError>>> {
-        let (mut body, fleet, tenant, pending, failed) = match self.project().kind.project() {
-            KindProj::Full { data } => {
-                return Poll::Ready(data.take().map(|d| Ok(Frame::data(d))));
-            }
-            KindProj::Charged {
-                body,
-                fleet,
-                tenant,
-                pending,
-                failed,
-            } => (body, fleet, tenant, pending, failed),
-        };
+        let (mut body, fleet, tenant, pending, failed, answers) =
+            match self.project().kind.project() {
+                KindProj::Full { data } => {
+                    return Poll::Ready(data.take().map(|d| Ok(Frame::data(d))));
+                }
+                KindProj::Charged {
+                    body,
+                    fleet,
+                    tenant,
+                    pending,
+                    failed,
+                    answers,
+                } => (body, fleet, tenant, pending, failed, *answers),
+            };
         loop {
             if *failed {
                 return Poll::Ready(None);
@@ -355,6 +480,16 @@ where
                 let (frame, _) = pending.take().expect("a pending frame");
                 return Poll::Ready(Some(match charged {
                     Ok(Ok(_)) => Ok(frame),
+                    Ok(Err(error)) if answers == Answers::Grpc => {
+                        *failed = true;
+                        let status = grpc_status(&error);
+                        let pushback = grpc_pushback_ms(&error);
+                        Ok(Frame::trailers(grpc_headers(
+                            status,
+                            pushback,
+                            &format!("delivered bytes not charged: {error}"),
+                        )))
+                    }
                     Ok(Err(error)) => {
                         *failed = true;
                         Err(QuotaBodyError::Quota(error))

@@ -6,7 +6,7 @@
 //! | reason | code |
 //! |---|---|
 //! | quota | `RESOURCE_EXHAUSTED` (8) |
-//! | timed out, open circuit, monitor failing or stopped | `UNAVAILABLE` (14) |
+//! | timed out, shed (the line past its [`LineBound`](crate::LineBound)), open circuit, monitor failing or stopped | `UNAVAILABLE` (14) |
 //! | job cancelled | `CANCELLED` (1) |
 //! | a demand that can never fit, no demand could be built from the request | `INVALID_ARGUMENT` (3) |
 //! | a demand lacking a required account | `INTERNAL` (13) |

@@ -4,7 +4,7 @@
 //!
 //! | reason | status | `Retry-After` |
 //! |---|---|---|
-//! | timed out, open circuit, monitor failing or stopped, job cancelled | 503 | always |
+//! | timed out, shed (the line past its [`LineBound`](crate::LineBound)), open circuit, monitor failing or stopped, job cancelled | 503 | always |
 //! | quota | 429 | when its reset is known |
 //! | a demand that can never fit an account counting bytes | 413 | no |
 //! | a demand that can never fit any other account | 422 | no |

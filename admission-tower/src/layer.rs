@@ -11,7 +11,7 @@ use crate::error::{Accounts, Refused};
 #[cfg(any(feature = "http", feature = "grpc"))]
 use crate::policy::RespondFn;
 use crate::policy::{Propagate, Respond};
-use crate::retry::{Drain, RetryEstimate};
+use crate::retry::{Drain, LineBound, RetryEstimate};
 use crate::service::Admission;
 
 /// What a layer and each of its services share: cheap to clone.
@@ -23,6 +23,8 @@ pub(crate) struct Config<D, P> {
     pub(crate) accounts: Arc<Accounts>,
     /// The layer's completions and waiters, for retry estimates.
     pub(crate) drain: Arc<Drain>,
+    /// Past it, a request is refused at once.
+    pub(crate) shed: Option<LineBound>,
 }
 
 impl<D, P> Clone for Config<D, P> {
@@ -34,6 +36,7 @@ impl<D, P> Clone for Config<D, P> {
             timeout: self.timeout,
             accounts: self.accounts.clone(),
             drain: self.drain.clone(),
+            shed: self.shed,
         }
     }
 }
@@ -96,6 +99,7 @@ impl<D> AdmissionLayer<D, Propagate> {
                 policy: Arc::new(Propagate),
                 timeout: None,
                 accounts: Arc::new(Accounts::default()),
+                shed: None,
             },
         }
     }
@@ -138,6 +142,42 @@ impl<D, P> AdmissionLayer<D, P> {
         self
     }
 
+    /// Refuses a request at once, before it waits, when the line is past `bound`
+    /// ([`Reason::Shed`](crate::Reason::Shed): HTTP 503 and gRPC `UNAVAILABLE` with the layer's
+    /// retry estimate); see [`LineBound`]. By default there is no bound: every request waits up
+    /// to the timeout.
+    ///
+    /// A request is checked after its demand is built (a request no demand can be built from is
+    /// still a 400) and before it joins the line.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use admission_accounts::CountingGate;
+    /// use admission_core::{Amount, Demand, JobContext, Monitor};
+    /// use admission_tower::{AdmissionLayer, DemandError, LineBound};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let monitor = Monitor::new();
+    /// let workers = Arc::new(CountingGate::new("workers", 8, monitor.clock().clone())?);
+    /// let timeout = Duration::from_secs(5);
+    /// let layer = AdmissionLayer::new(monitor, move |_: &http::Request<String>| {
+    ///     Ok::<_, DemandError>((Demand::new().with(workers.clone(), Amount::ONE), JobContext::new("job")))
+    /// })
+    /// .timeout(timeout)
+    /// // What would wait past the timeout is refused now, not after it.
+    /// .shed(LineBound::ExpectedWait(timeout));
+    /// # drop(layer);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn shed(mut self, bound: LineBound) -> AdmissionLayer<D, P> {
+        self.config.shed = Some(bound);
+        self
+    }
+
     /// Answers refusals with `handler`'s responses ([`Respond`]).
     pub fn on_refusal<H>(self, handler: H) -> AdmissionLayer<D, Respond<H>>
     where
@@ -154,6 +194,7 @@ impl<D, P> AdmissionLayer<D, P> {
             timeout,
             accounts,
             drain,
+            shed,
             ..
         } = self.config;
         AdmissionLayer {
@@ -164,6 +205,7 @@ impl<D, P> AdmissionLayer<D, P> {
                 timeout,
                 accounts,
                 drain,
+                shed,
             },
         }
     }
@@ -214,6 +256,7 @@ impl<D, P: fmt::Debug> fmt::Debug for AdmissionLayer<D, P> {
             .field("policy", &self.config.policy)
             .field("accounts", &self.config.accounts)
             .field("retry_estimate", &self.config.drain.settings())
+            .field("shed", &self.config.shed)
             .finish_non_exhaustive()
     }
 }

@@ -70,5 +70,5 @@ pub use error::{AdmissionError, Cause, DemandError, NeverFits, Reason, Refused, 
 pub use fleet::{Quota, QuotaBody, QuotaBodyError, QuotaLayer};
 pub use layer::AdmissionLayer;
 pub use policy::{OnRefusal, Propagate, Respond, RespondFn};
-pub use retry::{RetryAfter, RetryEstimate};
+pub use retry::{LineBound, LineFull, RetryAfter, RetryEstimate};
 pub use service::{Admission, ResponseFuture};

@@ -1,7 +1,9 @@
 //! When a refused request may try again: [`RetryAfter`] (known or estimated), the
-//! [`RetryEstimate`] settings, and the drain the layer measures to estimate from.
+//! [`RetryEstimate`] settings, and the drain the layer measures to estimate from; and when a
+//! request is not let into the line at all ([`LineBound`], refused with [`LineFull`]).
 
 use std::fmt;
+use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -152,6 +154,102 @@ impl Default for RetryEstimate {
     }
 }
 
+/// When the layer refuses a request at once instead of letting it wait, set with
+/// [`AdmissionLayer::shed`](crate::AdmissionLayer::shed).
+///
+/// Without a bound every request joins the monitor's line and, under an overload, most wait the
+/// whole timeout only to be refused: the client learns nothing for that long and holds a
+/// connection for it. With one, a request that arrives when the line ahead of it is already
+/// too long is refused before it waits ([`Reason::Shed`](crate::Reason::Shed), HTTP 503 and
+/// gRPC `UNAVAILABLE`), with `Retry-After` from the same drain as every estimate
+/// ([`RetryEstimate`]): the time the requests already waiting take to be served.
+///
+/// Only the layer's own requests count, as for the estimate. The check reads two counters
+/// without a lock, so under a burst of arrivals a few more than the bound may get in.
+///
+/// # Examples
+///
+/// ```
+/// use std::num::NonZeroU64;
+/// use std::time::Duration;
+/// use admission_tower::LineBound;
+///
+/// // Shed what would time out anyway: the line ahead takes longer than the 5 s timeout.
+/// let bound = LineBound::ExpectedWait(Duration::from_secs(5));
+/// // Or at most 100 waiting requests, whatever the pace.
+/// let bound = LineBound::Waiters(NonZeroU64::new(100).unwrap());
+/// # let _ = bound;
+/// ```
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LineBound {
+    /// At most this many of the layer's requests wait: one that arrives while this many wait is
+    /// refused.
+    Waiters(NonZeroU64),
+    /// The line ahead may take at most this long: a request is refused when the layer's waiting
+    /// requests, served at the rate of its completions over the estimate's
+    /// [`window`](RetryEstimate::window), take longer than this. Nobody waiting means no wait,
+    /// so with this bound a request that finds nobody waiting is never refused; with no
+    /// completion in the window the pace is unknown and nothing is refused either. Set it to
+    /// the layer's timeout to refuse at once what would time out anyway.
+    ExpectedWait(Duration),
+}
+
+impl fmt::Display for LineBound {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LineBound::Waiters(most) => write!(f, "at most {most} waiting"),
+            LineBound::ExpectedWait(most) => write!(f, "a line of at most {most:?}"),
+        }
+    }
+}
+
+/// A request refused at once because the line was past its [`LineBound`]: the cause of a
+/// [`Reason::Shed`](crate::Reason::Shed) refusal.
+///
+/// # Examples
+///
+/// ```
+/// use std::time::Duration;
+/// use admission_tower::{Cause, Reason, Refused};
+///
+/// fn log(refused: &Refused) {
+///     if let Cause::Shed(full) = refused.cause() {
+///         assert_eq!(refused.reason(), Reason::Shed);
+///         eprintln!("shed: {full}; retry in {:?}", refused.retry_after());
+///     }
+/// }
+/// # let _ = log;
+/// ```
+#[derive(Copy, Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{waiting} requests waiting{}, past the bound of {bound}", match .expected_wait {
+    Some(wait) => format!(", {wait:?} to serve them"),
+    None => String::new(),
+})]
+pub struct LineFull {
+    waiting: u64,
+    expected_wait: Option<Duration>,
+    bound: LineBound,
+}
+
+impl LineFull {
+    /// How many of the layer's requests were waiting.
+    pub fn waiting(&self) -> u64 {
+        self.waiting
+    }
+
+    /// How long they were expected to take, for an [`ExpectedWait`](LineBound::ExpectedWait)
+    /// bound.
+    pub fn expected_wait(&self) -> Option<Duration> {
+        self.expected_wait
+    }
+
+    /// The bound that was passed.
+    pub fn bound(&self) -> LineBound {
+        self.bound
+    }
+}
+
 /// How many buckets the window is counted in.
 const BUCKETS: usize = 10;
 
@@ -239,6 +337,28 @@ impl Drain {
         let (completions, span) = self.completions();
         let waiting = self.waiting.load(Ordering::Relaxed);
         self.settings.compute(waiting, completions, span, waited)
+    }
+
+    /// Whether a request arriving now is past `bound` (see [`LineBound`]).
+    pub(crate) fn past(&self, bound: LineBound) -> Option<LineFull> {
+        let waiting = self.waiting.load(Ordering::Relaxed);
+        let full = |expected_wait| LineFull {
+            waiting,
+            expected_wait,
+            bound,
+        };
+        match bound {
+            LineBound::Waiters(most) => (waiting >= most.get()).then(|| full(None)),
+            LineBound::ExpectedWait(most) => {
+                let (completions, span) = self.completions();
+                if waiting == 0 || completions == 0 {
+                    return None;
+                }
+                let nanos = u128::from(waiting) * span.as_nanos() / u128::from(completions);
+                let expected = Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
+                (expected > most).then(|| full(Some(expected)))
+            }
+        }
     }
 
     /// Counts a request as waiting until the guard is dropped.
@@ -395,10 +515,54 @@ mod tests {
     }
 
     #[test]
+    fn the_line_bound_counts_the_waiters_and_their_expected_wait() {
+        let clock = FakeClock::new();
+        let drain = Arc::new(Drain::new(clock.shared(), RetryEstimate::new()));
+        let three = LineBound::Waiters(NonZeroU64::new(3).unwrap());
+        let short = LineBound::ExpectedWait(ms(700));
+        let nothing = LineBound::ExpectedWait(Duration::ZERO);
+        // Nobody waiting: no expected wait, whatever the bound.
+        assert_eq!(drain.past(nothing), None);
+        let mut guards: Vec<_> = (0..2).map(|_| drain.waiting()).collect();
+        assert_eq!(drain.past(three), None);
+        // No completion yet: the pace is unknown, nothing is shed on it.
+        assert_eq!(drain.past(nothing), None);
+        guards.push(drain.waiting());
+        let full = drain.past(three).expect("three waiting");
+        assert_eq!((full.waiting(), full.expected_wait()), (3, None));
+        assert_eq!(
+            full.to_string(),
+            "3 requests waiting, past the bound of at most 3 waiting"
+        );
+        // Four completions a second for 10 s: at 10 s the window holds the 37 from 1 s on, over
+        // 9 s, so the three waiting take 27/37 s.
+        for _ in 0..40 {
+            clock.advance(ms(250));
+            drain.completed();
+        }
+        let full = drain.past(short).expect("over 700 ms");
+        assert_eq!(
+            full.expected_wait(),
+            Some(Duration::from_nanos(729_729_729))
+        );
+        assert_eq!(full.bound(), short);
+        assert_eq!(
+            full.to_string(),
+            "3 requests waiting, 729.729729ms to serve them, past the bound of a line of at \
+             most 700ms"
+        );
+        assert_eq!(drain.past(LineBound::ExpectedWait(ms(730))), None);
+        drop(guards);
+        assert_eq!(drain.past(nothing), None);
+    }
+
+    #[test]
     fn the_public_types_are_send_and_sync() {
         fn is<T: Send + Sync>() {}
         is::<RetryAfter>();
         is::<RetryEstimate>();
+        is::<LineBound>();
+        is::<LineFull>();
         is::<Drain>();
         is::<Held>();
     }

@@ -21,7 +21,8 @@ use crate::policy::OnRefusal;
 /// [`AdmissionLayer`](crate::AdmissionLayer).
 ///
 /// `poll_ready` is the inner service's. `call` builds the demand (a [`DemandError`] refuses at
-/// once), takes the ready inner service and leaves a clone in its place (tower's usual
+/// once), refuses at once when the line is past the layer's
+/// [`LineBound`](crate::LineBound), takes the ready inner service and leaves a clone in its place (tower's usual
 /// `std::mem::replace` dance, so the service that was polled ready is the one called), and
 /// returns a [`ResponseFuture`] that waits for the grant and then calls it. The admitted request
 /// carries [`Waited`](crate::Waited); the response's body holds the grant until it ends.
@@ -77,6 +78,12 @@ where
         match (self.config.demand)(&request) {
             Err(error) => ResponseFuture::refused(Refused::demand(error), policy),
             Ok((demand, ctx)) => {
+                let drain = &self.config.drain;
+                if let Some(full) = self.config.shed.and_then(|bound| drain.past(bound)) {
+                    // Retry once the requests already waiting have been served.
+                    let estimate = drain.estimate(std::time::Duration::ZERO);
+                    return ResponseFuture::refused(Refused::shed(full, estimate), policy);
+                }
                 let monitor = &self.config.monitor;
                 let admit = monitor.admit(demand, &ctx, self.config.timeout);
                 ResponseFuture::admitting(

@@ -471,8 +471,13 @@ fn default_out_dir() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
+            // This package is `examples/agents` under the workspace root.
             let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-            manifest.parent().unwrap_or(manifest).join("target")
+            manifest
+                .ancestors()
+                .nth(2)
+                .unwrap_or(manifest)
+                .join("target")
         });
     target.join("agents")
 }

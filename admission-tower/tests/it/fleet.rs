@@ -2,6 +2,9 @@
 //! (`ADMISSION_REDIS_URL`). Requests within the per-minute quota pass and the next one is a 429
 //! with the window's `Retry-After`; every byte of a response body is charged, exactly; a spent
 //! byte quota ends the body; a request naming no tenant is a 400; a Redis gone away is a 503.
+//! With `grpc_responses` the same refusals are gRPC statuses (`RESOURCE_EXHAUSTED` with the
+//! window's pushback, `INVALID_ARGUMENT`, `UNAVAILABLE`), and a spent byte quota ends the stream
+//! with trailers carrying `RESOURCE_EXHAUSTED`.
 //!
 //! Without `ADMISSION_REDIS_URL` a test prints that it was skipped and returns, unless `CI=true`,
 //! where it fails.
@@ -22,6 +25,7 @@ use http_body_util::BodyExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
+use crate::grpc::grpc_get;
 use crate::{PATIENCE, Server, fetch};
 
 /// The chunks `/chunks` sends, in order.
@@ -99,10 +103,21 @@ async fn clear_of_window_end(fleet: &RedisAdmission) {
 /// `/hello` and `/chunks` ([`CHUNKS`] as separate frames), behind a [`QuotaLayer`] charging
 /// the tenant of the `x-tenant` header.
 fn app(fleet: RedisAdmission) -> Router {
-    let tenant = |request: &Request| {
-        let value = request.headers().get("x-tenant")?;
-        value.to_str().ok().map(str::to_owned)
-    };
+    routes().layer(QuotaLayer::new(fleet, tenant))
+}
+
+/// [`app`] answering refusals as gRPC statuses.
+fn grpc_app(fleet: RedisAdmission) -> Router {
+    routes().layer(QuotaLayer::new(fleet, tenant).grpc_responses())
+}
+
+/// The tenant of the `x-tenant` header.
+fn tenant(request: &Request) -> Option<String> {
+    let value = request.headers().get("x-tenant")?;
+    value.to_str().ok().map(str::to_owned)
+}
+
+fn routes() -> Router {
     Router::new()
         .route("/hello", get(|| async { "hello" }))
         .route(
@@ -112,7 +127,6 @@ fn app(fleet: RedisAdmission) -> Router {
                 Body::from_stream(futures::stream::iter(chunks))
             }),
         )
-        .layer(QuotaLayer::new(fleet, tenant))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -312,6 +326,127 @@ async fn redis_unreachable_is_503() {
     assert_eq!(status, 503, "{body}");
     assert_eq!(retry_after.as_deref(), Some("1"));
     assert!(body.contains("failed on the coordinator"), "{body}");
+}
+
+/// The gRPC answers: within the quota the service's own; past it `RESOURCE_EXHAUSTED` with the
+/// milliseconds until the window ends as pushback (the same window the refusal reports); no
+/// tenant `INVALID_ARGUMENT`; Redis gone `UNAVAILABLE` with a pushback of 1,000 ms. Each is a
+/// trailers-only response: HTTP 200 and no body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_answers_carry_the_status_and_the_pushback() {
+    let Some((host, port)) = redis("grpc_answers_carry_the_status_and_the_pushback") else {
+        return;
+    };
+    const N: u64 = 2;
+    let quotas = Quotas {
+        requests_per_minute: N,
+        bytes_per_hour: 1 << 30,
+    };
+    let proxy = Proxy::start(&host, port).await;
+    let fleet = connect(config("127.0.0.1", proxy.port, "grpc", quotas)).await;
+    clear_of_window_end(&fleet).await;
+    let server = Server::start(grpc_app(fleet.clone())).await;
+    for i in 0..N {
+        let (status, headers, len) = grpc_get(server.addr, "/hello", &[("x-tenant", "g")]).await;
+        assert_eq!(
+            (status, &headers, len),
+            (200, &[None, None, None], 5),
+            "call {i}"
+        );
+    }
+    let (status, [code, message, pushback], len) =
+        grpc_get(server.addr, "/hello", &[("x-tenant", "g")]).await;
+    assert_eq!((status, code.as_deref(), len), (200, Some("8"), 0));
+    let message = message.expect("a grpc-message");
+    assert!(
+        message.starts_with("quota refused: ")
+            && message.contains("requests-per-minute quota exceeded: 2 used + 1 asked > 2"),
+        "{message}"
+    );
+    let pushback: u64 = pushback.expect("a pushback").parse().unwrap();
+    let left = match fleet.charge_request("g").await.unwrap_err() {
+        admission_redis::QuotaError::Exceeded { retry_after, .. } => retry_after,
+        other => panic!("{other:?}"),
+    };
+    // Asked a moment later: the window's end is the same instant.
+    let left = u64::try_from(left.as_millis()).unwrap();
+    assert!(
+        pushback >= left && pushback <= left + 1_000 && pushback <= 60_000,
+        "pushback {pushback} ms, window left {left} ms"
+    );
+
+    let (status, [code, message, pushback], len) = grpc_get(server.addr, "/hello", &[]).await;
+    assert_eq!(
+        (status, code.as_deref(), pushback, len),
+        (200, Some("3"), None, 0)
+    );
+    assert_eq!(
+        message.as_deref(),
+        Some("quota refused: the request names no tenant")
+    );
+
+    proxy.shut().await;
+    let (status, [code, message, pushback], len) = tokio::time::timeout(
+        PATIENCE,
+        grpc_get(server.addr, "/hello", &[("x-tenant", "h")]),
+    )
+    .await
+    .expect("the charge fails within its timeouts");
+    assert_eq!(
+        (status, code.as_deref(), pushback.as_deref(), len),
+        (200, Some("14"), Some("1000"), 0)
+    );
+    assert!(
+        message.unwrap().contains("failed on the coordinator"),
+        "names the coordinator"
+    );
+}
+
+/// A spent byte quota mid-stream ends a gRPC response with trailers saying
+/// `RESOURCE_EXHAUSTED`, after the frames that were charged, instead of cutting the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_byte_quota_ends_a_grpc_stream_with_its_status() {
+    let Some((host, port)) = redis("a_spent_byte_quota_ends_a_grpc_stream_with_its_status") else {
+        return;
+    };
+    let quotas = Quotas {
+        requests_per_minute: 100,
+        bytes_per_hour: 1_010,
+    };
+    let fleet = connect(config(&host, port, "grpc-spent", quotas)).await;
+    clear_of_window_end(&fleet).await;
+    let server = Server::start(grpc_app(fleet.clone())).await;
+    let response = server
+        .get("/chunks", &[("x-tenant", "i"), ("te", "trailers")])
+        .await;
+    assert_eq!(response.status().as_u16(), 200);
+    let mut body = response.into_body();
+    let mut received = 0;
+    let trailers = tokio::time::timeout(PATIENCE, async {
+        loop {
+            match body.frame().await {
+                Some(Ok(frame)) if frame.is_data() => {
+                    received += frame.data_ref().map_or(0, Bytes::len);
+                }
+                Some(Ok(frame)) => return frame.into_trailers().ok(),
+                Some(Err(error)) => panic!("the stream failed instead: {error}"),
+                None => return None,
+            }
+        }
+    })
+    .await
+    .expect("the body ends")
+    .expect("trailers end the stream");
+    assert_eq!(received, CHUNKS[0] + CHUNKS[1]);
+    assert_eq!(trailers.get("grpc-status").unwrap(), "8");
+    let message = trailers.get("grpc-message").unwrap().to_str().unwrap();
+    assert!(
+        message.starts_with("quota refused: delivered bytes not charged"),
+        "{message}"
+    );
+    assert!(trailers.get("grpc-retry-pushback-ms").is_some());
+    let used = fleet.charge_delivered("i", 0).await.unwrap();
+    assert_eq!(used.used, received as u64);
 }
 
 #[test]

@@ -9,6 +9,7 @@ mod fleet;
 mod grpc;
 mod propagate;
 mod retry;
+mod shed;
 mod status;
 mod streaming;
 

@@ -141,7 +141,7 @@ async fn every_unavailable_grpc_status_carries_a_retry_pushback() {
 
 /// Requests on `/hello` take one of many permits and complete at once; every other path waits
 /// for the single `workers` permit.
-fn by_path(
+pub(crate) fn by_path(
     fast: &Arc<CountingGate>,
     workers: &Arc<CountingGate>,
 ) -> impl Fn(&Request) -> Result<(Demand, JobContext), DemandError> + Clone + Send + Sync + 'static

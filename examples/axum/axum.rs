@@ -3,9 +3,10 @@
 //! `Registry::demand_for`), and a connection of a SQLite pool (`R2d2SqliteProvider`'s gate). The
 //! grant lives in the response body, so nothing is given back before the answer is sent. A
 //! refusal is an HTTP status: 503 with `Retry-After` on a timeout (the layer's estimate of how
-//! long its line takes to drain), 400 for a request no demand can be built from, 422 (never
-//! retried) for one that can never fit the model's budget, its body naming the account, what was
-//! asked and the capacity.
+//! long its line takes to drain) and, at once, for a request the line ahead would keep past the
+//! timeout anyway (`LineBound::ExpectedWait`; `--no-shed` lets every request wait), 400 for a
+//! request no demand can be built from, 422 (never retried) for one that can never fit the
+//! model's budget, its body naming the account, what was asked and the capacity.
 //!
 //! The write is a `POST` (a `GET` or `HEAD` of it is answered 405 before any admission), its
 //! `tokens` parameter read by axum's `Query` extractor (percent-encoded values are decoded), and
@@ -28,7 +29,7 @@ use admission_db::DbHandle as _;
 use admission_db::DbResourceProvider as _;
 use admission_db::r2d2_sqlite::{R2d2SqliteProvider, SqliteManager};
 use admission_llm::{ModelCatalog, Registry};
-use admission_tower::{AdmissionLayer, DemandError, Waited};
+use admission_tower::{AdmissionLayer, DemandError, LineBound, Waited};
 use anyhow::Context as _;
 use axum::Router;
 use axum::extract::{Query, Request, State};
@@ -83,6 +84,10 @@ struct Args {
     /// Send this many requests of its own at once (on a free port), print the statuses, exit.
     #[arg(long)]
     self_test: Option<usize>,
+    /// Let every request wait up to the timeout, however long the line (by default a request
+    /// the line ahead would keep past the timeout is refused at once: `LineBound`).
+    #[arg(long)]
+    no_shed: bool,
 }
 
 /// What the handler needs: the registry (feedback after the call) and the notes database.
@@ -93,7 +98,7 @@ struct App {
 
 /// The service: `POST /summarize?tokens=N` behind the admission layer and `GET /status`, on
 /// `monitor`, its database in `dir`.
-fn app(monitor: &Monitor, dir: &Path) -> anyhow::Result<(Router, Arc<App>)> {
+fn app(monitor: &Monitor, dir: &Path, shed: bool) -> anyhow::Result<(Router, Arc<App>)> {
     let clock = monitor.clock().clone();
     let registry = Registry::new(clock.clone()).with_http_connections(HTTP_CONNECTIONS)?;
     registry.register_catalog(&ModelCatalog::from_toml(CATALOG)?)?;
@@ -127,9 +132,12 @@ fn app(monitor: &Monitor, dir: &Path) -> anyhow::Result<(Router, Arc<App>)> {
             Ok((demand, JobContext::new("summarize")))
         }
     };
-    let layer = AdmissionLayer::new(monitor.clone(), demand)
-        .timeout(ADMIT_TIMEOUT)
-        .http_responses();
+    let mut layer = AdmissionLayer::new(monitor.clone(), demand).timeout(ADMIT_TIMEOUT);
+    if shed {
+        // What the line ahead would keep past the timeout is refused now, not after it.
+        layer = layer.shed(LineBound::ExpectedWait(ADMIT_TIMEOUT));
+    }
+    let layer = layer.http_responses();
     // `route_layer`: only a request that matches the route and its method is admitted; a `GET`
     // or `HEAD` of `/summarize` is answered 405 without taking anything.
     let status = {
@@ -262,7 +270,7 @@ async fn serve_on_free_port(
 
 /// `requests` concurrent requests against a server of its own; the statuses, in order.
 async fn self_test(monitor: &Monitor, dir: &Path, requests: usize) -> anyhow::Result<Vec<u16>> {
-    let (router, _) = app(monitor, dir)?;
+    let (router, _) = app(monitor, dir, true)?;
     let (addr, server) = serve_on_free_port(router, HEADER_READ_TIMEOUT).await?;
     let calls: Vec<_> = (0..requests)
         .map(|i| {
@@ -303,7 +311,7 @@ async fn main() -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    let (router, _) = app(&monitor, dir.path())?;
+    let (router, _) = app(&monitor, dir.path(), !args.no_shed)?;
     let listener = TcpListener::bind(args.addr)
         .await
         .with_context(|| format!("listening on {}", args.addr))?;
@@ -329,7 +337,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let statuses = self_test(&monitor, dir.path(), 12).await.unwrap();
         assert_eq!(statuses, vec![200; 12]);
-        let (_, app) = app(&monitor, dir.path()).unwrap();
+        let (_, app) = app(&monitor, dir.path(), true).unwrap();
         let rows: i64 = app
             .notes
             .pool()
@@ -346,7 +354,7 @@ mod tests {
     async fn a_bad_or_impossible_request_is_refused_with_its_status() {
         let monitor = Monitor::new();
         let dir = tempfile::tempdir().unwrap();
-        let (router, app) = app(&monitor, dir.path()).unwrap();
+        let (router, app) = app(&monitor, dir.path(), true).unwrap();
         let (addr, server) = serve_on_free_port(router, HEADER_READ_TIMEOUT)
             .await
             .unwrap();
@@ -393,7 +401,7 @@ mod tests {
     async fn the_write_is_a_post_with_decoded_parameters_and_a_status_route() {
         let monitor = Monitor::new();
         let dir = tempfile::tempdir().unwrap();
-        let (router, app) = app(&monitor, dir.path()).unwrap();
+        let (router, app) = app(&monitor, dir.path(), true).unwrap();
         let (addr, server) = serve_on_free_port(router, HEADER_READ_TIMEOUT)
             .await
             .unwrap();
@@ -445,7 +453,7 @@ mod tests {
 
         let monitor = Monitor::new();
         let dir = tempfile::tempdir().unwrap();
-        let (router, _app) = app(&monitor, dir.path()).unwrap();
+        let (router, _app) = app(&monitor, dir.path(), true).unwrap();
         let (addr, server) = serve_on_free_port(router, Duration::from_millis(300))
             .await
             .unwrap();
