@@ -12,6 +12,7 @@
 //! - [`monitor`]: helpers for monitor tests (waiters on threads and tasks, waiting for a queue size).
 //! - `strategies` (feature `proptest`): proptest strategies for random demands over random
 //!   accounts.
+//! - [`services`]: where the real Redis and PostgreSQL of the tests are, or why a test skips.
 //!
 //! Both optional dependencies are default features: `default-features = false` leaves a third
 //! party's tests with neither tokio nor proptest.
@@ -23,6 +24,7 @@ pub mod contract;
 pub mod gate_contract;
 pub mod monitor;
 pub mod reference;
+pub mod services;
 #[cfg(feature = "proptest")]
 pub mod strategies;
 

@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use admission_benches::Results;
-use admission_benches::redis_server::RedisServer;
+use admission_benches::redis_server::{RedisServer, ServerWork};
 use admission_redis::test_util::{self, ClusterNode, PrivateCluster};
 use admission_redis::{Ceilings, LeaseRequest, Outcome, RedisAdmission, RedisAdmissionConfig};
 use hdrhistogram::Histogram;
@@ -100,12 +100,7 @@ fn fcall_calls(conn: &mut redis::Connection) -> u64 {
         .arg("commandstats")
         .query(conn)
         .expect("INFO commandstats");
-    stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_fcall:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
+    ServerWork::parse(&stats).calls(&ServerWork::default(), "fcall")
 }
 
 /// The key the cell's configuration lives under (`<key_prefix>:{<cell>}:cfg`, prefix

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use admission_benches::Results;
-use admission_benches::redis_server::RedisServer;
+use admission_benches::redis_server::{RedisServer, ServerWork};
 use admission_redis::{Ceilings, LeaseRequest, Outcome, RedisAdmission, RedisAdmissionConfig};
 use hdrhistogram::Histogram;
 
@@ -59,7 +59,7 @@ fn request(id: String, bytes: u64) -> LeaseRequest {
 }
 
 async fn fcall_calls(port: u16) -> u64 {
-    let work = ServerWork::read(port).await;
+    let work = server_work(port).await;
     work.commands.get("fcall").map_or(0, |c| c.0)
 }
 
@@ -298,66 +298,20 @@ async fn hundred(port: u16) -> Results {
         .number("peak_transfers", peak as f64)
 }
 
-/// What the server did so far: calls and microseconds per command (`INFO commandstats`) and its
-/// CPU seconds (`INFO cpu`, user plus system).
-struct ServerWork {
-    commands: std::collections::BTreeMap<String, (u64, u64)>,
-    cpu_s: f64,
-}
-
-impl ServerWork {
-    async fn read(port: u16) -> ServerWork {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("client");
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("conn");
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .arg("cpu")
-            .query_async(&mut conn)
-            .await
-            .expect("info");
-        let mut commands = std::collections::BTreeMap::new();
-        let mut cpu_s = 0.0;
-        for line in info.lines() {
-            if let Some((name, rest)) = line
-                .strip_prefix("cmdstat_")
-                .and_then(|l| l.split_once(':'))
-            {
-                let field = |key: &str| {
-                    rest.split(',')
-                        .find_map(|kv| kv.strip_prefix(key))
-                        .and_then(|v| v.parse::<u64>().ok())
-                        .unwrap_or(0)
-                };
-                commands.insert(name.to_owned(), (field("calls="), field("usec=")));
-            } else if let Some(v) = line
-                .strip_prefix("used_cpu_user:")
-                .or_else(|| line.strip_prefix("used_cpu_sys:"))
-            {
-                cpu_s += v.trim().parse::<f64>().unwrap_or(0.0);
-            }
-        }
-        ServerWork { commands, cpu_s }
-    }
-
-    /// Calls of `command` since `before`.
-    fn calls(&self, before: &ServerWork, command: &str) -> u64 {
-        let of = |w: &ServerWork| w.commands.get(command).map_or(0, |c| c.0);
-        of(self) - of(before)
-    }
-
-    /// Calls and microseconds of every command but `INFO` (this harness's) since `before`.
-    fn total(&self, before: &ServerWork) -> (u64, u64) {
-        self.commands
-            .iter()
-            .filter(|(name, _)| name.as_str() != "info")
-            .fold((0, 0), |(calls, usec), (name, (c, u))| {
-                let (c0, u0) = before.commands.get(name).copied().unwrap_or((0, 0));
-                (calls + c - c0, usec + u - u0)
-            })
-    }
+/// What the server did so far (`INFO commandstats` and `INFO cpu`).
+async fn server_work(port: u16) -> ServerWork {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("client");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("conn");
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .arg("cpu")
+        .query_async(&mut conn)
+        .await
+        .expect("info");
+    ServerWork::parse(&info)
 }
 
 /// Part 6: the server's work per admitted lease as the fleet grows: 1, 4, 16 and 64 instances
@@ -390,7 +344,7 @@ async fn instances(port: u16, per_instance: usize) -> Results {
         let stop = Arc::new(AtomicBool::new(false));
         let leases = Arc::new(AtomicU64::new(0));
         let peak = Arc::new(AtomicU64::new(0));
-        let before = ServerWork::read(port).await;
+        let before = server_work(port).await;
         let start = Instant::now();
         let mut tasks = Vec::new();
         for (p, instance) in fleet.iter().enumerate() {
@@ -421,7 +375,7 @@ async fn instances(port: u16, per_instance: usize) -> Results {
             task.await.expect("task");
         }
         let elapsed = start.elapsed().as_secs_f64();
-        let after = ServerWork::read(port).await;
+        let after = server_work(port).await;
         drop(fleet);
         let leases = leases.load(Ordering::Relaxed) as f64;
         let (commands, usec) = after.total(&before);

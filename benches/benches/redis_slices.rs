@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use admission_benches::Results;
-use admission_benches::redis_server::RedisServer;
+use admission_benches::redis_server::{RedisServer, ServerWork};
 use admission_redis::{
     Ceilings, LeaseRequest, Outcome, RateSlices, Rates, RedisAdmission, RedisAdmissionConfig,
     SliceConfig,
@@ -187,11 +187,7 @@ async fn fcalls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
         .query_async(conn)
         .await
         .expect("info");
-    info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_fcall:"))
-        .and_then(|rest| rest.split(',').find_map(|kv| kv.strip_prefix("calls=")))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    ServerWork::parse(&info).calls(&ServerWork::default(), "fcall")
 }
 
 /// One mode at one offered rate.

@@ -22,26 +22,7 @@ use redis::streams::{StreamReadOptions, StreamReadReply};
 ///
 /// When unset under `CI=true`.
 pub(crate) fn server(test: &str) -> Option<(String, u16)> {
-    match std::env::var("ADMISSION_REDIS_URL") {
-        Ok(url) if !url.is_empty() => {
-            let rest = url.trim_start_matches("redis://").trim_end_matches('/');
-            let (host, port) = rest
-                .rsplit_once(':')
-                .expect("ADMISSION_REDIS_URL has host:port");
-            Some((host.to_string(), port.parse().expect("a port number")))
-        }
-        _ if std::env::var("CI").as_deref() == Ok("true") => panic!(
-            "{test}: ADMISSION_REDIS_URL is unset under CI=true; `cargo xtask ci` starts Redis and \
-             sets it (xtask/src/services.rs REQUIRED)"
-        ),
-        _ => {
-            eprintln!(
-                "{test}: skipped: ADMISSION_REDIS_URL is unset (run `cargo xtask test`, or `cargo \
-                 xtask with-services -- cargo nextest run -p admission-redis`, to start Redis)"
-            );
-            None
-        }
-    }
+    admission_testkit::services::redis(test)
 }
 
 /// A cell no other test (or earlier run) uses.

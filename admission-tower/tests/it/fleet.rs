@@ -33,24 +33,7 @@ const CHUNKS: [usize; 4] = [5, 1_000, 17, 64 * 1024];
 
 /// The shared server's host and port, or `None` (after saying why) when unset outside CI.
 fn redis(test: &str) -> Option<(String, u16)> {
-    match std::env::var("ADMISSION_REDIS_URL") {
-        Ok(url) if !url.is_empty() => {
-            let rest = url.trim_start_matches("redis://").trim_end_matches('/');
-            let (host, port) = rest
-                .rsplit_once(':')
-                .expect("ADMISSION_REDIS_URL has host:port");
-            Some((host.to_owned(), port.parse().expect("a port number")))
-        }
-        _ if std::env::var("CI").as_deref() == Ok("true") => {
-            panic!("{test}: ADMISSION_REDIS_URL is unset under CI=true")
-        }
-        _ => {
-            eprintln!(
-                "{test}: skipped: ADMISSION_REDIS_URL is unset (run `cargo xtask test` to start Redis)"
-            );
-            None
-        }
-    }
+    admission_testkit::services::redis(test)
 }
 
 /// A config for a cell no other test (or earlier run) uses, with `quotas` and short timeouts.
