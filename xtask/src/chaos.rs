@@ -291,12 +291,17 @@ pub(crate) fn run(ws: &Workspace) -> Result<ExitCode> {
 /// `cargo build --release --example agents`; the binary's path, as cargo reports it.
 fn build_agents(ws: &Workspace) -> Result<PathBuf> {
     println!("==> chaos: cargo build --release --example agents");
+    build_example(ws, "agents")
+}
+
+/// `cargo build --release --example NAME`; the binary's path, as cargo reports it.
+pub(crate) fn build_example(ws: &Workspace, name: &str) -> Result<PathBuf> {
     let output = Command::new(&ws.cargo)
         .args([
             "build",
             "--release",
             "--example",
-            "agents",
+            name,
             "--message-format=json-render-diagnostics",
         ])
         .current_dir(&ws.root)
@@ -306,20 +311,20 @@ fn build_agents(ws: &Workspace) -> Result<PathBuf> {
         .context("could not run cargo build")?;
     if !output.status.success() {
         bail!(
-            "cargo build --release --example agents failed ({})",
+            "cargo build --release --example {name} failed ({})",
             output.status
         );
     }
     String::from_utf8_lossy(&output.stdout)
         .lines()
-        .find_map(agents_executable)
-        .context("cargo build did not report the agents example's executable")
+        .find_map(|line| example_executable(line, name))
+        .with_context(|| format!("cargo build did not report the {name} example's executable"))
 }
 
-/// The executable of the `agents` example in one line of cargo's JSON messages.
-fn agents_executable(line: &str) -> Option<PathBuf> {
+/// The executable of the example `name` in one line of cargo's JSON messages.
+fn example_executable(line: &str, name: &str) -> Option<PathBuf> {
     let message: serde_json::Value = serde_json::from_str(line).ok()?;
-    if message["reason"] != "compiler-artifact" || message["target"]["name"] != "agents" {
+    if message["reason"] != "compiler-artifact" || message["target"]["name"] != name {
         return None;
     }
     message["executable"].as_str().map(PathBuf::from)
@@ -1213,17 +1218,21 @@ mod tests {
     fn the_agents_executable_is_read_from_cargos_messages() {
         let artifact = r#"{"reason":"compiler-artifact","target":{"name":"agents","kind":["example"]},"executable":"/w/target/release/examples/agents"}"#;
         assert_eq!(
-            agents_executable(artifact),
+            example_executable(artifact, "agents"),
             Some(PathBuf::from("/w/target/release/examples/agents"))
         );
         let other =
             r#"{"reason":"compiler-artifact","target":{"name":"axum"},"executable":"/w/x"}"#;
-        assert_eq!(agents_executable(other), None);
+        assert_eq!(example_executable(other, "agents"), None);
         assert_eq!(
-            agents_executable(r#"{"reason":"build-finished","success":true}"#),
+            example_executable(other, "axum"),
+            Some(PathBuf::from("/w/x"))
+        );
+        assert_eq!(
+            example_executable(r#"{"reason":"build-finished","success":true}"#, "agents"),
             None
         );
-        assert_eq!(agents_executable("not json"), None);
+        assert_eq!(example_executable("not json", "agents"), None);
     }
 
     /// What a SIGTERMed parent printed in a run by hand (the table's rows shortened).

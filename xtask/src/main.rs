@@ -12,6 +12,7 @@
 mod bench;
 mod chaos;
 mod count;
+mod load;
 mod services;
 mod step;
 
@@ -76,6 +77,10 @@ commands:
                            bench, cargo bench -p admission-benches [args...]), then rewrites the table
                            between the side-by-side markers in BENCHMARKS.md from
                            target/criterion and target/side-by-side (--report-only: no run)
+  load [SECONDS]           the axum example under oha (which must be on PATH: cargo install oha)
+                           at 8, 64 and 256 connections for SECONDS each (default 20), without
+                           and with its line bound: answers, goodput, refusal and success
+                           latencies (not part of ci)
   with-services -- CMD...  run CMD with Redis, a six-node Redis Cluster and PostgreSQL up
                            (ADMISSION_REDIS_URL, ADMISSION_REDIS_CLUSTER, ADMISSION_PG_URL)
   help                     this text
@@ -174,6 +179,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
             run_plan(&ws, &[soak_step(admits)])
         }
         "bench" => bench::run(&ws, rest),
+        "load" => load::run(&ws, rest),
         "with-services" => with_services(&ws, rest),
         "help" | "-h" | "--help" => {
             println!("{USAGE}");
