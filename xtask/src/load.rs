@@ -6,7 +6,7 @@
 //! request waits up to the 5 s timeout: before) and once as it ships (a request the line ahead
 //! would keep past the timeout is refused at once: after), and `oha` sends
 //! `POST /summarize?tokens=800` over that many keep-alive connections for SECONDS (default 20):
-//! `oha -z SECONDS -c N -m POST --no-tui -j --stats-success-breakdown URL`. A fresh server each
+//! `oha -z SECONDS -c N -m POST --no-tui --output-format json --stats-success-breakdown URL`. A fresh server each
 //! time, so each run starts with the model's bucket full. The model admits a request of 1,000
 //! tokens a second (60,000 a minute), so everything past that is refused: the question is how
 //! soon.
@@ -131,7 +131,8 @@ fn one(exe: &Path, shed: bool, connections: u32, seconds: u64) -> Result<String>
     }
     let output = Command::new("oha")
         .args(["-z", &format!("{seconds}s"), "-c", &connections.to_string()])
-        .args(["-m", "POST", "--no-tui", "-j", "--stats-success-breakdown"])
+        .args(["-m", "POST", "--no-tui", "--output-format", "json"])
+        .arg("--stats-success-breakdown")
         .arg(format!("http://{addr}/summarize?tokens=800"))
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
@@ -154,7 +155,7 @@ impl Drop for Server {
     }
 }
 
-/// The figures of one run from oha's JSON (`oha -j --stats-success-breakdown`).
+/// The figures of one run from oha's JSON (`oha --output-format json --stats-success-breakdown`).
 fn parse(json: &str) -> Result<Run> {
     let value: serde_json::Value = serde_json::from_str(json)?;
     let mut ok = 0;
@@ -178,9 +179,12 @@ fn parse(json: &str) -> Result<Run> {
     let seconds = value["summary"]["total"]
         .as_f64()
         .context("no summary.total")?;
-    // oha names the breakdowns `latencyPercentile{Successful,NotSuccessful}`.
+    // oha 1.16 names the breakdowns `latencyPercentiles{Successful,NotSuccessful}`; its schema
+    // of older versions says `latencyPercentile...`.
     let percentiles = |key: &str| {
-        let p = &value[key];
+        let p = value
+            .get(format!("latencyPercentiles{key}"))
+            .or_else(|| value.get(format!("latencyPercentile{key}")))?;
         Some((p["p50"].as_f64()? * 1e3, p["p99"].as_f64()? * 1e3))
     };
     let mut statuses: Vec<String> = statuses
@@ -195,8 +199,8 @@ fn parse(json: &str) -> Result<Run> {
         refused,
         aborted,
         seconds,
-        refused_ms: percentiles("latencyPercentileNotSuccessful").filter(|_| refused > 0),
-        ok_ms: percentiles("latencyPercentileSuccessful").filter(|_| ok > 0),
+        refused_ms: percentiles("NotSuccessful").filter(|_| refused > 0),
+        ok_ms: percentiles("Successful").filter(|_| ok > 0),
         statuses: statuses.join(", "),
     })
 }
@@ -211,8 +215,8 @@ mod tests {
             "summary": {"total": 20.0},
             "statusCodeDistribution": {"503": 3000, "200": 80},
             "errorDistribution": {"aborted due to deadline": 64},
-            "latencyPercentileSuccessful": {"p50": 0.004, "p99": 4.9},
-            "latencyPercentileNotSuccessful": {"p50": 0.0012, "p99": 0.0031}
+            "latencyPercentilesSuccessful": {"p50": 0.004, "p99": 4.9},
+            "latencyPercentilesNotSuccessful": {"p50": 0.0012, "p99": 0.0031}
         }"#;
         let run = parse(json).unwrap();
         assert_eq!(
