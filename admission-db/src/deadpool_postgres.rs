@@ -13,39 +13,34 @@
 //! wrapper, whose message would repeat it), so its [`code`](tokio_postgres::Error::code) gives
 //! the SQLSTATE.
 
+use std::future::{Future, ready};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use admission_accounts::CountingGate;
 use admission_core::Clock;
-use deadpool_postgres::{Object, Pool, PoolError};
-use parking_lot::Mutex;
+use deadpool_postgres::{Manager, Object, Pool, PoolError};
 use tokio::runtime::Handle as Runtime;
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
-use crate::metrics::{PoolMetrics, PoolState};
-use crate::{Aborter, DbError, DbHandle, DbResourceProvider, ProviderId};
-
-/// The pool and driver, as [`DbError::Connect`] names them.
-const BACKEND: &str = "deadpool-postgres";
-
-/// The checkout timeout unless one is set: under a permit the pool should have a session at
-/// once, so waiting longer means the bound exceeds what the pool reserves.
-const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(5);
+use crate::DbError;
+use crate::metrics::PoolState;
+use crate::pooled::sealed::Sealed;
+use crate::pooled::{Failure, PoolBackend, PoolStatus, PooledHandle, PooledProvider};
+use abort::Cancel;
 
 /// A provider over a deadpool-postgres pool.
 ///
 /// Its bound is given, never inferred from the pool: it must not exceed the sessions the pool
 /// reserves for jobs. The pool hands out sessions writable (`default_transaction_read_only` off);
 /// a read-only handle turns it on and its close turns it off again (a read-only handle dropped
-/// unclosed detaches its session).
+/// unclosed detaches its session). The engine (checkout, handle, close) is [`PooledProvider`]'s.
 ///
 /// The async face is [`checkout`](DeadpoolPostgresProvider::checkout) and the handle's
-/// `*_async` verbs. The sync [`DbResourceProvider`] / [`DbHandle`] face runs them on the runtime
-/// given to [`new`](DeadpoolPostgresProvider::new) with `block_on`: call it from a thread or
-/// from `spawn_blocking`, never from inside a task (tokio panics there).
+/// `*_async` verbs. The sync [`DbResourceProvider`](crate::DbResourceProvider) /
+/// [`DbHandle`](crate::DbHandle) face runs them on the runtime given to
+/// [`new`](DeadpoolPostgresProvider::new) with `block_on`: call it from a thread or from
+/// `spawn_blocking`, never from inside a task (tokio panics there).
 ///
 /// # Examples
 ///
@@ -76,20 +71,12 @@ const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(5);
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug)]
-pub struct DeadpoolPostgresProvider {
-    id: ProviderId,
-    gate: Arc<CountingGate>,
-    pool: Pool,
-    runtime: Runtime,
-    checkout_timeout: Duration,
-    metrics: PoolMetrics,
-}
+pub type DeadpoolPostgresProvider = PooledProvider<Manager>;
 
 impl DeadpoolPostgresProvider {
     /// A provider named `name` letting `bound` jobs hold a session of `pool` at once; its gate
     /// stamps on `clock` (the monitor's); the sync face blocks on `runtime`, which also runs the
-    /// cancel requests of [`abort`](DbHandle::abort).
+    /// cancel requests of [`abort`](crate::DbHandle::abort).
     ///
     /// # Errors
     ///
@@ -101,37 +88,16 @@ impl DeadpoolPostgresProvider {
         clock: Arc<dyn Clock>,
         runtime: Runtime,
     ) -> Result<DeadpoolPostgresProvider, DbError> {
-        let id = ProviderId::new(name);
-        let gate = id.gate(bound, clock.clone())?;
-        let metrics = PoolMetrics::new(id.name().into(), clock);
-        Ok(DeadpoolPostgresProvider {
-            id,
-            gate,
-            pool,
-            runtime,
-            checkout_timeout: CHECKOUT_TIMEOUT,
-            metrics,
-        })
-    }
-
-    /// The same provider, waiting at most `timeout` for a pooled session (5 s by default).
-    pub fn with_checkout_timeout(mut self, timeout: Duration) -> DeadpoolPostgresProvider {
-        self.checkout_timeout = timeout;
-        self
-    }
-
-    /// The pool the handles come from.
-    pub fn pool(&self) -> &Pool {
-        &self.pool
+        PooledProvider::build(name, bound, pool, clock, runtime)
     }
 
     /// Sessions of the pool checked out now: its size less its available sessions.
     pub fn checked_out(&self) -> usize {
-        let status = self.pool.status();
+        let status = self.pool().status();
         status.size.saturating_sub(status.available)
     }
 
-    /// [`acquire`](DbResourceProvider::acquire), async and typed.
+    /// [`acquire`](crate::DbResourceProvider::acquire), async and typed.
     ///
     /// # Cancel safety
     ///
@@ -145,117 +111,23 @@ impl DeadpoolPostgresProvider {
     /// create timeout, as its source); [`DbError::Database`] for a closed pool or a driver
     /// error setting the read-only state.
     pub async fn checkout(&self, read_only: bool) -> Result<DeadpoolHandle, DbError> {
-        let name = self.name();
-        let started = self.metrics.now();
-        let obj = match tokio::time::timeout(self.checkout_timeout, self.pool.get()).await {
-            Ok(Ok(obj)) => obj,
-            Ok(Err(e)) => return Err(self.pool_error(e)),
-            Err(_) => return Err(self.pool_timeout("timed out".to_owned())),
-        };
-        self.metrics.checked_out(started, || pool_state(&self.pool));
-        let token = obj.cancel_token();
-        let aborted = Arc::new(AtomicBool::new(false));
-        let cancel = Arc::new(Mutex::new(Cancel::default()));
-        let (flag, state) = (aborted.clone(), cancel.clone());
-        let runtime = self.runtime.clone();
-        let abort = Aborter::new(move || {
-            let mut state = state.lock();
-            // Once closed, the session may serve another job: never cancel it.
-            if state.closed || flag.swap(true, Ordering::AcqRel) {
-                return;
-            }
-            let token = token.clone();
-            state.request = Some(runtime.spawn(async move {
-                if let Err(e) = token.cancel_query(NoTls).await {
-                    tracing::warn!(error = %e, "cancelling an aborted PostgreSQL handle failed");
-                }
-            }));
-        });
-        let handle = DeadpoolHandle {
-            provider: self.id.clone(),
-            obj: Some(obj),
-            runtime: self.runtime.clone(),
-            read_only,
-            // Counted switched before the round trip: a cancelled switch detaches on drop.
-            switched: read_only,
-            in_transaction: false,
-            aborted,
-            cancel,
-            abort,
-            pool: self.pool.clone(),
-            metrics: self.metrics.clone(),
-            handed_out: self.metrics.now(),
-        };
-        if read_only {
-            handle
-                .execute("acquire", "SET SESSION default_transaction_read_only = on")
-                .await
-                .map_err(|e| DbError::database(name, "acquire", e))?;
-        }
-        Ok(handle)
-    }
-
-    /// What deadpool's refusal means: a wait for a slot is a pool timeout; a session it could
-    /// not create (the driver's error, a create timeout, a failed `post_create` hook) a
-    /// connection failure; a closed pool a refusal of `acquire`.
-    fn pool_error(&self, error: PoolError) -> DbError {
-        use deadpool_postgres::{HookError, TimeoutType};
-        let name = self.name();
-        match error {
-            PoolError::Timeout(TimeoutType::Wait) => self.pool_timeout(error.to_string()),
-            PoolError::Backend(driver) | PoolError::PostCreateHook(HookError::Backend(driver)) => {
-                DbError::connect(name, BACKEND, driver)
-            }
-            PoolError::Timeout(_) | PoolError::PostCreateHook(_) => {
-                DbError::connect(name, BACKEND, error)
-            }
-            PoolError::Closed | PoolError::NoRuntimeSpecified => {
-                DbError::database(name, "acquire", error)
-            }
-        }
-    }
-
-    /// No slot within the checkout timeout: the pool's counts and its words.
-    fn pool_timeout(&self, message: String) -> DbError {
-        self.metrics.timed_out(|| pool_state(&self.pool));
-        let status = self.pool.status();
-        DbError::PoolTimeout {
-            provider: self.name().to_owned(),
-            size: status.size,
-            available: status.available,
-            waiting: status.waiting,
-            max_size: status.max_size,
-            timeout: self.checkout_timeout,
-            message,
-        }
+        self.checkout_verb(read_only).await
     }
 }
 
-/// The pool's state for the metrics, its waiters included.
-fn pool_state(pool: &Pool) -> PoolState {
-    let status = pool.status();
-    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-    PoolState {
-        idle: count(status.available),
-        used: count(status.size.saturating_sub(status.available)),
-        max: count(status.max_size),
-        pending: Some(count(status.waiting)),
-    }
-}
-
-impl DbResourceProvider for DeadpoolPostgresProvider {
-    fn id(&self) -> &ProviderId {
-        &self.id
-    }
-
-    fn admission(&self) -> &Arc<CountingGate> {
-        &self.gate
-    }
-
-    /// [`checkout`](DeadpoolPostgresProvider::checkout) run with `block_on`: call it from a thread
-    /// or `spawn_blocking`, never from inside a task.
-    fn acquire(&self, read_only: bool) -> Result<Box<dyn DbHandle>, DbError> {
-        Ok(Box::new(self.runtime.block_on(self.checkout(read_only))?))
+/// What deadpool's refusal means: a wait for a slot is a pool timeout; a session it could not
+/// create (the driver's error, a create timeout, a failed `post_create` hook) a connection
+/// failure, the driver's error itself its source where there is one (not deadpool's wrapper,
+/// whose message would repeat it); a closed pool a refusal of `acquire`.
+fn classify(error: PoolError) -> Failure {
+    use deadpool_postgres::{HookError, TimeoutType};
+    match error {
+        PoolError::Timeout(TimeoutType::Wait) => Failure::Timeout(error.to_string()),
+        PoolError::Backend(driver) | PoolError::PostCreateHook(HookError::Backend(driver)) => {
+            Failure::Connect(Box::new(driver))
+        }
+        PoolError::Timeout(_) | PoolError::PostCreateHook(_) => Failure::Connect(Box::new(error)),
+        PoolError::Closed | PoolError::NoRuntimeSpecified => Failure::Refused(Box::new(error)),
     }
 }
 
@@ -269,38 +141,14 @@ impl DbResourceProvider for DeadpoolPostgresProvider {
 /// rather than pooled, so a cancel meant for this handle never reaches another job; an abort after
 /// `close` (or drop) sends nothing.
 ///
+/// A drop never blocks (it may run inside a task): a session that may be inside a transaction or
+/// read-only is detached, any other goes back to the pool.
+///
 /// # Cancel safety
 ///
 /// A cancelled `begin_async` (or any verb cut short inside a transaction) leaves the handle
 /// counted inside a transaction; its close rolls back, and a drop detaches the session.
-pub struct DeadpoolHandle {
-    provider: ProviderId,
-    /// `None` once closed: the session went back to the pool, or was detached.
-    obj: Option<Object>,
-    runtime: Runtime,
-    read_only: bool,
-    /// Whether `default_transaction_read_only` may be on (the pool hands sessions out with it off).
-    switched: bool,
-    /// Set before `BEGIN` is sent, so a cancelled begin counts as open.
-    in_transaction: bool,
-    aborted: Arc<AtomicBool>,
-    /// Shared with the aborter: the cancel request in flight, and whether the handle closed.
-    cancel: Arc<Mutex<Cancel>>,
-    abort: Aborter,
-    /// The pool the session came from, read for the metrics once it is back.
-    pool: Pool,
-    metrics: PoolMetrics,
-    /// When the pool handed the session out (the provider's clock), for `use_time`.
-    handed_out: crate::metrics::Stamp,
-}
-
-/// An abort's cancel request, and whether the handle closed (after which abort sends none).
-#[derive(Debug, Default)]
-struct Cancel {
-    closed: bool,
-    /// The task sending the request, awaited before the session is rolled back or given up.
-    request: Option<tokio::task::JoinHandle<()>>,
-}
+pub type DeadpoolHandle = PooledHandle<Manager>;
 
 impl DeadpoolHandle {
     /// The client, for the job's statements.
@@ -312,157 +160,43 @@ impl DeadpoolHandle {
         self.live("client")
     }
 
-    fn live(&self, operation: &'static str) -> Result<&Object, DbError> {
-        let Some(obj) = self.obj.as_ref() else {
-            return Err(DbError::Closed {
-                provider: self.provider.name().to_owned(),
-                operation,
-            });
-        };
-        if self.aborted.load(Ordering::Acquire) {
-            return Err(DbError::Aborted {
-                provider: self.provider.name().to_owned(),
-                operation,
-            });
-        }
-        Ok(obj)
-    }
-
-    async fn execute(&self, operation: &'static str, sql: &str) -> Result<(), DbError> {
-        self.live(operation)?
-            .batch_execute(sql)
-            .await
-            .map_err(|e| DbError::database(self.provider.name(), operation, e))
-    }
-
-    /// Waits for an abort's cancel request to reach the server (it then finds the session idle
-    /// and is ignored), so that it never cancels the rollback; with `close`, no later abort sends
-    /// one.
-    async fn settle_cancel(&self, close: bool) {
-        let request = {
-            let mut state = self.cancel.lock();
-            state.closed |= close;
-            state.request.take()
-        };
-        if let Some(request) = request {
-            let _ = request.await;
-        }
-    }
-
-    fn refuse(&self, operation: &'static str, reason: &'static str) -> DbError {
-        DbError::Transaction {
-            provider: self.provider.name().to_owned(),
-            operation,
-            reason,
-        }
-    }
-
-    /// Opens a transaction ([`DbHandle::begin`]).
+    /// Opens a transaction ([`DbHandle::begin`](crate::DbHandle::begin)).
     ///
     /// # Errors
     ///
     /// Inside a transaction, on a closed or aborted handle, or a driver error.
     pub async fn begin_async(&mut self) -> Result<(), DbError> {
-        self.live("begin")?;
-        if self.in_transaction {
-            return Err(self.refuse("begin", "a transaction is already open"));
-        }
-        self.in_transaction = true;
-        self.execute("begin", "BEGIN").await
+        self.begin_verb().await
     }
 
-    /// Commits the open transaction ([`DbHandle::commit`]).
+    /// Commits the open transaction ([`DbHandle::commit`](crate::DbHandle::commit)).
     ///
     /// # Errors
     ///
     /// Outside a transaction, on a closed or aborted handle, or a driver error.
     pub async fn commit_async(&mut self) -> Result<(), DbError> {
-        self.live("commit")?;
-        if !self.in_transaction {
-            return Err(self.refuse("commit", "no transaction is open"));
-        }
-        self.execute("commit", "COMMIT").await?;
-        self.in_transaction = false;
-        Ok(())
+        self.commit_verb().await
     }
 
-    /// Rolls back the open transaction ([`DbHandle::rollback`]); accepted after an abort.
+    /// Rolls back the open transaction ([`DbHandle::rollback`](crate::DbHandle::rollback));
+    /// accepted after an abort.
     ///
     /// # Errors
     ///
     /// A driver error.
     pub async fn rollback_async(&mut self) -> Result<(), DbError> {
-        if self.obj.is_none() || !self.in_transaction {
-            return Ok(());
-        }
-        self.settle_cancel(false).await;
-        let Some(obj) = self.obj.as_ref() else {
-            return Ok(());
-        };
-        roll_back(obj)
-            .await
-            .map_err(|e| DbError::database(self.provider.name(), "rollback", e))?;
-        self.in_transaction = false;
-        Ok(())
+        self.rollback_verb().await
     }
 
     /// Rolls back, turns the read-only state off again and gives the session back; a session it
     /// cannot bring back to autocommit and writable is detached from the pool
-    /// ([`DbHandle::close`]).
+    /// ([`DbHandle::close`](crate::DbHandle::close)).
     ///
     /// # Errors
     ///
     /// The first failure; the session went back or was detached all the same.
     pub async fn close_async(&mut self) -> Result<(), DbError> {
-        if self.obj.is_none() {
-            return Ok(());
-        }
-        self.settle_cancel(true).await;
-        let Some(obj) = self.obj.as_ref() else {
-            return Ok(());
-        };
-        let name = self.provider.name();
-        let mut first = None;
-        let mut clean = true;
-        if self.in_transaction {
-            if let Err(e) = roll_back(obj).await {
-                clean = false;
-                first = Some(DbError::database(name, "close", e));
-            } else {
-                self.in_transaction = false;
-            }
-        }
-        if clean && self.switched {
-            match obj
-                .batch_execute("SET SESSION default_transaction_read_only = off")
-                .await
-            {
-                Ok(()) => self.switched = false,
-                Err(e) => {
-                    first.get_or_insert(DbError::database(name, "close", e));
-                }
-            }
-        }
-        self.give_back();
-        first.map_or(Ok(()), Err)
-    }
-
-    /// Back to the pool when clean, else detached (closed; the server rolls back). An aborted
-    /// session is always detached: a cancel request may still be on its way to it.
-    fn give_back(&mut self) {
-        self.cancel.lock().closed = true;
-        let Some(obj) = self.obj.take() else {
-            self.in_transaction = false;
-            return;
-        };
-        if self.in_transaction || self.switched || self.aborted.load(Ordering::Acquire) {
-            drop(Object::take(obj));
-        } else {
-            drop(obj);
-        }
-        self.in_transaction = false;
-        self.metrics
-            .closed(self.handed_out, || pool_state(&self.pool));
+        self.close_verb().await
     }
 }
 
@@ -476,72 +210,151 @@ async fn roll_back(obj: &Object) -> Result<(), tokio_postgres::Error> {
     }
 }
 
-impl DbHandle for DeadpoolHandle {
-    fn provider(&self) -> &ProviderId {
-        &self.provider
+/// What a handle's abort reaches: public for the engine's trait to name, in a module no one else
+/// reaches.
+mod abort {
+    /// An abort's cancel request: the session's token, the runtime it is sent on, and the task
+    /// sending it (awaited before the session is rolled back or given up).
+    pub struct Cancel {
+        pub(super) token: tokio_postgres::CancelToken,
+        pub(super) runtime: tokio::runtime::Handle,
+        pub(super) request: Option<tokio::task::JoinHandle<()>>,
     }
+}
 
-    fn read_only(&self) -> bool {
-        self.read_only
-    }
+impl Sealed for Manager {}
 
-    fn begin(&mut self) -> Result<(), DbError> {
-        let runtime = self.runtime.clone();
-        runtime.block_on(self.begin_async())
-    }
+impl Sealed for Pool {}
 
-    fn commit(&mut self) -> Result<(), DbError> {
-        let runtime = self.runtime.clone();
-        runtime.block_on(self.commit_async())
-    }
-
-    /// A no-op: a PostgreSQL commit is visible to other sessions once it returns.
-    fn await_completion(&mut self) -> Result<(), DbError> {
-        Ok(())
-    }
-
-    fn rollback(&mut self) -> Result<(), DbError> {
-        let runtime = self.runtime.clone();
-        runtime.block_on(self.rollback_async())
-    }
-
-    fn close(&mut self) -> Result<(), DbError> {
-        if self.obj.is_none() {
-            return Ok(());
+/// deadpool counts its waiters.
+impl PoolStatus for Pool {
+    fn pool_state(&self) -> PoolState {
+        let status = self.status();
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        PoolState {
+            idle: count(status.available),
+            used: count(status.size.saturating_sub(status.available)),
+            max: count(status.max_size),
+            pending: Some(count(status.waiting)),
         }
-        let runtime = self.runtime.clone();
-        runtime.block_on(self.close_async())
     }
 
-    fn aborter(&self) -> Aborter {
-        self.abort.clone()
-    }
-
-    fn in_transaction(&self) -> bool {
-        self.obj.is_some() && self.in_transaction
-    }
-
-    fn is_closed(&self) -> bool {
-        self.obj.is_none()
-    }
-}
-
-/// A drop never blocks (it may run inside a task): a session that may be inside a transaction or
-/// read-only is detached, any other goes back to the pool.
-impl Drop for DeadpoolHandle {
-    fn drop(&mut self) {
-        self.give_back();
+    /// [`DbError::PoolTimeout`]: the pool's size, available and waiting counts.
+    fn timeout_error(&self, provider: &str, timeout: Duration, message: String) -> DbError {
+        let status = self.status();
+        DbError::PoolTimeout {
+            provider: provider.to_owned(),
+            size: status.size,
+            available: status.available,
+            waiting: status.waiting,
+            max_size: status.max_size,
+            timeout,
+            message,
+        }
     }
 }
 
-impl std::fmt::Debug for DeadpoolHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeadpoolHandle")
-            .field("provider", &self.provider)
-            .field("read_only", &self.read_only)
-            .field("in_transaction", &self.in_transaction())
-            .field("closed", &self.is_closed())
-            .finish()
+/// The handle counts its transaction, and a failed `COMMIT` leaves it counted open (its close
+/// rolls back). deadpool's recycling never rolls back, so a session that may be inside a
+/// transaction, may still be read-only, or was aborted is detached ([`Object::take`]) rather
+/// than handed back: the session is closed and the server rolls back.
+impl PoolBackend for Manager {
+    const BACKEND: &'static str = "deadpool-postgres";
+    const GIVES_UP_ABORTED: bool = true;
+    const FAILED_COMMIT_ENDS_TRANSACTION: bool = false;
+    const CLOSES_ON_DROP: bool = false;
+    type Pool = Pool;
+    type Conn = Object;
+    type Error = tokio_postgres::Error;
+    /// The runtime the sync face blocks on and the cancel requests run on.
+    type Extra = Runtime;
+    type Target = Cancel;
+
+    /// deadpool waits for a connection forever unless told otherwise: the checkout timeout
+    /// bounds the wait.
+    async fn get<'a>(pool: &'a Pool, _: &'a Runtime, timeout: Duration) -> Result<Object, Failure> {
+        match tokio::time::timeout(timeout, pool.get()).await {
+            Ok(Ok(obj)) => Ok(obj),
+            Ok(Err(e)) => Err(classify(e)),
+            Err(_) => Err(Failure::Timeout("timed out".to_owned())),
+        }
+    }
+
+    /// `block_on` on the provider's runtime.
+    fn block_on<T>(runtime: &Runtime, fut: impl Future<Output = T>) -> T {
+        runtime.block_on(fut)
+    }
+
+    /// The pool hands sessions out writable.
+    fn handed_read_only(
+        _: &mut Object,
+    ) -> impl Future<Output = Result<bool, tokio_postgres::Error>> + Send + '_ {
+        ready(Ok(false))
+    }
+
+    async fn set_read_only(obj: &mut Object, on: bool) -> Result<(), tokio_postgres::Error> {
+        obj.batch_execute(if on {
+            "SET SESSION default_transaction_read_only = on"
+        } else {
+            "SET SESSION default_transaction_read_only = off"
+        })
+        .await
+    }
+
+    fn in_transaction(_: &Object, counted: bool) -> bool {
+        counted
+    }
+
+    async fn begin(obj: &mut Object, _read_only: bool) -> Result<(), tokio_postgres::Error> {
+        obj.batch_execute("BEGIN").await
+    }
+
+    async fn commit(obj: &mut Object) -> Result<(), tokio_postgres::Error> {
+        obj.batch_execute("COMMIT").await
+    }
+
+    async fn rollback(obj: &mut Object) -> Result<(), tokio_postgres::Error> {
+        roll_back(obj).await
+    }
+
+    fn target(runtime: &Runtime, obj: &Object) -> Cancel {
+        Cancel {
+            token: obj.cancel_token(),
+            runtime: runtime.clone(),
+            request: None,
+        }
+    }
+
+    /// The first abort spawns the cancel request on the provider's runtime.
+    fn interrupt(cancel: &mut Cancel, first: bool) {
+        if !first {
+            return;
+        }
+        let token = cancel.token.clone();
+        cancel.request = Some(cancel.runtime.spawn(async move {
+            if let Err(e) = token.cancel_query(NoTls).await {
+                tracing::warn!(error = %e, "cancelling an aborted PostgreSQL handle failed");
+            }
+        }));
+    }
+
+    /// Awaits the cancel request's task (the server then finds the session idle and ignores
+    /// it), so that it never cancels the rollback.
+    fn settle(cancel: &mut Cancel) -> impl Future<Output = ()> + Send + 'static {
+        let request = cancel.request.take();
+        async move {
+            if let Some(request) = request {
+                let _ = request.await;
+            }
+        }
+    }
+
+    fn give_back(obj: Object, discard: bool) {
+        if discard {
+            drop(Object::take(obj));
+        } else {
+            drop(obj);
+        }
     }
 }
 
@@ -612,13 +425,13 @@ mod tests {
     #[test]
     fn deadpool_refusals_are_told_apart() {
         let (_runtime, provider) = provider(closed_port());
-        let wait = provider.pool_error(PoolError::Timeout(TimeoutType::Wait));
+        let wait = provider.failed(classify(PoolError::Timeout(TimeoutType::Wait)));
         assert!(
             matches!(&wait, DbError::PoolTimeout { message, .. }
                 if message == "Timeout occurred while waiting for a slot to become available"),
             "{wait:?}"
         );
-        let create = provider.pool_error(PoolError::Timeout(TimeoutType::Create));
+        let create = provider.failed(classify(PoolError::Timeout(TimeoutType::Create)));
         assert_eq!(
             create.to_string(),
             "db provider `pg`: deadpool-postgres could not connect to the database"
@@ -631,7 +444,7 @@ mod tests {
             "{create:?}"
         );
         assert_says_each_thing_once(&create);
-        let closed = provider.pool_error(PoolError::Closed);
+        let closed = provider.failed(classify(PoolError::Closed));
         assert!(
             matches!(
                 &closed,

@@ -18,6 +18,12 @@ mod counting;
 pub mod deadpool_postgres;
 mod error;
 mod metrics;
+#[cfg(any(
+    feature = "r2d2-sqlite",
+    feature = "r2d2-postgres",
+    feature = "deadpool-postgres"
+))]
+pub mod pooled;
 mod provider;
 #[cfg(any(feature = "r2d2-sqlite", feature = "r2d2-postgres"))]
 mod r2d2_connect;

@@ -43,7 +43,7 @@ pub const POOL_NAME: &str = "pool.name";
 
 /// A pool's state as its provider reads it, for the gauges.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct PoolState {
+pub struct PoolState {
     pub(crate) idle: u32,
     pub(crate) used: u32,
     pub(crate) max: u32,

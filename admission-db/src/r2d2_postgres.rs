@@ -14,24 +14,21 @@
 //! then connects once itself, with the pool's configuration (bounded by [`PROBE_TIMEOUT`]), and
 //! that attempt's `postgres::Error` is the source, [`code`](postgres::Error::code) and all.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::future::{Future, ready};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use admission_accounts::CountingGate;
 use admission_core::Clock;
-use parking_lot::Mutex;
 use postgres::error::SqlState;
 use postgres::{Client, NoTls};
 use r2d2::{ManageConnection, Pool, PooledConnection};
 use r2d2_postgres::PostgresConnectionManager;
 
-use crate::metrics::{PoolMetrics, PoolState};
-use crate::r2d2_connect::connect_failure;
-use crate::{Aborter, DbError, DbHandle, DbResourceProvider, ProviderId};
-
-/// The pool and driver, as [`DbError::Connect`] names them.
-const BACKEND: &str = "r2d2-postgres";
+use crate::DbError;
+use crate::pooled::sealed::Sealed;
+use crate::pooled::{Failure, PoolBackend, PooledHandle, PooledProvider, run_here};
+use crate::r2d2_connect;
+use abort::Cancel;
 
 /// The longest the provider's own connection attempt after a failed checkout may take.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -113,16 +110,13 @@ impl ManageConnection for PgManager {
     }
 }
 
-/// The checkout timeout unless one is set: under a permit the pool should have a session at
-/// once, so waiting longer means the bound exceeds what the pool reserves.
-const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(5);
-
 /// A provider over an r2d2 pool of sync PostgreSQL clients.
 ///
 /// Its bound is given, never inferred from the pool: it must not exceed the sessions the pool
 /// reserves for jobs (the pool's maximum, less what the host keeps for itself). A read-only
 /// handle's session runs with `default_transaction_read_only` on, in and outside its
-/// transactions; `close` sets it back.
+/// transactions; `close` sets it back. The engine (checkout, handle, close) is
+/// [`PooledProvider`]'s.
 ///
 /// # Examples
 ///
@@ -153,16 +147,7 @@ const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(5);
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug)]
-pub struct R2d2PostgresProvider {
-    id: ProviderId,
-    gate: Arc<CountingGate>,
-    pool: Pool<PgManager>,
-    checkout_timeout: Duration,
-    metrics: PoolMetrics,
-    /// The pool's connection configuration, learned from the first session handed out.
-    probe: OnceLock<Arc<postgres::Config>>,
-}
+pub type R2d2PostgresProvider = PooledProvider<PgManager>;
 
 impl R2d2PostgresProvider {
     /// A provider named `name` letting `bound` jobs hold a session of `pool` at once; its gate
@@ -177,37 +162,15 @@ impl R2d2PostgresProvider {
         pool: Pool<PgManager>,
         clock: Arc<dyn Clock>,
     ) -> Result<R2d2PostgresProvider, DbError> {
-        let id = ProviderId::new(name);
-        let gate = id.gate(bound, clock.clone())?;
-        let metrics = PoolMetrics::new(id.name().into(), clock);
-        Ok(R2d2PostgresProvider {
-            id,
-            gate,
-            pool,
-            checkout_timeout: CHECKOUT_TIMEOUT,
-            metrics,
-            probe: OnceLock::new(),
-        })
-    }
-
-    /// The same provider, waiting at most `timeout` for a pooled session (5 s by default).
-    pub fn with_checkout_timeout(mut self, timeout: Duration) -> R2d2PostgresProvider {
-        self.checkout_timeout = timeout;
-        self
-    }
-
-    /// The pool the handles come from.
-    pub fn pool(&self) -> &Pool<PgManager> {
-        &self.pool
+        PooledProvider::build(name, bound, pool, clock, OnceLock::new())
     }
 
     /// Sessions of the pool checked out now: its size less its idle sessions.
     pub fn checked_out(&self) -> u32 {
-        let state = self.pool.state();
-        state.connections.saturating_sub(state.idle_connections)
+        r2d2_connect::checked_out(self.pool())
     }
 
-    /// [`acquire`](DbResourceProvider::acquire), typed.
+    /// [`acquire`](crate::DbResourceProvider::acquire), typed.
     ///
     /// # Errors
     ///
@@ -215,88 +178,7 @@ impl R2d2PostgresProvider {
     /// waiters) when the pool timed out full; [`DbError::Connect`] when it could not open a
     /// session (see the module's docs); a driver error setting the read-only state.
     pub fn checkout(&self, read_only: bool) -> Result<PgHandle, DbError> {
-        let started = self.metrics.now();
-        let mut conn = self
-            .pool
-            .get_timeout(self.checkout_timeout)
-            .map_err(|e| self.timed_out(e))?;
-        self.probe.get_or_init(|| conn.probe.clone());
-        self.metrics.checked_out(started, || pool_state(&self.pool));
-        let handed_out = self.metrics.now();
-        let handed_read_only = conn.read_only;
-        if handed_read_only != read_only {
-            set_read_only(&mut conn, read_only)
-                .map_err(|e| DbError::database(self.name(), "acquire", e))?;
-        }
-        let token = conn.client.cancel_token();
-        let aborted = Arc::new(AtomicBool::new(false));
-        let cancel = Arc::new(Mutex::new(Cancel::default()));
-        let (flag, state) = (aborted.clone(), cancel.clone());
-        let abort = Aborter::new(move || {
-            let mut state = state.lock();
-            // Once closed, the session may serve another job: never cancel it.
-            if state.closed || flag.swap(true, Ordering::AcqRel) {
-                return;
-            }
-            // The cancel request opens a connection of its own: never on the caller's thread.
-            let token = token.clone();
-            state.request = Some(std::thread::spawn(move || {
-                if let Err(e) = token.cancel_query(NoTls) {
-                    tracing::warn!(error = %e, "cancelling an aborted PostgreSQL handle failed");
-                }
-            }));
-        });
-        Ok(PgHandle {
-            provider: self.id.clone(),
-            conn: Some(conn),
-            read_only,
-            handed_read_only,
-            in_transaction: false,
-            aborted,
-            cancel,
-            abort,
-            pool: self.pool.clone(),
-            metrics: self.metrics.clone(),
-            handed_out,
-        })
-    }
-}
-
-impl R2d2PostgresProvider {
-    /// A checkout that ended in `error`: [`DbError::Connect`] for a session the pool could not
-    /// open, else [`DbError::Checkout`].
-    fn timed_out(&self, error: r2d2::Error) -> DbError {
-        let state = self.pool.state();
-        let room = state.connections < self.pool.max_size();
-        let probe = self
-            .probe
-            .get()
-            .map(|config| move || config.connect(NoTls).map(drop));
-        match connect_failure(self.name(), BACKEND, error, room, probe) {
-            Ok(connect) => connect,
-            Err(error) => {
-                self.metrics.timed_out(|| pool_state(&self.pool));
-                DbError::Checkout {
-                    provider: self.name().to_owned(),
-                    size: state.connections,
-                    idle: state.idle_connections,
-                    max_size: self.pool.max_size(),
-                    timeout: self.checkout_timeout,
-                    message: error.to_string(),
-                }
-            }
-        }
-    }
-}
-
-/// The pool's state for the metrics (r2d2 does not count its waiters).
-fn pool_state(pool: &Pool<PgManager>) -> PoolState {
-    let state = pool.state();
-    PoolState {
-        idle: state.idle_connections,
-        used: state.connections.saturating_sub(state.idle_connections),
-        max: pool.max_size(),
-        pending: None,
+        run_here(self.checkout_verb(read_only))
     }
 }
 
@@ -310,14 +192,6 @@ fn set_read_only(conn: &mut PgConnection, on: bool) -> Result<(), postgres::Erro
     Ok(())
 }
 
-/// An abort's cancel request, and whether the handle closed (after which abort sends none).
-#[derive(Debug, Default)]
-struct Cancel {
-    closed: bool,
-    /// The thread sending the request, joined before the session is rolled back or given up.
-    request: Option<std::thread::JoinHandle<()>>,
-}
-
 /// `ROLLBACK`, once more if an abort's cancel request landed on the first.
 fn roll_back(client: &mut Client) -> Result<(), postgres::Error> {
     match client.batch_execute("ROLLBACK") {
@@ -326,48 +200,18 @@ fn roll_back(client: &mut Client) -> Result<(), postgres::Error> {
     }
 }
 
-impl DbResourceProvider for R2d2PostgresProvider {
-    fn id(&self) -> &ProviderId {
-        &self.id
-    }
-
-    fn admission(&self) -> &Arc<CountingGate> {
-        &self.gate
-    }
-
-    fn acquire(&self, read_only: bool) -> Result<Box<dyn DbHandle>, DbError> {
-        Ok(Box::new(self.checkout(read_only)?))
-    }
-}
-
 /// One pooled PostgreSQL session held under a permit.
 ///
 /// The handle knows its transaction from its own verbs: open transactions with
-/// [`begin`](DbHandle::begin), not with a `BEGIN` of the job's own.
-/// [`await_completion`](DbHandle::await_completion) is a no-op: a PostgreSQL commit is visible to
-/// other sessions once it returns. [`abort`](DbHandle::abort) sets a flag and sends the server a cancel request from a
-/// thread of its own, so the running statement stops; only `rollback` and `close` are accepted
-/// after it. `rollback` and `close` first wait for that request to reach the server, and an
-/// aborted session is dropped after its rollback rather than pooled, so a cancel meant for this
-/// handle never reaches another job; an abort after `close` sends nothing.
-pub struct PgHandle {
-    provider: ProviderId,
-    /// `None` once closed: the session went back to the pool (or was dropped).
-    conn: Option<PooledConnection<PgManager>>,
-    read_only: bool,
-    /// The read-only state the pool handed out, restored by `close`.
-    handed_read_only: bool,
-    in_transaction: bool,
-    aborted: Arc<AtomicBool>,
-    /// Shared with the aborter: the cancel request in flight, and whether the handle closed.
-    cancel: Arc<Mutex<Cancel>>,
-    abort: Aborter,
-    /// The pool the session came from, read for the metrics once it is back.
-    pool: Pool<PgManager>,
-    metrics: PoolMetrics,
-    /// When the pool handed the session out (the provider's clock), for `use_time`.
-    handed_out: crate::metrics::Stamp,
-}
+/// [`begin`](crate::DbHandle::begin), not with a `BEGIN` of the job's own.
+/// [`await_completion`](crate::DbHandle::await_completion) is a no-op: a PostgreSQL commit is
+/// visible to other sessions once it returns. [`abort`](crate::DbHandle::abort) sets a flag and
+/// sends the server a cancel request from a thread of its own, so the running statement stops;
+/// only `rollback` and `close` are accepted after it. `rollback` and `close` first wait for that
+/// request to reach the server, and an aborted session is dropped after its rollback rather than
+/// pooled, so a cancel meant for this handle never reaches another job; an abort after `close`
+/// sends nothing.
+pub type PgHandle = PooledHandle<PgManager>;
 
 impl PgHandle {
     /// The client, for the job's statements.
@@ -376,169 +220,129 @@ impl PgHandle {
     ///
     /// On a closed or aborted handle.
     pub fn client(&mut self) -> Result<&mut Client, DbError> {
-        Ok(&mut self.live("client")?.client)
-    }
-
-    fn live(&mut self, operation: &'static str) -> Result<&mut PgConnection, DbError> {
-        if self.conn.is_some() && self.aborted.load(Ordering::Acquire) {
-            return Err(DbError::Aborted {
-                provider: self.provider.name().to_owned(),
-                operation,
-            });
-        }
-        match self.conn.as_deref_mut() {
-            Some(conn) => Ok(conn),
-            None => Err(DbError::Closed {
-                provider: self.provider.name().to_owned(),
-                operation,
-            }),
-        }
-    }
-
-    /// Waits for an abort's cancel request to reach the server (it then finds the session idle
-    /// and is ignored), so that it never cancels the rollback or a later job's statement; with
-    /// `close`, no later abort sends one.
-    fn settle_cancel(&self, close: bool) {
-        let request = {
-            let mut state = self.cancel.lock();
-            state.closed |= close;
-            state.request.take()
-        };
-        if let Some(request) = request {
-            let _ = request.join();
-        }
-    }
-
-    fn refuse(&self, operation: &'static str, reason: &'static str) -> DbError {
-        DbError::Transaction {
-            provider: self.provider.name().to_owned(),
-            operation,
-            reason,
-        }
+        Ok(&mut self.live_mut("client")?.client)
     }
 }
 
-impl DbHandle for PgHandle {
-    fn provider(&self) -> &ProviderId {
-        &self.provider
+/// What a handle's abort reaches: public for the engine's trait to name, in a module no one else
+/// reaches.
+mod abort {
+    /// An abort's cancel request: the session's token, and the thread sending the request
+    /// (joined before the session is rolled back or given up).
+    pub struct Cancel {
+        pub(super) token: postgres::CancelToken,
+        pub(super) request: Option<std::thread::JoinHandle<()>>,
+    }
+}
+
+impl Sealed for PgManager {}
+
+impl r2d2_connect::Opens for PgManager {
+    type Opener = postgres::Config;
+
+    fn opener(conn: &PgConnection) -> &Arc<postgres::Config> {
+        &conn.probe
     }
 
-    fn read_only(&self) -> bool {
-        self.read_only
+    fn probe(config: &postgres::Config) -> Result<(), postgres::Error> {
+        config.connect(NoTls).map(drop)
+    }
+}
+
+/// The handle counts its transaction (a failed `COMMIT` ends it: PostgreSQL rolls it back). An
+/// aborted session, or one its close could not bring out of a transaction or back to its
+/// read-only state, is marked broken, so r2d2 drops it (the server then rolls back).
+impl PoolBackend for PgManager {
+    const BACKEND: &'static str = "r2d2-postgres";
+    const GIVES_UP_ABORTED: bool = true;
+    const FAILED_COMMIT_ENDS_TRANSACTION: bool = true;
+    const CLOSES_ON_DROP: bool = true;
+    type Pool = Pool<PgManager>;
+    type Conn = PooledConnection<PgManager>;
+    type Error = postgres::Error;
+    /// The pool's connection configuration, learned from the first session handed out.
+    type Extra = OnceLock<Arc<postgres::Config>>;
+    type Target = Cancel;
+
+    fn get<'a>(
+        pool: &'a Pool<PgManager>,
+        probe: &'a Self::Extra,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Self::Conn, Failure>> + Send + 'a {
+        ready(r2d2_connect::get(pool, probe, timeout))
     }
 
-    fn begin(&mut self) -> Result<(), DbError> {
-        self.live("begin")?;
-        if self.in_transaction {
-            return Err(self.refuse("begin", "a transaction is already open"));
-        }
-        // Counted open before the round trip: whatever happens to it, close rolls back.
-        self.in_transaction = true;
-        let name = self.provider.name().to_owned();
-        self.live("begin")?
-            .client
-            .batch_execute("BEGIN")
-            .map_err(|e| DbError::database(&name, "begin", e))
+    fn handed_read_only(
+        conn: &mut Self::Conn,
+    ) -> impl Future<Output = Result<bool, postgres::Error>> + Send + '_ {
+        ready(Ok(conn.read_only))
     }
 
-    fn commit(&mut self) -> Result<(), DbError> {
-        self.live("commit")?;
-        if !self.in_transaction {
-            return Err(self.refuse("commit", "no transaction is open"));
-        }
-        let name = self.provider.name().to_owned();
-        let result = self.live("commit")?.client.batch_execute("COMMIT");
-        // A failed COMMIT still ends the transaction (PostgreSQL rolls it back).
-        self.in_transaction = false;
-        result.map_err(|e| DbError::database(&name, "commit", e))
+    fn set_read_only(
+        conn: &mut Self::Conn,
+        on: bool,
+    ) -> impl Future<Output = Result<(), postgres::Error>> + Send + '_ {
+        ready(set_read_only(conn, on))
     }
 
-    /// A no-op: a PostgreSQL commit is visible to other sessions once it returns.
-    fn await_completion(&mut self) -> Result<(), DbError> {
-        Ok(())
+    fn in_transaction(_: &Self::Conn, counted: bool) -> bool {
+        counted
     }
 
-    fn rollback(&mut self) -> Result<(), DbError> {
-        if !self.in_transaction {
-            return Ok(());
-        }
-        if self.conn.is_none() {
-            return Ok(());
-        }
-        self.settle_cancel(false);
-        let Some(conn) = self.conn.as_deref_mut() else {
-            return Ok(());
-        };
-        let result = roll_back(&mut conn.client);
-        if result.is_ok() {
-            self.in_transaction = false;
-        }
-        result.map_err(|e| DbError::database(self.provider.name(), "rollback", e))
+    fn begin(
+        conn: &mut Self::Conn,
+        _read_only: bool,
+    ) -> impl Future<Output = Result<(), postgres::Error>> + Send + '_ {
+        ready(conn.client.batch_execute("BEGIN"))
     }
 
-    fn close(&mut self) -> Result<(), DbError> {
-        if self.conn.is_none() {
-            return Ok(());
+    fn commit(
+        conn: &mut Self::Conn,
+    ) -> impl Future<Output = Result<(), postgres::Error>> + Send + '_ {
+        ready(conn.client.batch_execute("COMMIT"))
+    }
+
+    fn rollback(
+        conn: &mut Self::Conn,
+    ) -> impl Future<Output = Result<(), postgres::Error>> + Send + '_ {
+        ready(roll_back(&mut conn.client))
+    }
+
+    fn target(_: &Self::Extra, conn: &Self::Conn) -> Cancel {
+        Cancel {
+            token: conn.client.cancel_token(),
+            request: None,
         }
-        self.settle_cancel(true);
-        let Some(mut conn) = self.conn.take() else {
-            return Ok(());
-        };
-        let name = self.provider.name();
-        let mut first = None;
-        // A cancel request may still be on its way through the network: an aborted session is
-        // dropped after its rollback, never pooled for another job.
-        conn.broken |= self.aborted.load(Ordering::Acquire);
-        if self.in_transaction {
-            if let Err(e) = roll_back(&mut conn.client) {
-                // Still inside: the pool drops the session instead of pooling it.
-                conn.broken = true;
-                first = Some(DbError::database(name, "close", e));
+    }
+
+    /// The first abort sends the cancel request, which opens a connection of its own: never on
+    /// the caller's thread.
+    fn interrupt(cancel: &mut Cancel, first: bool) {
+        if !first {
+            return;
+        }
+        let token = cancel.token.clone();
+        cancel.request = Some(std::thread::spawn(move || {
+            if let Err(e) = token.cancel_query(NoTls) {
+                tracing::warn!(error = %e, "cancelling an aborted PostgreSQL handle failed");
             }
-            self.in_transaction = false;
+        }));
+    }
+
+    /// Waits for the cancel request to reach the server (it then finds the session idle and is
+    /// ignored), so that it never cancels the rollback or a later job's statement.
+    fn settle(cancel: &mut Cancel) -> impl Future<Output = ()> + Send + 'static {
+        let request = cancel.request.take();
+        async move {
+            if let Some(request) = request {
+                let _ = request.join();
+            }
         }
-        if !conn.broken
-            && conn.read_only != self.handed_read_only
-            && let Err(e) = set_read_only(&mut conn, self.handed_read_only)
-        {
-            conn.broken = true;
-            first.get_or_insert(DbError::database(name, "close", e));
-        }
+    }
+
+    fn give_back(mut conn: Self::Conn, discard: bool) {
+        conn.broken |= discard;
         drop(conn);
-        self.metrics
-            .closed(self.handed_out, || pool_state(&self.pool));
-        first.map_or(Ok(()), Err)
-    }
-
-    fn aborter(&self) -> Aborter {
-        self.abort.clone()
-    }
-
-    fn in_transaction(&self) -> bool {
-        self.conn.is_some() && self.in_transaction
-    }
-
-    fn is_closed(&self) -> bool {
-        self.conn.is_none()
-    }
-}
-
-impl Drop for PgHandle {
-    fn drop(&mut self) {
-        if let Err(e) = self.close() {
-            tracing::warn!(error = %e, "closing a dropped PostgreSQL handle failed");
-        }
-    }
-}
-
-impl std::fmt::Debug for PgHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgHandle")
-            .field("provider", &self.provider)
-            .field("read_only", &self.read_only)
-            .field("in_transaction", &self.in_transaction())
-            .field("closed", &self.is_closed())
-            .finish()
     }
 }
 
@@ -578,7 +382,7 @@ mod tests {
         let config = refused();
         let provider = provider(&config);
         // As the first session handed out would have taught it.
-        let _ = provider.probe.set(PgManager::new(config).probe);
+        let _ = provider.extra().set(PgManager::new(config).probe);
         let error = provider.checkout(false).unwrap_err();
         assert_eq!(
             error.to_string(),

@@ -13,24 +13,22 @@
 //! opens one connection itself, with the pool's manager, and that attempt's `rusqlite::Error` is
 //! the source.
 
+use std::future::{Future, ready};
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use admission_accounts::CountingGate;
 use admission_core::Clock;
-use parking_lot::Mutex;
 use r2d2::{ManageConnection, Pool, PooledConnection};
 use r2d2_sqlite::SqliteConnectionManager;
-use rusqlite::{Connection, InterruptHandle};
+use rusqlite::Connection;
 
-use crate::metrics::{PoolMetrics, PoolState, Stamp};
-use crate::r2d2_connect::connect_failure;
-use crate::{Aborter, DbError, DbHandle, DbResourceProvider, ProviderId};
-
-/// The pool and driver, as [`DbError::Connect`] names them.
-const BACKEND: &str = "r2d2-sqlite";
+use crate::DbError;
+use crate::pooled::sealed::Sealed;
+use crate::pooled::{Failure, PoolBackend, PooledHandle, PooledProvider, run_here};
+use crate::r2d2_connect;
+use abort::AbortTarget;
 
 /// `r2d2_sqlite`'s manager, refusing to pool a connection left inside a transaction.
 ///
@@ -132,17 +130,25 @@ fn read_query_only(conn: &Connection) -> rusqlite::Result<bool> {
     conn.query_row("PRAGMA query_only", [], |row| row.get(0))
 }
 
-/// The checkout timeout unless one is set: under a permit the pool should have a connection at
-/// once, so waiting longer means the bound exceeds what the pool reserves.
-const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How many virtual-machine steps run between two looks at a connection's stop flag.
+const PROGRESS_OPS: i32 = 1_000;
+
+fn set_query_only(conn: &Connection, on: bool) -> rusqlite::Result<()> {
+    conn.execute_batch(if on {
+        "PRAGMA query_only = ON"
+    } else {
+        "PRAGMA query_only = OFF"
+    })
+}
 
 /// A provider over an r2d2 pool of rusqlite connections.
 ///
 /// Its bound is given, never inferred from the pool: it must not exceed the connections the
 /// pool reserves for jobs (the pool's maximum, less what the host keeps for itself). A write
-/// handle's [`begin`](DbHandle::begin) is `BEGIN IMMEDIATE` (the write lock at once, so a busy
-/// timeout rather than a deadlock decides between writers); a read-only handle's is `BEGIN`, on a
-/// connection set to `PRAGMA query_only`.
+/// handle's [`begin`](crate::DbHandle::begin) is `BEGIN IMMEDIATE` (the write lock at once, so a
+/// busy timeout rather than a deadlock decides between writers); a read-only handle's is `BEGIN`,
+/// on a connection set to `PRAGMA query_only`. The engine (checkout, handle, close) is
+/// [`PooledProvider`]'s.
 ///
 /// # Examples
 ///
@@ -177,22 +183,7 @@ const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(5);
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug)]
-pub struct R2d2SqliteProvider {
-    shared: Arc<Shared>,
-    gate: Arc<CountingGate>,
-    checkout_timeout: Duration,
-}
-
-/// What a provider shares with its handles, behind one `Arc`.
-#[derive(Debug)]
-struct Shared {
-    id: ProviderId,
-    pool: Pool<SqliteManager>,
-    metrics: PoolMetrics,
-    /// The pool's manager, learned from the first connection handed out.
-    opener: OnceLock<Arc<SqliteConnectionManager>>,
-}
+pub type R2d2SqliteProvider = PooledProvider<SqliteManager>;
 
 impl R2d2SqliteProvider {
     /// A provider named `name` letting `bound` jobs hold a connection of `pool` at once; its
@@ -207,39 +198,15 @@ impl R2d2SqliteProvider {
         pool: Pool<SqliteManager>,
         clock: Arc<dyn Clock>,
     ) -> Result<R2d2SqliteProvider, DbError> {
-        let id = ProviderId::new(name);
-        let gate = id.gate(bound, clock.clone())?;
-        let metrics = PoolMetrics::new(id.name().into(), clock);
-        Ok(R2d2SqliteProvider {
-            shared: Arc::new(Shared {
-                id,
-                pool,
-                metrics,
-                opener: OnceLock::new(),
-            }),
-            gate,
-            checkout_timeout: CHECKOUT_TIMEOUT,
-        })
-    }
-
-    /// The same provider, waiting at most `timeout` for a pooled connection (5 s by default).
-    pub fn with_checkout_timeout(mut self, timeout: Duration) -> R2d2SqliteProvider {
-        self.checkout_timeout = timeout;
-        self
-    }
-
-    /// The pool the handles come from.
-    pub fn pool(&self) -> &Pool<SqliteManager> {
-        &self.shared.pool
+        PooledProvider::build(name, bound, pool, clock, OnceLock::new())
     }
 
     /// Connections of the pool checked out now: its size less its idle connections.
     pub fn checked_out(&self) -> u32 {
-        let state = self.shared.pool.state();
-        state.connections.saturating_sub(state.idle_connections)
+        r2d2_connect::checked_out(self.pool())
     }
 
-    /// [`acquire`](DbResourceProvider::acquire), typed.
+    /// [`acquire`](crate::DbResourceProvider::acquire), typed.
     ///
     /// The read-only state the pool hands out is the one its checkout test just read (or, with
     /// that test off, read here); the connection is set to `read_only` only when it differs.
@@ -251,145 +218,21 @@ impl R2d2SqliteProvider {
     /// connection (see the module's docs); a driver error reading or setting the read-only
     /// state.
     pub fn checkout(&self, read_only: bool) -> Result<SqliteHandle, DbError> {
-        let shared = &self.shared;
-        let started = shared.metrics.now();
-        let mut conn = shared
-            .pool
-            .get_timeout(self.checkout_timeout)
-            .map_err(|e| self.timed_out(e))?;
-        shared.opener.get_or_init(|| conn.opener.clone());
-        shared
-            .metrics
-            .checked_out(started, || pool_state(&shared.pool));
-        let handed_out = shared.metrics.now();
-        let fail = |e| DbError::database(self.name(), "acquire", e);
-        let handed_query_only = match conn.query_only {
-            Some(known) => known,
-            None => read_query_only(&conn).map_err(fail)?,
-        };
-        conn.query_only = Some(handed_query_only);
-        if handed_query_only != read_only {
-            conn.query_only = None;
-            set_query_only(&conn, read_only).map_err(fail)?;
-            conn.query_only = Some(read_only);
-        }
-        let abort = Arc::new(AbortState {
-            aborted: AtomicBool::new(false),
-            target: Mutex::new(Some(AbortTarget {
-                interrupt: conn.get_interrupt_handle(),
-                stop: conn.stop.clone(),
-            })),
-        });
-        Ok(SqliteHandle {
-            shared: shared.clone(),
-            conn: Some(conn),
-            abort,
-            read_only,
-            handed_query_only,
-            handed_out,
-        })
+        run_here(self.checkout_verb(read_only))
     }
-}
-
-impl R2d2SqliteProvider {
-    /// A checkout that ended in `error`: [`DbError::Connect`] for a connection the pool could not
-    /// open, else [`DbError::Checkout`].
-    fn timed_out(&self, error: r2d2::Error) -> DbError {
-        let shared = &self.shared;
-        let state = shared.pool.state();
-        let room = state.connections < shared.pool.max_size();
-        let probe = shared
-            .opener
-            .get()
-            .map(|opener| move || opener.connect().map(drop));
-        match connect_failure(self.name(), BACKEND, error, room, probe) {
-            Ok(connect) => connect,
-            Err(error) => {
-                shared.metrics.timed_out(|| pool_state(&shared.pool));
-                DbError::Checkout {
-                    provider: self.name().to_owned(),
-                    size: state.connections,
-                    idle: state.idle_connections,
-                    max_size: shared.pool.max_size(),
-                    timeout: self.checkout_timeout,
-                    message: error.to_string(),
-                }
-            }
-        }
-    }
-}
-
-fn pool_state(pool: &Pool<SqliteManager>) -> PoolState {
-    let state = pool.state();
-    PoolState {
-        idle: state.idle_connections,
-        used: state.connections.saturating_sub(state.idle_connections),
-        max: pool.max_size(),
-        pending: None,
-    }
-}
-
-/// How many virtual-machine steps run between two looks at a connection's stop flag.
-const PROGRESS_OPS: i32 = 1_000;
-
-fn set_query_only(conn: &Connection, on: bool) -> rusqlite::Result<()> {
-    conn.execute_batch(if on {
-        "PRAGMA query_only = ON"
-    } else {
-        "PRAGMA query_only = OFF"
-    })
-}
-
-impl DbResourceProvider for R2d2SqliteProvider {
-    fn id(&self) -> &ProviderId {
-        &self.shared.id
-    }
-
-    fn admission(&self) -> &Arc<CountingGate> {
-        &self.gate
-    }
-
-    fn acquire(&self, read_only: bool) -> Result<Box<dyn DbHandle>, DbError> {
-        Ok(Box::new(self.checkout(read_only)?))
-    }
-}
-
-/// A handle's abort state, shared with its [`Aborter`]s.
-struct AbortState {
-    /// Set by `abort`, from any thread: every verb but `rollback` and `close` is refused.
-    aborted: AtomicBool,
-    /// What `abort` stops; `None` once closed, since the connection may then serve another job
-    /// (an abort after close stops nothing).
-    target: Mutex<Option<AbortTarget>>,
-}
-
-/// The connection a live handle holds, as its abort reaches it.
-struct AbortTarget {
-    interrupt: InterruptHandle,
-    /// The connection's stop flag, read by its progress handler.
-    stop: Arc<AtomicBool>,
 }
 
 /// One pooled rusqlite connection held under a permit.
 ///
-/// [`await_completion`](DbHandle::await_completion) is a no-op: a SQLite commit is visible to
-/// other connections once it returns. [`abort`](DbHandle::abort) sets the connection's stop flag,
-/// which the progress handler its pool installed reads every thousand virtual-machine steps, and
-/// interrupts the running statement (`sqlite3_interrupt`, safe from any thread), so a statement
-/// running or about to run stops with `SQLITE_INTERRUPT`; only `rollback` and `close` are accepted
-/// after it (both clear the stop flag first, so that their `ROLLBACK` runs). An abort after
-/// `close` interrupts nothing: the pooled connection may be running another job's statement.
-pub struct SqliteHandle {
-    shared: Arc<Shared>,
-    /// `None` once closed: the connection went back to the pool (or was discarded).
-    conn: Option<PooledConnection<SqliteManager>>,
-    abort: Arc<AbortState>,
-    read_only: bool,
-    /// The `query_only` state the pool handed out, restored by `close`.
-    handed_query_only: bool,
-    /// When the pool handed the connection out (the provider's clock), for `use_time`.
-    handed_out: Stamp,
-}
+/// [`await_completion`](crate::DbHandle::await_completion) is a no-op: a SQLite commit is
+/// visible to other connections once it returns. [`abort`](crate::DbHandle::abort) sets the
+/// connection's stop flag, which the progress handler its pool installed reads every thousand
+/// virtual-machine steps, and interrupts the running statement (`sqlite3_interrupt`, safe from
+/// any thread), so a statement running or about to run stops with `SQLITE_INTERRUPT`; only
+/// `rollback` and `close` are accepted after it (both clear the stop flag first, so that their
+/// `ROLLBACK` runs). An abort after `close` interrupts nothing: the pooled connection may be
+/// running another job's statement.
+pub type SqliteHandle = PooledHandle<SqliteManager>;
 
 impl SqliteHandle {
     /// The connection, for the job's statements. The job must leave `PRAGMA query_only` alone:
@@ -399,158 +242,135 @@ impl SqliteHandle {
     ///
     /// On a closed or aborted handle.
     pub fn connection(&self) -> Result<&Connection, DbError> {
-        self.live("connection")
-    }
-
-    fn live(&self, operation: &'static str) -> Result<&Connection, DbError> {
-        let Some(conn) = self.conn.as_deref() else {
-            return Err(DbError::Closed {
-                provider: self.shared.id.name().to_owned(),
-                operation,
-            });
-        };
-        if self.abort.aborted.load(Ordering::Acquire) {
-            return Err(DbError::Aborted {
-                provider: self.shared.id.name().to_owned(),
-                operation,
-            });
-        }
-        Ok(conn)
-    }
-
-    fn run(&self, operation: &'static str, sql: &str) -> Result<(), DbError> {
-        self.live(operation)?
-            .execute_batch(sql)
-            .map_err(|e| DbError::database(self.shared.id.name(), operation, e))
-    }
-
-    fn refuse(&self, operation: &'static str, reason: &'static str) -> DbError {
-        DbError::Transaction {
-            provider: self.shared.id.name().to_owned(),
-            operation,
-            reason,
-        }
+        self.live("connection").map(|conn| &***conn)
     }
 }
 
-impl DbHandle for SqliteHandle {
-    fn provider(&self) -> &ProviderId {
-        &self.shared.id
+/// What a handle's abort reaches: public for the engine's trait to name, in a module no one else
+/// reaches.
+mod abort {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+
+    use rusqlite::InterruptHandle;
+
+    /// The connection a live handle holds, as its abort reaches it.
+    pub struct AbortTarget {
+        pub(super) interrupt: InterruptHandle,
+        /// The connection's stop flag, read by its progress handler.
+        pub(super) stop: Arc<AtomicBool>,
+    }
+}
+
+impl Sealed for SqliteManager {}
+
+impl r2d2_connect::Opens for SqliteManager {
+    type Opener = SqliteConnectionManager;
+
+    fn opener(conn: &SqliteConnection) -> &Arc<SqliteConnectionManager> {
+        &conn.opener
     }
 
-    fn read_only(&self) -> bool {
-        self.read_only
+    fn probe(opener: &SqliteConnectionManager) -> rusqlite::Result<()> {
+        opener.connect().map(drop)
+    }
+}
+
+/// The connection knows its transaction (a job may open one itself); its abort stops the running
+/// statement at once, so an aborted connection goes back to the pool, its stop flag cleared. A
+/// connection a close could not bring out of its transaction is discarded by the manager; one
+/// whose read-only state could not be put back is pooled, its state read again at the next
+/// checkout.
+impl PoolBackend for SqliteManager {
+    const BACKEND: &'static str = "r2d2-sqlite";
+    const GIVES_UP_ABORTED: bool = false;
+    /// Unused: the connection knows its transaction.
+    const FAILED_COMMIT_ENDS_TRANSACTION: bool = false;
+    const CLOSES_ON_DROP: bool = true;
+    type Pool = Pool<SqliteManager>;
+    type Conn = PooledConnection<SqliteManager>;
+    type Error = rusqlite::Error;
+    /// The pool's manager, learned from the first connection handed out.
+    type Extra = OnceLock<Arc<SqliteConnectionManager>>;
+    type Target = AbortTarget;
+
+    fn get<'a>(
+        pool: &'a Pool<SqliteManager>,
+        opener: &'a Self::Extra,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Self::Conn, Failure>> + Send + 'a {
+        ready(r2d2_connect::get(pool, opener, timeout))
     }
 
-    fn begin(&mut self) -> Result<(), DbError> {
-        if !self.live("begin")?.is_autocommit() {
-            return Err(self.refuse("begin", "a transaction is already open"));
-        }
-        self.run(
-            "begin",
-            if self.read_only {
-                "BEGIN"
-            } else {
-                "BEGIN IMMEDIATE"
-            },
-        )
-    }
-
-    fn commit(&mut self) -> Result<(), DbError> {
-        if self.live("commit")?.is_autocommit() {
-            return Err(self.refuse("commit", "no transaction is open"));
-        }
-        self.run("commit", "COMMIT")
-    }
-
-    /// A no-op: a SQLite commit is visible to other connections once it returns.
-    fn await_completion(&mut self) -> Result<(), DbError> {
-        Ok(())
-    }
-
-    fn rollback(&mut self) -> Result<(), DbError> {
-        match self.conn.as_deref() {
-            Some(conn) if !conn.is_autocommit() => {
-                if self.abort.aborted.load(Ordering::Acquire) {
-                    // So that the progress handler lets the rollback run.
-                    conn.stop.store(false, Ordering::Release);
-                }
-                conn.execute_batch("ROLLBACK")
-                    .map_err(|e| DbError::database(self.shared.id.name(), "rollback", e))
-            }
-            _ => Ok(()),
-        }
-    }
-
-    fn close(&mut self) -> Result<(), DbError> {
-        let Some(mut conn) = self.conn.take() else {
-            return Ok(());
+    fn handed_read_only(
+        conn: &mut Self::Conn,
+    ) -> impl Future<Output = rusqlite::Result<bool>> + Send + '_ {
+        let handed = match conn.query_only {
+            Some(known) => Ok(known),
+            None => read_query_only(conn),
         };
-        // From here on an abort stops nothing: the connection is about to serve others. Only
-        // then is its stop flag cleared, so no abort can set it again.
-        self.abort.target.lock().take();
-        conn.stop.store(false, Ordering::Release);
-        let name = self.shared.id.name();
-        let mut first = None;
-        if !conn.is_autocommit()
-            && let Err(e) = conn.execute_batch("ROLLBACK")
-        {
-            first = Some(DbError::database(name, "close", e));
+        if let Ok(handed) = handed {
+            conn.query_only = Some(handed);
         }
-        if self.read_only != self.handed_query_only {
-            conn.query_only = None;
-            match set_query_only(&conn, self.handed_query_only) {
-                Ok(()) => conn.query_only = Some(self.handed_query_only),
-                Err(e) => {
-                    first.get_or_insert(DbError::database(name, "close", e));
-                }
-            }
+        ready(handed)
+    }
+
+    fn set_read_only(
+        conn: &mut Self::Conn,
+        on: bool,
+    ) -> impl Future<Output = rusqlite::Result<()>> + Send + '_ {
+        conn.query_only = None;
+        let set = set_query_only(conn, on);
+        if set.is_ok() {
+            conn.query_only = Some(on);
         }
-        // Back to the pool; `SqliteManager::has_broken` discards it if still in a transaction.
+        ready(set)
+    }
+
+    fn in_transaction(conn: &Self::Conn, _counted: bool) -> bool {
+        !conn.is_autocommit()
+    }
+
+    fn begin(
+        conn: &mut Self::Conn,
+        read_only: bool,
+    ) -> impl Future<Output = rusqlite::Result<()>> + Send + '_ {
+        ready(conn.execute_batch(if read_only {
+            "BEGIN"
+        } else {
+            "BEGIN IMMEDIATE"
+        }))
+    }
+
+    fn commit(conn: &mut Self::Conn) -> impl Future<Output = rusqlite::Result<()>> + Send + '_ {
+        ready(conn.execute_batch("COMMIT"))
+    }
+
+    fn rollback(conn: &mut Self::Conn) -> impl Future<Output = rusqlite::Result<()>> + Send + '_ {
+        ready(conn.execute_batch("ROLLBACK"))
+    }
+
+    fn target(_: &Self::Extra, conn: &Self::Conn) -> AbortTarget {
+        AbortTarget {
+            interrupt: conn.get_interrupt_handle(),
+            stop: conn.stop.clone(),
+        }
+    }
+
+    fn interrupt(target: &mut AbortTarget, _first: bool) {
+        target.stop.store(true, Ordering::Release);
+        target.interrupt.interrupt();
+    }
+
+    /// Clears the stop flag, so that the progress handler lets the rollback run.
+    fn settle(target: &mut AbortTarget) -> impl Future<Output = ()> + Send + 'static {
+        target.stop.store(false, Ordering::Release);
+        ready(())
+    }
+
+    /// Back to the pool; `SqliteManager::has_broken` discards it if still in a transaction.
+    fn give_back(conn: Self::Conn, _discard: bool) {
         drop(conn);
-        let pool = &self.shared.pool;
-        self.shared
-            .metrics
-            .closed(self.handed_out, || pool_state(pool));
-        first.map_or(Ok(()), Err)
-    }
-
-    fn aborter(&self) -> Aborter {
-        let abort = self.abort.clone();
-        Aborter::new(move || {
-            if let Some(target) = abort.target.lock().as_ref() {
-                abort.aborted.store(true, Ordering::Release);
-                target.stop.store(true, Ordering::Release);
-                target.interrupt.interrupt();
-            }
-        })
-    }
-
-    fn in_transaction(&self) -> bool {
-        self.conn.as_deref().is_some_and(|c| !c.is_autocommit())
-    }
-
-    fn is_closed(&self) -> bool {
-        self.conn.is_none()
-    }
-}
-
-impl Drop for SqliteHandle {
-    fn drop(&mut self) {
-        if let Err(e) = self.close() {
-            tracing::warn!(error = %e, "closing a dropped SQLite handle failed");
-        }
-    }
-}
-
-impl std::fmt::Debug for SqliteHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteHandle")
-            .field("provider", &self.shared.id)
-            .field("read_only", &self.read_only)
-            .field("in_transaction", &self.in_transaction())
-            .field("closed", &self.is_closed())
-            .finish()
     }
 }
 
@@ -562,6 +382,7 @@ mod tests {
     use rusqlite::ErrorCode;
 
     use super::*;
+    use crate::DbHandle;
     use crate::error::testing::assert_says_each_thing_once;
 
     fn provider(path: &std::path::Path) -> R2d2SqliteProvider {

@@ -2,6 +2,16 @@
 
 #[cfg(all(feature = "contract", feature = "r2d2-sqlite"))]
 mod contract_self_test;
+#[cfg(all(
+    feature = "contract",
+    any(
+        feature = "r2d2-sqlite",
+        feature = "sqlx-sqlite",
+        feature = "sqlx-postgres",
+        all(feature = "r2d2-postgres", feature = "deadpool-postgres")
+    )
+))]
+mod contract_suite;
 #[cfg(all(feature = "contract", feature = "r2d2-sqlite", feature = "metrics"))]
 mod metrics;
 #[cfg(all(

@@ -18,6 +18,8 @@ use admission_db::{DbError, DbHandle, DbPlan, DbResourceProvider};
 use parking_lot::Mutex;
 use postgres::{Client, NoTls};
 
+use crate::contract_suite::{Fresh, contract_rules};
+
 /// The bound the suite runs under, and the pool's size, larger.
 const BOUND: u64 = 8;
 const POOL: u32 = 12;
@@ -243,13 +245,13 @@ mod r2d2_pg {
         }
     }
 
-    #[test]
-    fn r2d2_postgres_passes_the_whole_contract_suite() {
-        let Some(url) = pg_url("r2d2_postgres_passes_the_whole_contract_suite") else {
-            return;
-        };
-        contract::run_all_transactional(|| subject(&url), JOBS);
+    impl Fresh for R2d2Pg {
+        fn fresh(test: &str) -> Option<R2d2Pg> {
+            pg_url(test).map(|url| subject(&url))
+        }
     }
+
+    contract_rules!(contract_rules: R2d2Pg, whole suite with JOBS);
 
     #[test]
     fn r2d2_postgres_jobs_leave_no_session_idle_in_transaction() {
@@ -437,13 +439,13 @@ pub(crate) mod deadpool_pg {
         }
     }
 
-    #[test]
-    fn deadpool_postgres_passes_the_whole_contract_suite() {
-        let Some(url) = pg_url("deadpool_postgres_passes_the_whole_contract_suite") else {
-            return;
-        };
-        contract::run_all_transactional(|| subject(&url), JOBS);
+    impl Fresh for Deadpool {
+        fn fresh(test: &str) -> Option<Deadpool> {
+            pg_url(test).map(|url| subject(&url))
+        }
     }
+
+    contract_rules!(contract_rules: Deadpool, whole suite with JOBS);
 
     #[test]
     fn deadpool_postgres_jobs_sharing_the_bound_never_wait_on_the_pool() {

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use admission_core::{Clock, Demand, JobContext, Monitor, SystemClock};
-use admission_db::contract::{self, DbSubject, TransactionalSubject};
+use admission_db::contract::{DbSubject, TransactionalSubject};
 use admission_db::r2d2_sqlite::{R2d2SqliteProvider, SqliteHandle, SqliteManager};
 use admission_db::{CountingDbResourceProvider, DbError, DbHandle, DbPlan, DbResourceProvider};
 use r2d2::{HandleEvent, Pool, event::ReleaseEvent};
@@ -17,11 +17,11 @@ use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::Connection;
 use tempfile::TempDir;
 
+use crate::contract_suite::{Fresh, contract_rules};
+
 /// The bound the suite runs under, and the pool's size, larger.
 const BOUND: u64 = 8;
 const POOL: u32 = 12;
-/// Jobs through the monitor in the shared-bound rule.
-const JOBS: u32 = 200;
 
 /// A fresh SQLite file in WAL mode with the jobs' table.
 pub(crate) struct Db {
@@ -191,45 +191,20 @@ impl TransactionalSubject for R2d2 {
     }
 }
 
-macro_rules! rules {
-    ($module:ident, $make:ident: $($rule:ident $(($arg:expr))?),* $(,)?) => {
-        mod $module {
-            $(
-                #[test]
-                fn $rule() {
-                    admission_db::contract::$rule(&super::$make() $(, $arg)?);
-                }
-            )*
-        }
-    };
+impl Fresh for Counting {
+    fn fresh(_: &str) -> Option<Counting> {
+        Some(counting())
+    }
 }
 
-rules!(counting_provider, counting:
-    admission_is_a_release_gate_refusing_a_demand_over_the_bound,
-    acquire_takes_no_permit_and_close_is_idempotent,
-    a_close_after_abort_still_gives_the_connection_back,
-    a_handle_from_another_provider_is_refused,
-    jobs_sharing_a_bound_never_hold_more_connections_than_the_bound(super::JOBS),
-    a_job_cancelled_while_waiting_never_opens_a_connection,
-);
-
-rules!(r2d2_provider, r2d2:
-    admission_is_a_release_gate_refusing_a_demand_over_the_bound,
-    acquire_takes_no_permit_and_close_is_idempotent,
-    a_close_after_abort_still_gives_the_connection_back,
-    a_handle_from_another_provider_is_refused,
-    jobs_sharing_a_bound_never_hold_more_connections_than_the_bound(super::JOBS),
-    a_job_cancelled_while_waiting_never_opens_a_connection,
-    one_handle_runs_several_transactions,
-    an_uncommitted_row_is_invisible_elsewhere_until_commit,
-    a_dropped_handle_never_leaves_a_transaction_open,
-    a_read_only_handle_refuses_writes_and_goes_back_as_handed_out,
-);
-
-#[test]
-fn run_all_transactional_runs_every_rule_on_fresh_databases() {
-    contract::run_all_transactional(r2d2, 40);
+impl Fresh for R2d2 {
+    fn fresh(_: &str) -> Option<R2d2> {
+        Some(r2d2())
+    }
 }
+
+contract_rules!(counting_provider: Counting, bound only);
+contract_rules!(r2d2_provider: R2d2, whole suite with 40);
 
 #[test]
 fn a_checkout_past_the_pool_names_its_size_and_idle_count() {

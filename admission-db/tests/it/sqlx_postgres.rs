@@ -15,18 +15,18 @@ use std::task::Poll;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use admission_core::{Clock, SystemClock};
-use admission_db::contract::{self, DbSubject, TransactionalSubject};
+use admission_db::contract::{DbSubject, TransactionalSubject};
 use admission_db::sqlx_postgres::{SqlxPgHandle, SqlxPgProvider};
 use admission_db::{DbError, DbHandle, DbResourceProvider};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, Executor, PgConnection};
 use tokio::runtime::Runtime;
 
+use crate::contract_suite::{Fresh, contract_rules};
+
 /// The bound the suite runs under, and the pool's size, larger.
 const BOUND: u64 = 8;
 const POOL: u32 = 12;
-/// Jobs through the monitor in the shared-bound rule.
-const JOBS: u32 = 200;
 
 /// The server's URL; `None` (after saying so) when unset outside CI.
 ///
@@ -221,40 +221,13 @@ impl TransactionalSubject for Subject {
     }
 }
 
-macro_rules! rules {
-    ($($rule:ident $(($arg:expr))?),* $(,)?) => {
-        mod contract_rules {
-            $(
-                #[test]
-                fn $rule() {
-                    let Some(url) = super::server_url(stringify!($rule)) else { return };
-                    admission_db::contract::$rule(&super::subject_on(&url) $(, $arg)?);
-                }
-            )*
-        }
-    };
+impl Fresh for Subject {
+    fn fresh(test: &str) -> Option<Subject> {
+        server_url(test).map(|url| subject_on(&url))
+    }
 }
 
-rules!(
-    admission_is_a_release_gate_refusing_a_demand_over_the_bound,
-    acquire_takes_no_permit_and_close_is_idempotent,
-    a_close_after_abort_still_gives_the_connection_back,
-    a_handle_from_another_provider_is_refused,
-    jobs_sharing_a_bound_never_hold_more_connections_than_the_bound(super::JOBS),
-    a_job_cancelled_while_waiting_never_opens_a_connection,
-    one_handle_runs_several_transactions,
-    an_uncommitted_row_is_invisible_elsewhere_until_commit,
-    a_dropped_handle_never_leaves_a_transaction_open,
-    a_read_only_handle_refuses_writes_and_goes_back_as_handed_out,
-);
-
-#[test]
-fn run_all_transactional_runs_every_rule_on_fresh_databases() {
-    let Some(url) = server_url("run_all_transactional") else {
-        return;
-    };
-    contract::run_all_transactional(|| subject_on(&url), 40);
-}
+contract_rules!(contract_rules: Subject, whole suite with 40);
 
 /// `fut` under a timeout already due: polled once, then dropped unless it finished.
 async fn timeout_zero<F: Future>(fut: F) -> Result<F::Output, tokio::time::error::Elapsed> {

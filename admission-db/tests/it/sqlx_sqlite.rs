@@ -11,7 +11,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use admission_core::{Clock, SystemClock};
-use admission_db::contract::{self, DbSubject, TransactionalSubject};
+use admission_db::contract::{DbSubject, TransactionalSubject};
 use admission_db::sqlx_sqlite::{SqlxSqliteHandle, SqlxSqliteProvider};
 use admission_db::{DbError, DbHandle, DbResourceProvider};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
@@ -19,11 +19,11 @@ use sqlx::{Connection, SqliteConnection, SqlitePool};
 use tempfile::TempDir;
 use tokio::runtime::Runtime;
 
+use crate::contract_suite::{Fresh, contract_rules};
+
 /// The bound the suite runs under, and the pool's size, larger.
 const BOUND: u64 = 8;
 const POOL: u32 = 12;
-/// Jobs through the monitor in the shared-bound rule.
-const JOBS: u32 = 200;
 
 /// A fresh SQLite file in WAL mode with the jobs' table, and the runtime its pool runs on.
 pub(crate) struct Db {
@@ -167,36 +167,13 @@ impl TransactionalSubject for Subject {
     }
 }
 
-macro_rules! rules {
-    ($($rule:ident $(($arg:expr))?),* $(,)?) => {
-        mod contract_rules {
-            $(
-                #[test]
-                fn $rule() {
-                    admission_db::contract::$rule(&super::subject() $(, $arg)?);
-                }
-            )*
-        }
-    };
+impl Fresh for Subject {
+    fn fresh(_: &str) -> Option<Subject> {
+        Some(subject())
+    }
 }
 
-rules!(
-    admission_is_a_release_gate_refusing_a_demand_over_the_bound,
-    acquire_takes_no_permit_and_close_is_idempotent,
-    a_close_after_abort_still_gives_the_connection_back,
-    a_handle_from_another_provider_is_refused,
-    jobs_sharing_a_bound_never_hold_more_connections_than_the_bound(super::JOBS),
-    a_job_cancelled_while_waiting_never_opens_a_connection,
-    one_handle_runs_several_transactions,
-    an_uncommitted_row_is_invisible_elsewhere_until_commit,
-    a_dropped_handle_never_leaves_a_transaction_open,
-    a_read_only_handle_refuses_writes_and_goes_back_as_handed_out,
-);
-
-#[test]
-fn run_all_transactional_runs_every_rule_on_fresh_databases() {
-    contract::run_all_transactional(subject, 40);
-}
+contract_rules!(contract_rules: Subject, whole suite with 40);
 
 /// `fut` under a timeout of zero: a deadline already past, so the timer is due at the first poll
 /// (`timeout(Duration::ZERO, ..)` rounds up to the timer's next millisecond, by which time a
