@@ -32,20 +32,7 @@ const JOBS: u32 = 200;
 ///
 /// When unset under `CI=true`.
 pub(crate) fn pg_url(test: &str) -> Option<String> {
-    match std::env::var("ADMISSION_PG_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var("CI").as_deref() == Ok("true") => panic!(
-            "{test}: ADMISSION_PG_URL is unset under CI=true; `cargo xtask ci` starts PostgreSQL \
-             and sets it (xtask/src/services.rs REQUIRED)"
-        ),
-        _ => {
-            eprintln!(
-                "{test}: skipped: ADMISSION_PG_URL is unset (run `cargo xtask test`, or `cargo \
-                 xtask with-services -- cargo nextest run ...`, to start PostgreSQL)"
-            );
-            None
-        }
-    }
+    admission_testkit::services::postgres(test)
 }
 
 fn clock() -> Arc<dyn Clock> {

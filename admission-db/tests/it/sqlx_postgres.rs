@@ -34,16 +34,7 @@ const POOL: u32 = 12;
 ///
 /// When unset under `CI=true`: CI must run these tests against a real server.
 pub(crate) fn server_url(test: &str) -> Option<String> {
-    match std::env::var("ADMISSION_PG_URL") {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var("CI").is_ok_and(|ci| ci == "true") => {
-            panic!("{test}: ADMISSION_PG_URL is unset under CI=true; CI must start PostgreSQL")
-        }
-        _ => {
-            println!("{test}: skipped, ADMISSION_PG_URL is unset");
-            None
-        }
-    }
+    admission_testkit::services::postgres(test)
 }
 
 /// A database of its own on the server, with the jobs' table; dropped with it.
