@@ -261,6 +261,29 @@ impl Monitor {
         wake
     }
 
+    /// Whether something asked for a pass (rang the evaluator's doorbell) since the last call,
+    /// or since the monitor was built; clears it.
+    ///
+    /// A test hook (feature `test-util`), for monitors built with
+    /// [`MonitorBuilder::manual_passes`], where no evaluator answers the doorbell: a test can
+    /// tell an event that makes the monitor look at the line again (a release, the head leaving)
+    /// from one that does not (a waiter behind the head leaving).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # #[cfg(feature = "test-util")] {
+    /// use admission_core::Monitor;
+    ///
+    /// let monitor = Monitor::builder().manual_passes().build();
+    /// assert!(!monitor.take_doorbell());
+    /// # }
+    /// ```
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn take_doorbell(&self) -> bool {
+        self.shared.bell.take_ring()
+    }
+
     /// [`admit`](Monitor::admit), parking the calling thread instead of a task.
     ///
     /// Blocking and async waiters stand in the same line. The blocking call's cancellation token

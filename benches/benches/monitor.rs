@@ -6,6 +6,10 @@
 //! - `pass_over_10k_parked`: one evaluator pass over 10,000 waiters that all stay parked.
 //! - `give_to_running`: from a release to the parked waiter running, against a `Condvar` wake and
 //!   a tokio semaphore hand-off.
+//! - `empty_line_by_drops`: a line of 1,000 or 100,000 parked admits on one held permit emptied
+//!   by dropping each, oldest first (each drop is the head's) and newest first (each behind the
+//!   head), against as many parked tokio `acquire` futures dropped; per drop (criterion's
+//!   throughput: elements are drops).
 //!
 //! The accounts are the test-kit's reference accounts (`Permits`, `Meter`), as when BENCHMARKS.md's
 //! "Earlier measurements" were recorded; the side-by-side benches (`side_by_side`) measure the
@@ -31,7 +35,7 @@ use admission_core::{
 };
 use admission_testkit::monitor::poll_once;
 use admission_testkit::reference::{Meter, Permits};
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use governor::DefaultDirectRateLimiter;
 use tokio::sync::Semaphore;
 
@@ -558,6 +562,84 @@ fn give_to_running(c: &mut Criterion) {
     group.finish();
 }
 
+/// Which parked admit is dropped next.
+#[derive(Clone, Copy)]
+enum Order {
+    /// The oldest: each drop is the head's.
+    Oldest,
+    /// The newest: each drop is behind the head.
+    Newest,
+}
+
+/// Parks `n` admits behind a held permit on a started monitor, then times dropping them all in
+/// `order`.
+fn ours_emptied(n: usize, order: Order) -> Duration {
+    let monitor = Monitor::new();
+    monitor.start().expect("a fresh monitor starts");
+    let one = permits("one", 1);
+    let demand = || Demand::new().with(one.clone(), Amount::ONE);
+    let held = monitor
+        .admit_blocking(demand(), &ctx(), None)
+        .expect("free");
+    let mut parked = admission_testkit::monitor::park_waiters(&monitor, n, demand);
+    let start = Instant::now();
+    match order {
+        Order::Oldest => drop(parked),
+        Order::Newest => {
+            while let Some(admit) = parked.pop() {
+                drop(admit);
+            }
+        }
+    }
+    let took = start.elapsed();
+    assert_eq!(monitor.queue_size(), 0);
+    drop(held);
+    monitor.stop();
+    took
+}
+
+/// The same with tokio's semaphore: `n` `acquire` futures parked (polled once) behind a held
+/// permit, then dropped oldest first.
+fn tokio_emptied(n: usize) -> Duration {
+    let semaphore = Semaphore::new(1);
+    let held = semaphore.try_acquire().expect("free");
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut parked: Vec<Pin<Box<dyn Future<Output = _> + '_>>> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut acquire: Pin<Box<dyn Future<Output = _>>> = Box::pin(semaphore.acquire());
+        assert!(acquire.as_mut().poll(&mut cx).is_pending());
+        parked.push(acquire);
+    }
+    let start = Instant::now();
+    drop(parked);
+    let took = start.elapsed();
+    drop(held);
+    took
+}
+
+fn empty_line_by_drops(c: &mut Criterion) {
+    let mut group = c.benchmark_group("empty_line_by_drops");
+    group.sample_size(10);
+    for n in [1_000usize, 100_000] {
+        group.throughput(Throughput::Elements(n as u64));
+        let each = |f: fn(usize) -> Duration| {
+            move |b: &mut criterion::Bencher| {
+                b.iter_custom(|iters| (0..iters).map(|_| f(n)).sum());
+            }
+        };
+        group.bench_function(
+            format!("ours_oldest_first/{n}"),
+            each(|n| ours_emptied(n, Order::Oldest)),
+        );
+        group.bench_function(
+            format!("ours_newest_first/{n}"),
+            each(|n| ours_emptied(n, Order::Newest)),
+        );
+        group.bench_function(format!("peer_tokio_oldest_first/{n}"), each(tokio_emptied));
+    }
+    group.finish();
+}
+
 fn config() -> Criterion {
     Criterion::default()
         .without_plots()
@@ -570,6 +652,6 @@ criterion_group! {
     name = benches;
     config = config();
     targets = uncontended_three_limits, uncontended_one_limit, uncontended_parts,
-        pass_over_10k_parked, give_to_running
+        pass_over_10k_parked, give_to_running, empty_line_by_drops
 }
 criterion_main!(benches);

@@ -98,6 +98,13 @@ impl Doorbell {
         }
     }
 
+    /// Whether the doorbell was rung since the last call; clears it. For a monitor with manual
+    /// passes (no evaluator clears it), a test's view of who asked for a pass.
+    #[cfg(any(test, feature = "test-util"))]
+    pub(crate) fn take_ring(&self) -> bool {
+        self.rung.swap(false, Ordering::SeqCst)
+    }
+
     /// This doorbell's identity for [`handing_off`]: its address.
     fn identity(&self) -> usize {
         self.mute.load(Ordering::Relaxed)

@@ -5,12 +5,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::Instant;
+use crate::demand::Demand;
 use crate::error::{AdmitError, StartError};
 use crate::sync::{Ordering, thread};
 
 use super::evaluator;
 use super::line::{Phase, State, Waiter};
 use super::outbox::Outbox;
+use super::pass::Scope;
 use super::shared::Shared;
 
 /// Why a waiter leaves the line outside a pass.
@@ -75,23 +77,41 @@ impl Shared {
     }
 
     /// Takes waiter `seq` out of the line for `why`; false when it was no longer there (or, for
-    /// an expiry, not yet due). What it set aside as the head is free, so the evaluator is rung.
+    /// an expiry, not yet due).
+    ///
+    /// What follows depends on what the leaver can change. A waiter behind the head held
+    /// nothing and set nothing aside, so the line answers as before without it: nothing is
+    /// asked again (a wake-up computed from its deadline is at worst a pass with nothing to do),
+    /// and emptying a long line one withdrawal at a time costs no pass over it. The head leaving
+    /// frees what it set aside, as a give of its demand would, and gets the pass a give gets, on
+    /// this thread: it may stop once the new head is short on every account the leaver named.
+    /// With a gate, whose answer may count the waiters it holds, the evaluator is rung for a
+    /// full pass whenever the head or a waiter the gate held leaves.
     fn leave_line(&self, seq: u64, why: Leaving) -> bool {
         let mut out = self.outbox();
         let now = self.clock.now();
-        let left = {
+        let (left, next) = {
             let mut st = self.state.lock();
             let due = |w: &Waiter| w.deadline.is_some_and(|d| d <= now);
             let leaves = st
                 .queue
                 .get(&seq)
                 .is_some_and(|w| !matches!(why, Leaving::Expired) || due(w));
+            let was_head = st
+                .queue
+                .first_key_value()
+                .is_some_and(|(&head, _)| head == seq);
             match leaves.then(|| st.queue.remove(&seq)).flatten() {
                 Some(w) => {
                     self.publish_parked(st.queue.len());
                     if w.on_gate {
                         self.tell_gate_holding(&st);
                     }
+                    let next = match (&self.gate, was_head) {
+                        (Some(_), _) if was_head || w.on_gate => Next::Ring,
+                        (None, true) if !st.queue.is_empty() => Next::Pass(w.demand.clone()),
+                        _ => Next::Nothing,
+                    };
                     let error = left_with(&w, why, now);
                     out.rejected(&w.ctx, &w.demand, &error);
                     if !matches!(why, Leaving::Abandoned) {
@@ -99,14 +119,20 @@ impl Shared {
                     }
                     out.left(w);
                     out.seal(&self.sink);
-                    true
+                    (true, next)
                 }
-                None => false,
+                None => (false, Next::Nothing),
             }
         };
         self.deliver(out);
-        if left {
-            self.bell.ring();
+        match next {
+            Next::Nothing => {}
+            Next::Ring => self.bell.ring(),
+            Next::Pass(demand) => {
+                if let Some(me) = self.me.upgrade() {
+                    me.evaluate_here(Scope::Released(demand.entries()));
+                }
+            }
         }
         left
     }
@@ -196,4 +222,14 @@ fn left_with(w: &Waiter, why: Leaving, now: Instant) -> AdmitError {
             timeout: w.timeout.unwrap_or(Duration::ZERO),
         },
     }
+}
+
+/// What a waiter's leaving asks of the line (see `Shared::leave_line`).
+enum Next {
+    /// Nothing: it was behind the head.
+    Nothing,
+    /// A full pass by the evaluator (a gate may count who it holds).
+    Ring,
+    /// The pass a give of the head's demand gets, on the leaving thread.
+    Pass(Demand),
 }

@@ -10,7 +10,8 @@
 //! (k) a release and an unlocked give-back racing a park on an account built on an atomic counter
 //! rather than a lock (the parker's fence in `Shared::publish_parked`), (l) the unlocked fast
 //! path racing a cancel, (m) a waker that owns a grant, dropped as its admit is polled again,
-//! its grant's pass filling that admit's cell while a newcomer races it.
+//! its grant's pass filling that admit's cell while a newcomer races it, (n) the head leaving
+//! (its own pass on the dropping thread) racing an asker held behind it.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -159,6 +160,38 @@ fn loom_an_arrival_behind_a_head_racing_a_give_never_loses_the_wake_up() {
 
         ask_while_the_permit_comes_back(&monitor, &gate, held);
         drop(head);
+        monitor.stop();
+        assert_eq!(gate.free(), 1);
+        assert_eq!(monitor.queue_size(), 0);
+    });
+}
+
+/// The head, short on the gate (it wants 2 of the 1 free), leaves (its admit dropped) while an
+/// asker for the 1 free arrives behind it and is held by the head's reservation. Nothing else
+/// gives anything: only the pass the head's leaving runs (on the dropping thread, instead of
+/// ringing the evaluator) can grant the asker, so losing it leaves the asker parked forever
+/// (loom reports a deadlock).
+#[test]
+fn loom_the_head_leaving_racing_an_arrival_behind_it_never_loses_the_wake_up() {
+    loom::model(|| {
+        let monitor = Monitor::new();
+        monitor.start().unwrap();
+        let gate = Gate::new(1);
+        let two = Demand::new().with(gate.clone(), Amount::units(2));
+        let mut head = Box::pin(monitor.admit(two, &JobContext::new("head"), None));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(head.as_mut().poll(&mut cx).is_pending());
+
+        let (m, g) = (monitor.clone(), gate.clone());
+        let asker =
+            thread::spawn(move || m.admit_blocking(one(&g), &JobContext::new("asker"), None));
+        drop(head);
+        let grant = asker
+            .join()
+            .unwrap()
+            .expect("the asker is granted once the head left");
+        assert_eq!(gate.free(), 0);
+        drop(grant);
         monitor.stop();
         assert_eq!(gate.free(), 1);
         assert_eq!(monitor.queue_size(), 0);

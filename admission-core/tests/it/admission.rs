@@ -352,6 +352,81 @@ fn dropping_a_pending_admit_withdraws_the_waiter() {
     assert_eq!(monitor.queue_size(), 0);
 }
 
+/// A waiter behind the head that leaves (dropped or cancelled) asks nothing of anyone: it held
+/// nothing and set nothing aside, so nobody's answer changes, and no pass is asked for. The head
+/// leaving frees what it set aside: the pass a give would get runs on the leaving thread, asks
+/// the new head once, and grants it.
+#[test]
+fn only_the_head_leaving_asks_the_line_again() {
+    let clock = FakeClock::new();
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .clock(clock.shared())
+        .build();
+    let gate = Arc::new(Recording::new("gate", 2));
+    let held = monitor
+        .admit_blocking(demand(&[(on(&gate), 1)]), &job("holder"), None)
+        .unwrap();
+    // The head needs 2 (1 is free); each follower needs 1, which the head sets aside.
+    let mut head = monitor.admit(demand(&[(on(&gate), 2)]), &job("head"), None);
+    let mut dropped = monitor.admit(demand(&[(on(&gate), 1)]), &job("dropped"), None);
+    let cancelled = job("cancelled");
+    let mut by_cancel = monitor.admit(demand(&[(on(&gate), 1)]), &cancelled, None);
+    let mut timed = monitor.admit(
+        demand(&[(on(&gate), 1)]),
+        &job("timed"),
+        Some(Duration::from_secs(1)),
+    );
+    let mut last = monitor.admit(demand(&[(on(&gate), 1)]), &job("last"), None);
+    for admit in [
+        &mut head,
+        &mut dropped,
+        &mut by_cancel,
+        &mut timed,
+        &mut last,
+    ] {
+        assert!(poll_once(admit).is_none());
+    }
+    monitor.pass_now();
+    monitor.take_doorbell();
+    gate.take_asks();
+    assert_eq!(monitor.queue_size(), 5);
+
+    drop(dropped);
+    assert_eq!(monitor.queue_size(), 4);
+    assert_eq!(
+        (gate.take_asks().len(), monitor.take_doorbell()),
+        (0, false)
+    );
+    cancelled.cancel();
+    assert!(matches!(
+        poll_once(&mut by_cancel),
+        Some(Err(AdmitError::Cancelled { .. }))
+    ));
+    assert_eq!(monitor.queue_size(), 3);
+    assert_eq!(
+        (gate.take_asks().len(), monitor.take_doorbell()),
+        (0, false)
+    );
+    clock.advance(Duration::from_secs(1));
+    monitor.pass_now();
+    assert!(matches!(
+        poll_once(&mut timed),
+        Some(Err(AdmitError::TimedOut { .. }))
+    ));
+    assert_eq!(monitor.queue_size(), 2);
+    gate.take_asks();
+
+    drop(head);
+    assert_eq!(monitor.queue_size(), 0, "the new head was granted at once");
+    assert_eq!(gate.take_asks().len(), 1, "the new head, asked once");
+    let granted = poll_once(&mut last).expect("granted").unwrap();
+    assert_eq!(gate.inner.in_use(), 2);
+    drop(granted);
+    drop(held);
+    assert_eq!(gate.inner.in_use(), 0);
+}
+
 #[test]
 fn a_grant_that_landed_as_the_admit_was_dropped_is_rolled_back_in_full() {
     let clock = FakeClock::new();
