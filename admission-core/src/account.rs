@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use crate::amount::Amount;
 use crate::clock::{Instant, WakeFn};
-use crate::monitor::evaluator::{muted, wake_key};
+use crate::mute::{muted, wake_key};
 
 /// How an account gets its capacity back.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Serialize)]

@@ -21,6 +21,7 @@ mod error;
 pub mod event;
 mod gate;
 mod monitor;
+mod mute;
 mod sync;
 
 pub use account::{

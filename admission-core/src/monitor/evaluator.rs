@@ -25,47 +25,17 @@
 //! `loom_a_release_racing_a_park_on_an_atomic_account_never_loses_the_wake_up` with an account
 //! on an atomic counter (it fails, as a deadlock, without the parker's fence).
 
-use std::cell::Cell;
 use std::time::Duration;
 
 use crate::clock::{Clock, Instant, WakeFn};
-use crate::sync::{AtomicBool, AtomicUsize, Condvar, Mutex, Ordering, fence, thread_local};
-
-thread_local! {
-    /// The doorbell (by address; 0 for none) of the monitor whose grant this thread is giving
-    /// back: the pass that monitor runs right after covers every one of its waiters, so the
-    /// accounts' wake-ups need not also wake its evaluator. Another monitor's doorbell, rung by
-    /// an account the two share, is not muted.
-    // Not `const`-initialized: loom's `thread_local!` does not accept that form.
-    #[allow(clippy::missing_const_for_thread_local)]
-    static HANDING_OFF: Cell<usize> = Cell::new(0);
-}
+use crate::mute::{self, wake_key};
+use crate::sync::{AtomicBool, AtomicUsize, Condvar, Mutex, Ordering, fence};
 
 /// Runs `give_back` with `bell`'s wake-ups muted on this thread (the caller runs a pass of that
-/// monitor right after). The previous value is restored even if an account panics.
+/// monitor right after): see [`crate::mute`]. The previous value is restored even if an account
+/// panics.
 pub(crate) fn handing_off(bell: &Doorbell, give_back: impl FnOnce()) {
-    struct Restore(usize);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let previous = self.0;
-            HANDING_OFF.with(|h| h.set(previous));
-        }
-    }
-    let _restore = Restore(HANDING_OFF.with(|h| h.replace(bell.identity())));
-    give_back();
-}
-
-/// The key of the wake-up muted on this thread (0: none), as [`WakeSlot::notify`] compares it
-/// with the key of the callback it holds, to skip its lock and the call.
-///
-/// [`WakeSlot::notify`]: crate::WakeSlot::notify
-pub(crate) fn muted() -> usize {
-    HANDING_OFF.with(|h| h.get())
-}
-
-/// A wake-up callback's key: its address.
-pub(crate) fn wake_key(wake: &WakeFn) -> usize {
-    std::sync::Arc::as_ptr(wake) as *const () as usize
+    mute::muting(bell.identity(), give_back);
 }
 
 pub(crate) struct Doorbell {
@@ -119,7 +89,7 @@ impl Doorbell {
     /// not while this thread is handing back a grant of this same monitor (it runs the pass
     /// itself).
     pub(crate) fn ring_if_waiting(&self) {
-        if HANDING_OFF.with(|h| h.get()) == self.identity() {
+        if mute::muted() == self.identity() {
             return;
         }
         if self.someone_waiting() {
