@@ -361,13 +361,12 @@ impl PoolBackend for Manager {
 #[cfg(test)]
 mod tests {
     use std::error::Error as _;
-    use std::io;
 
     use admission_core::SystemClock;
     use deadpool_postgres::{Manager, TimeoutType};
 
     use super::*;
-    use crate::error::testing::{assert_says_each_thing_once, closed_port};
+    use crate::error::testing::{assert_refused_connect, assert_says_each_thing_once, closed_port};
 
     fn provider(port: u16) -> (tokio::runtime::Runtime, DeadpoolPostgresProvider) {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -398,25 +397,8 @@ mod tests {
     fn a_refused_connection_is_connect_with_the_driver_error_as_its_source() {
         let (runtime, provider) = provider(closed_port());
         let error = runtime.block_on(provider.checkout(false)).unwrap_err();
-        assert_eq!(
-            error.to_string(),
-            "db provider `pg`: deadpool-postgres could not connect to the database"
-        );
-        assert!(
-            matches!(&error, DbError::Connect { provider, backend: "deadpool-postgres", .. } if provider == "pg"),
-            "{error:?}"
-        );
-        let driver = error
-            .source()
-            .and_then(|s| s.downcast_ref::<tokio_postgres::Error>())
-            .expect("the driver's error is the source");
+        let driver = assert_refused_connect::<tokio_postgres::Error>(&error, "deadpool-postgres");
         assert_eq!(driver.code(), None);
-        let io = driver
-            .source()
-            .and_then(|s| s.downcast_ref::<io::Error>())
-            .expect("the refusal under it");
-        assert_eq!(io.kind(), io::ErrorKind::ConnectionRefused);
-        assert_says_each_thing_once(&error);
         assert_eq!(provider.checked_out(), 0);
     }
 

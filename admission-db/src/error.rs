@@ -337,7 +337,39 @@ pub(crate) mod testing {
         }
     }
 
+    /// Asserts that `error` is provider `pg`'s [`DbError::Connect`](super::DbError::Connect)
+    /// from `backend` for a refused connection: the message says it once, the driver's error
+    /// (of type `D`) is the source, and the refused connection is that error's source. Returns
+    /// the driver's error.
+    #[allow(dead_code)] // Only the PostgreSQL backends' tests call it.
+    pub(crate) fn assert_refused_connect<'a, D: StdError + 'static>(
+        error: &'a super::DbError,
+        backend: &str,
+    ) -> &'a D {
+        assert_eq!(
+            error.to_string(),
+            format!("db provider `pg`: {backend} could not connect to the database")
+        );
+        assert!(
+            matches!(error, super::DbError::Connect { provider, backend: b, .. }
+                if provider == "pg" && *b == backend),
+            "{error:?}"
+        );
+        let driver = error
+            .source()
+            .and_then(|s| s.downcast_ref::<D>())
+            .expect("the driver's error is the source");
+        let io = driver
+            .source()
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .expect("the refusal under it");
+        assert_eq!(io.kind(), std::io::ErrorKind::ConnectionRefused);
+        assert_says_each_thing_once(error);
+        driver
+    }
+
     /// A loopback port nothing listens on (bound, read back, released).
+    #[allow(dead_code)] // Only the PostgreSQL backends' tests call it.
     pub(crate) fn closed_port() -> u16 {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         listener.local_addr().unwrap().port()

@@ -349,12 +349,11 @@ impl PoolBackend for PgManager {
 #[cfg(test)]
 mod tests {
     use std::error::Error as _;
-    use std::io;
 
     use admission_core::SystemClock;
 
     use super::*;
-    use crate::error::testing::{assert_says_each_thing_once, closed_port};
+    use crate::error::testing::{assert_refused_connect, assert_says_each_thing_once, closed_port};
 
     fn provider(config: &postgres::Config) -> R2d2PostgresProvider {
         let pool = Pool::builder()
@@ -384,25 +383,8 @@ mod tests {
         // As the first session handed out would have taught it.
         let _ = provider.extra().set(PgManager::new(config).probe);
         let error = provider.checkout(false).unwrap_err();
-        assert_eq!(
-            error.to_string(),
-            "db provider `pg`: r2d2-postgres could not connect to the database"
-        );
-        assert!(
-            matches!(&error, DbError::Connect { provider, backend: "r2d2-postgres", .. } if provider == "pg"),
-            "{error:?}"
-        );
-        let driver = error
-            .source()
-            .and_then(|s| s.downcast_ref::<postgres::Error>())
-            .expect("the driver's error is the source");
+        let driver = assert_refused_connect::<postgres::Error>(&error, "r2d2-postgres");
         assert_eq!(driver.code(), None);
-        let io = driver
-            .source()
-            .and_then(|s| s.downcast_ref::<io::Error>())
-            .expect("the refusal under it");
-        assert_eq!(io.kind(), io::ErrorKind::ConnectionRefused);
-        assert_says_each_thing_once(&error);
     }
 
     /// Before its first session the provider has only r2d2's text of the error: still the
