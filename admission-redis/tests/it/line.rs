@@ -88,6 +88,27 @@ async fn a_follower_beside_the_head_goes_when_it_does_not_touch_what_the_head_ne
     );
 }
 
+/// Queues waiter `id` on `cell` from a child process ([`waiter_process`]) and SIGKILLs that
+/// process once its `queued` event is in the stream: a waiter that died in the line.
+async fn queue_a_waiter_and_kill_it(
+    fleet: &RedisAdmission,
+    host: &str,
+    port: u16,
+    cell: &str,
+    id: &str,
+) {
+    let spec = format!("{host} {port} {cell} {id}");
+    let (mut child, _) = child_process(
+        "line::waiter_process",
+        "ADMISSION_REDIS_WAITER",
+        &spec,
+        "WAITING",
+    );
+    wait_for_event(fleet, host, port, "queued", id).await;
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped by the OS");
+}
+
 /// The waiter half of the crash test: runs only in the child process the test starts.
 #[tokio::test]
 #[ignore = "the child process of a_crashed_waiter_is_reaped_and_cannot_block_the_line"]
@@ -118,16 +139,7 @@ async fn a_crashed_waiter_is_reaped_and_cannot_block_the_line() {
     cfg.redis_wait = Duration::from_secs(30);
     let fleet = connect(cfg).await;
     let held = lease(&fleet, "held", "t", "d", 1).await;
-    let spec = format!("{host} {port} {cell} crashed-waiter");
-    let (mut child, _) = child_process(
-        "line::waiter_process",
-        "ADMISSION_REDIS_WAITER",
-        &spec,
-        "WAITING",
-    );
-    wait_for_event(&fleet, &host, port, "queued", "crashed-waiter").await;
-    child.kill().expect("SIGKILL");
-    child.wait().expect("reaped by the OS");
+    queue_a_waiter_and_kill_it(&fleet, &host, port, &cell, "crashed-waiter").await;
     // Two seconds later on the cell's clock (the holder renewing), a live waiter, in this
     // process, stands behind the dead one.
     held.renew_now().await.expect("renewed");
@@ -302,16 +314,7 @@ async fn the_hand_off_never_grants_a_waiter_whose_liveness_ran_out() {
     let fleet = connect(cfg).await;
     let held = lease(&fleet, "held", "t", "d", 1).await;
     for id in ["dead-1", "dead-2"] {
-        let spec = format!("{host} {port} {cell} {id}");
-        let (mut child, _) = child_process(
-            "line::waiter_process",
-            "ADMISSION_REDIS_WAITER",
-            &spec,
-            "WAITING",
-        );
-        wait_for_event(&fleet, &host, port, "queued", id).await;
-        child.kill().expect("SIGKILL");
-        child.wait().expect("reaped by the OS");
+        queue_a_waiter_and_kill_it(&fleet, &host, port, &cell, id).await;
     }
     // Past both tickets' 3 s liveness on the cell's clock, the holder renewing.
     held.renew_now().await.expect("renewed");
@@ -352,16 +355,7 @@ async fn a_grant_to_a_dead_waiter_expires_with_its_liveness() {
     let cell = cell("dead_grant");
     let fleet = connect(config(&host, port, &cell, ceilings(10, 1, 10, 1, 1))).await;
     let held = lease(&fleet, "held", "t", "d", 1).await;
-    let spec = format!("{host} {port} {cell} dead");
-    let (mut child, _) = child_process(
-        "line::waiter_process",
-        "ADMISSION_REDIS_WAITER",
-        &spec,
-        "WAITING",
-    );
-    wait_for_event(&fleet, &host, port, "queued", "dead").await;
-    child.kill().expect("SIGKILL");
-    child.wait().expect("reaped by the OS");
+    queue_a_waiter_and_kill_it(&fleet, &host, port, &cell, "dead").await;
     // 2 s later on the cell's clock (the holder renewing), the dead waiter's 3 s of liveness
     // have 1 s left: the release hands the lease to it.
     held.renew_now().await.expect("renewed");
