@@ -40,8 +40,12 @@ const NO_ACTIVITY: u64 = 0;
 /// head's reservation. "Not now" is always [`Answer::NotNow(None)`](Answer::NotNow): time frees
 /// no permit, only a give does.
 ///
-/// Every successful take and every give stamps the last-activity instant, read from the clock
-/// the gate was built with (pass the monitor's, so that stamps are on the monitor's scale).
+/// Every successful take and every give stamps the last-activity instant. The stamp's
+/// resolution is about a millisecond, not a nanosecond: a take stamps the instant its [`Ask`]
+/// carries when an account of the demand has read one already, else a
+/// [coarse reading](admission_core::Clock::coarse_now) of the clock (the system clock's is one
+/// atomic load); a give stamps a coarse reading. So a gate never reads the time-stamp counter
+/// itself. Build it on the monitor's clock, so that stamps are on the monitor's scale.
 ///
 /// # Fairness
 ///
@@ -237,14 +241,14 @@ impl CountingGate {
         want <= self.capacity.saturating_sub(in_use)
     }
 
-    /// Records now as the last activity.
+    /// Records `now` as the last activity.
     ///
     /// A load and a store rather than a read-modify-write: this sits on every take and give, and
     /// a locked instruction here costs as much as the take itself. Two stamps racing may land in
     /// either order, so the stamp is the instant of one of the latest operations, never older
     /// than any operation that finished before the racing ones began.
-    fn stamp(&self) {
-        let now = self.clock.now().as_nanos().saturating_add(1);
+    fn stamp(&self, now: Instant) {
+        let now = now.as_nanos().saturating_add(1);
         if now > self.last_activity.load(Ordering::Relaxed) {
             self.last_activity.store(now, Ordering::Release);
         }
@@ -281,7 +285,7 @@ impl Account for CountingGate {
                 })
                 .is_ok();
             if taken {
-                self.stamp();
+                self.stamp(ask.coarse_now(&*self.clock));
             }
             taken
         } else {
@@ -303,7 +307,7 @@ impl Account for CountingGate {
                     Some(in_use.saturating_sub(back))
                 });
         }
-        self.stamp();
+        self.stamp(self.clock.coarse_now());
         if back > 0 {
             self.wake.notify();
         }

@@ -655,7 +655,12 @@ impl ElasticWindow {
     /// count any more are forgotten.
     #[inline]
     fn lock_now(&self) -> (MutexGuard<'_, State>, Instant) {
-        let read = self.clock.now();
+        self.lock_at(self.clock.now())
+    }
+
+    /// [`lock_now`](Self::lock_now) at `read`, an instant the caller was given.
+    #[inline]
+    fn lock_at(&self, read: Instant) -> (MutexGuard<'_, State>, Instant) {
         let mut st = self.state.lock();
         let now = read.max(st.now);
         st.now = now;
@@ -743,7 +748,7 @@ impl Account for ElasticWindow {
             return Answer::Never(refusal);
         }
         let reserved = ask.reserved_ahead().primary();
-        let (mut st, now) = self.lock_now();
+        let (mut st, now) = self.lock_at(ask.now(&*self.clock));
         let probe = match st.circuit.pass(now, ask.is_head()) {
             Pass::Open => false,
             Pass::Probe => true,

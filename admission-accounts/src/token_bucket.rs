@@ -544,7 +544,7 @@ impl Account for TokenBucket {
     /// Only the words a take moves are read and written: the budgets and the throttle are read,
     /// the levels read, settled, debited and stored.
     fn ask(&self, mine: Amount, ask: Ask) -> Answer {
-        let now = self.clock.now();
+        let now = ask.now(&*self.clock);
         let mut hold = self.state.hold();
         let config = hold.config();
         if config.exceeded_by(mine) {

@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::amount::Amount;
-use crate::clock::{Instant, WakeFn};
+use crate::clock::{Clock, Instant, Reading, WakeFn};
 use crate::mute::{muted, wake_key};
 
 /// How an account gets its capacity back.
@@ -214,7 +214,7 @@ impl Refusal {
     }
 }
 
-/// Who asks an account, and whether to take.
+/// Who asks an account, whether to take, and when.
 ///
 /// The monitor asks each account of a demand once per attempt. The head of the line (or a job
 /// meeting an empty line) asks with [`Ask::HEAD`]: nothing is set aside, and a privilege
@@ -224,37 +224,96 @@ impl Refusal {
 /// account, which does not make the asker the head). Once one account of a demand says "not
 /// now", the monitor asks the rest with [`look`](Ask::look), so that it learns every account the
 /// job is short on without taking from them.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Ask {
+///
+/// **When.** An ask happens at one instant, the same for every account of the demand: the
+/// monitor's [`Reading`], read at most once however many accounts need it. An account that
+/// needs the time takes it from [`now`](Ask::now) (never from its own clock while an instant is
+/// given), and answers a "not now" with a deadline counted from it; one that only stamps
+/// activity takes [`coarse_now`](Ask::coarse_now), which reads nothing when no instant was read
+/// yet. An ask made outside a monitor ([`Ask::HEAD`] called directly, as tests do) carries no
+/// instant, and both read the clock the account passes in; [`at`](Ask::at) fixes one.
+///
+/// # Examples
+///
+/// ```
+/// use admission_core::{Amount, Ask, Clock, Instant, Reading, SystemClock};
+///
+/// let clock = SystemClock::new();
+/// // Asked directly: the account's own clock tells the time.
+/// assert!(Ask::HEAD.now(&clock) <= clock.now());
+/// // A fixed instant wins over any clock.
+/// let at = Instant::from_nanos(5);
+/// assert_eq!(Ask::HEAD.at(at).now(&clock), at);
+/// // A monitor's reading: read once, shared by every account asked with it.
+/// let reading = Reading::new(&clock);
+/// let ask = Ask::behind(Amount::units(2)).with(&reading);
+/// assert_eq!(ask.now(&clock), reading.taken().unwrap());
+/// ```
+#[derive(Copy, Clone)]
+pub struct Ask<'a> {
     reserved_ahead: Amount,
     head: bool,
     take: bool,
+    at: At<'a>,
 }
 
-impl Ask {
+/// Where an [`Ask`]'s instant comes from.
+#[derive(Copy, Clone)]
+enum At<'a> {
+    /// None given: the account's own clock.
+    Own,
+    /// A fixed instant.
+    Fixed(Instant),
+    /// A monitor's reading, read at most once.
+    Reading(&'a Reading<'a>),
+}
+
+impl Ask<'static> {
     /// The head of the line asks, and takes if it fits.
-    pub const HEAD: Ask = Ask {
+    pub const HEAD: Ask<'static> = Ask {
         reserved_ahead: Amount::ZERO,
         head: true,
         take: true,
+        at: At::Own,
     };
 
     /// A waiter behind the head asks, leaving `reserved_ahead` (the head's amount on this
     /// account) aside, and takes if it fits.
-    pub const fn behind(reserved_ahead: Amount) -> Ask {
+    pub const fn behind(reserved_ahead: Amount) -> Ask<'static> {
         Ask {
             reserved_ahead,
             head: false,
             take: true,
+            at: At::Own,
         }
     }
+}
 
+impl<'a> Ask<'a> {
     /// The same question, answered without taking anything: [`Answer::Taken`] then means "it
     /// would have been taken", and nothing changed.
-    pub const fn look(self) -> Ask {
+    pub const fn look(self) -> Ask<'a> {
         Ask {
             take: false,
             ..self
+        }
+    }
+
+    /// The same question asked at `instant`.
+    pub const fn at(self, instant: Instant) -> Ask<'a> {
+        Ask {
+            at: At::Fixed(instant),
+            ..self
+        }
+    }
+
+    /// The same question asked at `reading`'s instant (read when the first account needs it).
+    pub fn with<'b>(self, reading: &'b Reading<'b>) -> Ask<'b> {
+        Ask {
+            reserved_ahead: self.reserved_ahead,
+            head: self.head,
+            take: self.take,
+            at: At::Reading(reading),
         }
     }
 
@@ -272,7 +331,58 @@ impl Ask {
     pub const fn takes(&self) -> bool {
         self.take
     }
+
+    /// The instant this question is asked at: the one given (a monitor's reading, read now if
+    /// no account of the demand has read it yet, or a fixed instant), else `own`'s reading.
+    /// Deadlines in a "not now" count from it.
+    #[inline]
+    pub fn now(&self, own: &dyn Clock) -> Instant {
+        match self.at {
+            At::Own => own.now(),
+            At::Fixed(at) => at,
+            At::Reading(reading) => reading.get(),
+        }
+    }
+
+    /// The instant to within about a millisecond, for an activity stamp: the given instant when
+    /// it is known, else a [coarse reading](Clock::coarse_now) (of the monitor's clock, or of
+    /// `own` for an ask that gives none), which reads no time-stamp counter.
+    #[inline]
+    pub fn coarse_now(&self, own: &dyn Clock) -> Instant {
+        match self.at {
+            At::Own => own.coarse_now(),
+            At::Fixed(at) => at,
+            At::Reading(reading) => reading.coarse(),
+        }
+    }
 }
+
+impl fmt::Debug for Ask<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Ask");
+        d.field("reserved_ahead", &self.reserved_ahead)
+            .field("head", &self.head)
+            .field("take", &self.take);
+        match self.at {
+            At::Own => d.field("at", &"own clock"),
+            At::Fixed(at) => d.field("at", &at),
+            At::Reading(reading) => d.field("at", reading),
+        };
+        d.finish()
+    }
+}
+
+/// Two asks are the same question when they agree on who asks and whether to take; when they
+/// are asked is not compared.
+impl PartialEq for Ask<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.reserved_ahead == other.reserved_ahead
+            && self.head == other.head
+            && self.take == other.take
+    }
+}
+
+impl Eq for Ask<'_> {}
 
 /// An account's one answer to an [`Ask`], as governor's `check_n` answers: yes, not until, or
 /// never.
@@ -366,7 +476,10 @@ pub trait Account: Send + Sync + 'static {
     fn replenishment(&self) -> Replenishment;
 
     /// The one question: does `mine` fit now, as `ask` says who asks, and if so (and
-    /// [`ask.takes()`](Ask::takes)) take it, in one step under the account's own lock.
+    /// [`ask.takes()`](Ask::takes)) take it, in one step under the account's own lock. "Now" is
+    /// the instant the ask carries: an account that needs the time reads
+    /// [`ask.now(&clock)`](Ask::now), never its clock directly, so that every account of a
+    /// demand answers for the same instant and the clock is read once.
     ///
     /// On [`Answer::Taken`] for a taking ask the account has been debited by exactly `mine`;
     /// every other answer, and every answer to a look, changes nothing.

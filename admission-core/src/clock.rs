@@ -9,6 +9,7 @@
 //! the future is clamped to [`Instant::MAX`], never an overflow panic.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -76,6 +77,16 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// The current instant.
     fn now(&self) -> Instant;
 
+    /// The current instant to within about a millisecond, for stamps that record when something
+    /// last happened (a counting gate's last activity) and need no finer time: a clock may
+    /// answer it more cheaply than [`now`](Clock::now). The default is `now`, exact.
+    ///
+    /// A coarse reading is never later than the precise reading taken right after it, and never
+    /// goes backwards.
+    fn coarse_now(&self) -> Instant {
+        self.now()
+    }
+
     /// How long a thread should sleep in real time before this clock can read `deadline`.
     ///
     /// `Some(Duration::ZERO)` means the deadline has passed. `None` means real time does not move
@@ -98,11 +109,103 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
     fn now(&self) -> Instant {
         (**self).now()
     }
+    fn coarse_now(&self) -> Instant {
+        (**self).coarse_now()
+    }
     fn real_wait(&self, deadline: Instant) -> Option<Duration> {
         (**self).real_wait(deadline)
     }
     fn subscribe(&self, wake: &WakeFn) {
         (**self).subscribe(wake)
+    }
+}
+
+/// One instant of a [`Clock`], read the first time somebody needs it and the same for everyone
+/// after: "now" for one admission, however many accounts it asks.
+///
+/// The monitor makes one for each admit, each pass over its line and each release, and hands it
+/// to every account it asks through [`Ask`](crate::Ask): a demand on five accounts reads the
+/// clock once, and a demand on accounts that need no time (counting gates) not at all.
+///
+/// # Examples
+///
+/// ```
+/// use admission_core::{Clock, Instant, Reading, SystemClock};
+///
+/// let clock = SystemClock::new();
+/// let now = Reading::new(&clock);
+/// assert_eq!(now.taken(), None);
+/// let first = now.get();
+/// assert_eq!(now.get(), first);
+/// assert_eq!(now.taken(), Some(first));
+/// ```
+pub struct Reading<'c> {
+    clock: &'c dyn Clock,
+    /// The instant read, or [`UNREAD`]. Relaxed: a reading is one thread's, the atomic only
+    /// keeps it `Sync` (a future that holds one across an await stays `Send`).
+    read: AtomicU64,
+}
+
+/// No instant read yet (a clock reading `u64::MAX` is read again each time, which is harmless).
+const UNREAD: u64 = u64::MAX;
+
+impl<'c> Reading<'c> {
+    /// A reading of `clock`, not taken yet.
+    pub fn new(clock: &'c dyn Clock) -> Reading<'c> {
+        Reading {
+            clock,
+            read: AtomicU64::new(UNREAD),
+        }
+    }
+
+    /// A reading of `clock` already taken at `at` (an instant the caller read itself).
+    pub fn taken_at(clock: &'c dyn Clock, at: Instant) -> Reading<'c> {
+        Reading {
+            clock,
+            read: AtomicU64::new(at.0),
+        }
+    }
+
+    /// The instant: read from the clock now if nobody has yet, else the one read before.
+    #[inline]
+    pub fn get(&self) -> Instant {
+        match self.read.load(Ordering::Relaxed) {
+            UNREAD => {
+                let now = self.clock.now();
+                self.read.store(now.0, Ordering::Relaxed);
+                now
+            }
+            read => Instant(read),
+        }
+    }
+
+    /// The instant if it was read, without reading the clock.
+    #[inline]
+    pub fn taken(&self) -> Option<Instant> {
+        match self.read.load(Ordering::Relaxed) {
+            UNREAD => None,
+            read => Some(Instant(read)),
+        }
+    }
+
+    /// The instant if it was read, else the clock's [`coarse_now`](Clock::coarse_now) (which
+    /// does not fix the reading).
+    #[inline]
+    pub fn coarse(&self) -> Instant {
+        self.taken().unwrap_or_else(|| self.clock.coarse_now())
+    }
+
+    /// The clock this reads.
+    pub fn clock(&self) -> &'c dyn Clock {
+        self.clock
+    }
+}
+
+impl fmt::Debug for Reading<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reading")
+            .field("taken", &self.taken())
+            .finish_non_exhaustive()
     }
 }
 
@@ -139,6 +242,104 @@ impl Clock for SystemClock {
     fn now(&self) -> Instant {
         let (clock, origin) = source();
         Instant(clock.delta_as_nanos(0, clock.raw()).saturating_sub(*origin))
+    }
+
+    /// A reading that a background thread refreshes every millisecond while coarse readings are
+    /// being taken: one atomic load instead of a read of the time-stamp counter. The thread
+    /// starts with the first coarse reading in the process and parks after about 100 ms without
+    /// one (the next reading then reads the clock itself and wakes it), so an idle process pays
+    /// no wake-ups for it. Under heavy load the thread may run late and a reading be older than
+    /// a millisecond by the scheduler's delay; it is never later than [`now`](Clock::now).
+    fn coarse_now(&self) -> Instant {
+        coarse::now(self)
+    }
+}
+
+/// The system clock's coarse reading: the latest instant a refresher thread read, kept fresh
+/// only while somebody reads it.
+mod coarse {
+    use super::*;
+
+    /// How often the refresher reads the clock while it runs.
+    pub(super) const TICK: Duration = Duration::from_millis(1);
+    /// Ticks without a reader after which the refresher parks.
+    const IDLE_TICKS: u32 = 100;
+
+    /// No refresher yet, or parked: a reader reads the clock itself and wakes it.
+    pub(super) const IDLE: u8 = 0;
+    /// The refresher runs: [`RECENT`] is at most about a tick old.
+    pub(super) const RUNNING: u8 = 1;
+
+    #[cfg(test)]
+    pub(super) fn state() -> u8 {
+        STATE.load(Ordering::Acquire)
+    }
+
+    static RECENT: AtomicU64 = AtomicU64::new(0);
+    static STATE: AtomicU8 = AtomicU8::new(IDLE);
+    /// Set by readers, cleared by the refresher at each tick: whether anyone read since.
+    static READ: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    static REFRESHER: OnceLock<Option<std::thread::Thread>> = OnceLock::new();
+
+    pub(super) fn now(clock: &SystemClock) -> Instant {
+        if STATE.load(Ordering::Acquire) == RUNNING {
+            if !READ.load(Ordering::Relaxed) {
+                READ.store(true, Ordering::Relaxed);
+            }
+            return Instant(RECENT.load(Ordering::Acquire));
+        }
+        wake(clock)
+    }
+
+    #[cold]
+    fn wake(clock: &SystemClock) -> Instant {
+        let now = clock.now();
+        RECENT.fetch_max(now.0, Ordering::AcqRel);
+        READ.store(true, Ordering::Relaxed);
+        if STATE
+            .compare_exchange(IDLE, RUNNING, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            let refresher = REFRESHER.get_or_init(|| {
+                std::thread::Builder::new()
+                    .name("admission-coarse-clock".to_owned())
+                    .spawn(refresh)
+                    .ok()
+                    .map(|handle| handle.thread().clone())
+            });
+            match refresher {
+                Some(thread) => thread.unpark(),
+                // No thread could be made: every reading stays an exact one.
+                None => STATE.store(IDLE, Ordering::Release),
+            }
+        }
+        now
+    }
+
+    /// The refresher: reads the clock every tick while readers come, parks when they stop.
+    fn refresh() {
+        let clock = SystemClock::new();
+        let mut idle = 0;
+        loop {
+            RECENT.fetch_max(clock.now().0, Ordering::AcqRel);
+            std::thread::sleep(TICK);
+            if READ.swap(false, Ordering::Relaxed) {
+                idle = 0;
+                continue;
+            }
+            idle += 1;
+            if idle < IDLE_TICKS {
+                continue;
+            }
+            idle = 0;
+            STATE.store(IDLE, Ordering::Release);
+            // A reader that saw RUNNING just before the store took a reading up to a tick old;
+            // one that sees IDLE reads the clock and unparks this thread (an unpark before the
+            // park makes the park return at once).
+            while STATE.load(Ordering::Acquire) == IDLE {
+                std::thread::park();
+            }
+        }
     }
 }
 
@@ -177,6 +378,44 @@ mod tests {
             last = now;
         }
         assert_eq!(clock.real_wait(Instant::ZERO), Some(Duration::ZERO));
+    }
+
+    /// The coarse reading's refresher is a background thread: real time is the point here.
+    #[test]
+    fn the_coarse_system_clock_follows_real_time_within_its_tick_and_parks_when_unread() {
+        let clock = SystemClock::new();
+        let mut last = clock.coarse_now();
+        let before = clock.now();
+        assert!(last <= before, "a coarse reading is never later than now");
+        let started = std::time::Instant::now();
+        let mut moved = false;
+        while !moved && started.elapsed() < Duration::from_secs(2) {
+            let coarse = clock.coarse_now();
+            let now = clock.now();
+            assert!(coarse >= last, "a coarse reading never goes back");
+            assert!(coarse <= now, "{coarse:?} is later than {now:?}");
+            moved |= coarse > before;
+            last = coarse;
+            std::thread::yield_now();
+        }
+        assert!(moved, "the refresher never moved the reading in 2 s");
+        assert_eq!(coarse::state(), coarse::RUNNING);
+        // Unread for a while, the refresher parks (about 100 ticks); the next reading is exact
+        // and wakes it.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while coarse::state() != coarse::IDLE {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the refresher never parked"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let precise = clock.now();
+        assert!(
+            clock.coarse_now() >= precise,
+            "an idle clock's reading is exact"
+        );
+        assert_eq!(coarse::state(), coarse::RUNNING);
     }
 
     #[test]

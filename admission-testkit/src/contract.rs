@@ -30,6 +30,7 @@
 //! | [`a_monitor_refuses_a_never_fitting_demand_at_once_behind_a_head_short_on_it`] | a monitor refuses that amount at once while a head waits on the drained account |
 //! | [`fits_alone_but_not_beside_the_reservation_is_not_now`] | a reservation makes "not now", never "never" |
 //! | [`not_now_instant_is_when_time_alone_makes_it_fit`] | a clocked account's instant is the earliest, not a nanosecond off |
+//! | [`a_clocked_account_answers_at_the_instant_it_is_asked_at`] | a clocked account answers as of the ask's instant, not its own clock's |
 //! | [`a_release_account_answers_not_now_without_an_instant`] | only a give can help a release account |
 //! | [`asks_are_atomic_against_concurrent_takers`] | racing takers win exactly the capacity |
 //! | [`never_overdrawn_under_concurrent_asks_and_gives`] | asks and gives in parallel never hold more than the capacity |
@@ -157,7 +158,7 @@ use std::time::Duration;
 
 use admission_core::{
     Account, AccountStatus, AdmitError, Amount, Answer, Ask, Capability, Category, Clock, Demand,
-    Instant, JobContext, Monitor, RefusalKind, Replenishment, TryAdmitError, WakeFn,
+    Instant, JobContext, Monitor, Reading, RefusalKind, Replenishment, TryAdmitError, WakeFn,
 };
 
 use crate::FakeClock;
@@ -300,6 +301,10 @@ pub const RULES: &[(&str, Rule)] = &[
     (
         "not_now_instant_is_when_time_alone_makes_it_fit",
         not_now_instant_is_when_time_alone_makes_it_fit,
+    ),
+    (
+        "a_clocked_account_answers_at_the_instant_it_is_asked_at",
+        a_clocked_account_answers_at_the_instant_it_is_asked_at,
     ),
     (
         "a_release_account_answers_not_now_without_an_instant",
@@ -821,6 +826,56 @@ pub fn not_now_instant_is_when_time_alone_makes_it_fit(make: &dyn Fn() -> Subjec
         );
     }
     run.expect(unit, Ask::HEAD, &Said::Taken, "taking at its instant");
+}
+
+/// A clocked account answers as of the instant it is asked at ([`Ask::at`], or a monitor's
+/// [`Reading`]), whatever its own clock reads: a monitor reads its clock once for a whole
+/// demand and hands every account that one instant, so an account that reads its own clock
+/// where the ask gives an instant answers for another moment than its neighbours (and, for a
+/// deadline, for the wrong one).
+///
+/// Drained, with the clock standing at `now`, the account names the instant `at` at which time
+/// alone makes a unit fit. With the clock still at `now`: asked a nanosecond before `at`, the
+/// unit is not now, at `at`; asked at `at`, it fits, looking and taking (through a
+/// [`Reading`] taken at `at`, as a monitor's pass hands it). An account that also reads its own
+/// clock for something else (an activity stamp, a cache, an ask that gives no instant) passes.
+///
+/// Skipped (passes) for a [`Replenishment::Release`] subject.
+///
+/// # Panics
+///
+/// When an answer to an ask with an instant is not the answer for that instant.
+pub fn a_clocked_account_answers_at_the_instant_it_is_asked_at(make: &dyn Fn() -> Subject) {
+    let run = Run::new(
+        "a_clocked_account_answers_at_the_instant_it_is_asked_at",
+        make,
+    );
+    if run.subject.expected_replenishment != Replenishment::Time {
+        return;
+    }
+    let unit = run.unit();
+    let clock = &run.subject.clock;
+    run.drain();
+    let now = clock.now();
+    let seen = run.expect_not_now(unit, Ask::HEAD.look(), "once drained");
+    let Some(at) = seen.filter(|&at| at > now) else {
+        panic!(
+            "{} once drained: expected ask({unit}, Ask::HEAD.look()) to be not now with an \
+             instant after now ({now:?}); saw NotNow({seen:?})",
+            run.at()
+        );
+    };
+    let before = at.saturating_sub(NANOSECOND);
+    run.expect(
+        unit,
+        Ask::HEAD.look().at(before),
+        &Said::NotNow(Some(at)),
+        &format!("asked at {before:?}, a nanosecond before its instant, its clock at {now:?}"),
+    );
+    let when = format!("asked at its instant {at:?} with its own clock still at {now:?}");
+    run.expect(unit, Ask::HEAD.look().at(at), &Said::Taken, &when);
+    let reading = Reading::taken_at(clock, at);
+    run.expect(unit, Ask::HEAD.with(&reading), &Said::Taken, &when);
 }
 
 /// A [`Replenishment::Release`] account's "not now" has no instant (`NotNow(None)`): only a

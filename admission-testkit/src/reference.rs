@@ -207,7 +207,7 @@ impl Meter {
     /// Whole units available now.
     pub fn level(&self) -> u64 {
         let mut level = self.level.lock();
-        self.refill(&mut level);
+        self.refill(&mut level, self.clock.now());
         u64::try_from(level.0 / NANOS_PER_SECOND).unwrap_or(u64::MAX)
     }
 
@@ -220,8 +220,8 @@ impl Meter {
         u128::from(self.capacity) * NANOS_PER_SECOND
     }
 
-    fn refill(&self, level: &mut (u128, Instant)) {
-        let now = self.clock.now();
+    /// Brings `level` up to `now` (an instant before the last one changes nothing).
+    fn refill(&self, level: &mut (u128, Instant), now: Instant) {
         let elapsed = now.saturating_duration_since(level.1).as_nanos();
         level.0 = level
             .0
@@ -266,15 +266,16 @@ impl Account for Meter {
     fn replenishment(&self) -> Replenishment {
         Replenishment::Time
     }
-    /// One lock, one answer: too large is refused; otherwise the level is brought up to now,
-    /// and either a fitting taking ask is debited or the answer names when the refill alone
-    /// covers `mine` beside the reservation.
+    /// One lock, one answer: too large is refused; otherwise the level is brought up to the
+    /// ask's instant, and either a fitting taking ask is debited or the answer names when the
+    /// refill alone covers `mine` beside the reservation.
     fn ask(&self, mine: Amount, ask: Ask) -> Answer {
         if let Some(refusal) = self.too_large(mine) {
             return Answer::Never(refusal);
         }
+        let now = ask.now(&*self.clock);
         let mut level = self.level.lock();
-        self.refill(&mut level);
+        self.refill(&mut level, now);
         let want = u128::from(
             mine.primary()
                 .saturating_add(ask.reserved_ahead().primary()),
@@ -290,7 +291,7 @@ impl Account for Meter {
     fn give(&self, amount: Amount) {
         {
             let mut level = self.level.lock();
-            self.refill(&mut level);
+            self.refill(&mut level, self.clock.now());
             level.0 = level
                 .0
                 .saturating_add(u128::from(amount.primary()) * NANOS_PER_SECOND)

@@ -180,8 +180,9 @@ fn semaphore(c: &mut Criterion) {
         b.iter(|| try_admit_release(&monitor, &demand, &job))
     });
     // The floor under both: the gate's own take and give, no monitor, through the trait object
-    // as the monitor calls it; and the same on a clock that stands still, which leaves out the
-    // two clock reads the gate's last-activity stamp makes (one at the take, one at the give).
+    // as the monitor calls it (its last-activity stamp takes the system clock's coarse reading,
+    // one atomic load, at the take and at the give); and the same on a fake clock that stands
+    // still (whose coarse reading is its exact one, a lock-free load).
     let alone = &demand.entries()[0];
     group.bench_function("floor_gate_take_give", |b| {
         b.iter(|| support::take_give(&**alone.account(), Amount::ONE))

@@ -455,7 +455,7 @@ fn rows() -> Vec<Row> {
         ),
         row(
             "2",
-            "floor: the `CountingGate`'s own take + give, no monitor (its last-activity stamp reads the clock at both)",
+            "floor: the `CountingGate`'s own take + give, no monitor (its last-activity stamp takes a coarse reading at both)",
             Unit::Time,
             C("semaphore", "floor_gate_take_give"),
             C("semaphore", "tokio_try_acquire_many_release"),
@@ -464,7 +464,7 @@ fn rows() -> Vec<Row> {
         ),
         row(
             "2",
-            "floor: the same on a clock that stands still (no clock read)",
+            "floor: the same on a fake clock that stands still",
             Unit::Time,
             C("semaphore", "floor_gate_take_give_frozen_clock"),
             C("semaphore", "tokio_try_acquire_many_release"),

@@ -1,18 +1,20 @@
 //! `cargo xtask`: the workspace's one entry point for checks. `cargo xtask ci` runs everything CI
 //! runs, in the order CI runs it; `.ci/run` only installs the tools and then calls it.
 //!
-//! Every step is a cargo command run from the workspace root with `$CARGO` (or, for `chaos`,
-//! this xtask's own command as a process of its own); its command line is echoed as
+//! Every step is a cargo command run from the workspace root with `$CARGO` (or, for `chaos` and
+//! `public items`, this xtask's own command as a process of its own); its command line is echoed as
 //! `==> [i/n] name: command`, it is timed, and the first failure stops the run with a message
 //! naming the step. A summary of the steps' times follows, and a successful run that ran tests
 //! ends with the single line `xtask: N passed, 0 failed`, which CI's log reader looks for.
 //! Dependencies stay few: `anyhow`, `serde_json` (to read bench results, cargo's build messages
-//! and the agents fleet's member reports) and the standard library.
+//! and the agents fleet's member reports), `public-api` (to list a crate's public items from its
+//! rustdoc JSON) and the standard library.
 
 mod bench;
 mod chaos;
 mod count;
 mod load;
+mod public_items;
 mod services;
 mod step;
 
@@ -36,20 +38,24 @@ commands:
                                           (cargo test --workspace --all-targets FEATURES without nextest)
                              4 doc tests  cargo test --workspace --doc FEATURES
                              5 docs       cargo doc --workspace --no-deps FEATURES with RUSTDOCFLAGS='-D warnings'
-                             6 benches    cargo bench --workspace --no-run (compiled, not run)
-                             7 agents     cargo run --release --example agents -- --time-scale 300 --check
-                             8 agents fleet  the same as a fleet: -- --fleet 4 --time-scale 60
+                             6 public items  cargo xtask public-items (below)
+                             7 benches    cargo bench --workspace --no-run (compiled, not run)
+                             8 agents     cargo run --release --example agents -- --time-scale 300 --check
+                             9 agents fleet  the same as a fleet: -- --fleet 4 --time-scale 60
                                           --fleet-rates both --check
                                           (four processes on a private redis-server, which must be on
                                           PATH; a simulated minute of one real second, so that a few
                                           milliseconds of lag between a grant and its call stay small
                                           beside the minute the provider counts over)
-                             9 chaos      cargo xtask chaos (below)
-                            10 loom       cargo test -p admission-core --lib --release -- loom
+                            10 chaos      cargo xtask chaos (below)
+                            11 loom       cargo test -p admission-core --lib --release -- loom
                                           with RUSTFLAGS='--cfg admission_loom',
                                           LOOM_MAX_PREEMPTIONS=2 (unless set), CARGO_TARGET_DIR=target/loom
   test                     steps 3 and 4
-  loom                     step 10
+  loom                     step 11
+  public-items [--bless]   each library crate's public items (rustdoc JSON on stable, rendered by
+                           public-api) against public-items/CRATE.txt: fails on any added or
+                           removed line; --bless rewrites the lists, to commit with the change
   chaos                    the agents fleet through four real faults and two signals to its
                            parent, one run each (about 55 s once the example is built; each run
                            bounded): agents --fleet 4 --time-scale 300 --admit-timeout 3600
@@ -148,6 +154,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
                 )
                 .env("RUSTDOCFLAGS", "-D warnings"),
             );
+            steps.push(Step::xtask("public items", &["public-items"]));
             steps.push(Step::cargo(
                 "benches",
                 &["bench", "--workspace", "--no-run"],
@@ -170,6 +177,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
             takes_no_args("chaos")?;
             chaos::run(&ws)
         }
+        "public-items" => public_items::run(&ws, rest),
         "soak" => {
             let admits = match rest {
                 [] => "1000000".to_string(),

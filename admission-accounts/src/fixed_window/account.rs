@@ -53,7 +53,7 @@ impl Account for FixedWindow {
         };
         let reserved = ask.reserved_ahead().primary();
         let limit = self.config.limit;
-        let now = self.config.clock.now();
+        let now = ask.now(&*self.config.clock);
         let fits = if ask.takes() {
             self.word.take(now, n, reserved, limit)
         } else {

@@ -1594,7 +1594,7 @@ enum Op {
 }
 
 /// The head for `None`, else a waiter behind a head reserving that many requests.
-fn asker(reserved: Option<u64>) -> Ask {
+fn asker(reserved: Option<u64>) -> Ask<'static> {
     reserved.map_or(Ask::HEAD, |r| Ask::behind(Amount::units(r)))
 }
 

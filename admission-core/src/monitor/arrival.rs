@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::account::{AccountRef, account_key};
-use crate::clock::Instant;
+use crate::clock::{Instant, Reading};
 use crate::context::JobContext;
 use crate::demand::Demand;
 use crate::error::{AdmitError, TryAdmitError};
@@ -77,14 +77,16 @@ impl Shared {
         timeout: Option<Duration>,
     ) -> Begin {
         let mut out = self.outbox();
-        let (demand, asked) = match self.begin_unlocked(demand, ctx, &mut out) {
+        // One instant for the whole arrival, read when the first account (or the line) needs it.
+        let now = Reading::new(&*self.clock);
+        let (demand, asked) = match self.begin_unlocked(demand, ctx, &now, &mut out) {
             Ok(outcome) => {
                 self.deliver(out);
                 return Begin::Done(outcome);
             }
             Err(not_granted) => not_granted,
         };
-        let (begun, ring) = match self.begin_locked(demand, asked, ctx, timeout, &mut out) {
+        let (begun, ring) = match self.begin_locked(demand, asked, ctx, timeout, &now, &mut out) {
             Ok(parked) => parked,
             Err(outcome) => (Begin::Done(outcome), false),
         };
@@ -104,9 +106,10 @@ impl Shared {
         self: &Arc<Shared>,
         demand: Demand,
         ctx: &JobContext,
+        now: &Reading<'_>,
         out: &mut Outbox<'_>,
     ) -> Result<Outcome, (Demand, bool)> {
-        match self.take_unlocked(&demand, ctx, out) {
+        match self.take_unlocked(&demand, ctx, now, out) {
             Unlocked::Taken => Ok(Ok(self.grant(demand, ctx, Duration::ZERO, Waits::none()))),
             Unlocked::Refused(error) => Ok(Err(error)),
             Unlocked::Held(_) => Err((demand, true)),
@@ -129,7 +132,13 @@ impl Shared {
     /// Checked by the loom models `loom_unlocked_fast_path_racing_a_park_never_loses_the_wake_up`
     /// and `loom_unlocked_fast_path_racing_stop_grants_before_it_or_takes_nothing`.
     #[inline]
-    fn take_unlocked(&self, demand: &Demand, ctx: &JobContext, out: &mut Outbox<'_>) -> Unlocked {
+    fn take_unlocked(
+        &self,
+        demand: &Demand,
+        ctx: &JobContext,
+        now: &Reading<'_>,
+        out: &mut Outbox<'_>,
+    ) -> Unlocked {
         if self.gate.is_some()
             || !self.open.load(Ordering::SeqCst)
             || self.bell.parked.load(Ordering::SeqCst) != 0
@@ -139,7 +148,15 @@ impl Shared {
             return Unlocked::Skipped;
         }
         let mut short = Vec::new();
-        match ask_demand(&self.bell, demand, ctx, None, Learn::FirstShort, &mut short) {
+        match ask_demand(
+            &self.bell,
+            demand,
+            ctx,
+            None,
+            Learn::FirstShort,
+            now,
+            &mut short,
+        ) {
             Attempt::Granted => {
                 // Stopped or closed while taking (the locked path refuses), or someone parked
                 // since the check above (this thread may have stalled between the two): that
@@ -176,10 +193,11 @@ impl Shared {
     /// can be, else under the lock with the line empty.
     pub(crate) fn try_take(&self, demand: &Demand, ctx: &JobContext) -> Result<(), TryAdmitError> {
         let mut out = self.outbox();
-        let taken = match self.take_unlocked(demand, ctx, &mut out) {
+        let now = Reading::new(&*self.clock);
+        let taken = match self.take_unlocked(demand, ctx, &now, &mut out) {
             Unlocked::Taken => Ok(()),
             Unlocked::Refused(error) => Err(error.into()),
-            Unlocked::Held(short) => match refusal_of(demand, ctx) {
+            Unlocked::Held(short) => match refusal_of(demand, ctx, &now) {
                 // The fast path stopped at the first "not now"; a later account's "never" wins.
                 Some(error) => {
                     out.rejected(ctx, demand, &error);
@@ -191,7 +209,7 @@ impl Shared {
                     short: short.map(|i| demand.entries()[i].account().name().to_owned()),
                 }),
             },
-            Unlocked::Skipped => self.try_take_locked(demand, ctx, &mut out),
+            Unlocked::Skipped => self.try_take_locked(demand, ctx, &now, &mut out),
         };
         self.deliver(out);
         taken
@@ -203,6 +221,7 @@ impl Shared {
         &self,
         demand: &Demand,
         ctx: &JobContext,
+        now: &Reading<'_>,
         out: &mut Outbox<'_>,
     ) -> Result<(), TryAdmitError> {
         let refused = |out: &mut Outbox<'_>, error: AdmitError| {
@@ -228,7 +247,7 @@ impl Shared {
             // Never overtaking the line, but "never" wins over "not now": a demand no account
             // can ever grant is refused, not told to wait.
             let waiting = st.queue.len();
-            if let Some(error) = refusal_of(demand, ctx) {
+            if let Some(error) = refusal_of(demand, ctx, now) {
                 drop(st);
                 return refused(out, error);
             }
@@ -239,7 +258,7 @@ impl Shared {
             });
         }
         let mut gate_held = false;
-        let taken = self.fast_path(&mut st, demand, ctx, &mut gate_held, out);
+        let taken = self.fast_path(&mut st, demand, ctx, now, &mut gate_held, out);
         drop(st);
         match taken {
             Ok(true) => {
@@ -248,7 +267,7 @@ impl Shared {
                 });
                 Ok(())
             }
-            Ok(false) => match (!gate_held).then(|| refusal_of(demand, ctx)).flatten() {
+            Ok(false) => match (!gate_held).then(|| refusal_of(demand, ctx, now)).flatten() {
                 // The fast path stopped at the first "not now"; a later account's "never" wins
                 // (a gate's hold looked for one already).
                 Some(error) => refused(out, error),
@@ -279,6 +298,7 @@ impl Shared {
         asked: bool,
         ctx: &JobContext,
         timeout: Option<Duration>,
+        now: &Reading<'_>,
         out: &mut Outbox<'_>,
     ) -> Result<(Begin, bool), Outcome> {
         let refused = |out: &mut Outbox<'_>, demand: &Demand, error: AdmitError| {
@@ -304,7 +324,7 @@ impl Shared {
         // path, or the head of the line is held on the gate (the sharp rule, applied here).
         let mut gate_held = false;
         if st.queue.is_empty() && !asked {
-            match self.fast_path(&mut st, &demand, ctx, &mut gate_held, out) {
+            match self.fast_path(&mut st, &demand, ctx, now, &mut gate_held, out) {
                 Ok(true) => {
                     drop(st);
                     out.event(EventKind::GrantedImmediate, ctx, || {
@@ -326,12 +346,12 @@ impl Shared {
             if !gate_held {
                 gate_held = st.queue.values().next().is_some_and(|head| head.on_gate);
             }
-            if !looked && let Some(error) = refusal_of(&demand, ctx) {
+            if !looked && let Some(error) = refusal_of(&demand, ctx, now) {
                 drop(st);
                 return refused(out, &demand, error);
             }
         }
-        self.park(st, demand, ctx, timeout, gate_held, out)
+        self.park(st, demand, ctx, timeout, gate_held, now, out)
     }
 
     /// The fast path, for an empty line: the gate, then every account asked once as the head.
@@ -342,22 +362,23 @@ impl Shared {
         st: &mut MonitorGuard<'_, State>,
         demand: &Demand,
         ctx: &JobContext,
+        now: &Reading<'_>,
         gate_held: &mut bool,
         out: &mut Outbox<'_>,
     ) -> Result<bool, AdmitError> {
-        // Only a gate reads the clock here: an uncontended admit makes no system call.
+        // Only a gate, or an account that needs the time, reads the clock here.
         let view = GateView {
             head: true,
             held: 0,
             now: match self.gate {
-                Some(_) => self.clock.now(),
+                Some(_) => now.get(),
                 None => Instant::ZERO,
             },
             on_gate: false,
             elsewhere: false,
         };
         match catch_unwind(AssertUnwindSafe(|| {
-            self.take_now(demand, ctx, view, gate_held)
+            self.take_now(demand, ctx, view, now, gate_held)
         })) {
             Ok(taken) => taken,
             Err(panic) => {
@@ -373,6 +394,7 @@ impl Shared {
         demand: &Demand,
         ctx: &JobContext,
         view: GateView,
+        now: &Reading<'_>,
         gate_held: &mut bool,
     ) -> Result<bool, AdmitError> {
         if demand.is_empty() {
@@ -382,14 +404,22 @@ impl Shared {
             && let GateAnswer::Hold { .. } = gate.check(view)
         {
             // The gate holds it, but an account that can never grant it still refuses it.
-            if let Some(error) = refusal_of(demand, ctx) {
+            if let Some(error) = refusal_of(demand, ctx, now) {
                 return Err(error);
             }
             *gate_held = true;
             return Ok(false);
         }
         let mut short = Vec::new();
-        match ask_demand(&self.bell, demand, ctx, None, Learn::FirstShort, &mut short) {
+        match ask_demand(
+            &self.bell,
+            demand,
+            ctx,
+            None,
+            Learn::FirstShort,
+            now,
+            &mut short,
+        ) {
             Attempt::Granted => {}
             Attempt::Held { .. } => return Ok(false),
             Attempt::Refused(error) => return Err(error),
@@ -402,6 +432,10 @@ impl Shared {
 
     /// Parks a job that could not go on the fast path, asking it first at the line's tail
     /// (without a gate; with one, the evaluator asks). Under the monitor lock, given up here.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the arrival's state, passed down the one path that parks"
+    )]
     fn park(
         self: &Arc<Shared>,
         mut st: MonitorGuard<'_, State>,
@@ -409,9 +443,10 @@ impl Shared {
         ctx: &JobContext,
         timeout: Option<Duration>,
         gate_held: bool,
+        reading: &Reading<'_>,
         out: &mut Outbox<'_>,
     ) -> Result<(Begin, bool), Outcome> {
-        let now = self.clock.now();
+        let now = reading.get();
         let deadline = timeout.map(|t| now.saturating_add(t));
         if let (Some(deadline), Some(timeout)) = (deadline, timeout)
             && deadline <= now
@@ -441,7 +476,7 @@ impl Shared {
         };
         let ring = match self.gate {
             Some(_) => true,
-            None => match self.ask_at_the_tail(&st, &mut waiter, out, now) {
+            None => match self.ask_at_the_tail(&st, &mut waiter, out, reading) {
                 Ok(ring) => ring,
                 Err(outcome) => {
                     // The waiter's demand and context are the caller's: dropped unlocked.
@@ -487,7 +522,7 @@ impl Shared {
         st: &MonitorGuard<'_, State>,
         w: &mut Waiter,
         out: &mut Outbox<'_>,
-        now: Instant,
+        now: &Reading<'_>,
     ) -> Result<bool, Outcome> {
         // Published before the ask, so a give that the ask misses finds someone waiting and runs
         // a pass (the doorbell's argument, `evaluator.rs`).
@@ -518,14 +553,14 @@ impl Shared {
         st: &State,
         w: &mut Waiter,
         out: &mut Outbox<'_>,
-        now: Instant,
+        now: &Reading<'_>,
     ) -> Arrival {
         // Behind a line, the head as it stands now; first in line, nobody's amounts to respect.
         let head = match st.queue.values().next() {
-            Some(first) => match Head::now_of(&first.demand) {
+            Some(first) => match Head::now_of(&first.demand, now) {
                 Some(head) => Some(head),
                 // A demand that can never fit is refused now, not after the head's pass.
-                None => match refusal_of(&w.demand, &w.ctx) {
+                None => match refusal_of(&w.demand, &w.ctx, now) {
                     Some(error) => return Arrival::Refused(error),
                     None => return Arrival::Deferred,
                 },
@@ -539,6 +574,7 @@ impl Shared {
             &w.ctx,
             head.as_ref(),
             Learn::EveryShort,
+            now,
             &mut short,
         );
         match attempt {
@@ -551,7 +587,7 @@ impl Shared {
             }
             Attempt::Refused(error) => Arrival::Refused(error),
             Attempt::Held { wake } => {
-                self.note_held(out, w, &short, now);
+                self.note_held(out, w, &short, now.get());
                 Arrival::Held {
                     due: earlier(wake, w.deadline),
                 }

@@ -12,7 +12,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use crate::account::{AccountRef, Answer, Ask, account_key};
 use crate::amount::Amount;
-use crate::clock::Instant;
+use crate::clock::{Instant, Reading};
 use crate::context::JobContext;
 use crate::demand::{Demand, Entry};
 use crate::error::AdmitError;
@@ -53,12 +53,12 @@ impl Head {
     /// (an account consumed outside the monitor may have drained since the last pass). `None`
     /// when it is short on nothing: a pass is due that will grant it, after which another waiter
     /// is the head, so the caller leaves the asking to that pass.
-    pub(crate) fn now_of(demand: &Demand) -> Option<Head> {
+    pub(crate) fn now_of(demand: &Demand, now: &Reading<'_>) -> Option<Head> {
         let mut short = Vec::new();
         for (i, entry) in demand.entries().iter().enumerate() {
             let account = entry.account();
             // A refusal or a panic is the pass's to report; here it only means "not granted".
-            let answer = asked(account, entry.amount(), Ask::HEAD.look());
+            let answer = asked(account, entry.amount(), Ask::HEAD.look().with(now));
             if !matches!(answer, Ok(Answer::Taken)) {
                 short.push(Some(i));
             }
@@ -119,7 +119,8 @@ pub(crate) fn earlier(a: Option<Instant>, b: Option<Instant>) -> Option<Instant>
 }
 
 /// Asks every account of `demand` once, behind `head` (`None`: the asker is the head, or meets
-/// an empty line), and takes the whole demand if every account says so. Under the monitor lock.
+/// an empty line), and takes the whole demand if every account says so, every account asked at
+/// the instant `now` (read at most once, by the first that needs it). Under the monitor lock.
 ///
 /// `short` is cleared, then holds the entries the job is short on when it is held. With
 /// [`Learn::EveryShort`], "never" wins over "not now": every account is asked even after one
@@ -133,6 +134,7 @@ pub(crate) fn ask_demand(
     ctx: &JobContext,
     head: Option<&Head>,
     learn: Learn,
+    now: &Reading<'_>,
     short: &mut Vec<Option<usize>>,
 ) -> Attempt {
     short.clear();
@@ -149,11 +151,11 @@ pub(crate) fn ask_demand(
     for (i, entry) in entries.iter().enumerate() {
         let account = entry.account();
         let (mut ask, claimed) = match head {
-            None => (Ask::HEAD, false),
+            None => (Ask::HEAD.with(now), false),
             Some(head) => {
                 let key = account_key(account);
                 let claimed = claims.any && claims.has(i, head, key);
-                (Ask::behind(head.reserved(key)), claimed)
+                (Ask::behind(head.reserved(key)).with(now), claimed)
             }
         };
         if claims.any || !short.is_empty() {
@@ -201,10 +203,18 @@ pub(crate) fn ask_demand(
 /// that can never fit (or of an account that panicked), for a path that does not ask the
 /// accounts otherwise (a line whose head is about to go, a gate that holds the line, a try
 /// behind a line). Under the monitor lock, or on the unlocked path.
-pub(crate) fn refusal_of(demand: &Demand, ctx: &JobContext) -> Option<AdmitError> {
+pub(crate) fn refusal_of(
+    demand: &Demand,
+    ctx: &JobContext,
+    now: &Reading<'_>,
+) -> Option<AdmitError> {
     demand.entries().iter().find_map(|entry| {
         let account = entry.account();
-        match asked(account, entry.amount(), Ask::behind(Amount::ZERO).look()) {
+        match asked(
+            account,
+            entry.amount(),
+            Ask::behind(Amount::ZERO).look().with(now),
+        ) {
             Ok(Answer::Never(refusal)) => Some(AdmitError::Refused {
                 account: account.name().to_owned(),
                 refusal,
@@ -273,7 +283,7 @@ pub(crate) fn give_back(bell: &Doorbell, taken: &[Entry]) {
 fn asked(
     account: &AccountRef,
     mine: Amount,
-    ask: Ask,
+    ask: Ask<'_>,
 ) -> Result<Answer, Box<dyn std::any::Any + Send>> {
     catch_unwind(AssertUnwindSafe(|| account.ask(mine, ask)))
 }

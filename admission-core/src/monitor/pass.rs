@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use crate::account::{Category, Replenishment, account_key};
 use crate::amount::Amount;
-use crate::clock::Instant;
+use crate::clock::{Instant, Reading};
 use crate::context::JobContext;
 use crate::demand::Entry;
 use crate::error::AdmitError;
@@ -205,11 +205,11 @@ impl Shared {
         }
         let is_head = walk.head.is_none();
         let view = self.gate_view(w, is_head, walk);
-        match self.attempt(w, walk.head.as_ref(), view, &mut walk.short) {
+        match self.attempt(w, walk.head.as_ref(), view, walk.now, &mut walk.short) {
             Attempt::Granted => {
                 walk.touch(w);
                 let remaining = walk.total - walk.leaving.len() - 1;
-                self.grant_waiter(out, w, remaining, &mut walk.on_gate);
+                self.grant_waiter(out, w, remaining, &mut walk.on_gate, walk.now);
                 walk.leaving.push(seq);
                 false
             }
@@ -313,9 +313,12 @@ impl Shared {
         w: &Waiter,
         head: Option<&Head>,
         view: GateView,
+        now: Instant,
         short: &mut Vec<Option<usize>>,
     ) -> Attempt {
         short.clear();
+        // Every account is asked at the pass's one instant.
+        let now = Reading::taken_at(&*self.clock, now);
         let demand = &w.demand;
         if demand.is_empty() {
             return Attempt::Granted;
@@ -333,14 +336,22 @@ impl Shared {
             };
             if let Some(wake) = held {
                 // The gate holds it, but an account that can never grant it still refuses it.
-                if let Some(error) = refusal_of(demand, &w.ctx) {
+                if let Some(error) = refusal_of(demand, &w.ctx, &now) {
                     return Attempt::Refused(error);
                 }
                 short.push(None);
                 return Attempt::Held { wake };
             }
         }
-        let attempt = ask_demand(&self.bell, demand, &w.ctx, head, Learn::EveryShort, short);
+        let attempt = ask_demand(
+            &self.bell,
+            demand,
+            &w.ctx,
+            head,
+            Learn::EveryShort,
+            &now,
+            short,
+        );
         if let (Attempt::Granted, Some(gate)) = (&attempt, &self.gate) {
             gate.passed(view);
         }
@@ -409,10 +420,10 @@ impl Shared {
         w: &mut Waiter,
         remaining: usize,
         on_gate: &mut usize,
+        now: Instant,
     ) {
-        // Accounts read the clock when asked, which may be later than the pass's start: the
-        // grant's instant is read now, so a wait is never reported shorter than it was.
-        let now = self.clock.now();
+        // The pass's instant, at which every account was asked: a waiter that parked after it
+        // was read reports a wait of zero.
         let wall_wait = now.saturating_duration_since(w.asked_at);
         // The holds move into the grant as they are; it reads them only when asked.
         let waits = Waits {

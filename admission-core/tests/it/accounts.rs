@@ -143,11 +143,22 @@ impl Account for Moody {
     }
 }
 
+/// The question `ask` puts (who asks, whether to take), without its instant, to keep.
+pub(crate) fn question(ask: admission_core::Ask<'_>) -> admission_core::Ask<'static> {
+    use admission_core::Ask;
+    let asked = if ask.is_head() {
+        Ask::HEAD
+    } else {
+        Ask::behind(ask.reserved_ahead())
+    };
+    if ask.takes() { asked } else { asked.look() }
+}
+
 /// Permits that record every [`Ask`](admission_core::Ask) they are asked with, and answer it
 /// natively.
 pub(crate) struct Recording {
     pub(crate) inner: admission_testkit::reference::Permits,
-    pub(crate) asks: Mutex<Vec<admission_core::Ask>>,
+    pub(crate) asks: Mutex<Vec<admission_core::Ask<'static>>>,
 }
 
 impl Recording {
@@ -158,7 +169,7 @@ impl Recording {
         }
     }
 
-    pub(crate) fn take_asks(&self) -> Vec<admission_core::Ask> {
+    pub(crate) fn take_asks(&self) -> Vec<admission_core::Ask<'static>> {
         std::mem::take(&mut self.asks.lock())
     }
 }
@@ -174,7 +185,7 @@ impl Account for Recording {
         Replenishment::Release
     }
     fn ask(&self, mine: Amount, ask: admission_core::Ask) -> admission_core::Answer {
-        self.asks.lock().push(ask);
+        self.asks.lock().push(question(ask));
         self.inner.ask(mine, ask)
     }
     fn give(&self, amount: Amount) {

@@ -61,7 +61,7 @@ impl Gate for TestGate {
 /// checked when it came: the order of gate and accounts, exactly.
 struct AfterTheGate {
     gate: Arc<TestGate>,
-    seen: parking_lot::Mutex<Vec<(Ask, usize)>>,
+    seen: parking_lot::Mutex<Vec<(Ask<'static>, usize)>>,
     wake: WakeSlot,
 }
 
@@ -77,7 +77,9 @@ impl Account for AfterTheGate {
     }
     fn ask(&self, _mine: Amount, ask: Ask) -> Answer {
         let checks = self.gate.checks.load(Ordering::SeqCst);
-        self.seen.lock().push((ask, checks));
+        self.seen
+            .lock()
+            .push((crate::accounts::question(ask), checks));
         Answer::Taken
     }
     fn give(&self, _amount: Amount) {}

@@ -6,6 +6,7 @@
 
 mod accounts;
 mod admission;
+mod clock_reads;
 mod events;
 mod gate;
 mod grant_and_demand;

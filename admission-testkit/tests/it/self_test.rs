@@ -59,6 +59,8 @@ enum Flaw {
     NotNowBlocks,
     /// `give` credits nothing.
     GiveLosesCredit,
+    /// The instant an ask carries is dropped: the account reads its own clock instead.
+    IgnoresTheGivenInstant,
     /// Declares the other replenishment.
     WrongReplenishment,
     /// The summary spans two lines.
@@ -154,12 +156,21 @@ impl AccountStatus for BareStatus {
     }
 }
 
-/// The same question, taking.
-fn taking(ask: Ask) -> Ask {
+/// The same question, taking (and asked at no instant).
+fn taking(ask: Ask) -> Ask<'static> {
     if ask.is_head() {
         Ask::HEAD
     } else {
         Ask::behind(ask.reserved_ahead())
+    }
+}
+
+/// The same question asked at no instant: the account's own clock decides.
+fn timeless(ask: Ask) -> Ask<'static> {
+    if ask.takes() {
+        taking(ask)
+    } else {
+        taking(ask).look()
     }
 }
 
@@ -183,6 +194,7 @@ impl Account for Flawed {
             Flaw::LookTakes => taking(ask),
             Flaw::ReservationIgnored if ask.takes() => Ask::HEAD,
             Flaw::ReservationIgnored => Ask::HEAD.look(),
+            Flaw::IgnoresTheGivenInstant => timeless(ask),
             _ => ask,
         };
         let answer = inner.ask(mine, asked);
@@ -329,6 +341,11 @@ fn flawed(on: On, flaw: Flaw, latch: &Latch) -> Subject {
 /// Every planted flaw, the account it is planted on, and a rule that must catch it.
 const CAUGHT: &[(Flaw, On, &str)] = &[
     (Flaw::NotNowBlocks, On::SinglePermit, "never_blocks"),
+    (
+        Flaw::IgnoresTheGivenInstant,
+        On::Meter,
+        "a_clocked_account_answers_at_the_instant_it_is_asked_at",
+    ),
     (
         Flaw::TakenIgnoresTheLimit,
         On::Permits,
@@ -537,7 +554,7 @@ const CAUGHT: &[(Flaw, On, &str)] = &[
 ];
 
 /// The rule named `name`, looked up in the suite's own list.
-fn rule(name: &str) -> contract::Rule {
+fn rule_named(name: &str) -> contract::Rule {
     contract::RULES
         .iter()
         .find(|(rule, _)| *rule == name)
@@ -547,7 +564,7 @@ fn rule(name: &str) -> contract::Rule {
 
 /// Runs the rule `name` on `make` and returns its panic message; fails if it did not panic.
 fn failure_of(name: &str, make: &dyn Fn() -> Subject) -> String {
-    let outcome = catch_unwind(AssertUnwindSafe(|| rule(name)(make)));
+    let outcome = catch_unwind(AssertUnwindSafe(|| rule_named(name)(make)));
     let payload = match outcome {
         Ok(()) => panic!("expected rule `{name}` to fail on the flawed account; it passed"),
         Err(payload) => payload,
@@ -728,4 +745,21 @@ fn a_subject_of_no_capacity_is_refused() {
     let outcome =
         catch_unwind(|| Subject::release(Arc::new(Permits::new("empty", 0)), Amount::ONE, 0));
     assert!(outcome.is_err(), "expected a capacity of 0 to be refused");
+}
+
+#[test]
+fn an_account_that_reads_its_own_clock_where_the_ask_gives_an_instant_is_caught() {
+    let rule = "a_clocked_account_answers_at_the_instant_it_is_asked_at";
+    let message = caught(Flaw::IgnoresTheGivenInstant, On::Meter, rule);
+    // Drained at 0, the meter's next two units come after a second at two a second.
+    assert!(
+        message
+            .contains("asked at its instant Instant(1s) with its own clock still at Instant(0ns)")
+            && message.contains("to answer Taken, saw NotNow(Some(Instant(1s)))"),
+        "{message}"
+    );
+    // The same meter reading its own clock for everything an ask gives no instant for (its
+    // level, its gives) passes.
+    let latch = Latch::default();
+    rule_named(rule)(&|| flawed(On::Meter, Flaw::None, &latch));
 }
