@@ -114,6 +114,8 @@ pub struct MonitorBuilder {
     sink: Option<Arc<dyn EventSink>>,
     gate: Option<Arc<dyn Gate>>,
     manual: bool,
+    /// Waiters a pass visits per critical section (`None`: [`pass::PASS_BATCH`]).
+    pass_batch: Option<usize>,
 }
 
 impl MonitorBuilder {
@@ -149,13 +151,22 @@ impl MonitorBuilder {
         self
     }
 
+    /// Visits at most `n` waiters (at least one) per critical section of a pass: the loom models
+    /// and unit tests make passes release the lock between every waiter or two.
+    #[cfg(test)]
+    pub(crate) fn pass_batch(mut self, n: usize) -> MonitorBuilder {
+        self.pass_batch = Some(n.max(1));
+        self
+    }
+
     /// Builds the monitor. It grants inline at once; its evaluator thread starts with the first
     /// waiter that has to park (or earlier, with [`Monitor::start`]).
     pub fn build(self) -> Monitor {
         let clock = self
             .clock
             .unwrap_or_else(|| Arc::new(SystemClock::new()) as Arc<dyn Clock>);
-        let shared = Shared::new(clock, self.gate, self.sink, self.manual);
+        let batch = self.pass_batch.unwrap_or(pass::PASS_BATCH);
+        let shared = Shared::new(clock, self.gate, self.sink, self.manual, batch);
         Monitor {
             _owner: Arc::new(StopOnDrop(shared.clone())),
             shared,

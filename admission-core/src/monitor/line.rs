@@ -92,6 +92,11 @@ pub(crate) struct State {
     /// then: the evaluator sleeps until it, or was rung to adopt it. An arrival whose own
     /// deadline is no earlier need not ring.
     pub(crate) planned_wake: Option<Instant>,
+    /// True while a pass that let go of the lock between two batches has more of the line to
+    /// walk: another pass waits for it instead of interleaving with it.
+    pub(crate) pass_running: bool,
+    /// Set by a pass that found another running: the running one walks the line again.
+    pub(crate) pass_again: bool,
 }
 
 impl State {
@@ -104,6 +109,8 @@ impl State {
             evaluator: None,
             watched: HashMap::default(),
             planned_wake: None,
+            pass_running: false,
+            pass_again: false,
         }
     }
 

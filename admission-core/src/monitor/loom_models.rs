@@ -11,7 +11,8 @@
 //! rather than a lock (the parker's fence in `Shared::publish_parked`), (l) the unlocked fast
 //! path racing a cancel, (m) a waker that owns a grant, dropped as its admit is polled again,
 //! its grant's pass filling that admit's cell while a newcomer races it, (n) the head leaving
-//! (its own pass on the dropping thread) racing an asker held behind it.
+//! (its own pass on the dropping thread) racing an asker held behind it, (o) a pass that lets
+//! go of the lock between its batches racing an arrival, (p) two such passes racing.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -622,6 +623,97 @@ fn loom_a_waker_that_owns_a_grant_dropped_as_its_cell_is_filled_never_deadlocks(
             .unwrap()
             .expect("the newcomer is granted after the task");
         assert_eq!(gate.free(), 1);
+        assert_eq!(monitor.queue_size(), 0);
+        monitor.stop();
+    });
+}
+
+/// A started monitor whose passes let go of the lock after every waiter, a gate of `permits`
+/// held by one job each, and `waiting` admits parked behind them (polled once).
+fn batched_line(
+    permits: u64,
+    waiting: usize,
+) -> (Monitor, Arc<Gate>, Vec<crate::Grant>, Vec<crate::Admit>) {
+    let monitor = Monitor::builder().pass_batch(1).build();
+    monitor.start().unwrap();
+    let gate = Gate::new(permits);
+    let held = (0..permits)
+        .map(|i| {
+            monitor
+                .admit_blocking(one(&gate), &JobContext::new(format!("holder-{i}")), None)
+                .unwrap()
+        })
+        .collect();
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let parked = (0..waiting)
+        .map(|i| {
+            let mut admit = monitor.admit(one(&gate), &JobContext::new(format!("w{i}")), None);
+            assert!(std::pin::Pin::new(&mut admit).poll(&mut cx).is_pending());
+            admit
+        })
+        .collect();
+    (monitor, gate, held, parked)
+}
+
+/// (o) A release whose pass grants two waiters in two critical sections, racing a newcomer
+/// that arrives between them: both waiters are granted in line order, the newcomer never
+/// overtakes the second (it parks behind it, or arrives after it was granted) and is granted
+/// once a permit comes back, and nothing is lost or left parked.
+#[test]
+fn loom_a_batched_pass_racing_an_arrival_between_its_batches_keeps_the_order_and_the_wake_up() {
+    loom::model(|| {
+        let (monitor, gate, mut held, parked) = batched_line(2, 2);
+        let giver = {
+            let holder = held.pop().unwrap();
+            let other = held.pop().unwrap();
+            thread::spawn(move || {
+                drop(holder);
+                drop(other);
+            })
+        };
+        let (m, g) = (monitor.clone(), gate.clone());
+        let newcomer =
+            thread::spawn(move || m.admit_blocking(one(&g), &JobContext::new("late"), None));
+        giver.join().unwrap();
+        let mut granted = Vec::new();
+        for admit in parked {
+            granted.push(loom::future::block_on(admit).expect("a waiter ahead is granted"));
+        }
+        // The newcomer cannot have both permits' holders ahead of it granted and itself too.
+        drop(granted);
+        let late = newcomer.join().unwrap().expect("the newcomer is granted");
+        drop(late);
+        assert_eq!(gate.free(), 2);
+        assert_eq!(monitor.queue_size(), 0);
+        monitor.stop();
+    });
+}
+
+/// (p) Two releases whose passes both walk a line of three in batches of one: the one that
+/// finds the other between its batches leaves it a note, and the note is honoured (the line
+/// walked again), so the two permits go to the first two waiters and the third is granted when
+/// one of them gives back; no wake-up is lost.
+#[test]
+fn loom_two_batched_passes_never_interleave_and_lose_no_wake_up() {
+    loom::model(|| {
+        let (monitor, gate, mut held, mut parked) = batched_line(2, 3);
+        let first = held.pop().unwrap();
+        let second = held.pop().unwrap();
+        let a = thread::spawn(move || drop(first));
+        let b = thread::spawn(move || drop(second));
+        a.join().unwrap();
+        b.join().unwrap();
+        let third = parked.pop().unwrap();
+        let mut granted = Vec::new();
+        for admit in parked {
+            granted.push(loom::future::block_on(admit).expect("the first two are granted"));
+        }
+        assert_eq!(gate.free(), 0);
+        drop(granted.pop());
+        let last = loom::future::block_on(third).expect("the third is granted after a give");
+        drop(last);
+        drop(granted);
+        assert_eq!(gate.free(), 2);
         assert_eq!(monitor.queue_size(), 0);
         monitor.stop();
     });

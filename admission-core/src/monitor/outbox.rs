@@ -214,6 +214,19 @@ impl<'a> Outbox<'a> {
         self.unwatched.push(account);
     }
 
+    /// True when delivering would wake, roll back or drop something (events alone do not count:
+    /// they wait for the next delivery).
+    pub(crate) fn has_work(&self) -> bool {
+        !(self.wake.is_empty() && self.discard.is_empty() && self.left.is_empty())
+    }
+
+    /// Delivers what this outbox holds so far and goes on empty: between the critical sections
+    /// of one long pass. Called with no lock held.
+    pub(crate) fn flush(&mut self, sink: &Sink) {
+        let full = std::mem::replace(self, Outbox::new(self.clock, sink));
+        full.deliver(sink);
+    }
+
     /// Emits the events, then wakes the waiters, then rolls back what was discarded and drops
     /// what left. Called with no lock held.
     pub(crate) fn deliver(self, sink: &Sink) {

@@ -32,6 +32,8 @@ pub(crate) struct Shared {
     /// True for a monitor whose passes run only when asked (`test-util`): no evaluator unless
     /// started by hand.
     pub(crate) manual: bool,
+    /// Waiters a pass visits per critical section before it lets others take the lock.
+    pub(crate) pass_batch: usize,
     pub(crate) sink: Sink,
     /// This monitor itself, for a grant's hand-off pass (which may grant, and a grant holds
     /// its monitor): upgraded only when someone waits.
@@ -44,6 +46,7 @@ impl Shared {
         gate: Option<Arc<dyn Gate>>,
         sink: Option<Arc<dyn EventSink>>,
         manual: bool,
+        pass_batch: usize,
     ) -> Arc<Shared> {
         let bell = Arc::new(Doorbell::new());
         let for_kick = bell.clone();
@@ -60,6 +63,7 @@ impl Shared {
             bell,
             kick,
             manual,
+            pass_batch,
             sink: Sink::new(sink),
             me: me.clone(),
         });
