@@ -66,13 +66,10 @@ impl fmt::Debug for Instant {
     }
 }
 
-/// A monotonic source of [`Instant`]s.
+/// A monotonic source of [`Instant`]s: what an account reads.
 ///
-/// Implementations are cheap to call and never go backwards. Besides `now`, a clock tells a
-/// sleeping thread how long to wait in real time for a deadline ([`Clock::real_wait`]) and lets a
-/// sleeper register to be woken when the clock jumps ([`Clock::subscribe`]); together these let
-/// the monitor sleep until a computed deadline on the system clock and be woken by `advance()` on
-/// a fake one, with no polling on either.
+/// Implementations are cheap to call and never go backwards. A clock a monitor sleeps on is also
+/// a [`Timer`], its sleeping half.
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// The current instant.
     fn now(&self) -> Instant;
@@ -86,11 +83,37 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
     fn coarse_now(&self) -> Instant {
         self.now()
     }
+}
 
+/// The sleeping half of a [`Clock`]: what a monitor needs to sleep until a deadline on it.
+///
+/// A timer tells a sleeping thread how long to wait in real time for a deadline
+/// ([`Timer::real_wait`]) and lets a sleeper register to be woken when the clock jumps
+/// ([`Timer::subscribe`]); together these let the monitor sleep until a computed deadline on the
+/// system clock and be woken by `advance()` on a fake one, with no polling on either. Accounts
+/// read time only ([`Clock`]); a monitor is built on a timer
+/// ([`MonitorBuilder::clock`](crate::MonitorBuilder::clock)), and hands it to accounts as a
+/// clock.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use admission_core::{Clock, Instant, SystemClock, Timer};
+///
+/// let timer: Arc<dyn Timer> = Arc::new(SystemClock::new());
+/// // A clock that follows real time sleeps as long as the deadline is ahead.
+/// assert_eq!(timer.real_wait(Instant::ZERO), Some(Duration::ZERO));
+/// // The same object, as an account reads it.
+/// let clock: Arc<dyn Clock> = timer.clone();
+/// assert!(clock.now() <= timer.now());
+/// ```
+pub trait Timer: Clock {
     /// How long a thread should sleep in real time before this clock can read `deadline`.
     ///
     /// `Some(Duration::ZERO)` means the deadline has passed. `None` means real time does not move
-    /// this clock: sleep until woken through [`Clock::subscribe`]. The default suits any clock
+    /// this clock: sleep until woken through [`Timer::subscribe`]. The default suits any clock
     /// that runs at real speed.
     fn real_wait(&self, deadline: Instant) -> Option<Duration> {
         Some(deadline.saturating_duration_since(self.now()))
@@ -112,6 +135,9 @@ impl<C: Clock + ?Sized> Clock for Arc<C> {
     fn coarse_now(&self) -> Instant {
         (**self).coarse_now()
     }
+}
+
+impl<C: Timer + ?Sized> Timer for Arc<C> {
     fn real_wait(&self, deadline: Instant) -> Option<Duration> {
         (**self).real_wait(deadline)
     }
@@ -254,6 +280,9 @@ impl Clock for SystemClock {
         coarse::now(self)
     }
 }
+
+/// Real time moves the system clock, and nothing else does.
+impl Timer for SystemClock {}
 
 /// The system clock's coarse reading: the latest instant a refresher thread read, kept fresh
 /// only while somebody reads it.

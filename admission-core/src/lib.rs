@@ -29,7 +29,7 @@ pub use account::{
     Replenishment, WakeSlot,
 };
 pub use amount::Amount;
-pub use clock::{Clock, Instant, Reading, SystemClock, WakeFn};
+pub use clock::{Clock, Instant, Reading, SystemClock, Timer, WakeFn};
 pub use context::{Cancelled, JobContext, JobSnapshot};
 pub use demand::{Demand, Entry};
 pub use error::{AdmitError, StartError, TryAdmitError};

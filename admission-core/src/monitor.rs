@@ -35,7 +35,7 @@ pub use wait::Admit;
 
 use shared::Shared;
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{SystemClock, Timer};
 use crate::context::JobContext;
 use crate::demand::Demand;
 use crate::error::{AdmitError, StartError, TryAdmitError};
@@ -110,7 +110,7 @@ pub struct Monitor {
 /// Configures a [`Monitor`]: its clock, its event sink and its gate.
 #[derive(Default)]
 pub struct MonitorBuilder {
-    clock: Option<Arc<dyn Clock>>,
+    clock: Option<Arc<dyn Timer>>,
     sink: Option<Arc<dyn EventSink>>,
     gate: Option<Arc<dyn Gate>>,
     manual: bool,
@@ -120,7 +120,7 @@ pub struct MonitorBuilder {
 
 impl MonitorBuilder {
     /// The clock every deadline is read on (default: [`SystemClock`]).
-    pub fn clock(mut self, clock: Arc<dyn Clock>) -> MonitorBuilder {
+    pub fn clock(mut self, clock: Arc<dyn Timer>) -> MonitorBuilder {
         self.clock = Some(clock);
         self
     }
@@ -164,7 +164,7 @@ impl MonitorBuilder {
     pub fn build(self) -> Monitor {
         let clock = self
             .clock
-            .unwrap_or_else(|| Arc::new(SystemClock::new()) as Arc<dyn Clock>);
+            .unwrap_or_else(|| Arc::new(SystemClock::new()) as Arc<dyn Timer>);
         let batch = self.pass_batch.unwrap_or(pass::PASS_BATCH);
         let shared = Shared::new(clock, self.gate, self.sink, self.manual, batch);
         Monitor {
@@ -220,7 +220,7 @@ impl Monitor {
     }
 
     /// The monitor's clock.
-    pub fn clock(&self) -> &Arc<dyn Clock> {
+    pub fn clock(&self) -> &Arc<dyn Timer> {
         &self.shared.clock
     }
 

@@ -263,7 +263,10 @@ mod tests {
         assert!(!lock.contended());
         let started = Instant::now();
         lock.make_way();
-        assert!(started.elapsed() < Duration::from_millis(100), "nobody to make way for");
+        assert!(
+            started.elapsed() < Duration::from_millis(100),
+            "nobody to make way for"
+        );
 
         let mut held = lock.lock();
         let blocked = {
@@ -272,7 +275,10 @@ mod tests {
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         while !lock.contended() {
-            assert!(Instant::now() < deadline, "the thread never blocked on the lock");
+            assert!(
+                Instant::now() < deadline,
+                "the thread never blocked on the lock"
+            );
             std::thread::yield_now();
         }
         held.push("holder");

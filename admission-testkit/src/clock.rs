@@ -1,7 +1,7 @@
 //! [`FakeClock`]: time that moves only when a test says so.
 //!
 //! Clones share one time; [`FakeClock::advance`] moves every holder at once and wakes whatever
-//! subscribed through [`Clock::subscribe`] (a monitor parked on a deadline), so no test ever
+//! subscribed through [`Timer::subscribe`] (a monitor parked on a deadline), so no test ever
 //! sleeps on real time to wait for a refill or a timeout.
 
 use std::fmt;
@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use admission_core::{Clock, Instant, WakeFn};
+use admission_core::{Clock, Instant, Timer, WakeFn};
 use parking_lot::Mutex;
 
 type Subscriber = Weak<dyn Fn() + Send + Sync>;
@@ -45,8 +45,9 @@ impl FakeClock {
         FakeClock::default()
     }
 
-    /// The clock as the trait object a monitor or account takes.
-    pub fn shared(&self) -> Arc<dyn Clock> {
+    /// The clock as a shared handle, which a monitor takes as its [`Timer`] and an account as
+    /// its [`Clock`] (`Arc<FakeClock>` coerces to either).
+    pub fn shared(&self) -> Arc<FakeClock> {
         Arc::new(self.clone())
     }
 
@@ -91,7 +92,9 @@ impl Clock for FakeClock {
     fn now(&self) -> Instant {
         Instant::from_nanos(self.inner.now.load(Ordering::SeqCst))
     }
+}
 
+impl Timer for FakeClock {
     /// Real time never moves a fake clock: a deadline still ahead is reached only by `advance`.
     fn real_wait(&self, deadline: Instant) -> Option<Duration> {
         (deadline <= self.now()).then_some(Duration::ZERO)

@@ -184,8 +184,8 @@ fn leak() -> Results {
     // Ours: the same three limits in one demand, each attempt an admit polled once and dropped
     // (a "try"), on a frozen clock so the bucket cannot refill what it might have lost.
     let fake = FakeClock::new();
-    let clock = fake.shared();
-    let monitor = Monitor::builder().clock(clock.clone()).build();
+    let clock: Arc<dyn Clock> = fake.shared();
+    let monitor = Monitor::builder().clock(fake.shared()).build();
     monitor.start().expect("a fresh monitor starts");
     let http = Arc::new(CountingGate::http(16, clock.clone()).expect("a positive capacity"));
     let model = bucket(
@@ -313,7 +313,7 @@ fn goodput_monitor() -> Goodput {
     let rt = runtime(2);
     let monitor = Monitor::new();
     monitor.start().expect("a fresh monitor starts");
-    let clock = monitor.clock().clone();
+    let clock: Arc<dyn Clock> = monitor.clock().clone();
     let http: AccountRef =
         Arc::new(CountingGate::http(HTTP_POOL, clock.clone()).expect("a positive capacity"));
     let a = bucket("model-a", model_a_config(), &clock);
@@ -511,7 +511,7 @@ impl OursDeadline {
         let bucket = bucket(
             "model",
             TokenBucketConfig::new(per_minute, u64::MAX / 4),
-            monitor.clock(),
+            &(monitor.clock().clone() as Arc<dyn Clock>),
         );
         let demand = Demand::new().with(bucket.clone(), Amount::pair(1, 1));
         OursDeadline {

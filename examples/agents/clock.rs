@@ -6,7 +6,7 @@
 //! that reads time through [`admission_core::Clock`] (token refills, window turns, admit
 //! timeouts, event stamps, `Grant::wall_wait`) is therefore in simulated time, and the only
 //! real-time waits left are the ones this module converts: the monitor's evaluator asks
-//! [`Clock::real_wait`] how long to sleep, and the jobs' own sleeps (a call's latency, a
+//! [`Timer::real_wait`] how long to sleep, and the jobs' own sleeps (a call's latency, a
 //! retry-after) go through [`ScaledClock::sleep`].
 //!
 //! The scaled clock only follows real time, so it keeps the trait's default `subscribe` (nothing
@@ -15,7 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use admission_core::{Clock, Instant, SystemClock};
+use admission_core::{Clock, Instant, SystemClock, Timer};
 
 /// A monotonic clock reading `scale` x the real time elapsed since it was made.
 ///
@@ -78,7 +78,9 @@ impl Clock for ScaledClock {
         let scaled = real.saturating_mul(u128::from(self.scale));
         Instant::from_nanos(u64::try_from(scaled).unwrap_or(u64::MAX))
     }
+}
 
+impl Timer for ScaledClock {
     /// The simulated distance to `deadline`, divided by the scale.
     fn real_wait(&self, deadline: Instant) -> Option<Duration> {
         Some(self.to_real(deadline.saturating_duration_since(self.now())))

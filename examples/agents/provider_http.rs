@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
-use admission_core::{Clock, Instant, WakeFn};
+use admission_core::{Clock, Instant, Timer, WakeFn};
 use admission_llm::rate_limit_info::RateLimitInfo;
 use anyhow::{Context as _, anyhow, bail};
 use axum::Router;
@@ -299,7 +299,7 @@ async fn stats(State(state): State<AppState>) -> HttpResponse {
 /// Waits until `clock` reads `deadline`: a real-time sleep of what the clock says that takes
 /// (the scaled clock divides by its scale), or, for a clock real time does not move, until it
 /// is moved (a fake clock's `advance` wakes its subscribers).
-async fn hold_until(clock: &dyn Clock, deadline: Instant) {
+async fn hold_until(clock: &dyn Timer, deadline: Instant) {
     let moved = Arc::new(Notify::new());
     let wake: WakeFn = {
         let moved = moved.clone();
@@ -549,7 +549,7 @@ mod tests {
     "#;
 
     /// A provider on `clock` behind a real server, and a client of it.
-    async fn serve(clock: Arc<dyn Clock>) -> (ProviderServer, ProviderClient) {
+    async fn serve(clock: Arc<dyn Timer>) -> (ProviderServer, ProviderClient) {
         let catalog = ModelCatalog::from_toml(CATALOG).unwrap();
         let provider = Arc::new(Provider::new(&catalog, clock, SEED));
         let server = ProviderServer::start(provider).await.unwrap();

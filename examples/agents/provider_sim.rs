@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use admission_core::{Clock, Instant};
+use admission_core::{Clock, Instant, Timer};
 use admission_llm::model_spec::ModelCatalog;
 use anyhow::{Context as _, anyhow};
 use serde::{Deserialize, Serialize};
@@ -274,7 +274,7 @@ impl Drop for InFlight {
 #[derive(Debug)]
 pub struct Provider {
     /// Simulated time, zero at the run's start.
-    clock: Arc<dyn Clock>,
+    clock: Arc<dyn Timer>,
     seed: u64,
     upstreams: BTreeMap<String, Arc<Upstream>>,
 }
@@ -283,7 +283,7 @@ impl Provider {
     /// A provider serving every model of `catalog` at [`TRUE_SHARE`] of its budgets, with
     /// model-a's neighbour, on `clock` (the run's scaled clock; it must read zero at the run's
     /// start, as the neighbour's span is counted from there).
-    pub fn new(catalog: &ModelCatalog, clock: Arc<dyn Clock>, seed: u64) -> Provider {
+    pub fn new(catalog: &ModelCatalog, clock: Arc<dyn Timer>, seed: u64) -> Provider {
         let upstreams = catalog
             .models
             .iter()
@@ -321,7 +321,7 @@ impl Provider {
     }
 
     /// The provider's clock: simulated time, zero at the run's start.
-    pub fn clock(&self) -> &Arc<dyn Clock> {
+    pub fn clock(&self) -> &Arc<dyn Timer> {
         &self.clock
     }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use admission_core::{Clock, EventSink, JobContext, Monitor};
+use admission_core::{EventSink, JobContext, Monitor, Timer};
 use admission_llm::model_spec::ModelCatalog;
 use admission_llm::spend::Money;
 use anyhow::Context as _;
@@ -120,7 +120,7 @@ pub async fn run(strategy: Strategy, input: &Input<'_>) -> anyhow::Result<RunSum
             let events_path = input.out_dir.join("events.jsonl");
             let metrics = input.metrics.clone().map(|sink| sink as Arc<dyn EventSink>);
             let sinks = Sinks::create(&events_path, metrics)?;
-            let clock: Arc<dyn Clock> = world.clock.clone();
+            let clock: Arc<dyn Timer> = world.clock.clone();
             let monitor = Monitor::builder()
                 .clock(clock)
                 .sink(sinks.fanout.clone())

@@ -27,7 +27,7 @@
 
 use std::time::Duration;
 
-use crate::clock::{Clock, Instant, WakeFn};
+use crate::clock::{Instant, Timer, WakeFn};
 use crate::mute::{self, wake_key};
 use crate::sync::{AtomicBool, AtomicUsize, Condvar, Mutex, Ordering, fence};
 
@@ -109,7 +109,7 @@ impl Doorbell {
     }
 
     /// Sleeps until rung or until `deadline` on `clock` (never, for `None`).
-    pub(crate) fn sleep(&self, clock: &dyn Clock, deadline: Option<Instant>) {
+    pub(crate) fn sleep(&self, clock: &dyn Timer, deadline: Option<Instant>) {
         let guard = self.lock.lock();
         if self.rung.load(Ordering::SeqCst) {
             return;
@@ -126,7 +126,7 @@ impl Doorbell {
 /// pass asked to be woken at. Returns when `pass` says the monitor is no longer open (`None`).
 pub(crate) fn run(
     bell: &Doorbell,
-    clock: &dyn Clock,
+    clock: &dyn Timer,
     mut pass: impl FnMut() -> Option<Option<Instant>>,
 ) {
     loop {

@@ -8,7 +8,7 @@
 
 use std::sync::{Arc, Weak};
 
-use crate::clock::{Clock, WakeFn};
+use crate::clock::{Timer, WakeFn};
 use crate::error::AdmitError;
 use crate::event::EventSink;
 use crate::gate::Gate;
@@ -19,7 +19,7 @@ use super::line::{OwnLine, Phase, State};
 use super::outbox::{Outbox, Sink};
 
 pub(crate) struct Shared {
-    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) clock: Arc<dyn Timer>,
     pub(crate) gate: Option<Arc<dyn Gate>>,
     /// The monitor lock. Never held while waking or emitting.
     pub(crate) state: OwnLine<MonitorLock<State>>,
@@ -42,7 +42,7 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) fn new(
-        clock: Arc<dyn Clock>,
+        clock: Arc<dyn Timer>,
         gate: Option<Arc<dyn Gate>>,
         sink: Option<Arc<dyn EventSink>>,
         manual: bool,

@@ -315,6 +315,8 @@ impl admission_core::Clock for CountingClock {
     }
 }
 
+impl admission_core::Timer for CountingClock {}
+
 #[test]
 fn with_no_sink_no_event_is_built() {
     let clock = Arc::new(CountingClock::default());
