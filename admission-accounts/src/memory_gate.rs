@@ -252,7 +252,7 @@ impl MemoryGate {
     /// True when the asker is on memory's line or arrives while memory holds others; false for a
     /// lone arrival and for a waiter that an account holds.
     fn is_memorys(view: &GateView) -> bool {
-        !view.elsewhere && (view.on_gate || view.held > 0)
+        !view.was_held_elsewhere() && (view.was_on_gate() || view.held() > 0)
     }
 }
 
@@ -269,9 +269,9 @@ impl Gate for MemoryGate {
         if self.stopped.load(Ordering::Relaxed) {
             return GateAnswer::Pass;
         }
-        let now = view.now;
+        let now = view.now();
         let mut st = self.state.lock();
-        let line = view.held + 1;
+        let line = view.held() + 1;
         let Some(reading) = self.read(&mut st, now, line) else {
             return GateAnswer::Pass;
         };
@@ -302,7 +302,7 @@ impl Gate for MemoryGate {
             return;
         }
         let mut st = self.state.lock();
-        st.last_release = Some(view.now);
+        st.last_release = Some(view.now());
         st.credit = false;
         st.growth.release();
     }

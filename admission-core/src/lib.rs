@@ -12,17 +12,17 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-mod account;
 mod amount;
 mod clock;
 mod context;
+mod contract;
 mod demand;
 mod error;
 pub mod event;
-mod gate;
 mod monitor;
-mod mute;
 mod sync;
+
+use contract::{account, gate, mute};
 
 pub use account::{
     Account, AccountRef, AccountStatus, Answer, Ask, Capability, Category, Refusal, RefusalKind,

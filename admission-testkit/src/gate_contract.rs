@@ -38,7 +38,7 @@
 //!     fn category(&self) -> Category { Category::custom("flag") }
 //!     fn check(&self, view: GateView) -> GateAnswer {
 //!         if self.up.load(Ordering::SeqCst) {
-//!             GateAnswer::Hold { until: Some(view.now.saturating_add(std::time::Duration::from_secs(1))) }
+//!             GateAnswer::Hold { until: Some(view.now().saturating_add(std::time::Duration::from_secs(1))) }
 //!         } else {
 //!             GateAnswer::Pass
 //!         }
@@ -117,13 +117,7 @@ impl GateSubject {
     /// A lone head's view, a millisecond after the clock's present (which the view then is).
     fn lone_head(&self) -> GateView {
         self.clock.advance(Duration::from_millis(1));
-        GateView {
-            head: true,
-            held: 0,
-            now: self.clock.now(),
-            on_gate: false,
-            elsewhere: false,
-        }
+        GateView::at(self.clock.now())
     }
 }
 
@@ -234,11 +228,11 @@ pub fn a_hold_names_a_later_instant_or_none(make: &dyn Fn() -> GateSubject) {
     let view = s.lone_head();
     match s.gate.check(view) {
         GateAnswer::Hold { until: None } => {}
-        GateAnswer::Hold { until: Some(at) } if at > view.now => {}
+        GateAnswer::Hold { until: Some(at) } if at > view.now() => {}
         other => fail(
             "a_hold_names_a_later_instant_or_none",
             &*s.gate,
-            format!("pressed, a lone head at {:?} got {other:?}", view.now),
+            format!("pressed, a lone head at {:?} got {other:?}", view.now()),
         ),
     }
 }
@@ -292,7 +286,7 @@ pub fn a_hold_ends_once_relieved_at_its_instant(make: &dyn Fn() -> GateSubject) 
     }
     let mut later = s.lone_head();
     if let Some(at) = until {
-        later.now = later.now.max(at);
+        later = GateView::at(later.now().max(at));
     }
     let answer = s.gate.check(later);
     if answer != GateAnswer::Pass {
@@ -301,7 +295,7 @@ pub fn a_hold_ends_once_relieved_at_its_instant(make: &dyn Fn() -> GateSubject) 
             &*s.gate,
             format!(
                 "held until {until:?}, relieved, asked at {:?}: {answer:?}",
-                later.now
+                later.now()
             ),
         );
     }

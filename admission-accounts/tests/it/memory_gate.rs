@@ -31,13 +31,9 @@ fn at(millis: u64) -> Instant {
 
 /// A view of a waiter asking at `millis` while memory holds `held` others.
 fn view(millis: u64, held: usize, on_gate: bool) -> GateView {
-    GateView {
-        head: true,
-        held,
-        now: at(millis),
-        on_gate,
-        elsewhere: false,
-    }
+    GateView::at(at(millis))
+        .with_held(held)
+        .with_on_gate(on_gate)
 }
 
 fn lone(millis: u64) -> GateView {
@@ -155,10 +151,7 @@ fn a_waiter_an_account_holds_is_that_accounts_to_release_whatever_the_reading_be
     let (gate, _probe) = gate_at(94);
     gate.holding(3);
     gate.passed(view(0, 2, true));
-    let elsewhere = GateView {
-        elsewhere: true,
-        ..view(1, 3, false)
-    };
+    let elsewhere = view(1, 3, false).with_elsewhere(true);
     assert_eq!(gate.check(elsewhere), GateAnswer::Pass);
     gate.passed(elsewhere);
     assert_eq!(

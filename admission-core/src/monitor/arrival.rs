@@ -367,16 +367,10 @@ impl Shared {
         out: &mut Outbox<'_>,
     ) -> Result<bool, AdmitError> {
         // Only a gate, or an account that needs the time, reads the clock here.
-        let view = GateView {
-            head: true,
-            held: 0,
-            now: match self.gate {
-                Some(_) => now.get(),
-                None => Instant::ZERO,
-            },
-            on_gate: false,
-            elsewhere: false,
-        };
+        let view = GateView::at(match self.gate {
+            Some(_) => now.get(),
+            None => Instant::ZERO,
+        });
         match catch_unwind(AssertUnwindSafe(|| {
             self.take_now(demand, ctx, view, now, gate_held)
         })) {

@@ -345,12 +345,14 @@ impl Shared {
             && w.held
                 .iter()
                 .any(|h| h.key != Hold::GATE && h.until.is_none());
-        GateView {
-            head: is_head,
-            held: walk.on_gate - usize::from(w.on_gate),
-            now: walk.now,
-            on_gate: w.on_gate,
-            elsewhere,
+        let view = GateView::at(walk.now)
+            .with_held(walk.on_gate - usize::from(w.on_gate))
+            .with_on_gate(w.on_gate)
+            .with_elsewhere(elsewhere);
+        if is_head {
+            view
+        } else {
+            view.behind_the_head()
         }
     }
 

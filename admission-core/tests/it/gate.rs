@@ -37,7 +37,7 @@ impl Gate for TestGate {
         self.checks.fetch_add(1, Ordering::SeqCst);
         assert!(!self.explode.load(Ordering::SeqCst), "gate exploded");
         let hold = self.hold_all.load(Ordering::SeqCst)
-            || (view.head && self.hold_head_only.load(Ordering::SeqCst));
+            || (view.is_head() && self.hold_head_only.load(Ordering::SeqCst));
         if hold {
             GateAnswer::Hold {
                 until: Some(HOLD_UNTIL),

@@ -10,6 +10,7 @@ mod clock_reads;
 mod events;
 mod gate;
 mod grant_and_demand;
+mod layering;
 mod never_fits;
 mod never_overdraw;
 mod reentrancy;

@@ -81,8 +81,8 @@ impl Gate for Flawed {
             return GateAnswer::Pass;
         }
         let until = match self.flaw {
-            Flaw::HoldsUntilNow => view.now,
-            _ => view.now.saturating_add(Duration::from_secs(1)),
+            Flaw::HoldsUntilNow => view.now(),
+            _ => view.now().saturating_add(Duration::from_secs(1)),
         };
         GateAnswer::Hold { until: Some(until) }
     }

@@ -10,19 +10,92 @@ use crate::account::Category;
 use crate::clock::{Instant, WakeFn};
 
 /// Where the asking waiter stands, as the gate sees it.
+///
+/// The monitor builds one for every attempt; a gate reads it. Its fields are private, so that
+/// the monitor may tell a gate more later without breaking it; a test of a gate builds views
+/// with [`GateView::at`] and the `with_` methods.
+///
+/// # Examples
+///
+/// ```
+/// use admission_core::{GateView, Instant};
+///
+/// let now = Instant::from_nanos(5);
+/// let lone = GateView::at(now);
+/// assert!(lone.is_head() && lone.held() == 0 && !lone.was_on_gate());
+/// let third = GateView::at(now).behind_the_head().with_held(2).with_on_gate(true);
+/// assert_eq!((third.is_head(), third.held(), third.was_on_gate()), (false, 2, true));
+/// ```
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub struct GateView {
+    head: bool,
+    held: usize,
+    now: Instant,
+    on_gate: bool,
+    elsewhere: bool,
+}
+
+impl GateView {
+    /// A lone head at `now`: the first asker of an empty line, never held before, nobody on
+    /// the gate's line.
+    pub const fn at(now: Instant) -> GateView {
+        GateView {
+            head: true,
+            held: 0,
+            now,
+            on_gate: false,
+            elsewhere: false,
+        }
+    }
+
+    /// The same view of an asker behind the head.
+    pub const fn behind_the_head(self) -> GateView {
+        GateView {
+            head: false,
+            ..self
+        }
+    }
+
+    /// The same view with `held` waiters on the gate's line, the asker excluded.
+    pub const fn with_held(self, held: usize) -> GateView {
+        GateView { held, ..self }
+    }
+
+    /// The same view of an asker the gate held (`true`) or not at its previous attempt.
+    pub const fn with_on_gate(self, on_gate: bool) -> GateView {
+        GateView { on_gate, ..self }
+    }
+
+    /// The same view of an asker an account held (`true`) or not at its previous attempt.
+    pub const fn with_elsewhere(self, elsewhere: bool) -> GateView {
+        GateView { elsewhere, ..self }
+    }
+
     /// True when the asker is the head of the line (or arrives to an empty line).
-    pub head: bool,
+    pub const fn is_head(&self) -> bool {
+        self.head
+    }
+
     /// How many waiters the gate is holding right now, the asker excluded.
-    pub held: usize,
-    /// The instant the monitor read at the start of this attempt.
-    pub now: Instant,
+    pub const fn held(&self) -> usize {
+        self.held
+    }
+
+    /// The instant the monitor read for this attempt.
+    pub const fn now(&self) -> Instant {
+        self.now
+    }
+
     /// True when the gate held this asker at its previous attempt: it is on the gate's own line.
-    pub on_gate: bool,
+    pub const fn was_on_gate(&self) -> bool {
+        self.on_gate
+    }
+
     /// True when an account, not the gate, held this asker at its previous attempt: the gate
     /// let it through before, and releasing it is that account's business.
-    pub elsewhere: bool,
+    pub const fn was_held_elsewhere(&self) -> bool {
+        self.elsewhere
+    }
 }
 
 /// The gate's answer.
