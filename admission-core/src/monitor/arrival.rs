@@ -24,7 +24,7 @@ use crate::sync::{MonitorGuard, Ordering};
 
 use super::ask::{Attempt, Head, Learn, ask_demand, earlier, give_back, panic_message, refusal_of};
 use super::cell::{Cell, Outcome};
-use super::grant::{Grant, Waits};
+use super::grant::Grant;
 use super::line::{State, Waiter, before_planned};
 use super::outbox::{Outbox, entry_events};
 use super::shared::Shared;
@@ -110,7 +110,7 @@ impl Shared {
         out: &mut Outbox<'_>,
     ) -> Result<Outcome, (Demand, bool)> {
         match self.take_unlocked(&demand, ctx, now, out) {
-            Unlocked::Taken => Ok(Ok(self.grant(demand, ctx, Duration::ZERO, Waits::none()))),
+            Unlocked::Taken => Ok(Ok(Grant::immediate(self, demand, ctx))),
             Unlocked::Refused(error) => Ok(Err(error)),
             Unlocked::Held(_) => Err((demand, true)),
             Unlocked::Skipped => Err((demand, false)),
@@ -330,7 +330,7 @@ impl Shared {
                     out.event(EventKind::GrantedImmediate, ctx, || {
                         entry_events(demand.entries())
                     });
-                    return Err(Ok(self.grant(demand, ctx, Duration::ZERO, Waits::none())));
+                    return Err(Ok(Grant::immediate(self, demand, ctx)));
                 }
                 Ok(false) => {}
                 Err(error) => {
@@ -577,7 +577,7 @@ impl Shared {
                     entry_events(w.demand.entries())
                 });
                 let demand = std::mem::take(&mut w.demand);
-                Arrival::Granted(self.grant(demand, &w.ctx, Duration::ZERO, Waits::none()))
+                Arrival::Granted(Grant::immediate(self, demand, &w.ctx))
             }
             Attempt::Refused(error) => Arrival::Refused(error),
             Attempt::Held { wake } => {
@@ -587,17 +587,6 @@ impl Shared {
                 }
             }
         }
-    }
-
-    /// A grant of `demand` to job `ctx`, owned by this monitor.
-    pub(crate) fn grant(
-        self: &Arc<Shared>,
-        demand: Demand,
-        ctx: &JobContext,
-        wall_wait: Duration,
-        waits: Waits,
-    ) -> Grant {
-        Grant::new(demand, self.clone(), ctx.clone(), wall_wait, waits)
     }
 
     /// Installs the doorbell in `account`'s wake slot, once per account.

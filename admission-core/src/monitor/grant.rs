@@ -130,6 +130,21 @@ impl Grant {
         }
     }
 
+    /// A grant made at once (on arrival), owned by `owner`: no wait, no holds.
+    pub(crate) fn immediate(
+        owner: &Arc<impl Owner + 'static>,
+        demand: Demand,
+        ctx: &JobContext,
+    ) -> Grant {
+        Grant::new(
+            demand,
+            owner.clone(),
+            ctx.clone(),
+            Duration::ZERO,
+            Waits::none(),
+        )
+    }
+
     /// Returns what the job held: the amounts on [`Replenishment::Release`](crate::Replenishment::Release) accounts. Metered
     /// ([`Replenishment::Time`](crate::Replenishment::Time)) debits stay spent: the call they paid for happened.
     pub fn release(&mut self) {

@@ -302,6 +302,9 @@ impl crate::Clock for StillClock {
     }
 }
 
+/// The models never sleep on a deadline: real time's defaults do.
+impl crate::Timer for StillClock {}
+
 #[test]
 fn loom_a_waiters_own_expiry_racing_its_grant_settles_once_and_keeps_nothing() {
     loom::model(|| {

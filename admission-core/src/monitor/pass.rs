@@ -37,7 +37,7 @@ use crate::sync::{MonitorGuard, Ordering};
 
 use super::ask::{Attempt, Head, Learn, ask_demand, earlier, panic_message, refusal_of};
 use super::evaluator::handing_off;
-use super::grant::{Hold, Owner, Waits};
+use super::grant::{Grant, Hold, Owner, Waits};
 use super::line::{Phase, State, Waiter, before_planned};
 use super::outbox::{Outbox, entry_events};
 use super::shared::Shared;
@@ -537,7 +537,7 @@ impl Shared {
             || entry_events(w.demand.entries()),
         );
         let demand = std::mem::take(&mut w.demand);
-        let grant = self.grant(demand, &w.ctx, wall_wait, waits);
+        let grant = Grant::new(demand, self.clone(), w.ctx.clone(), wall_wait, waits);
         if w.on_gate {
             *on_gate -= 1;
         }
