@@ -765,17 +765,7 @@ pub fn not_now_instant_is_when_time_alone_makes_it_fit(make: &dyn Fn() -> Subjec
     }
     let unit = run.unit();
     let clock = &run.subject.clock;
-    run.drain();
-    let now = clock.now();
-    let seen = run.expect_not_now(unit, Ask::HEAD.look(), "once drained");
-    let Some(at) = seen.filter(|&at| at > now) else {
-        panic!(
-            "{} once drained: expected ask({unit}, Ask::HEAD.look()) to be not now with an \
-             instant after now ({now:?}), time alone refilling a clocked account; saw \
-             NotNow({seen:?})",
-            run.at()
-        );
-    };
+    let (_, at) = run.drained_until();
     run.expect(unit, Ask::HEAD, &Said::NotNow(Some(at)), "once drained");
     let behind = Ask::behind(unit).look();
     let later = if run.subject.capacity >= 2 {
@@ -855,16 +845,7 @@ pub fn a_clocked_account_answers_at_the_instant_it_is_asked_at(make: &dyn Fn() -
     }
     let unit = run.unit();
     let clock = &run.subject.clock;
-    run.drain();
-    let now = clock.now();
-    let seen = run.expect_not_now(unit, Ask::HEAD.look(), "once drained");
-    let Some(at) = seen.filter(|&at| at > now) else {
-        panic!(
-            "{} once drained: expected ask({unit}, Ask::HEAD.look()) to be not now with an \
-             instant after now ({now:?}); saw NotNow({seen:?})",
-            run.at()
-        );
-    };
+    let (now, at) = run.drained_until();
     let before = at.saturating_sub(NANOSECOND);
     run.expect(
         unit,
@@ -1298,6 +1279,24 @@ impl Run {
                 self.at(),
                 show_ask(mine, ask),
                 show(&seen)
+            ),
+        }
+    }
+
+    /// Drains the (clocked) subject and returns the clock's present and the instant a lone head's
+    /// look names for one unit, which must come after it: time alone refills a clocked account.
+    fn drained_until(&self) -> (Instant, Instant) {
+        let unit = self.unit();
+        self.drain();
+        let now = self.subject.clock.now();
+        let seen = self.expect_not_now(unit, Ask::HEAD.look(), "once drained");
+        match seen.filter(|&at| at > now) {
+            Some(at) => (now, at),
+            None => panic!(
+                "{} once drained: expected ask({unit}, Ask::HEAD.look()) to be not now with an \
+                 instant after now ({now:?}), time alone refilling a clocked account; saw \
+                 NotNow({seen:?})",
+                self.at()
             ),
         }
     }

@@ -220,59 +220,14 @@ fn contended_ours(rt: &tokio::runtime::Runtime, hold: bool) -> Duration {
     let monitor = Monitor::new();
     monitor.start().expect("a fresh monitor starts");
     let demand = Demand::new().with(gate("gate", CONTENDED_PERMITS), Amount::ONE);
-    let started = Instant::now();
-    rt.block_on(async {
-        let tasks: Vec<_> = (0..TASKS)
-            .map(|_| {
-                let (monitor, demand) = (monitor.clone(), demand.clone());
-                tokio::spawn(async move {
-                    let job = job();
-                    for _ in 0..ROUNDS {
-                        let grant = monitor
-                            .admit(demand.clone(), &job, None)
-                            .await
-                            .expect("granted");
-                        if hold {
-                            tokio::task::yield_now().await;
-                        }
-                        drop(grant);
-                    }
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await.expect("the task finishes");
-        }
-    });
-    let elapsed = started.elapsed();
+    let elapsed = support::contended_admits(rt, &monitor, &demand, TASKS, ROUNDS, hold);
     monitor.stop();
     elapsed
 }
 
 /// The same run on tokio's semaphore.
 fn contended_tokio(rt: &tokio::runtime::Runtime, hold: bool) -> Duration {
-    let semaphore = Arc::new(Semaphore::new(CONTENDED_PERMITS as usize));
-    let started = Instant::now();
-    rt.block_on(async {
-        let tasks: Vec<_> = (0..TASKS)
-            .map(|_| {
-                let semaphore = semaphore.clone();
-                tokio::spawn(async move {
-                    for _ in 0..ROUNDS {
-                        let permit = semaphore.acquire().await.expect("not closed");
-                        if hold {
-                            tokio::task::yield_now().await;
-                        }
-                        drop(permit);
-                    }
-                })
-            })
-            .collect();
-        for task in tasks {
-            task.await.expect("the task finishes");
-        }
-    });
-    started.elapsed()
+    support::contended_semaphore(rt, CONTENDED_PERMITS as usize, TASKS, ROUNDS, hold)
 }
 
 fn semaphore_contended(c: &mut Criterion) {

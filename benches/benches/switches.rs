@@ -13,11 +13,11 @@
 //! ```
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use admission_accounts::counting_gate::CountingGate;
-use admission_core::{Amount, Demand, JobContext, Monitor};
-use tokio::sync::Semaphore;
+use admission_benches::support;
+use admission_core::{Amount, Demand, Monitor};
 
 const PERMITS: u64 = 8;
 const ADMITS: usize = 320_000;
@@ -98,52 +98,11 @@ fn ours(rt: &tokio::runtime::Runtime, tasks: usize, rounds: usize) -> Duration {
         CountingGate::new("gate", PERMITS, monitor.clock().clone()).expect("a positive capacity"),
     );
     let demand = Demand::new().with(gate, Amount::ONE);
-    let started = Instant::now();
-    rt.block_on(async {
-        let running: Vec<_> = (0..tasks)
-            .map(|i| {
-                let (monitor, demand) = (monitor.clone(), demand.clone());
-                tokio::spawn(async move {
-                    let job = JobContext::new(format!("task-{i}"));
-                    for _ in 0..rounds {
-                        let grant = monitor
-                            .admit(demand.clone(), &job, None)
-                            .await
-                            .expect("granted");
-                        tokio::task::yield_now().await;
-                        drop(grant);
-                    }
-                })
-            })
-            .collect();
-        for task in running {
-            task.await.expect("the task finishes");
-        }
-    });
-    let took = started.elapsed();
+    let took = support::contended_admits(rt, &monitor, &demand, tasks, rounds, true);
     monitor.stop();
     took
 }
 
 fn tokio_side(rt: &tokio::runtime::Runtime, tasks: usize, rounds: usize) -> Duration {
-    let semaphore = Arc::new(Semaphore::new(PERMITS as usize));
-    let started = Instant::now();
-    rt.block_on(async {
-        let running: Vec<_> = (0..tasks)
-            .map(|_| {
-                let semaphore = semaphore.clone();
-                tokio::spawn(async move {
-                    for _ in 0..rounds {
-                        let permit = semaphore.acquire().await.expect("not closed");
-                        tokio::task::yield_now().await;
-                        drop(permit);
-                    }
-                })
-            })
-            .collect();
-        for task in running {
-            task.await.expect("the task finishes");
-        }
-    });
-    started.elapsed()
+    support::contended_semaphore(rt, PERMITS as usize, tasks, rounds, true)
 }

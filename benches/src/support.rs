@@ -583,3 +583,75 @@ impl HandOff for SemaphoreTask {
         self.held = Some(self.semaphore.clone().try_acquire_owned().expect("free"));
     }
 }
+
+// ------------------------------------------------------------------------------------------------
+// Contention
+
+/// `tasks` tasks on `rt` each admit `demand` through `monitor` `rounds` times, holding each
+/// grant across one `yield_now` when `hold` says so. Returns the run's wall time.
+pub fn contended_admits(
+    rt: &tokio::runtime::Runtime,
+    monitor: &Monitor,
+    demand: &Demand,
+    tasks: usize,
+    rounds: usize,
+    hold: bool,
+) -> Duration {
+    let started = Instant::now();
+    rt.block_on(async {
+        let running: Vec<_> = (0..tasks)
+            .map(|_| {
+                let (monitor, demand) = (monitor.clone(), demand.clone());
+                tokio::spawn(async move {
+                    let job = JobContext::new("bench");
+                    for _ in 0..rounds {
+                        let grant = monitor
+                            .admit(demand.clone(), &job, None)
+                            .await
+                            .expect("granted");
+                        if hold {
+                            tokio::task::yield_now().await;
+                        }
+                        drop(grant);
+                    }
+                })
+            })
+            .collect();
+        for task in running {
+            task.await.expect("the task finishes");
+        }
+    });
+    started.elapsed()
+}
+
+/// The same run on a tokio `Semaphore` of `permits`.
+pub fn contended_semaphore(
+    rt: &tokio::runtime::Runtime,
+    permits: usize,
+    tasks: usize,
+    rounds: usize,
+    hold: bool,
+) -> Duration {
+    let semaphore = Arc::new(Semaphore::new(permits));
+    let started = Instant::now();
+    rt.block_on(async {
+        let running: Vec<_> = (0..tasks)
+            .map(|_| {
+                let semaphore = semaphore.clone();
+                tokio::spawn(async move {
+                    for _ in 0..rounds {
+                        let permit = semaphore.acquire().await.expect("not closed");
+                        if hold {
+                            tokio::task::yield_now().await;
+                        }
+                        drop(permit);
+                    }
+                })
+            })
+            .collect();
+        for task in running {
+            task.await.expect("the task finishes");
+        }
+    });
+    started.elapsed()
+}

@@ -50,6 +50,14 @@ impl Clock for Counted {
 /// A monitor sleeps on it as on any clock real time moves (the tests run passes by hand).
 impl admission_core::Timer for Counted {}
 
+/// A monitor on `clock` whose passes the test runs.
+fn monitor_on(clock: &Arc<Counted>) -> Monitor {
+    Monitor::builder()
+        .manual_passes()
+        .clock(clock.clone())
+        .build()
+}
+
 fn buckets(clock: &Arc<Counted>, n: usize) -> Vec<Arc<TokenBucket>> {
     let buckets = (0..n)
         .map(|i| {
@@ -76,10 +84,7 @@ fn on_each<A: admission_core::Account>(accounts: &[Arc<A>], units: u64) -> Deman
 #[test]
 fn an_admit_on_three_clocked_accounts_reads_the_clock_once() {
     let clock = Arc::new(Counted::default());
-    let monitor = Monitor::builder()
-        .manual_passes()
-        .clock(clock.clone())
-        .build();
+    let monitor = monitor_on(&clock);
     let three = buckets(&clock, 3);
     let ctx = JobContext::new("three");
 
@@ -101,10 +106,7 @@ fn an_admit_on_three_clocked_accounts_reads_the_clock_once() {
 #[test]
 fn counting_gates_read_no_precise_time_and_stamp_a_coarse_one() {
     let clock = Arc::new(Counted::default());
-    let monitor = Monitor::builder()
-        .manual_passes()
-        .clock(clock.clone())
-        .build();
+    let monitor = monitor_on(&clock);
     let three = gates(&clock, 3);
     clock.advance(Duration::from_millis(7));
     let grant = monitor
@@ -128,10 +130,7 @@ fn counting_gates_read_no_precise_time_and_stamp_a_coarse_one() {
 #[test]
 fn a_gate_after_a_clocked_account_stamps_the_instant_the_demand_was_asked_at() {
     let clock = Arc::new(Counted::default());
-    let monitor = Monitor::builder()
-        .manual_passes()
-        .clock(clock.clone())
-        .build();
+    let monitor = monitor_on(&clock);
     let gate_before = gates(&clock, 1).remove(0);
     let bucket = buckets(&clock, 1).remove(0);
     let gate_after = gates(&clock, 1).remove(0);
@@ -156,10 +155,7 @@ fn a_gate_after_a_clocked_account_stamps_the_instant_the_demand_was_asked_at() {
 #[test]
 fn a_pass_asks_every_waiter_and_account_at_one_instant() {
     let clock = Arc::new(Counted::default());
-    let monitor = Monitor::builder()
-        .manual_passes()
-        .clock(clock.clone())
-        .build();
+    let monitor = monitor_on(&clock);
     // 60 tokens a minute: each bucket holds 60 and refills one a second.
     let three = buckets(&clock, 3);
     let ctx = JobContext::new("drain");
