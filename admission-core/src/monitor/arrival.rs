@@ -25,7 +25,7 @@ use crate::sync::{MonitorGuard, Ordering};
 use super::ask::{Attempt, Head, Learn, ask_demand, earlier, give_back, panic_message, refusal_of};
 use super::cell::{Cell, Outcome};
 use super::grant::Grant;
-use super::line::{State, Waiter, before_planned};
+use super::line::{Place, State, Waiter, before_planned};
 use super::outbox::{Outbox, entry_events};
 use super::shared::Shared;
 
@@ -35,7 +35,7 @@ pub(crate) enum Begin {
     Done(Outcome),
     /// Parked in the line.
     Parked {
-        seq: u64,
+        place: Place,
         cell: Arc<Cell>,
         /// When the waiter times out, on the monitor's clock.
         deadline: Option<Instant>,
@@ -344,7 +344,7 @@ impl Shared {
             // refused here and now (a fast path that the gate held looked for that already).
             let looked = gate_held;
             if !gate_held {
-                gate_held = st.queue.values().next().is_some_and(|head| head.on_gate);
+                gate_held = st.queue.head().is_some_and(|head| head.on_gate);
             }
             if !looked && let Some(error) = refusal_of(&demand, ctx, now) {
                 drop(st);
@@ -462,7 +462,6 @@ impl Shared {
             demand,
             ctx: ctx.clone(),
             asked_at: now,
-            timeout,
             deadline,
             cell: cell.clone(),
             held: Vec::new(),
@@ -490,9 +489,7 @@ impl Shared {
             out.rejected(ctx, &waiter.demand, &error);
             return Err(Err(error));
         }
-        let seq = st.next_seq;
-        st.next_seq += 1;
-        st.queue.insert(seq, waiter);
+        let place = st.queue.push(waiter);
         // Without a gate the count was published before the ask, and is this already.
         self.publish_parked(st.queue.len());
         // The waiter's `held` events go out before anything a pass may build for it once the
@@ -500,7 +497,7 @@ impl Shared {
         out.seal(&self.sink);
         Ok((
             Begin::Parked {
-                seq,
+                place,
                 cell,
                 deadline,
             },
@@ -550,7 +547,7 @@ impl Shared {
         now: &Reading<'_>,
     ) -> Arrival {
         // Behind a line, the head as it stands now; first in line, nobody's amounts to respect.
-        let head = match st.queue.values().next() {
+        let head = match st.queue.head() {
             Some(first) => match Head::now_of(&first.demand, now) {
                 Some(head) => Some(head),
                 // A demand that can never fit is refused now, not after the head's pass.

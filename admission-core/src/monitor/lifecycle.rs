@@ -10,7 +10,7 @@ use crate::error::{AdmitError, StartError};
 use crate::sync::{Ordering, thread};
 
 use super::evaluator;
-use super::line::{Phase, State, Waiter};
+use super::line::{Phase, Place, State, Waiter};
 use super::outbox::Outbox;
 use super::pass::Scope;
 use super::shared::Shared;
@@ -59,24 +59,24 @@ impl Shared {
         Ok(())
     }
 
-    /// Withdraws waiter `seq` because its context was cancelled.
-    pub(crate) fn cancel_waiter(&self, seq: u64) {
-        self.leave_line(seq, Leaving::Cancelled);
+    /// Withdraws the waiter at `place` because its context was cancelled.
+    pub(crate) fn cancel_waiter(&self, place: Place) {
+        self.leave_line(place, Leaving::Cancelled);
     }
 
-    /// Times waiter `seq` out if its deadline has passed on the monitor's clock: a blocking
+    /// Times the waiter at `place` out if its deadline has passed on the monitor's clock: a blocking
     /// waiter's own timer calls this, so its deadline holds even between the evaluator's passes.
-    pub(crate) fn expire(&self, seq: u64) {
-        self.leave_line(seq, Leaving::Expired);
+    pub(crate) fn expire(&self, place: Place) {
+        self.leave_line(place, Leaving::Expired);
     }
 
-    /// Withdraws waiter `seq` because its admit was abandoned (the future dropped). Returns false
+    /// Withdraws the waiter at `place` because its admit was abandoned (the future dropped). Returns false
     /// when the waiter had already left the line, i.e. its outcome is in its cell.
-    pub(crate) fn withdraw(&self, seq: u64) -> bool {
-        self.leave_line(seq, Leaving::Abandoned)
+    pub(crate) fn withdraw(&self, place: Place) -> bool {
+        self.leave_line(place, Leaving::Abandoned)
     }
 
-    /// Takes waiter `seq` out of the line for `why`; false when it was no longer there (or, for
+    /// Takes the waiter at `place` out of the line for `why`; false when it was no longer there (or, for
     /// an expiry, not yet due).
     ///
     /// What follows depends on what the leaver can change. A waiter behind the head held
@@ -87,7 +87,7 @@ impl Shared {
     /// this thread: it may stop once the new head is short on every account the leaver named.
     /// With a gate, whose answer may count the waiters it holds, the evaluator is rung for a
     /// full pass whenever the head or a waiter the gate held leaves.
-    fn leave_line(&self, seq: u64, why: Leaving) -> bool {
+    fn leave_line(&self, place: Place, why: Leaving) -> bool {
         let mut out = self.outbox();
         let now = self.clock.now();
         let (left, next) = {
@@ -95,13 +95,10 @@ impl Shared {
             let due = |w: &Waiter| w.deadline.is_some_and(|d| d <= now);
             let leaves = st
                 .queue
-                .get(&seq)
+                .get(place)
                 .is_some_and(|w| !matches!(why, Leaving::Expired) || due(w));
-            let was_head = st
-                .queue
-                .first_key_value()
-                .is_some_and(|(&head, _)| head == seq);
-            match leaves.then(|| st.queue.remove(&seq)).flatten() {
+            let was_head = st.queue.is_head(place);
+            match leaves.then(|| st.queue.remove(place)).flatten() {
                 Some(w) => {
                     self.publish_parked(st.queue.len());
                     if w.on_gate {
@@ -139,9 +136,9 @@ impl Shared {
 
     /// Refuses every waiter with `error` and empties the line. Under the monitor lock.
     fn drain_locked(&self, st: &mut State, out: &mut Outbox<'_>, error: &AdmitError) {
-        let queue = std::mem::take(&mut st.queue);
+        let waiters = st.queue.take_all();
         self.publish_parked(0);
-        for (_, w) in queue {
+        for w in waiters {
             out.rejected(&w.ctx, &w.demand, error);
             out.finish(&w.cell, Err(error.clone()));
             out.left(w);
@@ -219,7 +216,7 @@ fn left_with(w: &Waiter, why: Leaving, now: Instant) -> AdmitError {
         Leaving::Expired => AdmitError::TimedOut {
             job: w.ctx.id(),
             waited,
-            timeout: w.timeout.unwrap_or(Duration::ZERO),
+            timeout: w.timeout().unwrap_or(Duration::ZERO),
         },
     }
 }

@@ -12,7 +12,8 @@
 //! path racing a cancel, (m) a waker that owns a grant, dropped as its admit is polled again,
 //! its grant's pass filling that admit's cell while a newcomer races it, (n) the head leaving
 //! (its own pass on the dropping thread) racing an asker held behind it, (o) a pass that lets
-//! go of the lock between its batches racing an arrival, (p) two such passes racing.
+//! go of the lock between its batches racing an arrival, (p) two such passes racing, (q) such a
+//! pass racing the withdrawal of the waiter it visits next.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -324,8 +325,8 @@ fn loom_a_waiters_own_expiry_racing_its_grant_settles_once_and_keeps_nothing() {
         let (shared, c) = (monitor.shared.clone(), clock.clone());
         let expirer = thread::spawn(move || {
             c.0.store(20, std::sync::atomic::Ordering::SeqCst);
-            // The first (and only) parked waiter is number 0.
-            shared.expire(0);
+            // The first (and only) waiter parked in this line.
+            shared.expire(super::line::Place::FIRST);
         });
         giver.join().unwrap();
         expirer.join().unwrap();
@@ -719,5 +720,57 @@ fn loom_two_batched_passes_never_interleave_and_lose_no_wake_up() {
         assert_eq!(gate.free(), 2);
         assert_eq!(monitor.queue_size(), 0);
         monitor.stop();
+    });
+}
+
+/// (q) A release of two permits whose pass grants one waiter per critical section, racing the
+/// withdrawal of the waiter it visits next. The head waits on another account, so the pass
+/// stops after granting the second waiter with its place at the third, behind the head (whose
+/// leaving would run a pass of its own): while the pass is between its batches the line moves
+/// that place on to the fourth, so the second and the fourth are granted whenever the third
+/// leaves (before the pass, between its batches, or after its grant, which the dropped admit
+/// gives back), and nothing is lost.
+#[test]
+fn loom_a_batched_pass_racing_the_withdrawal_of_its_next_waiter_moves_on_to_the_one_after() {
+    loom::model(|| {
+        let monitor = Monitor::builder().pass_batch(1).build();
+        monitor.start().unwrap();
+        let (gate, other) = (Gate::new(2), Gate::new(0));
+        let holder = monitor
+            .admit_blocking(
+                Demand::new().with(gate.clone(), Amount::units(2)),
+                &JobContext::new("holder"),
+                None,
+            )
+            .unwrap();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let mut park = |demand: Demand, name: &str| {
+            let mut admit = monitor.admit(demand, &JobContext::new(name), None);
+            assert!(std::pin::Pin::new(&mut admit).poll(&mut cx).is_pending());
+            admit
+        };
+        let head = park(one(&other), "head");
+        let second = park(one(&gate), "second");
+        let third = park(one(&gate), "third");
+        let fourth = park(one(&gate), "fourth");
+        let leaver = thread::spawn(move || drop(third));
+        let giver = thread::spawn(move || drop(holder));
+        leaver.join().unwrap();
+        giver.join().unwrap();
+        let b = loom::future::block_on(second).expect("the second is granted");
+        let d = loom::future::block_on(fourth).expect("the fourth is granted");
+        assert_eq!(gate.free(), 0);
+        drop((b, d));
+        assert_eq!(gate.free(), 2);
+        assert_eq!(
+            monitor.queue_size(),
+            1,
+            "the head still waits on the other account"
+        );
+        monitor.stop();
+        assert!(matches!(
+            loom::future::block_on(head),
+            Err(AdmitError::Shutdown)
+        ));
     });
 }

@@ -38,7 +38,7 @@ use crate::sync::{MonitorGuard, Ordering};
 use super::ask::{Attempt, Head, Learn, ask_demand, earlier, panic_message, refusal_of};
 use super::evaluator::handing_off;
 use super::grant::{Grant, Hold, Owner, Waits};
-use super::line::{Phase, State, Waiter, before_planned};
+use super::line::{Phase, Place, State, Waiter, before_planned};
 use super::outbox::{Outbox, entry_events};
 use super::shared::Shared;
 
@@ -75,7 +75,7 @@ struct Walk {
     wake: Option<Instant>,
     head: Option<Head>,
     /// Waiters that leave the line in this pass (granted, refused, cancelled, late).
-    leaving: Vec<u64>,
+    leaving: Vec<Place>,
     /// How many waiters the gate holds (counted only with a gate).
     on_gate: usize,
     /// How many waiters were in the line when the pass began.
@@ -224,27 +224,35 @@ impl Shared {
         } else {
             self.pass_batch
         };
-        let mut from = 0;
+        let mut slot = st.queue.first_slot();
         loop {
-            let mut resume = None;
-            for (visited, (&seq, w)) in st.queue.range_mut(from..).enumerate() {
+            let mut paused = false;
+            let mut visited = 0;
+            while let Some(at) = slot {
                 // A full batch ends when ending it helps someone: a thread blocked on the lock,
                 // or waiters this walk granted or refused, to wake. A walk over waiters that all
                 // stay (a deadline's pass over a long line nobody else wants) runs on.
                 if visited >= batch && (out.has_work() || self.state.contended()) {
-                    resume = Some(seq);
+                    paused = true;
                     break;
                 }
-                if self.visit(out, &mut walk, seq, w) {
+                visited += 1;
+                let (place, next, w) = st.queue.step(at);
+                slot = next;
+                if self.visit(out, &mut walk, place, w) {
                     walk.stopped_early = true;
                     break;
                 }
             }
-            let Some(next) = resume else { break };
+            if !paused {
+                break;
+            }
             // The batch's decisions stand: its leavers leave and the line's size is published
             // before anyone else takes the lock; its grants are woken and its leavers dropped
-            // outside it.
+            // outside it. The line keeps the walk's place meanwhile (a waiter leaving moves it
+            // on, one arriving at the end is visited).
             self.leave_batch(&mut st, &mut walk, out);
+            st.queue.hold_cursor(slot);
             st.pass_running = true;
             out.seal(&self.sink);
             drop(st);
@@ -260,7 +268,7 @@ impl Shared {
                 return (None, false);
             }
             walk.total = st.queue.len();
-            from = next;
+            slot = st.queue.resume();
         }
         let wake = self.end_pass(&mut st, walk, out);
         st.pass_running = false;
@@ -271,8 +279,8 @@ impl Shared {
 
     /// Removes the leavers of the batch just walked and publishes the line's new size.
     fn leave_batch(&self, st: &mut MonitorGuard<'_, State>, walk: &mut Walk, out: &mut Outbox<'_>) {
-        for seq in walk.leaving.drain(..) {
-            if let Some(w) = st.queue.remove(&seq) {
+        for place in walk.leaving.drain(..) {
+            if let Some(w) = st.queue.remove(place) {
                 out.left(w);
             }
         }
@@ -281,22 +289,22 @@ impl Shared {
         }
     }
 
-    /// Asks waiter `w` (number `seq`) in this pass; true when the pass may stop here.
+    /// Asks waiter `w` (at `place`) in this pass; true when the pass may stop here.
     fn visit(
         self: &Arc<Shared>,
         out: &mut Outbox<'_>,
         walk: &mut Walk,
-        seq: u64,
+        place: Place,
         w: &mut Waiter,
     ) -> bool {
         // Leavers first: a cancelled job stops reserving, a late one times out.
         if let Some(error) = gone(w, walk.now) {
             walk.touch(w);
             self.leave(out, w, error, &mut walk.on_gate);
-            walk.leaving.push(seq);
+            walk.leaving.push(place);
             return false;
         }
-        if w.timeout.is_some() {
+        if w.deadline.is_some() {
             walk.wake = earlier(walk.wake, w.deadline);
         }
         let is_head = walk.head.is_none();
@@ -306,13 +314,13 @@ impl Shared {
                 walk.touch(w);
                 let remaining = walk.total - walk.leaving.len() - 1;
                 self.grant_waiter(out, w, remaining, &mut walk.on_gate, walk.now);
-                walk.leaving.push(seq);
+                walk.leaving.push(place);
                 false
             }
             Attempt::Refused(error) => {
                 walk.touch(w);
                 self.leave(out, w, error, &mut walk.on_gate);
-                walk.leaving.push(seq);
+                walk.leaving.push(place);
                 false
             }
             Attempt::Held { wake: at } => {
@@ -363,8 +371,8 @@ impl Shared {
         walk: Walk,
         out: &mut Outbox<'_>,
     ) -> Option<Instant> {
-        for seq in &walk.leaving {
-            if let Some(w) = st.queue.remove(seq) {
+        for &place in &walk.leaving {
+            if let Some(w) = st.queue.remove(place) {
                 out.left(w);
             }
         }
@@ -613,7 +621,7 @@ fn gone(w: &Waiter, now: Instant) -> Option<AdmitError> {
             waited,
         });
     }
-    match (w.deadline, w.timeout) {
+    match (w.deadline, w.timeout()) {
         (Some(deadline), Some(timeout)) if deadline <= now => Some(AdmitError::TimedOut {
             job: w.ctx.id(),
             waited,

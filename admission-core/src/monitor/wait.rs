@@ -15,11 +15,12 @@ use crate::error::AdmitError;
 
 use super::arrival::Begin;
 use super::cell::{Cell, Outcome};
+use super::line::Place;
 use super::shared::Shared;
 
 /// A parked waiter's ticket.
 struct Ticket {
-    seq: u64,
+    place: Place,
     cell: Arc<Cell>,
     ctx: JobContext,
     /// The cancellation listener registered on `ctx`; forgotten when the wait ends.
@@ -27,19 +28,19 @@ struct Ticket {
 }
 
 impl Ticket {
-    fn park(shared: &Arc<Shared>, seq: u64, cell: Arc<Cell>, ctx: &JobContext) -> Ticket {
+    fn park(shared: &Arc<Shared>, place: Place, cell: Arc<Cell>, ctx: &JobContext) -> Ticket {
         let weak = Arc::downgrade(shared);
         let listener = ctx.on_cancel(Box::new(move || {
             if let Some(shared) = weak.upgrade() {
-                shared.cancel_waiter(seq);
+                shared.cancel_waiter(place);
             }
         }));
         if listener.is_none() {
             // Cancelled between asking and parking.
-            shared.cancel_waiter(seq);
+            shared.cancel_waiter(place);
         }
         Ticket {
-            seq,
+            place,
             cell,
             ctx: ctx.clone(),
             listener,
@@ -62,12 +63,11 @@ pub(crate) fn admit_blocking(
     match shared.begin(demand, ctx, timeout) {
         Begin::Done(outcome) => outcome,
         Begin::Parked {
-            seq,
+            place,
             cell,
             deadline,
-            ..
         } => {
-            let mut ticket = Ticket::park(shared, seq, cell, ctx);
+            let mut ticket = Ticket::park(shared, place, cell, ctx);
             let outcome = wait_until(shared, &ticket, deadline);
             ticket.done();
             outcome
@@ -88,7 +88,7 @@ fn wait_until(shared: &Arc<Shared>, ticket: &Ticket, deadline: Option<Instant>) 
         };
         if wait.is_zero() {
             // Due: leave the line unless an outcome got there first; either way one is coming.
-            shared.expire(ticket.seq);
+            shared.expire(ticket.place);
             return ticket.cell.wait();
         }
         if let Some(outcome) = ticket.cell.wait_for(wait) {
@@ -157,8 +157,8 @@ impl Future for Admit {
             };
             match this.shared.begin(demand, &ctx, timeout) {
                 Begin::Done(outcome) => return Poll::Ready(outcome),
-                Begin::Parked { seq, cell, .. } => {
-                    this.state = State::Waiting(Ticket::park(&this.shared, seq, cell, &ctx));
+                Begin::Parked { place, cell, .. } => {
+                    this.state = State::Waiting(Ticket::park(&this.shared, place, cell, &ctx));
                 }
             }
         }
@@ -181,7 +181,7 @@ impl Drop for Admit {
     fn drop(&mut self) {
         if let State::Waiting(ticket) = &mut self.state {
             ticket.done();
-            if !self.shared.withdraw(ticket.seq) {
+            if !self.shared.withdraw(ticket.place) {
                 // The outcome landed while we were leaving: give a grant back in full.
                 if let Some(Ok(mut grant)) = ticket.cell.take() {
                     grant.rollback();
