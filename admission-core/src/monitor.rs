@@ -20,6 +20,7 @@ mod lifecycle;
 mod line;
 mod outbox;
 mod pass;
+mod release;
 mod shared;
 mod wait;
 

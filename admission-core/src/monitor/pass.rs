@@ -18,17 +18,15 @@
 //! The pass ends with the earliest instant at which time alone could change an answer (an
 //! account's "not now" instant, the gate's hold, a waiter's deadline); the evaluator sleeps until
 //! then or until the doorbell rings. There is no periodic timer. A pass runs on the evaluator, on
-//! the thread that gives a grant back (a direct hand-off: the waiter is granted on the giver's
-//! thread, as tokio's semaphore hands a released permit over), and in tests on demand.
+//! the thread that gives a grant back (`release.rs`), and in tests on demand.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::account::{Category, Replenishment, account_key};
+use crate::account::{Category, account_key};
 use crate::amount::Amount;
 use crate::clock::{Instant, Reading};
-use crate::context::JobContext;
 use crate::demand::Entry;
 use crate::error::AdmitError;
 use crate::event::{EventEntry, EventKind};
@@ -36,8 +34,7 @@ use crate::gate::{GateAnswer, GateView};
 use crate::sync::{MonitorGuard, Ordering};
 
 use super::ask::{Attempt, Head, Learn, ask_demand, earlier, panic_message, refusal_of};
-use super::evaluator::handing_off;
-use super::grant::{Grant, Hold, Owner, Waits};
+use super::grant::{Grant, Hold, Waits};
 use super::line::{Phase, Place, State, Waiter, before_planned};
 use super::outbox::{Outbox, entry_events};
 use super::shared::Shared;
@@ -559,55 +556,6 @@ impl Shared {
             *on_gate -= 1;
         }
         out.finish(&w.cell, Err(error));
-    }
-}
-
-impl Owner for Shared {
-    /// Gives a grant back and lets the line know: the gate hears of the completion, the sink of
-    /// the release, and whoever can go now is granted on this thread (a direct hand-off, rather
-    /// than waking the evaluator and leaving the waiter two context switches away, as tokio's
-    /// semaphore hands a released permit over).
-    fn settle(&self, entries: &[Entry], ctx: &JobContext, rolled_back: bool) {
-        // The pass below covers every waiter these gives could free, so the accounts' own
-        // wake-ups to this monitor stay quiet meanwhile instead of waking the evaluator for
-        // nothing.
-        handing_off(&self.bell, || {
-            for entry in entries {
-                if rolled_back || entry.account().replenishment() == Replenishment::Release {
-                    entry.account().give(entry.amount());
-                }
-            }
-        });
-        if !entries.is_empty()
-            && let Some(gate) = &self.gate
-        {
-            gate.completed();
-        }
-        if self.sink.is_installed() {
-            let mut out = self.outbox();
-            out.event(EventKind::Released { rolled_back }, ctx, || {
-                entry_events(entries)
-            });
-            self.deliver(out);
-        }
-        // An orchestrator's empty grant gives nothing back and completes nothing: no pass.
-        if !entries.is_empty()
-            && self.bell.someone_waiting()
-            && let Some(me) = self.me.upgrade()
-        {
-            me.evaluate_here(Scope::Released(entries));
-        }
-    }
-
-    fn gate_name(&self) -> &str {
-        Shared::gate_name(self)
-    }
-
-    fn to_shared(&self) -> Arc<dyn Owner> {
-        // A borrowed grant borrows a `Monitor`, which holds this `Shared` alive.
-        self.me
-            .upgrade()
-            .expect("a borrowed grant's monitor is alive")
     }
 }
 

@@ -1,10 +1,10 @@
 //! [`Shared`]: what every handle, waiter and grant of one monitor shares, around the monitor lock.
 //!
 //! The transitions live in the files of their concept, each an `impl Shared` block: an arrival
-//! (`arrival.rs`), a pass (`pass.rs`), leaving and stopping (`lifecycle.rs`). Everything that
-//! touches the line runs under the one monitor lock (`Shared::state`); events are collected while
-//! it is held and emitted after it is released, and waiters are woken after it too
-//! (`outbox.rs`).
+//! (`arrival.rs`), a pass (`pass.rs`), a release (`release.rs`), leaving and stopping
+//! (`lifecycle.rs`). Everything that touches the line runs under the one monitor lock
+//! (`Shared::state`); events are collected while it is held and emitted after it is released,
+//! and waiters are woken after it too (`outbox.rs`).
 
 use std::sync::{Arc, Weak};
 
