@@ -24,7 +24,7 @@ use crate::sync::{MonitorGuard, Ordering};
 
 use super::ask::{Attempt, Head, Learn, ask_demand, earlier, give_back, panic_message, refusal_of};
 use super::cell::{Cell, Outcome};
-use super::grant::Grant;
+use super::grant::{Grant, Hold};
 use super::line::{Place, State, Waiter, before_planned};
 use super::outbox::{Outbox, entry_events};
 use super::shared::Shared;
@@ -40,6 +40,24 @@ pub(crate) enum Begin {
         /// When the waiter times out, on the monitor's clock.
         deadline: Option<Instant>,
     },
+}
+
+/// What a parked waiter's record needs from the heap: allocated before the monitor lock is
+/// taken when the arrival will likely park (someone is parked already), so that the critical
+/// section it parks in allocates nothing of its own.
+struct Room {
+    cell: Arc<Cell>,
+    /// Room for the one hold most waiters get.
+    held: Vec<Hold>,
+}
+
+impl Room {
+    fn new() -> Room {
+        Room {
+            cell: Arc::new(Cell::new()),
+            held: Vec::with_capacity(1),
+        }
+    }
 }
 
 /// What the unlocked fast path made of a demand.
@@ -315,6 +333,7 @@ impl Shared {
         if let Err(error) = demand.check_requirements() {
             return refused(out, &demand, error);
         }
+        let room = (self.bell.parked.load(Ordering::Relaxed) != 0).then(Room::new);
         let mut st = self.state.lock();
         if let Some(error) = Self::phase_error(&st.phase) {
             drop(st);
@@ -351,7 +370,7 @@ impl Shared {
                 return refused(out, &demand, error);
             }
         }
-        self.park(st, demand, ctx, timeout, gate_held, now, out)
+        self.park(st, room, demand, ctx, timeout, gate_held, now, out)
     }
 
     /// The fast path, for an empty line: the gate, then every account asked once as the head.
@@ -433,6 +452,7 @@ impl Shared {
     fn park(
         self: &Arc<Shared>,
         mut st: MonitorGuard<'_, State>,
+        room: Option<Room>,
         demand: Demand,
         ctx: &JobContext,
         timeout: Option<Duration>,
@@ -457,14 +477,14 @@ impl Shared {
         for entry in demand.entries() {
             self.watch(&mut st, entry.account());
         }
-        let cell = Arc::new(Cell::new());
+        let Room { cell, held } = room.unwrap_or_else(Room::new);
         let mut waiter = Waiter {
             demand,
             ctx: ctx.clone(),
             asked_at: now,
             deadline,
             cell: cell.clone(),
-            held: Vec::new(),
+            held,
             on_gate: gate_held,
         };
         let ring = match self.gate {

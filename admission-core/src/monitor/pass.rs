@@ -182,6 +182,14 @@ impl Shared {
     /// pass asked to run while this one let go of the lock (so the line is to be walked again).
     fn walk(self: &Arc<Shared>, out: &mut Outbox<'_>, scope: Scope<'_>) -> (Option<Instant>, bool) {
         let now = self.clock.now();
+        // What the walk needs from the heap is allocated before the lock is taken.
+        let touched = match scope {
+            Scope::Released(entries) if self.gate.is_none() => {
+                Some(entries.iter().map(|e| account_key(e.account())).collect())
+            }
+            _ => None,
+        };
+        let (leaving, short) = (Vec::with_capacity(2), Vec::with_capacity(2));
         let mut st = self.state.lock();
         if !matches!(st.phase, Phase::Open) {
             return (None, false);
@@ -200,20 +208,15 @@ impl Shared {
         }
         let mut walk = Walk {
             now,
-            touched: match scope {
-                Scope::Released(entries) if self.gate.is_none() => {
-                    Some(entries.iter().map(|e| account_key(e.account())).collect())
-                }
-                _ => None,
-            },
+            touched,
             stopped_early: false,
             wake: None,
             head: None,
-            leaving: Vec::new(),
+            leaving,
             // Only a gate needs the count (and counting reads the whole line).
             on_gate: if self.gate.is_some() { st.on_gate() } else { 0 },
             total: st.queue.len(),
-            short: Vec::new(),
+            short,
         };
         // Only a monitor without a gate walks in batches (the gate's count is the whole line's).
         let batch = if self.gate.is_some() {
