@@ -35,5 +35,7 @@ pub use demand::{Demand, Entry};
 pub use error::{AdmitError, StartError, TryAdmitError};
 pub use event::{Event, EventKind, EventSink, RejectReason};
 pub use gate::{Gate, GateAnswer, GateView};
+#[cfg(feature = "test-util")]
+pub use monitor::LockHolds;
 pub use monitor::{Admit, Monitor, MonitorBuilder};
 pub use monitor::{BorrowedGrant, Grant};

@@ -16,6 +16,8 @@ mod ask;
 mod cell;
 pub(crate) mod evaluator;
 mod grant;
+#[cfg(any(test, feature = "test-util"))]
+mod holds;
 mod lifecycle;
 mod line;
 mod outbox;
@@ -32,6 +34,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use grant::{BorrowedGrant, Grant};
+#[cfg(all(any(test, feature = "test-util"), not(admission_loom)))]
+pub(crate) use holds::HoldTimes;
+#[cfg(any(test, feature = "test-util"))]
+pub use holds::LockHolds;
 pub use wait::Admit;
 
 use shared::Shared;
@@ -117,6 +123,8 @@ pub struct MonitorBuilder {
     manual: bool,
     /// Waiters a pass visits per critical section (`None`: [`pass::PASS_BATCH`]).
     pass_batch: Option<usize>,
+    /// Whether the monitor lock's holds are timed (a test hook).
+    time_holds: bool,
 }
 
 impl MonitorBuilder {
@@ -160,6 +168,15 @@ impl MonitorBuilder {
         self
     }
 
+    /// Times every hold of the monitor's lock, for [`Monitor::take_lock_holds`]: a test hook
+    /// (feature `test-util`) for benches that measure how long an admit, a release or a pass
+    /// keeps others out. Each hold costs two readings of the standard library's clock more.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn time_lock_holds(mut self) -> MonitorBuilder {
+        self.time_holds = true;
+        self
+    }
+
     /// Builds the monitor. It grants inline at once; its evaluator thread starts with the first
     /// waiter that has to park (or earlier, with [`Monitor::start`]).
     pub fn build(self) -> Monitor {
@@ -167,7 +184,14 @@ impl MonitorBuilder {
             .clock
             .unwrap_or_else(|| Arc::new(SystemClock::new()) as Arc<dyn Timer>);
         let batch = self.pass_batch.unwrap_or(pass::PASS_BATCH);
-        let shared = Shared::new(clock, self.gate, self.sink, self.manual, batch);
+        let shared = Shared::new(
+            clock,
+            self.gate,
+            self.sink,
+            self.manual,
+            batch,
+            self.time_holds,
+        );
         Monitor {
             _owner: Arc::new(StopOnDrop(shared.clone())),
             shared,
@@ -294,6 +318,14 @@ impl Monitor {
     #[cfg(any(test, feature = "test-util"))]
     pub fn take_doorbell(&self) -> bool {
         self.shared.bell.take_ring()
+    }
+
+    /// How long the monitor's lock was held since it was built or since the last call, for a
+    /// monitor built with [`MonitorBuilder::time_lock_holds`] (`None` otherwise); the count
+    /// starts afresh. A test hook (feature `test-util`); see [`LockHolds`] for an example.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn take_lock_holds(&self) -> Option<LockHolds> {
+        self.shared.state.take_hold_times()
     }
 
     /// [`admit`](Monitor::admit), parking the calling thread instead of a task.

@@ -59,10 +59,46 @@ mod imp {
         blocked: AtomicUsize,
         /// Times a blocked thread got the lock, ever.
         unblocked: AtomicUsize,
+        /// Every hold's length, when asked for (a test hook).
+        #[cfg(any(test, feature = "test-util"))]
+        times: Option<Box<HoldTimes>>,
     }
 
-    /// What [`MonitorLock::lock`] returns.
-    pub(crate) type MonitorGuard<'a, T> = std::sync::MutexGuard<'a, T>;
+    #[cfg(any(test, feature = "test-util"))]
+    use crate::monitor::HoldTimes;
+
+    /// What [`MonitorLock::lock`] returns: the standard guard (and, as a test hook, the instant
+    /// it was taken at, for the lock's hold times).
+    pub(crate) struct MonitorGuard<'a, T> {
+        guard: std::sync::MutexGuard<'a, T>,
+        #[cfg(any(test, feature = "test-util"))]
+        timing: Option<(std::time::Instant, &'a HoldTimes)>,
+    }
+
+    impl<T> std::ops::Deref for MonitorGuard<'_, T> {
+        type Target = T;
+
+        #[inline]
+        fn deref(&self) -> &T {
+            &self.guard
+        }
+    }
+
+    impl<T> std::ops::DerefMut for MonitorGuard<'_, T> {
+        #[inline]
+        fn deref_mut(&mut self) -> &mut T {
+            &mut self.guard
+        }
+    }
+
+    #[cfg(any(test, feature = "test-util"))]
+    impl<T> Drop for MonitorGuard<'_, T> {
+        fn drop(&mut self) {
+            if let Some((since, times)) = self.timing.take() {
+                times.record(since.elapsed());
+            }
+        }
+    }
 
     /// The longest [`MonitorLock::make_way`] waits for blocked threads to get the lock.
     const MAKE_WAY_AT_MOST: Duration = Duration::from_micros(200);
@@ -73,23 +109,47 @@ mod imp {
                 lock: std::sync::Mutex::new(value),
                 blocked: AtomicUsize::new(0),
                 unblocked: AtomicUsize::new(0),
+                #[cfg(any(test, feature = "test-util"))]
+                times: None,
             }
         }
 
+        /// Times every hold from now on (a test hook).
+        #[cfg(any(test, feature = "test-util"))]
+        pub(crate) fn timed(mut self) -> Self {
+            self.times = Some(Box::default());
+            self
+        }
+
+        /// The hold times since the last call, for a lock made [`MonitorLock::timed`].
+        #[cfg(any(test, feature = "test-util"))]
+        pub(crate) fn take_hold_times(&self) -> Option<crate::monitor::LockHolds> {
+            self.times.as_deref().map(HoldTimes::take)
+        }
+
         pub(crate) fn lock(&self) -> MonitorGuard<'_, T> {
-            match self.lock.try_lock() {
-                Ok(guard) => return guard,
-                Err(std::sync::TryLockError::Poisoned(poisoned)) => return poisoned.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) => {}
+            let guard = match self.lock.try_lock() {
+                Ok(guard) => guard,
+                Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    self.blocked.fetch_add(1, Ordering::AcqRel);
+                    let guard = self
+                        .lock
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    self.unblocked.fetch_add(1, Ordering::AcqRel);
+                    self.blocked.fetch_sub(1, Ordering::AcqRel);
+                    guard
+                }
+            };
+            MonitorGuard {
+                guard,
+                #[cfg(any(test, feature = "test-util"))]
+                timing: self
+                    .times
+                    .as_deref()
+                    .map(|times| (std::time::Instant::now(), times)),
             }
-            self.blocked.fetch_add(1, Ordering::AcqRel);
-            let guard = self
-                .lock
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            self.unblocked.fetch_add(1, Ordering::AcqRel);
-            self.blocked.fetch_sub(1, Ordering::AcqRel);
-            guard
         }
 
         /// True when some thread is blocked on the lock now (for its holder, a hint to let go).
@@ -200,6 +260,16 @@ mod imp {
     impl<T> Mutex<T> {
         /// Loom's scheduler already tries every order of the lock's takers.
         pub(crate) fn make_way(&self) {}
+
+        /// The models time nothing.
+        pub(crate) fn timed(self) -> Self {
+            self
+        }
+
+        /// The models time nothing.
+        pub(crate) fn take_hold_times(&self) -> Option<crate::monitor::LockHolds> {
+            None
+        }
 
         /// Under loom a holder always lets go when it may, so the models see every gap.
         pub(crate) fn contended(&self) -> bool {

@@ -6,7 +6,9 @@
 //! `yield_now`, `320,000 / tasks` times, through the monitor (a `CountingGate`) and through
 //! tokio's `Semaphore`, alternately, three runs each. The process's context switches (voluntary
 //! and not, summed over its threads from `/proc/self/task/*/status`) are counted around each
-//! run, with its wall time.
+//! run, with its wall time. A fourth run of ours has the monitor time its lock's holds
+//! (`MonitorBuilder::time_lock_holds`): holds per admit, their median and 99th percentile (to a
+//! power of two), the longest, and the share of the run the lock was held.
 //!
 //! ```text
 //! cargo bench -p admission-benches --bench switches
@@ -46,7 +48,33 @@ fn main() {
                     / ((peer_switches.0 + peer_switches.1).max(1)) as f64,
             );
         }
+        timed_holds(&rt, tasks, rounds);
     }
+}
+
+/// One more run of ours with the monitor timing its lock's holds (two clock readings per hold
+/// more, so its time is not compared): how often and how long the lock is held per admit.
+fn timed_holds(rt: &tokio::runtime::Runtime, tasks: usize, rounds: usize) {
+    let monitor = Monitor::builder().time_lock_holds().build();
+    monitor.start().expect("a fresh monitor starts");
+    let gate = Arc::new(
+        CountingGate::new("gate", PERMITS, monitor.clock().clone()).expect("a positive capacity"),
+    );
+    let demand = Demand::new().with(gate, Amount::ONE);
+    let took = support::contended_admits(rt, &monitor, &demand, tasks, rounds, true);
+    let holds = monitor.take_lock_holds().expect("timed");
+    monitor.stop();
+    let admits = (tasks * rounds) as f64;
+    println!(
+        "switches {tasks} tasks x {rounds} lock holds: {:.2} per admit, 50 % under {:.2} us, \
+         99 % under {:.2} us, longest {:.3} ms; held {:.0} % of the run's {:.0} ms",
+        holds.count as f64 / admits,
+        holds.at_most(0.5).as_secs_f64() * 1e6,
+        holds.at_most(0.99).as_secs_f64() * 1e6,
+        holds.longest.as_secs_f64() * 1e3,
+        holds.total.as_secs_f64() / took.as_secs_f64() * 100.0,
+        took.as_secs_f64() * 1e3,
+    );
 }
 
 /// Runs `f`, returning its wall time and the process's (voluntary, involuntary) context

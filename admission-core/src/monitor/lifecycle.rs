@@ -100,6 +100,7 @@ impl Shared {
             let was_head = st.queue.is_head(place);
             match leaves.then(|| st.queue.remove(place)).flatten() {
                 Some(w) => {
+                    out.emptied(&mut st.queue);
                     self.publish_parked(st.queue.len());
                     if w.on_gate {
                         self.tell_gate_holding(&st);
@@ -137,6 +138,7 @@ impl Shared {
     /// Refuses every waiter with `error` and empties the line. Under the monitor lock.
     fn drain_locked(&self, st: &mut State, out: &mut Outbox<'_>, error: &AdmitError) {
         let waiters = st.queue.take_all();
+        out.emptied(&mut st.queue);
         self.publish_parked(0);
         for w in waiters {
             out.rejected(&w.ctx, &w.demand, error);

@@ -61,7 +61,7 @@ pub(crate) struct Place {
 
 impl Place {
     /// The place of the first waiter ever parked in a line (for the models, which expire it).
-    #[cfg(admission_loom)]
+    #[cfg(all(test, admission_loom))]
     pub(crate) const FIRST: Place = Place { slot: 0, seq: 0 };
 }
 
@@ -79,6 +79,12 @@ struct Node {
 /// Above this many slots an emptied line gives its slab's memory back.
 const KEEP_EMPTY_SLOTS: usize = 4096;
 
+/// The slab of a long line that emptied: to be freed once the monitor lock is let go (giving a
+/// hundred megabytes back to the system takes milliseconds).
+// Read only by the unit tests: otherwise held to be dropped.
+#[cfg_attr(any(not(test), admission_loom), allow(dead_code))]
+pub(crate) struct Emptied(Slab<Node>);
+
 /// The line: parked waiters in arrival order.
 ///
 /// Their records live in one slab, reused as waiters come and go (a park allocates only when
@@ -93,6 +99,8 @@ pub(crate) struct Line {
     next_seq: u64,
     /// The next slot a resuming pass visits (`Some(END)`: the end), while one is between batches.
     cursor: Option<u32>,
+    /// The slab of a long line that emptied, until [`Line::take_emptied`].
+    emptied: Option<Emptied>,
 }
 
 impl Line {
@@ -103,6 +111,7 @@ impl Line {
             tail: END,
             next_seq: 0,
             cursor: None,
+            emptied: None,
         }
     }
 
@@ -180,9 +189,15 @@ impl Line {
             self.cursor = Some(node.next);
         }
         if self.nodes.is_empty() && self.nodes.capacity() > KEEP_EMPTY_SLOTS {
-            self.nodes = Slab::new();
+            self.emptied = Some(Emptied(std::mem::take(&mut self.nodes)));
         }
         Some(node.waiter)
+    }
+
+    /// The slab a long line left behind when it emptied, for the caller to drop once the monitor
+    /// lock is let go.
+    pub(crate) fn take_emptied(&mut self) -> Option<Emptied> {
+        self.emptied.take()
     }
 
     /// The waiters, first to last.
@@ -204,7 +219,7 @@ impl Line {
             slot = node.next;
             waiters.push(node.waiter);
         }
-        self.nodes = Slab::new();
+        self.emptied = Some(Emptied(std::mem::take(&mut self.nodes)));
         self.head = END;
         self.tail = END;
         self.cursor = None;
@@ -432,6 +447,11 @@ mod tests {
             assert!(line.remove(place).is_some());
         }
         assert_eq!(line.nodes.capacity(), 0);
+        let emptied = line
+            .take_emptied()
+            .expect("the long line's slab, to free later");
+        assert!(emptied.0.capacity() > KEEP_EMPTY_SLOTS);
+        assert!(line.take_emptied().is_none());
         let short: Vec<Place> = (0..8)
             .map(|i| line.push(waiter(&format!("v{i}"))))
             .collect();
@@ -444,6 +464,7 @@ mod tests {
             capacity,
             "a short line keeps its slots"
         );
+        assert!(line.take_emptied().is_none());
         assert!(line.take_all().is_empty());
     }
 }

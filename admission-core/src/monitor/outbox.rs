@@ -34,7 +34,7 @@ use crate::sync::{AtomicBool, Mutex, Ordering, RwLock};
 use super::ask::panic_message;
 use super::cell::{Cell, Outcome};
 use super::grant::Grant;
-use super::line::Waiter;
+use super::line::{Emptied, Line, Waiter};
 use crate::account::AccountRef;
 
 /// The monitor's event sink, swappable at any time.
@@ -136,6 +136,8 @@ pub(crate) struct Outbox<'a> {
     left: Vec<Waiter>,
     /// Accounts no longer watched, dropped once the lock is released.
     unwatched: Vec<AccountRef>,
+    /// A long line's slab, freed once the lock is released.
+    emptied: Option<Emptied>,
 }
 
 impl<'a> Outbox<'a> {
@@ -148,6 +150,7 @@ impl<'a> Outbox<'a> {
             discard: Vec::new(),
             left: Vec::new(),
             unwatched: Vec::new(),
+            emptied: None,
         }
     }
 
@@ -210,6 +213,13 @@ impl<'a> Outbox<'a> {
     }
 
     /// Keeps `account`, no longer watched, until the lock is released.
+    /// Takes what `line` left behind when it emptied, to free it after the lock.
+    pub(crate) fn emptied(&mut self, line: &mut Line) {
+        if let Some(emptied) = line.take_emptied() {
+            self.emptied = Some(emptied);
+        }
+    }
+
     pub(crate) fn unwatched(&mut self, account: AccountRef) {
         self.unwatched.push(account);
     }
@@ -244,6 +254,7 @@ impl<'a> Outbox<'a> {
         }
         drop(self.left);
         drop(self.unwatched);
+        drop(self.emptied);
     }
 }
 

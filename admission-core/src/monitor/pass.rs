@@ -284,6 +284,7 @@ impl Shared {
                 out.left(w);
             }
         }
+        out.emptied(&mut st.queue);
         if self.bell.parked.load(Ordering::Relaxed) != st.queue.len() {
             self.publish_parked(st.queue.len());
         }
@@ -376,6 +377,7 @@ impl Shared {
                 out.left(w);
             }
         }
+        out.emptied(&mut st.queue);
         if let Some(gate) = &self.gate {
             gate.holding(walk.on_gate);
         }

@@ -47,6 +47,7 @@ impl Shared {
         sink: Option<Arc<dyn EventSink>>,
         manual: bool,
         pass_batch: usize,
+        time_holds: bool,
     ) -> Arc<Shared> {
         let bell = Arc::new(Doorbell::new());
         let for_kick = bell.clone();
@@ -58,7 +59,7 @@ impl Shared {
         let shared = Arc::new_cyclic(|me| Shared {
             clock,
             gate,
-            state: OwnLine(MonitorLock::new(State::new())),
+            state: OwnLine(Self::lock(time_holds)),
             open: AtomicBool::new(true),
             bell,
             kick,
@@ -69,6 +70,18 @@ impl Shared {
         });
         shared.clock.subscribe(&shared.kick);
         shared
+    }
+
+    /// The monitor lock around an open monitor's empty line; its holds timed when asked (a test
+    /// hook).
+    fn lock(time_holds: bool) -> MonitorLock<State> {
+        let lock = MonitorLock::new(State::new());
+        #[cfg(any(test, feature = "test-util"))]
+        if time_holds {
+            return lock.timed();
+        }
+        let _ = time_holds;
+        lock
     }
 
     /// An empty outbox for one critical section.

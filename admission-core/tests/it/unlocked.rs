@@ -130,3 +130,38 @@ fn a_taker_stalled_after_finding_the_line_empty_does_not_overtake_the_head_that_
     assert_eq!(a.available(), 1);
     assert_eq!(monitor.queue_size(), 0);
 }
+
+/// The lock's own count of its holds: an admit and a release on an empty line, without a gate,
+/// never take the monitor lock (`admit_blocking`, `try_admit` and each release); a park takes
+/// it, and so does the release that hands the permit to the parked waiter.
+#[test]
+fn an_uncontended_admit_and_its_release_never_take_the_monitor_lock() {
+    let monitor = Monitor::builder().time_lock_holds().build();
+    let holds = || monitor.take_lock_holds().expect("timed");
+    assert_eq!(holds().count, 0);
+    let gate: Arc<CountingGate> = Arc::new(
+        CountingGate::new("gate", 1, monitor.clock().clone()).expect("a positive capacity"),
+    );
+    let one = || Demand::new().with(gate.clone(), Amount::ONE);
+    let ctx = JobContext::new("job");
+    for _ in 0..3 {
+        drop(monitor.admit_blocking(one(), &ctx, None).expect("free"));
+        drop(monitor.try_admit(&one(), &ctx).expect("free"));
+    }
+    assert_eq!(holds().count, 0, "six admits and releases on an empty line");
+    let held = monitor.admit_blocking(one(), &ctx, None).expect("free");
+    assert_eq!(holds().count, 0);
+    let waiter = {
+        let (monitor, demand) = (monitor.clone(), one());
+        thread::spawn(move || monitor.admit_blocking(demand, &JobContext::new("waiter"), None))
+    };
+    wait_for_queue(&monitor, 1);
+    assert!(holds().count >= 1, "parking takes the lock");
+    drop(held);
+    let grant = waiter.join().unwrap().expect("handed the permit");
+    let handed = holds();
+    assert!(handed.count >= 1, "the hand-off takes the lock");
+    assert!(handed.longest <= handed.total);
+    assert!(handed.at_most(1.0) >= handed.longest);
+    drop(grant);
+}
