@@ -25,7 +25,7 @@ use crate::sync::{MonitorGuard, Ordering};
 use super::ask::{Attempt, Head, Learn, ask_demand, earlier, give_back, panic_message, refusal_of};
 use super::cell::{Cell, Outcome};
 use super::grant::{Grant, Hold};
-use super::line::{Place, State, Waiter, before_planned};
+use super::line::{Holding, Place, State, Waiter, before_planned};
 use super::outbox::{Outbox, entry_events};
 use super::shared::Shared;
 
@@ -485,6 +485,7 @@ impl Shared {
             deadline,
             cell: cell.clone(),
             held,
+            holding: Holding::default(),
             on_gate: gate_held,
         };
         let ring = match self.gate {

@@ -15,8 +15,6 @@ use crate::context::JobContext;
 use crate::demand::Demand;
 use crate::sync::thread;
 
-use slab::Slab;
-
 use super::cell::Cell;
 use super::grant::Hold;
 
@@ -39,8 +37,61 @@ pub(crate) struct Waiter {
     /// The accounts (by key; [`Hold::GATE`] for the gate) this waiter has been held on. Feeds
     /// `Held` events and `Grant::wait_times`.
     pub(crate) held: Vec<Hold>,
+    /// Which of `held` hold the waiter now, in the record itself so that a pass finding the same
+    /// accounts short as last time reads nothing more (see [`Holding`]).
+    pub(crate) holding: Holding,
     /// True while the gate is what holds this waiter.
     pub(crate) on_gate: bool,
+}
+
+/// A set of holds as bits: the hold of the demand's entry `i` is bit `i` (for the first
+/// [`Holding::ENTRY_BITS`] entries), any later entry's is [`Holding::LATER`], the gate's
+/// [`Holding::GATE`]. A set with [`Holding::LATER`] is not exact: read the holds themselves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Holding(u64);
+
+impl Holding {
+    const ENTRY_BITS: usize = 62;
+    const LATER: u64 = 1 << 62;
+    const GATE: u64 = 1 << 63;
+
+    /// The bit of the hold of entry `entry` (`None`: the gate's).
+    fn bit(entry: Option<usize>) -> u64 {
+        match entry {
+            None => Holding::GATE,
+            Some(i) if i < Holding::ENTRY_BITS => 1 << i,
+            Some(_) => Holding::LATER,
+        }
+    }
+
+    /// The holds of the entries in `short` (`None`: the gate).
+    pub(crate) fn of(short: &[Option<usize>]) -> Holding {
+        Holding(short.iter().fold(0, |bits, &s| bits | Holding::bit(s)))
+    }
+
+    /// The holds among `held` that hold now.
+    pub(crate) fn now_of(held: &[Hold]) -> Holding {
+        Holding(
+            held.iter()
+                .filter(|h| h.until.is_none())
+                .fold(0, |bits, h| bits | Holding::bit(h.entry)),
+        )
+    }
+
+    /// True when the set is exact (no entry past the bits).
+    pub(crate) fn is_exact(self) -> bool {
+        self.0 & Holding::LATER == 0
+    }
+
+    /// True when an account's hold (not the gate's) is in the set.
+    pub(crate) fn has_account(self) -> bool {
+        self.0 & !Holding::GATE != 0
+    }
+
+    /// True when the gate's hold is in the set.
+    pub(crate) fn has_gate(self) -> bool {
+        self.0 & Holding::GATE != 0
+    }
 }
 
 impl Waiter {
@@ -79,11 +130,130 @@ struct Node {
 /// Above this many slots an emptied line gives its slab's memory back.
 const KEEP_EMPTY_SLOTS: usize = 4096;
 
+/// Slots per chunk of the slab: a chunk (about 35 KB) is allocated and its free list written
+/// under the monitor lock, in about a microsecond.
+const CHUNK: usize = 256;
+
+/// One slot of the slab: a waiter's record, or a link in the list of free slots.
+enum Slot {
+    Vacant { next_free: u32 },
+    Occupied(Node),
+}
+
+/// The slab of waiter records: fixed-size chunks, so a line longer than any before grows by one
+/// chunk and never moves the records it has (a vector that doubles would copy them all under the
+/// monitor lock: at a million waiters, a copy of over 100 MB). Free slots form a list, last
+/// freed first, so a busy line keeps reusing the same warm records.
+#[derive(Default)]
+struct Slots {
+    chunks: Vec<Box<[Slot]>>,
+    /// The first free slot.
+    free: Option<u32>,
+    len: usize,
+}
+
+impl Slots {
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// How many records the chunks hold room for.
+    fn capacity(&self) -> usize {
+        self.chunks.len() * CHUNK
+    }
+
+    fn slot(&self, slot: u32) -> Option<&Slot> {
+        let slot = slot as usize;
+        self.chunks
+            .get(slot / CHUNK)
+            .map(|chunk| &chunk[slot % CHUNK])
+    }
+
+    fn slot_mut(&mut self, slot: u32) -> Option<&mut Slot> {
+        let slot = slot as usize;
+        self.chunks
+            .get_mut(slot / CHUNK)
+            .map(|chunk| &mut chunk[slot % CHUNK])
+    }
+
+    fn get(&self, slot: u32) -> Option<&Node> {
+        match self.slot(slot)? {
+            Slot::Occupied(node) => Some(node),
+            Slot::Vacant { .. } => None,
+        }
+    }
+
+    /// The record in `slot`, which holds one.
+    fn node_mut(&mut self, slot: u32) -> &mut Node {
+        match self.slot_mut(slot) {
+            Some(Slot::Occupied(node)) => node,
+            _ => unreachable!("slot {slot} holds a waiter"),
+        }
+    }
+
+    /// The record in `slot`, which holds one.
+    fn node(&self, slot: u32) -> &Node {
+        self.get(slot)
+            .unwrap_or_else(|| unreachable!("slot {slot} holds a waiter"))
+    }
+
+    /// Stores `node` in a free slot (a new chunk when none is free) and returns the slot.
+    ///
+    /// # Panics
+    ///
+    /// With 2^32 - 1 records stored at once (each is a job holding a thread or a future).
+    fn insert(&mut self, node: Node) -> u32 {
+        let slot = match self.free {
+            Some(slot) => slot,
+            None => self.grow(),
+        };
+        let entry = self.slot_mut(slot).expect("a free slot is in a chunk");
+        let Slot::Vacant { next_free } = *entry else {
+            unreachable!("the free list holds free slots")
+        };
+        *entry = Slot::Occupied(node);
+        self.free = (next_free != END).then_some(next_free);
+        self.len += 1;
+        slot
+    }
+
+    /// Adds a chunk whose slots are all free and returns its first.
+    fn grow(&mut self) -> u32 {
+        let base = u32::try_from(self.capacity())
+            .ok()
+            .filter(|base| base.checked_add(CHUNK as u32).is_some_and(|end| end < END))
+            .expect("fewer than 2^32 - 1 waiters parked at once");
+        let chunk = (1..=CHUNK as u32)
+            .map(|i| Slot::Vacant {
+                next_free: if i < CHUNK as u32 { base + i } else { END },
+            })
+            .collect();
+        self.chunks.push(chunk);
+        base
+    }
+
+    /// Takes the record out of `slot`, which holds one, and frees the slot.
+    fn remove(&mut self, slot: u32) -> Node {
+        let next_free = self.free.unwrap_or(END);
+        let entry = self.slot_mut(slot).expect("a slot of a chunk");
+        let Slot::Occupied(node) = std::mem::replace(entry, Slot::Vacant { next_free }) else {
+            unreachable!("slot {slot} holds a waiter")
+        };
+        self.free = Some(slot);
+        self.len -= 1;
+        node
+    }
+}
+
 /// The slab of a long line that emptied: to be freed once the monitor lock is let go (giving a
 /// hundred megabytes back to the system takes milliseconds).
 // Read only by the unit tests: otherwise held to be dropped.
 #[cfg_attr(any(not(test), admission_loom), allow(dead_code))]
-pub(crate) struct Emptied(Slab<Node>);
+pub(crate) struct Emptied(Slots);
 
 /// The line: parked waiters in arrival order.
 ///
@@ -93,7 +263,7 @@ pub(crate) struct Emptied(Slab<Node>);
 /// between batches parks a cursor here ([`Line::hold_cursor`]); a waiter leaving meanwhile moves
 /// it on, and one parking at the end when it had reached the end is where it resumes.
 pub(crate) struct Line {
-    nodes: Slab<Node>,
+    nodes: Slots,
     head: u32,
     tail: u32,
     next_seq: u64,
@@ -106,7 +276,7 @@ pub(crate) struct Line {
 impl Line {
     pub(crate) fn new() -> Line {
         Line {
-            nodes: Slab::new(),
+            nodes: Slots::default(),
             head: END,
             tail: END,
             next_seq: 0,
@@ -137,13 +307,9 @@ impl Line {
             next: END,
             waiter,
         });
-        let slot = u32::try_from(slot)
-            .ok()
-            .filter(|&slot| slot != END)
-            .expect("fewer than 2^32 - 1 waiters parked at once");
         match self.tail {
             END => self.head = slot,
-            tail => self.nodes[tail as usize].next = slot,
+            tail => self.nodes.node_mut(tail).next = slot,
         }
         self.tail = slot;
         if self.cursor == Some(END) {
@@ -154,7 +320,7 @@ impl Line {
 
     fn node(&self, place: Place) -> Option<&Node> {
         self.nodes
-            .get(place.slot as usize)
+            .get(place.slot)
             .filter(|node| node.seq == place.seq)
     }
 
@@ -170,20 +336,20 @@ impl Line {
 
     /// The head of the line.
     pub(crate) fn head(&self) -> Option<&Waiter> {
-        (self.head != END).then(|| &self.nodes[self.head as usize].waiter)
+        (self.head != END).then(|| &self.nodes.node(self.head).waiter)
     }
 
     /// Takes the waiter at `place` out of the line, if it is still there.
     pub(crate) fn remove(&mut self, place: Place) -> Option<Waiter> {
         self.node(place)?;
-        let node = self.nodes.remove(place.slot as usize);
+        let node = self.nodes.remove(place.slot);
         match node.prev {
             END => self.head = node.next,
-            prev => self.nodes[prev as usize].next = node.next,
+            prev => self.nodes.node_mut(prev).next = node.next,
         }
         match node.next {
             END => self.tail = node.prev,
-            next => self.nodes[next as usize].prev = node.prev,
+            next => self.nodes.node_mut(next).prev = node.prev,
         }
         if self.cursor == Some(place.slot) {
             self.cursor = Some(node.next);
@@ -204,7 +370,7 @@ impl Line {
     pub(crate) fn iter(&self) -> impl Iterator<Item = &Waiter> {
         let mut slot = self.head;
         std::iter::from_fn(move || {
-            let node = self.nodes.get(slot as usize)?;
+            let node = self.nodes.get(slot)?;
             slot = node.next;
             Some(&node.waiter)
         })
@@ -215,7 +381,7 @@ impl Line {
         let mut waiters = Vec::with_capacity(self.len());
         let mut slot = self.head;
         while slot != END {
-            let node = self.nodes.remove(slot as usize);
+            let node = self.nodes.remove(slot);
             slot = node.next;
             waiters.push(node.waiter);
         }
@@ -234,7 +400,7 @@ impl Line {
     /// The waiter in `slot` (a slot a walk reached: from [`Line::first_slot`],
     /// [`Line::resume`] or a previous step), its place, and the slot after it.
     pub(crate) fn step(&mut self, slot: u32) -> (Place, Option<u32>, &mut Waiter) {
-        let node = &mut self.nodes[slot as usize];
+        let node = self.nodes.node_mut(slot);
         let next = (node.next != END).then_some(node.next);
         (
             Place {
@@ -348,6 +514,7 @@ pub(crate) fn before_planned(at: Option<Instant>, planned: Option<Instant>) -> b
 #[cfg(all(test, not(admission_loom)))]
 mod tests {
     use super::*;
+    use crate::monitor::grant::Hold;
 
     fn waiter(name: &str) -> Waiter {
         Waiter {
@@ -357,6 +524,7 @@ mod tests {
             deadline: None,
             cell: Arc::new(Cell::new()),
             held: Vec::new(),
+            holding: Holding::default(),
             on_gate: false,
         }
     }
@@ -434,6 +602,58 @@ mod tests {
         let d = line.push(waiter("d"));
         let resumed = line.resume().expect("an arrival at the end is visited");
         assert_eq!(line.step(resumed).0, d);
+    }
+
+    #[test]
+    fn the_slab_grows_by_chunks_without_moving_a_record_and_reuses_the_last_freed_slot_first() {
+        let mut line = Line::new();
+        let first = line.push(waiter("first"));
+        let address =
+            |line: &Line, place: Place| std::ptr::from_ref(line.get(place).expect("in the line"));
+        let before = address(&line, first);
+        let places: Vec<Place> = (1..=CHUNK)
+            .map(|i| line.push(waiter(&format!("w{i}"))))
+            .collect();
+        assert_eq!(line.nodes.capacity(), 2 * CHUNK, "one more chunk");
+        assert_eq!(
+            address(&line, first),
+            before,
+            "the first record did not move"
+        );
+        assert!(line.remove(places[10]).is_some());
+        assert!(line.remove(places[20]).is_some());
+        let again = line.push(waiter("again"));
+        assert_eq!(again.slot, places[20].slot, "the last freed slot first");
+        let once_more = line.push(waiter("once more"));
+        assert_eq!(once_more.slot, places[10].slot);
+        assert_eq!(line.len(), CHUNK + 1);
+        assert_eq!(line.iter().count(), CHUNK + 1);
+    }
+
+    #[test]
+    fn a_holding_set_is_exact_for_the_first_62_entries_and_the_gate() {
+        let hold = |entry: Option<usize>, until: Option<Instant>| Hold {
+            key: entry.map_or(Hold::GATE, |i| i + 1),
+            entry,
+            since: Instant::ZERO,
+            until,
+        };
+        let short = [Some(0), None, Some(61)];
+        let held = [
+            hold(Some(0), None),
+            hold(Some(5), Some(Instant::ZERO)),
+            hold(None, None),
+            hold(Some(61), None),
+        ];
+        assert_eq!(Holding::of(&short), Holding::now_of(&held), "the ended hold is out");
+        assert!(Holding::of(&short).is_exact());
+        assert!(Holding::of(&short).has_gate() && Holding::of(&short).has_account());
+        assert!(!Holding::of(&[None]).has_account());
+        assert!(!Holding::of(&[Some(3)]).has_gate());
+        // Entries 62 and 63 share one bit: such a set is not exact.
+        assert_eq!(Holding::of(&[Some(62)]), Holding::of(&[Some(63)]));
+        assert!(!Holding::of(&[Some(62)]).is_exact());
+        assert!(Holding::of(&[Some(62)]).has_account());
     }
 
     #[test]

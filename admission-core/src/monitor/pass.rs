@@ -35,7 +35,7 @@ use crate::sync::{MonitorGuard, Ordering};
 
 use super::ask::{Attempt, Head, Learn, ask_demand, earlier, panic_message, refusal_of};
 use super::grant::{Grant, Hold, Waits};
-use super::line::{Phase, Place, State, Waiter, before_planned};
+use super::line::{Holding, Phase, Place, State, Waiter, before_planned};
 use super::outbox::{Outbox, entry_events};
 use super::shared::Shared;
 
@@ -349,11 +349,7 @@ impl Shared {
     /// What the gate is shown of waiter `w`.
     fn gate_view(&self, w: &Waiter, is_head: bool, walk: &Walk) -> GateView {
         // Only a gate reads where the waiter was held last; without one this costs nothing.
-        let elsewhere = self.gate.is_some()
-            && !w.on_gate
-            && w.held
-                .iter()
-                .any(|h| h.key != Hold::GATE && h.until.is_none());
+        let elsewhere = self.gate.is_some() && !w.on_gate && w.holding.has_account();
         let view = GateView::at(walk.now)
             .with_held(walk.on_gate - usize::from(w.on_gate))
             .with_on_gate(w.on_gate)
@@ -466,14 +462,43 @@ impl Shared {
         attempt
     }
 
+    /// Records that the accounts in `short` (`None`: the gate) hold waiter `w` at `now`: holds
+    /// that ended are closed, new ones opened with a `Held` event.
     pub(crate) fn note_held(
         &self,
         out: &mut Outbox<'_>,
         w: &mut Waiter,
         short: &[Option<usize>],
-        now: Instant,
+        now_at: Instant,
     ) {
         let gate_only = short == [None];
+        // The same accounts short as last time, all still holding: nothing to record (and the
+        // waiter's holds and demand, on the heap, are not read).
+        let now = Holding::of(short);
+        if now.is_exact() && w.holding.is_exact() {
+            let unchanged = if gate_only {
+                w.holding.has_gate()
+            } else {
+                now == w.holding
+            };
+            if unchanged {
+                return;
+            }
+        }
+        self.record_held(out, w, short, gate_only, now_at);
+        w.holding = Holding::now_of(&w.held);
+    }
+
+    /// [`Shared::note_held`] when something changed: holds that ended are closed, new ones
+    /// opened (with their `Held` events).
+    fn record_held(
+        &self,
+        out: &mut Outbox<'_>,
+        w: &mut Waiter,
+        short: &[Option<usize>],
+        gate_only: bool,
+        now: Instant,
+    ) {
         if !gate_only {
             // Every account was asked: those no longer short stopped holding the waiter now.
             for hold in &mut w.held {
