@@ -645,7 +645,11 @@ mod tests {
             hold(None, None),
             hold(Some(61), None),
         ];
-        assert_eq!(Holding::of(&short), Holding::now_of(&held), "the ended hold is out");
+        assert_eq!(
+            Holding::of(&short),
+            Holding::now_of(&held),
+            "the ended hold is out"
+        );
         assert!(Holding::of(&short).is_exact());
         assert!(Holding::of(&short).has_gate() && Holding::of(&short).has_account());
         assert!(!Holding::of(&[None]).has_account());
