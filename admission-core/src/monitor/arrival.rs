@@ -22,7 +22,9 @@ use crate::event::EventKind;
 use crate::gate::{GateAnswer, GateView};
 use crate::sync::{MonitorGuard, Ordering};
 
-use super::ask::{Attempt, Head, Learn, ask_demand, earlier, give_back, panic_message, refusal_of};
+use super::ask::{
+    Attempt, Head, Learn, Short, ask_demand, earlier, give_back, panic_message, refusal_of,
+};
 use super::cell::{Cell, Outcome};
 use super::grant::{Grant, Hold};
 use super::line::{Holding, Place, State, Waiter, before_planned};
@@ -165,7 +167,7 @@ impl Shared {
         {
             return Unlocked::Skipped;
         }
-        let mut short = Vec::new();
+        let mut short = Short::new();
         match ask_demand(
             &self.bell,
             demand,
@@ -423,7 +425,7 @@ impl Shared {
             *gate_held = true;
             return Ok(false);
         }
-        let mut short = Vec::new();
+        let mut short = Short::new();
         match ask_demand(
             &self.bell,
             demand,
@@ -579,7 +581,7 @@ impl Shared {
             },
             None => None,
         };
-        let mut short = Vec::new();
+        let mut short = Short::new();
         let attempt = ask_demand(
             &self.bell,
             &w.demand,

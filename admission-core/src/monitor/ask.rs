@@ -8,6 +8,7 @@
 //! that can never fit is refused at once on every path, never parked. What was taken before a "not now" or a "never" is given back at once, with
 //! this monitor's own doorbell muted (the pass that gives it back is the pass that would run).
 
+use smallvec::SmallVec;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use crate::account::{AccountRef, Answer, Ask, account_key};
@@ -19,13 +20,18 @@ use crate::error::AdmitError;
 
 use super::evaluator::{Doorbell, handing_off};
 
+/// The entries of one demand a job is short on (indices into the demand; `None`: the gate), in
+/// place for the few a demand has: the arrivals and passes that fill it run under the monitor
+/// lock, which a heap allocation would lengthen.
+pub(crate) type Short = SmallVec<[Option<usize>; 4]>;
+
 /// What the head of the line asks for, as the waiters behind it must respect.
 #[derive(Default)]
 pub(crate) struct Head {
     /// The head's amount on each account it names (by account key).
-    pub(crate) amounts: Vec<(usize, Amount)>,
+    pub(crate) amounts: SmallVec<[(usize, Amount); 4]>,
     /// Accounts the head is short on: nobody behind is asked about them or takes from them.
-    pub(crate) short: Vec<usize>,
+    pub(crate) short: SmallVec<[usize; 4]>,
     /// `Some(until)` while the gate holds the head.
     pub(crate) gate_hold: Option<Option<Instant>>,
 }
@@ -54,7 +60,7 @@ impl Head {
     /// when it is short on nothing: a pass is due that will grant it, after which another waiter
     /// is the head, so the caller leaves the asking to that pass.
     pub(crate) fn now_of(demand: &Demand, now: &Reading<'_>) -> Option<Head> {
-        let mut short = Vec::new();
+        let mut short = Short::new();
         for (i, entry) in demand.entries().iter().enumerate() {
             let account = entry.account();
             // A refusal or a panic is the pass's to report; here it only means "not granted".
@@ -135,7 +141,7 @@ pub(crate) fn ask_demand(
     head: Option<&Head>,
     learn: Learn,
     now: &Reading<'_>,
-    short: &mut Vec<Option<usize>>,
+    short: &mut Short,
 ) -> Attempt {
     short.clear();
     let entries = demand.entries();

@@ -21,6 +21,7 @@
 //! reached the sink when its `deliver` returns unless another thread was handing events over at
 //! that moment.
 
+use smallvec::SmallVec;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
@@ -129,11 +130,13 @@ pub(crate) struct Outbox<'a> {
     clock: &'a dyn Clock,
     /// `None` when no sink is installed: then no event is ever built.
     events: Option<Vec<Event>>,
-    wake: Vec<Arc<Cell>>,
+    /// Cells to wake (a critical section of the contended path wakes one: kept in place, as
+    /// the waiters that left are, so that it allocates nothing under the lock).
+    wake: SmallVec<[Arc<Cell>; 4]>,
     /// Grants to roll back once the lock is released.
     discard: Vec<Grant>,
     /// Waiters that left the line, dropped once the lock is released.
-    left: Vec<Waiter>,
+    left: SmallVec<[Waiter; 1]>,
     /// Accounts no longer watched, dropped once the lock is released.
     unwatched: Vec<AccountRef>,
     /// A long line's slab, freed once the lock is released.
@@ -146,9 +149,9 @@ impl<'a> Outbox<'a> {
         Outbox {
             clock,
             events: sink.is_installed().then(Vec::new),
-            wake: Vec::new(),
+            wake: SmallVec::new(),
             discard: Vec::new(),
-            left: Vec::new(),
+            left: SmallVec::new(),
             unwatched: Vec::new(),
             emptied: None,
         }

@@ -33,7 +33,7 @@ use crate::event::{EventEntry, EventKind};
 use crate::gate::{GateAnswer, GateView};
 use crate::sync::{MonitorGuard, Ordering};
 
-use super::ask::{Attempt, Head, Learn, ask_demand, earlier, panic_message, refusal_of};
+use super::ask::{Attempt, Head, Learn, Short, ask_demand, earlier, panic_message, refusal_of};
 use super::grant::{Grant, Hold, Waits};
 use super::line::{Holding, Phase, Place, State, Waiter, before_planned};
 use super::outbox::{Outbox, entry_events};
@@ -79,7 +79,7 @@ struct Walk {
     total: usize,
     /// One buffer for every waiter's short list: a pass over a long line allocates nothing per
     /// waiter that is still held.
-    short: Vec<Option<usize>>,
+    short: Short,
 }
 
 impl Walk {
@@ -189,7 +189,7 @@ impl Shared {
             }
             _ => None,
         };
-        let (leaving, short) = (Vec::with_capacity(2), Vec::with_capacity(2));
+        let (leaving, short) = (Vec::with_capacity(2), Short::new());
         let mut st = self.state.lock();
         if !matches!(st.phase, Phase::Open) {
             return (None, false);
@@ -418,7 +418,7 @@ impl Shared {
         head: Option<&Head>,
         view: GateView,
         now: Instant,
-        short: &mut Vec<Option<usize>>,
+        short: &mut Short,
     ) -> Attempt {
         short.clear();
         // Every account is asked at the pass's one instant.
