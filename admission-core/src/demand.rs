@@ -68,6 +68,9 @@ impl fmt::Debug for Entry {
 #[derive(Clone, Default)]
 pub struct Demand {
     entries: Vec<Entry>,
+    /// True once an entry's account requires a capability: only then is there anything for
+    /// [`Demand::check_requirements`] to check, which every admission calls.
+    requires: bool,
 }
 
 impl Demand {
@@ -82,7 +85,10 @@ impl Demand {
         let entries = &mut self.entries;
         match entries.iter_mut().find(|e| account_key(&e.account) == key) {
             Some(entry) => entry.amount += amount,
-            None => entries.push(Entry { account, amount }),
+            None => {
+                self.requires |= account.requires().is_some();
+                entries.push(Entry { account, amount });
+            }
         }
         self
     }
@@ -123,6 +129,9 @@ impl Demand {
     ///
     /// [`AdmitError::Unmet`] naming the first account whose requirement is not met.
     pub fn check_requirements(&self) -> Result<(), AdmitError> {
+        if !self.requires {
+            return Ok(());
+        }
         let entries = self.entries();
         for entry in entries {
             if let Some(requires) = entry.account.requires() {

@@ -523,6 +523,10 @@ pub trait Account: Send + Sync + 'static {
     /// rate window requires [`Capability::HTTP_CONNECTION`]: a call cannot be made without a
     /// connection). A demand that lacks it is refused at once with
     /// [`AdmitError::Unmet`](crate::AdmitError::Unmet).
+    ///
+    /// A demand reads it once, when the account is added, and remembers whether any of its
+    /// accounts requires something (so that most admissions check nothing): the answer must
+    /// not change over the account's life.
     fn requires(&self) -> Option<Capability> {
         None
     }

@@ -21,7 +21,6 @@
 //! reached the sink when its `deliver` returns unless another thread was handing events over at
 //! that moment.
 
-use smallvec::SmallVec;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
@@ -130,13 +129,11 @@ pub(crate) struct Outbox<'a> {
     clock: &'a dyn Clock,
     /// `None` when no sink is installed: then no event is ever built.
     events: Option<Vec<Event>>,
-    /// Cells to wake (a critical section of the contended path wakes one: kept in place, as
-    /// the waiters that left are, so that it allocates nothing under the lock).
-    wake: SmallVec<[Arc<Cell>; 4]>,
+    wake: Vec<Arc<Cell>>,
     /// Grants to roll back once the lock is released.
     discard: Vec<Grant>,
     /// Waiters that left the line, dropped once the lock is released.
-    left: SmallVec<[Waiter; 1]>,
+    left: Vec<Waiter>,
     /// Accounts no longer watched, dropped once the lock is released.
     unwatched: Vec<AccountRef>,
     /// A long line's slab, freed once the lock is released.
@@ -149,9 +146,9 @@ impl<'a> Outbox<'a> {
         Outbox {
             clock,
             events: sink.is_installed().then(Vec::new),
-            wake: SmallVec::new(),
+            wake: Vec::new(),
             discard: Vec::new(),
-            left: SmallVec::new(),
+            left: Vec::new(),
             unwatched: Vec::new(),
             emptied: None,
         }
@@ -216,6 +213,14 @@ impl<'a> Outbox<'a> {
     }
 
     /// Keeps `account`, no longer watched, until the lock is released.
+    /// Makes room for what a pass over a line most often leaves (one waiter to wake and its
+    /// record to drop), before the pass takes the lock: so that the contended path's
+    /// critical sections allocate nothing.
+    pub(crate) fn reserve_for_pass(&mut self) {
+        self.wake.reserve(1);
+        self.left.reserve(1);
+    }
+
     /// Takes what `line` left behind when it emptied, to free it after the lock.
     pub(crate) fn emptied(&mut self, line: &mut Line) {
         if let Some(emptied) = line.take_emptied() {
@@ -243,6 +248,14 @@ impl<'a> Outbox<'a> {
     /// Emits the events, then wakes the waiters, then rolls back what was discarded and drops
     /// what left. Called with no lock held.
     pub(crate) fn deliver(self, sink: &Sink) {
+        if !self.has_work()
+            && self.events.is_none()
+            && self.unwatched.is_empty()
+            && self.emptied.is_none()
+        {
+            // The uncontended admit's outbox: nothing was left for after the lock.
+            return;
+        }
         if let Some(mut events) = self.events {
             // Queued behind what earlier critical sections sealed, then emitted (by this thread,
             // or by the one handing the queue over now, which this waits for).

@@ -190,6 +190,7 @@ impl Shared {
             _ => None,
         };
         let (leaving, short) = (Vec::with_capacity(2), Short::new());
+        out.reserve_for_pass();
         let mut st = self.state.lock();
         if !matches!(st.phase, Phase::Open) {
             return (None, false);
