@@ -2,11 +2,11 @@
 //! back to from waking its own evaluator.
 //!
 //! A thread that gives a grant back runs that monitor's pass right after (`monitor/release.rs`),
-//! and the pass covers every waiter of that monitor; the wake-ups the accounts send while taking the give
-//! (through their [`WakeSlot`](crate::WakeSlot)s) would only wake its evaluator for a second,
-//! useless pass. So the giver names that monitor's callback, by key, as muted on its thread for
-//! the time of the give, and a [`WakeSlot::notify`](crate::WakeSlot::notify) holding that very
-//! callback skips the call. Another monitor's callback, reached through an account the two
+//! and the pass covers every waiter of that monitor; the wake-ups the accounts send while taking
+//! the give (through their [`WakeSlot`](crate::WakeSlot)s) would only wake its evaluator for a
+//! second, useless pass. So the giver names that monitor's callback, by key, as muted on its
+//! thread for the time of the give, and a [`WakeSlot::notify`](crate::WakeSlot::notify) holding
+//! that very callback skips the call. Another monitor's callback, reached through an account the two
 //! share, is not muted.
 //!
 //! This module sits on the account side of the crate: the wake slot reads it, and the monitor's

@@ -105,7 +105,7 @@ impl LockHolds {
         for (bucket, &n) in self.buckets.iter().enumerate() {
             seen += n;
             if seen >= rank {
-                return Duration::from_nanos(1u64 << bucket).max(Duration::from_nanos(1));
+                return Duration::from_nanos(1u64 << bucket);
             }
         }
         self.longest

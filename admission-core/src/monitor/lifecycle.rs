@@ -64,20 +64,21 @@ impl Shared {
         self.leave_line(place, Leaving::Cancelled);
     }
 
-    /// Times the waiter at `place` out if its deadline has passed on the monitor's clock: a blocking
-    /// waiter's own timer calls this, so its deadline holds even between the evaluator's passes.
+    /// Times the waiter at `place` out if its deadline has passed on the monitor's clock: a
+    /// blocking waiter's own timer calls this, so its deadline holds even between the
+    /// evaluator's passes.
     pub(crate) fn expire(&self, place: Place) {
         self.leave_line(place, Leaving::Expired);
     }
 
-    /// Withdraws the waiter at `place` because its admit was abandoned (the future dropped). Returns false
-    /// when the waiter had already left the line, i.e. its outcome is in its cell.
+    /// Withdraws the waiter at `place` because its admit was abandoned (the future dropped).
+    /// Returns false when the waiter had already left the line, i.e. its outcome is in its cell.
     pub(crate) fn withdraw(&self, place: Place) -> bool {
         self.leave_line(place, Leaving::Abandoned)
     }
 
-    /// Takes the waiter at `place` out of the line for `why`; false when it was no longer there (or, for
-    /// an expiry, not yet due).
+    /// Takes the waiter at `place` out of the line for `why`; false when it was no longer there
+    /// (or, for an expiry, not yet due).
     ///
     /// What follows depends on what the leaver can change. A waiter behind the head held
     /// nothing and set nothing aside, so the line answers as before without it: nothing is

@@ -212,7 +212,6 @@ impl<'a> Outbox<'a> {
         self.left.push(w);
     }
 
-    /// Keeps `account`, no longer watched, until the lock is released.
     /// Makes room for what a pass over a line most often leaves (one waiter to wake and its
     /// record to drop), before the pass takes the lock: so that the contended path's
     /// critical sections allocate nothing.
@@ -228,6 +227,7 @@ impl<'a> Outbox<'a> {
         }
     }
 
+    /// Keeps `account`, no longer watched, until the lock is released.
     pub(crate) fn unwatched(&mut self, account: AccountRef) {
         self.unwatched.push(account);
     }

@@ -470,23 +470,23 @@ impl Shared {
         out: &mut Outbox<'_>,
         w: &mut Waiter,
         short: &[Option<usize>],
-        now_at: Instant,
+        now: Instant,
     ) {
         let gate_only = short == [None];
         // The same accounts short as last time, all still holding: nothing to record (and the
         // waiter's holds and demand, on the heap, are not read).
-        let now = Holding::of(short);
-        if now.is_exact() && w.holding.is_exact() {
+        let holding = Holding::of(short);
+        if holding.is_exact() && w.holding.is_exact() {
             let unchanged = if gate_only {
                 w.holding.has_gate()
             } else {
-                now == w.holding
+                holding == w.holding
             };
             if unchanged {
                 return;
             }
         }
-        self.record_held(out, w, short, gate_only, now_at);
+        self.record_held(out, w, short, gate_only, now);
         w.holding = Holding::now_of(&w.held);
     }
 
