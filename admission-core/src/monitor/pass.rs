@@ -299,7 +299,7 @@ impl Shared {
         place: Place,
         w: &mut Waiter,
     ) -> bool {
-        // Leavers first: a cancelled job stops reserving, a late one times out.
+        // Leavers first: a late waiter times out (a cancelled one left when it was cancelled).
         if let Some(error) = gone(w, walk.now) {
             walk.touch(w);
             self.leave(out, w, error, &mut walk.on_gate);
@@ -590,20 +590,17 @@ impl Shared {
     }
 }
 
-/// Why waiter `w` leaves the line at `now` before it is asked, if it does: its context was
-/// cancelled, or its deadline passed.
+/// Why waiter `w` leaves the line at `now` before it is asked, if it does: its deadline passed.
+///
+/// A cancelled job is not looked for here. Cancelling runs the listener the waiter's ticket
+/// registered on its context, which takes the waiter out of the line at once (and a context
+/// cancelled before the listener was registered has the ticket do the same), so the pass never
+/// reads the job's context: one cold cache line per waiter fewer.
 fn gone(w: &Waiter, now: Instant) -> Option<AdmitError> {
-    let waited = now.saturating_duration_since(w.asked_at);
-    if w.ctx.is_cancelled() {
-        return Some(AdmitError::Cancelled {
-            job: w.ctx.id(),
-            waited,
-        });
-    }
     match (w.deadline, w.timeout()) {
         (Some(deadline), Some(timeout)) if deadline <= now => Some(AdmitError::TimedOut {
             job: w.ctx.id(),
-            waited,
+            waited: now.saturating_duration_since(w.asked_at),
             timeout,
         }),
         _ => None,
