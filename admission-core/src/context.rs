@@ -30,8 +30,8 @@ type Listener = Box<dyn FnOnce() + Send>;
 
 struct Inner {
     snapshot: JobSnapshot,
-    /// The job's switch, in the same allocation (the monitor reads it for every waiter of a
-    /// pass, so it costs no second pointer to follow)...
+    /// The job's switch, in the same allocation (every admission reads it, so it costs no
+    /// second pointer to follow)...
     own: Switch,
     /// ...unless this context is a labelled copy (`with_workflow`, `with_tenant`): then the
     /// switch is the job's first context's, so a clone taken before the job was labelled
