@@ -9,7 +9,8 @@
 //! This crate owns the contract and the monitor only: it knows no account family, no database and
 //! no async runtime. Time is read only through [`Clock`]; accounts never block; only the monitor
 //! emits [`Event`]s.
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs)]
 
 mod amount;

@@ -13,6 +13,7 @@
 // The engine, lowest first: each file imports only files above it in this list.
 mod arrival;
 mod ask;
+#[allow(unsafe_code)]
 mod cell;
 pub(crate) mod evaluator;
 mod grant;
@@ -20,10 +21,12 @@ mod grant;
 mod holds;
 mod lifecycle;
 mod line;
+#[allow(unsafe_code)]
 mod outbox;
 mod pass;
 mod release;
 mod shared;
+#[allow(unsafe_code)]
 mod wait;
 
 #[cfg(all(test, admission_loom))]

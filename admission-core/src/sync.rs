@@ -201,15 +201,12 @@ mod imp {
         pub(crate) fn notify_one(&self) {
             self.0.notify_one();
         }
-        pub(crate) fn notify_all(&self) {
-            self.0.notify_all();
-        }
     }
 
     pub(crate) use std::thread_local;
 
     pub(crate) mod thread {
-        pub(crate) use std::thread::{JoinHandle, ThreadId, current};
+        pub(crate) use std::thread::{JoinHandle, Thread, ThreadId, current, park, park_timeout};
 
         pub(crate) fn spawn<F>(name: &str, f: F) -> std::io::Result<JoinHandle<()>>
         where
@@ -301,15 +298,17 @@ mod imp {
         pub(crate) fn notify_one(&self) {
             self.0.notify_one();
         }
-        pub(crate) fn notify_all(&self) {
-            self.0.notify_all();
-        }
     }
 
     pub(crate) use loom::thread_local;
 
     pub(crate) mod thread {
-        pub(crate) use loom::thread::{JoinHandle, ThreadId, current};
+        pub(crate) use loom::thread::{JoinHandle, Thread, ThreadId, current, park};
+
+        /// Loom has no timed waits; the models never depend on a deadline.
+        pub(crate) fn park_timeout(_timeout: std::time::Duration) {
+            park();
+        }
 
         pub(crate) fn spawn<F>(_name: &str, f: F) -> std::io::Result<JoinHandle<()>>
         where

@@ -616,7 +616,7 @@ pub fn a_monitor_refuses_a_never_fitting_demand_at_once_behind_a_head_short_on_i
         }
     };
     run.drain();
-    let mut head = monitor.admit(demand_of(run.unit()), &JobContext::new("head"), None);
+    let mut head = Box::pin(monitor.admit(demand_of(run.unit()), &JobContext::new("head"), None));
     if let Some(outcome) = poll_once(&mut head) {
         panic!(
             "{}: expected a head asking {} of the drained account to wait in the line, saw {}",
@@ -634,7 +634,8 @@ pub fn a_monitor_refuses_a_never_fitting_demand_at_once_behind_a_head_short_on_i
         ("admit", None),
         ("admit with a timeout", Some(Duration::from_secs(60))),
     ] {
-        let mut admit = monitor.admit(demand_of(never), &JobContext::new("never"), timeout);
+        let mut admit =
+            Box::pin(monitor.admit(demand_of(never), &JobContext::new("never"), timeout));
         match poll_once(&mut admit) {
             Some(Err(error)) if refused_by_it(&error) => {}
             seen => panic!(

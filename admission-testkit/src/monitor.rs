@@ -151,6 +151,10 @@ pub fn spawn_task_waiter(
 
 /// Polls `future` once with a no-op waker; `Some` if it completed. Parks an admit in the line
 /// without any executor.
+///
+/// An [`Admit`](admission_core::Admit) keeps its parked waiter's outcome slot inside itself, so
+/// it must stay in place once polled: pin it first (`Box::pin(monitor.admit(..))`, or
+/// `std::pin::pin!` and `poll_once(&mut admit)` on the pinned reference).
 pub fn poll_once<F: Future + Unpin>(future: &mut F) -> Option<F::Output> {
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     match std::pin::Pin::new(future).poll(&mut cx) {
@@ -160,8 +164,8 @@ pub fn poll_once<F: Future + Unpin>(future: &mut F) -> Option<F::Output> {
 }
 
 /// Parks `count` waiters in `monitor`'s line, each asking for a fresh `demand()` under a job
-/// named `waiter-{i}`, and returns their admits (dropping one withdraws it). For benches and tests
-/// that need a long line standing still.
+/// named `waiter-{i}`, and returns their admits, each pinned in a box of its own (dropping one
+/// withdraws it). For benches and tests that need a long line standing still.
 ///
 /// # Panics
 ///
@@ -170,10 +174,11 @@ pub fn park_waiters(
     monitor: &Monitor,
     count: usize,
     mut demand: impl FnMut() -> Demand,
-) -> Vec<admission_core::Admit> {
+) -> Vec<std::pin::Pin<Box<admission_core::Admit>>> {
     (0..count)
         .map(|i| {
-            let mut admit = monitor.admit(demand(), &JobContext::new(format!("waiter-{i}")), None);
+            let mut admit =
+                Box::pin(monitor.admit(demand(), &JobContext::new(format!("waiter-{i}")), None));
             assert!(poll_once(&mut admit).is_none(), "waiter {i} did not park");
             admit
         })

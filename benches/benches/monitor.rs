@@ -113,7 +113,7 @@ fn uncontended_monitor(limits: &ThreeLimits, watched: bool) -> Monitor {
         let job = ctx();
         let all_http = Demand::new().with(limits.http.clone(), Amount::units(PLENTY));
         let holder = monitor.admit_blocking(all_http, &job, None).expect("free");
-        let mut waiter = monitor.admit(limits.demand(), &job, None);
+        let mut waiter = Box::pin(monitor.admit(limits.demand(), &job, None));
         assert!(poll_once(&mut waiter).is_none(), "the waiter parks");
         drop(waiter);
         drop(holder);
@@ -461,7 +461,7 @@ struct MonitorToWaker {
     monitor: Monitor,
     demand: Demand,
     held: Option<Grant>,
-    pending: Option<Admit>,
+    pending: Option<Pin<Box<Admit>>>,
     watch: HeldWatch,
     woken: Arc<StampWaker>,
     waker: Waker,
@@ -489,7 +489,7 @@ impl MonitorToWaker {
 
     fn poll(&mut self) -> Poll<Grant> {
         let admit = self.pending.as_mut().expect("an admit is pending");
-        match Pin::new(admit).poll(&mut Context::from_waker(&self.waker)) {
+        match admit.as_mut().poll(&mut Context::from_waker(&self.waker)) {
             Poll::Ready(outcome) => {
                 self.pending = None;
                 Poll::Ready(outcome.expect("granted"))
@@ -503,7 +503,11 @@ impl HandOff for MonitorToWaker {
     fn arm(&mut self) {
         self.woken.0.store(0, Ordering::Release);
         self.watch.install(&self.monitor);
-        self.pending = Some(self.monitor.admit(self.demand.clone(), &ctx(), None));
+        self.pending = Some(Box::pin(self.monitor.admit(
+            self.demand.clone(),
+            &ctx(),
+            None,
+        )));
         assert!(self.poll().is_pending(), "the admit parks");
         self.watch.wait(&self.monitor);
     }

@@ -3,17 +3,19 @@
 //! holds.
 //!
 //! The demands (their entries: an account reference and an amount each), the job contexts and
-//! the vector that keeps the futures alive are all built before the count starts, so the
-//! figure is what parking adds: the waiter in the line, its outcome cell, its waker. Three
-//! demand shapes (1, 3 and 8 entries) show what grows with the entries.
+//! the futures themselves (pinned, each in a box of its own: the caller's storage, as a task's
+//! would be) are all built before the count starts, so the figure is what parking adds: the
+//! waiter's record in the line, its cancellation listener, its holds. (Its outcome cell lives in
+//! the future.) Three demand shapes (1, 3 and 8 entries) show what grows with the entries.
 //!
 //! Run with `cargo bench -p admission-benches --bench waiter_memory`; results in
 //! `target/side-by-side/waiter_memory.json`.
 
+use std::pin::Pin;
 use std::sync::Arc;
 
 use admission_benches::Results;
-use admission_core::{AccountRef, Amount, Demand, JobContext, Monitor};
+use admission_core::{AccountRef, Admit, Amount, Demand, JobContext, Monitor};
 use admission_testkit::monitor::poll_once;
 use admission_testkit::reference::Permits;
 
@@ -55,12 +57,16 @@ fn per_waiter(entries: usize) -> (f64, f64) {
     let contexts: Vec<JobContext> = (0..WAITERS)
         .map(|i| JobContext::new(format!("waiter-{i}")))
         .collect();
-    let mut parked = Vec::with_capacity(WAITERS);
+    // The futures are built (and pinned, each in a box of its own) before the count starts:
+    // their storage is the caller's, as a task's or a stack frame's would be.
+    let mut parked: Vec<Pin<Box<Admit>>> = demands
+        .into_iter()
+        .zip(&contexts)
+        .map(|(demand, ctx)| Box::pin(monitor.admit(demand, ctx, None)))
+        .collect();
     let (bytes_before, blocks_before) = heap();
-    for (demand, ctx) in demands.into_iter().zip(&contexts) {
-        let mut admit = monitor.admit(demand, ctx, None);
-        assert!(poll_once(&mut admit).is_none(), "the waiter parks");
-        parked.push(admit);
+    for admit in &mut parked {
+        assert!(poll_once(admit).is_none(), "the waiter parks");
     }
     let (bytes_after, blocks_after) = heap();
     assert_eq!(monitor.queue_size(), WAITERS);

@@ -137,7 +137,7 @@ pub struct ParkedLine {
     /// Holds the scarce account's amount, so every waiter stays short on it.
     _holder: Grant,
     /// The pending admits: alive, so their waiters stay in the line.
-    _waiters: Vec<Admit>,
+    _waiters: Vec<std::pin::Pin<Box<Admit>>>,
     /// The accounts and amounts of every waiter, for the floor.
     accounts: Vec<(AccountRef, Amount)>,
 }

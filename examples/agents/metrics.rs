@@ -283,7 +283,7 @@ mod tests {
             let first = monitor
                 .admit_blocking(one(), &JobContext::new("first"), None)
                 .expect("granted at once");
-            let mut second = monitor.admit(one(), &JobContext::new("second"), None);
+            let mut second = Box::pin(monitor.admit(one(), &JobContext::new("second"), None));
             assert!(poll_once(&mut second).is_none(), "the second waits");
             clock.advance(Duration::from_millis(250));
             drop(first); // hands the permit to the second, on this thread
@@ -387,7 +387,7 @@ mod tests {
             let first = monitor
                 .admit_blocking(one(), &JobContext::new("first"), None)
                 .expect("granted at once");
-            let mut second = monitor.admit(one(), &JobContext::new("second"), None);
+            let mut second = Box::pin(monitor.admit(one(), &JobContext::new("second"), None));
             assert!(poll_once(&mut second).is_none());
             clock.advance(Duration::from_secs(30)); // 0.1 s of real time at 300x
             drop(first);

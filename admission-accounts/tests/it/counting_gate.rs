@@ -313,7 +313,7 @@ fn a_waiter_on_a_full_gate_is_granted_by_the_release_of_a_permit() {
         .admit_blocking(demand(), &JobContext::new("first"), None)
         .unwrap();
 
-    let mut second = monitor.admit(demand(), &JobContext::new("second"), None);
+    let mut second = Box::pin(monitor.admit(demand(), &JobContext::new("second"), None));
     assert!(poll_once(&mut second).is_none());
     assert_eq!(monitor.pass_now(), None);
     clock.advance(Duration::from_secs(3_600));

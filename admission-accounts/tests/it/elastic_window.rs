@@ -1299,21 +1299,23 @@ fn inside_a_monitor_a_waiter_behind_a_head_that_does_not_use_the_window_never_ta
 
     // The older job heads the line, parked on the db, which it cannot get; it does not use the
     // window.
-    let mut head = monitor.admit(
+    let mut head = Box::pin(monitor.admit(
         Demand::new().with(db.clone(), Amount::ONE),
         &JobContext::new("head"),
         None,
-    );
+    ));
     assert!(poll_once(&mut head).is_none());
     // The newer job needs only the window (and its connection). It is not the head, so the
     // window's one probe is not its to take, on arrival or in any pass.
-    let mut newer = monitor.admit(
-        Demand::new()
-            .with(http.clone(), Amount::ONE)
-            .with(search.clone(), Amount::ONE),
-        &JobContext::new("newer"),
-        None,
-    );
+    let mut newer = Box::pin(Box::pin(
+        monitor.admit(
+            Demand::new()
+                .with(http.clone(), Amount::ONE)
+                .with(search.clone(), Amount::ONE),
+            &JobContext::new("newer"),
+            None,
+        ),
+    ));
     assert!(
         poll_once(&mut newer).is_none(),
         "the newer waiter took the probe while the head was not the one asking"
@@ -1353,24 +1355,28 @@ fn inside_a_monitor_a_head_that_uses_the_window_takes_the_probe_and_its_follower
         .unwrap();
 
     // The head needs the db and the window; it parks on the db.
-    let mut head = monitor.admit(
-        Demand::new()
-            .with(db.clone(), Amount::ONE)
-            .with(http.clone(), Amount::ONE)
-            .with(search.clone(), Amount::ONE),
-        &JobContext::new("head"),
-        None,
-    );
+    let mut head = Box::pin(Box::pin(
+        monitor.admit(
+            Demand::new()
+                .with(db.clone(), Amount::ONE)
+                .with(http.clone(), Amount::ONE)
+                .with(search.clone(), Amount::ONE),
+            &JobContext::new("head"),
+            None,
+        ),
+    ));
     assert!(poll_once(&mut head).is_none());
     assert_eq!(search.circuit_state(), CircuitState::Blocked);
     // A follower that needs the window is refused as though the head's probe were out.
-    let mut follower = monitor.admit(
-        Demand::new()
-            .with(http.clone(), Amount::ONE)
-            .with(search.clone(), Amount::ONE),
-        &JobContext::new("follower"),
-        None,
-    );
+    let mut follower = Box::pin(Box::pin(
+        monitor.admit(
+            Demand::new()
+                .with(http.clone(), Amount::ONE)
+                .with(search.clone(), Amount::ONE),
+            &JobContext::new("follower"),
+            None,
+        ),
+    ));
     match poll_once(&mut follower) {
         Some(Err(AdmitError::Refused { account, refusal })) => {
             assert_eq!(account, "search");

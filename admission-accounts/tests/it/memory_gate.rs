@@ -355,8 +355,8 @@ impl Rig {
         Demand::new().with(pool, Amount::ONE)
     }
 
-    fn park(&self, name: &str) -> Admit {
-        let mut admit = self.monitor.admit(self.job(), &JobContext::new(name), None);
+    fn park(&self, name: &str) -> std::pin::Pin<Box<Admit>> {
+        let mut admit = Box::pin(self.monitor.admit(self.job(), &JobContext::new(name), None));
         assert!(
             poll_once(&mut admit).is_none(),
             "{name} was granted at once"
@@ -365,7 +365,11 @@ impl Rig {
     }
 
     /// Which of `line` are granted now (by index), their grants kept in `grants`.
-    fn granted(&self, line: &mut [Option<Admit>], grants: &mut Vec<(usize, Grant)>) -> Vec<usize> {
+    fn granted(
+        &self,
+        line: &mut [Option<std::pin::Pin<Box<Admit>>>],
+        grants: &mut Vec<(usize, Grant)>,
+    ) -> Vec<usize> {
         let mut now = Vec::new();
         for (i, slot) in line.iter_mut().enumerate() {
             if let Some(admit) = slot
@@ -383,7 +387,8 @@ impl Rig {
 #[test]
 fn fifo_is_preserved_through_the_drain_one_release_per_spacing() {
     let rig = rig(96, 100);
-    let mut line: Vec<Option<Admit>> = (0..5).map(|i| Some(rig.park(&format!("j{i}")))).collect();
+    let mut line: Vec<Option<std::pin::Pin<Box<Admit>>>> =
+        (0..5).map(|i| Some(rig.park(&format!("j{i}")))).collect();
     let mut grants = Vec::new();
     assert_eq!(rig.monitor.pass_now(), Some(at(2_000)));
     assert!(rig.granted(&mut line, &mut grants).is_empty());
@@ -413,7 +418,8 @@ fn fifo_is_preserved_through_the_drain_one_release_per_spacing() {
 #[test]
 fn jobs_that_arrive_behind_a_head_memory_holds_join_memorys_line_before_any_pass() {
     let rig = rig(96, 100);
-    let mut line: Vec<Option<Admit>> = (0..3).map(|i| Some(rig.park(&format!("j{i}")))).collect();
+    let mut line: Vec<Option<std::pin::Pin<Box<Admit>>>> =
+        (0..3).map(|i| Some(rig.park(&format!("j{i}")))).collect();
     let mut grants = Vec::new();
     // No pass ran while latched: only the first job ever met the gate.
     rig.probe.set_percent(85);
@@ -437,7 +443,8 @@ fn wake_of(rig: &Rig) -> Instant {
 #[test]
 fn a_completion_releases_the_next_job_before_its_spacing_runs_out() {
     let rig = rig(96, 100);
-    let mut line: Vec<Option<Admit>> = (0..3).map(|i| Some(rig.park(&format!("j{i}")))).collect();
+    let mut line: Vec<Option<std::pin::Pin<Box<Admit>>>> =
+        (0..3).map(|i| Some(rig.park(&format!("j{i}")))).collect();
     let mut grants = Vec::new();
     rig.monitor.pass_now();
     rig.probe.set_percent(89);
@@ -455,7 +462,8 @@ fn a_completion_releases_the_next_job_before_its_spacing_runs_out() {
 #[test]
 fn a_collection_mid_delay_is_seen_at_the_two_second_recheck() {
     let rig = rig(97, 100);
-    let mut line: Vec<Option<Admit>> = (0..2).map(|i| Some(rig.park(&format!("j{i}")))).collect();
+    let mut line: Vec<Option<std::pin::Pin<Box<Admit>>>> =
+        (0..2).map(|i| Some(rig.park(&format!("j{i}")))).collect();
     let mut grants = Vec::new();
     assert_eq!(rig.monitor.pass_now(), Some(at(2_000)));
     rig.clock.advance(ms(1_000));
@@ -513,8 +521,8 @@ fn a_line_held_on_an_account_is_released_by_that_account_not_by_memory() {
         Demand::new().with(account, Amount::ONE)
     };
     let mut on_pool = rig.park("on-pool");
-    let mut a = rig.monitor.admit(free_job(), &JobContext::new("a"), None);
-    let mut b = rig.monitor.admit(free_job(), &JobContext::new("b"), None);
+    let mut a = Box::pin(rig.monitor.admit(free_job(), &JobContext::new("a"), None));
+    let mut b = Box::pin(rig.monitor.admit(free_job(), &JobContext::new("b"), None));
     assert!(poll_once(&mut a).is_none() && poll_once(&mut b).is_none());
     rig.monitor.pass_now();
     assert_eq!(rig.gate.status().line, 3);
@@ -544,10 +552,10 @@ fn a_line_held_on_an_account_is_released_by_that_account_not_by_memory() {
 fn cancelling_or_stopping_mid_drain_leaves_nothing_hanging() {
     let rig = rig(96, 100);
     let contexts: Vec<JobContext> = (0..4).map(|i| JobContext::new(format!("j{i}"))).collect();
-    let mut line: Vec<Admit> = contexts
+    let mut line: Vec<std::pin::Pin<Box<Admit>>> = contexts
         .iter()
         .map(|ctx| {
-            let mut admit = rig.monitor.admit(rig.job(), ctx, None);
+            let mut admit = Box::pin(rig.monitor.admit(rig.job(), ctx, None));
             assert!(poll_once(&mut admit).is_none());
             admit
         })
@@ -617,7 +625,7 @@ fn a_hundred_and_fifty_random_jobs_under_random_readings_are_all_granted_and_not
     for seed in [1u64, 7, 42, 2026] {
         let rig = rig(50, 6);
         let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-        let mut line: Vec<Option<Admit>> = Vec::new();
+        let mut line: Vec<Option<std::pin::Pin<Box<Admit>>>> = Vec::new();
         let mut grants: Vec<(usize, Grant)> = Vec::new();
         let mut granted = 0usize;
         let mut steps = 0u32;
@@ -628,9 +636,11 @@ fn a_hundred_and_fifty_random_jobs_under_random_readings_are_all_granted_and_not
             match rng.below(6) {
                 0 | 1 if line.len() < 150 => {
                     let i = line.len();
-                    let mut admit =
-                        rig.monitor
-                            .admit(rig.job(), &JobContext::new(format!("j{i}")), None);
+                    let mut admit = Box::pin(rig.monitor.admit(
+                        rig.job(),
+                        &JobContext::new(format!("j{i}")),
+                        None,
+                    ));
                     match poll_once(&mut admit) {
                         Some(outcome) => {
                             grants.push((i, outcome.expect("granted")));

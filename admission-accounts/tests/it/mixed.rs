@@ -84,7 +84,7 @@ fn a_demand_over_all_four_families_is_granted_whole_when_its_last_short_account_
 
     // The third call is short on the connection gate and the search window.
     let ctx = JobContext::new("third");
-    let mut third = f.monitor.admit(f.call(), &ctx, None);
+    let mut third = Box::pin(f.monitor.admit(f.call(), &ctx, None));
     assert!(poll_once(&mut third).is_none());
     f.monitor.pass_now();
     assert_eq!(f.model.level(), 2_000, "a waiter holds nothing");

@@ -932,7 +932,7 @@ fn a_waiter_short_on_tokens_is_granted_exactly_at_the_computed_deadline() {
     assert_eq!((http.in_use(), tokens.level()), (1, 100));
 
     // 200 tokens with 100 left at 6,000 a minute: one second.
-    let mut second = monitor.admit(demand(200), &JobContext::new("second"), None);
+    let mut second = Box::pin(monitor.admit(demand(200), &JobContext::new("second"), None));
     assert!(poll_once(&mut second).is_none());
     assert_eq!(monitor.pass_now(), at(SECOND));
 
@@ -962,11 +962,11 @@ fn a_budget_lowered_under_a_parked_demand_refuses_it_at_once_without_the_clock_m
     assert!(take(&tokens, call(6_000)));
     // 5,000 tokens with none left at 6,000 a minute: a deadline 50 s away, which the fake clock
     // never reaches in this test.
-    let mut parked = monitor.admit(
+    let mut parked = Box::pin(monitor.admit(
         Demand::new().with(tokens.clone(), call(5_000)),
         &JobContext::new("parked"),
         None,
-    );
+    ));
     assert!(poll_once(&mut parked).is_none());
 
     // A marker behind it, disjoint from it, that the evaluator's first pass grants: once the
@@ -977,11 +977,11 @@ fn a_budget_lowered_under_a_parked_demand_refuses_it_at_once_without_the_clock_m
         marker_gate.ask(Amount::ONE, Ask::HEAD),
         Answer::Taken
     ));
-    let mut marker = monitor.admit(
+    let mut marker = Box::pin(monitor.admit(
         Demand::new().with(marker_gate.clone(), Amount::ONE),
         &JobContext::new("marker"),
         None,
-    );
+    ));
     assert!(poll_once(&mut marker).is_none());
     marker_gate.give(Amount::ONE);
     monitor.start().unwrap();
@@ -1031,11 +1031,11 @@ fn a_throttled_waiter_in_a_monitor_waits_twice_as_long_after_two_429s() {
     let tokens = Arc::new(hundred_left(&clock));
     tokens.record_429();
     tokens.record_429();
-    let mut waiter = monitor.admit(
+    let mut waiter = Box::pin(monitor.admit(
         Demand::new().with(tokens.clone(), call(200)),
         &JobContext::new("throttled"),
         None,
-    );
+    ));
     assert!(poll_once(&mut waiter).is_none());
     assert_eq!(monitor.pass_now(), at(2 * SECOND));
     clock.advance(Duration::from_secs(2));

@@ -25,7 +25,7 @@ use crate::sync::{MonitorGuard, Ordering};
 use super::ask::{
     Attempt, Head, Learn, Short, ask_demand, earlier, give_back, panic_message, refusal_of,
 };
-use super::cell::{Cell, Outcome};
+use super::cell::{CellRef, Outcome};
 use super::grant::{Grant, Hold};
 use super::line::{Holding, Place, State, Waiter, before_planned};
 use super::outbox::{Outbox, entry_events};
@@ -38,7 +38,6 @@ pub(crate) enum Begin {
     /// Parked in the line.
     Parked {
         place: Place,
-        cell: Arc<Cell>,
         /// When the waiter times out, on the monitor's clock.
         deadline: Option<Instant>,
     },
@@ -46,9 +45,8 @@ pub(crate) enum Begin {
 
 /// What a parked waiter's record needs from the heap: allocated before the monitor lock is
 /// taken when the arrival will likely park (someone is parked already), so that the critical
-/// section it parks in allocates nothing of its own.
+/// section it parks in allocates nothing of its own. (Its outcome cell is the caller's.)
 struct Room {
-    cell: Arc<Cell>,
     /// Room for the one hold most waiters get.
     held: Vec<Hold>,
 }
@@ -56,7 +54,6 @@ struct Room {
 impl Room {
     fn new() -> Room {
         Room {
-            cell: Arc::new(Cell::new()),
             held: Vec::with_capacity(1),
         }
     }
@@ -89,12 +86,19 @@ enum Arrival {
 }
 
 impl Shared {
-    /// Asks for `demand`: grants it inline when the line is empty and it fits, parks it otherwise.
+    /// Asks for `demand`: grants it inline when the line is empty and it fits, parks it otherwise
+    /// with `cell` (the caller's, which the caller keeps in place: `cell.rs`) for its outcome.
+    ///
+    /// A parked waiter's place is written to `parked` as soon as it is parked, before anything
+    /// that could unwind (an event sink, a waker, an account's give): a caller that unwinds out of
+    /// this call with `parked` set still withdraws before its cell goes.
     pub(crate) fn begin(
         self: &Arc<Shared>,
         demand: Demand,
         ctx: &JobContext,
         timeout: Option<Duration>,
+        cell: CellRef,
+        parked: &mut Option<Place>,
     ) -> Begin {
         let mut out = self.outbox();
         // One instant for the whole arrival, read when the first account (or the line) needs it.
@@ -106,10 +110,14 @@ impl Shared {
             }
             Err(not_granted) => not_granted,
         };
-        let (begun, ring) = match self.begin_locked(demand, asked, ctx, timeout, &now, &mut out) {
-            Ok(parked) => parked,
-            Err(outcome) => (Begin::Done(outcome), false),
-        };
+        let (begun, ring) =
+            match self.begin_locked(demand, asked, ctx, timeout, cell, &now, &mut out) {
+                Ok(parked) => parked,
+                Err(outcome) => (Begin::Done(outcome), false),
+            };
+        if let Begin::Parked { place, .. } = begun {
+            *parked = Some(place);
+        }
         self.deliver(out);
         if ring {
             self.bell.ring();
@@ -312,12 +320,17 @@ impl Shared {
 
     /// The arrival under the lock: `Ok((parked, ring))` for a parked waiter (`ring` when the
     /// evaluator must run a pass for it), `Err(outcome)` when it is done at once.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the arrival's state, passed down the one path that parks"
+    )]
     fn begin_locked(
         self: &Arc<Shared>,
         demand: Demand,
         asked: bool,
         ctx: &JobContext,
         timeout: Option<Duration>,
+        cell: CellRef,
         now: &Reading<'_>,
         out: &mut Outbox<'_>,
     ) -> Result<(Begin, bool), Outcome> {
@@ -372,7 +385,7 @@ impl Shared {
                 return refused(out, &demand, error);
             }
         }
-        self.park(st, room, demand, ctx, timeout, gate_held, now, out)
+        self.park(st, room, demand, ctx, timeout, cell, gate_held, now, out)
     }
 
     /// The fast path, for an empty line: the gate, then every account asked once as the head.
@@ -458,6 +471,7 @@ impl Shared {
         demand: Demand,
         ctx: &JobContext,
         timeout: Option<Duration>,
+        cell: CellRef,
         gate_held: bool,
         reading: &Reading<'_>,
         out: &mut Outbox<'_>,
@@ -479,13 +493,13 @@ impl Shared {
         for entry in demand.entries() {
             self.watch(&mut st, entry.account());
         }
-        let Room { cell, held } = room.unwrap_or_else(Room::new);
+        let Room { held } = room.unwrap_or_else(Room::new);
         let mut waiter = Waiter {
             demand,
             ctx: ctx.clone(),
             asked_at: now,
             deadline,
-            cell: cell.clone(),
+            cell,
             held,
             holding: Holding::default(),
             on_gate: gate_held,
@@ -518,14 +532,7 @@ impl Shared {
         // The waiter's `held` events go out before anything a pass may build for it once the
         // lock is released.
         out.seal(&self.sink);
-        Ok((
-            Begin::Parked {
-                place,
-                cell,
-                deadline,
-            },
-            ring,
-        ))
+        Ok((Begin::Parked { place, deadline }, ring))
     }
 
     /// Asks newcomer `w` at the line's tail (a monitor without a gate). `Ok(ring)` when it is to

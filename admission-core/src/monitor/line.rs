@@ -15,7 +15,7 @@ use crate::context::JobContext;
 use crate::demand::Demand;
 use crate::sync::thread;
 
-use super::cell::Cell;
+use super::cell::CellRef;
 use super::grant::Hold;
 
 /// Where the monitor is in its life.
@@ -33,7 +33,9 @@ pub(crate) struct Waiter {
     pub(crate) asked_at: Instant,
     /// `asked_at` plus the timeout, `None` without one.
     pub(crate) deadline: Option<Instant>,
-    pub(crate) cell: Arc<Cell>,
+    /// Where the outcome goes: a cell that lives with the waiter (`cell.rs` says when it may be
+    /// touched).
+    pub(crate) cell: CellRef,
     /// The accounts (by key; [`Hold::GATE`] for the gate) this waiter has been held on. Feeds
     /// `Held` events and `Grant::wait_times`.
     pub(crate) held: Vec<Hold>,
@@ -522,7 +524,7 @@ mod tests {
             ctx: JobContext::new(name),
             asked_at: Instant::ZERO,
             deadline: None,
-            cell: Arc::new(Cell::new()),
+            cell: CellRef::dangling(),
             held: Vec::new(),
             holding: Holding::default(),
             on_gate: false,

@@ -13,7 +13,9 @@
 //! its grant's pass filling that admit's cell while a newcomer races it, (n) the head leaving
 //! (its own pass on the dropping thread) racing an asker held behind it, (o) a pass that lets
 //! go of the lock between its batches racing an arrival, (p) two such passes racing, (q) such a
-//! pass racing the withdrawal of the waiter it visits next.
+//! pass racing the withdrawal of the waiter it visits next, (r) `stop` filling the outcome cell
+//! of a parked future (a cell inside the future, which the line points at) racing that future's
+//! drop on another thread, and a release granting it.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -218,6 +220,33 @@ fn loom_an_abandoned_admit_racing_its_grant_keeps_nothing() {
         asker.join().unwrap();
         monitor.stop();
         assert_eq!(gate.free(), 1, "an abandoned admit kept a permit");
+        assert_eq!(monitor.queue_size(), 0);
+    });
+}
+
+/// (r) The outcome cell lives in the future: the line's record points into it. `stop` fills it
+/// under the monitor lock while the future is dropped (its memory freed) on another thread and a
+/// release may grant it first: the drop's withdrawal and the fills are ordered by the monitor
+/// lock, so the cell is filled before the future goes or never; a grant that landed unseen is
+/// given back; nothing stays parked.
+#[test]
+fn loom_stop_and_a_release_racing_the_drop_of_a_parked_future_fill_its_cell_before_it_goes_or_never()
+ {
+    loom::model(|| {
+        let (monitor, gate, held) = started_with_its_one_permit_held();
+        let mut admit = Box::pin(monitor.admit(one(&gate), &JobContext::new("parked"), None));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(
+            admit.as_mut().poll(&mut cx).is_pending(),
+            "the permit is held"
+        );
+
+        let dropper = thread::spawn(move || drop(admit));
+        let giver = thread::spawn(move || drop(held));
+        monitor.stop();
+        dropper.join().unwrap();
+        giver.join().unwrap();
+        assert_eq!(gate.free(), 1, "the dropped future kept a permit");
         assert_eq!(monitor.queue_size(), 0);
     });
 }
@@ -637,7 +666,12 @@ fn loom_a_waker_that_owns_a_grant_dropped_as_its_cell_is_filled_never_deadlocks(
 fn batched_line(
     permits: u64,
     waiting: usize,
-) -> (Monitor, Arc<Gate>, Vec<crate::Grant>, Vec<crate::Admit>) {
+) -> (
+    Monitor,
+    Arc<Gate>,
+    Vec<crate::Grant>,
+    Vec<std::pin::Pin<Box<crate::Admit>>>,
+) {
     let monitor = Monitor::builder().pass_batch(1).build();
     monitor.start().unwrap();
     let gate = Gate::new(permits);
@@ -651,8 +685,9 @@ fn batched_line(
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     let parked = (0..waiting)
         .map(|i| {
-            let mut admit = monitor.admit(one(&gate), &JobContext::new(format!("w{i}")), None);
-            assert!(std::pin::Pin::new(&mut admit).poll(&mut cx).is_pending());
+            let mut admit =
+                Box::pin(monitor.admit(one(&gate), &JobContext::new(format!("w{i}")), None));
+            assert!(admit.as_mut().poll(&mut cx).is_pending());
             admit
         })
         .collect();
@@ -745,8 +780,8 @@ fn loom_a_batched_pass_racing_the_withdrawal_of_its_next_waiter_moves_on_to_the_
             .unwrap();
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         let mut park = |demand: Demand, name: &str| {
-            let mut admit = monitor.admit(demand, &JobContext::new(name), None);
-            assert!(std::pin::Pin::new(&mut admit).poll(&mut cx).is_pending());
+            let mut admit = Box::pin(monitor.admit(demand, &JobContext::new(name), None));
+            assert!(admit.as_mut().poll(&mut cx).is_pending());
             admit
         };
         let head = park(one(&other), "head");

@@ -32,7 +32,7 @@ use crate::event::{Event, EventEntry, EventKind, EventSink};
 use crate::sync::{AtomicBool, Mutex, Ordering, RwLock};
 
 use super::ask::panic_message;
-use super::cell::{Cell, Outcome};
+use super::cell::{CellRef, Notify, Outcome};
 use super::grant::Grant;
 use super::line::{Emptied, Line, Waiter};
 use crate::account::AccountRef;
@@ -129,7 +129,7 @@ pub(crate) struct Outbox<'a> {
     clock: &'a dyn Clock,
     /// `None` when no sink is installed: then no event is ever built.
     events: Option<Vec<Event>>,
-    wake: Vec<Arc<Cell>>,
+    wake: Vec<Notify>,
     /// Grants to roll back once the lock is released.
     discard: Vec<Grant>,
     /// Waiters that left the line, dropped once the lock is released.
@@ -198,13 +198,25 @@ impl<'a> Outbox<'a> {
     }
 
     /// Fills a waiter's cell with `outcome` and schedules its wake-up.
-    pub(crate) fn finish(&mut self, cell: &Arc<Cell>, outcome: Outcome) {
-        if let Err(Ok(grant)) = cell.fill(outcome) {
-            // Unreachable by construction (a waiter leaves the line when it is filled); if it
-            // ever happened, the grant must not leak. It is rolled back once the lock is free.
-            self.discard.push(grant);
+    ///
+    /// Called under the monitor lock for a waiter whose record was in the line when the lock was
+    /// taken, and leaves it in this critical section: the only time a cell may be touched
+    /// (`cell.rs`). What is kept for after the lock is whom to wake, not the cell.
+    pub(crate) fn finish(&mut self, cell: &CellRef, outcome: Outcome) {
+        // SAFETY: every caller holds the monitor lock and takes the waiter whose record holds
+        // `cell` out of the line in this critical section, as this function requires.
+        let cell = unsafe { cell.get() };
+        match cell.fill(outcome) {
+            Ok(notify) => self.wake.push(notify),
+            Err(outcome) => {
+                // Unreachable by construction (a waiter leaves the line when it is filled); if
+                // it ever happened, the grant must not leak. It is rolled back once the lock is
+                // free.
+                if let Ok(grant) = outcome {
+                    self.discard.push(grant);
+                }
+            }
         }
-        self.wake.push(cell.clone());
     }
 
     /// Keeps waiter `w`, which left the line, until the lock is released.
@@ -262,8 +274,8 @@ impl<'a> Outbox<'a> {
             sink.queue(&mut events);
             sink.drain();
         }
-        for cell in self.wake {
-            cell.wake();
+        for notify in self.wake {
+            notify.notify();
         }
         for mut grant in self.discard {
             grant.rollback();

@@ -714,8 +714,9 @@ mod tests {
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         let mut parked: Vec<_> = (0..5)
             .map(|i| {
-                let mut admit = monitor.admit(units(1), &JobContext::new(format!("w{i}")), None);
-                assert!(std::pin::Pin::new(&mut admit).poll(&mut cx).is_pending());
+                let mut admit =
+                    Box::pin(monitor.admit(units(1), &JobContext::new(format!("w{i}")), None));
+                assert!(admit.as_mut().poll(&mut cx).is_pending());
                 admit
             })
             .collect();
@@ -731,7 +732,7 @@ mod tests {
         assert_eq!(seen, expected);
         for admit in &mut parked {
             assert!(matches!(
-                std::pin::Pin::new(admit).poll(&mut cx),
+                admit.as_mut().poll(&mut cx),
                 std::task::Poll::Ready(Ok(_))
             ));
         }

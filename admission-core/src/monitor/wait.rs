@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomPinned;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -14,43 +15,83 @@ use crate::demand::Demand;
 use crate::error::AdmitError;
 
 use super::arrival::Begin;
-use super::cell::{Cell, Outcome};
+use super::cell::{Cell, CellRef, Outcome};
 use super::line::Place;
 use super::shared::Shared;
 
-/// A parked waiter's ticket.
+/// What a waiter keeps while it may be in the line: its place, its job, and the cancellation
+/// listener it registered there.
 struct Ticket {
-    place: Place,
-    cell: Arc<Cell>,
+    /// Where the waiter stands; `Some` from the moment it parked until it has seen its record
+    /// leave the line (it took its outcome, or withdrew). While it is `Some`, the waiter's cell
+    /// must stay where it is (`cell.rs`).
+    place: Option<Place>,
     ctx: JobContext,
     /// The cancellation listener registered on `ctx`; forgotten when the wait ends.
     listener: Option<u64>,
 }
 
 impl Ticket {
-    fn park(shared: &Arc<Shared>, place: Place, cell: Arc<Cell>, ctx: &JobContext) -> Ticket {
+    fn new(ctx: &JobContext) -> Ticket {
+        Ticket {
+            place: None,
+            ctx: ctx.clone(),
+            listener: None,
+        }
+    }
+
+    /// Called once the waiter is parked: cancelling its job takes it out of the line.
+    fn listen(&mut self, shared: &Arc<Shared>) {
+        let Some(place) = self.place else { return };
         let weak = Arc::downgrade(shared);
-        let listener = ctx.on_cancel(Box::new(move || {
+        self.listener = self.ctx.on_cancel(Box::new(move || {
             if let Some(shared) = weak.upgrade() {
                 shared.cancel_waiter(place);
             }
         }));
-        if listener.is_none() {
+        if self.listener.is_none() {
             // Cancelled between asking and parking.
             shared.cancel_waiter(place);
         }
-        Ticket {
-            place,
-            cell,
-            ctx: ctx.clone(),
-            listener,
-        }
     }
 
-    fn done(&mut self) {
+    /// The outcome was taken: the record is out of the line and the wait is over.
+    fn settle(&mut self) {
         if let Some(key) = self.listener.take() {
             self.ctx.forget(key);
         }
+        self.place = None;
+    }
+
+    /// The waiter goes away without its outcome (a dropped future, an unwinding call): it leaves
+    /// the line, and a grant that landed meanwhile is given back in full. Afterwards its record
+    /// is out of the line, so `cell` may go.
+    fn leave(&mut self, shared: &Shared, cell: &Cell) {
+        if let Some(key) = self.listener.take() {
+            self.ctx.forget(key);
+        }
+        if let Some(place) = self.place.take()
+            && !shared.withdraw(place)
+        {
+            // The outcome landed while we were leaving: give a grant back in full.
+            if let Some(Ok(mut grant)) = cell.take() {
+                grant.rollback();
+            }
+        }
+    }
+}
+
+/// The blocking call's waiter: its cell on this frame, and a ticket that leaves the line if the
+/// call unwinds before its outcome is taken.
+struct Blocked<'a> {
+    shared: &'a Arc<Shared>,
+    cell: &'a Cell,
+    ticket: Ticket,
+}
+
+impl Drop for Blocked<'_> {
+    fn drop(&mut self) {
+        self.ticket.leave(self.shared, self.cell);
     }
 }
 
@@ -60,16 +101,23 @@ pub(crate) fn admit_blocking(
     ctx: &JobContext,
     timeout: Option<Duration>,
 ) -> Outcome {
-    match shared.begin(demand, ctx, timeout) {
+    let cell = Cell::for_this_thread();
+    // Declared after `cell`, so dropped before it: leaving the line (if still in it) comes first.
+    let mut blocked = Blocked {
+        shared,
+        cell: &cell,
+        ticket: Ticket::new(ctx),
+    };
+    // SAFETY: `cell` stays on this frame until `blocked` is dropped, and `blocked` keeps the
+    // place the arrival writes: its drop (on return or unwind) withdraws the waiter unless the
+    // outcome was taken, which is the rule `CellRef::new` asks for.
+    let cell_ref = unsafe { CellRef::new(&cell) };
+    match shared.begin(demand, ctx, timeout, cell_ref, &mut blocked.ticket.place) {
         Begin::Done(outcome) => outcome,
-        Begin::Parked {
-            place,
-            cell,
-            deadline,
-        } => {
-            let mut ticket = Ticket::park(shared, place, cell, ctx);
-            let outcome = wait_until(shared, &ticket, deadline);
-            ticket.done();
+        Begin::Parked { deadline, .. } => {
+            blocked.ticket.listen(shared);
+            let outcome = wait_until(&blocked, deadline);
+            blocked.ticket.settle();
             outcome
         }
     }
@@ -77,21 +125,24 @@ pub(crate) fn admit_blocking(
 
 /// Waits for a blocking waiter's outcome. Its deadline is kept by its own timer as well as by the
 /// evaluator: when the clock says the deadline has passed, the waiter times itself out.
-fn wait_until(shared: &Arc<Shared>, ticket: &Ticket, deadline: Option<Instant>) -> Outcome {
+fn wait_until(blocked: &Blocked<'_>, deadline: Option<Instant>) -> Outcome {
+    let (shared, cell) = (blocked.shared, blocked.cell);
     let Some(deadline) = deadline else {
-        return ticket.cell.wait();
+        return cell.wait();
     };
     loop {
         // `None`: real time does not move this clock (a fake one); its passes keep the deadline.
         let Some(wait) = shared.clock.real_wait(deadline) else {
-            return ticket.cell.wait();
+            return cell.wait();
         };
         if wait.is_zero() {
             // Due: leave the line unless an outcome got there first; either way one is coming.
-            shared.expire(ticket.place);
-            return ticket.cell.wait();
+            if let Some(place) = blocked.ticket.place {
+                shared.expire(place);
+            }
+            return cell.wait();
         }
-        if let Some(outcome) = ticket.cell.wait_for(wait) {
+        if let Some(outcome) = cell.wait_for(wait) {
             return outcome;
         }
     }
@@ -112,6 +163,10 @@ enum State {
 /// It does nothing until first polled; then it is granted at once, refused at once, or parks in
 /// the line and completes when the evaluator grants or refuses it.
 ///
+/// A parked waiter's outcome slot lives inside this future, so parking allocates nothing for it;
+/// that is why the future is `!Unpin`: pin it (`std::pin::pin!`, `Box::pin`) to poll it by hand.
+/// `.await` pins it for you.
+///
 /// # Cancel safety
 ///
 /// Dropping the future withdraws the waiter from the line. If a grant landed concurrently, it is
@@ -121,6 +176,10 @@ enum State {
 pub struct Admit {
     shared: Arc<Shared>,
     state: State,
+    /// The outcome's slot, which the waiter's record in the line points at while it is parked:
+    /// pinned with the future (`cell.rs`).
+    cell: Cell,
+    _pinned: PhantomPinned,
 }
 
 impl Admit {
@@ -137,6 +196,8 @@ impl Admit {
                 ctx,
                 timeout,
             },
+            cell: Cell::new(),
+            _pinned: PhantomPinned,
         }
     }
 }
@@ -145,7 +206,9 @@ impl Future for Admit {
     type Output = Result<Grant, AdmitError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.get_mut();
+        // SAFETY: `cell` is never moved out of the future (only `state`'s contents are, and they
+        // are not pinned), so the address a parked record holds stays valid until `drop`.
+        let this = unsafe { self.get_unchecked_mut() };
         if let State::Init { .. } = this.state {
             let State::Init {
                 demand,
@@ -155,17 +218,29 @@ impl Future for Admit {
             else {
                 unreachable!("checked above")
             };
-            match this.shared.begin(demand, &ctx, timeout) {
-                Begin::Done(outcome) => return Poll::Ready(outcome),
-                Begin::Parked { place, cell, .. } => {
-                    this.state = State::Waiting(Ticket::park(&this.shared, place, cell, &ctx));
+            this.state = State::Waiting(Ticket::new(&ctx));
+            let State::Waiting(ticket) = &mut this.state else {
+                unreachable!("set above")
+            };
+            // SAFETY: the future is pinned, so `cell` stays where it is until the future is
+            // dropped, and its `drop` withdraws the waiter (through the ticket holding the place
+            // the arrival writes) unless the outcome was taken: the rule `CellRef::new` asks for.
+            let cell_ref = unsafe { CellRef::new(&this.cell) };
+            match this
+                .shared
+                .begin(demand, &ctx, timeout, cell_ref, &mut ticket.place)
+            {
+                Begin::Done(outcome) => {
+                    this.state = State::Done;
+                    return Poll::Ready(outcome);
                 }
+                Begin::Parked { .. } => ticket.listen(&this.shared),
             }
         }
         match &mut this.state {
-            State::Waiting(ticket) => match ticket.cell.poll(cx.waker()) {
+            State::Waiting(ticket) => match this.cell.poll(cx.waker()) {
                 Some(outcome) => {
-                    ticket.done();
+                    ticket.settle();
                     this.state = State::Done;
                     Poll::Ready(outcome)
                 }
@@ -180,13 +255,7 @@ impl Future for Admit {
 impl Drop for Admit {
     fn drop(&mut self) {
         if let State::Waiting(ticket) = &mut self.state {
-            ticket.done();
-            if !self.shared.withdraw(ticket.place) {
-                // The outcome landed while we were leaving: give a grant back in full.
-                if let Some(Ok(mut grant)) = ticket.cell.take() {
-                    grant.rollback();
-                }
-            }
+            ticket.leave(&self.shared, &self.cell);
         }
     }
 }

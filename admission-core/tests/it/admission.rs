@@ -52,7 +52,8 @@ fn the_whole_demand_is_granted_or_the_job_waits_holding_nothing() {
         .admit_blocking(demand(&[(on(&db), 1)]), &job("blocker"), None)
         .unwrap();
 
-    let mut waiting = monitor.admit(demand(&[(on(&http), 1), (on(&db), 1)]), &job("w"), None);
+    let mut waiting =
+        Box::pin(monitor.admit(demand(&[(on(&http), 1), (on(&db), 1)]), &job("w"), None));
     assert!(poll_once(&mut waiting).is_none());
     assert_eq!(monitor.queue_size(), 1);
     assert_eq!(http.available(), 2, "a waiter holds nothing");
@@ -76,8 +77,8 @@ fn the_head_is_never_overtaken_and_one_give_cascades_in_arrival_order() {
 
     let head = job("head");
     let small = job("small");
-    let mut w1 = monitor.admit(demand(&[(on(&gate), 3)]), &head, None);
-    let mut w2 = monitor.admit(demand(&[(on(&gate), 1)]), &small, None);
+    let mut w1 = Box::pin(monitor.admit(demand(&[(on(&gate), 3)]), &head, None));
+    let mut w2 = Box::pin(monitor.admit(demand(&[(on(&gate), 1)]), &small, None));
     assert!(poll_once(&mut w1).is_none());
     assert!(poll_once(&mut w2).is_none());
 
@@ -109,17 +110,17 @@ fn a_demand_disjoint_from_the_heads_short_accounts_passes_on_arrival() {
     let _held = monitor
         .admit_blocking(demand(&[(on(&a), 1)]), &job("holder"), None)
         .unwrap();
-    let mut head = monitor.admit(demand(&[(on(&a), 1)]), &job("head"), None);
+    let mut head = Box::pin(monitor.admit(demand(&[(on(&a), 1)]), &job("head"), None));
     assert!(poll_once(&mut head).is_none());
     // The line is not empty, so the newcomer is asked as the line's tail, with the head's
     // amounts set aside: nothing it needs is the head's, so it goes at once.
-    let mut other = monitor.admit(demand(&[(on(&b), 1)]), &job("other"), None);
+    let mut other = Box::pin(monitor.admit(demand(&[(on(&b), 1)]), &job("other"), None));
     let _granted = poll_once(&mut other).expect("granted on arrival").unwrap();
     assert_eq!(b.available(), 0);
     assert_eq!(monitor.queue_size(), 1);
 
     // One that does need the head's account waits behind it, though nothing else does.
-    let mut behind = monitor.admit(demand(&[(on(&a), 1)]), &job("behind"), None);
+    let mut behind = Box::pin(monitor.admit(demand(&[(on(&a), 1)]), &job("behind"), None));
     assert!(poll_once(&mut behind).is_none());
     assert_eq!(monitor.queue_size(), 2);
     monitor.pass_now();
@@ -136,8 +137,8 @@ fn nothing_behind_a_head_short_on_a_time_account_takes_from_it() {
     // One slot free of two, and the window ignores reservations: only the sharp rule protects
     // the head.
     let window = Arc::new(GreedyWindow::new(2, 1, Instant::from_nanos(5_000)));
-    let mut head = monitor.admit(demand(&[(on(&window), 2)]), &job("head"), None);
-    let mut behind = monitor.admit(demand(&[(on(&window), 1)]), &job("behind"), None);
+    let mut head = Box::pin(monitor.admit(demand(&[(on(&window), 2)]), &job("head"), None));
+    let mut behind = Box::pin(monitor.admit(demand(&[(on(&window), 1)]), &job("behind"), None));
     assert!(poll_once(&mut head).is_none());
     assert!(poll_once(&mut behind).is_none());
     let wake = monitor.pass_now();
@@ -167,10 +168,10 @@ fn an_account_refusal_refuses_that_waiter_only() {
     let _held = monitor
         .admit_blocking(demand(&[(on(&gate), 3)]), &job("holder"), None)
         .unwrap();
-    let mut head = monitor.admit(demand(&[(on(&gate), 1)]), &job("head"), None);
+    let mut head = Box::pin(monitor.admit(demand(&[(on(&gate), 1)]), &job("head"), None));
     let moody = Arc::new(Moody::new("moody"));
     moody.refuse.store(true, Ordering::SeqCst);
-    let mut refused = monitor.admit(demand(&[(on(&moody), 1)]), &job("refused"), None);
+    let mut refused = Box::pin(monitor.admit(demand(&[(on(&moody), 1)]), &job("refused"), None));
     assert!(poll_once(&mut head).is_none());
     // Asked on arrival, as the line's tail: refused then and there.
     let error = poll_once(&mut refused).unwrap().unwrap_err();
@@ -322,8 +323,8 @@ fn a_cancelled_head_stops_reserving() {
         .admit_blocking(demand(&[(on(&gate), 3)]), &job("holder"), None)
         .unwrap();
     let head = job("head");
-    let mut w1 = monitor.admit(demand(&[(on(&gate), 3)]), &head, None);
-    let mut w2 = monitor.admit(demand(&[(on(&gate), 1)]), &job("behind"), None);
+    let mut w1 = Box::pin(monitor.admit(demand(&[(on(&gate), 3)]), &head, None));
+    let mut w2 = Box::pin(monitor.admit(demand(&[(on(&gate), 1)]), &job("behind"), None));
     assert!(poll_once(&mut w1).is_none());
     assert!(poll_once(&mut w2).is_none());
     monitor.pass_now();
@@ -345,7 +346,7 @@ fn dropping_a_pending_admit_withdraws_the_waiter() {
     let _held = monitor
         .admit_blocking(demand(&[(on(&gate), 1)]), &job("holder"), None)
         .unwrap();
-    let mut pending = monitor.admit(demand(&[(on(&gate), 1)]), &job("gone"), None);
+    let mut pending = Box::pin(monitor.admit(demand(&[(on(&gate), 1)]), &job("gone"), None));
     assert!(poll_once(&mut pending).is_none());
     assert_eq!(monitor.queue_size(), 1);
     drop(pending);
@@ -368,16 +369,16 @@ fn only_the_head_leaving_asks_the_line_again() {
         .admit_blocking(demand(&[(on(&gate), 1)]), &job("holder"), None)
         .unwrap();
     // The head needs 2 (1 is free); each follower needs 1, which the head sets aside.
-    let mut head = monitor.admit(demand(&[(on(&gate), 2)]), &job("head"), None);
-    let mut dropped = monitor.admit(demand(&[(on(&gate), 1)]), &job("dropped"), None);
+    let mut head = Box::pin(monitor.admit(demand(&[(on(&gate), 2)]), &job("head"), None));
+    let mut dropped = Box::pin(monitor.admit(demand(&[(on(&gate), 1)]), &job("dropped"), None));
     let cancelled = job("cancelled");
-    let mut by_cancel = monitor.admit(demand(&[(on(&gate), 1)]), &cancelled, None);
-    let mut timed = monitor.admit(
+    let mut by_cancel = Box::pin(monitor.admit(demand(&[(on(&gate), 1)]), &cancelled, None));
+    let mut timed = Box::pin(monitor.admit(
         demand(&[(on(&gate), 1)]),
         &job("timed"),
         Some(Duration::from_secs(1)),
-    );
-    let mut last = monitor.admit(demand(&[(on(&gate), 1)]), &job("last"), None);
+    ));
+    let mut last = Box::pin(monitor.admit(demand(&[(on(&gate), 1)]), &job("last"), None));
     for admit in [
         &mut head,
         &mut dropped,
@@ -439,11 +440,11 @@ fn a_grant_that_landed_as_the_admit_was_dropped_is_rolled_back_in_full() {
     let held = monitor
         .admit_blocking(demand(&[(on(&gate), 1)]), &job("holder"), None)
         .unwrap();
-    let mut pending = monitor.admit(
+    let mut pending = Box::pin(monitor.admit(
         demand(&[(on(&gate), 1), (on(&tokens), 40)]),
         &job("late"),
         None,
-    );
+    ));
     assert!(poll_once(&mut pending).is_none());
     drop(held);
     monitor.pass_now(); // the grant lands in the abandoned admit's slot
@@ -517,7 +518,7 @@ fn a_pass_over_ten_thousand_parked_waiters_grants_them_all_in_order() {
         .admit_blocking(demand(&[(on(&gate), 10_000)]), &job("holder"), None)
         .unwrap();
     let mut waiters: Vec<_> = (0..10_000)
-        .map(|i| monitor.admit(demand(&[(on(&gate), 1)]), &job(&format!("w{i}")), None))
+        .map(|i| Box::pin(monitor.admit(demand(&[(on(&gate), 1)]), &job(&format!("w{i}")), None)))
         .collect();
     for w in &mut waiters {
         assert!(poll_once(w).is_none());
@@ -603,11 +604,13 @@ fn a_release_s_pass_stops_at_a_head_short_on_what_was_given_back_and_only_there(
     let on_b = monitor
         .admit_blocking(demand(&[(on(&b), 1)]), &job("holds b"), None)
         .unwrap();
-    let mut head = monitor.admit(demand(&[(on(&a), 2)]), &job("head"), None);
+    let mut head = Box::pin(monitor.admit(demand(&[(on(&a), 2)]), &job("head"), None));
     assert!(poll_once(&mut head).is_none());
-    let mut behind_on_a = monitor.admit(demand(&[(on(&a), 1)]), &job("behind on a"), None);
+    let mut behind_on_a =
+        Box::pin(monitor.admit(demand(&[(on(&a), 1)]), &job("behind on a"), None));
     assert!(poll_once(&mut behind_on_a).is_none());
-    let mut behind_on_b = monitor.admit(demand(&[(on(&b), 1)]), &job("behind on b"), None);
+    let mut behind_on_b =
+        Box::pin(monitor.admit(demand(&[(on(&b), 1)]), &job("behind on b"), None));
     assert!(poll_once(&mut behind_on_b).is_none());
     assert_eq!(monitor.queue_size(), 3);
 
@@ -727,8 +730,11 @@ fn an_async_wait_on_a_monitor_never_started_times_out_on_time() {
         .build()
         .unwrap();
     let started = std::time::Instant::now();
-    let outcome =
-        runtime.block_on(monitor.admit(demand(&[(on(&http), 1)]), &job("late"), Some(timeout)));
+    let outcome = runtime.block_on(Box::pin(monitor.admit(
+        demand(&[(on(&http), 1)]),
+        &job("late"),
+        Some(timeout),
+    )));
     assert_timed_out_in_time(outcome, started.elapsed(), timeout);
     assert_eq!(monitor.queue_size(), 0);
 }
@@ -802,7 +808,7 @@ fn a_waiter_behind_a_head_that_does_not_use_an_account_is_not_asked_as_the_head(
     let _held = monitor
         .admit_blocking(demand(&[(on(&scarce), 1)]), &job("holder"), None)
         .unwrap();
-    let mut head = monitor.admit(demand(&[(on(&scarce), 1)]), &job("head"), None);
+    let mut head = Box::pin(monitor.admit(demand(&[(on(&scarce), 1)]), &job("head"), None));
     assert!(poll_once(&mut head).is_none());
     // The follower's account is one the head does not use: nothing is set aside on it, and the
     // follower is still not the head.
@@ -814,7 +820,7 @@ fn a_waiter_behind_a_head_that_does_not_use_an_account_is_not_asked_as_the_head(
     drop(follower);
     // Meeting an empty line, a job asks as the head.
     let empty_line = Monitor::builder().manual_passes().build();
-    let mut alone = empty_line.admit(demand(&[(on(&other), 1)]), &job("alone"), None);
+    let mut alone = Box::pin(empty_line.admit(demand(&[(on(&other), 1)]), &job("alone"), None));
     assert!(matches!(poll_once(&mut alone), Some(Ok(_))));
     assert_eq!(other.take_asks(), [Ask::HEAD]);
 }
@@ -829,11 +835,11 @@ fn once_an_account_says_not_now_the_rest_are_looked_at_and_what_was_taken_goes_b
         .admit_blocking(demand(&[(on(&scarce), 1)]), &job("holder"), None)
         .unwrap();
     first.take_asks();
-    let mut waiter = monitor.admit(
+    let mut waiter = Box::pin(monitor.admit(
         demand(&[(on(&first), 1), (on(&scarce), 1), (on(&last), 1)]),
         &job("waiter"),
         None,
-    );
+    ));
     assert!(poll_once(&mut waiter).is_none());
     // The fast path stops at the first "not now"; the arrival asks every account once: `first`
     // taken and given back, `last` only looked at.

@@ -43,7 +43,7 @@ fn a_slow_path_emits_held_once_per_short_account_then_granted_from_hold() {
     recorder.clear();
 
     let ctx = JobContext::new("slow");
-    let mut w = monitor.admit(demand(&[(on(&http), 1), (on(&tokens), 3)]), &ctx, None);
+    let mut w = Box::pin(monitor.admit(demand(&[(on(&http), 1), (on(&tokens), 3)]), &ctx, None));
     assert!(poll_once(&mut w).is_none());
     monitor.pass_now();
     monitor.pass_now(); // held again on both: no new events
@@ -99,11 +99,11 @@ fn n_slow_path_waiters_on_one_account_make_exactly_2n_balanced_transitions() {
     recorder.clear();
     let mut waiters: Vec<_> = (0..N)
         .map(|i| {
-            monitor.admit(
+            Box::pin(monitor.admit(
                 demand(&[(on(&gate), 1)]),
                 &JobContext::new(format!("w{i}")),
                 None,
-            )
+            ))
         })
         .collect();
     for w in &mut waiters {
@@ -175,19 +175,19 @@ fn rejections_carry_their_reason() {
         .unwrap();
     // cancelled: through the context
     let ctx = JobContext::new("c");
-    let mut c = monitor.admit(demand(&[(on(&gate), 1)]), &ctx, None);
+    let mut c = Box::pin(monitor.admit(demand(&[(on(&gate), 1)]), &ctx, None));
     assert!(poll_once(&mut c).is_none());
     ctx.cancel();
     // cancelled: an abandoned admit
-    let mut d = monitor.admit(demand(&[(on(&gate), 1)]), &JobContext::new("d"), None);
+    let mut d = Box::pin(monitor.admit(demand(&[(on(&gate), 1)]), &JobContext::new("d"), None));
     assert!(poll_once(&mut d).is_none());
     drop(d);
     // timed_out
-    let mut e = monitor.admit(
+    let mut e = Box::pin(monitor.admit(
         demand(&[(on(&gate), 1)]),
         &JobContext::new("e"),
         Some(Duration::from_secs(1)),
-    );
+    ));
     assert!(poll_once(&mut e).is_none());
     clock.advance(Duration::from_secs(1));
     monitor.pass_now();
@@ -196,7 +196,7 @@ fn rejections_carry_their_reason() {
         Some(Err(AdmitError::TimedOut { .. }))
     ));
     // shutdown
-    let mut f = monitor.admit(demand(&[(on(&gate), 1)]), &JobContext::new("f"), None);
+    let mut f = Box::pin(monitor.admit(demand(&[(on(&gate), 1)]), &JobContext::new("f"), None));
     assert!(poll_once(&mut f).is_none());
     monitor.stop();
 

@@ -110,7 +110,8 @@ fn the_gate_is_met_before_any_account_and_an_empty_demand_never_meets_it() {
     });
     gate.hold_all.store(true, Ordering::SeqCst);
 
-    let mut held = monitor.admit(demand(&[(on(&probe), 1)]), &JobContext::new("held"), None);
+    let mut held =
+        Box::pin(monitor.admit(demand(&[(on(&probe), 1)]), &JobContext::new("held"), None));
     assert!(poll_once(&mut held).is_none());
     assert_eq!(gate.checks.load(Ordering::SeqCst), 1);
     // Held by the gate, the account is only looked at, after the gate answered, for a "never"
@@ -123,7 +124,7 @@ fn the_gate_is_met_before_any_account_and_an_empty_demand_never_meets_it() {
     );
 
     // The line is not empty, so the orchestrator queues too; its pass never asks the gate.
-    let mut orchestrator = monitor.admit(Demand::new(), &JobContext::new("o"), None);
+    let mut orchestrator = Box::pin(monitor.admit(Demand::new(), &JobContext::new("o"), None));
     assert!(poll_once(&mut orchestrator).is_none());
     monitor.pass_now();
     assert!(poll_once(&mut orchestrator).unwrap().is_ok());
@@ -160,9 +161,11 @@ fn while_the_gate_holds_the_head_every_waiter_with_entries_is_held_with_the_head
     let a = permits("a", 5);
     gate.hold_head_only.store(true, Ordering::SeqCst);
 
-    let mut head = monitor.admit(demand(&[(on(&a), 1)]), &JobContext::new("head"), None);
-    let mut behind = monitor.admit(demand(&[(on(&a), 1)]), &JobContext::new("behind"), None);
-    let mut orchestrator = monitor.admit(Demand::new(), &JobContext::new("orchestrator"), None);
+    let mut head = Box::pin(monitor.admit(demand(&[(on(&a), 1)]), &JobContext::new("head"), None));
+    let mut behind =
+        Box::pin(monitor.admit(demand(&[(on(&a), 1)]), &JobContext::new("behind"), None));
+    let mut orchestrator =
+        Box::pin(monitor.admit(Demand::new(), &JobContext::new("orchestrator"), None));
     assert!(poll_once(&mut head).is_none());
     assert!(poll_once(&mut behind).is_none());
     assert!(poll_once(&mut orchestrator).is_none());
@@ -236,7 +239,8 @@ fn a_job_held_by_the_gate_is_reported_with_the_gates_own_category() {
         .build();
     let http = permits("http", 1);
     gate.hold_all.store(true, Ordering::SeqCst);
-    let mut held = monitor.admit(demand(&[(on(&http), 1)]), &JobContext::new("held"), None);
+    let mut held =
+        Box::pin(monitor.admit(demand(&[(on(&http), 1)]), &JobContext::new("held"), None));
     assert!(poll_once(&mut held).is_none());
     monitor.pass_now();
     let events = recorder.events();

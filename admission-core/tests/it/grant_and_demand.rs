@@ -129,11 +129,11 @@ fn wall_wait_is_asking_to_granted_and_wait_times_are_per_account_holding_time() 
         .unwrap();
     drop(spent);
 
-    let mut w = monitor.admit(
+    let mut w = Box::pin(monitor.admit(
         demand(&[(on(&http), 1), (on(&tokens), 50)]),
         &JobContext::new("w"),
         None,
-    );
+    ));
     assert!(poll_once(&mut w).is_none());
     monitor.pass_now(); // t = 0: short on both
     clock.advance(Duration::from_secs(5)); // 50 tokens back; http still held
@@ -197,11 +197,11 @@ fn cancelling_through_an_earlier_clone_withdraws_a_labelled_waiter() {
         .unwrap();
     let ctx = JobContext::new("waiter");
     let switch = ctx.clone();
-    let mut admit = monitor.admit(
+    let mut admit = Box::pin(monitor.admit(
         demand(&[(on(&http), 1)]),
         &ctx.with_workflow("nightly"),
         None,
-    );
+    ));
     assert!(admission_testkit::monitor::poll_once(&mut admit).is_none());
     assert_eq!(monitor.queue_size(), 1);
     switch.cancel();

@@ -17,6 +17,7 @@ mod reentrancy;
 mod soak;
 mod try_admit;
 mod unlocked;
+mod waiter_frame;
 
 use std::sync::Arc;
 

@@ -59,12 +59,16 @@ fn assert_try_refused(
 /// of the defect as it was found.
 fn full_gate_with_a_head(
     monitor: &Monitor,
-) -> (Arc<Permits>, admission_core::Grant, admission_core::Admit) {
+) -> (
+    Arc<Permits>,
+    admission_core::Grant,
+    std::pin::Pin<Box<admission_core::Admit>>,
+) {
     let gate = permits("gate", 5);
     let holder = monitor
         .admit_blocking(demand(&[(on(&gate), 5)]), &job("holder"), None)
         .unwrap();
-    let mut head = monitor.admit(demand(&[(on(&gate), 1)]), &job("head"), None);
+    let mut head = Box::pin(monitor.admit(demand(&[(on(&gate), 1)]), &job("head"), None));
     assert!(poll_once(&mut head).is_none(), "the head parks");
     (gate, holder, head)
 }
@@ -75,18 +79,18 @@ fn a_demand_that_can_never_fit_is_refused_at_once_behind_a_head_short_on_the_sam
     let (gate, holder, mut head) = full_gate_with_a_head(&monitor);
 
     // The future is refused on its first poll, not parked until the head is served.
-    let mut six = monitor.admit(demand(&[(on(&gate), 6)]), &job("six"), None);
+    let mut six = Box::pin(monitor.admit(demand(&[(on(&gate), 6)]), &job("six"), None));
     let error = poll_once(&mut six)
         .expect("refused on the first poll, not pending")
         .unwrap_err();
     assert_too_large(&error, "gate", 6, 5);
 
     // With a timeout it is the same refusal, never a `TimedOut` after waiting.
-    let mut timed = monitor.admit(
+    let mut timed = Box::pin(monitor.admit(
         demand(&[(on(&gate), 6)]),
         &job("timed"),
         Some(Duration::from_millis(50)),
-    );
+    ));
     let error = poll_once(&mut timed).expect("refused at once").unwrap_err();
     assert_too_large(&error, "gate", 6, 5);
 
@@ -127,7 +131,7 @@ fn never_wins_whichever_entry_the_head_is_short_on_and_in_any_order() {
         ("gate-first", vec![(on(&gate), 1), (on(&roomy), 4)]),
         ("roomy-first", vec![(on(&roomy), 4), (on(&gate), 1)]),
     ] {
-        let mut admit = monitor.admit(demand(&parts), &job(name), None);
+        let mut admit = Box::pin(monitor.admit(demand(&parts), &job(name), None));
         let error = poll_once(&mut admit).expect("refused at once").unwrap_err();
         assert_too_large(&error, "roomy", 4, 3);
         assert_try_refused(
@@ -139,7 +143,7 @@ fn never_wins_whichever_entry_the_head_is_short_on_and_in_any_order() {
     }
     // Never on `gate`, the account the head is short on, with a fitting `roomy` before it.
     let parts = [(on(&roomy), 1), (on(&gate), 6)];
-    let mut admit = monitor.admit(demand(&parts), &job("roomy-then-six"), None);
+    let mut admit = Box::pin(monitor.admit(demand(&parts), &job("roomy-then-six"), None));
     let error = poll_once(&mut admit).expect("refused at once").unwrap_err();
     assert_too_large(&error, "gate", 6, 5);
     assert_eq!(roomy.available(), 3, "what was looked at was not taken");
@@ -173,12 +177,12 @@ fn a_demand_behind_a_head_about_to_go_is_still_refused_at_once() {
     let gate = permits("gate", 5);
     // Taken outside the monitor, so that giving it back runs no pass of the monitor's.
     assert!(gate.ask(Amount::units(5), Ask::HEAD).is_taken());
-    let mut head = monitor.admit(demand(&[(on(&gate), 1)]), &job("head"), None);
+    let mut head = Box::pin(monitor.admit(demand(&[(on(&gate), 1)]), &job("head"), None));
     assert!(poll_once(&mut head).is_none());
     // The head could go now; only a pass (none runs: manual passes) would grant it. A newcomer
     // is not asked where a pass is due, but a "never" is still looked for.
     gate.give(Amount::ONE);
-    let mut six = monitor.admit(demand(&[(on(&gate), 6)]), &job("six"), None);
+    let mut six = Box::pin(monitor.admit(demand(&[(on(&gate), 6)]), &job("six"), None));
     let error = poll_once(&mut six).expect("refused at once").unwrap_err();
     assert_too_large(&error, "gate", 6, 5);
     assert_eq!(monitor.queue_size(), 1);
@@ -254,8 +258,8 @@ fn a_pass_refuses_a_waiter_that_can_no_longer_fit_while_the_head_still_waits() {
     let holder = monitor
         .admit_blocking(demand(&[(on(&account), 5)]), &job("holder"), None)
         .unwrap();
-    let mut head = monitor.admit(demand(&[(on(&account), 1)]), &job("head"), None);
-    let mut four = monitor.admit(demand(&[(on(&account), 4)]), &job("four"), None);
+    let mut head = Box::pin(monitor.admit(demand(&[(on(&account), 1)]), &job("head"), None));
+    let mut four = Box::pin(monitor.admit(demand(&[(on(&account), 4)]), &job("four"), None));
     assert!(poll_once(&mut head).is_none());
     assert!(poll_once(&mut four).is_none());
     assert_eq!(monitor.queue_size(), 2);
@@ -284,23 +288,23 @@ fn a_gate_that_holds_the_line_does_not_park_a_demand_that_can_never_fit() {
     gate.hold_all.store(true, Ordering::SeqCst);
 
     // An empty line: the gate holds, the account can never grant 6.
-    let mut six = monitor.admit(demand(&[(on(&account), 6)]), &job("six"), None);
+    let mut six = Box::pin(monitor.admit(demand(&[(on(&account), 6)]), &job("six"), None));
     let error = poll_once(&mut six).expect("refused at once").unwrap_err();
     assert_too_large(&error, "shrinking", 6, 5);
     let parts = demand(&[(on(&account), 6)]);
     assert_try_refused(monitor.try_admit(&parts, &job("try")), "shrinking", 6, 5);
 
     // A line held by the gate: a newcomer that can never fit is refused on arrival.
-    let mut head = monitor.admit(demand(&[(on(&account), 1)]), &job("head"), None);
+    let mut head = Box::pin(monitor.admit(demand(&[(on(&account), 1)]), &job("head"), None));
     assert!(poll_once(&mut head).is_none());
-    let mut behind = monitor.admit(demand(&[(on(&account), 6)]), &job("behind"), None);
+    let mut behind = Box::pin(monitor.admit(demand(&[(on(&account), 6)]), &job("behind"), None));
     let error = poll_once(&mut behind)
         .expect("refused at once")
         .unwrap_err();
     assert_too_large(&error, "shrinking", 6, 5);
 
     // And a waiter the gate holds is refused by the pass once its account shrinks under it.
-    let mut four = monitor.admit(demand(&[(on(&account), 4)]), &job("four"), None);
+    let mut four = Box::pin(monitor.admit(demand(&[(on(&account), 4)]), &job("four"), None));
     assert!(poll_once(&mut four).is_none());
     account.capacity.store(3, Ordering::SeqCst);
     monitor.pass_now();

@@ -115,14 +115,14 @@ proptest! {
             for (&i, &amount) in job {
                 demand.add(world.accounts[i].clone(), Amount::units(amount));
             }
-            let mut admit = monitor.admit(demand, &JobContext::new(format!("job{j}")), None);
+            let mut admit = Box::pin(monitor.admit(demand, &JobContext::new(format!("job{j}")), None));
             match poll_once(&mut admit) {
                 Some(outcome) => grants.push(outcome.expect("every demand fits its accounts")),
                 None => pending.push(admit),
             }
             check_never_overdrawn(&world, &grants);
         }
-        let collect = |pending: &mut Vec<admission_core::Admit>, grants: &mut Vec<Grant>| {
+        let collect = |pending: &mut Vec<std::pin::Pin<Box<admission_core::Admit>>>, grants: &mut Vec<Grant>| {
             monitor.pass_now();
             pending.retain_mut(|admit| match poll_once(admit) {
                 Some(outcome) => { grants.push(outcome.expect("every demand fits")); false }
@@ -180,7 +180,7 @@ struct Side {
     clock: FakeClock,
     monitor: Monitor,
     accounts: Vec<AccountRef>,
-    pending: Vec<(usize, admission_core::Admit)>,
+    pending: Vec<(usize, std::pin::Pin<Box<admission_core::Admit>>)>,
     grants: Vec<(usize, Grant)>,
 }
 
@@ -214,9 +214,11 @@ impl Side {
         for (&i, &amount) in job {
             demand.add(self.accounts[i].clone(), Amount::units(amount));
         }
-        let mut admit = self
-            .monitor
-            .admit(demand, &JobContext::new(format!("job{j}")), None);
+        let mut admit = Box::pin(self.monitor.admit(
+            demand,
+            &JobContext::new(format!("job{j}")),
+            None,
+        ));
         match poll_once(&mut admit) {
             Some(outcome) => self.grants.push((j, outcome.expect("every demand fits"))),
             None => self.pending.push((j, admit)),

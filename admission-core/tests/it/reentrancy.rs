@@ -56,7 +56,8 @@ fn a_pending_admit_re_polled_with_a_new_waker_whose_predecessor_owns_a_grant_is_
     let holder = monitor
         .admit_blocking(demand(&[(on(&gate), 1)]), &JobContext::new("holder"), None)
         .unwrap();
-    let mut admit = monitor.admit(demand(&[(on(&gate), 1)]), &JobContext::new("task"), None);
+    let mut admit =
+        Box::pin(monitor.admit(demand(&[(on(&gate), 1)]), &JobContext::new("task"), None));
 
     // First poll with a waker that owns the holder's grant; the admit keeps the only handle.
     let first = Arc::new(OwningWaker {
@@ -260,7 +261,8 @@ fn an_account_whose_last_handle_leaves_the_line_is_dropped_outside_the_monitor_l
             dropped: dropped.clone(),
         });
         let ctx = JobContext::new(name);
-        let mut admit = monitor.admit(demand(&[(on(&scarce), 1), (on(&own), 1)]), &ctx, timeout);
+        let mut admit =
+            Box::pin(monitor.admit(demand(&[(on(&scarce), 1), (on(&own), 1)]), &ctx, timeout));
         assert!(poll_once(&mut admit).is_none());
         drop(own);
         admits.push((ctx, admit));

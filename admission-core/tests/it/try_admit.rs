@@ -89,7 +89,8 @@ fn a_try_never_overtakes_a_waiter_even_when_its_own_demand_fits() {
         .admit_blocking(demand(&[(on(&gate), 2)]), &JobContext::new("holder"), None)
         .unwrap();
     // The head wants 2 of the 1 left; a try of 1 would fit but must not go first.
-    let mut head = monitor.admit(demand(&[(on(&gate), 2)]), &JobContext::new("head"), None);
+    let mut head =
+        Box::pin(monitor.admit(demand(&[(on(&gate), 2)]), &JobContext::new("head"), None));
     assert!(poll_once(&mut head).is_none());
     let one = demand(&[(on(&gate), 1)]);
     let job = JobContext::new("try");
@@ -171,7 +172,8 @@ fn a_released_borrowed_grant_hands_its_permit_to_the_waiter_it_held_back() {
     let one = demand(&[(on(&gate), 1)]);
     let job = JobContext::new("job");
     let grant = monitor.try_admit(&one, &job).unwrap();
-    let mut waiter = monitor.admit(demand(&[(on(&gate), 1)]), &JobContext::new("w"), None);
+    let mut waiter =
+        Box::pin(monitor.admit(demand(&[(on(&gate), 1)]), &JobContext::new("w"), None));
     assert!(poll_once(&mut waiter).is_none());
     drop(grant);
     let handed = poll_once(&mut waiter)

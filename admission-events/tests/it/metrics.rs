@@ -314,7 +314,7 @@ fn a_monitors_passage_is_recorded_with_the_wait_on_its_clock() {
         let one = || Demand::new().with(permits.clone(), Amount::ONE);
 
         let first = monitor.admit_blocking(one(), &JobContext::new("first"), None);
-        let mut second = monitor.admit(one(), &JobContext::new("second"), None);
+        let mut second = Box::pin(monitor.admit(one(), &JobContext::new("second"), None));
         assert!(poll_once(&mut second).is_none());
         assert_eq!(monitor.queue_size(), 1);
         clock.advance(Duration::from_millis(1_250));

@@ -62,9 +62,13 @@ fn an_unaffordable_call_is_refused_with_the_numbers_before_it_waits() {
         .demand_within("sonnet", 1_000, 1_000, &*ledger)
         .unwrap();
     assert_eq!(first.call.price, micros(ONE_CALL));
-    let grant = poll_once(&mut monitor.admit(first.call.demand, &JobContext::new("a"), None))
-        .unwrap()
-        .unwrap();
+    let grant = poll_once(&mut Box::pin(monitor.admit(
+        first.call.demand,
+        &JobContext::new("a"),
+        None,
+    )))
+    .unwrap()
+    .unwrap();
     let bucket = registry.bucket("sonnet").unwrap();
     assert_eq!(bucket.level(), 58_000);
 
@@ -111,7 +115,7 @@ fn an_unaffordable_call_is_refused_with_the_numbers_before_it_waits() {
     let second = registry
         .demand_within("sonnet", 1_000, 1_000, &*ledger)
         .unwrap();
-    let mut waiting = monitor.admit(second.call.demand, &JobContext::new("b"), None);
+    let mut waiting = Box::pin(monitor.admit(second.call.demand, &JobContext::new("b"), None));
     assert!(poll_once(&mut waiting).is_none());
     assert_eq!(monitor.queue_size(), 1);
     assert_eq!(books(&ledger), (Money::ZERO, micros(36_000), 2));
@@ -221,20 +225,24 @@ fn a_call_never_made_releases_its_reservation_and_spends_nothing() {
     let ledger = CostLedger::new("w", micros(40_000));
 
     let holder = registry.demand_for("sonnet", 1_000, 1_000).unwrap();
-    let held = poll_once(&mut monitor.admit(holder.demand, &JobContext::new("a"), None))
-        .unwrap()
-        .unwrap();
+    let held = poll_once(&mut Box::pin(monitor.admit(
+        holder.demand,
+        &JobContext::new("a"),
+        None,
+    )))
+    .unwrap()
+    .unwrap();
 
     // Priced and waiting behind the gate; then the waiter is cancelled (its future dropped).
     let call = registry
         .demand_within("sonnet", 1_000, 1_000, &*ledger)
         .unwrap();
     let BudgetedCall { call, reservation } = call;
-    let mut waiting = monitor.admit(
+    let mut waiting = Box::pin(monitor.admit(
         call.demand,
         &JobContext::new("b"),
         Some(Duration::from_secs(5)),
-    );
+    ));
     assert!(poll_once(&mut waiting).is_none());
     assert_eq!(books(&ledger), (Money::ZERO, micros(18_000), 1));
     drop(waiting);

@@ -518,7 +518,7 @@ fn a_call_is_granted_whole_and_its_tokens_stay_spent() {
 
     let call = |n: &str| {
         let demand = registry.demand_for("sonnet", 20_000, 5_000).unwrap().demand;
-        monitor.admit(demand, &JobContext::new(n.to_owned()), None)
+        Box::pin(monitor.admit(demand, &JobContext::new(n.to_owned()), None))
     };
     let first = poll_once(&mut call("a")).unwrap().unwrap();
     let second = poll_once(&mut call("b")).unwrap().unwrap();

@@ -31,6 +31,8 @@ pin_project! {
     enum State<S, R, F> {
         // Waiting in the monitor's line; `inner` was polled ready.
         Admitting {
+            // The admit keeps its waiter's outcome slot inside itself: pinned in place.
+            #[pin]
             admit: Admit,
             inner: S,
             request: R,
@@ -118,7 +120,7 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Admitting { admit, .. } => {
-                    let outcome = ready!(Pin::new(admit).poll(cx));
+                    let outcome = ready!(admit.poll(cx));
                     let StateReplace::Admitting {
                         mut inner,
                         mut request,

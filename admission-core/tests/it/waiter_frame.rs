@@ -1,0 +1,145 @@
+//! A parked waiter's outcome slot lives where the waiter waits (the pinned `Admit` future, the
+//! blocking call's frame), and the line points at it. These tests hold the rule that makes that
+//! sound: whatever way the waiter goes away (its outcome taken, the future dropped before or
+//! after the outcome landed, the blocking call unwinding), its record is out of the line first,
+//! and nothing it was granted is kept.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::time::Duration;
+
+use admission_core::{Clock, Instant, JobContext, Monitor, SystemClock, Timer};
+use admission_testkit::monitor::{PATIENCE, poll_once};
+
+use super::{demand, on, permits};
+
+/// A real clock whose timer panics: a blocking waiter with a deadline asks it how long to sleep
+/// once it is parked, so the call unwinds with its waiter in the line.
+#[derive(Debug)]
+struct PanickingTimer(SystemClock);
+
+impl Clock for PanickingTimer {
+    fn now(&self) -> Instant {
+        self.0.now()
+    }
+}
+
+impl Timer for PanickingTimer {
+    fn real_wait(&self, _deadline: Instant) -> Option<Duration> {
+        panic!("the timer failed");
+    }
+}
+
+#[test]
+fn a_blocking_admit_that_unwinds_while_parked_leaves_the_line_and_keeps_nothing() {
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .clock(Arc::new(PanickingTimer(SystemClock::new())))
+        .build();
+    let gate = permits("gate", 1);
+    let holder = monitor
+        .admit_blocking(demand(&[(on(&gate), 1)]), &JobContext::new("holder"), None)
+        .expect("the permit is free");
+    let unwound = catch_unwind(AssertUnwindSafe(|| {
+        monitor.admit_blocking(
+            demand(&[(on(&gate), 1)]),
+            &JobContext::new("waiter"),
+            Some(Duration::from_secs(60)),
+        )
+    }));
+    assert!(unwound.is_err(), "the timer's panic reaches the caller");
+    assert_eq!(
+        monitor.queue_size(),
+        0,
+        "the unwinding waiter left the line"
+    );
+    drop(holder);
+    assert_eq!(monitor.pass_now(), None, "nobody is left to serve");
+    assert_eq!(
+        gate.available(),
+        1,
+        "nothing was granted to the waiter that went"
+    );
+    let again = monitor
+        .admit_blocking(demand(&[(on(&gate), 1)]), &JobContext::new("again"), None)
+        .expect("the permit is free again");
+    assert_eq!(gate.available(), 0);
+    drop(again);
+    assert_eq!(gate.available(), 1);
+}
+
+#[test]
+fn an_admit_dropped_after_its_grant_landed_unseen_gives_the_grant_back() {
+    let monitor = Monitor::builder().manual_passes().build();
+    let gate = permits("gate", 2);
+    let holder = monitor
+        .admit_blocking(demand(&[(on(&gate), 2)]), &JobContext::new("holder"), None)
+        .expect("both permits are free");
+    let mut first =
+        Box::pin(monitor.admit(demand(&[(on(&gate), 1)]), &JobContext::new("first"), None));
+    let mut second =
+        Box::pin(monitor.admit(demand(&[(on(&gate), 1)]), &JobContext::new("second"), None));
+    assert!(poll_once(&mut first).is_none());
+    assert!(poll_once(&mut second).is_none());
+    assert_eq!(monitor.queue_size(), 2);
+    drop(holder);
+    monitor.pass_now();
+    assert_eq!(
+        monitor.queue_size(),
+        0,
+        "both were granted into their futures"
+    );
+    assert_eq!(gate.available(), 0);
+    // The first future's grant sits in it, never polled out: dropping the future gives it back.
+    drop(first);
+    assert_eq!(gate.available(), 1);
+    let grant = poll_once(&mut second)
+        .expect("the outcome is in the future")
+        .expect("granted");
+    drop(second);
+    assert_eq!(
+        gate.available(),
+        1,
+        "a future whose grant was taken gives nothing back"
+    );
+    drop(grant);
+    assert_eq!(gate.available(), 2);
+}
+
+#[test]
+fn a_blocking_waiter_is_woken_on_its_own_thread_by_a_release_on_another() {
+    let monitor = Monitor::new();
+    monitor.start().expect("a fresh monitor starts");
+    let gate = permits("gate", 1);
+    let holder = monitor
+        .admit_blocking(demand(&[(on(&gate), 1)]), &JobContext::new("holder"), None)
+        .expect("the permit is free");
+    let waiters: Vec<_> = (0..4)
+        .map(|i| {
+            let monitor = monitor.clone();
+            let gate = gate.clone();
+            std::thread::spawn(move || {
+                let grant = monitor
+                    .admit_blocking(
+                        demand(&[(on(&gate), 1)]),
+                        &JobContext::new(format!("waiter-{i}")),
+                        Some(Duration::from_secs(30)),
+                    )
+                    .expect("each waiter is served in turn");
+                assert_eq!(gate.available(), 0, "waiter {i} holds the only permit");
+                drop(grant);
+            })
+        })
+        .collect();
+    let since = std::time::Instant::now();
+    while monitor.queue_size() < 4 {
+        assert!(since.elapsed() < PATIENCE, "the four waiters parked");
+        std::thread::yield_now();
+    }
+    drop(holder);
+    for waiter in waiters {
+        waiter.join().expect("no waiter failed");
+    }
+    assert_eq!(monitor.queue_size(), 0);
+    assert_eq!(gate.available(), 1);
+}
