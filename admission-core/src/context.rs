@@ -3,11 +3,12 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering as StdOrdering};
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 
 use serde::Serialize;
+use smallvec::SmallVec;
 
 use crate::sync::{AtomicBool, Mutex, Ordering};
 
@@ -26,7 +27,38 @@ pub struct JobSnapshot {
     pub tenant: Option<Arc<str>>,
 }
 
-type Listener = Box<dyn FnOnce() + Send>;
+/// What cancelling a job runs, once.
+pub(crate) enum Listener {
+    /// A callback (the [`Cancelled`] future's waker slot).
+    Call(Box<dyn FnOnce() + Send>),
+    /// A waiter to take out of a line: the line held weakly, the waiter named by the two words
+    /// the line chose. Registered without allocating, so that parking allocates nothing for it.
+    Leave(Weak<dyn LeaveOnCancel>, WaiterKey),
+}
+
+impl Listener {
+    fn run(self) {
+        match self {
+            Listener::Call(call) => call(),
+            Listener::Leave(line, waiter) => {
+                if let Some(line) = line.upgrade() {
+                    line.leave_on_cancel(waiter);
+                }
+            }
+        }
+    }
+}
+
+/// A line a job's waiters stand in (a monitor's), told when the job is cancelled.
+pub(crate) trait LeaveOnCancel: Send + Sync {
+    /// The job of the waiter the line named `waiter` was cancelled: take it out of the line (if
+    /// it is still there).
+    fn leave_on_cancel(&self, waiter: WaiterKey);
+}
+
+/// How a [`LeaveOnCancel`] line names one of its waiters: two words of its own choosing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct WaiterKey(pub(crate) u64, pub(crate) u64);
 
 struct Inner {
     snapshot: JobSnapshot,
@@ -67,7 +99,9 @@ impl Switch {
 #[derive(Default)]
 struct Listeners {
     next_key: u64,
-    entries: Vec<(u64, Listener)>,
+    /// Room for one listener in place: most jobs wait in one line at a time, so registering
+    /// their waiter's listener allocates nothing (the room was made with the context).
+    entries: SmallVec<[(u64, Listener); 1]>,
 }
 
 /// A job's identity and cancellation switch, shared by clones.
@@ -162,7 +196,7 @@ impl JobContext {
         self.inner.switch().cancelled.store(true, Ordering::Release);
         let listeners = std::mem::take(&mut self.inner.switch().listeners.lock().entries);
         for (_, listener) in listeners {
-            listener();
+            listener.run();
         }
     }
 
@@ -202,11 +236,6 @@ impl JobContext {
         }
         let key = listeners.next_key;
         listeners.next_key += 1;
-        // Most contexts wait in one line at a time: room for exactly one listener (a `Vec`'s
-        // first push would make room for four, 72 bytes more per parked waiter).
-        if listeners.entries.capacity() == 0 {
-            listeners.entries.reserve_exact(1);
-        }
         listeners.entries.push((key, listener));
         Some(key)
     }
@@ -247,12 +276,12 @@ impl Future for Cancelled {
             None => {
                 let slot = Arc::new(Mutex::new(Some(waker)));
                 let wakes = slot.clone();
-                let listener = self.ctx.on_cancel(Box::new(move || {
+                let listener = self.ctx.on_cancel(Listener::Call(Box::new(move || {
                     let waker = wakes.lock().take();
                     if let Some(waker) = waker {
                         waker.wake();
                     }
-                }));
+                })));
                 match listener {
                     // Cancelled since the look above.
                     None => return Poll::Ready(()),

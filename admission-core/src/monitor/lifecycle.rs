@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::Instant;
+use crate::context::{LeaveOnCancel, WaiterKey};
 use crate::demand::Demand;
 use crate::error::{AdmitError, StartError};
 use crate::sync::{Ordering, thread};
@@ -24,6 +25,16 @@ enum Leaving {
     Abandoned,
     /// Its own timer says its deadline has passed (checked again here, on the monitor's clock).
     Expired,
+}
+
+/// A cancelled job's waiter leaves the line: the listener its ticket registered on the job's
+/// context names it by its place (`wait.rs`).
+impl LeaveOnCancel for Shared {
+    fn leave_on_cancel(&self, waiter: WaiterKey) {
+        if let Some(place) = Place::of_waiter_key(waiter) {
+            self.cancel_waiter(place);
+        }
+    }
 }
 
 impl Shared {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::account::Account;
 use crate::clock::Instant;
-use crate::context::JobContext;
+use crate::context::{JobContext, WaiterKey};
 use crate::demand::Demand;
 use crate::sync::thread;
 
@@ -116,6 +116,20 @@ impl Place {
     /// The place of the first waiter ever parked in a line (for the models, which expire it).
     #[cfg(all(test, admission_loom))]
     pub(crate) const FIRST: Place = Place { slot: 0, seq: 0 };
+
+    /// The place as its job's context keeps it, for the listener that takes the waiter out of
+    /// the line when the job is cancelled.
+    pub(crate) fn waiter_key(self) -> WaiterKey {
+        WaiterKey(u64::from(self.slot), self.seq)
+    }
+
+    /// The place a listener's key names; `None` for a key no place of a line makes.
+    pub(crate) fn of_waiter_key(key: WaiterKey) -> Option<Place> {
+        Some(Place {
+            slot: u32::try_from(key.0).ok()?,
+            seq: key.1,
+        })
+    }
 }
 
 /// No slot: the end of the line.

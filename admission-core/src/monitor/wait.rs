@@ -4,13 +4,13 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomPinned;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use super::grant::Grant;
 use crate::clock::Instant;
-use crate::context::JobContext;
+use crate::context::{JobContext, LeaveOnCancel, Listener};
 use crate::demand::Demand;
 use crate::error::AdmitError;
 
@@ -43,12 +43,10 @@ impl Ticket {
     /// Called once the waiter is parked: cancelling its job takes it out of the line.
     fn listen(&mut self, shared: &Arc<Shared>) {
         let Some(place) = self.place else { return };
-        let weak = Arc::downgrade(shared);
-        self.listener = self.ctx.on_cancel(Box::new(move || {
-            if let Some(shared) = weak.upgrade() {
-                shared.cancel_waiter(place);
-            }
-        }));
+        let line: Weak<dyn LeaveOnCancel> = Arc::downgrade(shared) as Weak<Shared>;
+        self.listener = self
+            .ctx
+            .on_cancel(Listener::Leave(line, place.waiter_key()));
         if self.listener.is_none() {
             // Cancelled between asking and parking.
             shared.cancel_waiter(place);

@@ -2,7 +2,8 @@
 //! blocking call's frame), and the line points at it. These tests hold the rule that makes that
 //! sound: whatever way the waiter goes away (its outcome taken, the future dropped before or
 //! after the outcome landed, the blocking call unwinding), its record is out of the line first,
-//! and nothing it was granted is kept.
+//! and nothing it was granted is kept. And the listener that takes a cancelled job's waiter out
+//! of the line is kept in the job's context without allocating.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -142,4 +143,63 @@ fn a_blocking_waiter_is_woken_on_its_own_thread_by_a_release_on_another() {
     }
     assert_eq!(monitor.queue_size(), 0);
     assert_eq!(gate.available(), 1);
+}
+
+/// A job's context keeps room for one cancellation listener in place (a waiter's listener
+/// allocates nothing); a job waiting in two lines and on its own `cancelled()` future registers
+/// three, past that room, and one cancel reaches all three. A listener whose waiter was served
+/// is forgotten: cancelling afterwards touches neither line.
+#[test]
+fn one_cancel_withdraws_a_job_from_two_lines_and_wakes_its_cancelled_future() {
+    let first = Monitor::builder().manual_passes().build();
+    let second = Monitor::builder().manual_passes().build();
+    let (a, b) = (permits("a", 1), permits("b", 1));
+    let held_a = first
+        .admit_blocking(demand(&[(on(&a), 1)]), &JobContext::new("holder-a"), None)
+        .expect("free");
+    let held_b = second
+        .admit_blocking(demand(&[(on(&b), 1)]), &JobContext::new("holder-b"), None)
+        .expect("free");
+    let job = JobContext::new("two lines");
+    let mut in_first = Box::pin(first.admit(demand(&[(on(&a), 1)]), &job, None));
+    let mut in_second = Box::pin(second.admit(demand(&[(on(&b), 1)]), &job, None));
+    let mut cancelled = Box::pin(job.cancelled());
+    assert!(poll_once(&mut in_first).is_none());
+    assert!(poll_once(&mut in_second).is_none());
+    assert!(poll_once(&mut cancelled).is_none());
+    assert_eq!((first.queue_size(), second.queue_size()), (1, 1));
+    job.cancel();
+    assert_eq!((first.queue_size(), second.queue_size()), (0, 0));
+    for (outcome, line) in [
+        (poll_once(&mut in_first), "first"),
+        (poll_once(&mut in_second), "second"),
+    ] {
+        assert!(
+            matches!(outcome, Some(Err(admission_core::AdmitError::Cancelled { job: id, .. })) if id == job.id()),
+            "the {line} line's waiter was told it was cancelled"
+        );
+    }
+    assert_eq!(poll_once(&mut cancelled), Some(()));
+    drop((held_a, held_b));
+    assert_eq!((a.available(), b.available()), (1, 1));
+
+    // Served, then cancelled: the listener went with the wait.
+    let served = JobContext::new("served");
+    let held = first
+        .admit_blocking(demand(&[(on(&a), 1)]), &JobContext::new("holder"), None)
+        .expect("free");
+    let mut admit = Box::pin(first.admit(demand(&[(on(&a), 1)]), &served, None));
+    assert!(poll_once(&mut admit).is_none());
+    drop(held);
+    let grant = poll_once(&mut admit)
+        .expect("granted by the release's pass")
+        .expect("granted");
+    served.cancel();
+    assert_eq!(
+        a.available(),
+        0,
+        "cancelling after the grant takes nothing back"
+    );
+    drop(grant);
+    assert_eq!(a.available(), 1);
 }
