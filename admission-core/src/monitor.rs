@@ -20,6 +20,7 @@ mod grant;
 #[cfg(any(test, feature = "test-util"))]
 mod holds;
 mod lifecycle;
+#[allow(unsafe_code)]
 mod line;
 #[allow(unsafe_code)]
 mod outbox;

@@ -26,8 +26,8 @@ use super::ask::{
     Attempt, Head, Learn, Short, ask_demand, earlier, give_back, panic_message, refusal_of,
 };
 use super::cell::{CellRef, Outcome};
-use super::grant::{Grant, Hold};
-use super::line::{Holding, Place, State, Waiter, before_planned};
+use super::grant::{Grant, Holds};
+use super::line::{Holding, Place, RecordRef, State, Waiter, before_planned};
 use super::outbox::{Outbox, entry_events};
 use super::shared::Shared;
 
@@ -43,20 +43,11 @@ pub(crate) enum Begin {
     },
 }
 
-/// What a parked waiter's record needs from the heap: allocated before the monitor lock is
-/// taken when the arrival will likely park (someone is parked already), so that the critical
-/// section it parks in allocates nothing of its own. (Its outcome cell is the caller's.)
-struct Room {
-    /// Room for the one hold most waiters get.
-    held: Vec<Hold>,
-}
-
-impl Room {
-    fn new() -> Room {
-        Room {
-            held: Vec::with_capacity(1),
-        }
-    }
+/// Where a waiter that parks keeps itself: its outcome cell and its record, both the caller's
+/// (inside its pinned `Admit`, or on the blocking call's frame), which the line points at.
+pub(crate) struct Stand {
+    pub(crate) cell: CellRef,
+    pub(crate) record: RecordRef,
 }
 
 /// What the unlocked fast path made of a demand.
@@ -87,7 +78,7 @@ enum Arrival {
 
 impl Shared {
     /// Asks for `demand`: grants it inline when the line is empty and it fits, parks it otherwise
-    /// with `cell` (the caller's, which the caller keeps in place: `cell.rs`) for its outcome.
+    /// in `stand` (the caller's cell and record, which the caller keeps in place: `cell.rs`).
     ///
     /// A parked waiter's place is written to `parked` as soon as it is parked, before anything
     /// that could unwind (an event sink, a waker, an account's give): a caller that unwinds out of
@@ -97,7 +88,7 @@ impl Shared {
         demand: Demand,
         ctx: &JobContext,
         timeout: Option<Duration>,
-        cell: CellRef,
+        stand: Stand,
         parked: &mut Option<Place>,
     ) -> Begin {
         let mut out = self.outbox();
@@ -111,7 +102,7 @@ impl Shared {
             Err(not_granted) => not_granted,
         };
         let (begun, ring) =
-            match self.begin_locked(demand, asked, ctx, timeout, cell, &now, &mut out) {
+            match self.begin_locked(demand, asked, ctx, timeout, stand, &now, &mut out) {
                 Ok(parked) => parked,
                 Err(outcome) => (Begin::Done(outcome), false),
             };
@@ -330,7 +321,7 @@ impl Shared {
         asked: bool,
         ctx: &JobContext,
         timeout: Option<Duration>,
-        cell: CellRef,
+        stand: Stand,
         now: &Reading<'_>,
         out: &mut Outbox<'_>,
     ) -> Result<(Begin, bool), Outcome> {
@@ -348,7 +339,6 @@ impl Shared {
         if let Err(error) = demand.check_requirements() {
             return refused(out, &demand, error);
         }
-        let room = (self.bell.parked.load(Ordering::Relaxed) != 0).then(Room::new);
         let mut st = self.state.lock();
         if let Some(error) = Self::phase_error(&st.phase) {
             drop(st);
@@ -385,7 +375,7 @@ impl Shared {
                 return refused(out, &demand, error);
             }
         }
-        self.park(st, room, demand, ctx, timeout, cell, gate_held, now, out)
+        self.park(st, demand, ctx, timeout, stand, gate_held, now, out)
     }
 
     /// The fast path, for an empty line: the gate, then every account asked once as the head.
@@ -467,11 +457,10 @@ impl Shared {
     fn park(
         self: &Arc<Shared>,
         mut st: MonitorGuard<'_, State>,
-        room: Option<Room>,
         demand: Demand,
         ctx: &JobContext,
         timeout: Option<Duration>,
-        cell: CellRef,
+        stand: Stand,
         gate_held: bool,
         reading: &Reading<'_>,
         out: &mut Outbox<'_>,
@@ -493,14 +482,13 @@ impl Shared {
         for entry in demand.entries() {
             self.watch(&mut st, entry.account());
         }
-        let Room { held } = room.unwrap_or_else(Room::new);
         let mut waiter = Waiter {
             demand,
             ctx: ctx.clone(),
             asked_at: now,
             deadline,
-            cell,
-            held,
+            cell: stand.cell,
+            held: Holds::new(),
             holding: Holding::default(),
             on_gate: gate_held,
         };
@@ -526,7 +514,7 @@ impl Shared {
             out.rejected(ctx, &waiter.demand, &error);
             return Err(Err(error));
         }
-        let place = st.queue.push(waiter);
+        let place = st.queue.push(stand.record, waiter);
         // Without a gate the count was published before the ask, and is this already.
         self.publish_parked(st.queue.len());
         // The waiter's `held` events go out before anything a pass may build for it once the

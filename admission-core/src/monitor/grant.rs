@@ -9,6 +9,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use smallvec::SmallVec;
+
 use crate::clock::Instant;
 use crate::context::JobContext;
 use crate::demand::{Demand, Entry};
@@ -26,23 +28,61 @@ pub(crate) trait Owner: Send + Sync + 'static {
     fn to_shared(&self) -> Arc<dyn Owner>;
 }
 
-/// One account's hold on a waiter, kept for [`Grant::wait_times`].
+/// One account's hold on a waiter, kept for [`Grant::wait_times`]: 24 bytes, so that the one
+/// hold most waiters get sits in the waiter's record and then in its grant, never on the heap.
 pub(crate) struct Hold {
-    /// The account's key (its address), or [`Hold::GATE`] for the gate.
-    pub(crate) key: usize,
-    /// The held entry's index in the waiter's demand; `None` for the gate. (Names are looked up
-    /// only when a grant reports its waits, so holding costs no copy.)
-    pub(crate) entry: Option<usize>,
+    /// The held entry's index in the waiter's demand (a demand has one entry per account, so
+    /// the index names the account), or [`Hold::GATE`] for the gate. Names are looked up only
+    /// when a grant reports its waits, so holding costs no copy.
+    entry: u32,
     /// When the account first refused the waiter.
-    pub(crate) since: Instant,
-    /// When it last stopped refusing (`None` while it still refuses).
-    pub(crate) until: Option<Instant>,
+    since: Instant,
+    /// When it last stopped refusing ([`Instant::MAX`] while it still refuses).
+    until: Instant,
 }
 
 impl Hold {
-    /// The key under which the gate appears among a waiter's holds.
-    pub(crate) const GATE: usize = usize::MAX;
+    /// The index under which the gate appears among a waiter's holds.
+    const GATE: u32 = u32::MAX;
+
+    /// A hold by the demand's entry `entry` (`None`: the gate) since `since`, still holding.
+    /// (An index past `u32::MAX - 1`, in a demand of four billion accounts, shares the last.)
+    pub(crate) fn new(entry: Option<usize>, since: Instant) -> Hold {
+        Hold {
+            entry: entry.map_or(Hold::GATE, |i| {
+                u32::try_from(i).map_or(Hold::GATE - 1, |i| i.min(Hold::GATE - 1))
+            }),
+            since,
+            until: Instant::MAX,
+        }
+    }
+
+    /// When the account last stopped refusing; `None` while it still refuses.
+    pub(crate) fn until(&self) -> Option<Instant> {
+        (self.until != Instant::MAX).then_some(self.until)
+    }
+
+    /// The account refuses again (or still): the hold is open.
+    pub(crate) fn reopen(&mut self) {
+        self.until = Instant::MAX;
+    }
+
+    /// The account stopped refusing at `at`, unless it had already (the first end counts).
+    /// An end at [`Instant::MAX`] itself (a clock at its very end) keeps the hold open.
+    pub(crate) fn end(&mut self, at: Instant) {
+        if self.until == Instant::MAX {
+            self.until = at;
+        }
+    }
+
+    /// The held entry's index in the waiter's demand; `None` for the gate.
+    pub(crate) fn entry(&self) -> Option<usize> {
+        (self.entry != Hold::GATE).then_some(self.entry as usize)
+    }
 }
+
+/// A waiter's holds: room for one in place (most waiters are held by one account at a time).
+pub(crate) type Holds = SmallVec<[Hold; 1]>;
 
 /// Everything one job was granted, returned when the grant is released, rolled back or dropped.
 ///
@@ -75,26 +115,35 @@ pub struct Grant {
     demand: Demand,
     owner: Arc<dyn Owner>,
     ctx: JobContext,
-    wall_wait: Duration,
-    /// Which accounts held the job and when; read only when asked for, outside the monitor lock.
+    /// When the job asked and was granted, and which accounts held it meanwhile; read only when
+    /// asked for, outside the monitor lock.
     waits: Waits,
     settled: bool,
 }
 
-/// The holds a waiter collected in the line, moved into its grant unread.
+/// The holds a waiter collected in the line, moved into its grant unread, and the two instants
+/// its wait ran between.
 pub(crate) struct Waits {
-    pub(crate) holds: Vec<Hold>,
+    pub(crate) holds: Holds,
+    /// When the job asked (parked).
+    pub(crate) asked_at: Instant,
     /// The instant of the grant: where a hold still open at the end ends.
     pub(crate) granted_at: Instant,
 }
 
 impl Waits {
-    /// An immediate grant's: nothing held it.
+    /// An immediate grant's: nothing held it, and it waited for nothing.
     pub(crate) fn none() -> Waits {
         Waits {
-            holds: Vec::new(),
+            holds: Holds::new(),
+            asked_at: Instant::ZERO,
             granted_at: Instant::ZERO,
         }
+    }
+
+    /// From asking to granted.
+    pub(crate) fn wall_wait(&self) -> Duration {
+        self.granted_at.saturating_duration_since(self.asked_at)
     }
 }
 
@@ -117,14 +166,12 @@ impl Grant {
         demand: Demand,
         owner: Arc<dyn Owner>,
         ctx: JobContext,
-        wall_wait: Duration,
         waits: Waits,
     ) -> Grant {
         Grant {
             demand,
             owner,
             ctx,
-            wall_wait,
             waits,
             settled: false,
         }
@@ -136,13 +183,7 @@ impl Grant {
         demand: Demand,
         ctx: &JobContext,
     ) -> Grant {
-        Grant::new(
-            demand,
-            owner.clone(),
-            ctx.clone(),
-            Duration::ZERO,
-            Waits::none(),
-        )
+        Grant::new(demand, owner.clone(), ctx.clone(), Waits::none())
     }
 
     /// Returns what the job held: the amounts on [`Replenishment::Release`](crate::Replenishment::Release) accounts. Metered
@@ -174,7 +215,7 @@ impl Grant {
 
     /// From asking to granted, on the monitor's clock; zero for an immediate grant.
     pub fn wall_wait(&self) -> Duration {
-        self.wall_wait
+        self.waits.wall_wait()
     }
 
     /// How long each account (or the gate) that held the job kept it, keyed by name.
@@ -182,15 +223,17 @@ impl Grant {
     /// Empty for an immediate grant. The accounts overlap in time, so the values do not add up
     /// to [`wall_wait`](Grant::wall_wait).
     pub fn wait_times(&self) -> BTreeMap<String, Duration> {
-        let Waits { holds, granted_at } = &self.waits;
+        let Waits {
+            holds, granted_at, ..
+        } = &self.waits;
         holds
             .iter()
             .map(|hold| {
-                let name = match hold.entry {
+                let name = match hold.entry() {
                     Some(i) => self.demand.entries()[i].account().name(),
                     None => self.owner.gate_name(),
                 };
-                let until = hold.until.unwrap_or(*granted_at);
+                let until = hold.until().unwrap_or(*granted_at);
                 (name.to_owned(), until.saturating_duration_since(hold.since))
             })
             .collect()
@@ -223,7 +266,7 @@ impl fmt::Debug for Grant {
         f.debug_struct("Grant")
             .field("job", &self.ctx.id())
             .field("entries", &self.entries())
-            .field("wall_wait", &self.wall_wait)
+            .field("wall_wait", &self.wall_wait())
             .field("settled", &self.settled)
             .finish()
     }
@@ -313,7 +356,6 @@ impl<'a> BorrowedGrant<'a> {
             self.demand.clone(),
             self.owner.to_shared(),
             self.ctx.clone(),
-            Duration::ZERO,
             Waits::none(),
         );
         owned.settled = std::mem::replace(&mut self.settled, true);

@@ -110,24 +110,34 @@ impl Shared {
                 .get(place)
                 .is_some_and(|w| !matches!(why, Leaving::Expired) || due(w));
             let was_head = st.queue.is_head(place);
-            match leaves.then(|| st.queue.remove(place)).flatten() {
+            let others_remain = st.queue.len() > 1;
+            let left = match leaves.then(|| st.queue.remove(place)).flatten() {
+                // The waiter stays in its record (its owner's); it is told how it left here,
+                // under the lock, and nothing of it is kept.
                 Some(w) => {
-                    out.emptied(&mut st.queue);
-                    self.publish_parked(st.queue.len());
-                    if w.on_gate {
-                        self.tell_gate_holding(&st);
-                    }
-                    let next = match (&self.gate, was_head) {
-                        (Some(_), _) if was_head || w.on_gate => Next::Ring,
-                        (None, true) if !st.queue.is_empty() => Next::Pass(w.demand.clone()),
-                        _ => Next::Nothing,
-                    };
-                    let error = left_with(&w, why, now);
+                    let error = left_with(w, why, now);
                     out.rejected(&w.ctx, &w.demand, &error);
                     if !matches!(why, Leaving::Abandoned) {
                         out.finish(&w.cell, Err(error));
                     }
-                    out.left(w);
+                    let pass = (was_head && others_remain && self.gate.is_none())
+                        .then(|| w.demand.clone());
+                    Some((w.on_gate, pass))
+                }
+                None => None,
+            };
+            match left {
+                Some((on_gate, pass)) => {
+                    out.emptied(&mut st.queue);
+                    self.publish_parked(st.queue.len());
+                    if on_gate {
+                        self.tell_gate_holding(&st);
+                    }
+                    let next = match (&self.gate, pass) {
+                        (Some(_), _) if was_head || on_gate => Next::Ring,
+                        (None, Some(demand)) => Next::Pass(demand),
+                        _ => Next::Nothing,
+                    };
                     out.seal(&self.sink);
                     (true, next)
                 }
@@ -149,14 +159,12 @@ impl Shared {
 
     /// Refuses every waiter with `error` and empties the line. Under the monitor lock.
     fn drain_locked(&self, st: &mut State, out: &mut Outbox<'_>, error: &AdmitError) {
-        let waiters = st.queue.take_all();
-        out.emptied(&mut st.queue);
-        self.publish_parked(0);
-        for w in waiters {
+        st.queue.take_all(|w| {
             out.rejected(&w.ctx, &w.demand, error);
             out.finish(&w.cell, Err(error.clone()));
-            out.left(w);
-        }
+        });
+        out.emptied(&mut st.queue);
+        self.publish_parked(0);
     }
 
     /// Takes this monitor's doorbell back from every account it watched, leaving alone a slot

@@ -1,11 +1,20 @@
 //! The line's state: everything under the monitor lock, and the waiters in it.
 //!
 //! Only code holding the monitor lock (`Shared::state`) reads or writes a [`State`]. The line is
-//! a [`Line`]: the waiters' records in one slab the monitor reuses, linked in arrival order, so a
-//! pass walks records that sit side by side, and leaving from anywhere unlinks one record.
+//! a [`Line`]: one slot per waiter in a slab the monitor reuses, linked in arrival order, so a
+//! pass walks slots that sit side by side, and leaving from anywhere unlinks one slot.
+//!
+//! A waiter's [`Record`] (its demand, job, deadline and holds) is not in the slot: it lives where
+//! the waiter waits, beside its outcome cell (inside the pinned `Admit`, on the blocking call's
+//! frame), and the slot points at it. The rule is the cell's (`cell.rs`): the monitor reads or
+//! writes a record only under the monitor lock while its slot is in the line, and the owner
+//! frees it only once it has seen the slot leave. So a parked waiter's only memory of the
+//! monitor's is its slot: [`Slot`]'s size, a few dozen bytes.
 
+use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
+use std::ptr::NonNull;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -16,7 +25,7 @@ use crate::demand::Demand;
 use crate::sync::thread;
 
 use super::cell::CellRef;
-use super::grant::Hold;
+use super::grant::{Hold, Holds};
 
 /// Where the monitor is in its life.
 #[derive(Clone, Debug)]
@@ -38,7 +47,7 @@ pub(crate) struct Waiter {
     pub(crate) cell: CellRef,
     /// The accounts (by key; [`Hold::GATE`] for the gate) this waiter has been held on. Feeds
     /// `Held` events and `Grant::wait_times`.
-    pub(crate) held: Vec<Hold>,
+    pub(crate) held: Holds,
     /// Which of `held` hold the waiter now, in the record itself so that a pass finding the same
     /// accounts short as last time reads nothing more (see [`Holding`]).
     pub(crate) holding: Holding,
@@ -75,8 +84,8 @@ impl Holding {
     pub(crate) fn now_of(held: &[Hold]) -> Holding {
         Holding(
             held.iter()
-                .filter(|h| h.until.is_none())
-                .fold(0, |bits, h| bits | Holding::bit(h.entry)),
+                .filter(|h| h.until().is_none())
+                .fold(0, |bits, h| bits | Holding::bit(h.entry())),
         )
     }
 
@@ -135,12 +144,99 @@ impl Place {
 /// No slot: the end of the line.
 const END: u32 = u32::MAX;
 
-/// A waiter's record in the slab, with its neighbours in arrival order.
+/// A parked waiter's record, kept by the waiter (see the module's documentation): empty until
+/// the arrival parks it, and read or written by the monitor only under the monitor lock while
+/// its slot is in the line.
+#[derive(Default)]
+pub(crate) struct Record(UnsafeCell<Option<Waiter>>);
+
+// SAFETY: a record is read or written only by the monitor under its lock (while the record's
+// slot is in the line) or by its owner through `&mut` (before parking, after leaving): never by
+// two threads at once, whoever shares a reference to the future or frame that holds it.
+unsafe impl Sync for Record {}
+
+impl Record {
+    /// Drops what the record holds. Its owner calls this once it has seen the record's slot
+    /// leave the line (`&mut` is then the only access there is).
+    pub(crate) fn clear(&mut self) {
+        *self.0.get_mut() = None;
+    }
+}
+
+/// A slot's pointer to its waiter's [`Record`].
+pub(crate) struct RecordRef(NonNull<Record>);
+
+// SAFETY: the pointer is followed only under the monitor lock, by whichever thread holds it,
+// while the slot is in the line; a `Waiter` is `Send`.
+unsafe impl Send for RecordRef {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for RecordRef {}
+
+impl RecordRef {
+    /// A pointer to `record` for the waiter's slot in the line.
+    ///
+    /// # Safety
+    ///
+    /// The caller owns the record, and keeps it where it is, alive and untouched, from this
+    /// call until the slot made with this pointer (if any) is out of the line and the caller has
+    /// seen that: it took the waiter's outcome, or its withdrawal under the monitor lock
+    /// returned.
+    pub(crate) unsafe fn new(record: &Record) -> RecordRef {
+        RecordRef(NonNull::from(record))
+    }
+
+    /// The record's contents.
+    ///
+    /// # Safety
+    ///
+    /// The caller holds the monitor lock, and the record's slot has been in the line since the
+    /// lock was taken (it may have left it in this critical section); no other reference to the
+    /// record is alive while the returned one is.
+    unsafe fn contents_mut<'a>(&self) -> &'a mut Option<Waiter> {
+        // SAFETY: the owner keeps the record in place, alive and untouched while its slot is in
+        // the line (`RecordRef::new`); the caller's lock and its promise of no other reference
+        // make this one exclusive.
+        unsafe { &mut *self.0.as_ref().0.get() }
+    }
+
+    /// The record's contents, to read.
+    ///
+    /// # Safety
+    ///
+    /// As for [`RecordRef::contents_mut`], except that other shared references may be alive.
+    unsafe fn contents<'a>(&self) -> &'a Option<Waiter> {
+        // SAFETY: as in `contents_mut`; only shared references are alive with this one.
+        unsafe { &*self.0.as_ref().0.get() }
+    }
+}
+
+/// A waiter's slot in the slab: its record, and its neighbours in arrival order.
 struct Node {
     seq: u64,
     prev: u32,
     next: u32,
-    waiter: Waiter,
+    record: RecordRef,
+}
+
+impl Node {
+    /// The waiter.
+    fn waiter(&self) -> &Waiter {
+        // SAFETY: a node is in the slab only while its waiter is in the line, and the slab is
+        // reached only under the monitor lock; a reference to the waiter lives no longer than
+        // the borrow of the node, so none is alive while `waiter_mut` (which needs the node
+        // borrowed mutably) hands out an exclusive one.
+        unsafe { self.record.contents() }
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("a parked record holds its waiter"))
+    }
+
+    /// The waiter, to change.
+    fn waiter_mut(&mut self) -> &mut Waiter {
+        // SAFETY: as in `Node::waiter`; `&mut self` makes this the only reference.
+        unsafe { self.record.contents_mut() }
+            .as_mut()
+            .unwrap_or_else(|| unreachable!("a parked record holds its waiter"))
+    }
 }
 
 /// Above this many slots an emptied line gives its slab's memory back.
@@ -314,14 +410,18 @@ impl Line {
     /// # Panics
     ///
     /// With 2^32 - 1 waiters parked at once (each is a job holding a thread or a future).
-    pub(crate) fn push(&mut self, waiter: Waiter) -> Place {
+    pub(crate) fn push(&mut self, record: RecordRef, waiter: Waiter) -> Place {
+        // SAFETY: `&mut self` is the monitor lock held; the record is not in the line yet, and
+        // its owner (the caller of the arrival, on this thread) leaves it alone from
+        // `RecordRef::new` on.
+        *unsafe { record.contents_mut() } = Some(waiter);
         let seq = self.next_seq;
         self.next_seq += 1;
         let slot = self.nodes.insert(Node {
             seq,
             prev: self.tail,
             next: END,
-            waiter,
+            record,
         });
         match self.tail {
             END => self.head = slot,
@@ -342,7 +442,7 @@ impl Line {
 
     /// The waiter at `place`, if it is still in the line.
     pub(crate) fn get(&self, place: Place) -> Option<&Waiter> {
-        self.node(place).map(|node| &node.waiter)
+        self.node(place).map(Node::waiter)
     }
 
     /// True when the waiter at `place` is the head.
@@ -352,11 +452,13 @@ impl Line {
 
     /// The head of the line.
     pub(crate) fn head(&self) -> Option<&Waiter> {
-        (self.head != END).then(|| &self.nodes.node(self.head).waiter)
+        (self.head != END).then(|| self.nodes.node(self.head).waiter())
     }
 
-    /// Takes the waiter at `place` out of the line, if it is still there.
-    pub(crate) fn remove(&mut self, place: Place) -> Option<Waiter> {
+    /// Takes the waiter at `place` out of the line, if it is still there. The waiter stays in its
+    /// record, the owner's; the reference lets the caller tell it how it left before the
+    /// monitor lock is released.
+    pub(crate) fn remove(&mut self, place: Place) -> Option<&mut Waiter> {
         self.node(place)?;
         let node = self.nodes.remove(place.slot);
         match node.prev {
@@ -373,7 +475,9 @@ impl Line {
         if self.nodes.is_empty() && self.nodes.capacity() > KEEP_EMPTY_SLOTS {
             self.emptied = Some(Emptied(std::mem::take(&mut self.nodes)));
         }
-        Some(node.waiter)
+        // SAFETY: the slot was in the line when the caller took the lock, which it holds for as
+        // long as it borrows the line; the returned reference is the only one.
+        unsafe { node.record.contents_mut() }.as_mut()
     }
 
     /// The slab a long line left behind when it emptied, for the caller to drop once the monitor
@@ -388,24 +492,23 @@ impl Line {
         std::iter::from_fn(move || {
             let node = self.nodes.get(slot)?;
             slot = node.next;
-            Some(&node.waiter)
+            Some(node.waiter())
         })
     }
 
-    /// Empties the line, handing over its waiters first to last.
-    pub(crate) fn take_all(&mut self) -> Vec<Waiter> {
-        let mut waiters = Vec::with_capacity(self.len());
+    /// Empties the line, handing `each` its waiters first to last (still under the lock, as
+    /// they leave).
+    pub(crate) fn take_all(&mut self, mut each: impl FnMut(&mut Waiter)) {
         let mut slot = self.head;
         while slot != END {
-            let node = self.nodes.remove(slot);
+            let mut node = self.nodes.remove(slot);
             slot = node.next;
-            waiters.push(node.waiter);
+            each(node.waiter_mut());
         }
         self.emptied = Some(Emptied(std::mem::take(&mut self.nodes)));
         self.head = END;
         self.tail = END;
         self.cursor = None;
-        waiters
     }
 
     /// The first slot of a walk from the head (`None` for an empty line).
@@ -424,7 +527,7 @@ impl Line {
                 seq: node.seq,
             },
             next,
-            &mut node.waiter,
+            node.waiter_mut(),
         )
     }
 
@@ -532,6 +635,13 @@ mod tests {
     use super::*;
     use crate::monitor::grant::Hold;
 
+    /// Parks a waiter named `name` at the tail, its record leaked (it outlives the line).
+    fn park(line: &mut Line, name: &str) -> Place {
+        let record: &'static Record = Box::leak(Box::default());
+        // SAFETY: a leaked record stays in place forever, and nothing else touches it.
+        line.push(unsafe { RecordRef::new(record) }, waiter(name))
+    }
+
     fn waiter(name: &str) -> Waiter {
         Waiter {
             demand: Demand::new(),
@@ -539,7 +649,7 @@ mod tests {
             asked_at: Instant::ZERO,
             deadline: None,
             cell: CellRef::dangling(),
-            held: Vec::new(),
+            held: Holds::new(),
             holding: Holding::default(),
             on_gate: false,
         }
@@ -556,7 +666,7 @@ mod tests {
         let mut line = Line::new();
         let places: Vec<Place> = ["a", "b", "c", "d"]
             .iter()
-            .map(|n| line.push(waiter(n)))
+            .map(|n| park(&mut line, n))
             .collect();
         assert!(line.is_head(places[0]));
         assert_eq!(
@@ -575,7 +685,7 @@ mod tests {
             line.head().map(|w| w.ctx.snapshot().name.to_string()),
             Some("b".into())
         );
-        line.push(waiter("e"));
+        park(&mut line, "e");
         assert_eq!(names(&line), ["b", "d", "e"]);
         assert_eq!(line.len(), 3);
         assert_eq!(
@@ -589,9 +699,9 @@ mod tests {
     #[test]
     fn a_place_whose_waiter_left_finds_nothing_even_in_a_reused_slot() {
         let mut line = Line::new();
-        let first = line.push(waiter("first"));
+        let first = park(&mut line, "first");
         assert!(line.remove(first).is_some());
-        let second = line.push(waiter("second"));
+        let second = park(&mut line, "second");
         assert_eq!(second.slot, first.slot, "the slab reuses the slot");
         assert!(line.get(first).is_none());
         assert!(!line.is_head(first));
@@ -602,20 +712,20 @@ mod tests {
     #[test]
     fn a_held_cursor_moves_on_when_its_waiter_leaves_and_picks_up_an_arrival_at_the_end() {
         let mut line = Line::new();
-        let a = line.push(waiter("a"));
-        let b = line.push(waiter("b"));
+        let a = park(&mut line, "a");
+        let b = park(&mut line, "b");
         let first = line.first_slot().expect("a waiter");
         let (place, next, _) = line.step(first);
         assert_eq!(place, a);
         line.hold_cursor(next);
         assert!(line.remove(b).is_some(), "the walk's next waiter leaves");
-        let c = line.push(waiter("c"));
+        let c = park(&mut line, "c");
         let resumed = line.resume().expect("the arrival is visited");
         assert_eq!(line.step(resumed).0, c);
         line.hold_cursor(None);
         assert_eq!(line.resume(), None, "nothing arrived after the end");
         line.hold_cursor(None);
-        let d = line.push(waiter("d"));
+        let d = park(&mut line, "d");
         let resumed = line.resume().expect("an arrival at the end is visited");
         assert_eq!(line.step(resumed).0, d);
     }
@@ -623,12 +733,12 @@ mod tests {
     #[test]
     fn the_slab_grows_by_chunks_without_moving_a_record_and_reuses_the_last_freed_slot_first() {
         let mut line = Line::new();
-        let first = line.push(waiter("first"));
+        let first = park(&mut line, "first");
         let address =
-            |line: &Line, place: Place| std::ptr::from_ref(line.get(place).expect("in the line"));
+            |line: &Line, place: Place| std::ptr::from_ref(line.node(place).expect("in the line"));
         let before = address(&line, first);
         let places: Vec<Place> = (1..=CHUNK)
-            .map(|i| line.push(waiter(&format!("w{i}"))))
+            .map(|i| park(&mut line, &format!("w{i}")))
             .collect();
         assert_eq!(line.nodes.capacity(), 2 * CHUNK, "one more chunk");
         assert_eq!(
@@ -638,9 +748,9 @@ mod tests {
         );
         assert!(line.remove(places[10]).is_some());
         assert!(line.remove(places[20]).is_some());
-        let again = line.push(waiter("again"));
+        let again = park(&mut line, "again");
         assert_eq!(again.slot, places[20].slot, "the last freed slot first");
-        let once_more = line.push(waiter("once more"));
+        let once_more = park(&mut line, "once more");
         assert_eq!(once_more.slot, places[10].slot);
         assert_eq!(line.len(), CHUNK + 1);
         assert_eq!(line.iter().count(), CHUNK + 1);
@@ -648,11 +758,12 @@ mod tests {
 
     #[test]
     fn a_holding_set_is_exact_for_the_first_62_entries_and_the_gate() {
-        let hold = |entry: Option<usize>, until: Option<Instant>| Hold {
-            key: entry.map_or(Hold::GATE, |i| i + 1),
-            entry,
-            since: Instant::ZERO,
-            until,
+        let hold = |entry: Option<usize>, until: Option<Instant>| {
+            let mut hold = Hold::new(entry, Instant::ZERO);
+            if let Some(until) = until {
+                hold.end(until);
+            }
+            hold
         };
         let short = [Some(0), None, Some(61)];
         let held = [
@@ -680,7 +791,7 @@ mod tests {
     fn an_emptied_long_line_gives_its_slab_back() {
         let mut line = Line::new();
         let places: Vec<Place> = (0..KEEP_EMPTY_SLOTS + 1)
-            .map(|i| line.push(waiter(&format!("w{i}"))))
+            .map(|i| park(&mut line, &format!("w{i}")))
             .collect();
         assert!(line.nodes.capacity() > KEEP_EMPTY_SLOTS);
         for place in places {
@@ -692,9 +803,7 @@ mod tests {
             .expect("the long line's slab, to free later");
         assert!(emptied.0.capacity() > KEEP_EMPTY_SLOTS);
         assert!(line.take_emptied().is_none());
-        let short: Vec<Place> = (0..8)
-            .map(|i| line.push(waiter(&format!("v{i}"))))
-            .collect();
+        let short: Vec<Place> = (0..8).map(|i| park(&mut line, &format!("v{i}"))).collect();
         let capacity = line.nodes.capacity();
         for place in short {
             assert!(line.remove(place).is_some());
@@ -705,6 +814,8 @@ mod tests {
             "a short line keeps its slots"
         );
         assert!(line.take_emptied().is_none());
-        assert!(line.take_all().is_empty());
+        let mut taken = 0;
+        line.take_all(|_| taken += 1);
+        assert_eq!(taken, 0);
     }
 }

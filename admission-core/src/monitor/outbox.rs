@@ -1,11 +1,11 @@
 //! The outbox: what a critical section leaves to do once the monitor lock is released (events to
-//! emit, waiters to wake, grants to roll back, what left the line to drop), and the sink events
+//! emit, waiters to wake, grants to roll back, accounts and a slab to drop), and the sink events
 //! go to.
 //!
-//! Nothing a caller gave the monitor is dropped under its lock: a waiter that leaves the line
-//! (its demand holds the accounts, its context the job) and an account the monitor stops
-//! watching are moved here and dropped once the lock is released, since dropping the last handle
-//! to either runs code that is not ours.
+//! Nothing a caller gave the monitor is dropped under its lock: an account the monitor stops
+//! watching is moved here and dropped once the lock is released, since dropping the last handle
+//! to it runs code that is not ours. (A waiter that leaves the line drops nothing here: its
+//! demand and context stay in its record, which its owner drops.)
 //!
 //! Events are built under the lock, where the transition is exact, and emitted after it, so a
 //! slow sink never holds the line. With no sink installed no event is ever built.
@@ -34,7 +34,7 @@ use crate::sync::{AtomicBool, Mutex, Ordering, RwLock};
 use super::ask::panic_message;
 use super::cell::{CellRef, Notify, Outcome};
 use super::grant::Grant;
-use super::line::{Emptied, Line, Waiter};
+use super::line::{Emptied, Line};
 use crate::account::AccountRef;
 
 /// The monitor's event sink, swappable at any time.
@@ -132,8 +132,6 @@ pub(crate) struct Outbox<'a> {
     wake: Vec<Notify>,
     /// Grants to roll back once the lock is released.
     discard: Vec<Grant>,
-    /// Waiters that left the line, dropped once the lock is released.
-    left: Vec<Waiter>,
     /// Accounts no longer watched, dropped once the lock is released.
     unwatched: Vec<AccountRef>,
     /// A long line's slab, freed once the lock is released.
@@ -148,7 +146,6 @@ impl<'a> Outbox<'a> {
             events: sink.is_installed().then(Vec::new),
             wake: Vec::new(),
             discard: Vec::new(),
-            left: Vec::new(),
             unwatched: Vec::new(),
             emptied: None,
         }
@@ -219,17 +216,11 @@ impl<'a> Outbox<'a> {
         }
     }
 
-    /// Keeps waiter `w`, which left the line, until the lock is released.
-    pub(crate) fn left(&mut self, w: Waiter) {
-        self.left.push(w);
-    }
-
-    /// Makes room for what a pass over a line most often leaves (one waiter to wake and its
-    /// record to drop), before the pass takes the lock: so that the contended path's
-    /// critical sections allocate nothing.
+    /// Makes room for what a pass over a line most often leaves (one waiter to wake), before
+    /// the pass takes the lock: so that the contended path's critical sections allocate
+    /// nothing.
     pub(crate) fn reserve_for_pass(&mut self) {
         self.wake.reserve(1);
-        self.left.reserve(1);
     }
 
     /// Takes what `line` left behind when it emptied, to free it after the lock.
@@ -244,10 +235,10 @@ impl<'a> Outbox<'a> {
         self.unwatched.push(account);
     }
 
-    /// True when delivering would wake, roll back or drop something (events alone do not count:
-    /// they wait for the next delivery).
+    /// True when delivering would wake or roll back something (events alone do not count: they
+    /// wait for the next delivery).
     pub(crate) fn has_work(&self) -> bool {
-        !(self.wake.is_empty() && self.discard.is_empty() && self.left.is_empty())
+        !(self.wake.is_empty() && self.discard.is_empty())
     }
 
     /// Delivers what this outbox holds so far and goes on empty: between the critical sections
@@ -258,7 +249,7 @@ impl<'a> Outbox<'a> {
     }
 
     /// Emits the events, then wakes the waiters, then rolls back what was discarded and drops
-    /// what left. Called with no lock held.
+    /// what the monitor let go of. Called with no lock held.
     pub(crate) fn deliver(self, sink: &Sink) {
         if !self.has_work()
             && self.events.is_none()
@@ -280,7 +271,6 @@ impl<'a> Outbox<'a> {
         for mut grant in self.discard {
             grant.rollback();
         }
-        drop(self.left);
         drop(self.unwatched);
         drop(self.emptied);
     }

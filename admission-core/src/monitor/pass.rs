@@ -281,9 +281,7 @@ impl Shared {
     /// Removes the leavers of the batch just walked and publishes the line's new size.
     fn leave_batch(&self, st: &mut MonitorGuard<'_, State>, walk: &mut Walk, out: &mut Outbox<'_>) {
         for place in walk.leaving.drain(..) {
-            if let Some(w) = st.queue.remove(place) {
-                out.left(w);
-            }
+            st.queue.remove(place);
         }
         out.emptied(&mut st.queue);
         if self.bell.parked.load(Ordering::Relaxed) != st.queue.len() {
@@ -370,9 +368,7 @@ impl Shared {
         out: &mut Outbox<'_>,
     ) -> Option<Instant> {
         for &place in &walk.leaving {
-            if let Some(w) = st.queue.remove(place) {
-                out.left(w);
-            }
+            st.queue.remove(place);
         }
         out.emptied(&mut st.queue);
         if let Some(gate) = &self.gate {
@@ -503,33 +499,24 @@ impl Shared {
         if !gate_only {
             // Every account was asked: those no longer short stopped holding the waiter now.
             for hold in &mut w.held {
-                let still = short.iter().any(|s| match s {
-                    None => hold.key == Hold::GATE,
-                    Some(i) => account_key(w.demand.entries()[*i].account()) == hold.key,
-                });
+                let still = short.contains(&hold.entry());
                 if still {
-                    hold.until = None;
-                } else if hold.until.is_none() {
-                    hold.until = Some(now);
+                    hold.reopen();
+                } else {
+                    hold.end(now);
                 }
             }
         }
         for s in short {
             let entry = s.map(|i| &w.demand.entries()[i]);
-            let key = entry.map_or(Hold::GATE, |e| account_key(e.account()));
-            if let Some(hold) = w.held.iter_mut().find(|h| h.key == key) {
-                hold.until = None;
+            if let Some(hold) = w.held.iter_mut().find(|h| h.entry() == *s) {
+                hold.reopen();
                 continue;
             }
-            // Room for exactly one more: a waiter is held by one or two accounts, and the vector's
-            // first growth (to four holds, 192 bytes) was a third of a parked waiter's heap.
+            // The first hold sits in the record; past it, room for exactly one more at a time:
+            // a waiter is held by one or two accounts.
             w.held.reserve_exact(1);
-            w.held.push(Hold {
-                key,
-                entry: *s,
-                since: now,
-                until: None,
-            });
+            w.held.push(Hold::new(*s, now));
             out.event(EventKind::Held, &w.ctx, || match entry {
                 Some(e) => vec![EventEntry {
                     account: e.account().name().to_owned(),
@@ -558,12 +545,13 @@ impl Shared {
     ) {
         // The pass's instant, at which every account was asked: a waiter that parked after it
         // was read reports a wait of zero.
-        let wall_wait = now.saturating_duration_since(w.asked_at);
         // The holds move into the grant as they are; it reads them only when asked.
         let waits = Waits {
             holds: std::mem::take(&mut w.held),
+            asked_at: w.asked_at,
             granted_at: now,
         };
+        let wall_wait = waits.wall_wait();
         out.event(
             EventKind::GrantedFromHold {
                 wait: wall_wait,
@@ -573,7 +561,7 @@ impl Shared {
             || entry_events(w.demand.entries()),
         );
         let demand = std::mem::take(&mut w.demand);
-        let grant = Grant::new(demand, self.clone(), w.ctx.clone(), wall_wait, waits);
+        let grant = Grant::new(demand, self.clone(), w.ctx.clone(), waits);
         if w.on_gate {
             *on_gate -= 1;
         }

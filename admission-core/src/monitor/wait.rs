@@ -14,9 +14,9 @@ use crate::context::{JobContext, LeaveOnCancel, Listener};
 use crate::demand::Demand;
 use crate::error::AdmitError;
 
-use super::arrival::Begin;
+use super::arrival::{Begin, Stand};
 use super::cell::{Cell, CellRef, Outcome};
-use super::line::Place;
+use super::line::{Place, Record, RecordRef};
 use super::shared::Shared;
 
 /// What a waiter keeps while it may be in the line: its place, its job, and the cancellation
@@ -79,8 +79,8 @@ impl Ticket {
     }
 }
 
-/// The blocking call's waiter: its cell on this frame, and a ticket that leaves the line if the
-/// call unwinds before its outcome is taken.
+/// The blocking call's waiter: its cell (and record) on this frame, and a ticket that leaves the
+/// line if the call unwinds before its outcome is taken.
 struct Blocked<'a> {
     shared: &'a Arc<Shared>,
     cell: &'a Cell,
@@ -100,17 +100,25 @@ pub(crate) fn admit_blocking(
     timeout: Option<Duration>,
 ) -> Outcome {
     let cell = Cell::for_this_thread();
-    // Declared after `cell`, so dropped before it: leaving the line (if still in it) comes first.
+    let record = Record::default();
+    // Declared after `cell` and `record`, so dropped before them: leaving the line (if still in
+    // it) comes first.
     let mut blocked = Blocked {
         shared,
         cell: &cell,
         ticket: Ticket::new(ctx),
     };
-    // SAFETY: `cell` stays on this frame until `blocked` is dropped, and `blocked` keeps the
-    // place the arrival writes: its drop (on return or unwind) withdraws the waiter unless the
-    // outcome was taken, which is the rule `CellRef::new` asks for.
-    let cell_ref = unsafe { CellRef::new(&cell) };
-    match shared.begin(demand, ctx, timeout, cell_ref, &mut blocked.ticket.place) {
+    // SAFETY: `cell` and `record` stay on this frame, untouched, until `blocked` is dropped, and
+    // `blocked` keeps the place the arrival writes: its drop (on return or unwind) withdraws the
+    // waiter unless the outcome was taken, which is the rule `CellRef::new` and
+    // `RecordRef::new` ask for.
+    let stand = unsafe {
+        Stand {
+            cell: CellRef::new(&cell),
+            record: RecordRef::new(&record),
+        }
+    };
+    match shared.begin(demand, ctx, timeout, stand, &mut blocked.ticket.place) {
         Begin::Done(outcome) => outcome,
         Begin::Parked { deadline, .. } => {
             blocked.ticket.listen(shared);
@@ -174,9 +182,10 @@ enum State {
 pub struct Admit {
     shared: Arc<Shared>,
     state: State,
-    /// The outcome's slot, which the waiter's record in the line points at while it is parked:
-    /// pinned with the future (`cell.rs`).
+    /// The outcome's slot and the waiter's record, which the line points at while the waiter is
+    /// parked: pinned with the future (`cell.rs`, `line.rs`).
     cell: Cell,
+    record: Record,
     _pinned: PhantomPinned,
 }
 
@@ -195,6 +204,7 @@ impl Admit {
                 timeout,
             },
             cell: Cell::new(),
+            record: Record::default(),
             _pinned: PhantomPinned,
         }
     }
@@ -204,8 +214,9 @@ impl Future for Admit {
     type Output = Result<Grant, AdmitError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        // SAFETY: `cell` is never moved out of the future (only `state`'s contents are, and they
-        // are not pinned), so the address a parked record holds stays valid until `drop`.
+        // SAFETY: `cell` and `record` are never moved out of the future (only `state`'s contents
+        // are, and they are not pinned), so the addresses the line holds stay valid until
+        // `drop`.
         let this = unsafe { self.get_unchecked_mut() };
         if let State::Init { .. } = this.state {
             let State::Init {
@@ -220,13 +231,19 @@ impl Future for Admit {
             let State::Waiting(ticket) = &mut this.state else {
                 unreachable!("set above")
             };
-            // SAFETY: the future is pinned, so `cell` stays where it is until the future is
-            // dropped, and its `drop` withdraws the waiter (through the ticket holding the place
-            // the arrival writes) unless the outcome was taken: the rule `CellRef::new` asks for.
-            let cell_ref = unsafe { CellRef::new(&this.cell) };
+            // SAFETY: the future is pinned, so `cell` and `record` stay where they are until the
+            // future is dropped, and nothing here touches them meanwhile; its `drop` withdraws
+            // the waiter (through the ticket holding the place the arrival writes) unless the
+            // outcome was taken: the rule `CellRef::new` and `RecordRef::new` ask for.
+            let stand = unsafe {
+                Stand {
+                    cell: CellRef::new(&this.cell),
+                    record: RecordRef::new(&this.record),
+                }
+            };
             match this
                 .shared
-                .begin(demand, &ctx, timeout, cell_ref, &mut ticket.place)
+                .begin(demand, &ctx, timeout, stand, &mut ticket.place)
             {
                 Begin::Done(outcome) => {
                     this.state = State::Done;
@@ -240,6 +257,9 @@ impl Future for Admit {
                 Some(outcome) => {
                     ticket.settle();
                     this.state = State::Done;
+                    // Out of the line (the outcome's fill took it out): what is left of the
+                    // waiter (its demand if refused, its job) goes now, not with the future.
+                    this.record.clear();
                     Poll::Ready(outcome)
                 }
                 None => Poll::Pending,

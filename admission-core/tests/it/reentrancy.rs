@@ -235,7 +235,9 @@ impl Account for ReadsItsMonitor {
 }
 
 #[test]
-fn an_account_whose_last_handle_leaves_the_line_is_dropped_outside_the_monitor_lock() {
+/// A waiter's demand lives in its record, inside its admit: leaving the line keeps it there, and
+/// the admit lets go of it (taking its outcome, or dropped), never under the monitor lock.
+fn an_account_whose_last_handle_leaves_the_line_is_dropped_by_its_admit_outside_the_monitor_lock() {
     let clock = FakeClock::new();
     let monitor = Monitor::builder()
         .manual_passes()
@@ -268,25 +270,43 @@ fn an_account_whose_last_handle_leaves_the_line_is_dropped_outside_the_monitor_l
         admits.push((ctx, admit));
     }
     assert_eq!(monitor.queue_size(), 2);
-    let (cancelled, _) = &admits[0];
-    let cancelled = cancelled.clone();
+    let (cancelled, admit) = admits.remove(0);
     within_patience("cancelling a waiter", move || cancelled.cancel());
+    assert_eq!(
+        monitor.queue_size(),
+        1,
+        "the cancelled waiter left the line"
+    );
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        0,
+        "the cancelled waiter's demand is its admit's, not the monitor's"
+    );
+    let refused = within_patience("taking the cancelled outcome", move || {
+        let mut admit = admit;
+        poll_once(&mut admit).map(|outcome| outcome.is_err())
+    });
+    assert_eq!(refused, Some(true));
     assert_eq!(
         dropped.load(Ordering::SeqCst),
         1,
-        "the cancelled waiter's account went"
+        "the cancelled waiter's account went with its outcome"
     );
 
     clock.advance(Duration::from_secs(1));
     let m = monitor.clone();
     within_patience("a pass that times a waiter out", move || m.pass_now());
+    assert_eq!(monitor.queue_size(), 0);
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        1,
+        "the late admit still holds its demand"
+    );
+    let (_, late) = admits.remove(0);
+    within_patience("dropping the late admit", move || drop(late));
     assert_eq!(
         dropped.load(Ordering::SeqCst),
         2,
-        "the late waiter's account went"
+        "the late waiter's account went with its admit"
     );
-    assert_eq!(monitor.queue_size(), 0);
-    for (_, mut admit) in admits {
-        assert!(matches!(poll_once(&mut admit), Some(Err(_))));
-    }
 }
