@@ -205,7 +205,7 @@ fn leak() -> Results {
     let (tokens_before, requests_before) = (model.level(), model.requests_available());
     let (mut ours_granted, mut ours_refused) = (0u64, 0u64);
     for _ in 0..LEAK_ATTEMPTS {
-        let mut admit = Box::pin(monitor.admit(demand.clone(), &ctx, None));
+        let mut admit = std::pin::pin!(monitor.admit(demand.clone(), &ctx, None));
         match poll_once(&mut admit) {
             None => ours_refused += 1, // parked holding nothing; dropping it withdraws it
             Some(Ok(grant)) => {

@@ -76,31 +76,68 @@ enum Arrival {
     Deferred,
 }
 
+/// An arrival the unlocked fast path could not settle, handed to [`Shared::begin`] with what it
+/// had gathered: the demand, whether an account was asked already, the arrival's instant and
+/// its outbox.
+pub(crate) struct Unsettled<'a> {
+    demand: Demand,
+    asked: bool,
+    now: Reading<'a>,
+    out: Outbox<'a>,
+}
+
 impl Shared {
-    /// Asks for `demand`: grants it inline when the line is empty and it fits, parks it otherwise
-    /// in `stand` (the caller's cell and record, which the caller keeps in place: `cell.rs`).
+    /// The arrival's first step, before the caller has set anything up for a wait: the unlocked
+    /// fast path. `Ok` when it settled the demand (granted, or refused for good); otherwise the
+    /// arrival goes on in [`Shared::begin`], with a place to park.
+    #[inline]
+    #[expect(
+        clippy::result_large_err,
+        reason = "the arrival's state moves on by value to the locked step, on the caller's stack; \
+                  boxing it would allocate on every admit that waits"
+    )]
+    pub(crate) fn arrive_unlocked(
+        self: &Arc<Shared>,
+        demand: Demand,
+        ctx: &JobContext,
+    ) -> Result<Outcome, Unsettled<'_>> {
+        let mut out = self.outbox();
+        // One instant for the whole arrival, read when the first account (or the line) needs it.
+        let now = Reading::new(&*self.clock);
+        match self.begin_unlocked(demand, ctx, &now, &mut out) {
+            Ok(outcome) => {
+                self.deliver(out);
+                Ok(outcome)
+            }
+            Err((demand, asked)) => Err(Unsettled {
+                demand,
+                asked,
+                now,
+                out,
+            }),
+        }
+    }
+
+    /// The rest of an arrival: granted or refused under the lock, or parked in `stand` (the
+    /// caller's cell and record, which the caller keeps in place: `cell.rs`).
     ///
     /// A parked waiter's place is written to `parked` as soon as it is parked, before anything
     /// that could unwind (an event sink, a waker, an account's give): a caller that unwinds out of
     /// this call with `parked` set still withdraws before its cell goes.
     pub(crate) fn begin(
         self: &Arc<Shared>,
-        demand: Demand,
+        arrival: Unsettled<'_>,
         ctx: &JobContext,
         timeout: Option<Duration>,
         stand: Stand,
         parked: &mut Option<Place>,
     ) -> Begin {
-        let mut out = self.outbox();
-        // One instant for the whole arrival, read when the first account (or the line) needs it.
-        let now = Reading::new(&*self.clock);
-        let (demand, asked) = match self.begin_unlocked(demand, ctx, &now, &mut out) {
-            Ok(outcome) => {
-                self.deliver(out);
-                return Begin::Done(outcome);
-            }
-            Err(not_granted) => not_granted,
-        };
+        let Unsettled {
+            demand,
+            asked,
+            now,
+            mut out,
+        } = arrival;
         let (begun, ring) =
             match self.begin_locked(demand, asked, ctx, timeout, stand, &now, &mut out) {
                 Ok(parked) => parked,

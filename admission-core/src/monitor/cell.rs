@@ -70,20 +70,12 @@ pub(crate) struct Cell {
 }
 
 impl Cell {
-    /// An empty cell for a task: its waker is stored at each poll that finds no outcome.
+    /// An empty cell. Whoever waits on it says who they are when they find it empty: a task
+    /// stores its waker at each poll ([`Cell::poll`]), a thread its handle the first time it
+    /// parks ([`Cell::wait`]), so a caller granted at once pays for neither.
     pub(crate) fn new() -> Cell {
         Cell {
             slot: Mutex::new(Slot::default()),
-        }
-    }
-
-    /// An empty cell for the calling thread, which [`Cell::wait`] parks.
-    pub(crate) fn for_this_thread() -> Cell {
-        Cell {
-            slot: Mutex::new(Slot {
-                notify: Notify::Thread(thread::current()),
-                ..Slot::default()
-            }),
         }
     }
 
@@ -136,15 +128,29 @@ impl Cell {
         self.slot.lock().outcome.take()
     }
 
-    /// Parks the calling thread (the one [`Cell::for_this_thread`] named) until the outcome is
-    /// there, then takes it.
+    /// Takes the outcome if it is there; otherwise names the calling thread as the one the fill
+    /// unparks (once: a thread that waits again is named already).
+    fn take_or_name_this_thread(&self) -> Option<Outcome> {
+        let mut slot = self.slot.lock();
+        if let Some(outcome) = slot.outcome.take() {
+            return Some(outcome);
+        }
+        if matches!(slot.notify, Notify::Nobody) {
+            slot.notify = Notify::Thread(thread::current());
+        }
+        None
+    }
+
+    /// Parks the calling thread until the outcome is there, then takes it.
     pub(crate) fn wait(&self) -> Outcome {
         loop {
-            if let Some(outcome) = self.take() {
+            if let Some(outcome) = self.take_or_name_this_thread() {
                 return outcome;
             }
-            // An unpark that came before this park (from the fill, or left over from an earlier
-            // use of the thread's token) makes it return at once: the loop looks again.
+            // Named under the cell's lock before the look found it empty, so a fill after the
+            // look unparks this thread: an unpark before this park makes it return at once, as
+            // does one left over from an earlier use of the thread's token; the loop looks
+            // again.
             thread::park();
         }
     }
@@ -152,7 +158,7 @@ impl Cell {
     /// Parks the calling thread at most `timeout` (real time) for the outcome; `None` when it
     /// is not there yet (the time is up, or the thread woke early: the caller looks again).
     pub(crate) fn wait_for(&self, timeout: Duration) -> Option<Outcome> {
-        if let Some(outcome) = self.take() {
+        if let Some(outcome) = self.take_or_name_this_thread() {
             return Some(outcome);
         }
         thread::park_timeout(timeout);

@@ -33,7 +33,7 @@ use crate::sync::{AtomicBool, Mutex, Ordering, RwLock};
 
 use super::ask::panic_message;
 use super::cell::{CellRef, Notify, Outcome};
-use super::grant::Grant;
+use super::grant::{Grant, Hold, Holds};
 use super::line::{Emptied, Line};
 use crate::account::AccountRef;
 
@@ -130,6 +130,8 @@ pub(crate) struct Outbox<'a> {
     /// `None` when no sink is installed: then no event is ever built.
     events: Option<Vec<Event>>,
     wake: Vec<Notify>,
+    /// Room for the holds of the one waiter a pass most often grants, made before the lock.
+    spare_holds: Vec<Hold>,
     /// Grants to roll back once the lock is released.
     discard: Vec<Grant>,
     /// Accounts no longer watched, dropped once the lock is released.
@@ -145,6 +147,7 @@ impl<'a> Outbox<'a> {
             clock,
             events: sink.is_installed().then(Vec::new),
             wake: Vec::new(),
+            spare_holds: Vec::new(),
             discard: Vec::new(),
             unwatched: Vec::new(),
             emptied: None,
@@ -221,6 +224,24 @@ impl<'a> Outbox<'a> {
     /// nothing.
     pub(crate) fn reserve_for_pass(&mut self) {
         self.wake.reserve(1);
+        if self.spare_holds.capacity() == 0 {
+            self.spare_holds = Vec::with_capacity(1);
+        }
+    }
+
+    /// The holds a granted waiter collected, as its grant keeps them: moved as they are when
+    /// they had outgrown the record, else copied into the room [`Outbox::reserve_for_pass`]
+    /// made (allocating under the lock only for a second grant in one pass).
+    pub(crate) fn holds_for_grant(&mut self, held: Holds) -> Vec<Hold> {
+        if held.spilled() {
+            return held.into_vec();
+        }
+        if held.is_empty() {
+            return Vec::new();
+        }
+        let mut holds = std::mem::take(&mut self.spare_holds);
+        holds.extend(held);
+        holds
     }
 
     /// Takes what `line` left behind when it emptied, to free it after the lock.

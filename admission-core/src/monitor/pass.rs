@@ -547,7 +547,7 @@ impl Shared {
         // was read reports a wait of zero.
         // The holds move into the grant as they are; it reads them only when asked.
         let waits = Waits {
-            holds: std::mem::take(&mut w.held),
+            holds: out.holds_for_grant(std::mem::take(&mut w.held)),
             asked_at: w.asked_at,
             granted_at: now,
         };

@@ -14,50 +14,46 @@ use crate::context::{JobContext, LeaveOnCancel, Listener};
 use crate::demand::Demand;
 use crate::error::AdmitError;
 
-use super::arrival::{Begin, Stand};
+use super::arrival::{Begin, Stand, Unsettled};
 use super::cell::{Cell, CellRef, Outcome};
 use super::line::{Place, Record, RecordRef};
 use super::shared::Shared;
 
-/// What a waiter keeps while it may be in the line: its place, its job, and the cancellation
-/// listener it registered there.
+/// What a waiter keeps while it may be in the line: its place, and the cancellation listener it
+/// registered on its job's context once parked. (A job granted at once keeps nothing.)
+#[derive(Default)]
 struct Ticket {
     /// Where the waiter stands; `Some` from the moment it parked until it has seen its record
     /// leave the line (it took its outcome, or withdrew). While it is `Some`, the waiter's cell
-    /// must stay where it is (`cell.rs`).
+    /// and record must stay where they are (`cell.rs`, `line.rs`).
     place: Option<Place>,
-    ctx: JobContext,
-    /// The cancellation listener registered on `ctx`; forgotten when the wait ends.
-    listener: Option<u64>,
+    /// The context the cancellation listener is registered on, and its key; forgotten when the
+    /// wait ends.
+    listener: Option<(JobContext, u64)>,
 }
 
 impl Ticket {
-    fn new(ctx: &JobContext) -> Ticket {
-        Ticket {
-            place: None,
-            ctx: ctx.clone(),
-            listener: None,
+    /// Called once the waiter is parked: cancelling its job takes it out of the line.
+    fn listen(&mut self, shared: &Arc<Shared>, ctx: &JobContext) {
+        let Some(place) = self.place else { return };
+        let line: Weak<dyn LeaveOnCancel> = Arc::downgrade(shared) as Weak<Shared>;
+        match ctx.on_cancel(Listener::Leave(line, place.waiter_key())) {
+            Some(key) => self.listener = Some((ctx.clone(), key)),
+            // Cancelled between asking and parking.
+            None => shared.cancel_waiter(place),
         }
     }
 
-    /// Called once the waiter is parked: cancelling its job takes it out of the line.
-    fn listen(&mut self, shared: &Arc<Shared>) {
-        let Some(place) = self.place else { return };
-        let line: Weak<dyn LeaveOnCancel> = Arc::downgrade(shared) as Weak<Shared>;
-        self.listener = self
-            .ctx
-            .on_cancel(Listener::Leave(line, place.waiter_key()));
-        if self.listener.is_none() {
-            // Cancelled between asking and parking.
-            shared.cancel_waiter(place);
+    /// Forgets the cancellation listener, if one was registered.
+    fn forget_listener(&mut self) {
+        if let Some((ctx, key)) = self.listener.take() {
+            ctx.forget(key);
         }
     }
 
     /// The outcome was taken: the record is out of the line and the wait is over.
     fn settle(&mut self) {
-        if let Some(key) = self.listener.take() {
-            self.ctx.forget(key);
-        }
+        self.forget_listener();
         self.place = None;
     }
 
@@ -65,9 +61,7 @@ impl Ticket {
     /// the line, and a grant that landed meanwhile is given back in full. Afterwards its record
     /// is out of the line, so `cell` may go.
     fn leave(&mut self, shared: &Shared, cell: &Cell) {
-        if let Some(key) = self.listener.take() {
-            self.ctx.forget(key);
-        }
+        self.forget_listener();
         if let Some(place) = self.place.take()
             && !shared.withdraw(place)
         {
@@ -99,14 +93,31 @@ pub(crate) fn admit_blocking(
     ctx: &JobContext,
     timeout: Option<Duration>,
 ) -> Outcome {
-    let cell = Cell::for_this_thread();
+    // The fast path first: a job granted at once sets nothing up for a wait.
+    match shared.arrive_unlocked(demand, ctx) {
+        Ok(outcome) => outcome,
+        Err(unsettled) => arrive_and_wait(shared, unsettled, ctx, timeout),
+    }
+}
+
+/// The rest of a blocking admit the fast path did not settle: a cell and a record on this frame,
+/// the locked arrival, and the wait if it parks. Out of line, so the fast path's frame stays
+/// small.
+#[inline(never)]
+fn arrive_and_wait(
+    shared: &Arc<Shared>,
+    unsettled: Unsettled<'_>,
+    ctx: &JobContext,
+    timeout: Option<Duration>,
+) -> Outcome {
+    let cell = Cell::new();
     let record = Record::default();
     // Declared after `cell` and `record`, so dropped before them: leaving the line (if still in
     // it) comes first.
     let mut blocked = Blocked {
         shared,
         cell: &cell,
-        ticket: Ticket::new(ctx),
+        ticket: Ticket::default(),
     };
     // SAFETY: `cell` and `record` stay on this frame, untouched, until `blocked` is dropped, and
     // `blocked` keeps the place the arrival writes: its drop (on return or unwind) withdraws the
@@ -118,10 +129,10 @@ pub(crate) fn admit_blocking(
             record: RecordRef::new(&record),
         }
     };
-    match shared.begin(demand, ctx, timeout, stand, &mut blocked.ticket.place) {
+    match shared.begin(unsettled, ctx, timeout, stand, &mut blocked.ticket.place) {
         Begin::Done(outcome) => outcome,
         Begin::Parked { deadline, .. } => {
-            blocked.ticket.listen(shared);
+            blocked.ticket.listen(shared, ctx);
             let outcome = wait_until(&blocked, deadline);
             blocked.ticket.settle();
             outcome
@@ -227,7 +238,11 @@ impl Future for Admit {
             else {
                 unreachable!("checked above")
             };
-            this.state = State::Waiting(Ticket::new(&ctx));
+            let unsettled = match this.shared.arrive_unlocked(demand, &ctx) {
+                Ok(outcome) => return Poll::Ready(outcome),
+                Err(unsettled) => unsettled,
+            };
+            this.state = State::Waiting(Ticket::default());
             let State::Waiting(ticket) = &mut this.state else {
                 unreachable!("set above")
             };
@@ -243,13 +258,13 @@ impl Future for Admit {
             };
             match this
                 .shared
-                .begin(demand, &ctx, timeout, stand, &mut ticket.place)
+                .begin(unsettled, &ctx, timeout, stand, &mut ticket.place)
             {
                 Begin::Done(outcome) => {
                     this.state = State::Done;
                     return Poll::Ready(outcome);
                 }
-                Begin::Parked { .. } => ticket.listen(&this.shared),
+                Begin::Parked { .. } => ticket.listen(&this.shared, &ctx),
             }
         }
         match &mut this.state {
