@@ -51,8 +51,14 @@ commands:
                             11 loom       cargo test -p admission-core --lib --release -- loom
                                           with RUSTFLAGS='--cfg admission_loom',
                                           LOOM_MAX_PREEMPTIONS=2 (unless set), CARGO_TARGET_DIR=target/loom
+                            12 memcheck   cargo xtask memcheck (below)
   test                     steps 3 and 4
   loom                     step 11
+  memcheck                 admission-core's unit and integration tests (the soak at 20,000
+                           admissions) run under valgrind's memcheck (valgrind must be on PATH;
+                           `.ci/run` installs it): a parked waiter's record and outcome cell live
+                           in its future or frame and the line points at them, so a read of
+                           freed memory fails the step (exit 99)
   public-items [--bless]   each library crate's public items (rustdoc JSON on stable, rendered by
                            public-api) against public-items/CRATE.txt: fails on any added or
                            removed line; --bless rewrites the lists, to commit with the change
@@ -163,6 +169,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
             steps.push(Step::cargo("agents fleet", AGENTS_FLEET_CHECK));
             steps.push(Step::xtask("chaos", &["chaos"]));
             steps.push(loom_step()?);
+            steps.push(memcheck_step()?);
             run_plan(&ws, &steps)
         }
         "test" => {
@@ -172,6 +179,10 @@ fn run(args: &[String]) -> Result<ExitCode> {
         "loom" => {
             takes_no_args("loom")?;
             run_plan(&ws, &[loom_step()?])
+        }
+        "memcheck" => {
+            takes_no_args("memcheck")?;
+            run_plan(&ws, &[memcheck_step()?])
         }
         "chaos" => {
             takes_no_args("chaos")?;
@@ -311,6 +322,38 @@ fn loom_step() -> Result<Step> {
     .env("RUSTFLAGS", rustflags)
     .env("LOOM_MAX_PREEMPTIONS", preemptions)
     .env("CARGO_TARGET_DIR", target_dir)
+    .counting_tests(Format::Libtest))
+}
+
+/// `admission-core`'s unit and integration tests under valgrind's memcheck, through cargo's test
+/// runner setting (every test binary of the step runs as `valgrind ... BINARY ARGS`). The soak
+/// runs at 20,000 admissions (about a minute under valgrind). Memcheck exits 99 on the first
+/// invalid read or write; leaks are not its question here.
+fn memcheck_step() -> Result<Step> {
+    if !services::binary_found("valgrind") {
+        bail!(
+            "the memcheck step needs valgrind, which is not on PATH: install it \
+             (sudo apt-get install -y valgrind) and run again"
+        );
+    }
+    let runner = r#"target.'cfg(target_os = "linux")'.runner = ["valgrind", "--error-exitcode=99", "--leak-check=no", "--quiet"]"#;
+    Ok(Step::cargo(
+        "memcheck",
+        &[
+            "--config",
+            runner,
+            "test",
+            "-p",
+            "admission-core",
+            "--lib",
+            "--test",
+            "it",
+            "--",
+            "--test-threads",
+            "2",
+        ],
+    )
+    .env("ADMISSION_SOAK_ADMITS", "20000")
     .counting_tests(Format::Libtest))
 }
 

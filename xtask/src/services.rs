@@ -168,7 +168,7 @@ fn missing_packages(services: &[Service], found: &dyn Fn(&str) -> bool) -> Vec<&
 
 /// Whether `binary` can be run: PostgreSQL's tools where [`pg_bin`] looks for them, the others
 /// on `PATH`.
-fn binary_found(binary: &str) -> bool {
+pub(crate) fn binary_found(binary: &str) -> bool {
     let path = match binary {
         "initdb" | "pg_ctl" => pg_bin(binary),
         _ => PathBuf::from(binary),

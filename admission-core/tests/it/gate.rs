@@ -151,10 +151,13 @@ fn the_gate_is_met_before_any_account_and_an_empty_demand_never_meets_it() {
 #[test]
 fn while_the_gate_holds_the_head_every_waiter_with_entries_is_held_with_the_heads_deadline() {
     let gate = Arc::new(TestGate::default());
-    let (monitor_plain, _clock, recorder) = recorded();
+    let (monitor_plain, clock, recorder) = recorded();
     drop(monitor_plain);
+    // On the fake clock, standing at zero: the gate's hold until `HOLD_UNTIL` is ahead of it
+    // however long the process has run.
     let monitor = Monitor::builder()
         .manual_passes()
+        .clock(clock.shared())
         .gate(gate.clone())
         .sink(recorder.clone())
         .build();
