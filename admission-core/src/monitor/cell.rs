@@ -1,17 +1,17 @@
 //! The one-shot slot through which the evaluator hands a parked waiter its outcome.
 //!
 //! A cell lives where its waiter waits, not on the heap: inside the pinned [`Admit`] future, or in
-//! the frame of the blocking call. The waiter's record in the line points at it ([`CellRef`]), so
-//! parking allocates no cell; the price is a rule about who may touch it, which is what makes the
-//! pointer sound:
+//! the frame of the blocking call, beside the waiter's record (`line.rs`), which points at it
+//! ([`CellRef`]) while the waiter's slot is in the line. So parking allocates no cell; the price
+//! is a rule about who may touch it, which is what makes the pointer sound:
 //!
-//! - **The monitor touches a cell only under the monitor lock, and only while the cell's record
+//! - **The monitor touches a cell only under the monitor lock, and only while the waiter's slot
 //!   is in the line.** Every fill ([`Outbox::finish`]) happens in the critical section that takes
-//!   the record out of the line; after the fill, the monitor keeps nothing of the cell but the
+//!   the slot out of the line; after the fill, the monitor keeps nothing of the cell but the
 //!   waker it took out of it, which it calls once the lock is released.
-//! - **The owner frees a cell only once its record is out of the line, and it has seen that.**
-//!   Either the owner took the outcome (the fill that put it there took the record out of the
-//!   line), or it withdrew under the monitor lock ([`Shared::withdraw`]: the record is gone
+//! - **The owner frees a cell only once its slot is out of the line, and it has seen that.**
+//!   Either the owner took the outcome (the fill that put it there took the slot out of the
+//!   line), or it withdrew under the monitor lock ([`Shared::withdraw`]: the slot is gone
 //!   afterwards, whichever of the two removed it). The [`Admit`] future does this in its `Drop`
 //!   (a pinned future is dropped before its memory is reused), the blocking call in a guard that
 //!   runs even when a panic unwinds through it.
@@ -166,12 +166,12 @@ impl Cell {
     }
 }
 
-/// A parked waiter's record's pointer to its [`Cell`], which lives with the waiter.
+/// A parked waiter's pointer to its [`Cell`] (in its record), which lives with the waiter.
 pub(crate) struct CellRef(NonNull<Cell>);
 
 // SAFETY: a `Cell` is `Sync` (its state is behind a mutex), and the pointer is followed only
-// under the monitor lock, by whichever thread holds it, while the record is in the line (the
-// module's rule); moving or sharing the pointer between threads adds nothing to that.
+// under the monitor lock, by whichever thread holds it, while the waiter's slot is in the line
+// (the module's rule); moving or sharing the pointer between threads adds nothing to that.
 unsafe impl Send for CellRef {}
 // SAFETY: as for `Send`.
 unsafe impl Sync for CellRef {}
@@ -181,9 +181,9 @@ impl CellRef {
     ///
     /// # Safety
     ///
-    /// The caller is the cell's owner and keeps the cell where it is, alive, until the record
-    /// made with this pointer is out of the line and the owner has seen that: it took the
-    /// outcome, or its withdrawal under the monitor lock returned.
+    /// The caller is the cell's owner and keeps the cell where it is, alive, until the slot of
+    /// the waiter made with this pointer is out of the line and the owner has seen that: it took
+    /// the outcome, or its withdrawal under the monitor lock returned.
     pub(crate) unsafe fn new(cell: &Cell) -> CellRef {
         CellRef(NonNull::from(cell))
     }
@@ -198,11 +198,12 @@ impl CellRef {
     ///
     /// # Safety
     ///
-    /// The caller holds the monitor lock, and the record that holds this pointer has been in the
-    /// line since that lock was taken (it may be leaving it in this critical section).
+    /// The caller holds the monitor lock, and the slot of the waiter that holds this pointer
+    /// has been in the line since that lock was taken (it may be leaving it in this critical
+    /// section).
     pub(crate) unsafe fn get(&self) -> &Cell {
-        // SAFETY: the owner keeps the cell alive and in place while its record is in the line
-        // (`CellRef::new`), and the caller's lock keeps the record from leaving it meanwhile.
+        // SAFETY: the owner keeps the cell alive and in place while its slot is in the line
+        // (`CellRef::new`), and the caller's lock keeps the slot from leaving it meanwhile.
         unsafe { self.0.as_ref() }
     }
 }

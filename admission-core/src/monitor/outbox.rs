@@ -199,12 +199,12 @@ impl<'a> Outbox<'a> {
 
     /// Fills a waiter's cell with `outcome` and schedules its wake-up.
     ///
-    /// Called under the monitor lock for a waiter whose record was in the line when the lock was
+    /// Called under the monitor lock for a waiter whose slot was in the line when the lock was
     /// taken, and leaves it in this critical section: the only time a cell may be touched
     /// (`cell.rs`). What is kept for after the lock is whom to wake, not the cell.
     pub(crate) fn finish(&mut self, cell: &CellRef, outcome: Outcome) {
-        // SAFETY: every caller holds the monitor lock and takes the waiter whose record holds
-        // `cell` out of the line in this critical section, as this function requires.
+        // SAFETY: every caller holds the monitor lock and takes the waiter that holds `cell` out
+        // of the line in this critical section, as this function requires.
         let cell = unsafe { cell.get() };
         match cell.fill(outcome) {
             Ok(notify) => self.wake.push(notify),
