@@ -7,7 +7,7 @@ use std::time::Duration;
 use admission_core::event::{EventKind, RejectReason, SinkError};
 use admission_core::{AdmitError, Event, EventSink, JobContext, Monitor};
 use admission_events::Recorder;
-use admission_testkit::monitor::{PATIENCE, poll_once};
+use admission_testkit::monitor::poll_once;
 
 use super::accounts::Moody;
 use super::{demand, meter, on, permits, recorded};
@@ -401,10 +401,9 @@ fn a_waiters_held_reaches_the_sink_before_its_grant_built_on_another_thread() {
     drop(grant);
     // Whichever thread holds the sink's turn (the waiter's, or the evaluator's if its pass
     // drained first) emits what the others queued, after they have returned: wait for all five.
-    let since = std::time::Instant::now();
-    while sink.kinds.lock().unwrap().len() < 5 && since.elapsed() < PATIENCE {
-        std::thread::yield_now();
-    }
+    admission_testkit::monitor::wait_until("the sink has all five events", || {
+        sink.kinds.lock().unwrap().len() == 5
+    });
     assert_eq!(
         *sink.kinds.lock().unwrap(),
         [

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use admission_core::{Clock, Instant, JobContext, Monitor, SystemClock, Timer};
-use admission_testkit::monitor::{PATIENCE, poll_once};
+use admission_testkit::monitor::{poll_once, wait_for_queue};
 
 use super::{demand, on, permits};
 
@@ -132,11 +132,7 @@ fn a_blocking_waiter_is_woken_on_its_own_thread_by_a_release_on_another() {
             })
         })
         .collect();
-    let since = std::time::Instant::now();
-    while monitor.queue_size() < 4 {
-        assert!(since.elapsed() < PATIENCE, "the four waiters parked");
-        std::thread::yield_now();
-    }
+    wait_for_queue(&monitor, 4);
     drop(holder);
     for waiter in waiters {
         waiter.join().expect("no waiter failed");
