@@ -235,12 +235,12 @@ impl Shared {
             }
             Attempt::Held { .. } => {
                 self.ring_for_given_back();
-                Unlocked::Held(short.first().copied().flatten())
+                Unlocked::Held(short.first().flatten())
             }
             Attempt::Refused(error) => {
                 self.ring_for_given_back();
                 out.rejected(ctx, demand, &error);
-                Unlocked::Refused(error)
+                Unlocked::Refused(*error)
             }
         }
     }
@@ -477,7 +477,7 @@ impl Shared {
         ) {
             Attempt::Granted => {}
             Attempt::Held { .. } => return Ok(false),
-            Attempt::Refused(error) => return Err(error),
+            Attempt::Refused(error) => return Err(*error),
         }
         if let Some(gate) = &self.gate {
             gate.passed(view);
@@ -631,7 +631,7 @@ impl Shared {
                 let demand = std::mem::take(&mut w.demand);
                 Arrival::Granted(Grant::immediate(self, demand, &w.ctx))
             }
-            Attempt::Refused(error) => Arrival::Refused(error),
+            Attempt::Refused(error) => Arrival::Refused(*error),
             Attempt::Held { wake } => {
                 self.note_held(out, w, &short, now.get());
                 Arrival::Held {

@@ -19,11 +19,97 @@ use crate::demand::{Demand, Entry};
 use crate::error::AdmitError;
 
 use super::evaluator::{Doorbell, handing_off};
+use super::line::Holding;
 
-/// The entries of one demand a job is short on (indices into the demand; `None`: the gate), in
-/// place for the few a demand has: the arrivals and passes that fill it run under the monitor
-/// lock, which a heap allocation would lengthen.
-pub(crate) type Short = SmallVec<[Option<usize>; 4]>;
+/// What holds one job: the entries of its demand it is short on (indices into the demand), or the
+/// gate (`None`). A set of bits for the gate and the first [`Holding`]'s worth of entries, so
+/// that the pass, which fills one for every waiter it asks under the monitor lock, does so
+/// without a heap allocation or a length check; an entry past them (a demand of more than 62
+/// accounts) goes to a list as well, in the order asked.
+///
+/// Filled in the demand's order, so its entries iterate in increasing index; the gate is never
+/// in one set with an entry (a job the gate holds is not asked anything else).
+#[derive(Default)]
+pub(crate) struct Short {
+    bits: Holding,
+    later: Vec<usize>,
+}
+
+impl Short {
+    pub(crate) fn new() -> Short {
+        Short::default()
+    }
+
+    /// Empties the set.
+    #[inline]
+    pub(crate) fn clear(&mut self) {
+        self.bits = Holding::default();
+        if !self.later.is_empty() {
+            self.later.clear();
+        }
+    }
+
+    /// Adds the entry `short` (`None`: the gate).
+    #[inline]
+    pub(crate) fn push(&mut self, short: Option<usize>) {
+        self.bits = self.bits.with(short);
+        if let Some(i) = short.filter(|&i| !Holding::has_bit(Some(i))) {
+            self.later.push(i);
+        }
+    }
+
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.bits == Holding::default()
+    }
+
+    /// Adds the entry `i`.
+    #[inline]
+    pub(crate) fn push_entry(&mut self, i: usize) {
+        if Holding::has_bit(Some(i)) {
+            self.bits = self.bits.with(Some(i));
+        } else {
+            self.push(Some(i));
+        }
+    }
+
+    /// True when `short` (`None`: the gate) is in the set.
+    #[inline]
+    pub(crate) fn contains(&self, short: Option<usize>) -> bool {
+        if Holding::has_bit(short) {
+            self.bits.contains(short)
+        } else {
+            short.is_some_and(|i| self.later.contains(&i))
+        }
+    }
+
+    /// True when the set is the gate alone.
+    #[inline]
+    pub(crate) fn is_gate_only(&self) -> bool {
+        self.bits == Holding::default().with(None)
+    }
+
+    /// The set as a waiter's record keeps it.
+    #[inline]
+    pub(crate) fn holding(&self) -> Holding {
+        self.bits
+    }
+
+    /// The set's members: the entries in increasing index, then the gate.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = Option<usize>> + '_ {
+        let gate = self.bits.has_gate();
+        self.bits
+            .entries()
+            .chain(self.later.iter().copied())
+            .map(Some)
+            .chain(gate.then_some(None))
+    }
+
+    /// The set's first member (see [`Short::iter`]).
+    pub(crate) fn first(&self) -> Option<Option<usize>> {
+        self.iter().next()
+    }
+}
 
 /// What the head of the line asks for, as the waiters behind it must respect.
 #[derive(Default)]
@@ -39,7 +125,7 @@ pub(crate) struct Head {
 impl Head {
     /// The head as the waiter `demand` of job `ctx` makes it, short on the entries `short` names
     /// (indices into the demand; `None`, the gate, is not an account).
-    pub(crate) fn of(demand: &Demand, short: &[Option<usize>]) -> Head {
+    pub(crate) fn of(demand: &Demand, short: &Short) -> Head {
         let entries = demand.entries();
         Head {
             amounts: entries
@@ -49,7 +135,7 @@ impl Head {
             short: short
                 .iter()
                 .flatten()
-                .map(|&i| account_key(entries[i].account()))
+                .map(|i| account_key(entries[i].account()))
                 .collect(),
             gate_hold: None,
         }
@@ -91,8 +177,9 @@ pub(crate) enum Attempt {
     /// Short on the entries left in the caller's `short` buffer (indices into the demand;
     /// `None` for the gate); nothing taken. Ask again at `wake` (`None`: only an event helps).
     Held { wake: Option<Instant> },
-    /// An account can never grant the demand, or panicked; nothing taken.
-    Refused(AdmitError),
+    /// An account can never grant the demand, or panicked; nothing taken. Boxed: a refusal is
+    /// rare, and an attempt's result, moved on every ask of every pass, stays two words.
+    Refused(Box<AdmitError>),
 }
 
 /// How much an attempt that is not granted should learn.
@@ -171,26 +258,26 @@ pub(crate) fn ask_demand(
             Ok(answer) => answer,
             Err(panic) => {
                 give_back(bell, &entries[..taken]);
-                return Attempt::Refused(aborted(account, ctx, &*panic));
+                return Attempt::Refused(Box::new(aborted(account, ctx, &*panic)));
             }
         };
         match answer {
             Answer::Never(refusal) => {
                 give_back(bell, &entries[..taken]);
-                return Attempt::Refused(AdmitError::Refused {
+                return Attempt::Refused(Box::new(AdmitError::Refused {
                     account: account.name().to_owned(),
                     refusal,
-                });
+                }));
             }
             // The head is short on it: not this waiter's to have, whatever it says now.
-            _ if claimed => short.push(Some(i)),
+            _ if claimed => short.push_entry(i),
             Answer::Taken => {
                 if ask.takes() {
                     taken = i + 1;
                 }
             }
             Answer::NotNow(at) => {
-                short.push(Some(i));
+                short.push_entry(i);
                 wake = later(wake, at);
                 if learn == Learn::FirstShort {
                     break;
@@ -317,5 +404,41 @@ pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "a panic without a message".to_owned()
+    }
+}
+
+#[cfg(all(test, not(admission_loom)))]
+mod tests {
+    use super::Short;
+
+    #[test]
+    fn a_short_set_keeps_every_entry_in_the_order_asked_past_its_bits() {
+        let mut short = Short::new();
+        assert!(short.is_empty());
+        for i in [0, 5, 61, 62, 70] {
+            short.push(Some(i));
+        }
+        assert!(!short.is_empty());
+        assert_eq!(
+            short.iter().collect::<Vec<_>>(),
+            [Some(0), Some(5), Some(61), Some(62), Some(70)]
+        );
+        assert_eq!(short.first(), Some(Some(0)));
+        // 62 and 63 share the bit for later entries; the list tells them apart.
+        assert!(short.contains(Some(62)) && short.contains(Some(70)));
+        assert!(!short.contains(Some(63)) && !short.contains(Some(1)) && !short.contains(None));
+        assert!(
+            !short.holding().is_exact(),
+            "a set past the bits is not exact"
+        );
+        assert!(!short.is_gate_only());
+
+        short.clear();
+        assert!(short.is_empty() && !short.contains(Some(70)));
+        assert_eq!(short.first(), None);
+        short.push(None);
+        assert!(short.is_gate_only() && short.contains(None));
+        assert_eq!(short.iter().collect::<Vec<_>>(), [None]);
+        assert!(short.holding().has_gate() && !short.holding().has_account());
     }
 }

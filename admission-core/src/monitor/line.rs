@@ -67,6 +67,7 @@ impl Holding {
     const GATE: u64 = 1 << 63;
 
     /// The bit of the hold of entry `entry` (`None`: the gate's).
+    #[inline]
     fn bit(entry: Option<usize>) -> u64 {
         match entry {
             None => Holding::GATE,
@@ -76,8 +77,39 @@ impl Holding {
     }
 
     /// The holds of the entries in `short` (`None`: the gate).
-    pub(crate) fn of(short: &[Option<usize>]) -> Holding {
-        Holding(short.iter().fold(0, |bits, &s| bits | Holding::bit(s)))
+    #[cfg(all(test, not(admission_loom)))]
+    fn of(short: &[Option<usize>]) -> Holding {
+        short.iter().fold(Holding(0), |bits, &s| bits.with(s))
+    }
+
+    /// The set with the hold of `entry` (`None`: the gate) added.
+    #[inline]
+    pub(crate) fn with(self, entry: Option<usize>) -> Holding {
+        Holding(self.0 | Holding::bit(entry))
+    }
+
+    /// True when `entry` (`None`: the gate) has a bit of its own.
+    #[inline]
+    pub(crate) fn has_bit(entry: Option<usize>) -> bool {
+        entry.is_none_or(|i| i < Holding::ENTRY_BITS)
+    }
+
+    /// True when the hold of `entry` (`None`: the gate), which has a bit of its own, is in the set.
+    #[inline]
+    pub(crate) fn contains(self, entry: Option<usize>) -> bool {
+        self.0 & Holding::bit(entry) != 0
+    }
+
+    /// The entries whose bits are in the set, in increasing index.
+    pub(crate) fn entries(self) -> impl Iterator<Item = usize> {
+        let mut bits = self.0 & ((1 << Holding::ENTRY_BITS) - 1);
+        std::iter::from_fn(move || {
+            (bits != 0).then(|| {
+                let i = bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                i
+            })
+        })
     }
 
     /// The holds among `held` that hold now.

@@ -623,6 +623,8 @@ fn loom_unlocked_fast_path_racing_a_cancel_grants_or_refuses_and_keeps_nothing()
 }
 
 /// A waker that owns its task's state, a grant among it: dropping the waker releases the grant.
+// The grant is held only to be dropped with the waker.
+#[allow(dead_code)]
 struct OwningWaker(std::sync::Mutex<Option<crate::Grant>>);
 
 impl std::task::Wake for OwningWaker {

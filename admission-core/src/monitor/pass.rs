@@ -49,6 +49,9 @@ const MIN_RECHECK: Duration = Duration::from_millis(1);
 /// project's 2-core machine; `cargo bench --bench long_line` measures it).
 pub(crate) const PASS_BATCH: usize = 64;
 
+/// Past a full batch, how many waiters a walk visits between two looks for someone to let in.
+const RECHECK_EVERY: usize = 8;
+
 /// What a pass is for.
 #[derive(Clone, Copy)]
 pub(crate) enum Scope<'a> {
@@ -97,6 +100,7 @@ impl Walk {
     }
 
     /// True once the head is short on every account this pass touched (see [`Scope::Released`]).
+    #[inline]
     fn may_stop(&self) -> bool {
         match (&self.touched, &self.head) {
             (Some(touched), Some(head)) => touched.iter().all(|key| head.short.contains(key)),
@@ -233,9 +237,13 @@ impl Shared {
                 // A full batch ends when ending it helps someone: a thread blocked on the lock,
                 // or waiters this walk granted or refused, to wake. A walk over waiters that all
                 // stay (a deadline's pass over a long line nobody else wants) runs on.
-                if visited >= batch && (out.has_work() || self.state.contended()) {
-                    paused = true;
-                    break;
+                if visited >= batch {
+                    if out.has_work() || self.state.contended() {
+                        paused = true;
+                        break;
+                    }
+                    // Nobody to let in yet: look again a few waiters on, not at every one.
+                    visited -= RECHECK_EVERY.min(visited);
                 }
                 visited += 1;
                 let (place, next, w) = st.queue.step(at);
@@ -308,7 +316,8 @@ impl Shared {
             walk.wake = earlier(walk.wake, w.deadline);
         }
         let is_head = walk.head.is_none();
-        let view = self.gate_view(w, is_head, walk);
+        // Only a gate is shown the waiter; without one this costs nothing.
+        let view = self.gate.is_some().then(|| gate_view(w, is_head, walk));
         match self.attempt(w, walk.head.as_ref(), view, walk.now, &mut walk.short) {
             Attempt::Granted => {
                 walk.touch(w);
@@ -319,12 +328,12 @@ impl Shared {
             }
             Attempt::Refused(error) => {
                 walk.touch(w);
-                self.leave(out, w, error, &mut walk.on_gate);
+                self.leave(out, w, *error, &mut walk.on_gate);
                 walk.leaving.push(place);
                 false
             }
             Attempt::Held { wake: at } => {
-                let gate_held = walk.short.contains(&None);
+                let gate_held = walk.short.contains(None);
                 if gate_held != w.on_gate {
                     w.on_gate = gate_held;
                     if gate_held {
@@ -342,21 +351,6 @@ impl Shared {
                 walk.wake = earlier(walk.wake, at);
                 walk.may_stop()
             }
-        }
-    }
-
-    /// What the gate is shown of waiter `w`.
-    fn gate_view(&self, w: &Waiter, is_head: bool, walk: &Walk) -> GateView {
-        // Only a gate reads where the waiter was held last; without one this costs nothing.
-        let elsewhere = self.gate.is_some() && !w.on_gate && w.holding.has_account();
-        let view = GateView::at(walk.now)
-            .with_held(walk.on_gate - usize::from(w.on_gate))
-            .with_on_gate(w.on_gate)
-            .with_elsewhere(elsewhere);
-        if is_head {
-            view
-        } else {
-            view.behind_the_head()
         }
     }
 
@@ -413,7 +407,7 @@ impl Shared {
         &self,
         w: &Waiter,
         head: Option<&Head>,
-        view: GateView,
+        view: Option<GateView>,
         now: Instant,
         short: &mut Short,
     ) -> Attempt {
@@ -424,7 +418,7 @@ impl Shared {
         if demand.is_empty() {
             return Attempt::Granted;
         }
-        if let Some(gate) = &self.gate {
+        if let (Some(gate), Some(view)) = (&self.gate, view) {
             let held = match head {
                 Some(Head {
                     gate_hold: Some(until),
@@ -438,7 +432,7 @@ impl Shared {
             if let Some(wake) = held {
                 // The gate holds it, but an account that can never grant it still refuses it.
                 if let Some(error) = refusal_of(demand, &w.ctx, &now) {
-                    return Attempt::Refused(error);
+                    return Attempt::Refused(Box::new(error));
                 }
                 short.push(None);
                 return Attempt::Held { wake };
@@ -453,7 +447,7 @@ impl Shared {
             &now,
             short,
         );
-        if let (Attempt::Granted, Some(gate)) = (&attempt, &self.gate) {
+        if let (Attempt::Granted, Some(gate), Some(view)) = (&attempt, &self.gate, view) {
             gate.passed(view);
         }
         attempt
@@ -461,26 +455,30 @@ impl Shared {
 
     /// Records that the accounts in `short` (`None`: the gate) hold waiter `w` at `now`: holds
     /// that ended are closed, new ones opened with a `Held` event.
+    #[inline]
     pub(crate) fn note_held(
         &self,
         out: &mut Outbox<'_>,
         w: &mut Waiter,
-        short: &[Option<usize>],
+        short: &Short,
         now: Instant,
     ) {
-        let gate_only = short == [None];
         // The same accounts short as last time, all still holding: nothing to record (and the
-        // waiter's holds and demand, on the heap, are not read).
-        let holding = Holding::of(short);
-        if holding.is_exact() && w.holding.is_exact() {
-            let unchanged = if gate_only {
-                w.holding.has_gate()
-            } else {
-                holding == w.holding
-            };
-            if unchanged {
-                return;
-            }
+        // waiter's holds and demand are not read). One comparison for the common case.
+        let holding = short.holding();
+        if holding == w.holding && holding.is_exact() {
+            return;
+        }
+        self.note_changed(out, w, short, now);
+    }
+
+    /// [`Shared::note_held`] past its first comparison.
+    #[inline(never)]
+    fn note_changed(&self, out: &mut Outbox<'_>, w: &mut Waiter, short: &Short, now: Instant) {
+        let gate_only = short.is_gate_only();
+        // Held by the gate again, whatever else held it before: the gate asked nothing else.
+        if gate_only && w.holding.has_gate() && w.holding.is_exact() {
+            return;
         }
         self.record_held(out, w, short, gate_only, now);
         w.holding = Holding::now_of(&w.held);
@@ -492,14 +490,14 @@ impl Shared {
         &self,
         out: &mut Outbox<'_>,
         w: &mut Waiter,
-        short: &[Option<usize>],
+        short: &Short,
         gate_only: bool,
         now: Instant,
     ) {
         if !gate_only {
             // Every account was asked: those no longer short stopped holding the waiter now.
             for hold in &mut w.held {
-                let still = short.contains(&hold.entry());
+                let still = short.contains(hold.entry());
                 if still {
                     hold.reopen();
                 } else {
@@ -507,16 +505,16 @@ impl Shared {
                 }
             }
         }
-        for s in short {
+        for s in short.iter() {
             let entry = s.map(|i| &w.demand.entries()[i]);
-            if let Some(hold) = w.held.iter_mut().find(|h| h.entry() == *s) {
+            if let Some(hold) = w.held.iter_mut().find(|h| h.entry() == s) {
                 hold.reopen();
                 continue;
             }
             // The first hold sits in the record; past it, room for exactly one more at a time:
             // a waiter is held by one or two accounts.
             w.held.reserve_exact(1);
-            w.held.push(Hold::new(*s, now));
+            w.held.push(Hold::new(s, now));
             out.event(EventKind::Held, &w.ctx, || match entry {
                 Some(e) => vec![EventEntry {
                     account: e.account().name().to_owned(),
@@ -575,6 +573,20 @@ impl Shared {
             *on_gate -= 1;
         }
         out.finish(&w.cell, Err(error));
+    }
+}
+
+/// What the gate is shown of waiter `w`.
+fn gate_view(w: &Waiter, is_head: bool, walk: &Walk) -> GateView {
+    let elsewhere = !w.on_gate && w.holding.has_account();
+    let view = GateView::at(walk.now)
+        .with_held(walk.on_gate - usize::from(w.on_gate))
+        .with_on_gate(w.on_gate)
+        .with_elsewhere(elsewhere);
+    if is_head {
+        view
+    } else {
+        view.behind_the_head()
     }
 }
 
