@@ -27,7 +27,7 @@ use super::ask::{
 };
 use super::cell::{CellRef, Outcome};
 use super::grant::{Grant, Holds};
-use super::line::{Holding, Place, RecordRef, State, Waiter, before_planned};
+use super::line::{Hot, Place, RecordRef, State, Waiter, before_planned};
 use super::outbox::{Outbox, entry_events};
 use super::shared::Shared;
 
@@ -206,7 +206,7 @@ impl Shared {
         let mut short = Short::new();
         match ask_demand(
             &self.bell,
-            demand,
+            demand.entries(),
             ctx,
             None,
             Learn::FirstShort,
@@ -253,7 +253,7 @@ impl Shared {
         let taken = match self.take_unlocked(demand, ctx, &now, &mut out) {
             Unlocked::Taken => Ok(()),
             Unlocked::Refused(error) => Err(error.into()),
-            Unlocked::Held(short) => match refusal_of(demand, ctx, &now) {
+            Unlocked::Held(short) => match refusal_of(demand.entries(), ctx, &now) {
                 // The fast path stopped at the first "not now"; a later account's "never" wins.
                 Some(error) => {
                     out.rejected(ctx, demand, &error);
@@ -303,7 +303,7 @@ impl Shared {
             // Never overtaking the line, but "never" wins over "not now": a demand no account
             // can ever grant is refused, not told to wait.
             let waiting = st.queue.len();
-            if let Some(error) = refusal_of(demand, ctx, now) {
+            if let Some(error) = refusal_of(demand.entries(), ctx, now) {
                 drop(st);
                 return refused(out, error);
             }
@@ -323,7 +323,10 @@ impl Shared {
                 });
                 Ok(())
             }
-            Ok(false) => match (!gate_held).then(|| refusal_of(demand, ctx, now)).flatten() {
+            Ok(false) => match (!gate_held)
+                .then(|| refusal_of(demand.entries(), ctx, now))
+                .flatten()
+            {
                 // The fast path stopped at the first "not now"; a later account's "never" wins
                 // (a gate's hold looked for one already).
                 Some(error) => refused(out, error),
@@ -405,9 +408,9 @@ impl Shared {
             // refused here and now (a fast path that the gate held looked for that already).
             let looked = gate_held;
             if !gate_held {
-                gate_held = st.queue.head().is_some_and(|head| head.on_gate);
+                gate_held = st.queue.head_on_gate();
             }
-            if !looked && let Some(error) = refusal_of(&demand, ctx, now) {
+            if !looked && let Some(error) = refusal_of(demand.entries(), ctx, now) {
                 drop(st);
                 return refused(out, &demand, error);
             }
@@ -459,7 +462,7 @@ impl Shared {
             && let GateAnswer::Hold { .. } = gate.check(view)
         {
             // The gate holds it, but an account that can never grant it still refuses it.
-            if let Some(error) = refusal_of(demand, ctx, now) {
+            if let Some(error) = refusal_of(demand.entries(), ctx, now) {
                 return Err(error);
             }
             *gate_held = true;
@@ -468,7 +471,7 @@ impl Shared {
         let mut short = Short::new();
         match ask_demand(
             &self.bell,
-            demand,
+            demand.entries(),
             ctx,
             None,
             Learn::FirstShort,
@@ -526,12 +529,11 @@ impl Shared {
             deadline,
             cell: stand.cell,
             held: Holds::new(),
-            holding: Holding::default(),
-            on_gate: gate_held,
         };
+        let mut hot = Hot::new(deadline, gate_held);
         let ring = match self.gate {
             Some(_) => true,
-            None => match self.ask_at_the_tail(&st, &mut waiter, out, reading) {
+            None => match self.ask_at_the_tail(&st, &mut hot, &mut waiter, out, reading) {
                 Ok(ring) => ring,
                 Err(outcome) => {
                     // The waiter's demand and context are the caller's: dropped unlocked.
@@ -551,7 +553,7 @@ impl Shared {
             out.rejected(ctx, &waiter.demand, &error);
             return Err(Err(error));
         }
-        let place = st.queue.push(stand.record, waiter);
+        let place = st.queue.push(stand.record, waiter, hot);
         // Without a gate the count was published before the ask, and is this already.
         self.publish_parked(st.queue.len());
         // The waiter's `held` events go out before anything a pass may build for it once the
@@ -566,6 +568,7 @@ impl Shared {
     fn ask_at_the_tail(
         self: &Arc<Shared>,
         st: &MonitorGuard<'_, State>,
+        hot: &mut Hot,
         w: &mut Waiter,
         out: &mut Outbox<'_>,
         now: &Reading<'_>,
@@ -573,7 +576,7 @@ impl Shared {
         // Published before the ask, so a give that the ask misses finds someone waiting and runs
         // a pass (the doorbell's argument, `evaluator.rs`).
         self.publish_parked(st.queue.len() + 1);
-        let arrival = self.arrive(st, w, out, now);
+        let arrival = self.arrive(st, hot, w, out, now);
         match arrival {
             Arrival::Granted(grant) => {
                 self.publish_parked(st.queue.len());
@@ -597,6 +600,7 @@ impl Shared {
     fn arrive(
         self: &Arc<Shared>,
         st: &State,
+        hot: &mut Hot,
         w: &mut Waiter,
         out: &mut Outbox<'_>,
         now: &Reading<'_>,
@@ -606,7 +610,7 @@ impl Shared {
             Some(first) => match Head::now_of(&first.demand, now) {
                 Some(head) => Some(head),
                 // A demand that can never fit is refused now, not after the head's pass.
-                None => match refusal_of(&w.demand, &w.ctx, now) {
+                None => match refusal_of(w.demand.entries(), &w.ctx, now) {
                     Some(error) => return Arrival::Refused(error),
                     None => return Arrival::Deferred,
                 },
@@ -616,7 +620,7 @@ impl Shared {
         let mut short = Short::new();
         let attempt = ask_demand(
             &self.bell,
-            &w.demand,
+            w.demand.entries(),
             &w.ctx,
             head.as_ref(),
             Learn::EveryShort,
@@ -633,7 +637,7 @@ impl Shared {
             }
             Attempt::Refused(error) => Arrival::Refused(*error),
             Attempt::Held { wake } => {
-                self.note_held(out, w, &short, now.get());
+                self.note_held(out, hot, w, &short, now.get());
                 Arrival::Held {
                     due: earlier(wake, w.deadline),
                 }

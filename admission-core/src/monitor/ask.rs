@@ -125,8 +125,7 @@ pub(crate) struct Head {
 impl Head {
     /// The head as the waiter `demand` of job `ctx` makes it, short on the entries `short` names
     /// (indices into the demand; `None`, the gate, is not an account).
-    pub(crate) fn of(demand: &Demand, short: &Short) -> Head {
-        let entries = demand.entries();
+    pub(crate) fn of(entries: &[Entry], short: &Short) -> Head {
         Head {
             amounts: entries
                 .iter()
@@ -155,7 +154,7 @@ impl Head {
                 short.push(Some(i));
             }
         }
-        (!short.is_empty()).then(|| Head::of(demand, &short))
+        (!short.is_empty()).then(|| Head::of(demand.entries(), &short))
     }
 
     fn reserved(&self, key: usize) -> Amount {
@@ -223,7 +222,7 @@ pub(crate) fn earlier(a: Option<Instant>, b: Option<Instant>) -> Option<Instant>
 #[inline(always)]
 pub(crate) fn ask_demand(
     bell: &Doorbell,
-    demand: &Demand,
+    entries: &[Entry],
     ctx: &JobContext,
     head: Option<&Head>,
     learn: Learn,
@@ -231,8 +230,7 @@ pub(crate) fn ask_demand(
     short: &mut Short,
 ) -> Attempt {
     short.clear();
-    let entries = demand.entries();
-    let claims = Claims::of(demand, head);
+    let claims = Claims::of(entries, head);
     // The head's own deadline on an account it claims (or the event it waits for) covers this
     // waiter's wake-up.
     let mut wake = if claims.any {
@@ -297,11 +295,11 @@ pub(crate) fn ask_demand(
 /// accounts otherwise (a line whose head is about to go, a gate that holds the line, a try
 /// behind a line). Under the monitor lock, or on the unlocked path.
 pub(crate) fn refusal_of(
-    demand: &Demand,
+    entries: &[Entry],
     ctx: &JobContext,
     now: &Reading<'_>,
 ) -> Option<AdmitError> {
-    demand.entries().iter().find_map(|entry| {
+    entries.iter().find_map(|entry| {
         let account = entry.account();
         match asked(
             account,
@@ -328,7 +326,7 @@ struct Claims {
 
 impl Claims {
     #[inline]
-    fn of(demand: &Demand, head: Option<&Head>) -> Claims {
+    fn of(entries: &[Entry], head: Option<&Head>) -> Claims {
         let mut claims = Claims {
             any: false,
             mask: 0,
@@ -336,7 +334,7 @@ impl Claims {
         let Some(head) = head.filter(|h| !h.short.is_empty()) else {
             return claims;
         };
-        for (i, entry) in demand.entries().iter().enumerate() {
+        for (i, entry) in entries.iter().enumerate() {
             if head.is_short_on(account_key(entry.account())) {
                 claims.any = true;
                 if i < 64 {

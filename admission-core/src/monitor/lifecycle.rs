@@ -110,6 +110,7 @@ impl Shared {
                 .get(place)
                 .is_some_and(|w| !matches!(why, Leaving::Expired) || due(w));
             let was_head = st.queue.is_head(place);
+            let was_on_gate = st.queue.is_on_gate(place);
             let others_remain = st.queue.len() > 1;
             let left = match leaves.then(|| st.queue.remove(place)).flatten() {
                 // The waiter stays in its record (its owner's); it is told how it left here,
@@ -122,7 +123,7 @@ impl Shared {
                     }
                     let pass = (was_head && others_remain && self.gate.is_none())
                         .then(|| w.demand.clone());
-                    Some((w.on_gate, pass))
+                    Some((was_on_gate, pass))
                 }
                 None => None,
             };

@@ -9,7 +9,12 @@
 //! frame), and the slot points at it. The rule is the cell's (`cell.rs`): the monitor reads or
 //! writes a record only under the monitor lock while its slot is in the line, and the owner
 //! frees it only once it has seen the slot leave. So a parked waiter's only memory of the
-//! monitor's is its slot: [`Slot`]'s size, a few dozen bytes.
+//! monitor's is its slot: [`Slot`]'s size, 56 bytes.
+//!
+//! The slot keeps a copy of what a pass reads of every waiter ([`Hot`]: deadline, holding bits,
+//! gate flag, the address of the demand's entries), so a pass that finds nothing new for a
+//! waiter reads its slot and its entries and never its record: one cache line per waiter
+//! fewer, in memory scattered over the waiters' futures.
 
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
@@ -21,7 +26,7 @@ use std::time::Duration;
 use crate::account::Account;
 use crate::clock::Instant;
 use crate::context::{JobContext, WaiterKey};
-use crate::demand::Demand;
+use crate::demand::{Demand, Entry};
 use crate::sync::thread;
 
 use super::cell::CellRef;
@@ -35,7 +40,8 @@ pub(crate) enum Phase {
     Closed(Arc<str>),
 }
 
-/// A job parked in the line.
+/// A job parked in the line: what its record keeps (the pass reads it only when something
+/// changes for the waiter; what it reads of every waiter is the slot's [`Hot`]).
 pub(crate) struct Waiter {
     pub(crate) demand: Demand,
     pub(crate) ctx: JobContext,
@@ -48,11 +54,68 @@ pub(crate) struct Waiter {
     /// The accounts (by key; [`Hold::GATE`] for the gate) this waiter has been held on. Feeds
     /// `Held` events and `Grant::wait_times`.
     pub(crate) held: Holds,
-    /// Which of `held` hold the waiter now, in the record itself so that a pass finding the same
+}
+
+/// What a pass reads of every waiter it asks, kept in the waiter's slot in the line: a pass over
+/// waiters that stay where they are reads their slots, side by side in the slab, and their
+/// demands' entries, and nothing of their records.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Hot {
+    /// The waiter's deadline ([`Instant::MAX`]: none).
+    deadline: Instant,
+    /// Which of the record's holds hold the waiter now, so that a pass finding the same
     /// accounts short as last time reads nothing more (see [`Holding`]).
     pub(crate) holding: Holding,
+    /// The entries of the demand in the waiter's record (set when it parks: see
+    /// [`Hot::entries`]).
+    entries: NonNull<Entry>,
+    len: u32,
     /// True while the gate is what holds this waiter.
     pub(crate) on_gate: bool,
+}
+
+// SAFETY: `entries` points at the entries of a demand in the record of the waiter whose slot
+// holds this, and is read only under the monitor lock while that slot is in the line (as the
+// record is, see `RecordRef`); a `Demand` is `Send + Sync`.
+unsafe impl Send for Hot {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Hot {}
+
+impl Hot {
+    /// A waiter about to park with `deadline`, held by the gate or not: its entries are set
+    /// when it parks ([`Line::push`]).
+    pub(crate) fn new(deadline: Option<Instant>, on_gate: bool) -> Hot {
+        Hot {
+            deadline: deadline.unwrap_or(Instant::MAX),
+            holding: Holding::default(),
+            entries: NonNull::dangling(),
+            len: 0,
+            on_gate,
+        }
+    }
+
+    /// The waiter's deadline (`None`: no timeout, or one too long to be reached).
+    #[inline]
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        (self.deadline != Instant::MAX).then_some(self.deadline)
+    }
+
+    /// True once the waiter's deadline is at or before `now`.
+    #[inline]
+    pub(crate) fn is_due(&self, now: Instant) -> bool {
+        self.deadline <= now && self.deadline != Instant::MAX
+    }
+
+    /// The entries of the waiter's demand (none before it parks).
+    #[inline]
+    pub(crate) fn entries(&self) -> &[Entry] {
+        // SAFETY: `entries` and `len` were taken in `Line::push` from the demand in the waiter's
+        // record, which its owner keeps in place while the slot is in the line and which the
+        // monitor does not change while it is (a grant takes the demand as its slot leaves, in
+        // the same critical section, and no `Hot` of a slot that left is read); before the push
+        // they describe an empty slice at a dangling, aligned pointer.
+        unsafe { std::slice::from_raw_parts(self.entries.as_ptr(), self.len as usize) }
+    }
 }
 
 /// A set of holds as bits: the hold of the demand's entry `i` is bit `i` (for the first
@@ -242,12 +305,14 @@ impl RecordRef {
     }
 }
 
-/// A waiter's slot in the slab: its record, and its neighbours in arrival order.
+/// A waiter's slot in the slab: what a pass reads of it, a pointer to its record, and its
+/// neighbours in arrival order (56 bytes).
 struct Node {
     seq: u64,
     prev: u32,
     next: u32,
     record: RecordRef,
+    hot: Hot,
 }
 
 impl Node {
@@ -269,12 +334,23 @@ impl Node {
             .as_mut()
             .unwrap_or_else(|| unreachable!("a parked record holds its waiter"))
     }
+
+    /// The waiter, to change, and what the pass reads of it: the record is not read here (a
+    /// pass that finds nothing new for the waiter never touches it).
+    #[inline]
+    fn parts_mut(&mut self) -> (&mut Hot, &mut Waiter) {
+        // SAFETY: as in `Node::waiter_mut`. A record is in the line only once it holds its
+        // waiter (`Line::push`), and only emptied by its owner after its slot left: so the
+        // option is `Some`, and not reading it keeps the record's memory untouched.
+        let waiter = unsafe { self.record.contents_mut().as_mut().unwrap_unchecked() };
+        (&mut self.hot, waiter)
+    }
 }
 
 /// Above this many slots an emptied line gives its slab's memory back.
 const KEEP_EMPTY_SLOTS: usize = 4096;
 
-/// Slots per chunk of the slab: a chunk (about 35 KB) is allocated and its free list written
+/// Slots per chunk of the slab: a chunk (14 KB) is allocated and its free list written
 /// under the monitor lock, in about a microsecond.
 const CHUNK: usize = 256;
 
@@ -442,11 +518,14 @@ impl Line {
     /// # Panics
     ///
     /// With 2^32 - 1 waiters parked at once (each is a job holding a thread or a future).
-    pub(crate) fn push(&mut self, record: RecordRef, waiter: Waiter) -> Place {
+    pub(crate) fn push(&mut self, record: RecordRef, waiter: Waiter, mut hot: Hot) -> Place {
         // SAFETY: `&mut self` is the monitor lock held; the record is not in the line yet, and
         // its owner (the caller of the arrival, on this thread) leaves it alone from
         // `RecordRef::new` on.
-        *unsafe { record.contents_mut() } = Some(waiter);
+        let parked = unsafe { record.contents_mut() }.insert(waiter);
+        let entries = parked.demand.entries();
+        hot.entries = NonNull::from(entries).cast();
+        hot.len = u32::try_from(entries.len()).expect("fewer than 2^32 entries in a demand");
         let seq = self.next_seq;
         self.next_seq += 1;
         let slot = self.nodes.insert(Node {
@@ -454,6 +533,7 @@ impl Line {
             prev: self.tail,
             next: END,
             record,
+            hot,
         });
         match self.tail {
             END => self.head = slot,
@@ -477,6 +557,11 @@ impl Line {
         self.node(place).map(Node::waiter)
     }
 
+    /// True when the gate holds the waiter at `place`, which is in the line.
+    pub(crate) fn is_on_gate(&self, place: Place) -> bool {
+        self.node(place).is_some_and(|node| node.hot.on_gate)
+    }
+
     /// True when the waiter at `place` is the head.
     pub(crate) fn is_head(&self, place: Place) -> bool {
         self.head == place.slot && self.node(place).is_some()
@@ -485,6 +570,22 @@ impl Line {
     /// The head of the line.
     pub(crate) fn head(&self) -> Option<&Waiter> {
         (self.head != END).then(|| self.nodes.node(self.head).waiter())
+    }
+
+    /// True when the gate holds the head of the line.
+    pub(crate) fn head_on_gate(&self) -> bool {
+        self.head != END && self.nodes.node(self.head).hot.on_gate
+    }
+
+    /// How many waiters the gate holds.
+    pub(crate) fn on_gate(&self) -> usize {
+        let mut slot = self.head;
+        let mut count = 0;
+        while let Some(node) = self.nodes.get(slot) {
+            count += usize::from(node.hot.on_gate);
+            slot = node.next;
+        }
+        count
     }
 
     /// Takes the waiter at `place` out of the line, if it is still there. The waiter stays in its
@@ -519,7 +620,8 @@ impl Line {
     }
 
     /// The waiters, first to last.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = &Waiter> {
+    #[cfg(all(test, not(admission_loom)))]
+    fn iter(&self) -> impl Iterator<Item = &Waiter> {
         let mut slot = self.head;
         std::iter::from_fn(move || {
             let node = self.nodes.get(slot)?;
@@ -549,18 +651,18 @@ impl Line {
     }
 
     /// The waiter in `slot` (a slot a walk reached: from [`Line::first_slot`],
-    /// [`Line::resume`] or a previous step), its place, and the slot after it.
-    pub(crate) fn step(&mut self, slot: u32) -> (Place, Option<u32>, &mut Waiter) {
+    /// [`Line::resume`] or a previous step) with what a pass reads of it, its place, and the
+    /// slot after it.
+    #[inline]
+    pub(crate) fn step(&mut self, slot: u32) -> (Place, Option<u32>, &mut Hot, &mut Waiter) {
         let node = self.nodes.node_mut(slot);
         let next = (node.next != END).then_some(node.next);
-        (
-            Place {
-                slot,
-                seq: node.seq,
-            },
-            next,
-            node.waiter_mut(),
-        )
+        let place = Place {
+            slot,
+            seq: node.seq,
+        };
+        let (hot, waiter) = node.parts_mut();
+        (place, next, hot, waiter)
     }
 
     /// Parks a walk's cursor at `next` (the slot it visits next, `None`: the end) while it
@@ -648,7 +750,7 @@ impl State {
 
     /// How many waiters the gate holds now.
     pub(crate) fn on_gate(&self) -> usize {
-        self.queue.iter().filter(|w| w.on_gate).count()
+        self.queue.on_gate()
     }
 }
 
@@ -671,7 +773,11 @@ mod tests {
     fn park(line: &mut Line, name: &str) -> Place {
         let record: &'static Record = Box::leak(Box::default());
         // SAFETY: a leaked record stays in place forever, and nothing else touches it.
-        line.push(unsafe { RecordRef::new(record) }, waiter(name))
+        line.push(
+            unsafe { RecordRef::new(record) },
+            waiter(name),
+            Hot::new(None, false),
+        )
     }
 
     fn waiter(name: &str) -> Waiter {
@@ -682,8 +788,6 @@ mod tests {
             deadline: None,
             cell: CellRef::dangling(),
             held: Holds::new(),
-            holding: Holding::default(),
-            on_gate: false,
         }
     }
 
@@ -747,7 +851,7 @@ mod tests {
         let a = park(&mut line, "a");
         let b = park(&mut line, "b");
         let first = line.first_slot().expect("a waiter");
-        let (place, next, _) = line.step(first);
+        let (place, next, _, _) = line.step(first);
         assert_eq!(place, a);
         line.hold_cursor(next);
         assert!(line.remove(b).is_some(), "the walk's next waiter leaves");
@@ -786,6 +890,27 @@ mod tests {
         assert_eq!(once_more.slot, places[10].slot);
         assert_eq!(line.len(), CHUNK + 1);
         assert_eq!(line.iter().count(), CHUNK + 1);
+    }
+
+    #[test]
+    fn a_slot_keeps_what_a_pass_reads_within_one_cache_line() {
+        // Deadline, holding bits, gate flag and the entries' address beside the links and the
+        // record's pointer: a pass over waiters that stay reads 56 bytes of each slot.
+        assert_eq!(std::mem::size_of::<Slot>(), 56);
+        assert_eq!(std::mem::size_of::<Hot>(), 32);
+    }
+
+    #[test]
+    fn a_hot_part_tells_its_deadline_and_an_empty_demand_before_parking() {
+        let at = Instant::ZERO.saturating_add(Duration::from_millis(5));
+        let hot = Hot::new(Some(at), true);
+        assert_eq!(hot.deadline(), Some(at));
+        assert!(!hot.is_due(Instant::ZERO.saturating_add(Duration::from_millis(4))));
+        assert!(hot.is_due(at));
+        assert!(hot.on_gate && hot.entries().is_empty());
+        let never = Hot::new(None, false);
+        assert_eq!(never.deadline(), None);
+        assert!(!never.is_due(Instant::MAX), "no deadline is ever due");
     }
 
     #[test]

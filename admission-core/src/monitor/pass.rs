@@ -35,7 +35,7 @@ use crate::sync::{MonitorGuard, Ordering};
 
 use super::ask::{Attempt, Head, Learn, Short, ask_demand, earlier, panic_message, refusal_of};
 use super::grant::{Grant, Hold, Waits};
-use super::line::{Holding, Phase, Place, State, Waiter, before_planned};
+use super::line::{Holding, Hot, Phase, Place, State, Waiter, before_planned};
 use super::outbox::{Outbox, entry_events};
 use super::shared::Shared;
 
@@ -246,9 +246,9 @@ impl Shared {
                     visited -= RECHECK_EVERY.min(visited);
                 }
                 visited += 1;
-                let (place, next, w) = st.queue.step(at);
+                let (place, next, hot, w) = st.queue.step(at);
                 slot = next;
-                if self.visit(out, &mut walk, place, w) {
+                if self.visit(out, &mut walk, place, hot, w) {
                     walk.stopped_early = true;
                     break;
                 }
@@ -303,48 +303,48 @@ impl Shared {
         out: &mut Outbox<'_>,
         walk: &mut Walk,
         place: Place,
+        hot: &mut Hot,
         w: &mut Waiter,
     ) -> bool {
         // Leavers first: a late waiter times out (a cancelled one left when it was cancelled).
-        if let Some(error) = gone(w, walk.now) {
+        if hot.is_due(walk.now) {
+            let error = timed_out(w, walk.now);
             walk.touch(w);
-            self.leave(out, w, error, &mut walk.on_gate);
+            self.leave(out, hot, w, error, &mut walk.on_gate);
             walk.leaving.push(place);
             return false;
         }
-        if w.deadline.is_some() {
-            walk.wake = earlier(walk.wake, w.deadline);
-        }
+        walk.wake = earlier(walk.wake, hot.deadline());
         let is_head = walk.head.is_none();
         // Only a gate is shown the waiter; without one this costs nothing.
-        let view = self.gate.is_some().then(|| gate_view(w, is_head, walk));
-        match self.attempt(w, walk.head.as_ref(), view, walk.now, &mut walk.short) {
+        let view = self.gate.is_some().then(|| gate_view(hot, is_head, walk));
+        match self.attempt(hot, w, walk.head.as_ref(), view, walk.now, &mut walk.short) {
             Attempt::Granted => {
                 walk.touch(w);
                 let remaining = walk.total - walk.leaving.len() - 1;
-                self.grant_waiter(out, w, remaining, &mut walk.on_gate, walk.now);
+                self.grant_waiter(out, hot, w, remaining, &mut walk.on_gate, walk.now);
                 walk.leaving.push(place);
                 false
             }
             Attempt::Refused(error) => {
                 walk.touch(w);
-                self.leave(out, w, *error, &mut walk.on_gate);
+                self.leave(out, hot, w, *error, &mut walk.on_gate);
                 walk.leaving.push(place);
                 false
             }
             Attempt::Held { wake: at } => {
                 let gate_held = walk.short.contains(None);
-                if gate_held != w.on_gate {
-                    w.on_gate = gate_held;
+                if gate_held != hot.on_gate {
+                    hot.on_gate = gate_held;
                     if gate_held {
                         walk.on_gate += 1;
                     } else {
                         walk.on_gate -= 1;
                     }
                 }
-                self.note_held(out, w, &walk.short, walk.now);
+                self.note_held(out, hot, w, &walk.short, walk.now);
                 if is_head {
-                    let mut head = Head::of(&w.demand, &walk.short);
+                    let mut head = Head::of(hot.entries(), &walk.short);
                     head.gate_hold = gate_held.then_some(at);
                     walk.head = Some(head);
                 }
@@ -405,6 +405,7 @@ impl Shared {
     /// Asks the gate and every account about waiter `w`, and takes its whole demand if it fits.
     fn attempt(
         &self,
+        hot: &Hot,
         w: &Waiter,
         head: Option<&Head>,
         view: Option<GateView>,
@@ -414,7 +415,8 @@ impl Shared {
         short.clear();
         // Every account is asked at the pass's one instant.
         let now = Reading::taken_at(&*self.clock, now);
-        let demand = &w.demand;
+        // The entries as the slot keeps them: the record is not read unless something changes.
+        let demand = hot.entries();
         if demand.is_empty() {
             return Attempt::Granted;
         }
@@ -459,29 +461,37 @@ impl Shared {
     pub(crate) fn note_held(
         &self,
         out: &mut Outbox<'_>,
+        hot: &mut Hot,
         w: &mut Waiter,
         short: &Short,
         now: Instant,
     ) {
         // The same accounts short as last time, all still holding: nothing to record (and the
-        // waiter's holds and demand are not read). One comparison for the common case.
+        // waiter's record is not read). One comparison for the common case.
         let holding = short.holding();
-        if holding == w.holding && holding.is_exact() {
+        if holding == hot.holding && holding.is_exact() {
             return;
         }
-        self.note_changed(out, w, short, now);
+        self.note_changed(out, hot, w, short, now);
     }
 
     /// [`Shared::note_held`] past its first comparison.
     #[inline(never)]
-    fn note_changed(&self, out: &mut Outbox<'_>, w: &mut Waiter, short: &Short, now: Instant) {
+    fn note_changed(
+        &self,
+        out: &mut Outbox<'_>,
+        hot: &mut Hot,
+        w: &mut Waiter,
+        short: &Short,
+        now: Instant,
+    ) {
         let gate_only = short.is_gate_only();
         // Held by the gate again, whatever else held it before: the gate asked nothing else.
-        if gate_only && w.holding.has_gate() && w.holding.is_exact() {
+        if gate_only && hot.holding.has_gate() && hot.holding.is_exact() {
             return;
         }
         self.record_held(out, w, short, gate_only, now);
-        w.holding = Holding::now_of(&w.held);
+        hot.holding = Holding::now_of(&w.held);
     }
 
     /// [`Shared::note_held`] when something changed: holds that ended are closed, new ones
@@ -536,6 +546,7 @@ impl Shared {
     fn grant_waiter(
         self: &Arc<Shared>,
         out: &mut Outbox<'_>,
+        hot: &Hot,
         w: &mut Waiter,
         remaining: usize,
         on_gate: &mut usize,
@@ -560,28 +571,35 @@ impl Shared {
         );
         let demand = std::mem::take(&mut w.demand);
         let grant = Grant::new(demand, self.clone(), w.ctx.clone(), waits);
-        if w.on_gate {
+        if hot.on_gate {
             *on_gate -= 1;
         }
         out.finish(&w.cell, Ok(grant));
     }
 
     /// Refuses waiter `w`, which leaves the line in this pass.
-    fn leave(&self, out: &mut Outbox<'_>, w: &mut Waiter, error: AdmitError, on_gate: &mut usize) {
+    fn leave(
+        &self,
+        out: &mut Outbox<'_>,
+        hot: &Hot,
+        w: &mut Waiter,
+        error: AdmitError,
+        on_gate: &mut usize,
+    ) {
         out.rejected(&w.ctx, &w.demand, &error);
-        if w.on_gate {
+        if hot.on_gate {
             *on_gate -= 1;
         }
         out.finish(&w.cell, Err(error));
     }
 }
 
-/// What the gate is shown of waiter `w`.
-fn gate_view(w: &Waiter, is_head: bool, walk: &Walk) -> GateView {
-    let elsewhere = !w.on_gate && w.holding.has_account();
+/// What the gate is shown of the waiter whose slot keeps `hot`.
+fn gate_view(hot: &Hot, is_head: bool, walk: &Walk) -> GateView {
+    let elsewhere = !hot.on_gate && hot.holding.has_account();
     let view = GateView::at(walk.now)
-        .with_held(walk.on_gate - usize::from(w.on_gate))
-        .with_on_gate(w.on_gate)
+        .with_held(walk.on_gate - usize::from(hot.on_gate))
+        .with_on_gate(hot.on_gate)
         .with_elsewhere(elsewhere);
     if is_head {
         view
@@ -590,20 +608,19 @@ fn gate_view(w: &Waiter, is_head: bool, walk: &Walk) -> GateView {
     }
 }
 
-/// Why waiter `w` leaves the line at `now` before it is asked, if it does: its deadline passed.
+/// The error of waiter `w`, whose deadline passed by `now` (a late waiter leaves before it is
+/// asked).
 ///
-/// A cancelled job is not looked for here. Cancelling runs the listener the waiter's ticket
+/// A cancelled job is not looked for by a pass. Cancelling runs the listener the waiter's ticket
 /// registered on its context, which takes the waiter out of the line at once (and a context
 /// cancelled before the listener was registered has the ticket do the same), so the pass never
 /// reads the job's context: one cold cache line per waiter fewer.
-fn gone(w: &Waiter, now: Instant) -> Option<AdmitError> {
-    match (w.deadline, w.timeout()) {
-        (Some(deadline), Some(timeout)) if deadline <= now => Some(AdmitError::TimedOut {
-            job: w.ctx.id(),
-            waited: now.saturating_duration_since(w.asked_at),
-            timeout,
-        }),
-        _ => None,
+#[cold]
+fn timed_out(w: &Waiter, now: Instant) -> AdmitError {
+    AdmitError::TimedOut {
+        job: w.ctx.id(),
+        waited: now.saturating_duration_since(w.asked_at),
+        timeout: w.timeout().unwrap_or_default(),
     }
 }
 
