@@ -94,10 +94,10 @@ impl Hot {
         }
     }
 
-    /// The waiter's deadline (`None`: no timeout, or one too long to be reached).
+    /// The waiter's deadline, [`Instant::MAX`] for none.
     #[inline]
-    pub(crate) fn deadline(&self) -> Option<Instant> {
-        (self.deadline != Instant::MAX).then_some(self.deadline)
+    pub(crate) fn deadline_or_max(&self) -> Instant {
+        self.deadline
     }
 
     /// True once the waiter's deadline is at or before `now`.
@@ -904,12 +904,12 @@ mod tests {
     fn a_hot_part_tells_its_deadline_and_an_empty_demand_before_parking() {
         let at = Instant::ZERO.saturating_add(Duration::from_millis(5));
         let hot = Hot::new(Some(at), true);
-        assert_eq!(hot.deadline(), Some(at));
+        assert_eq!(hot.deadline_or_max(), at);
         assert!(!hot.is_due(Instant::ZERO.saturating_add(Duration::from_millis(4))));
         assert!(hot.is_due(at));
         assert!(hot.on_gate && hot.entries().is_empty());
         let never = Hot::new(None, false);
-        assert_eq!(never.deadline(), None);
+        assert_eq!(never.deadline_or_max(), Instant::MAX);
         assert!(!never.is_due(Instant::MAX), "no deadline is ever due");
     }
 

@@ -72,7 +72,9 @@ struct Walk {
     touched: Option<Vec<usize>>,
     stopped_early: bool,
     /// The earliest wake-up any waiter asked so far needs.
-    wake: Option<Instant>,
+    /// ([`Instant::MAX`]: none yet; kept as an instant so that taking the earlier of two is one
+    /// comparison.)
+    wake: Instant,
     head: Option<Head>,
     /// Waiters that leave the line in this pass (granted, refused, cancelled, late).
     leaving: Vec<Place>,
@@ -215,7 +217,7 @@ impl Shared {
             now,
             touched,
             stopped_early: false,
-            wake: None,
+            wake: Instant::MAX,
             head: None,
             leaving,
             // Only a gate needs the count (and counting reads the whole line).
@@ -314,7 +316,7 @@ impl Shared {
             walk.leaving.push(place);
             return false;
         }
-        walk.wake = earlier(walk.wake, hot.deadline());
+        walk.wake = walk.wake.min(hot.deadline_or_max());
         let is_head = walk.head.is_none();
         // Only a gate is shown the waiter; without one this costs nothing.
         let view = self.gate.is_some().then(|| gate_view(hot, is_head, walk));
@@ -348,7 +350,7 @@ impl Shared {
                     head.gate_hold = gate_held.then_some(at);
                     walk.head = Some(head);
                 }
-                walk.wake = earlier(walk.wake, at);
+                walk.wake = walk.wake.min(at.unwrap_or(Instant::MAX));
                 walk.may_stop()
             }
         }
@@ -380,7 +382,7 @@ impl Shared {
         // An instant in the past means "now"; an account that keeps answering so while refusing
         // must not spin the evaluator, so such a wake-up is re-asked a millisecond later.
         let now = walk.now;
-        let wake = walk.wake.map(|at| {
+        let wake = (walk.wake != Instant::MAX).then_some(walk.wake).map(|at| {
             if at <= now {
                 now.saturating_add(MIN_RECHECK)
             } else {
