@@ -29,6 +29,29 @@ fn add_merges_into_the_entry_for_the_same_account_and_keeps_first_add_order() {
 }
 
 #[test]
+fn a_clone_shares_its_entries_and_keeps_them_when_the_other_changes() {
+    let a = permits("a", 10);
+    let b = permits("b", 10);
+    let original = Demand::new().with(on(&a), Amount::units(1));
+    let mut merged = original.clone();
+    // A clone is the same entries, not a copy of them.
+    assert!(std::ptr::eq(original.entries(), merged.entries()));
+    merged.add(on(&a), Amount::units(2));
+    let mut grown = original.clone();
+    grown.add(on(&b), Amount::units(4));
+    assert_eq!(original.entries().len(), 1);
+    assert_eq!(original.amount_on(&on(&a)), Amount::units(1));
+    assert_eq!(merged.amount_on(&on(&a)), Amount::units(3));
+    assert_eq!(grown.amount_on(&on(&a)), Amount::units(1));
+    assert_eq!(grown.amount_on(&on(&b)), Amount::units(4));
+    // Once no other holds them, a merge changes the entries in place.
+    let before = merged.entries().as_ptr();
+    merged.add(on(&a), Amount::units(1));
+    assert_eq!(merged.entries().as_ptr(), before);
+    assert_eq!(merged.amount_on(&on(&a)), Amount::units(4));
+}
+
+#[test]
 fn an_orchestrators_demand_and_grant_are_empty() {
     assert!(Demand::new().is_empty());
     let grant = Monitor::builder()
