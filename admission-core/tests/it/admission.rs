@@ -528,15 +528,19 @@ fn a_pass_over_ten_thousand_parked_waiters_grants_them_all_in_order() {
     assert_eq!(monitor.queue_size(), 10_000, "nothing was free");
     // The release hands off on this thread: one pass grants all ten thousand. The statement of
     // record bounds it at well under two seconds; a debug build on a loaded CI core is the slow
-    // case, so the bound asserted is the statement's own.
+    // case, so the bound asserted is the statement's own. Under valgrind (`cargo xtask
+    // memcheck`, which checks memory, not time) the code runs tens of times slower and the
+    // bound is not held.
     let started = std::time::Instant::now();
     drop(held);
     let took = started.elapsed();
     println!("a release's pass over 10,000 parked waiters took {took:?}");
-    assert!(
-        took < Duration::from_secs(2),
-        "the pass over 10,000 waiters took {took:?}"
-    );
+    if std::env::var_os("ADMISSION_UNDER_VALGRIND").is_none() {
+        assert!(
+            took < Duration::from_secs(2),
+            "the pass over 10,000 waiters took {took:?}"
+        );
+    }
     assert_eq!(monitor.queue_size(), 0);
     let grants: Vec<_> = waiters
         .iter_mut()
