@@ -67,15 +67,15 @@ impl fmt::Debug for Entry {
 /// A demand admitted again and again need not be cloned each time:
 /// [`Monitor::try_admit`](crate::Monitor::try_admit) borrows it. Where one is (for
 /// [`Monitor::admit`](crate::Monitor::admit), which keeps it while the job waits), a clone shares
-/// its entries: one reference count, no allocation. Adding to a demand builds its entries anew
-/// (a few, once), so a clone never sees another's change.
+/// its entries: one reference count, no allocation. Adding to a demand whose entries a clone
+/// shares copies them first, so a clone never sees another's change.
 #[derive(Clone, Default)]
 pub struct Demand {
     /// Shared, not copied: a clone (one per admission, for a job that admits the same demand
-    /// again and again) takes one reference, where a vector would allocate and take one on every
-    /// account. `None` until the first entry. Entries are added by building a new block (a
-    /// demand has a few), so a clone never sees a change made to another.
-    entries: Option<Arc<[Entry]>>,
+    /// again and again) takes one reference count, where a vector of its own would allocate and
+    /// take one on every account. `None` until the first entry. Adding to a demand whose
+    /// entries another clone shares copies them first, so a clone never sees another's change.
+    entries: Option<Arc<Vec<Entry>>>,
     /// True once an entry's account requires a capability: only then is there anything for
     /// [`Demand::check_requirements`] to check, which every admission calls.
     requires: bool,
@@ -90,34 +90,14 @@ impl Demand {
     /// Adds `amount` on `account`, merging into the entry for that account if there is one.
     pub fn add(&mut self, account: AccountRef, amount: Amount) -> &mut Demand {
         let key = account_key(&account);
-        let found = self
-            .entries()
-            .iter()
-            .position(|e| account_key(&e.account) == key);
-        let entries = match (found, self.entries.take()) {
-            // Merged into its entry: in place when nobody else holds these entries.
-            (Some(i), Some(mut entries)) => {
-                match Arc::get_mut(&mut entries) {
-                    Some(unique) => unique[i].amount += amount,
-                    None => {
-                        let mut copy = entries.to_vec();
-                        copy[i].amount += amount;
-                        entries = copy.into();
-                    }
-                }
-                entries
-            }
-            // A new entry at the end: one allocation, sized exactly.
-            (_, entries) => {
+        let entries = Arc::make_mut(self.entries.get_or_insert_default());
+        match entries.iter_mut().find(|e| account_key(&e.account) == key) {
+            Some(entry) => entry.amount += amount,
+            None => {
                 self.requires |= account.requires().is_some();
-                let old = entries.as_deref().unwrap_or_default();
-                old.iter()
-                    .cloned()
-                    .chain(std::iter::once(Entry { account, amount }))
-                    .collect()
+                entries.push(Entry { account, amount });
             }
-        };
-        self.entries = Some(entries);
+        }
         self
     }
 
@@ -129,7 +109,7 @@ impl Demand {
 
     /// The entries, in first-add order.
     pub fn entries(&self) -> &[Entry] {
-        self.entries.as_deref().unwrap_or_default()
+        self.entries.as_deref().map_or(&[], Vec::as_slice)
     }
 
     /// True for an orchestrator's demand: nothing on any account.
