@@ -526,7 +526,7 @@ impl Shared {
             demand,
             ctx: ctx.clone(),
             asked_at: now,
-            deadline,
+            timeout,
             cell: stand.cell,
             held: Holds::new(),
         };
@@ -639,7 +639,7 @@ impl Shared {
             Attempt::Held { wake } => {
                 self.note_held(out, hot, w, &short, now.get());
                 Arrival::Held {
-                    due: earlier(wake, w.deadline),
+                    due: earlier(wake, hot.deadline()),
                 }
             }
         }

@@ -104,11 +104,10 @@ impl Shared {
         let now = self.clock.now();
         let (left, next) = {
             let mut st = self.state.lock();
-            let due = |w: &Waiter| w.deadline.is_some_and(|d| d <= now);
-            let leaves = st
-                .queue
-                .get(place)
-                .is_some_and(|w| !matches!(why, Leaving::Expired) || due(w));
+            let leaves = match why {
+                Leaving::Expired => st.queue.is_due(place, now),
+                _ => st.queue.get(place).is_some(),
+            };
             let was_head = st.queue.is_head(place);
             let was_on_gate = st.queue.is_on_gate(place);
             let others_remain = st.queue.len() > 1;
@@ -239,7 +238,7 @@ fn left_with(w: &Waiter, why: Leaving, now: Instant) -> AdmitError {
         Leaving::Expired => AdmitError::TimedOut {
             job: w.ctx.id(),
             waited,
-            timeout: w.timeout().unwrap_or(Duration::ZERO),
+            timeout: w.timeout.unwrap_or(Duration::ZERO),
         },
     }
 }

@@ -4,7 +4,7 @@
 //! a [`Line`]: one slot per waiter in a slab the monitor reuses, linked in arrival order, so a
 //! pass walks slots that sit side by side, and leaving from anywhere unlinks one slot.
 //!
-//! A waiter's [`Record`] (its demand, job, deadline and holds) is not in the slot: it lives where
+//! A waiter's [`Record`] (its demand, job, timeout and holds) is not in the slot: it lives where
 //! the waiter waits, beside its outcome cell (inside the pinned `Admit`, on the blocking call's
 //! frame), and the slot points at it. The rule is the cell's (`cell.rs`): the monitor reads or
 //! writes a record only under the monitor lock while its slot is in the line, and the owner
@@ -46,8 +46,9 @@ pub(crate) struct Waiter {
     pub(crate) demand: Demand,
     pub(crate) ctx: JobContext,
     pub(crate) asked_at: Instant,
-    /// `asked_at` plus the timeout, `None` without one.
-    pub(crate) deadline: Option<Instant>,
+    /// The timeout the waiter was parked with (its deadline, `asked_at` plus this, is in its
+    /// slot: [`Hot`]).
+    pub(crate) timeout: Option<Duration>,
     /// Where the outcome goes: a cell that lives with the waiter (`cell.rs` says when it may be
     /// touched).
     pub(crate) cell: CellRef,
@@ -92,6 +93,12 @@ impl Hot {
             len: 0,
             on_gate,
         }
+    }
+
+    /// The waiter's deadline (`None`: no timeout, or one too long to be reached).
+    #[inline]
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        (self.deadline != Instant::MAX).then_some(self.deadline)
     }
 
     /// The waiter's deadline, [`Instant::MAX`] for none.
@@ -197,14 +204,6 @@ impl Holding {
     /// True when the gate's hold is in the set.
     pub(crate) fn has_gate(self) -> bool {
         self.0 & Holding::GATE != 0
-    }
-}
-
-impl Waiter {
-    /// The timeout the waiter was parked with (the span from its arrival to its deadline).
-    pub(crate) fn timeout(&self) -> Option<Duration> {
-        self.deadline
-            .map(|deadline| deadline.saturating_duration_since(self.asked_at))
     }
 }
 
@@ -557,6 +556,11 @@ impl Line {
         self.node(place).map(Node::waiter)
     }
 
+    /// True when the waiter at `place` is in the line and its deadline is at or before `now`.
+    pub(crate) fn is_due(&self, place: Place, now: Instant) -> bool {
+        self.node(place).is_some_and(|node| node.hot.is_due(now))
+    }
+
     /// True when the gate holds the waiter at `place`, which is in the line.
     pub(crate) fn is_on_gate(&self, place: Place) -> bool {
         self.node(place).is_some_and(|node| node.hot.on_gate)
@@ -785,7 +789,7 @@ mod tests {
             demand: Demand::new(),
             ctx: JobContext::new(name),
             asked_at: Instant::ZERO,
-            deadline: None,
+            timeout: None,
             cell: CellRef::dangling(),
             held: Holds::new(),
         }

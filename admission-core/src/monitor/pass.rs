@@ -474,12 +474,13 @@ impl Shared {
         if holding == hot.holding && holding.is_exact() {
             return;
         }
-        self.note_changed(out, hot, w, short, now);
+        self.record_held(out, hot, w, short, now);
     }
 
-    /// [`Shared::note_held`] past its first comparison.
+    /// [`Shared::note_held`] past its first comparison: holds that ended are closed, new ones
+    /// opened (with their `Held` events). Out of line: a pass rarely gets here.
     #[inline(never)]
-    fn note_changed(
+    fn record_held(
         &self,
         out: &mut Outbox<'_>,
         hot: &mut Hot,
@@ -492,20 +493,6 @@ impl Shared {
         if gate_only && hot.holding.has_gate() && hot.holding.is_exact() {
             return;
         }
-        self.record_held(out, w, short, gate_only, now);
-        hot.holding = Holding::now_of(&w.held);
-    }
-
-    /// [`Shared::note_held`] when something changed: holds that ended are closed, new ones
-    /// opened (with their `Held` events).
-    fn record_held(
-        &self,
-        out: &mut Outbox<'_>,
-        w: &mut Waiter,
-        short: &Short,
-        gate_only: bool,
-        now: Instant,
-    ) {
         if !gate_only {
             // Every account was asked: those no longer short stopped holding the waiter now.
             for hold in &mut w.held {
@@ -543,6 +530,7 @@ impl Shared {
                 }],
             });
         }
+        hot.holding = Holding::now_of(&w.held);
     }
 
     fn grant_waiter(
@@ -622,7 +610,7 @@ fn timed_out(w: &Waiter, now: Instant) -> AdmitError {
     AdmitError::TimedOut {
         job: w.ctx.id(),
         waited: now.saturating_duration_since(w.asked_at),
-        timeout: w.timeout().unwrap_or_default(),
+        timeout: w.timeout.unwrap_or_default(),
     }
 }
 
