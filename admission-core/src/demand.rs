@@ -136,10 +136,18 @@ impl Demand {
     /// # Errors
     ///
     /// [`AdmitError::Unmet`] naming the first account whose requirement is not met.
+    #[inline]
     pub fn check_requirements(&self) -> Result<(), AdmitError> {
-        if !self.requires {
-            return Ok(());
+        if self.requires {
+            self.check_each_requirement()
+        } else {
+            Ok(())
         }
+    }
+
+    /// [`Demand::check_requirements`] for a demand with an account that requires something.
+    #[inline(never)]
+    fn check_each_requirement(&self) -> Result<(), AdmitError> {
         let entries = self.entries();
         for entry in entries {
             if let Some(requires) = entry.account.requires() {

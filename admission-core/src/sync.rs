@@ -203,8 +203,6 @@ mod imp {
         }
     }
 
-    pub(crate) use std::thread_local;
-
     pub(crate) mod thread {
         pub(crate) use std::thread::{JoinHandle, Thread, ThreadId, current, park, park_timeout};
 
@@ -299,8 +297,6 @@ mod imp {
             self.0.notify_one();
         }
     }
-
-    pub(crate) use loom::thread_local;
 
     pub(crate) mod thread {
         pub(crate) use loom::thread::{JoinHandle, Thread, ThreadId, current, park};

@@ -15,17 +15,24 @@
 use std::cell::Cell;
 
 use crate::clock::WakeFn;
-use crate::sync::thread_local;
 
-thread_local! {
-    /// The key ([`wake_key`]) of the callback muted on this thread; 0 for none.
-    // Not `const`-initialized: loom's `thread_local!` does not accept that form.
+#[cfg(not(admission_loom))]
+std::thread_local! {
+    /// The key ([`wake_key`]) of the callback muted on this thread; 0 for none. Initialized
+    /// constantly, so a read is one load (no first-use check).
+    static MUTED: Cell<usize> = const { Cell::new(0) };
+}
+
+#[cfg(admission_loom)]
+loom::thread_local! {
+    // loom's `thread_local!` does not accept the `const` form.
     #[allow(clippy::missing_const_for_thread_local)]
     static MUTED: Cell<usize> = Cell::new(0);
 }
 
 /// Runs `f` with the callback of key `key` muted on this thread; the previous key is restored
 /// afterwards, even if `f` panics.
+#[inline]
 pub(crate) fn muting(key: usize, f: impl FnOnce()) {
     struct Restore(usize);
     impl Drop for Restore {

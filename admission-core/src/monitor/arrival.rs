@@ -23,12 +23,13 @@ use crate::gate::{GateAnswer, GateView};
 use crate::sync::{MonitorGuard, Ordering};
 
 use super::ask::{
-    Attempt, Head, Learn, Short, ask_demand, earlier, give_back, panic_message, refusal_of,
+    Attempt, Head, Learn, Short, Whole, ask_demand, earlier, give_back, panic_message, refusal_of,
+    take_whole,
 };
 use super::cell::{CellRef, Outcome};
 use super::grant::{Grant, Holds};
 use super::line::{Hot, Place, RecordRef, State, Waiter, before_planned};
-use super::outbox::{Outbox, entry_events};
+use super::outbox::{Events, Outbox, entry_events};
 use super::shared::Shared;
 
 /// What an admit made of a job.
@@ -78,12 +79,12 @@ enum Arrival {
 
 /// An arrival the unlocked fast path could not settle, handed to [`Shared::begin`] with what it
 /// had gathered: the demand, whether an account was asked already, the arrival's instant and
-/// its outbox.
+/// its events so far.
 pub(crate) struct Unsettled<'a> {
     demand: Demand,
     asked: bool,
     now: Reading<'a>,
-    out: Outbox<'a>,
+    events: Events<'a>,
 }
 
 impl Shared {
@@ -91,29 +92,25 @@ impl Shared {
     /// fast path. `Ok` when it settled the demand (granted, or refused for good); otherwise the
     /// arrival goes on in [`Shared::begin`], with a place to park.
     #[inline]
-    #[expect(
-        clippy::result_large_err,
-        reason = "the arrival's state moves on by value to the locked step, on the caller's stack; \
-                  boxing it would allocate on every admit that waits"
-    )]
     pub(crate) fn arrive_unlocked(
         self: &Arc<Shared>,
         demand: Demand,
         ctx: &JobContext,
     ) -> Result<Outcome, Unsettled<'_>> {
-        let mut out = self.outbox();
+        // No outbox yet: settled here, an arrival has nothing to deliver but its events.
+        let mut events = Events::new(&*self.clock, &self.sink);
         // One instant for the whole arrival, read when the first account (or the line) needs it.
         let now = Reading::new(&*self.clock);
-        match self.begin_unlocked(demand, ctx, &now, &mut out) {
+        match self.begin_unlocked(demand, ctx, &now, &mut events) {
             Ok(outcome) => {
-                self.deliver(out);
+                events.deliver(&self.sink);
                 Ok(outcome)
             }
             Err((demand, asked)) => Err(Unsettled {
                 demand,
                 asked,
                 now,
-                out,
+                events,
             }),
         }
     }
@@ -136,8 +133,9 @@ impl Shared {
             demand,
             asked,
             now,
-            mut out,
+            events,
         } = arrival;
+        let mut out = Outbox::with(events);
         let (begun, ring) =
             match self.begin_locked(demand, asked, ctx, timeout, stand, &now, &mut out) {
                 Ok(parked) => parked,
@@ -163,7 +161,7 @@ impl Shared {
         demand: Demand,
         ctx: &JobContext,
         now: &Reading<'_>,
-        out: &mut Outbox<'_>,
+        out: &mut Events<'_>,
     ) -> Result<Outcome, (Demand, bool)> {
         match self.take_unlocked(&demand, ctx, now, out) {
             Unlocked::Taken => Ok(Ok(Grant::immediate(self, demand, ctx))),
@@ -193,7 +191,7 @@ impl Shared {
         demand: &Demand,
         ctx: &JobContext,
         now: &Reading<'_>,
-        out: &mut Outbox<'_>,
+        out: &mut Events<'_>,
     ) -> Unlocked {
         if self.gate.is_some()
             || !self.open.load(Ordering::SeqCst)
@@ -203,17 +201,8 @@ impl Shared {
         {
             return Unlocked::Skipped;
         }
-        let mut short = Short::new();
-        match ask_demand(
-            &self.bell,
-            demand.entries(),
-            ctx,
-            None,
-            Learn::FirstShort,
-            now,
-            &mut short,
-        ) {
-            Attempt::Granted => {
+        match take_whole(&self.bell, demand.entries(), ctx, now) {
+            Whole::Taken => {
                 // Stopped or closed while taking (the locked path refuses), or someone parked
                 // since the check above (this thread may have stalled between the two): that
                 // waiter is the head now, and what was just taken may be what it waits for. Give
@@ -233,11 +222,11 @@ impl Shared {
                 });
                 Unlocked::Taken
             }
-            Attempt::Held { .. } => {
+            Whole::Short(first) => {
                 self.ring_for_given_back();
-                Unlocked::Held(short.first().flatten())
+                Unlocked::Held(Some(first))
             }
-            Attempt::Refused(error) => {
+            Whole::Refused(error) => {
                 self.ring_for_given_back();
                 out.rejected(ctx, demand, &error);
                 Unlocked::Refused(*error)
@@ -248,15 +237,15 @@ impl Shared {
     /// Takes `demand` now or not at all, never parking (`Monitor::try_admit`): unlocked when it
     /// can be, else under the lock with the line empty.
     pub(crate) fn try_take(&self, demand: &Demand, ctx: &JobContext) -> Result<(), TryAdmitError> {
-        let mut out = self.outbox();
+        let mut events = Events::new(&*self.clock, &self.sink);
         let now = Reading::new(&*self.clock);
-        let taken = match self.take_unlocked(demand, ctx, &now, &mut out) {
+        let taken = match self.take_unlocked(demand, ctx, &now, &mut events) {
             Unlocked::Taken => Ok(()),
             Unlocked::Refused(error) => Err(error.into()),
             Unlocked::Held(short) => match refusal_of(demand.entries(), ctx, &now) {
                 // The fast path stopped at the first "not now"; a later account's "never" wins.
                 Some(error) => {
-                    out.rejected(ctx, demand, &error);
+                    events.rejected(ctx, demand, &error);
                     Err(error.into())
                 }
                 None => Err(TryAdmitError::WouldWait {
@@ -265,9 +254,14 @@ impl Shared {
                     short: short.map(|i| demand.entries()[i].account().name().to_owned()),
                 }),
             },
-            Unlocked::Skipped => self.try_take_locked(demand, ctx, &now, &mut out),
+            Unlocked::Skipped => {
+                let mut out = Outbox::with(events);
+                let taken = self.try_take_locked(demand, ctx, &now, &mut out);
+                self.deliver(out);
+                return taken;
+            }
         };
-        self.deliver(out);
+        events.deliver(&self.sink);
         taken
     }
 
@@ -468,19 +462,10 @@ impl Shared {
             *gate_held = true;
             return Ok(false);
         }
-        let mut short = Short::new();
-        match ask_demand(
-            &self.bell,
-            demand.entries(),
-            ctx,
-            None,
-            Learn::FirstShort,
-            now,
-            &mut short,
-        ) {
-            Attempt::Granted => {}
-            Attempt::Held { .. } => return Ok(false),
-            Attempt::Refused(error) => return Err(*error),
+        match take_whole(&self.bell, demand.entries(), ctx, now) {
+            Whole::Taken => {}
+            Whole::Short(_) => return Ok(false),
+            Whole::Refused(error) => return Err(*error),
         }
         if let Some(gate) = &self.gate {
             gate.passed(view);

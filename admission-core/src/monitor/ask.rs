@@ -104,11 +104,6 @@ impl Short {
             .map(Some)
             .chain(gate.then_some(None))
     }
-
-    /// The set's first member (see [`Short::iter`]).
-    pub(crate) fn first(&self) -> Option<Option<usize>> {
-        self.iter().next()
-    }
 }
 
 /// What the head of the line asks for, as the waiters behind it must respect.
@@ -290,6 +285,47 @@ pub(crate) fn ask_demand(
     Attempt::Held { wake }
 }
 
+/// What [`take_whole`] made of a demand.
+pub(crate) enum Whole {
+    /// Every account took its amount.
+    Taken,
+    /// Nothing is taken: entry `.0` said "not now" (the accounts after it were not asked).
+    Short(usize),
+    /// Nothing is taken: an account said "never" or panicked.
+    Refused(Box<AdmitError>),
+}
+
+/// The fast path's ask, with an empty line: every account asked in order, as the head (nothing
+/// set aside), taking; at the first that does not take, what was taken is given back (muted).
+/// [`ask_demand`] with no head and [`Learn::FirstShort`], without what only a line needs (the
+/// head's claims, the set of accounts short, the earliest wake-up).
+#[inline(always)]
+pub(crate) fn take_whole(
+    bell: &Doorbell,
+    entries: &[Entry],
+    ctx: &JobContext,
+    now: &Reading<'_>,
+) -> Whole {
+    for (i, entry) in entries.iter().enumerate() {
+        let account = entry.account();
+        let refused = match asked(account, entry.amount(), Ask::HEAD.with(now)) {
+            Ok(Answer::Taken) => continue,
+            Ok(Answer::NotNow(_)) => None,
+            Ok(Answer::Never(refusal)) => Some(AdmitError::Refused {
+                account: account.name().to_owned(),
+                refusal,
+            }),
+            Err(panic) => Some(aborted(account, ctx, &*panic)),
+        };
+        give_back(bell, &entries[..i]);
+        return match refused {
+            None => Whole::Short(i),
+            Some(error) => Whole::Refused(Box::new(error)),
+        };
+    }
+    Whole::Taken
+}
+
 /// Looks at every account of `demand` for a "never", taking nothing: the refusal of a demand
 /// that can never fit (or of an account that panicked), for a path that does not ask the
 /// accounts otherwise (a line whose head is about to go, a gate that holds the line, a try
@@ -421,7 +457,7 @@ mod tests {
             short.iter().collect::<Vec<_>>(),
             [Some(0), Some(5), Some(61), Some(62), Some(70)]
         );
-        assert_eq!(short.first(), Some(Some(0)));
+        assert_eq!(short.iter().next(), Some(Some(0)));
         // 62 and 63 share the bit for later entries; the list tells them apart.
         assert!(short.contains(Some(62)) && short.contains(Some(70)));
         assert!(!short.contains(Some(63)) && !short.contains(Some(1)) && !short.contains(None));
@@ -433,7 +469,7 @@ mod tests {
 
         short.clear();
         assert!(short.is_empty() && !short.contains(Some(70)));
-        assert_eq!(short.first(), None);
+        assert_eq!(short.iter().next(), None);
         short.push(None);
         assert!(short.is_gate_only() && short.contains(None));
         assert_eq!(short.iter().collect::<Vec<_>>(), [None]);

@@ -124,11 +124,91 @@ impl Sink {
     }
 }
 
-/// What a critical section leaves to do once the lock is released.
-pub(crate) struct Outbox<'a> {
+/// The events one step of the monitor builds, stamped on its clock: all an arrival that settles
+/// without the lock has to deliver, so that path builds no [`Outbox`]. Nothing is built when no
+/// sink was installed as the step began.
+pub(crate) struct Events<'a> {
     clock: &'a dyn Clock,
     /// `None` when no sink is installed: then no event is ever built.
-    events: Option<Vec<Event>>,
+    list: Option<Vec<Event>>,
+}
+
+impl<'a> Events<'a> {
+    /// None yet; events are built only if `sink` has a sink installed now.
+    pub(crate) fn new(clock: &'a dyn Clock, sink: &Sink) -> Events<'a> {
+        Events {
+            clock,
+            list: sink.is_installed().then(Vec::new),
+        }
+    }
+
+    /// True when events are being collected.
+    pub(crate) fn wanted(&self) -> bool {
+        self.list.is_some()
+    }
+
+    /// Records an event of `kind` for job `ctx` on `entries`, stamped now; built only when a
+    /// sink is installed.
+    #[inline]
+    pub(crate) fn event(
+        &mut self,
+        kind: EventKind,
+        ctx: &JobContext,
+        entries: impl FnOnce() -> Vec<EventEntry>,
+    ) {
+        if let Some(list) = &mut self.list {
+            push_event(list, self.clock, kind, ctx, entries);
+        }
+    }
+
+    /// Records the refusal of `demand` for job `ctx` with `error`.
+    pub(crate) fn rejected(&mut self, ctx: &JobContext, demand: &Demand, error: &AdmitError) {
+        if self.wanted() {
+            let kind = EventKind::Rejected {
+                reason: error.reason(),
+                message: error.to_string(),
+            };
+            self.event(kind, ctx, || entry_events(demand.entries()));
+        }
+    }
+
+    /// Queues the events behind those already queued and has them emitted (by this thread, or
+    /// by the one handing the queue over now). Called with no lock held.
+    #[inline]
+    pub(crate) fn deliver(self, sink: &Sink) {
+        if let Some(list) = self.list {
+            hand_over(list, sink);
+        }
+    }
+}
+
+/// [`Events::event`] once a sink is installed.
+#[inline(never)]
+fn push_event(
+    list: &mut Vec<Event>,
+    clock: &dyn Clock,
+    kind: EventKind,
+    ctx: &JobContext,
+    entries: impl FnOnce() -> Vec<EventEntry>,
+) {
+    list.push(Event {
+        kind,
+        at: clock.now(),
+        job: ctx.snapshot().clone(),
+        entries: entries(),
+    });
+}
+
+/// [`Events::deliver`] once a sink is installed.
+#[inline(never)]
+fn hand_over(mut list: Vec<Event>, sink: &Sink) {
+    sink.queue(&mut list);
+    sink.drain();
+}
+
+/// What a critical section leaves to do once the lock is released.
+pub(crate) struct Outbox<'a> {
+    events: Events<'a>,
     wake: Vec<Notify>,
     /// Room for the holds of the one waiter a pass most often grants, made before the lock.
     spare_holds: Vec<Hold>,
@@ -143,20 +223,19 @@ pub(crate) struct Outbox<'a> {
 impl<'a> Outbox<'a> {
     /// An empty outbox; events are built only if `sink` has a sink installed now.
     pub(crate) fn new(clock: &'a dyn Clock, sink: &Sink) -> Outbox<'a> {
+        Outbox::with(Events::new(clock, sink))
+    }
+
+    /// An outbox that goes on with `events`, built before it.
+    pub(crate) fn with(events: Events<'a>) -> Outbox<'a> {
         Outbox {
-            clock,
-            events: sink.is_installed().then(Vec::new),
+            events,
             wake: Vec::new(),
             spare_holds: Vec::new(),
             discard: Vec::new(),
             unwatched: Vec::new(),
             emptied: None,
         }
-    }
-
-    /// True when events are being collected.
-    pub(crate) fn wants_events(&self) -> bool {
-        self.events.is_some()
     }
 
     /// Records an event of `kind` for job `ctx` on `entries`, stamped now; built only when a
@@ -167,32 +246,19 @@ impl<'a> Outbox<'a> {
         ctx: &JobContext,
         entries: impl FnOnce() -> Vec<EventEntry>,
     ) {
-        if let Some(events) = &mut self.events {
-            events.push(Event {
-                kind,
-                at: self.clock.now(),
-                job: ctx.snapshot().clone(),
-                entries: entries(),
-            });
-        }
+        self.events.event(kind, ctx, entries);
     }
 
     /// Records the refusal of `demand` for job `ctx` with `error`.
     pub(crate) fn rejected(&mut self, ctx: &JobContext, demand: &Demand, error: &AdmitError) {
-        if self.wants_events() {
-            let kind = EventKind::Rejected {
-                reason: error.reason(),
-                message: error.to_string(),
-            };
-            self.event(kind, ctx, || entry_events(demand.entries()));
-        }
+        self.events.rejected(ctx, demand, error);
     }
 
     /// Queues the events built so far for the sink, in this critical section's place: called
     /// under the monitor lock by every critical section that changes the line, just before it
     /// releases the lock.
     pub(crate) fn seal(&mut self, sink: &Sink) {
-        if let Some(events) = &mut self.events {
+        if let Some(events) = &mut self.events.list {
             sink.queue(events);
         }
     }
@@ -265,7 +331,7 @@ impl<'a> Outbox<'a> {
     /// Delivers what this outbox holds so far and goes on empty: between the critical sections
     /// of one long pass. Called with no lock held.
     pub(crate) fn flush(&mut self, sink: &Sink) {
-        let full = std::mem::replace(self, Outbox::new(self.clock, sink));
+        let full = std::mem::replace(self, Outbox::new(self.events.clock, sink));
         full.deliver(sink);
     }
 
@@ -273,19 +339,16 @@ impl<'a> Outbox<'a> {
     /// what the monitor let go of. Called with no lock held.
     pub(crate) fn deliver(self, sink: &Sink) {
         if !self.has_work()
-            && self.events.is_none()
+            && !self.events.wanted()
             && self.unwatched.is_empty()
             && self.emptied.is_none()
         {
-            // The uncontended admit's outbox: nothing was left for after the lock.
+            // Nothing was left for after the lock.
             return;
         }
-        if let Some(mut events) = self.events {
-            // Queued behind what earlier critical sections sealed, then emitted (by this thread,
-            // or by the one handing the queue over now, which this waits for).
-            sink.queue(&mut events);
-            sink.drain();
-        }
+        // Queued behind what earlier critical sections sealed, then emitted (by this thread, or
+        // by the one handing the queue over now, which this waits for).
+        self.events.deliver(sink);
         for notify in self.wake {
             notify.notify();
         }

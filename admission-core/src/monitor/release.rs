@@ -16,7 +16,7 @@ use crate::event::EventKind;
 
 use super::evaluator::handing_off;
 use super::grant::Owner;
-use super::outbox::entry_events;
+use super::outbox::{Events, entry_events};
 use super::pass::Scope;
 use super::shared::Shared;
 
@@ -42,11 +42,11 @@ impl Owner for Shared {
             gate.completed();
         }
         if self.sink.is_installed() {
-            let mut out = self.outbox();
-            out.event(EventKind::Released { rolled_back }, ctx, || {
+            let mut events = Events::new(&*self.clock, &self.sink);
+            events.event(EventKind::Released { rolled_back }, ctx, || {
                 entry_events(entries)
             });
-            self.deliver(out);
+            events.deliver(&self.sink);
         }
         // An orchestrator's empty grant gives nothing back and completes nothing: no pass.
         if !entries.is_empty()

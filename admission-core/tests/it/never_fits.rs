@@ -319,3 +319,20 @@ fn a_gate_that_holds_the_line_does_not_park_a_demand_that_can_never_fit() {
     assert_eq!(monitor.queue_size(), 1);
     assert_eq!(account.in_use.load(Ordering::SeqCst), 0);
 }
+
+#[test]
+fn an_empty_line_gives_back_what_it_took_before_a_later_account_says_never() {
+    // The fast path takes account by account; a "never" after a take gives the take back and is
+    // the refusal, for `admit_blocking` and for `try_admit` alike.
+    let monitor = Monitor::builder().manual_passes().build();
+    let (http, db) = (permits("http", 2), permits("db", 3));
+    let too_big = demand(&[(on(&http), 1), (on(&db), 4)]);
+    let error = monitor
+        .admit_blocking(too_big.clone(), &job("blocking"), None)
+        .unwrap_err();
+    assert_too_large(&error, "db", 4, 3);
+    assert_eq!((http.available(), db.available()), (2, 3));
+    assert_try_refused(monitor.try_admit(&too_big, &job("try")), "db", 4, 3);
+    assert_eq!((http.available(), db.available()), (2, 3));
+    assert_eq!(monitor.queue_size(), 0, "nothing parked");
+}
