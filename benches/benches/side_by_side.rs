@@ -193,6 +193,16 @@ fn semaphore(c: &mut Criterion) {
     group.bench_function("floor_gate_take_give_frozen_clock", |b| {
         b.iter(|| support::take_give(&*still, Amount::ONE))
     });
+    // The synchronization the monitor adds on an empty line (a fence and a load after the take
+    // and after the give), and with it the reference counts an owned grant takes: what no
+    // admit can go below without changing what a grant holds.
+    let parked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    group.bench_function("floor_gate_take_give_fenced", |b| {
+        b.iter(|| support::take_give_fenced(&**alone.account(), Amount::ONE, &parked))
+    });
+    group.bench_function("floor_owned_grant_take_give_fenced", |b| {
+        b.iter(|| support::owned_take_give_fenced(&demand, &job, &parked, Amount::ONE))
+    });
     group.bench_function("ours_admit_future_polled_once_release", |b| {
         b.iter(|| {
             // Pinned on the stack, as an `.await` pins it: no allocation.

@@ -9,7 +9,7 @@
 use std::future::Future;
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
 use std::sync::{Arc, Barrier, OnceLock, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -74,6 +74,39 @@ pub fn take<A: Account + ?Sized>(account: &A, amount: Amount) {
 pub fn take_give<A: Account + ?Sized>(account: &A, amount: Amount) {
     take(account, amount);
     account.give(black_box(amount));
+}
+
+/// [`take_give`] with the synchronization the monitor adds to it on an empty line: after the
+/// take and after the give, a sequentially consistent fence and a load of a shared word (the
+/// check for a waiter that parked meanwhile, Dekker's pattern against the parker). The floor of
+/// a `try_admit` + release, which takes no reference count.
+#[inline]
+pub fn take_give_fenced<A: Account + ?Sized>(account: &A, amount: Amount, parked: &AtomicUsize) {
+    take(account, amount);
+    fence(Ordering::SeqCst);
+    black_box(parked.load(Ordering::SeqCst));
+    account.give(black_box(amount));
+    fence(Ordering::SeqCst);
+    black_box(parked.load(Ordering::SeqCst));
+}
+
+/// [`take_give_fenced`] with the reference counts an owned [`Grant`] takes and drops: the
+/// demand cloned into it, the job's context, and the handle to the monitor it gives back to
+/// (`owner`). The floor of an `admit_blocking` + release of a cloned demand.
+#[inline]
+pub fn owned_take_give_fenced(
+    demand: &Demand,
+    job: &JobContext,
+    owner: &Arc<AtomicUsize>,
+    amount: Amount,
+) {
+    let (demand, job, owner) = (
+        black_box(demand.clone()),
+        black_box(job.clone()),
+        black_box(owner.clone()),
+    );
+    take_give_fenced(&**demand.entries()[0].account(), amount, &owner);
+    drop((demand, job, owner));
 }
 
 /// One uncontended admit of `demand` on `monitor` and the release of its grant.
