@@ -112,6 +112,11 @@ impl Demand {
         self.entries.as_deref().map_or(&[], Vec::as_slice)
     }
 
+    /// The entries as this demand shares them with its clones (`None`: no entry yet).
+    pub(crate) fn shared_entries(&self) -> Option<&Arc<Vec<Entry>>> {
+        self.entries.as_ref()
+    }
+
     /// True for an orchestrator's demand: nothing on any account.
     pub fn is_empty(&self) -> bool {
         self.entries().is_empty()

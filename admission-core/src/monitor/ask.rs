@@ -8,8 +8,8 @@
 //! that can never fit is refused at once on every path, never parked. What was taken before a "not now" or a "never" is given back at once, with
 //! this monitor's own doorbell muted (the pass that gives it back is the pass that would run).
 
-use smallvec::SmallVec;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 
 use crate::account::{AccountRef, Answer, Ask, account_key};
 use crate::amount::Amount;
@@ -29,7 +29,7 @@ use super::line::Holding;
 ///
 /// Filled in the demand's order, so its entries iterate in increasing index; the gate is never
 /// in one set with an entry (a job the gate holds is not asked anything else).
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(crate) struct Short {
     bits: Holding,
     later: Vec<usize>,
@@ -106,31 +106,28 @@ impl Short {
     }
 }
 
-/// What the head of the line asks for, as the waiters behind it must respect.
+/// What the head of the line asks for, as the waiters behind it must respect: its demand's
+/// entries, shared with its record (one reference count, not a copy of every amount), and the
+/// entries it is short on.
 #[derive(Default)]
 pub(crate) struct Head {
-    /// The head's amount on each account it names (by account key).
-    pub(crate) amounts: SmallVec<[(usize, Amount); 4]>,
-    /// Accounts the head is short on: nobody behind is asked about them or takes from them.
-    pub(crate) short: SmallVec<[usize; 4]>,
+    /// The head's entries (`None`: an empty demand, which is never held).
+    entries: Option<Arc<Vec<Entry>>>,
+    /// The entries the head is short on (never the gate): nobody behind is asked about their
+    /// accounts or takes from them.
+    short: Short,
     /// `Some(until)` while the gate holds the head.
     pub(crate) gate_hold: Option<Option<Instant>>,
 }
 
 impl Head {
-    /// The head as the waiter `demand` of job `ctx` makes it, short on the entries `short` names
-    /// (indices into the demand; `None`, the gate, is not an account).
-    pub(crate) fn of(entries: &[Entry], short: &Short) -> Head {
+    /// The head as the waiter of `demand` makes it, short on the entries `short` names (indices
+    /// into the demand; `None`, the gate, is not an account).
+    pub(crate) fn of(demand: &Demand, short: &Short) -> Head {
         Head {
-            amounts: entries
-                .iter()
-                .map(|e| (account_key(e.account()), e.amount()))
-                .collect(),
-            short: short
-                .iter()
-                .flatten()
-                .map(|i| account_key(entries[i].account()))
-                .collect(),
+            entries: demand.shared_entries().cloned(),
+            // The gate, when in it, is alone in it (never asked about by entry).
+            short: short.clone(),
             gate_hold: None,
         }
     }
@@ -149,18 +146,27 @@ impl Head {
                 short.push(Some(i));
             }
         }
-        (!short.is_empty()).then(|| Head::of(demand.entries(), &short))
+        (!short.is_empty()).then(|| Head::of(demand, &short))
     }
 
+    fn entries(&self) -> &[Entry] {
+        self.entries.as_deref().map_or(&[], Vec::as_slice)
+    }
+
+    /// What the head asks of the account of key `key` (nothing when it names no such account).
     fn reserved(&self, key: usize) -> Amount {
-        self.amounts
+        self.entries()
             .iter()
-            .find(|(k, _)| *k == key)
-            .map_or(Amount::ZERO, |(_, a)| *a)
+            .find(|e| account_key(e.account()) == key)
+            .map_or(Amount::ZERO, Entry::amount)
     }
 
-    fn is_short_on(&self, key: usize) -> bool {
-        self.short.contains(&key)
+    /// True when the head is short on the account of key `key`.
+    pub(crate) fn is_short_on(&self, key: usize) -> bool {
+        self.entries()
+            .iter()
+            .position(|e| account_key(e.account()) == key)
+            .is_some_and(|i| self.short.contains(Some(i)))
     }
 }
 

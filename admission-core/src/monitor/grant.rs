@@ -125,9 +125,9 @@ pub struct Grant {
 /// The holds a waiter collected in the line, moved into its grant unread, and the two instants
 /// its wait ran between.
 pub(crate) struct Waits {
-    /// A vector, not the record's [`Holds`]: a grant made at once (most grants) carries an empty
-    /// one, and a grant 8 bytes larger measured 8 % slower to make and drop.
-    pub(crate) holds: Vec<Hold>,
+    /// The record's [`Holds`], moved as they are: the one hold most waiters have stays in place,
+    /// so granting a waiter allocates nothing.
+    pub(crate) holds: Holds,
     /// When the job asked (parked).
     pub(crate) asked_at: Instant,
     /// The instant of the grant: where a hold still open at the end ends.
@@ -138,7 +138,7 @@ impl Waits {
     /// An immediate grant's: nothing held it, and it waited for nothing.
     pub(crate) fn none() -> Waits {
         Waits {
-            holds: Vec::new(),
+            holds: Holds::new(),
             asked_at: Instant::ZERO,
             granted_at: Instant::ZERO,
         }

@@ -24,6 +24,8 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use crate::clock::Clock;
 use crate::context::JobContext;
 use crate::demand::{Demand, Entry};
@@ -33,7 +35,7 @@ use crate::sync::{AtomicBool, Mutex, Ordering, RwLock};
 
 use super::ask::panic_message;
 use super::cell::{CellRef, Notify, Outcome};
-use super::grant::{Grant, Hold, Holds};
+use super::grant::Grant;
 use super::line::{Emptied, Line};
 use crate::account::AccountRef;
 
@@ -209,9 +211,8 @@ fn hand_over(mut list: Vec<Event>, sink: &Sink) {
 /// What a critical section leaves to do once the lock is released.
 pub(crate) struct Outbox<'a> {
     events: Events<'a>,
-    wake: Vec<Notify>,
-    /// Room for the holds of the one waiter a pass most often grants, made before the lock.
-    spare_holds: Vec<Hold>,
+    /// In place for the one or two waiters a hand-off most often grants: no allocation.
+    wake: SmallVec<[Notify; 2]>,
     /// Grants to roll back once the lock is released.
     discard: Vec<Grant>,
     /// Accounts no longer watched, dropped once the lock is released.
@@ -230,8 +231,7 @@ impl<'a> Outbox<'a> {
     pub(crate) fn with(events: Events<'a>) -> Outbox<'a> {
         Outbox {
             events,
-            wake: Vec::new(),
-            spare_holds: Vec::new(),
+            wake: SmallVec::new(),
             discard: Vec::new(),
             unwatched: Vec::new(),
             emptied: None,
@@ -283,31 +283,6 @@ impl<'a> Outbox<'a> {
                 }
             }
         }
-    }
-
-    /// Makes room for what a pass over a line most often leaves (one waiter to wake), before
-    /// the pass takes the lock: so that the contended path's critical sections allocate
-    /// nothing.
-    pub(crate) fn reserve_for_pass(&mut self) {
-        self.wake.reserve(1);
-        if self.spare_holds.capacity() == 0 {
-            self.spare_holds = Vec::with_capacity(1);
-        }
-    }
-
-    /// The holds a granted waiter collected, as its grant keeps them: moved as they are when
-    /// they had outgrown the record, else copied into the room [`Outbox::reserve_for_pass`]
-    /// made (allocating under the lock only for a second grant in one pass).
-    pub(crate) fn holds_for_grant(&mut self, held: Holds) -> Vec<Hold> {
-        if held.spilled() {
-            return held.into_vec();
-        }
-        if held.is_empty() {
-            return Vec::new();
-        }
-        let mut holds = std::mem::take(&mut self.spare_holds);
-        holds.extend(held);
-        holds
     }
 
     /// Takes what `line` left behind when it emptied, to free it after the lock.

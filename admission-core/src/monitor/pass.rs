@@ -24,6 +24,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::time::Duration;
 
+use smallvec::SmallVec;
+
 use crate::account::{Category, account_key};
 use crate::amount::Amount;
 use crate::clock::{Instant, Reading};
@@ -68,8 +70,9 @@ pub(crate) enum Scope<'a> {
 struct Walk {
     now: Instant,
     /// The accounts whose answers may have changed since the last ask, tracked only when the
-    /// pass may stop early (a release, and no gate, whose drain reads the whole line).
-    touched: Option<Vec<usize>>,
+    /// pass may stop early (a release, and no gate, whose drain reads the whole line). In place
+    /// for a few accounts, as the leavers below: a hand-off pass allocates nothing.
+    touched: Option<SmallVec<[usize; 4]>>,
     stopped_early: bool,
     /// The earliest wake-up any waiter asked so far needs.
     /// ([`Instant::MAX`]: none yet; kept as an instant so that taking the earlier of two is one
@@ -77,7 +80,7 @@ struct Walk {
     wake: Instant,
     head: Option<Head>,
     /// Waiters that leave the line in this pass (granted, refused, cancelled, late).
-    leaving: Vec<Place>,
+    leaving: SmallVec<[Place; 4]>,
     /// How many waiters the gate holds (counted only with a gate).
     on_gate: usize,
     /// How many waiters were in the line when the pass began.
@@ -105,7 +108,7 @@ impl Walk {
     #[inline]
     fn may_stop(&self) -> bool {
         match (&self.touched, &self.head) {
-            (Some(touched), Some(head)) => touched.iter().all(|key| head.short.contains(key)),
+            (Some(touched), Some(head)) => touched.iter().all(|&key| head.is_short_on(key)),
             _ => false,
         }
     }
@@ -188,15 +191,15 @@ impl Shared {
     /// pass asked to run while this one let go of the lock (so the line is to be walked again).
     fn walk(self: &Arc<Shared>, out: &mut Outbox<'_>, scope: Scope<'_>) -> (Option<Instant>, bool) {
         let now = self.clock.now();
-        // What the walk needs from the heap is allocated before the lock is taken.
+        // What the walk needs from the heap (past a few accounts and leavers, nothing) is
+        // allocated before the lock is taken.
         let touched = match scope {
             Scope::Released(entries) if self.gate.is_none() => {
                 Some(entries.iter().map(|e| account_key(e.account())).collect())
             }
             _ => None,
         };
-        let (leaving, short) = (Vec::with_capacity(2), Short::new());
-        out.reserve_for_pass();
+        let (leaving, short) = (SmallVec::new(), Short::new());
         let mut st = self.state.lock();
         if !matches!(st.phase, Phase::Open) {
             return (None, false);
@@ -346,7 +349,7 @@ impl Shared {
                 }
                 self.note_held(out, hot, w, &walk.short, walk.now);
                 if is_head {
-                    let mut head = Head::of(hot.entries(), &walk.short);
+                    let mut head = Head::of(&w.demand, &walk.short);
                     head.gate_hold = gate_held.then_some(at);
                     walk.head = Some(head);
                 }
@@ -546,7 +549,7 @@ impl Shared {
         // was read reports a wait of zero.
         // The holds move into the grant as they are; it reads them only when asked.
         let waits = Waits {
-            holds: out.holds_for_grant(std::mem::take(&mut w.held)),
+            holds: std::mem::take(&mut w.held),
             asked_at: w.asked_at,
             granted_at: now,
         };
