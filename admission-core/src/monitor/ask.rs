@@ -113,6 +113,10 @@ impl Short {
 pub(crate) struct Head {
     /// The head's entries (`None`: an empty demand, which is never held).
     entries: Option<Arc<Vec<Entry>>>,
+    /// The first [`Head::KEYED`] entries' account keys, in order (0 past the last entry; no
+    /// account has key 0): what a waiter behind looks its accounts up by, without reading the
+    /// entries. Entries past them are looked up in the entries.
+    keys: [usize; Head::KEYED],
     /// The entries the head is short on (never the gate): nobody behind is asked about their
     /// accounts or takes from them.
     short: Short,
@@ -126,6 +130,13 @@ impl Head {
     pub(crate) fn of(demand: &Demand, short: &Short) -> Head {
         Head {
             entries: demand.shared_entries().cloned(),
+            keys: {
+                let mut keys = [0; Head::KEYED];
+                for (key, entry) in keys.iter_mut().zip(demand.entries()) {
+                    *key = account_key(entry.account());
+                }
+                keys
+            },
             // The gate, when in it, is alone in it (never asked about by entry).
             short: short.clone(),
             gate_hold: None,
@@ -149,23 +160,34 @@ impl Head {
         (!short.is_empty()).then(|| Head::of(demand, &short))
     }
 
-    fn entries(&self) -> &[Entry] {
-        self.entries.as_deref().map_or(&[], Vec::as_slice)
+    /// How many entries' keys a head keeps at hand.
+    const KEYED: usize = 4;
+
+    /// The index of the head's entry on the account of key `key`.
+    #[inline]
+    fn entry_of(&self, key: usize) -> Option<usize> {
+        if let Some(i) = self.keys.iter().position(|&k| k == key) {
+            return Some(i);
+        }
+        let entries = self.entries.as_deref()?;
+        entries
+            .get(Head::KEYED..)?
+            .iter()
+            .position(|e| account_key(e.account()) == key)
+            .map(|i| i + Head::KEYED)
     }
 
     /// What the head asks of the account of key `key` (nothing when it names no such account).
     fn reserved(&self, key: usize) -> Amount {
-        self.entries()
-            .iter()
-            .find(|e| account_key(e.account()) == key)
-            .map_or(Amount::ZERO, Entry::amount)
+        match (self.entry_of(key), &self.entries) {
+            (Some(i), Some(entries)) => entries[i].amount(),
+            _ => Amount::ZERO,
+        }
     }
 
     /// True when the head is short on the account of key `key`.
     pub(crate) fn is_short_on(&self, key: usize) -> bool {
-        self.entries()
-            .iter()
-            .position(|e| account_key(e.account()) == key)
+        self.entry_of(key)
             .is_some_and(|i| self.short.contains(Some(i)))
     }
 }
