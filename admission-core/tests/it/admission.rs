@@ -108,21 +108,30 @@ fn the_heads_reservation_holds_on_its_sixth_account_as_on_its_first() {
     // entries: a reservation on an account past them holds all the same, on arrival and at a
     // pass.
     let monitor = Monitor::builder().manual_passes().build();
-    let plenty: Vec<_> = (0..5).map(|i| permits(&format!("plenty-{i}"), 10)).collect();
+    let plenty: Vec<_> = (0..5)
+        .map(|i| permits(&format!("plenty-{i}"), 10))
+        .collect();
     let gate = permits("gate", 4);
     let blocker = monitor
         .admit_blocking(demand(&[(on(&gate), 3)]), &job("blocker"), None)
         .unwrap();
-    let mut parts: Vec<(admission_core::AccountRef, u64)> = plenty.iter().map(|p| (on(p), 1)).collect();
+    let mut parts: Vec<(admission_core::AccountRef, u64)> =
+        plenty.iter().map(|p| (on(p), 1)).collect();
     parts.push((on(&gate), 3));
     let mut head = Box::pin(monitor.admit(demand(&parts), &job("head"), None));
     assert!(poll_once(&mut head).is_none());
 
     // One permit is free and `small` needs one, but the head's three are set aside.
     let mut small = Box::pin(monitor.admit(demand(&[(on(&gate), 1)]), &job("small"), None));
-    assert!(poll_once(&mut small).is_none(), "the head was overtaken on arrival");
+    assert!(
+        poll_once(&mut small).is_none(),
+        "the head was overtaken on arrival"
+    );
     monitor.pass_now();
-    assert!(poll_once(&mut small).is_none(), "the head was overtaken at a pass");
+    assert!(
+        poll_once(&mut small).is_none(),
+        "the head was overtaken at a pass"
+    );
     assert_eq!(gate.available(), 1);
     assert_eq!(monitor.queue_size(), 2);
 
