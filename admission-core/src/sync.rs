@@ -158,12 +158,13 @@ mod imp {
         }
 
         /// The lock if it is free now or within a few microseconds: tried at once, then after
-        /// each of [`SPIN_ROUNDS`] spins, each twice the last (2 pauses, then 4, up to 64; 382 in
-        /// all, about 6 us on this workspace's machine). The monitor's critical sections last a microsecond or
-        /// two; a thread that blocked in the kernel instead would pay a context switch to sleep
-        /// and one to wake, and the standard mutex's own spin stops as soon as one thread sleeps
-        /// on it. Measured on the contended bench (two workers on 8 permits held across a
-        /// yield): the monitor lock's sleeps were two thirds of the run's context switches.
+        /// each of [`SPIN_ROUNDS`] spins, each twice the last (2 pauses, then 4, up to 64; 382
+        /// in all, about 6 us on this workspace's machine). The monitor's critical sections last
+        /// a microsecond or two; a thread that blocked in the kernel instead would pay a context
+        /// switch to sleep and one to wake, and the standard mutex's own spin stops as soon as
+        /// one thread sleeps on it. Measured on the contended bench (two workers on 8 permits
+        /// held across a yield): the monitor lock's sleeps were two thirds of the run's context
+        /// switches (BENCHMARKS.md, the eighth step).
         fn try_spinning(&self) -> Option<std::sync::MutexGuard<'_, T>> {
             for round in 0..=SPIN_ROUNDS {
                 let pauses = if round == 0 { 0 } else { 1u32 << round.min(6) };

@@ -2,7 +2,7 @@
 //! or the waiter's: the pass's bookkeeping (the accounts it touched, the waiters leaving, whom to
 //! wake) and the grant's record of what held the waiter stay in place for the common case of
 //! one account and one waiter granted. Counted by dhat's allocator, in a test binary of its own
-//! (`harness = true`; one test, so nothing else allocates while it counts).
+//! holding this one test, so that nothing else allocates while it counts.
 
 use std::pin::Pin;
 use std::sync::Arc;
