@@ -217,6 +217,53 @@ pub enum EvictionCheck {
     Warn,
 }
 
+/// What the server promises of a write it has acknowledged, which decides what a restart or a
+/// failover can lose, and so whether the cell must recover after one (see the fleet guide's
+/// "Recovery"). Every instance of a cell must declare the same: it is part of the config's
+/// fingerprint.
+///
+/// The default promises nothing: a restart may lose the last writes (an append-only file written
+/// once a second, a snapshot, no persistence at all) and a promoted replica may have missed them,
+/// so the cell recovers after either. A declared promise lets it skip the recovery where nothing
+/// acknowledged can have been lost.
+///
+/// ```
+/// use admission_redis::Durability;
+///
+/// // A server run with `--appendonly yes --appendfsync always`:
+/// let fsync = Durability { fsync_always: true, ..Durability::default() };
+/// // Every acknowledged write on the master's one replica too (a `WAIT 1` after each call):
+/// let replicated = Durability { replicas: 1, ..Durability::default() };
+/// assert_ne!(fsync, replicated);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Durability {
+    /// The server appends every write to its append-only file and syncs it to disk before it
+    /// answers (`appendonly yes`, `appendfsync always`), and restarts from that file: a restart
+    /// loses nothing acknowledged, so a cell found after one does not recover. Checked at connect
+    /// where the server allows `CONFIG GET` ([`ConnectError::Config`](crate::ConnectError::Config)
+    /// on field `durability.fsync_always` when it says otherwise).
+    pub fsync_always: bool,
+    /// A call counts as answered only once this many replicas have its writes (a `WAIT` sent with
+    /// it, bounded by half the response timeout; fewer is a failure on the connection, retried
+    /// until the caller's deadline). Set it to the number of replicas that can be promoted: then
+    /// a failover, planned or not, loses nothing acknowledged, and a cell on the promoted replica
+    /// does not recover. 0 (the default): not waited for.
+    pub replicas: u32,
+}
+
+impl Durability {
+    /// The promise as the cell's script reads it: `f` for `fsync_always`, `r` for replicas.
+    pub(crate) fn flags(&self) -> &'static str {
+        match (self.fsync_always, self.replicas > 0) {
+            (false, false) => "",
+            (true, false) => "f",
+            (false, true) => "r",
+            (true, true) => "fr",
+        }
+    }
+}
+
 /// Tenant mode: the cell serves several organisations' data plane, so the connection must be
 /// private and authenticated.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -326,6 +373,9 @@ pub struct RedisAdmissionConfig {
     /// test), to admit at once. A server that restarted from its data, or a replica promoted to
     /// master, makes the cell recover whatever this says.
     pub recover_created_cells: bool,
+    /// What the server promises of an acknowledged write (nothing, by default): see
+    /// [`Durability`].
+    pub durability: Durability,
 }
 
 impl RedisAdmissionConfig {
@@ -366,6 +416,7 @@ impl RedisAdmissionConfig {
             tenant_mode: None,
             cell_idle_expiry: Duration::from_secs(24 * 60 * 60),
             recover_created_cells: true,
+            durability: Durability::default(),
         }
     }
 
@@ -657,8 +708,17 @@ impl RedisAdmissionConfig {
                 r.minute.as_millis()
             )
         });
+        // Only a declared promise enters the digest, so that a cell created before durability
+        // could be declared keeps its fingerprint.
+        let durability = match self.durability {
+            Durability {
+                fsync_always: false,
+                replicas: 0,
+            } => String::new(),
+            d => format!("|durability:{}:{}", d.fsync_always, d.replicas),
+        };
         let text = format!(
-            "v2|{}|{}|{}|{}|{}|{}|{}|{}|{}{rates}",
+            "v2|{}|{}|{}|{}|{}|{}|{}|{}|{}{rates}{durability}",
             c.service_bytes,
             c.service_transfers,
             c.tenant_bytes,

@@ -44,6 +44,17 @@ impl Conn {
             Conn::Cluster(cluster) => command.query_async(&mut cluster.clone()).await,
         }
     }
+
+    /// Sends `pipe` on one connection (on a cluster, to the node of its first keyed command).
+    pub(crate) async fn query_pipe<T: FromRedisValue>(
+        &self,
+        pipe: &redis::Pipeline,
+    ) -> redis::RedisResult<T> {
+        match self {
+            Conn::Server(manager) => pipe.query_async(&mut manager.clone()).await,
+            Conn::Cluster(cluster) => pipe.query_async(&mut cluster.clone()).await,
+        }
+    }
 }
 
 /// A connection of its own for one blocking reader.
@@ -198,6 +209,50 @@ pub(crate) async fn check_eviction(
         // Managed services often disable CONFIG: say so, and go on.
         Err(error) => {
             tracing::warn!(%error, "admission-redis: could not read maxmemory-policy; make sure it is noeviction");
+            Ok(())
+        }
+    }
+}
+
+/// Refuses a declared [`Durability::fsync_always`](crate::Durability::fsync_always) that the
+/// server contradicts (`appendonly` not `yes`, or `appendfsync` not `always`): the cell would
+/// skip a recovery that a restart needs. A server that refuses `CONFIG GET` (managed services
+/// often do) is taken at the config's word, with a warning.
+pub(crate) async fn check_durability(
+    conn: &Conn,
+    config: &RedisAdmissionConfig,
+) -> Result<(), ConnectError> {
+    if !config.durability.fsync_always {
+        return Ok(());
+    }
+    let mut command = redis::cmd("CONFIG");
+    command.arg("GET").arg("appendonly").arg("appendfsync");
+    let reply: redis::RedisResult<Vec<String>> = conn.query(&command).await;
+    match reply {
+        Ok(pairs) => {
+            let value = |name: &str| {
+                pairs
+                    .chunks(2)
+                    .find(|pair| pair[0] == name)
+                    .and_then(|pair| pair.get(1).cloned())
+                    .unwrap_or_default()
+            };
+            let (appendonly, appendfsync) = (value("appendonly"), value("appendfsync"));
+            if appendonly == "yes" && appendfsync == "always" {
+                return Ok(());
+            }
+            Err(ConnectError::Config(crate::error::ConfigError::new(
+                "durability.fsync_always",
+                format!(
+                    "is declared, but the server runs with appendonly {appendonly:?} and \
+                     appendfsync {appendfsync:?}: a restart could lose acknowledged writes, and \
+                     the cell would skip the recovery that guards against it (run the server with \
+                     appendonly yes and appendfsync always, or leave it undeclared)"
+                ),
+            )))
+        }
+        Err(error) => {
+            tracing::warn!(%error, "admission-redis: could not read appendonly and appendfsync; durability.fsync_always is taken as declared");
             Ok(())
         }
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::config::{MAX_EXACT, RedisAdmissionConfig};
-use crate::connection::{check_eviction, clients, manager};
+use crate::connection::{check_durability, check_eviction, clients, manager};
 use crate::error::{
     AcquireError, ConnectError, LeaseError, PolicyError, QuotaError, QuotaKind, Unavailable,
 };
@@ -104,6 +104,9 @@ pub struct Snapshot {
     pub events: u64,
     /// The cell's rates now, if it has any.
     pub rates: Option<RatesNow>,
+    /// While the cell recovers (see [`AcquireError::Recovering`]): how long until it admits
+    /// again.
+    pub recovery_left: Option<Duration>,
 }
 
 /// A cell's rates as a snapshot saw them.
@@ -141,6 +144,7 @@ impl RedisAdmission {
         let clients = clients(&config).map_err(unavailable)?;
         let conn = manager(&clients, &config).await.map_err(unavailable)?;
         check_eviction(&conn, &config).await?;
+        check_durability(&conn, &config).await?;
         let cell = Arc::new(Cell::new(config, conn, clients));
         let created = cell
             .call::<Created>(&Op::Init, cell.default_deadline())
@@ -260,12 +264,29 @@ impl RedisAdmission {
                     requests_per_minute: r[3],
                     throttle_tenths: u32::try_from(r[4]).unwrap_or(u32::MAX),
                 }),
+                recovery_left: s
+                    .recovering_until_ms
+                    .map(|until| Duration::from_millis(until.saturating_sub(s.server_time_ms))),
             }),
             Answer::Mismatch(stored) => Err(Unavailable::unexpected(
                 "snapshot",
                 format!("the cell's config fingerprint changed to {stored}"),
             )),
         }
+    }
+
+    /// When the cell admits again, if it is recovering now (see [`AcquireError::Recovering`]):
+    /// for a readiness probe, which should report the instance unready until then. One call of
+    /// the script, as [`snapshot`](RedisAdmission::snapshot); the instant is on the local clock,
+    /// counted from when the answer came back, so it is never earlier than the server's end.
+    ///
+    /// # Errors
+    ///
+    /// [`Unavailable`] when Redis fails.
+    pub async fn recovering_until(&self) -> Result<Option<std::time::Instant>, Unavailable> {
+        let snapshot = self.snapshot("", "").await?;
+        let received = std::time::Instant::now();
+        Ok(snapshot.recovery_left.map(|left| received + left))
     }
 
     /// Sets `tenant`'s ceilings live, for every instance of the cell; returns the new policy

@@ -16,7 +16,9 @@
 --       6 line (sorted set: waiting lease id -> ticket)   7 live (sorted set: waiting id ->
 --              liveness expiry, server ms)
 -- Waiters are recorded in occ as q:<id> = "ticket|tenant|backend|footprint|operation|requests|nonce|
--- instance"; a lease record carries the nonce of the acquisition that took it last. `requests` is
+-- instance|latest" (instance '-' for none; latest, the server ms after which the waiter's caller
+-- no longer waits, 0 for no bound); a lease record carries the nonce of the acquisition that
+-- took it last. `requests` is
 -- what the lease spends of the requests per minute (1 for a call; more for a slice). The nonce is
 -- the caller's, chosen before its first call: only the same call may ask again as that waiter,
 -- claim a grant made to it (read-only, so a claim whose reply was lost can be claimed again) or
@@ -32,11 +34,49 @@
 --   OK, FULL (not now), NEVER (never fits), LOST, STALE, OVER (quota), INVALID, NOCONFIG, MISMATCH.
 -- Tenant and backend arguments are already SHA-256 hex digests: raw ids never reach Redis.
 
--- The run id of the server process this library runs in (`INFO server`), read at its first call.
--- A library's state lasts as long as the process that loaded it: a restarted server, or a replica
--- promoted to master, starts with none, so a cell last written by another process is noticed
--- (see `recover` below) without asking the server on every call.
-local me
+-- What this library knows of the server process it runs in, kept for the life of that process
+-- (a library's state does not outlive it: a restarted server, or a replica promoted to master,
+-- starts with none). Read at the first call, and the replication part again where a decision
+-- needs it; server milliseconds on the server's own clock (`TIME`), never a test skew. See
+-- "Recovery" below and in the fleet guide.
+--   me       the process's run id (`INFO server`)
+--   born_ms  the earlier of the library's first call and the process's start rounded up to the
+--            next whole second (`server_time_usec` less `uptime_in_seconds`, both whole seconds
+--            of one cached clock, plus one): every write an earlier process of this server
+--            acknowledged was acknowledged before `born_ms`
+--   lineage  the replication id the process serves under (`master_replid`), and `since`, when
+--            this library first saw it: a promotion gives a new one, so the promotion came no
+--            later than `since`
+--   promoted the process was promoted from a replica (`second_repl_offset` is not -1)
+--   served   cfg key -> the server ms until which the cell vanishing would matter: its last call
+--            here plus one lease TTL (a lease renewed at that call may run until then). Pruned
+--            one entry a call, so it holds about the cells called within the last TTL.
+local me, born_ms, lineage, since, promoted
+local served, cursor = {}, nil
+
+local function replication(real)
+  local info = redis.call('INFO', 'replication')
+  local id = string.match(info, 'master_replid:(%w+)')
+  promoted = string.match(info, 'second_repl_offset:(-?%d+)') ~= '-1'
+  if id ~= lineage then lineage, since = id, real end
+end
+
+local function first_call(real)
+  local info = redis.call('INFO', 'server')
+  me = string.match(info, 'run_id:(%w+)')
+  local usec = tonumber(string.match(info, 'server_time_usec:(%d+)') or '0')
+  local up = tonumber(string.match(info, 'uptime_in_seconds:(%d+)') or '0')
+  born_ms = math.min(real, (math.floor(usec / 1000000) - up + 1) * 1000)
+  replication(real)
+end
+
+-- Drops one entry of `served` whose time has passed, walking the table one step a call.
+local function prune(real)
+  local ok, key, until_ms = pcall(next, served, cursor)
+  if not ok then key, until_ms = next(served) end
+  cursor = key
+  if key and until_ms <= real then served[key] = nil end
+end
 
 local function call(KEYS, ARGV)
   local cfg, occ, exp, events, quota, line, live =
@@ -50,10 +90,9 @@ local function call(KEYS, ARGV)
   local function read_cfg()
     return redis.call('HMGET', cfg, 'fingerprint', 'sb', 'st', 'tb', 'tt', 'bt', 'maxlen',
       'version', 'skew_ms', 'o:' .. asking, 'ttl', 'nq', 'idle', 'touched', 'ne', 'rid', 'rec',
-      'rt', 'rr', 'thr', 'rh', 'rm', 'rbt', 'rbq')
+      'rt', 'rr', 'thr', 'rh', 'rm', 'rbt', 'rbq', 'dur')
   end
   local c = read_cfg()
-  if not me then me = string.match(redis.call('INFO', 'server'), 'run_id:(%w+)') end
   local t = redis.call('TIME')
   local skew = 0
   -- test-util begin
@@ -61,6 +100,9 @@ local function call(KEYS, ARGV)
   -- test-util end
   local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + skew
   local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2]) + skew * 1000
+  -- The server's own clock, without a test skew: what the library's facts are counted in.
+  local real = now_ms - skew
+  if not me then first_call(real) end
 
   -- A number as Redis stores it. Numbers handed to `redis.call` or returned need no conversion
   -- (Redis writes them with 17 digits, exact below 2^53); Lua's own `..` writes 14, so a number
@@ -87,17 +129,19 @@ local function call(KEYS, ARGV)
   -- ARGV of init: 3 service_bytes 4 service_transfers 5 tenant_bytes 6 tenant_transfers
   --   7 backend_transfers 8 events_max_len 9 lease ttl ms (a waiter's grant lives this long)
   --   10 idle ms (every key expires after this long without a call; 0: never)
-  --   11 recover ('1': a cell created afresh recovers, see below, before it admits anything)
+  --   11 recover ('1': a cell created afresh recovers when it may have lost leases, see below;
+  --      '0': never)
   --   12 tokens per minute 13 requests per minute (the rates, see below; '0': none)
   --   14 the rates' minute, ms (60000; shorter for a simulation running faster than real time)
   --   15 16 the rates' burst, tokens and requests ('0': a whole minute's worth, see below)
+  --   17 what the server promises of an acknowledged write: 'f' every write is synced to the
+  --      append-only file before the answer, 'r' every call waits for the replicas ('' none)
   local created = false
   if op == 'init' and not c[1] then
-    local rec = (ARGV[11] == '1' and now_ms + tonumber(ARGV[9])) or 0
     redis.call('HSET', cfg, 'fingerprint', fingerprint, 'sb', ARGV[3], 'st', ARGV[4],
       'tb', ARGV[5], 'tt', ARGV[6], 'bt', ARGV[7], 'maxlen', ARGV[8],
       'version', int(math.max(1, math.floor(now_ms))), 'ttl', ARGV[9], 'idle', ARGV[10],
-      'nq', redis.call('ZCARD', line), 'rid', me, 'rec', rec)
+      'nq', redis.call('ZCARD', line), 'rid', me, 'rec', 0, 'dur', ARGV[17] or '')
     if tonumber(ARGV[12] or '0') > 0 then
       redis.call('HSET', cfg, 'rt', ARGV[12], 'rr', ARGV[13], 'thr', 0, 'rm', ARGV[14] or 60000,
         'rbt', ARGV[15] or 0, 'rbq', ARGV[16] or 0)
@@ -231,6 +275,7 @@ local function call(KEYS, ARGV)
     local f = {}
     for part in string.gmatch(r, '[^|]+') do f[#f + 1] = part end
     return f -- token (or ticket), tenant, backend, footprint, operation, requests, nonce, instance
+    -- ('-': none), latest (server ms; 0: none)
   end
 
   -- Tells instance `to` that the hand-off granted lease `id` to its acquisition `nonce` (see the
@@ -380,16 +425,18 @@ local function call(KEYS, ARGV)
       local q = redis.call('HGET', occ, 'q:' .. id)
       local live_until = tonumber(redis.call('ZSCORE', live, id) or '0')
       local alive = live_until >= now_ms
+      local w = q and parse(q) -- ticket, tenant, backend, footprint, operation, requests, nonce, instance, latest
+      local late = w and tonumber(w[9] or '0') > 0 and now_ms > tonumber(w[9])
       if not q then
         redis.call('ZREM', line, id)
         redis.call('ZREM', live, id)
-      elseif not alive then
-        -- Its liveness ran out and the bounded reap has not come to it yet: never grant the dead.
-        local w = parse(q)
+      elseif not alive or late then
+        -- Its liveness ran out and the bounded reap has not come to it yet, or its caller has
+        -- stopped waiting: never grant the dead or the late.
         unqueue(id)
-        append('timed_out', id, '0', w[2], w[3], w[4], w[5], 'abandoned', (read(w[2], w[3])))
+        append('timed_out', id, '0', w[2], w[3], w[4], w[5], late and 'late' or 'abandoned',
+          (read(w[2], w[3])))
       else
-        local w = parse(q) -- ticket, tenant, backend, footprint, operation, requests, nonce, instance
         local f = tonumber(w[4])
         local tb_max, tt_max = limits(redis.call('HGET', cfg, 'o:' .. w[2]))
         local o = read(w[2], w[3])
@@ -402,11 +449,11 @@ local function call(KEYS, ARGV)
           -- one, which renews its liveness every renew_every, renews the lease in time.
           local token, expiry = grant(id, w[2], w[3], w[4], w[6], w[5],
             math.min(TTL, live_until - now_ms), o, w[7], 'handoff')
-          if w[8] then notify(w[8], id, w[7], token, expiry, o) end
+          if w[8] and w[8] ~= '-' then notify(w[8], id, w[7], token, expiry, o) end
           granted = granted + 1
         elseif not head then
           head = head_of(w, o, tb_max, tt_max)
-          head.id, head.nonce, head.to, head.o = id, w[7], w[8], o
+          head.id, head.nonce, head.to, head.o = id, w[7], w[8] ~= '-' and w[8] or nil, o
           -- Every waiter needs service bytes and a service transfer: when the head is short on
           -- either, or nothing is left of them beside its reservation, nobody behind can go.
           -- So too when it waits for the rates, which every lease spends.
@@ -454,23 +501,61 @@ local function call(KEYS, ARGV)
     return #due
   end
 
-  -- Recovery. Leases granted by another server process may still run with no record here, or
-  -- with an expiry older than their holder's: after a restart (its AOF or RDB may have lost the
-  -- last writes) or a replica's promotion (it may have missed them), and, when the creating caller
-  -- asks for it, in a cell created afresh (the server may have restarted empty). For one lease
-  -- TTL from then the cell admits nothing new, the line included, and a renewal brings back what
-  -- the cell lost (`rejoin`) or renews what it would have expired. By the end every lease granted
-  -- before has been renewed back or has ended: a holder stops at its own deadline, which is never
-  -- later than its last renewal plus the TTL. Which process last wrote the cell is `rid` in cfg.
-  if c[16] ~= me then
-    REC = now_ms + TTL
-    recovering = true
-    redis.call('HSET', cfg, 'rid', me, 'rec', REC)
-    append('recovering', '', '0', '', '', '0', 'recovery', 'restarted', (read('', '')))
-  elseif created and recovering then
-    append('recovering', '', '0', '', '', '0', 'recovery', 'created', (read('', '')))
+  -- Recovery. A lease granted or renewed by a write this server no longer has may still run,
+  -- with no record here or with an older expiry than its holder's, and new grants could then
+  -- exceed a ceiling. A call that finds the cell last written by another server process (`rid`
+  -- in cfg), or that creates it, asks whether such a write can exist and until when it can
+  -- matter: a holder stops at its own deadline, never later than its last acknowledged renewal
+  -- plus the TTL, so a write lost at time L matters until L + TTL. Until then (`REC`) the cell
+  -- admits nothing new, the line included, and a renewal brings back what the cell lost
+  -- (`rejoin`) or renews what it would have expired. The bound, in server ms:
+  --   - a process promoted from a replica: nothing, when every call waited for the replicas
+  --     ('r'); else the promotion (the old master acknowledged nothing after it), no later than
+  --     `since` (the promoted process serves under a new replication id from then on);
+  --   - any other process: nothing, when every write was synced to the append-only file before
+  --     it was acknowledged ('f') and the server runs from that file; else its start, no later
+  --     than `born_ms` (an earlier process of this server acknowledged nothing after it died). A
+  --     cell that moved here from another master (a planned slot migration) keeps every write
+  --     it had, so a process older than one TTL starts no recovery for it.
+  --   - for a cell created here, besides: its last call on this process, if this library served
+  --     it within the last TTL and it vanished (deleted, flushed, evicted).
+  -- The bound passed, nothing can still run from before it: the call goes on as usual.
+  local function lost_until(dur)
+    replication(real)
+    if promoted then
+      if string.find(dur, 'r', 1, true) then return 0 end
+      return since + TTL
+    end
+    if string.find(dur, 'f', 1, true)
+      and string.find(redis.call('INFO', 'persistence'), 'aof_enabled:1', 1, true) then
+      return 0
+    end
+    return born_ms + TTL
   end
-  if op == 'init' then return touch(IDLE, {'OK', version}) end
+  local reason, bound
+  if created then
+    if ARGV[11] == '1' then
+      bound = math.max(lost_until(c[25] or ''), served[cfg] or 0)
+      reason = 'created'
+    end
+  elseif c[16] ~= me then
+    bound = lost_until(c[25] or '')
+    reason = promoted and 'promoted' or 'restarted'
+    redis.call('HSET', cfg, 'rid', me)
+  end
+  -- A recovery already under way (begun by an earlier process) runs to its end all the same.
+  if reason and bound + skew > math.max(now_ms, REC) then
+    REC = bound + skew
+    recovering = true
+    redis.call('HSET', cfg, 'rec', int(REC))
+    append('recovering', '', '0', '', '', '0', 'recovery', reason, (read('', '')))
+  end
+  served[cfg] = real + TTL
+  prune(real)
+  -- A promise of replicas: every call writes, so that the `WAIT` sent after it covers every
+  -- earlier write of the cell, another instance's grant it claims included.
+  if string.find(c[25] or '', 'r', 1, true) then redis.call('HSET', cfg, 'ack', int(now_ms)) end
+  if op == 'init' then return touch(IDLE, {'OK', version, int(now_ms)}) end
 
   -- Brings back lease `id`, which the cell lost (see recovery): its record, expiry and counters,
   -- whatever the ceilings say (it was admitted under them). The record has no nonce: no later
@@ -542,6 +627,11 @@ local function call(KEYS, ARGV)
     --       11 the acquisition's nonce (the same on every call of one acquisition)
     --       12 the asking instance, where the hand-off's notice of a grant goes ('': none)
     --       13 the requests the lease spends of the rates (1 for a call)
+    --       14 the latest server ms at which the acquisition may take effect: its caller stops
+    --          waiting then ('0': no bound). A call that reaches the server later (held up in a
+    --          stalled server or network) changes nothing; a ticket is never granted later.
+    local latest = tonumber(ARGV[14] or '0') or 0
+    if latest > 0 and now_ms > latest then return {'LATE', int(now_ms), int(latest)} end
     local id, tenant, backend, operation = ARGV[3], ARGV[4], ARGV[5], ARGV[7]
     local footprint, ttl, nonce = tonumber(ARGV[6]), tonumber(ARGV[8]), ARGV[11]
     local requests = tonumber(ARGV[13] or '1')
@@ -625,7 +715,8 @@ local function call(KEYS, ARGV)
       redis.call('ZADD', live, now_ms + ttl, id)
       redis.call('HSET', occ, 'q:' .. id,
         waiting .. '|' .. tenant .. '|' .. backend .. '|' .. ARGV[6] .. '|' .. operation .. '|'
-        .. int(requests) .. '|' .. nonce .. '|' .. instance)
+        .. int(requests) .. '|' .. nonce .. '|' .. (instance ~= '' and instance or '-') .. '|'
+        .. int(latest))
       -- The line's first waiter creates the line and its liveness set.
       if queued == 1 then
         born(line)
@@ -675,14 +766,19 @@ local function call(KEYS, ARGV)
   end
 
   if op == 'renew' then
-    -- ARGV: 3 ttl ms 4 reap limit, then for every lease due, in one call: id, token, tenant,
-    -- backend, footprint, operation (the last four bring the lease back while the cell recovers).
-    -- Reply: OK, server ms, new expiry, then one word per lease: OK, LOST or STALE:<current>.
+    -- ARGV: 3 ttl ms 4 reap limit 5 the latest server ms at which the renewal may take effect
+    -- (the earliest of its leases' local deadlines, past which their holders count them lost;
+    -- '0': no bound), then for every lease due, in one call: id, token, tenant, backend,
+    -- footprint, operation (the last four bring the lease back while the cell recovers).
+    -- Reply: OK, server ms, new expiry, then one word per lease: OK, LOST or STALE:<current>;
+    -- or LATE, server ms, the bound, when it came too late to renew anything.
+    local latest = tonumber(ARGV[5] or '0') or 0
+    if latest > 0 and now_ms > latest then return {'LATE', int(now_ms), int(latest)} end
     reap(tonumber(ARGV[4]))
     local expiry = now_ms + tonumber(ARGV[3])
     local reply = {'OK', now_ms, expiry}
     local expired = 0
-    for i = 5, #ARGV, 6 do
+    for i = 6, #ARGV, 6 do
       local id, token = ARGV[i], ARGV[i + 1]
       local r = redis.call('HGET', occ, 'r:' .. id)
       local current = r and string.sub(r, 1, string.find(r, '|', 1, true) - 1)
@@ -742,7 +838,10 @@ local function call(KEYS, ARGV)
   -- test-util end
 
   if op == 'snapshot' then
-    -- ARGV: 3 tenant 4 backend 5 reap limit
+    -- ARGV: 3 tenant 4 backend 5 reap limit. Reply: OK, the policy version, the five counters,
+    -- leases held, the tenant's two ceilings, server ms, leases reaped, the last token, the
+    -- stream's length, the rates' five figures (-1 without rates), and the end of the cell's
+    -- recovery (server ms; 0 when it is not recovering).
     local reaped = reap(tonumber(ARGV[5]))
     local o, v = read(ARGV[3], ARGV[4], 'tok')
     local tb_max, tt_max = limits(c[10])
@@ -751,7 +850,8 @@ local function call(KEYS, ARGV)
     if RATED then rates = { math.floor(CT - o[6]), math.floor(CR - o[7]), RT, RR, THR } end
     return touch(IDLE, {'OK', version, o[1], o[2], o[3], o[4], o[5],
       o[2], int(tb_max), int(tt_max), int(now_ms), int(reaped), v[6] or '0',
-      int(redis.call('XLEN', events)), rates[1], rates[2], rates[3], rates[4], rates[5]})
+      int(redis.call('XLEN', events)), rates[1], rates[2], rates[3], rates[4], rates[5],
+      int(recovering and REC or 0)})
   end
 
   if op == 'feedback' then

@@ -388,11 +388,19 @@ pub(crate) async fn give_back(
 async fn renew_one(cell: &Cell, entry: &Entry, deadline: Instant) -> Result<Instant, LeaseError> {
     let (id, token) = (entry.id.as_str(), entry.token);
     let leases = [entry.renewing()];
+    // Past the lease's own deadline its holder counts it lost: a renewal held up until then
+    // must not extend it.
     let called = cell
-        .call::<Renewed>(&Op::Renew { leases: &leases }, deadline)
+        .call::<Renewed>(
+            &Op::Renew {
+                leases: &leases,
+                until: entry.deadline(),
+            },
+            deadline,
+        )
         .await?;
     match called.answer {
-        Answer::Reply(Renewed(held)) => match held.first() {
+        Answer::Reply(Renewed(held, _)) => match held.first() {
             Some(Held::Ok) => Ok(called.sent),
             Some(Held::Stale(current)) => Err(LeaseError::Stale {
                 lease: id.to_string(),

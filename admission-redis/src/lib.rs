@@ -72,7 +72,8 @@ pub mod test_util;
 mod wake;
 
 pub use config::{
-    Burst, Ceilings, EvictionCheck, Quotas, Rates, RedisAdmissionConfig, Secret, TenantMode, Tls,
+    Burst, Ceilings, Durability, EvictionCheck, Quotas, Rates, RedisAdmissionConfig, Secret,
+    TenantMode, Tls,
 };
 #[cfg(feature = "test-util")]
 pub use coordinator::production_script_source;

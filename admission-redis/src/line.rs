@@ -108,8 +108,8 @@ pub(crate) async fn acquire(
 ) -> Result<Lease, AcquireError> {
     let config = &shared.cell.config;
     let start = Instant::now();
-    let deadline = start + wait.min(config.redis_wait);
-    let waits = !wait.is_zero() && !config.redis_wait.is_zero();
+    let deadline = start + wait;
+    let waits = !wait.is_zero();
     // Armed before the first call, with the acquisition's nonce: dropped at any await, or ended
     // by an error, the guard withdraws the ticket or gives back a lease the acquisition was
     // granted.
@@ -172,6 +172,18 @@ pub(crate) async fn acquire(
             }
         };
         if let Some(granted) = granted {
+            if config.durability.replicas > 0 {
+                // The notice was read from the master, perhaps before the grant reached the
+                // replicas: the acquisition claims it with a call of its own, which counts only
+                // once they have it (and with it every earlier write of the cell).
+                if let Attempt::Admitted(lease) =
+                    attempt(shared, request, true, &guard.nonce, deadline).await?
+                {
+                    guard.disarm();
+                    return Ok(lease);
+                }
+                continue;
+            }
             guard.disarm();
             // The grant happened at the server's `time_ms`; this waiter's refusal was sent at
             // `sent` when the server said `now_ms`, so the lease began no earlier than
@@ -226,6 +238,9 @@ async fn attempt(
         queued,
         nonce,
         instance: shared.wakeups.instance(),
+        // The caller stops waiting at `deadline`: a call that reaches the server later, held up
+        // in a stalled server or network, must take nothing.
+        until: deadline,
     };
     let called = cell.call::<AcquireReply>(&op, deadline).await?;
     let (sent, received) = (called.sent, Instant::now());

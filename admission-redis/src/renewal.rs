@@ -318,13 +318,16 @@ async fn renew(cell: &Cell, renewals: &Renewals, batch: Vec<Arc<Entry>>) {
         return;
     };
     let leases: Vec<Renewing<'_>> = live.iter().map(|e| e.renewing()).collect();
-    let error = match cell
-        .call::<Renewed>(&Op::Renew { leases: &leases }, deadline)
-        .await
-    {
+    // Past the earliest deadline of the batch that lease's holder counts it lost: a renewal held
+    // up until then (a stalled server) must not extend it, and the others are asked again.
+    let op = Op::Renew {
+        leases: &leases,
+        until: deadline,
+    };
+    let error = match cell.call::<Renewed>(&op, deadline).await {
         Ok(called) => match called.answer {
             // Counted from the attempt that answered (see `Called::sent`).
-            crate::script::Answer::Reply(Renewed(answers)) if answers.len() == live.len() => {
+            crate::script::Answer::Reply(Renewed(answers, _)) if answers.len() == live.len() => {
                 for (entry, answer) in live.into_iter().zip(answers) {
                     match answer {
                         Held::Ok => {
@@ -337,7 +340,7 @@ async fn renew(cell: &Cell, renewals: &Renewals, batch: Vec<Arc<Entry>>) {
                 }
                 return;
             }
-            crate::script::Answer::Reply(Renewed(answers)) => format!(
+            crate::script::Answer::Reply(Renewed(answers, _)) => format!(
                 "the renewal answered for {} of {} leases",
                 answers.len(),
                 live.len()

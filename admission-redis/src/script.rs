@@ -226,11 +226,18 @@ pub(crate) enum Op<'a> {
         nonce: &'a str,
         /// The asking provider's instance, where the hand-off's notice of a grant goes.
         instance: &'a str,
+        /// When the acquisition's caller stops waiting: the call is refused on the server if it
+        /// reaches it later (see [`Cell::server_ms_at`]).
+        until: Instant,
     },
     /// An acquisition gives up: out of the line, or its grant handed over.
     Withdraw { id: &'a str, nonce: &'a str },
-    /// Renews every `(id, token)` in one call.
-    Renew { leases: &'a [Renewing<'a>] },
+    /// Renews every `(id, token)` in one call, unless it reaches the server after `until`, the
+    /// earliest local deadline of the leases.
+    Renew {
+        leases: &'a [Renewing<'a>],
+        until: Instant,
+    },
     /// Gives a lease back, `unused` tokens of its footprint and `unused_requests` of its requests
     /// to the cell's rates, and what the
     /// call under it said of the upstream's load to their throttle (`Some(0)`: a success).
@@ -289,8 +296,17 @@ impl Op<'_> {
         }
     }
 
-    /// ARGV from the third on (the first two are the operation and the fingerprint).
-    fn args(&self, config: &RedisAdmissionConfig) -> Vec<String> {
+    /// When the operation's caller stops waiting for it, if it must not take effect after that.
+    fn until(&self) -> Option<Instant> {
+        match self {
+            Op::Acquire { until, .. } | Op::Renew { until, .. } => Some(*until),
+            _ => None,
+        }
+    }
+
+    /// ARGV from the third on (the first two are the operation and the fingerprint); `latest` is
+    /// [`until`](Op::until) on the server's clock.
+    fn args(&self, config: &RedisAdmissionConfig, latest: u64) -> Vec<String> {
         let ttl = config.lease_ttl.as_millis().to_string();
         let reap = config.reap_batch.to_string();
         match self {
@@ -330,6 +346,7 @@ impl Op<'_> {
                         .and_then(|r| r.burst)
                         .map_or(0, |b| b.requests)
                         .to_string(),
+                    config.durability.flags().to_string(),
                 ]
             }
             Op::Acquire {
@@ -342,6 +359,7 @@ impl Op<'_> {
                 queued,
                 nonce,
                 instance,
+                until: _,
             } => vec![
                 id.to_string(),
                 tenant.to_string(),
@@ -354,10 +372,11 @@ impl Op<'_> {
                 nonce.to_string(),
                 instance.to_string(),
                 requests.to_string(),
+                latest.to_string(),
             ],
             Op::Withdraw { id, nonce } => vec![id.to_string(), nonce.to_string(), reap],
-            Op::Renew { leases } => {
-                let mut args = vec![ttl, reap];
+            Op::Renew { leases, until: _ } => {
+                let mut args = vec![ttl, reap, latest.to_string()];
                 for lease in leases.iter() {
                     args.push(lease.id.to_string());
                     args.push(lease.token.0.to_string());
@@ -546,8 +565,8 @@ impl Held {
     }
 }
 
-/// A renewal's answer: one per lease, in order.
-pub(crate) struct Renewed(pub(crate) Vec<Held>);
+/// A renewal's answer: one per lease, in order, and the server's clock.
+pub(crate) struct Renewed(pub(crate) Vec<Held>, pub(crate) u64);
 
 /// A snapshot's numbers (see [`Snapshot`](crate::Snapshot)).
 pub(crate) struct SnapshotReply {
@@ -562,6 +581,8 @@ pub(crate) struct SnapshotReply {
     pub(crate) events: u64,
     /// With rates: tokens and requests left, the budgets, the throttle in tenths.
     pub(crate) rates: Option<[u64; 5]>,
+    /// While the cell recovers: when the recovery ends, server ms.
+    pub(crate) recovering_until_ms: Option<u64>,
 }
 
 /// A policy change's answer.
@@ -591,12 +612,15 @@ impl Decode for Throttled {
     }
 }
 
-/// The init's answer: the cell exists (created now, or already there with this fingerprint).
-pub(crate) struct Created;
+/// The init's answer: the cell exists (created now, or already there with this fingerprint), and
+/// the server's clock.
+pub(crate) struct Created {
+    pub(crate) now_ms: u64,
+}
 
-/// The skew's answer (test-util).
+/// The skew's answer (test-util): the cell's clock after it.
 #[cfg(feature = "test-util")]
-pub(crate) struct Skewed;
+pub(crate) struct Skewed(u64);
 
 /// A script reply as a list of words, for decoding.
 pub(crate) struct Words(Vec<String>);
@@ -620,9 +644,22 @@ pub(crate) trait Decode: Sized {
     /// The reply, from its words (the status word first); `None` when they do not have its
     /// shape.
     fn decode(words: &Words) -> Option<Self>;
+
+    /// The server's clock as the reply gives it (ms), for [`Cell::server_ms_at`].
+    fn server_ms(&self) -> Option<u64> {
+        None
+    }
 }
 
 impl Decode for AcquireReply {
+    fn server_ms(&self) -> Option<u64> {
+        match self {
+            AcquireReply::Granted(g) => Some(g.now_ms),
+            AcquireReply::Full(f) => Some(f.now_ms),
+            AcquireReply::Never(_) => None,
+        }
+    }
+
     fn decode(w: &Words) -> Option<Self> {
         Some(match w.word(0)? {
             "OK" => AcquireReply::Granted(Granted::decode(w)?),
@@ -659,6 +696,13 @@ impl Decode for AcquireReply {
 }
 
 impl Decode for WithdrawReply {
+    fn server_ms(&self) -> Option<u64> {
+        match self {
+            WithdrawReply::Granted(g) => Some(g.now_ms),
+            _ => None,
+        }
+    }
+
     fn decode(w: &Words) -> Option<Self> {
         Some(match w.word(0)? {
             "WITHDRAWN" => WithdrawReply::Withdrawn,
@@ -680,11 +724,17 @@ impl Decode for Renewed {
         if w.word(0)? != "OK" {
             return None;
         }
-        let held = w.0[3..]
-            .iter()
-            .map(|word| Held::decode(word, None))
-            .collect::<Option<Vec<_>>>()?;
-        Some(Renewed(held))
+        let now_ms = w.int(1)?;
+        let held =
+            w.0.get(3..)?
+                .iter()
+                .map(|word| Held::decode(word, None))
+                .collect::<Option<Vec<_>>>()?;
+        Some(Renewed(held, now_ms))
+    }
+
+    fn server_ms(&self) -> Option<u64> {
+        Some(self.1)
     }
 }
 
@@ -708,7 +758,12 @@ impl Decode for SnapshotReply {
                 .collect::<Option<Vec<f64>>>()
                 .filter(|r| r.iter().all(|x| *x >= 0.0))
                 .map(|r| [0, 1, 2, 3, 4].map(|i| r[i] as u64)),
+            recovering_until_ms: w.int(19).filter(|&until| until > w.int(10).unwrap_or(0)),
         })
+    }
+
+    fn server_ms(&self) -> Option<u64> {
+        Some(self.server_time_ms)
     }
 }
 
@@ -746,14 +801,22 @@ impl Decode for QuotaReply {
 
 impl Decode for Created {
     fn decode(w: &Words) -> Option<Self> {
-        (w.word(0)? == "OK").then_some(Created)
+        (w.word(0)? == "OK").then_some(Created { now_ms: w.int(2)? })
+    }
+
+    fn server_ms(&self) -> Option<u64> {
+        Some(self.now_ms)
     }
 }
 
 #[cfg(feature = "test-util")]
 impl Decode for Skewed {
     fn decode(w: &Words) -> Option<Self> {
-        (w.word(0)? == "OK").then_some(Skewed)
+        (w.word(0)? == "OK").then_some(Skewed(w.int(1)?))
+    }
+
+    fn server_ms(&self) -> Option<u64> {
+        Some(self.0)
     }
 }
 
@@ -763,6 +826,12 @@ enum Raw<T> {
     Reply(T),
     NoConfig,
     Mismatch(String),
+    /// The call reached the server after the latest time its caller gave (server ms): nothing
+    /// was changed.
+    Late {
+        now_ms: u64,
+        latest: u64,
+    },
 }
 
 impl<T: Decode> FromRedisValue for Raw<T> {
@@ -772,6 +841,11 @@ impl<T: Decode> FromRedisValue for Raw<T> {
             Some("NOCONFIG") => return Ok(Raw::NoConfig),
             Some("MISMATCH") => {
                 return Ok(Raw::Mismatch(words.word(1).unwrap_or_default().to_owned()));
+            }
+            Some("LATE") => {
+                if let (Some(now_ms), Some(latest)) = (words.int(1), words.int(2)) {
+                    return Ok(Raw::Late { now_ms, latest });
+                }
             }
             _ => {}
         }
@@ -813,6 +887,9 @@ pub(crate) struct Cell {
     /// When a cluster connection was last replaced (see `replace_stalled`).
     replaced: parking_lot::Mutex<Option<Instant>>,
     pub(crate) clients: Clients,
+    /// The server's clock as the last reply that carried it gave it (ms), and the instant that
+    /// reply was received: see [`Cell::server_ms_at`].
+    clock: parking_lot::Mutex<Option<(u64, Instant)>>,
 }
 
 /// The first pause before a retry, and the longest.
@@ -831,6 +908,27 @@ impl Cell {
             conn: parking_lot::RwLock::new(conn),
             replaced: parking_lot::Mutex::new(None),
             clients,
+            clock: parking_lot::Mutex::new(None),
+        }
+    }
+
+    /// The server's time (ms) no later than its clock will read at local instant `at`, from the
+    /// last reply that gave it (0, which the script reads as no bound, before any reply): that
+    /// reply's server time `t` was read before it was received at `r`, so at `at` the server
+    /// reads at least `t + (at - r)`. An acquisition sends its deadline through this as the
+    /// latest time it may take effect, so a call held up in a stalled server is refused there
+    /// rather than granted to a caller that stopped waiting. It errs early by at most one round
+    /// trip, never late (between clocks that run at the same rate).
+    pub(crate) fn server_ms_at(&self, at: Instant) -> u64 {
+        let Some((server_ms, received)) = *self.clock.lock() else {
+            return 0;
+        };
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        if at >= received {
+            server_ms.saturating_add(ms(at - received))
+        } else {
+            // Never 0 (no bound) for an instant already past.
+            server_ms.saturating_sub(ms(received - at)).max(1)
         }
     }
 
@@ -962,13 +1060,17 @@ impl Cell {
         match self.invoke::<T>(op, deadline).await? {
             Raw::Reply(reply) => Ok(Answer::Reply(reply)),
             Raw::Mismatch(stored) => Ok(Answer::Mismatch(stored)),
+            Raw::Late { now_ms, latest } => Err(late(op, now_ms, latest)),
             Raw::NoConfig => {
-                if let Raw::Mismatch(stored) = self.invoke::<Created>(&Op::Init, deadline).await? {
-                    return Ok(Answer::Mismatch(stored));
+                match self.invoke::<Created>(&Op::Init, deadline).await? {
+                    Raw::Mismatch(stored) => return Ok(Answer::Mismatch(stored)),
+                    Raw::Late { now_ms, latest } => return Err(late(op, now_ms, latest)),
+                    Raw::Reply(_) | Raw::NoConfig => {}
                 }
                 match self.invoke::<T>(op, deadline).await? {
                     Raw::Reply(reply) => Ok(Answer::Reply(reply)),
                     Raw::Mismatch(stored) => Ok(Answer::Mismatch(stored)),
+                    Raw::Late { now_ms, latest } => Err(late(op, now_ms, latest)),
                     Raw::NoConfig => Err(redis::RedisError::from((
                         redis::ErrorKind::UnexpectedReturnType,
                         "the cell is gone again right after its creation",
@@ -982,7 +1084,10 @@ impl Cell {
     /// timeout and by `deadline` (a call cut short by the deadline may still run on the server:
     /// every operation is safe to repeat, and an acquisition's guard withdraws what it may have
     /// left). A server without the library (a new server, one that restarted empty) gets it
-    /// (`FUNCTION LOAD REPLACE`) and the call is made again.
+    /// (`FUNCTION LOAD REPLACE`) and the call is made again. With a promise of replicas
+    /// ([`Durability::replicas`](crate::Durability::replicas)) the call goes out with a `WAIT`
+    /// behind it on the same connection, and counts as answered only once that many replicas
+    /// have its writes.
     async fn invoke<T: Decode>(
         &self,
         op: &Op<'_>,
@@ -993,18 +1098,56 @@ impl Cell {
         call.arg(&library.name)
             .arg(self.keys.len())
             .arg(&self.keys[..]);
+        let latest = op.until().map_or(0, |until| self.server_ms_at(until));
         call.arg(op.name())
             .arg(&self.fingerprint)
-            .arg(op.args(&self.config));
-        match self.bounded(&call, deadline).await {
+            .arg(op.args(&self.config, latest));
+        let raw: Raw<T> = match self.acknowledged(&call, deadline).await {
             Err(error) if is_missing_function(&error) => {
                 let mut load = redis::cmd("FUNCTION");
                 load.arg("LOAD").arg("REPLACE").arg(&library.code);
                 self.bounded::<String>(&load, deadline).await?;
-                self.bounded(&call, deadline).await
+                self.acknowledged(&call, deadline).await
             }
             result => result,
+        }?;
+        let server_ms = match &raw {
+            Raw::Reply(reply) => reply.server_ms(),
+            Raw::Late { now_ms, .. } => Some(*now_ms),
+            Raw::NoConfig | Raw::Mismatch(_) => None,
+        };
+        if let Some(server_ms) = server_ms {
+            *self.clock.lock() = Some((server_ms, Instant::now()));
         }
+        Ok(raw)
+    }
+
+    /// `call`, and with a promise of replicas the `WAIT` behind it: fewer replicas than promised
+    /// within half the response timeout is a failure on the connection (retried by the caller
+    /// until its deadline; the call is safe to repeat).
+    async fn acknowledged<T: FromRedisValue>(
+        &self,
+        call: &redis::Cmd,
+        deadline: Instant,
+    ) -> redis::RedisResult<T> {
+        let replicas = self.config.durability.replicas;
+        if replicas == 0 {
+            return self.bounded(call, deadline).await;
+        }
+        let wait_ms = (self.config.response_timeout / 2).as_millis().max(1);
+        let mut pipe = redis::pipe();
+        pipe.add_command(call.clone())
+            .cmd("WAIT")
+            .arg(replicas)
+            .arg(u64::try_from(wait_ms).unwrap_or(u64::MAX));
+        let (reply, acked): (T, u64) = self.bounded_pipe(&pipe, deadline).await?;
+        if acked < u64::from(replicas) {
+            return Err(redis::RedisError::from(std::io::Error::other(format!(
+                "the call's writes reached {acked} of the {replicas} replicas promised \
+                 (durability.replicas) within {wait_ms} ms"
+            ))));
+        }
+        Ok(reply)
     }
 
     /// One command, bounded by the connection's response timeout and by `deadline` (at least one
@@ -1014,11 +1157,29 @@ impl Cell {
         command: &redis::Cmd,
         deadline: Instant,
     ) -> redis::RedisResult<T> {
+        let conn = self.conn.read().clone();
+        self.bounding(deadline, conn.query(command)).await
+    }
+
+    /// A pipeline, bounded as [`bounded`](Cell::bounded) bounds a command.
+    async fn bounded_pipe<T: FromRedisValue>(
+        &self,
+        pipe: &redis::Pipeline,
+        deadline: Instant,
+    ) -> redis::RedisResult<T> {
+        let conn = self.conn.read().clone();
+        self.bounding(deadline, conn.query_pipe(pipe)).await
+    }
+
+    async fn bounding<T>(
+        &self,
+        deadline: Instant,
+        query: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> redis::RedisResult<T> {
         let bound = deadline
             .saturating_duration_since(Instant::now())
             .max(self.config.response_timeout);
-        let conn = self.conn.read().clone();
-        let result = match tokio::time::timeout(bound, conn.query(command)).await {
+        let result = match tokio::time::timeout(bound, query).await {
             Ok(result) => result,
             Err(_) => Err(redis::RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
@@ -1067,6 +1228,28 @@ impl Cell {
             }
         }
     }
+}
+
+/// The error of a call that reached the server after the latest time its caller gave (nothing
+/// was changed). Received while the caller still waits, it was not late: the server's clock
+/// moved ahead of the reading the bound came from (the reply's own reading is kept now), and the
+/// call is tried again as after a failure on the connection. Received after, it was late:
+/// retrying cannot help.
+fn late(op: &Op<'_>, now_ms: u64, latest: u64) -> redis::RedisError {
+    let detail = format!(
+        "the server read {now_ms} ms, past the call's bound of {latest} ms ({} ms late)",
+        now_ms.saturating_sub(latest)
+    );
+    if op.until().is_some_and(|until| Instant::now() < until) {
+        return redis::RedisError::from(std::io::Error::other(format!(
+            "the server's clock ran ahead of the last reading: {detail}"
+        )));
+    }
+    redis::RedisError::from((
+        redis::ErrorKind::Client,
+        "the call reached the server after its caller stopped waiting; nothing was changed",
+        detail,
+    ))
 }
 
 /// True when the server does not have the library's function (it never had it, or it restarted
@@ -1166,8 +1349,9 @@ mod tests {
         ]))
         .unwrap();
         match renewed {
-            Raw::Reply(Renewed(held)) => {
+            Raw::Reply(Renewed(held, now_ms)) => {
                 assert_eq!(held, [Held::Ok, Held::Lost, Held::Stale(99)]);
+                assert_eq!(now_ms, 2000);
             }
             _ => panic!("expected renewals"),
         }
@@ -1181,6 +1365,88 @@ mod tests {
         ));
         assert!(Raw::<Held>::from_redis_value(words(&["WHAT"])).is_err());
         assert!(Raw::<AcquireReply>::from_redis_value(words(&["OK", "x"])).is_err());
+    }
+
+    fn words(w: &[&str]) -> Value {
+        Value::Array(
+            w.iter()
+                .map(|s| Value::BulkString(s.as_bytes().to_vec()))
+                .collect(),
+        )
+    }
+
+    /// A short reply is an error of the call, never a panic of the task that decodes it (the
+    /// renewal task renews every lease of the instance).
+    #[test]
+    fn a_short_reply_is_an_error_not_a_panic() {
+        assert!(Raw::<Renewed>::from_redis_value(words(&["OK"])).is_err());
+        assert!(Raw::<Renewed>::from_redis_value(words(&["OK", "2000"])).is_err());
+        match Raw::<Renewed>::from_redis_value(words(&["OK", "2000", "5000"])).unwrap() {
+            Raw::Reply(Renewed(held, 2000)) => assert!(held.is_empty()),
+            _ => panic!("expected an empty renewal"),
+        }
+        assert!(Raw::<Created>::from_redis_value(words(&["OK", "7"])).is_err());
+        assert!(Raw::<SnapshotReply>::from_redis_value(words(&["OK", "1", "2"])).is_err());
+        assert!(Raw::<AcquireReply>::from_redis_value(words(&["FULL"])).is_err());
+        assert!(Raw::<QuotaReply>::from_redis_value(words(&[])).is_err());
+    }
+
+    #[test]
+    fn a_late_call_is_a_refusal_that_no_retry_mends() {
+        match Raw::<AcquireReply>::from_redis_value(words(&["LATE", "9000", "7500"])).unwrap() {
+            Raw::Late { now_ms, latest } => assert_eq!((now_ms, latest), (9000, 7500)),
+            _ => panic!("expected LATE"),
+        }
+        // After the caller's deadline: final.
+        let leases = [];
+        let past = Op::Renew {
+            leases: &leases,
+            until: Instant::now() - Duration::from_millis(1),
+        };
+        let error = late(&past, 9000, 7500);
+        assert!(!is_transient(&error));
+        assert!(error.to_string().contains("1500 ms late"), "{error}");
+        // Before it: the bound came from a reading the server's clock has run ahead of; tried
+        // again.
+        let ahead = Op::Renew {
+            leases: &leases,
+            until: Instant::now() + Duration::from_secs(60),
+        };
+        assert!(is_transient(&late(&ahead, 9000, 7500)));
+    }
+
+    use proptest::strategy::Strategy;
+
+    proptest::proptest! {
+        /// Whatever words a reply holds, every decoder answers a value or an error.
+        #[test]
+        fn no_reply_panics_a_decoder(
+            reply in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::sample::select(vec![
+                        "OK", "FULL", "NEVER", "LOST", "STALE", "STALE:7", "OVER", "INVALID",
+                        "NOCONFIG", "MISMATCH", "LATE", "WITHDRAWN", "GONE", "recovering",
+                        "tenant_bytes", "lease_id", "-1", "0", "18446744073709551616", "",
+                    ]).prop_map(String::from),
+                    "[0-9]{1,20}",
+                    ".{0,8}",
+                ],
+                0..24,
+            )
+        ) {
+            let words = || {
+                Value::Array(reply.iter().map(|s| Value::BulkString(s.clone().into_bytes())).collect())
+            };
+            let _ = Raw::<AcquireReply>::from_redis_value(words());
+            let _ = Raw::<WithdrawReply>::from_redis_value(words());
+            let _ = Raw::<Held>::from_redis_value(words());
+            let _ = Raw::<Renewed>::from_redis_value(words());
+            let _ = Raw::<SnapshotReply>::from_redis_value(words());
+            let _ = Raw::<PolicyReply>::from_redis_value(words());
+            let _ = Raw::<QuotaReply>::from_redis_value(words());
+            let _ = Raw::<Throttled>::from_redis_value(words());
+            let _ = Raw::<Created>::from_redis_value(words());
+        }
     }
 
     #[test]

@@ -177,6 +177,10 @@ async fn a_pause_shorter_than_the_ttl_loses_no_lease_and_a_release_that_timed_ou
     );
 }
 
+/// The server stops (SIGSTOP) with a try's call on its way, for longer than the try's guard
+/// keeps trying to withdraw it (one TTL, 3 s): before every acquisition carried the latest
+/// server time at which it may take effect, the server ran the call when it resumed and granted
+/// a lease nobody held, for a whole TTL. Now the call is refused there, and nothing is taken.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_try_that_failed_while_the_server_was_stopped_leaves_nothing_held_once_it_resumes() {
     let Some(binary) = redis_server_binary("stopped_try") else {
@@ -191,9 +195,6 @@ async fn a_try_that_failed_while_the_server_was_stopped_leaves_nothing_held_once
     );
     let fleet = connect(cfg).await;
 
-    // The server stops (SIGSTOP) with the call on its way: the call waits in the socket, the
-    // try gives up as `Unavailable`, and the server runs the call when it resumes, granting a
-    // lease that nobody holds.
     redis.signal("STOP");
     let error = fleet
         .try_acquire(&request("orphan"))
@@ -203,14 +204,18 @@ async fn a_try_that_failed_while_the_server_was_stopped_leaves_nothing_held_once
         matches!(error, AcquireError::Unavailable(_)),
         "expected Unavailable, got {error:?}"
     );
-    redis.signal("CONT");
-    // The try's guard withdraws what its call left: the lease, released as interrupted.
+    // The guard's withdrawal gives up one TTL (3 s) after it starts; the server stays stopped
+    // past that (the stop is the fault under test, not a wait for time to pass).
+    let withdrawing = Instant::now();
     fleet.settle().await;
+    assert!(withdrawing.elapsed() >= Duration::from_millis(2_900));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    redis.signal("CONT");
     let snapshot = fleet.snapshot("tenant", "disk").await.expect("snapshot");
     assert_eq!(
         (snapshot.leases, snapshot.occupancy.service_transfers),
         (0, 0),
-        "the lease granted to a failed try is given back, not left to its TTL"
+        "a call that reached the server after its caller gave up took nothing"
     );
     let kinds: Vec<(String, String)> = read_events(&fleet)
         .await
@@ -220,10 +225,76 @@ async fn a_try_that_failed_while_the_server_was_stopped_leaves_nothing_held_once
         .collect();
     assert_eq!(
         kinds,
-        [
-            ("admitted".to_string(), "orphan".to_string()),
-            ("interrupted".to_string(), "orphan".to_string())
-        ]
+        [],
+        "nothing was admitted, so nothing had to be given back"
+    );
+    // The server answers as before.
+    let lease = fleet
+        .try_acquire(&request("after"))
+        .await
+        .expect("admitted");
+    lease.release(Outcome::Completed).await.expect("released");
+}
+
+/// The same for a wait in the line: a request that waits behind a full cell, its caller gone
+/// when the server stops and its ticket's liveness not yet run out, is never granted by a
+/// release that the server runs after it resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_whose_caller_gave_up_during_a_stop_is_never_granted_after_it() {
+    let Some(binary) = redis_server_binary("stopped_wait") else {
+        return;
+    };
+    let redis = PrivateRedis::start(&binary, &[]);
+    let cfg = config(
+        "127.0.0.1",
+        redis.port,
+        &cell("stopped_wait"),
+        ceilings(1 << 20, 1, 1 << 20, 1, 1),
+    );
+    let holder = connect(cfg.clone()).await;
+    let waiter = connect(cfg).await;
+    let held = holder.try_acquire(&request("held")).await.expect("held");
+    // The waiter asks for 1.2 s; its ticket lives a TTL (3 s) past its last call.
+    let asking = {
+        let waiter = waiter.clone();
+        tokio::spawn(async move {
+            waiter
+                .acquire(&request("late"), Duration::from_millis(1_200))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    redis.signal("STOP");
+    // The release goes out while the server is stopped; the waiter's deadline passes, and its
+    // withdrawal waits in the socket behind the release.
+    let releasing = tokio::spawn(async move { held.release(Outcome::Completed).await });
+    let asked = asking.await.expect("task");
+    assert!(
+        matches!(asked, Err(AcquireError::Unavailable(_))),
+        "expected Unavailable, got {asked:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    redis.signal("CONT");
+    releasing.await.expect("task").expect("released");
+    waiter.settle().await;
+    let events = read_events(&waiter).await.expect("events");
+    let late: Vec<(&str, &str)> = events
+        .iter()
+        .filter(|e| e.lease == "late")
+        .map(|e| (e.kind.as_str(), e.outcome.as_str()))
+        .collect();
+    // Queued, then out of the line unserved: by the hand-off, which found its caller gone, or by
+    // the withdrawal, whichever the server ran first.
+    assert_eq!(late.len(), 2, "{late:?}");
+    assert_eq!(late[0], ("queued", "queued"));
+    assert!(
+        late[1] == ("timed_out", "late") || late[1] == ("timed_out", "timed_out"),
+        "{late:?}"
+    );
+    let snapshot = waiter.snapshot("tenant", "disk").await.expect("snapshot");
+    assert_eq!(
+        (snapshot.leases, snapshot.occupancy.service_transfers),
+        (0, 0)
     );
 }
 
