@@ -364,14 +364,15 @@ pub struct RedisAdmissionConfig {
     /// quota windows. Set by the instance that creates the cell. At least a minute and at least
     /// twice the lease TTL.
     pub cell_idle_expiry: Duration,
-    /// Whether a cell this instance creates recovers first: admits nothing new for one lease
-    /// TTL while holders of leases from before renew them back. A cell is created by the first
-    /// call that finds it missing: the fleet's first start, an idle cell that expired, or a
-    /// server that restarted **empty**, when leases granted before may still run; only recovery
-    /// keeps those from being granted twice. `true` by default. Set `false` only when no lease
-    /// of this cell can be running when it is created (a cell name used for the first time, a
-    /// test), to admit at once. A server that restarted from its data, or a replica promoted to
-    /// master, makes the cell recover whatever this says.
+    /// Whether a cell this instance creates may recover first, when the server may have lost a
+    /// cell that held leases: it started less than a lease TTL ago (it may have restarted
+    /// empty), it was promoted from a replica less than a TTL ago, or it served this cell within
+    /// the last TTL and the cell vanished. Then the cell admits nothing new until one TTL after
+    /// that, while holders of leases from before renew them back; on a server that has run
+    /// longer than a TTL a new cell admits at once. `true` by default. Set `false` only when no
+    /// lease of this cell can be running when it is created (a cell name used for the first
+    /// time, a test), so that it never waits. A cell found last written by another server process
+    /// recovers by the same rule whatever this says (the fleet guide's "Recovery").
     pub recover_created_cells: bool,
     /// What the server promises of an acknowledged write (nothing, by default): see
     /// [`Durability`].

@@ -32,16 +32,20 @@ use crate::wake::Wakeups;
 /// deadline passes without an answer does an acquisition fail with
 /// [`AcquireError::Unavailable`]. Nothing is ever admitted without the server's answer.
 ///
-/// A server that comes back *empty* (no persistence) has forgotten what was held: the next call
-/// creates the cell again from its caller's config, and until the earlier holders' next renewals
-/// report their leases lost (within `renew_every`), the fleet can hold more than its ceilings;
-/// tenant overrides and quota windows start afresh. Fencing tokens still only grow (see
-/// [`FencingToken`]), which is what protects a store through that window.
+/// A server that restarted or failed over may have lost acknowledged writes (a lease granted or
+/// renewed) while their holders still run: the cell then recovers, admitting nothing new until
+/// one lease TTL after the loss ([`AcquireError::Recovering`] says how long; `acquire` waits it
+/// out within its caller's wait), while renewals bring those leases back, so the ceilings hold.
+/// A cell created on a server that has run longer than a TTL, and a restart or failover that
+/// loses nothing acknowledged ([`Durability`](crate::Durability)), pause nothing. The rule and
+/// its proof are in the fleet guide's "Recovery". Tenant overrides and quota windows of a cell a
+/// server lost start afresh; fencing tokens still only grow (see [`FencingToken`]).
 ///
 /// # Examples
 ///
-/// ```no_run
-/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
 /// use admission_redis::{Ceilings, LeaseRequest, Outcome, RedisAdmission, RedisAdmissionConfig};
 ///
@@ -52,10 +56,14 @@ use crate::wake::Wakeups;
 ///     tenant_transfers: 64,
 ///     backend_transfers: 128,
 /// };
-/// let fleet = RedisAdmission::connect(RedisAdmissionConfig::new("127.0.0.1", 6379, "uploads", ceilings)).await?;
-/// let request = LeaseRequest::new("upload-7f3a", "tenant-42", "disk-a", 128 << 20, "upload");
-/// // A cell this call creates first recovers for one lease TTL (10 s by default; see
-/// // `RedisAdmissionConfig::recover_created_cells`), so the first wait may last that long.
+/// let (host, port) = ("127.0.0.1", 6379);
+/// # // The server `cargo xtask ci` starts (a test that fails under CI=true without it).
+/// # let Some((host, port)) = admission_testkit::services::redis("RedisAdmission doc") else { return Ok(()) };
+/// let config = RedisAdmissionConfig::new(host, port, "uploads-eu-1", ceilings);
+/// let fleet = RedisAdmission::connect(config).await?;
+/// let request = LeaseRequest::new("upload-1", "tenant-42", "disk-a", 128 << 20, "upload");
+/// // On a server that started less than a lease TTL ago (10 s by default) a new cell first
+/// // recovers, since the server may have restarted empty: the wait covers that.
 /// let lease = fleet.acquire(&request, Duration::from_secs(15)).await?;
 /// // Pass lease.token() to the store that receives the bytes (fencing).
 /// lease.release(Outcome::Completed).await?;
@@ -191,8 +199,8 @@ impl RedisAdmission {
         result
     }
 
-    /// A lease, waiting at most `wait` (and never longer than the config's `redis_wait`) in the
-    /// cell's one line, shared by every instance.
+    /// A lease, waiting at most `wait` in the cell's one line, shared by every instance (and
+    /// through a recovery, see [`AcquireError::Recovering`]).
     ///
     /// # Fairness
     ///

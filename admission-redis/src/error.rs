@@ -188,11 +188,14 @@ pub enum AcquireError {
         /// Its ceiling.
         ceiling: u64,
     },
-    /// The cell is recovering (it was created afresh, or the server restarted or failed over):
+    /// The cell is recovering (the server may have lost acknowledged writes: it restarted or
+    /// failed over, or the cell was created on a server that started less than a lease TTL ago):
     /// it admits nothing new for `left` more while holders of leases from before renew them
     /// back. From `try_acquire`, or from `acquire` when its wait ended before the recovery did.
+    /// [`RedisAdmission::recovering_until`](crate::RedisAdmission::recovering_until) gives the end
+    /// to a readiness probe.
     #[error(
-        "admission-redis: the cell admits nothing new for {left:?} more: it is recovering the leases a restart or a failover may have lost"
+        "admission-redis: the cell admits nothing new for {left:?} more (admission resumes then): it is recovering the leases a restart or a failover may have lost"
     )]
     Recovering {
         /// Until the recovery ends, as the server counted it when it refused.

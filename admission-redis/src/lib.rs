@@ -13,9 +13,13 @@
 //! [`RedisAdmission::acquire`]). Admission fails closed: while Redis is unreachable nothing new is
 //! admitted. A call that fails on the connection (a restart, a pause, a reset) is retried until
 //! its caller's own deadline, so an outage shorter than a job's wait costs it only the wait.
-//! A server that restarted or failed over may have lost leases that still run: the cell then
-//! recovers for one lease TTL, admitting nothing new while renewals bring those leases back, so
-//! the ceilings hold across it ([`AcquireError::Recovering`]; `docs/guides/running-a-fleet.md`).
+//! A server that restarted or failed over may have lost acknowledged writes of leases that still
+//! run: the cell then recovers until one lease TTL after the loss, admitting nothing new while
+//! renewals bring those leases back, so the ceilings hold across it
+//! ([`AcquireError::Recovering`]); a new cell on a server up longer than a TTL, and a restart or
+//! failover that loses nothing acknowledged ([`Durability`]), pause nothing
+//! (`docs/guides/running-a-fleet.md`, "Recovery"). Every acquisition carries the latest server
+//! time at which it may take effect, so a call held up in a stalled server takes nothing.
 //!
 //! # Keys
 //!
@@ -37,11 +41,12 @@
 //! Each transition appends one record to the stream (`XADD MAXLEN ~`: about the config's
 //! `events_max_len` records are kept, trimmed a node at a time) with fields `v` (`admission-event-v1`), `seq` (numbers the records, so a
 //! reader sees a gap trimming made), `kind` (`admitted`, `queued`, `timed_out`, `completed`,
-//! `interrupted`, `failed`, `expired`, `policy_changed`, `recovering` (outcome `created` or
-//! `restarted`), `rejoined` (a lease a renewal brought back during a recovery)), `time_ms` (server time), `lease`,
+//! `interrupted`, `failed`, `expired`, `policy_changed`, `recovering` (outcome `created`,
+//! `restarted` or `promoted`), `rejoined` (a lease a renewal brought back during a recovery)), `time_ms` (server time), `lease`,
 //! `token`, `tenant` and `backend` (digests), `footprint`, `operation`, `outcome` (for an
 //! admission: `admitted` at the asker's own call, `handoff` when another's transition granted a
-//! waiter; `abandoned` for a waiter whose liveness ran out), `policy`, and `occupancy`, the five counters after the transition separated by
+//! waiter; `abandoned` for a waiter whose liveness ran out, `late` for one whose caller's deadline
+//! passed), `policy`, and `occupancy`, the five counters after the transition separated by
 //! spaces (service bytes, service transfers, tenant bytes, tenant transfers, backend transfers).
 //! [`read_events`] parses them.
 #![forbid(unsafe_code)]

@@ -29,8 +29,13 @@ use crate::script::Outcome;
 ///
 /// # Examples
 ///
-/// ```no_run
-/// # async fn run(monitor: admission_core::Monitor, fleet: admission_redis::RedisAdmission) -> Result<(), Box<dyn std::error::Error>> {
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let Some((host, port)) = admission_testkit::services::redis("FleetAdmission doc") else { return Ok(()) };
+/// # let ceilings = admission_redis::Ceilings { service_bytes: 8 << 30, service_transfers: 256, tenant_bytes: 2 << 30, tenant_transfers: 64, backend_transfers: 128 };
+/// # let fleet = admission_redis::RedisAdmission::connect(admission_redis::RedisAdmissionConfig::new(host, port, "uploads-local-doc", ceilings)).await?;
+/// # let monitor = admission_core::Monitor::new();
 /// use std::sync::Arc;
 /// use admission_accounts::CountingGate;
 /// use admission_core::JobContext;

@@ -108,7 +108,7 @@ fn production(source: &str) -> String {
 /// The script issues `max(last + 1, server time in microseconds)`. The counter survives as
 /// long as Redis keeps the key; when Redis restarts empty or fails over to a replica that lost
 /// the last writes, the server's clock carries the order instead, and the cell's recovery (no
-/// grant for one lease TTL after such an event) puts every new token at least a TTL of
+/// grant until one lease TTL after the loss) puts every new token at least a TTL of
 /// microseconds past the old ones. Tokens therefore never go back unless **both** the counter is
 /// lost **and** the new server's clock is behind the old one's by more than a TTL (or the cell
 /// issued leases faster than one per microsecond for long enough to run the counter a TTL ahead

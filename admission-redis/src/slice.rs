@@ -92,8 +92,14 @@ pub struct SliceStats {
 ///
 /// # Examples
 ///
-/// ```no_run
-/// # async fn run(fleet: admission_redis::RedisAdmission) -> Result<(), Box<dyn std::error::Error>> {
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let Some((host, port)) = admission_testkit::services::redis("RateSlices doc") else { return Ok(()) };
+/// # let ceilings = admission_redis::Ceilings { service_bytes: 1 << 20, service_transfers: 64, tenant_bytes: 1 << 20, tenant_transfers: 64, backend_transfers: 64 };
+/// # let mut config = admission_redis::RedisAdmissionConfig::new(host, port, "model-a-slices-doc", ceilings);
+/// # config.rates = Some(admission_redis::Rates::per_minute(100_000, 600));
+/// # let fleet = admission_redis::RedisAdmission::connect(config).await?;
 /// use admission_redis::{RateSlices, SliceConfig};
 ///
 /// let slices = RateSlices::new(fleet, SliceConfig::new("org", "model-a"))?;

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use admission_redis::test_util::{PrivateCluster, cluster_ok, keyslot, master_of, query};
 use admission_redis::{
-    AcquireError, Ceilings, LeaseRequest, Outcome, RedisAdmission, RedisAdmissionConfig,
-    read_events,
+    AcquireError, Ceilings, Durability, LeaseRequest, Outcome, RedisAdmission,
+    RedisAdmissionConfig, read_events,
 };
 use parking_lot::Mutex;
 
@@ -300,4 +300,308 @@ async fn a_master_killed_under_load_fails_closed_then_resumes_with_no_ceiling_ex
         before.len(),
         after.len()
     );
+}
+
+/// A planned move of the cell's slot: a manual failover to the master's replica (`CLUSTER
+/// FAILOVER`, no `FORCE`), or a migration to another master (`CLUSTER SETSLOT` and `MIGRATE`, as
+/// `redis-cli --cluster reshard` does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Move {
+    Failover,
+    Migrate,
+}
+
+/// What the jobs saw through a planned move.
+struct Moved {
+    events: Vec<admission_redis::FleetEvent>,
+    /// Events since the move.
+    since: Vec<admission_redis::FleetEvent>,
+    most: usize,
+    failed: usize,
+    first_grant_after: Option<Duration>,
+    grants_before: Vec<u64>,
+    grants_after: Vec<u64>,
+}
+
+/// Sixteen jobs on two instances of one cell of eight transfers on a private cluster, each
+/// asking with a wait of 5 s and holding its lease 200 ms; 1.5 s in, the cell's slot moves as
+/// `how` says; the jobs run 3 s more.
+async fn through_a_planned_move(test: &str, how: Move, durability: Durability) -> Option<Moved> {
+    const CEILING: usize = 8;
+    let binary = redis_server_binary(test)?;
+    let cluster = PrivateCluster::start(&binary).expect("starts a private cluster");
+    let nodes = cluster.seeds();
+    let mut config = cluster_config(
+        &nodes,
+        &cell(test),
+        ceilings(
+            1 << 20,
+            CEILING as u64,
+            1 << 20,
+            CEILING as u64,
+            CEILING as u64,
+        ),
+    );
+    config.durability = durability;
+    config.recover_created_cells = true;
+    // Every node has run longer than a TTL: a new cell lost nothing, and a move's target is no
+    // young process that may have restarted empty.
+    for (_, port) in &nodes {
+        loop {
+            let info: String = query(*port, redis::cmd("INFO").arg("server")).expect("INFO");
+            let up: u64 = admission_redis::test_util::info_field(&info, "uptime_in_seconds")
+                .and_then(|u| u.parse().ok())
+                .expect("uptime");
+            if Duration::from_secs(up) > config.lease_ttl {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let instances = [
+        RedisAdmission::connect(config.clone())
+            .await
+            .expect("connects"),
+        RedisAdmission::connect(config.clone())
+            .await
+            .expect("connects"),
+    ];
+    let key = instances[0].keys()[0].clone();
+    let seed = nodes[0].1;
+    let master = master_of(seed, &key).expect("a master");
+    let slot = keyslot(seed, &key).expect("a slot");
+
+    let running = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let failed = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let grants = Arc::new(Mutex::new(Vec::<(Instant, u64)>::new()));
+    let mut jobs = Vec::new();
+    for task in 0..16 {
+        let fleet = instances[task % 2].clone();
+        let (running, most, failed, stop, grants) = (
+            running.clone(),
+            most.clone(),
+            failed.clone(),
+            stop.clone(),
+            grants.clone(),
+        );
+        jobs.push(tokio::spawn(async move {
+            let mut round = 0;
+            while !stop.load(Ordering::SeqCst) {
+                round += 1;
+                let request = LeaseRequest::new(format!("job-{task}-{round}"), "t", "d", 1, "run");
+                let lease = match fleet.acquire(&request, Duration::from_secs(5)).await {
+                    Ok(lease) => lease,
+                    Err(error) => {
+                        eprintln!("{task}: {error}");
+                        failed.fetch_add(1, Ordering::SeqCst);
+                        continue;
+                    }
+                };
+                let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                grants.lock().push((Instant::now(), lease.token().0));
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                running.fetch_sub(1, Ordering::SeqCst);
+                let _ = lease.release(Outcome::Completed).await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let text: String = query(master, redis::cmd("CLUSTER").arg("NODES")).expect("nodes");
+    let id_of = |port: u16| {
+        text.lines()
+            .find(|line| {
+                line.split_whitespace()
+                    .nth(1)
+                    .is_some_and(|a| a.contains(&format!(":{port}@")))
+            })
+            .and_then(|line| line.split_whitespace().next())
+            .expect("a node id")
+            .to_owned()
+    };
+    let master_id = id_of(master);
+    let moved_from = std::time::SystemTime::now();
+    let moved_at = match how {
+        Move::Failover => {
+            let replica: u16 = text
+                .lines()
+                .map(|line| line.split_whitespace().collect::<Vec<_>>())
+                .find(|f| f.len() > 3 && f[2].contains("slave") && f[3] == master_id)
+                .and_then(|f| f[1].split(['@', ':']).nth(1)?.parse().ok())
+                .expect("the master's replica");
+            let ok: String =
+                query(replica, redis::cmd("CLUSTER").arg("FAILOVER")).expect("FAILOVER");
+            assert_eq!(ok, "OK");
+            let started = Instant::now();
+            while master_of(replica, &key) != Some(replica) {
+                assert!(started.elapsed() < Duration::from_secs(10), "no failover");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Instant::now()
+        }
+        Move::Migrate => {
+            let nodes_now = admission_redis::test_util::parse_nodes(&text);
+            let target = nodes_now
+                .iter()
+                .find(|n| n.master && n.port != master && !n.slots.is_empty())
+                .expect("another master")
+                .port;
+            let target_id = id_of(target);
+            let setslot = |port: u16, state: &str, id: &str| {
+                let ok: String = query(
+                    port,
+                    redis::cmd("CLUSTER")
+                        .arg("SETSLOT")
+                        .arg(slot)
+                        .arg(state)
+                        .arg(id),
+                )
+                .unwrap_or_else(|| panic!("SETSLOT {state} on {port}"));
+                assert_eq!(ok, "OK");
+            };
+            setslot(target, "IMPORTING", &master_id);
+            setslot(master, "MIGRATING", &target_id);
+            loop {
+                let keys: Vec<String> = query(
+                    master,
+                    redis::cmd("CLUSTER")
+                        .arg("GETKEYSINSLOT")
+                        .arg(slot)
+                        .arg(1000),
+                )
+                .expect("keys");
+                if keys.is_empty() {
+                    break;
+                }
+                let mut migrate = redis::cmd("MIGRATE");
+                migrate
+                    .arg("127.0.0.1")
+                    .arg(target)
+                    .arg("")
+                    .arg(0)
+                    .arg(5000)
+                    .arg("KEYS");
+                for key in &keys {
+                    migrate.arg(key);
+                }
+                let _: String = query(master, &migrate).expect("MIGRATE");
+            }
+            setslot(target, "NODE", &target_id);
+            setslot(master, "NODE", &target_id);
+            for node in nodes_now
+                .iter()
+                .filter(|n| n.port != target && n.port != master)
+            {
+                let _: Option<String> = query(
+                    node.port,
+                    redis::cmd("CLUSTER")
+                        .arg("SETSLOT")
+                        .arg(slot)
+                        .arg("NODE")
+                        .arg(&target_id),
+                );
+            }
+            Instant::now()
+        }
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, Ordering::SeqCst);
+    for job in jobs {
+        job.await.expect("job");
+    }
+    let grants = grants.lock().clone();
+    let fleet = RedisAdmission::connect(config).await.expect("connects");
+    let events = read_events(&fleet).await.expect("events");
+    let from_ms = moved_from
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let since = events
+        .iter()
+        .filter(|e| e.time_ms >= from_ms)
+        .cloned()
+        .collect();
+    assert_eq!(fleet.snapshot("t", "d").await.expect("snapshot").leases, 0);
+    Some(Moved {
+        events,
+        since,
+        most: most.load(Ordering::SeqCst),
+        failed: failed.load(Ordering::SeqCst),
+        first_grant_after: grants
+            .iter()
+            .filter(|(at, _)| *at > moved_at)
+            .map(|(at, _)| *at - moved_at)
+            .min(),
+        grants_before: grants
+            .iter()
+            .filter(|(at, _)| *at < moved_at)
+            .map(|g| g.1)
+            .collect(),
+        grants_after: grants
+            .iter()
+            .filter(|(at, _)| *at > moved_at)
+            .map(|g| g.1)
+            .collect(),
+    })
+}
+
+/// The ceiling held, every job was served, no recovery began, and admission went on within a
+/// second of the move; tokens kept growing.
+fn check_planned(moved: &Moved, what: &str) {
+    assert!(moved.most <= 8, "{} ran at once", moved.most);
+    assert_eq!(moved.failed, 0, "acquisitions failed through the {what}");
+    assert!(
+        moved.events.iter().all(|e| e.kind != "recovering"),
+        "the {what} started a recovery: {:?}",
+        moved
+            .since
+            .iter()
+            .map(|e| (&e.kind, &e.outcome))
+            .collect::<Vec<_>>()
+    );
+    let first = moved.first_grant_after.expect("admitted after the move");
+    assert!(
+        first <= Duration::from_secs(1),
+        "first grant {first:?} after the {what}"
+    );
+    assert!(!moved.grants_before.is_empty() && moved.grants_after.len() > 8);
+    let highest = moved.grants_before.iter().max().copied().unwrap();
+    assert!(moved.grants_after.iter().all(|t| *t > highest));
+    eprintln!(
+        "{what}: first grant {first:?} after the move; {} grants before, {} after; most running {} of 8",
+        moved.grants_before.len(),
+        moved.grants_after.len(),
+        moved.most
+    );
+}
+
+/// A manual failover (`CLUSTER FAILOVER`, no `FORCE`) with every call acknowledged by the
+/// master's replica (`durability.replicas = 1`, a `WAIT 1` with each): the promoted replica has
+/// every acknowledged write, so the cell does not recover and the jobs never stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_failover_with_writes_held_for_the_replica_pauses_nothing() {
+    let durability = Durability {
+        replicas: 1,
+        ..Durability::default()
+    };
+    let Some(moved) = through_a_planned_move("planned_failover", Move::Failover, durability).await
+    else {
+        return;
+    };
+    check_planned(&moved, "planned failover");
+}
+
+/// A slot migration to another master (`MIGRATE` moves every key of the cell at once, the
+/// source deleting them only once the target has them) loses nothing: the target, a process
+/// older than a TTL that was never promoted, starts no recovery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_planned_slot_migration_pauses_nothing() {
+    let Some(moved) =
+        through_a_planned_move("planned_migration", Move::Migrate, Durability::default()).await
+    else {
+        return;
+    };
+    check_planned(&moved, "slot migration");
 }

@@ -9,6 +9,7 @@ mod leases;
 mod line;
 mod metrics;
 mod rates;
+mod readme;
 mod real_time;
 mod recovery;
 mod rules;

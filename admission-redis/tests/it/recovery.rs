@@ -593,3 +593,58 @@ async fn a_declared_fsync_that_the_server_contradicts_is_refused_at_connect() {
         Ok(_) => panic!("a server without appendfsync always accepted fsync_always"),
     }
 }
+
+/// A restart that lost data pauses new grants until one TTL after the new process started, not
+/// after the first call that reaches it: a cell first asked 2 s after the server came back has
+/// about a second of its recovery left, not a whole TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_first_called_late_recovers_from_the_process_start_not_the_first_call() {
+    let Some(binary) = redis_server_binary("restart_called_late") else {
+        return;
+    };
+    let extra: Vec<String> = ["--appendonly", "yes", "--appendfsync", "everysec"]
+        .map(String::from)
+        .to_vec();
+    let mut redis = PrivateRedis::start(&binary, &extra);
+    let cfg = config(
+        "127.0.0.1",
+        redis.port,
+        &cell("restart_called_late"),
+        ceilings(100, 10, 100, 10, 10),
+    );
+    let fleet = connect(cfg).await;
+    let request = LeaseRequest::new("job", "t", "d", 1, "upload");
+    let lease = fleet.try_acquire(&request).await.expect("admitted");
+    lease.release(Outcome::Completed).await.expect("released");
+    // Past the AOF's once-a-second write, so that the cell comes back from the file.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    redis.signal("KILL");
+    redis.stop();
+    redis.start_again(&binary);
+    let returned = Instant::now();
+    let start_ms = started_second(redis.port).await * 1000;
+    // Nobody calls for 2 s (the quiet is the case under test).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let Err(AcquireError::Recovering { left }) = fleet.try_acquire(&request).await else {
+        panic!("a restart from a file written once a second started no recovery");
+    };
+    let ends = returned.elapsed() + left;
+    assert!(
+        ends >= Duration::from_millis(2_900) && ends <= Duration::from_millis(4_100),
+        "the recovery ends {ends:?} after the server returned (a whole TTL from the first call \
+         would be {:?})",
+        returned.elapsed() + Duration::from_secs(3)
+    );
+    let events = read_events(&fleet).await.expect("events");
+    let recovering = events
+        .iter()
+        .rfind(|e| e.kind == "recovering")
+        .expect("a recovering event");
+    assert_eq!(recovering.outcome, "restarted");
+    let end_ms = recovering.time_ms + u64::try_from(left.as_millis()).unwrap();
+    assert!(
+        end_ms >= start_ms + 3_000 && end_ms <= start_ms + 4_000 + 50,
+        "ends {} ms after the start second",
+        end_ms - start_ms
+    );
+}
