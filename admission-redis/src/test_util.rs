@@ -1,17 +1,35 @@
-//! A private Redis Cluster for tests, benches and examples, and what is read from a cluster's
-//! nodes (feature `private-servers`, which `test-util` turns on too; it adds this module and
-//! nothing else, so the script stays the one a production build sends).
+//! Private Redis servers for tests, benches and examples, a private Redis Cluster of six of them,
+//! and what is read from a cluster's nodes (feature `private-servers`, which `test-util` turns on
+//! too; it adds this module and nothing else, so the script stays the one a production build
+//! sends).
 //!
-//! [`PrivateCluster::start`] starts six `redis-server` nodes on free loopback ports (each port's
-//! cluster bus port, the port plus 10,000, free too), each as `redis-server --port P --bind
-//! 127.0.0.1 --save '' --appendonly no --logfile '' --dir DIR/P --cluster-enabled yes
-//! --cluster-node-timeout 1000 --repl-diskless-sync-delay 0`, joins them with `redis-cli
-//! --cluster create ... --cluster-replicas 1 --cluster-yes` (three masters, a replica each), and
-//! waits until every node says `cluster_state:ok` and the three replicas say
+//! [`PrivateServer::start`] starts one `redis-server` on a loopback port, as `redis-server --port
+//! P --bind 127.0.0.1 --logfile '' --dir DIR ARGS...` in a fresh temporary directory of its own,
+//! and waits until it logs that it is ready. A private server never outlives the process that
+//! started it, however that process ends (SIGKILL included), and neither does its directory:
+//!
+//! - the server runs under a watchdog, a `sh` whose child it is (in the foreground: not
+//!   daemonized), which reads its own stdin, a pipe whose write end only the caller holds (Rust
+//!   opens it close-on-exec, so no other child inherits it, and the server's own stdin is
+//!   `/dev/null`). The read ends when the pipe closes: when the caller stops the server
+//!   ([`PrivateServer::kill`], a drop) or when the caller dies and the kernel closes the pipe for
+//!   it. The watchdog then SIGKILLs the server, reaps it and exits;
+//! - the directory has a guard of the same kind, a `sh` in a process group of its own that
+//!   removes it once its pipe closes (retrying for up to 5 s while a server killed at the same
+//!   moment may still write in it). It lives as long as the [`PrivateServer`], across
+//!   [`restart`](PrivateServer::restart)s, so a server killed and started again keeps its files.
+//!
+//! No `unsafe` (no `prctl`, no `pre_exec`) and no platform call is needed: the pipe does it.
+//!
+//! [`PrivateCluster::start`] starts six such servers on free loopback ports (each port's cluster
+//! bus port, the port plus 10,000, free too), each with `--save '' --appendonly no
+//! --cluster-enabled yes --cluster-node-timeout 1000 --repl-diskless-sync-delay 0`, joins them
+//! with `redis-cli --cluster create ... --cluster-replicas 1 --cluster-yes` (three masters, a
+//! replica each), and waits until every node says `cluster_state:ok` and the three replicas say
 //! `master_link_status:up` (a replica that never synced cannot take over). A node timeout of 1 s
 //! makes a replica take over 2 to 3 s after its master is killed ([`PrivateCluster::kill`]); no
 //! diskless-sync delay lets the replicas sync at once. Every node is SIGKILLed when the cluster
-//! is dropped (also on a panic), before its directory is removed.
+//! is dropped (also on a panic), or when the caller dies, and its directory removed.
 //!
 //! The free functions ask one node on loopback, with a fresh connection bounded by 500 ms, and
 //! work on any cluster whose nodes listen there: [`keyslot`], [`cluster_nodes`] (parsed by
@@ -43,20 +61,25 @@
 //! # }
 //! ```
 
+use std::ffi::OsString;
 use std::fmt::Display;
 use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The cluster's nodes: three masters and three replicas.
 const NODES: usize = 6;
 /// Its replicas, one per master.
 const REPLICAS: usize = NODES / 2;
-/// What each node is started with besides its port, address, directory and no persistence.
-const NODE_ARGS: [&str; 6] = [
+/// What each node is started with besides its port, address, directory and log.
+const NODE_ARGS: [&str; 10] = [
+    "--save",
+    "",
+    "--appendonly",
+    "no",
     "--cluster-enabled",
     "yes",
     "--cluster-node-timeout",
@@ -74,17 +97,43 @@ const POLL: Duration = Duration::from_millis(50);
 /// The bound on connecting to a node and on its reply to one command.
 const QUERY_TIMEOUT: Duration = Duration::from_millis(500);
 
+/// The watchdog a private server runs under, `sh -c WATCHDOG sh BINARY ARGS...`: the server in
+/// the background of the shell (its child, stdin `/dev/null`), its pid said on stdout, then the
+/// shell hands its stdout back (so that the pipe closes when the server exits) and reads its own
+/// stdin to the end: the caller closed the pipe, or died. Then it SIGKILLs the server and reaps
+/// it.
+const WATCHDOG: &str = "\"$@\" </dev/null & pid=$!
+echo \"watchdog: server pid $pid\"
+exec >/dev/null
+read -r _
+kill -9 \"$pid\" 2>/dev/null
+wait \"$pid\"
+";
+
+/// What the watchdog says on stdout before the server's pid.
+const PID_LINE: &str = "watchdog: server pid ";
+
+/// The guard of a private directory, `sh -c DIR_GUARD sh DIR`: it reads its stdin to the end
+/// (the caller closed the pipe, or died), then removes the directory, trying again every 0.1 s
+/// for up to 5 s while a server killed at the same moment may still be writing in it.
+const DIR_GUARD: &str = "read -r _
+i=0
+while [ -e \"$1\" ] && [ \"$i\" -lt 50 ]; do
+  rm -rf \"$1\" 2>/dev/null || sleep 0.1
+  i=$((i + 1))
+done
+";
+
 /// `redis-server` on PATH, if any.
 pub fn redis_server_on_path() -> Option<PathBuf> {
     on_path("redis-server")
 }
 
 /// A six-node Redis Cluster of the caller's own on loopback: three masters with a replica each,
-/// every node SIGKILLed when dropped (see the module docs).
+/// every node a [`PrivateServer`], SIGKILLed when the cluster is dropped or the caller dies (see
+/// the module docs).
 pub struct PrivateCluster {
-    // Before `dir`: the nodes are killed before their directory is removed.
     nodes: Vec<PrivateServer>,
-    dir: tempfile::TempDir,
 }
 
 impl PrivateCluster {
@@ -102,7 +151,8 @@ impl PrivateCluster {
 
     /// As [`start`](PrivateCluster::start), but every node runs in a process group of its own:
     /// a Ctrl-C at the terminal reaches the caller and not the nodes, which stay up until the
-    /// cluster is dropped (for a program that forwards signals and stops in order).
+    /// cluster is dropped or the caller exits (for a program that forwards signals and stops in
+    /// order).
     ///
     /// # Errors
     ///
@@ -119,15 +169,9 @@ impl PrivateCluster {
                  redis-server or on PATH (`apt-get install redis-tools`)",
             )
         })?;
-        let mut cluster = PrivateCluster {
-            nodes: Vec::new(),
-            dir: tempfile::tempdir().map_err(|e| context(e, "creating the cluster's directory"))?,
-        };
+        let mut cluster = PrivateCluster { nodes: Vec::new() };
         for port in free_ports(NODES)? {
-            let dir = cluster.dir.path().join(port.to_string());
-            fs::create_dir_all(&dir)
-                .map_err(|e| context(e, format!("creating {}", dir.display())))?;
-            let node = PrivateServer::start(binary, port, &dir, &NODE_ARGS, own_group)
+            let node = PrivateServer::start_with(binary, port, &NODE_ARGS, own_group)
                 .map_err(|e| context(e, format!("cluster node 127.0.0.1:{port}")))?;
             cluster.nodes.push(node);
         }
@@ -138,7 +182,7 @@ impl PrivateCluster {
 
     /// Every node's port, killed or not, in the order they were started.
     pub fn ports(&self) -> Vec<u16> {
-        self.nodes.iter().map(|n| n.port).collect()
+        self.nodes.iter().map(PrivateServer::port).collect()
     }
 
     /// Every node, killed or not, as `("127.0.0.1", port)`: the seed nodes a client is given
@@ -146,17 +190,16 @@ impl PrivateCluster {
     pub fn seeds(&self) -> Vec<(String, u16)> {
         self.nodes
             .iter()
-            .map(|n| ("127.0.0.1".to_owned(), n.port))
+            .map(|n| ("127.0.0.1".to_owned(), n.port()))
             .collect()
     }
 
-    /// The process id of the node on `port`, if it runs.
+    /// The process id of the node (its `redis-server`) on `port`, if it runs.
     pub fn pid(&self, port: u16) -> Option<u32> {
         self.nodes
             .iter()
-            .find(|n| n.port == port)
-            .and_then(|n| n.child.as_ref())
-            .map(Child::id)
+            .find(|n| n.port() == port)
+            .and_then(PrivateServer::pid)
     }
 
     /// SIGKILLs the node on `port`, as a crash would, and waits for it to be gone; false if no
@@ -164,7 +207,7 @@ impl PrivateCluster {
     pub fn kill(&mut self, port: u16) -> bool {
         self.nodes
             .iter_mut()
-            .find(|n| n.port == port)
+            .find(|n| n.port() == port)
             .is_some_and(PrivateServer::kill)
     }
 
@@ -188,21 +231,24 @@ impl PrivateCluster {
     fn alive(&self) -> impl Iterator<Item = u16> + '_ {
         self.nodes
             .iter()
-            .filter(|n| n.child.is_some())
-            .map(|n| n.port)
+            .filter(|n| n.pid().is_some())
+            .map(PrivateServer::port)
     }
 
     /// `redis-cli --cluster create` over the six nodes, bounded by [`CREATE_WITHIN`], its output
-    /// in `DIR/create.log`.
+    /// in the first node's directory, `create.log`.
     fn create(&self, cli: &Path) -> io::Result<()> {
-        let log = self.dir.path().join("create.log");
+        let Some(first) = self.nodes.first() else {
+            return Err(io::Error::other("a cluster of no node"));
+        };
+        let log = first.dir().join("create.log");
         let out =
             File::create(&log).map_err(|e| context(e, format!("creating {}", log.display())))?;
         let err = out.try_clone().map_err(|e| context(e, "the create log"))?;
         let mut command = Command::new(cli);
         command.args(["--cluster", "create"]);
         for node in &self.nodes {
-            command.arg(format!("127.0.0.1:{}", node.port));
+            command.arg(format!("127.0.0.1:{}", node.port()));
         }
         let mut child = command
             .args(["--cluster-replicas", "1", "--cluster-yes"])
@@ -275,11 +321,11 @@ impl PrivateCluster {
     }
 }
 
-/// One `redis-server` of a [`PrivateCluster`]: its port, and its process until it is killed
-/// (SIGKILLed when dropped).
 /// Spawns `command`, a `redis-server` on `port` whose log goes to its stdout (`--logfile ""`,
 /// stdout piped), and waits until it says it is ready to accept connections; a thread then
-/// drains its log so that it never blocks on a full pipe.
+/// drains its log so that it never blocks on a full pipe. The server is the returned child
+/// itself, with no watchdog: it outlives a caller that dies without killing it (a
+/// [`PrivateServer`] does not).
 ///
 /// # Errors
 ///
@@ -291,79 +337,248 @@ pub fn spawn_until_ready(command: &mut Command, port: u16) -> io::Result<Child> 
         let _ = child.wait();
         return Err(io::Error::other("redis-server's output could not be read"));
     };
-    let mut lines = BufReader::new(stdout).lines();
-    let ready = loop {
-        match lines.next() {
-            Some(Ok(line)) if line.contains("Ready to accept connections") => break true,
-            Some(Ok(_)) => {}
-            _ => break false,
-        }
-    };
-    if !ready {
+    if read_until_ready(stdout, false).is_none() {
         let status = child.wait().ok();
         return Err(io::Error::other(format!(
             "redis-server exited before it was ready ({}); is port {port} free?",
             status.map_or_else(|| "status unknown".to_owned(), |s| s.to_string())
         )));
     }
-    std::thread::spawn(move || for _ in lines {});
     Ok(child)
 }
 
-struct PrivateServer {
+/// Reads a server's log from `stdout` until it says it is ready to accept connections (and, with
+/// `pid`, until its watchdog said the server's pid too), then hands the rest to a thread that
+/// drains it. The pid (0 without `pid`), or `None` if the output ended first.
+fn read_until_ready(stdout: impl io::Read + Send + 'static, pid: bool) -> Option<u32> {
+    let mut lines = BufReader::new(stdout).lines();
+    let (mut ready, mut said) = (false, (!pid).then_some(0));
+    while !(ready && said.is_some()) {
+        let line = lines.next()?.ok()?;
+        if line.contains("Ready to accept connections") {
+            ready = true;
+        } else if let Some(n) = line.strip_prefix(PID_LINE) {
+            said = n.trim().parse().ok();
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    said
+}
+
+/// One `redis-server` of the caller's own on loopback, in a fresh temporary directory of its own;
+/// SIGKILLed when dropped or when the caller dies, however it dies, and its directory removed
+/// (see the module docs).
+pub struct PrivateServer {
     port: u16,
-    child: Option<Child>,
+    /// `redis-server` and every argument it is started with.
+    command: Vec<OsString>,
+    /// Whether it runs in a process group of its own.
+    own_group: bool,
+    /// The server under its watchdog, while it runs.
+    running: Option<Watched>,
+    /// Its directory, removed after the server stopped (a field dropped after `Drop::drop` ran).
+    dir: GuardedDir,
 }
 
 impl PrivateServer {
-    /// Starts `binary` on loopback `port` without persistence, with its files in `dir` and
-    /// `extra` arguments (in a process group of its own with `own_group`), and waits until it
-    /// says it is ready. Its log goes to a pipe that a thread drains.
-    fn start(
+    /// Starts `binary` (`redis-server`) on loopback `port` with `args` after its own (`--port`,
+    /// `--bind 127.0.0.1`, `--logfile ""`: its log on a pipe, and `--dir`, a fresh temporary
+    /// directory), under its watchdog, in a process group of its own (a Ctrl-C at the terminal
+    /// reaches the caller, not the server), and waits until it says it is ready. A thread drains
+    /// its log.
+    ///
+    /// # Errors
+    ///
+    /// When `sh` or the server cannot be started, or the server exits before it is ready (its
+    /// port taken, say); nothing is left running and the directory is removed.
+    pub fn start(binary: &Path, port: u16, args: &[&str]) -> io::Result<PrivateServer> {
+        PrivateServer::start_with(binary, port, args, true)
+    }
+
+    fn start_with(
         binary: &Path,
         port: u16,
-        dir: &Path,
-        extra: &[&str],
+        args: &[&str],
         own_group: bool,
     ) -> io::Result<PrivateServer> {
-        let mut command = Command::new(binary);
-        command
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--logfile", ""])
-            .arg("--dir")
-            .arg(dir)
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        #[cfg(unix)]
-        if own_group {
-            std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let dir = GuardedDir::new()?;
+        let mut command: Vec<OsString> = vec![binary.into()];
+        for arg in ["--port", &port.to_string(), "--bind", "127.0.0.1"] {
+            command.push(arg.into());
         }
-        #[cfg(not(unix))]
-        let _ = own_group;
-        let child = spawn_until_ready(&mut command, port)
-            .map_err(|e| context(e, format!("starting {}", binary.display())))?;
+        command.extend(["--logfile".into(), "".into(), "--dir".into()]);
+        command.push(dir.path.clone().into());
+        command.extend(args.iter().map(OsString::from));
+        let running = Watched::spawn(&command, own_group)
+            .map_err(|e| context(e, format!("starting {} on port {port}", binary.display())))?;
         Ok(PrivateServer {
             port,
-            child: Some(child),
+            command,
+            own_group,
+            running: Some(running),
+            dir,
         })
     }
 
-    /// SIGKILLs it and waits for it to be gone; false if it was not running.
-    fn kill(&mut self) -> bool {
-        let Some(mut child) = self.child.take() else {
-            return false;
-        };
-        let _ = child.kill();
-        let _ = child.wait();
-        true
+    /// The port it listens on (loopback).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The process id of the `redis-server`, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.running.as_ref().map(|r| r.pid)
+    }
+
+    /// Its directory (`--dir`): removed when this is dropped or the caller dies.
+    pub fn dir(&self) -> &Path {
+        &self.dir.path
+    }
+
+    /// SIGKILLs the server, as a crash would, and waits until it is gone (its port free again);
+    /// its directory stays. False if it was not running.
+    pub fn kill(&mut self) -> bool {
+        self.running.take().is_some_and(|mut running| {
+            running.stop();
+            true
+        })
+    }
+
+    /// Starts the server again on its port, with its directory and arguments (so that it loads
+    /// what it persisted there), and waits until it is ready; a running server is killed first.
+    ///
+    /// # Errors
+    ///
+    /// As for [`start`](PrivateServer::start); the server is then not running.
+    pub fn restart(&mut self) -> io::Result<()> {
+        self.kill();
+        let running = Watched::spawn(&self.command, self.own_group)
+            .map_err(|e| context(e, format!("starting redis-server again on {}", self.port)))?;
+        self.running = Some(running);
+        Ok(())
     }
 }
 
 impl Drop for PrivateServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// A server running under its watchdog (see [`WATCHDOG`]).
+struct Watched {
+    /// The watchdog shell: the server's parent.
+    shell: Child,
+    /// The write end of the watchdog's stdin; closing it stops the server.
+    pipe: Option<ChildStdin>,
+    /// The server's process id.
+    pid: u32,
+}
+
+impl Watched {
+    /// Starts `command` (the server and its arguments, its log on stdout) under a watchdog and
+    /// waits until the server says it is ready; on any error the watchdog is stopped.
+    fn spawn(command: &[OsString], own_group: bool) -> io::Result<Watched> {
+        let mut sh = Command::new("sh");
+        sh.arg("-c")
+            .arg(WATCHDOG)
+            .arg("sh")
+            .args(command)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        #[cfg(unix)]
+        if own_group {
+            std::os::unix::process::CommandExt::process_group(&mut sh, 0);
+        }
+        #[cfg(not(unix))]
+        let _ = own_group;
+        let mut shell = sh.spawn().map_err(|e| context(e, "starting sh"))?;
+        let pipe = shell.stdin.take();
+        let stdout = shell.stdout.take();
+        let mut watched = Watched {
+            shell,
+            pipe,
+            pid: 0,
+        };
+        match stdout.and_then(|out| read_until_ready(out, true)) {
+            Some(pid) => {
+                watched.pid = pid;
+                Ok(watched)
+            }
+            None => {
+                watched.stop();
+                Err(io::Error::other(
+                    "redis-server exited before it was ready (is its port free?)",
+                ))
+            }
+        }
+    }
+
+    /// Closes the watchdog's pipe and waits for it: the server is SIGKILLed and reaped by then.
+    fn stop(&mut self) {
+        drop(self.pipe.take());
+        let _ = self.shell.wait();
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A fresh temporary directory and its guard (see [`DIR_GUARD`]): removed when this is dropped,
+/// or by the guard when the caller dies.
+struct GuardedDir {
+    path: PathBuf,
+    /// The guard and the write end of its stdin.
+    guard: Option<(Child, ChildStdin)>,
+}
+
+impl GuardedDir {
+    fn new() -> io::Result<GuardedDir> {
+        let path = tempfile::Builder::new()
+            .prefix("admission-redis-")
+            .tempdir()
+            .map_err(|e| context(e, "creating a directory for redis-server"))?
+            .keep();
+        let mut command = Command::new("sh");
+        command
+            .arg("-c")
+            .arg(DIR_GUARD)
+            .arg("sh")
+            .arg(&path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // A Ctrl-C at the terminal must not end the guard before the caller.
+        #[cfg(unix)]
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let mut guarded = GuardedDir { path, guard: None };
+        let mut child = command
+            .spawn()
+            .map_err(|e| context(e, "starting sh to guard redis-server's directory"))?;
+        match child.stdin.take() {
+            Some(pipe) => guarded.guard = Some((child, pipe)),
+            None => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(io::Error::other("the directory guard's stdin"));
+            }
+        }
+        Ok(guarded)
+    }
+}
+
+impl Drop for GuardedDir {
+    fn drop(&mut self) {
+        if let Some((mut child, pipe)) = self.guard.take() {
+            drop(pipe);
+            let _ = child.wait();
+        }
+        // Without a guard (it could not be started), or if it gave up: remove it here.
+        let _ = fs::remove_dir_all(&self.path);
     }
 }
 
@@ -635,6 +850,91 @@ f6 127.0.0.1:40006@50006 master - 0 1700000000000 7 connected 5461-10922
         let failing = parse_nodes(&failing);
         assert_eq!(master_of_slot(&failing, 7_000), None);
         assert_eq!(serving_masters(&failing).len(), 2);
+    }
+
+    /// `redis-server` on PATH; `None` (the test skips) without one, but under `CI=true`.
+    fn binary(test: &str) -> Option<PathBuf> {
+        let found = redis_server_on_path();
+        if found.is_none() {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "{test}: redis-server is not on PATH under CI=true"
+            );
+            eprintln!("{test}: skipped: redis-server is not on PATH");
+        }
+        found
+    }
+
+    /// Polls `done` every 10 ms for up to 5 s; whether it came true.
+    fn within_5_s(mut done: impl FnMut() -> bool) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !done() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        true
+    }
+
+    #[test]
+    fn a_private_server_restarts_on_its_port_and_directory_and_dies_when_its_pipe_closes() {
+        let Some(binary) = binary("private_server") else {
+            return;
+        };
+        let port = free_ports(1).unwrap()[0];
+        let args = [
+            "--save",
+            "",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+        ];
+        let mut server = PrivateServer::start(&binary, port, &args).unwrap();
+        let get = || query::<Option<String>>(port, redis::cmd("GET").arg("k"));
+        let pid = server.pid().unwrap();
+        let runs = |pid: u32| Path::new(&format!("/proc/{pid}")).exists();
+        // The pid is the server's, not its watchdog's.
+        if cfg!(target_os = "linux") {
+            let cmdline = fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+            assert!(String::from_utf8_lossy(&cmdline).contains("redis-server"));
+        }
+        let set: Option<String> = query(port, redis::cmd("SET").arg("k").arg("v"));
+        assert_eq!(set.as_deref(), Some("OK"));
+
+        // Killed: gone (reaped by its watchdog), its port free, its directory kept.
+        let dir = server.dir().to_owned();
+        assert!(server.kill());
+        assert!(!server.kill());
+        assert_eq!(server.pid(), None);
+        assert_eq!(get(), None);
+        if cfg!(target_os = "linux") {
+            assert!(!runs(pid));
+        }
+        assert!(dir.is_dir());
+        // Started again on the same port, from the same directory.
+        server.restart().unwrap();
+        assert_eq!(get(), Some(Some("v".to_owned())));
+
+        // The caller's ends of the pipes closed, as when the caller dies: the watchdog kills the
+        // server and the guard removes the directory, with nothing else done here.
+        let pid = server.pid().unwrap();
+        let running = server.running.as_mut().unwrap();
+        drop(running.pipe.take());
+        if cfg!(target_os = "linux") {
+            assert!(within_5_s(|| !runs(pid)), "the server outlived its pipe");
+        }
+        assert!(within_5_s(|| get().is_none()));
+        let (mut guard, pipe) = server.dir.guard.take().unwrap();
+        drop(pipe);
+        assert!(
+            within_5_s(|| !dir.exists()),
+            "the directory outlived its pipe"
+        );
+        let _ = guard.wait();
+        drop(server);
+        assert!(!dir.exists());
     }
 
     #[test]

@@ -25,8 +25,8 @@ use std::time::Duration;
 
 use admission_llm::model_spec::{ModelCatalog, ModelSpec};
 use admission_redis::{
-    AcquireError, Burst, CallReport, Ceilings, Lease, LeaseError, LeaseRequest, LossReason,
-    Outcome, Rates, RedisAdmission, RedisAdmissionConfig,
+    AcquireError, Burst, CallReport, Ceilings, Durability, Lease, LeaseError, LeaseRequest,
+    LossReason, Outcome, Rates, RedisAdmission, RedisAdmissionConfig,
 };
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
@@ -53,6 +53,9 @@ const TOKENS_IN_FLIGHT_SECONDS: u64 = 30;
 /// Without a catalog concurrency cap, the fleet-wide requests in flight: this many seconds of
 /// the model's request budget.
 const REQUESTS_IN_FLIGHT_SECONDS: u64 = 3;
+/// Once the member stops, how long a step waits for Redis to confirm its lease's release before
+/// it leaves the release to a spawned task.
+pub const RELEASE_AFTER_STOP: Duration = Duration::from_secs(1);
 
 /// One model's fleet-wide ceilings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +81,50 @@ pub fn model_ceiling(spec: &ModelSpec) -> ModelCeiling {
     }
 }
 
+/// What the fleet's server promises of a write it acknowledged, as every cell declares it
+/// (`RedisAdmissionConfig::durability`, part of a cell's fingerprint: the parent and every member
+/// declare the same). The parent picks it for its fault: a server that promises nothing makes a
+/// cell recover (admit nothing new for one lease TTL) after a restart or a failover; one that
+/// promises what the fault cannot break makes it admit straight on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Promise {
+    /// Nothing (the default).
+    #[default]
+    Nothing,
+    /// The server runs `--appendonly yes --appendfsync always`: a restart loses nothing
+    /// acknowledged (`Durability::fsync_always`).
+    FsyncAlways,
+    /// Every call counts once one replica has its writes (`Durability::replicas = 1`, a `WAIT 1`
+    /// with each): a failover to that replica loses nothing acknowledged.
+    OneReplica,
+}
+
+impl Promise {
+    /// The cells' `durability` for it.
+    pub fn durability(self) -> Durability {
+        match self {
+            Promise::Nothing => Durability::default(),
+            Promise::FsyncAlways => Durability {
+                fsync_always: true,
+                ..Durability::default()
+            },
+            Promise::OneReplica => Durability {
+                replicas: 1,
+                ..Durability::default()
+            },
+        }
+    }
+
+    /// The name the command line spells.
+    pub fn name(self) -> &'static str {
+        match self {
+            Promise::Nothing => "nothing",
+            Promise::FsyncAlways => "fsync-always",
+            Promise::OneReplica => "one-replica",
+        }
+    }
+}
+
 /// The cell of `model` in a fleet run whose cells are named from `prefix`.
 pub fn cell_name(prefix: &str, model: &str) -> String {
     format!("{prefix}-{model}")
@@ -86,13 +133,15 @@ pub fn cell_name(prefix: &str, model: &str) -> String {
 /// The config every process of the fleet uses for a model's cell on `redis` (they must agree:
 /// the cell keeps the first one's fingerprint): on a cluster, its seed nodes, the cell's name
 /// (with the key prefix, its keys' hash tag) choosing the master that serves it. `wait` is the
-/// longest a lease may wait, in real time.
+/// longest a lease may wait, in real time; `promise`, what the server promises of an
+/// acknowledged write.
 pub fn cell_config(
     redis: &FleetRedis,
     cell: &str,
     ceiling: ModelCeiling,
     wait: Duration,
     rates: Option<Rates>,
+    promise: Promise,
 ) -> RedisAdmissionConfig {
     let ceilings = Ceilings {
         service_bytes: ceiling.tokens,
@@ -115,6 +164,7 @@ pub fn cell_config(
     config.rates = rates;
     config.redis_wait = wait;
     config.local_timeout = wait;
+    config.durability = promise.durability();
     config
 }
 
@@ -160,7 +210,8 @@ fn simulated_rates((tokens, requests): (u64, u64), scale: u32) -> Rates {
 /// `new_cells`: the names were never used before (a run's own prefix), so a cell created now
 /// admits at once; otherwise a cell this call creates recovers first (the default: it may have
 /// been lost with leases still running, as when the server restarted empty). `rates`: each cell
-/// also carries its model's rates ([`model_rates`]) at the run's time scale.
+/// also carries its model's rates ([`model_rates`]) at the run's time scale. `promise`: what
+/// the server promises of an acknowledged write ([`Promise`]).
 ///
 /// # Errors
 ///
@@ -172,13 +223,14 @@ pub async fn connect_all(
     wait: Duration,
     new_cells: bool,
     rates: Option<u32>,
+    promise: Promise,
 ) -> anyhow::Result<BTreeMap<String, (RedisAdmission, ModelCeiling)>> {
     let mut cells = BTreeMap::new();
     for spec in &catalog.models {
         let ceiling = model_ceiling(spec);
         let cell = cell_name(prefix, &spec.id);
         let rates = rates.map(|scale| model_rates(spec, scale));
-        let mut config = cell_config(redis, &cell, ceiling, wait, rates);
+        let mut config = cell_config(redis, &cell, ceiling, wait, rates, promise);
         config.recover_created_cells = !new_cells;
         let admission = RedisAdmission::connect(config)
             .await
@@ -314,9 +366,10 @@ impl Cells {
         prefix: &str,
         wait: Duration,
         rates: Option<u32>,
+        promise: Promise,
     ) -> anyhow::Result<Cells> {
         // The parent created the run's cells; one created again now was lost mid-run.
-        let cells = connect_all(catalog, redis, prefix, wait, false, rates).await?;
+        let cells = connect_all(catalog, redis, prefix, wait, false, rates, promise).await?;
         let tallies = cells
             .keys()
             .map(|m| (m.clone(), Tally::default()))
@@ -433,7 +486,12 @@ impl Cells {
     /// cell's rate, and the provider's load signal for the cell's throttle); `None` when the
     /// attempt ended its job (`failed`). With rates, budgets the provider's headers report that
     /// differ from the ones last applied become the cell's, for every member.
-    pub async fn release(&self, lease: StepLease, report: Option<Option<StepReport>>) {
+    ///
+    /// Once `stop` is triggered, a release Redis has not confirmed within
+    /// [`RELEASE_AFTER_STOP`] goes on on a spawned task ([`Cells::settle`] waits for it) and the
+    /// step ends: a member whose parent died, the fleet's private server with it, stops without
+    /// retrying a release until the lease's deadline (the TTL takes the lease back).
+    pub async fn release(&self, stop: &Stop, lease: StepLease, report: Option<Option<StepReport>>) {
         let StepLease { model, lease, held } = lease;
         drop(held); // the work under the lease is over
         if let Some(Some(StepReport {
@@ -443,35 +501,51 @@ impl Cells {
         {
             self.apply_limits(model, limits).await;
         }
-        let released = match report {
-            Some(Some(report)) => {
-                lease
-                    .release_reported(Outcome::Completed, report.call)
-                    .await
+        let release = async {
+            match report {
+                Some(Some(report)) => {
+                    lease
+                        .release_reported(Outcome::Completed, report.call)
+                        .await
+                }
+                // No call was made: nothing was spent upstream.
+                Some(None) => lease.release_spent(Outcome::Completed, 0).await,
+                None => lease.release(Outcome::Failed).await,
             }
-            // No call was made: nothing was spent upstream.
-            Some(None) => lease.release_spent(Outcome::Completed, 0).await,
-            None => lease.release(Outcome::Failed).await,
+        };
+        // Dropping the release before Redis answered releases the lease on a spawned task.
+        let released = tokio::select! {
+            released = release => Some(released),
+            () = async {
+                stop.triggered().await;
+                tokio::time::sleep(RELEASE_AFTER_STOP).await;
+            } => None,
         };
         let Some(tally) = self.tallies.get(model) else {
             return;
         };
         match released {
-            Ok(()) => {}
-            // Not confirmed: Redis could not be reached (the TTL takes the lease back).
-            Err(LeaseError::Unavailable(_)) => {
+            Some(Ok(())) => {}
+            // Not confirmed: Redis could not be reached (the TTL takes the lease back), or did
+            // not answer before the member stopped waiting.
+            None | Some(Err(LeaseError::Unavailable(_))) => {
                 tally.release_unconfirmed.fetch_add(1, Ordering::Relaxed);
             }
             // Lost or stale: the lease was not ours to the end.
-            Err(_) => {
+            Some(Err(_)) => {
                 tally.lost.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
 
     /// [`release`](Cells::release) for an agent on a blocking thread.
-    pub fn release_blocking(&self, lease: StepLease, report: Option<Option<StepReport>>) {
-        self.runtime.block_on(self.release(lease, report));
+    pub fn release_blocking(
+        &self,
+        stop: &Stop,
+        lease: StepLease,
+        report: Option<Option<StepReport>>,
+    ) {
+        self.runtime.block_on(self.release(stop, lease, report));
     }
 
     /// Makes `(tokens, requests)` per minute the budgets of `model`'s cell unless they are the
@@ -598,8 +672,10 @@ mod tests {
             ceiling("model-a"),
             Duration::from_secs(6),
             None,
+            Promise::Nothing,
         );
         assert!(config.validate().is_ok());
+        assert_eq!(config.durability, Durability::default());
         assert_eq!(config.ceilings.service_bytes, 62_500);
         assert_eq!(config.ceilings.backend_transfers, 7);
         assert!(config.cluster_nodes.is_empty());
@@ -631,6 +707,7 @@ mod tests {
             ceiling,
             Duration::from_secs(6),
             Some(model_rates(spec, 60)),
+            Promise::Nothing,
         );
         assert!(config.validate().is_ok());
         assert_eq!(config.rates.map(|r| r.minute), Some(Duration::from_secs(1)));
@@ -648,7 +725,15 @@ mod tests {
             requests: 7,
         };
         let wait = Duration::from_secs(12);
-        let config = cell_config(&cluster, "agents-7-model-a", ceiling, wait, None);
+        let config = cell_config(
+            &cluster,
+            "agents-7-model-a",
+            ceiling,
+            wait,
+            None,
+            Promise::OneReplica,
+        );
+        assert_eq!(config.durability.replicas, 1);
         assert!(config.validate().is_ok());
         assert_eq!(
             config.cluster_nodes,
@@ -667,6 +752,7 @@ mod tests {
             ceiling,
             wait,
             None,
+            Promise::OneReplica,
         );
         assert_eq!(
             (

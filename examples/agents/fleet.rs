@@ -160,7 +160,7 @@ async fn job_steps(
             };
             if let (Some(cells), Some(lease)) = (&world.cells, lease) {
                 let report = result.as_ref().ok().map(|s| s.report);
-                cells.release(lease, report).await;
+                cells.release(&world.stop, lease, report).await;
             }
             let next = match result {
                 Ok(stepped) => stepped.next,
@@ -344,7 +344,7 @@ fn job_steps_blocking(
             };
             if let (Some(cells), Some(lease)) = (&world.cells, lease) {
                 let report = result.as_ref().ok().map(|s| s.report);
-                cells.release_blocking(lease, report);
+                cells.release_blocking(&world.stop, lease, report);
             }
             let next = match result {
                 Ok(stepped) => stepped.next,

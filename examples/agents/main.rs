@@ -7,6 +7,7 @@
 //! cargo run --release --example agents -- --fleet 4                    # 4 processes, one Redis
 //! cargo run --release --example agents -- --fleet 4 --chaos restart    # ... through a fault
 //! cargo run --release --example agents -- --fleet 4 --chaos kill-master  # ... on a Redis Cluster
+//! cargo run --release --example agents -- --fleet 4 --chaos failover   # ... a planned failover
 //! cargo run --release --example agents -- --metrics 127.0.0.1:9000     # Prometheus at /metrics
 //! ```
 //!
@@ -50,9 +51,13 @@
 //! each step takes its model's fleet lease first and then its local demand, and the parent
 //! prints per-process rows and fleet totals and checks the fleet's ceilings. The parent forwards
 //! SIGINT and SIGTERM to its members, and a member whose parent is gone stops (`signals.rs`).
-//! `--chaos restart|pause|kill-member|kill-master` has the parent inject one fault mid-run and
-//! judge the failed jobs against the outage it caused (`chaos.rs`; `kill-master` SIGKILLs a
-//! master of a private six-node Redis Cluster): `cargo xtask chaos` runs all four.
+//! `--chaos restart|restart-fsync|pause|kill-member|kill-master|failover` has the parent inject
+//! one fault mid-run and judge the fleet's availability through it (when admission resumed
+//! against the rule's bound, the share of jobs failed, each failed job against the window from
+//! the fault to the resumption) and its ceilings (`chaos.rs`; `kill-master` SIGKILLs a master of
+//! a private six-node Redis Cluster, `failover` moves one with `CLUSTER FAILOVER`): `cargo xtask
+//! chaos` runs all six. The private servers and clusters the parent starts die with it, however
+//! it dies (`admission_redis::test_util::PrivateServer`).
 //!
 //! `--metrics ADDR` serves the monitor's events as Prometheus series at `http://ADDR/metrics`
 //! while the run lasts (`metrics.rs`: `admission_events::MetricsSink` behind the run's fanout).
@@ -91,7 +96,7 @@ use admission_llm::spend::Money;
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum, value_parser};
 
-use crate::cells::Cells;
+use crate::cells::{Cells, Promise};
 use crate::chaos::Fault;
 use crate::multi::MemberReport;
 use crate::redis_server::{ClusterNodes, Endpoint, FleetRedis};
@@ -103,6 +108,9 @@ use crate::world::Settings;
 
 /// The fleet's model catalog.
 const CATALOG: &str = include_str!("models.toml");
+/// How long an interrupted fleet member waits for its cancelled jobs' releases and withdrawals
+/// to reach Redis before it reports.
+const SETTLE_WITHIN: Duration = Duration::from_secs(2);
 
 /// Which way the agents take their limits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -199,8 +207,8 @@ struct Args {
     fleet: Option<u32>,
 
     /// With --fleet: the Redis server (HOST:PORT) of the fleet's cells [default: a private
-    /// redis-server started from PATH and stopped at the end; with --chaos kill-master, a
-    /// private six-node Redis Cluster].
+    /// redis-server started from PATH, stopped at the end and when this process dies however
+    /// it dies; with --chaos kill-master or failover, a private six-node Redis Cluster].
     #[arg(long, value_name = "HOST:PORT", requires = "fleet")]
     redis: Option<Endpoint>,
 
@@ -209,15 +217,19 @@ struct Args {
     #[arg(long, value_name = "HOST:PORT[,HOST:PORT...]", requires = "fleet")]
     redis_cluster: Option<ClusterNodes>,
 
-    /// With --fleet: inject one fault mid-run and judge the run against the outage it caused.
+    /// With --fleet: inject one fault mid-run and judge the fleet's availability through it.
     /// restart: SIGKILL the private redis-server and start it again on its port --chaos-down-ms
-    /// later (it keeps an append-only file); pause: CLIENT PAUSE for --chaos-pause-ms;
-    /// kill-member: SIGKILL the last member; kill-master: start a private six-node Redis
-    /// Cluster and SIGKILL the master serving the first model's cell (a replica takes over, the
-    /// cell recovers for one lease TTL). The run prints the jobs that failed and how many had
-    /// their own deadline inside the outage, and after a restart, a pause or a failover the
-    /// time from the server's (the cluster's) return to the first admission; --check fails it
-    /// on any other failed job, any ceiling exceeded, any lease left held.
+    /// later (it keeps an append-only file fsynced every second; the cells recover for one lease
+    /// TTL); restart-fsync: the same with a file fsynced before each reply, which the cells are
+    /// told (no recovery); pause: CLIENT PAUSE for --chaos-pause-ms; kill-member: SIGKILL the
+    /// last member; kill-master: start a private six-node Redis Cluster and SIGKILL the master
+    /// serving the first model's cell (a replica takes over, the cells recover for one lease
+    /// TTL); failover: on such a cluster, CLUSTER FAILOVER to that master's replica, every call
+    /// held until one replica has it (no recovery). The run prints when admission resumed
+    /// against the fault's bound, the jobs that failed and how many had their own deadline
+    /// between the fault and the resumption; --check fails it on a resumption out of its bound
+    /// or none, any other failed job, a failed job or a recovery after a lossless fault
+    /// (restart-fsync, failover), any ceiling exceeded, any lease left held.
     #[arg(long, value_enum, value_name = "FAULT", requires = "fleet")]
     chaos: Option<Fault>,
 
@@ -226,8 +238,8 @@ struct Args {
           value_parser = value_parser!(u64).range(0..=3_600_000))]
     chaos_after_ms: u64,
 
-    /// With --chaos restart: how long the server stays down, in real milliseconds, before it is
-    /// started again.
+    /// With --chaos restart or restart-fsync: how long the server stays down, in real
+    /// milliseconds, before it is started again.
     #[arg(long, value_name = "MS", default_value_t = chaos::DEFAULT_DOWN_MS, requires = "chaos",
           value_parser = value_parser!(u64).range(0..=3_600_000))]
     chaos_down_ms: u64,
@@ -269,6 +281,12 @@ struct Args {
     /// Internal: the fleet's provider, served by the parent (its URL).
     #[arg(long, hide = true, value_name = "URL", requires = "fleet_member")]
     provider_url: Option<String>,
+
+    /// Internal: what the fleet's server promises of an acknowledged write, declared in every
+    /// cell's config (the parent passes it for --chaos restart-fsync and failover).
+    #[arg(long, hide = true, value_enum, value_name = "PROMISE", default_value_t = Promise::Nothing,
+          requires = "fleet_member")]
+    durability: Promise,
 }
 
 /// Whether a fleet shares the models' rates in their cells.
@@ -353,7 +371,16 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
                 let wait = multi::lease_wait(args.admit_timeout, args.time_scale);
                 let rates = (args.fleet_rates == FleetRates::On).then_some(args.time_scale);
                 Some(Arc::new(
-                    Cells::connect(index, &catalog, &redis, prefix, wait, rates).await?,
+                    Cells::connect(
+                        index,
+                        &catalog,
+                        &redis,
+                        prefix,
+                        wait,
+                        rates,
+                        args.durability,
+                    )
+                    .await?,
                 ))
             }
             _ => None,
@@ -419,8 +446,18 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
         if let (Some(index), Some(cells), [summary]) = (member, &cells, summaries.as_slice()) {
             if summary.interrupted.is_some() {
                 // Lease waits and leases dropped by cancelled jobs are withdrawn and released on
-                // spawned tasks: let them reach Redis before the runtime goes.
-                cells.settle().await;
+                // spawned tasks: let them reach Redis before the runtime goes, for a while (a
+                // member whose parent died may have lost the server with it: the TTL takes
+                // back what did not reach it).
+                if tokio::time::timeout(SETTLE_WITHIN, cells.settle())
+                    .await
+                    .is_err()
+                {
+                    eprintln!(
+                        "the releases and withdrawals of cancelled jobs had not reached Redis {} s after the run: their TTL takes them back",
+                        SETTLE_WITHIN.as_secs()
+                    );
+                }
             }
             say(&MemberReport::new(index, summary, cells.readings(), cells.ends()).line()?);
         }

@@ -1,7 +1,8 @@
 //! `--fleet N`: the agents run as N processes that share one Redis cell per model.
 //!
 //! The parent starts a private `redis-server` (unless `--redis` names one, or `--redis-cluster` a
-//! Redis Cluster; for `--chaos kill-master` it starts a private six-node cluster), creates the
+//! Redis Cluster; for `--chaos kill-master` and `failover` it starts a private six-node cluster;
+//! either dies with the parent however it dies, see `redis_server.rs`), creates the
 //! cells, and runs N copies of this binary as fleet members (`--fleet-member I`), each with its
 //! share of the agents and the seed offset by I, its own monitor, database and simulated provider
 //! view, and its output in `<out>/fleet/member-I.{out,err}`. Each member ends its stdout with one
@@ -10,7 +11,9 @@
 //! each cell's slot), and the count of script calls (on a cluster, summed over its masters), and
 //! prints per-process rows and fleet totals; with `--check` it fails on a member that failed or
 //! found a problem of its own, on a job that timed out or failed (under `--chaos`, unless its own
-//! deadline fell inside the outage), on any fleet-wide occupancy over a ceiling (as the leases saw
+//! deadline fell between the fault and the resumption; after a lossless fault, on any), on an
+//! admission that did not resume within the fault's bound (see `chaos.rs`), on a recovery after a
+//! lossless fault, on any fleet-wide occupancy over a ceiling (as the leases saw
 //! it at admission, as the cells' events recorded it, and as the members held leases by their own
 //! clocks), on a lease lost, and on a lease still held once every member has exited.
 //!
@@ -36,12 +39,12 @@ use anyhow::{Context as _, anyhow, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::FleetRates;
-use crate::cells::{self, CellReading, ModelCeiling};
+use crate::cells::{self, CellReading, ModelCeiling, Promise};
 use crate::chaos::{self, Fault, Hold, Injector, JobEnd, Judged, Outage, Targets};
 use crate::clock::ScaledClock;
 use crate::provider_http::{ProviderClient, ProviderServer};
 use crate::provider_sim::{Provider, UpstreamStats};
-use crate::redis_server::{self, ClusterNodes, Endpoint, FleetRedis, PrivateRedis};
+use crate::redis_server::{self, ClusterNodes, Endpoint, FleetRedis, Persistence, PrivateRedis};
 use crate::report::RunSummary;
 use crate::say;
 use crate::signals::{self, Signals};
@@ -49,10 +52,16 @@ use crate::stats::Outcomes;
 
 /// What starts a member's report line on its stdout.
 pub const REPORT_PREFIX: &str = "fleet-member-report: ";
+/// What starts the parent's line about its private redis-server (its pid, port and directory,
+/// which `cargo xtask chaos` checks are gone once the parent is killed).
+pub const PRIVATE_SERVER_PREFIX: &str = "private redis-server: ";
 /// How much longer than `--run-timeout` the parent waits for its members before killing them.
 const MEMBER_GRACE: Duration = Duration::from_secs(30);
 /// How often the parent looks whether its members have exited (and whether a fault is due).
 const MEMBER_POLL: Duration = Duration::from_millis(50);
+/// How often while a fault is under way (a server down, an election awaited): the times it
+/// marks (a server ready, a new master answering) are this close to the truth.
+const FAULT_POLL: Duration = Duration::from_millis(10);
 /// How long members get to stop, give their leases back and report once the parent forwarded a
 /// signal, before it kills them.
 const STOP_GRACE: Duration = Duration::from_secs(20);
@@ -286,9 +295,12 @@ pub struct CellAfter {
     pub tokens_held: u64,
     /// Requests still in flight.
     pub requests_held: u64,
-    /// After a restart or a pause: the server time of the cell's first `admitted` record at or
-    /// after the server's return (see [`chaos::first_admission_after`]).
+    /// After a fault: the server time of the cell's first `admitted` record at or after the
+    /// fault's floor, the killed member's own left out (see [`chaos::first_admission_after`]).
     pub first_admission_ms: Option<u64>,
+    /// After a fault: the cell's `recovering` records from the fault on, each one's server time
+    /// and outcome (`created`, `restarted`, `promoted`).
+    pub recoveries: Vec<(u64, String)>,
 }
 
 /// The member a lease id names (`m<I>-...`, as [`Cells`](crate::cells::Cells) names leases).
@@ -366,6 +378,10 @@ pub fn member_args(
     ];
     if let Some(steps) = args.steps {
         out.extend(["--steps".to_owned(), steps.to_string()]);
+    }
+    let promise = args.chaos.map_or(Promise::Nothing, Fault::promise);
+    if promise != Promise::Nothing {
+        out.extend(["--durability".to_owned(), promise.name().to_owned()]);
     }
     for (flag, value) in [
         ("--time-scale", u64::from(args.time_scale)),
@@ -511,20 +527,23 @@ pub fn run_fleet(
     }
     let given = args.fleet_redis();
     match args.chaos {
-        Some(Fault::Restart) if given.is_some() => bail!(
-            "--chaos restart kills and restarts the fleet's server: it needs the private redis-server; drop --redis or --redis-cluster"
+        Some(fault) if fault.restarts() && given.is_some() => bail!(
+            "--chaos {} kills and restarts the fleet's server: it needs the private redis-server; drop --redis or --redis-cluster",
+            fault.name()
         ),
         Some(Fault::Pause) if args.redis_cluster.is_some() => {
             bail!("--chaos pause sends CLIENT PAUSE to one server: drop --redis-cluster")
         }
-        Some(Fault::KillMaster) if given.is_some() => bail!(
-            "--chaos kill-master SIGKILLs a master of the private Redis Cluster it starts: drop --redis or --redis-cluster"
+        Some(fault) if fault.on_cluster() && given.is_some() => bail!(
+            "--chaos {} fails a master of the private Redis Cluster it starts over: drop --redis or --redis-cluster",
+            fault.name()
         ),
         Some(Fault::KillMember) if n < 2 => {
             bail!("--chaos kill-member needs --fleet 2 or more: the others must go on")
         }
         _ => {}
     }
+    let promise = args.chaos.map_or(Promise::Nothing, Fault::promise);
     // One worker: the signal listener and the server's clients run beside the watching loop.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -554,31 +573,50 @@ pub fn run_fleet(
         None => {
             let binary = redis_server::find_binary()
                 .with_context(|| redis_server::INSTALL_HINT.to_owned())?;
-            if args.chaos == Some(Fault::KillMaster) {
+            if let Some(fault) = args.chaos.filter(|f| f.on_cluster()) {
                 let started = Instant::now();
-                let seeds = cluster
-                    .insert(
-                        PrivateCluster::start_in_own_process_group(&binary)
-                            .context("--chaos kill-master starts a private Redis Cluster")?,
-                    )
-                    .seeds();
+                let private = cluster.insert(
+                    PrivateCluster::start_in_own_process_group(&binary).with_context(|| {
+                        format!("--chaos {} starts a private Redis Cluster", fault.name())
+                    })?,
+                );
+                let ports = private.ports();
                 let nodes = ClusterNodes(
-                    seeds
+                    private
+                        .seeds()
                         .into_iter()
                         .map(|(host, port)| Endpoint { host, port })
                         .collect(),
                 );
+                let pids: Vec<String> = ports
+                    .iter()
+                    .map(|&port| {
+                        private
+                            .pid(port)
+                            .map_or_else(|| "-".to_owned(), |p| p.to_string())
+                    })
+                    .collect();
                 say(&format!(
-                    "a private Redis Cluster (three masters, three replicas) on {nodes}, ready in {:.2} s",
-                    started.elapsed().as_secs_f64()
+                    "a private Redis Cluster (three masters, three replicas) on {nodes}, ready in {:.2} s (pids {}; stopped with this process, however it ends)",
+                    started.elapsed().as_secs_f64(),
+                    pids.join(", ")
                 ));
                 FleetRedis::Cluster(nodes)
             } else {
-                // A restart must find the cells as they were: keep an append-only file for it.
-                let server = private.insert(PrivateRedis::start(
-                    &binary,
-                    args.chaos == Some(Fault::Restart),
-                )?);
+                // A restart must find the cells as they were: keep an append-only file for it,
+                // fsynced before each reply when the cells are told so.
+                let persistence = match args.chaos {
+                    Some(Fault::Restart) => Persistence::EverySecond,
+                    Some(Fault::RestartFsync) => Persistence::Always,
+                    _ => Persistence::None,
+                };
+                let server = private.insert(PrivateRedis::start(&binary, persistence)?);
+                say(&format!(
+                    "{PRIVATE_SERVER_PREFIX}pid {}, port {}, directory {} (stopped with this process, however it ends)",
+                    server.pid().unwrap_or(0),
+                    server.endpoint.port,
+                    server.dir().display()
+                ));
                 FleetRedis::Server(server.endpoint.clone())
             }
         }
@@ -599,7 +637,7 @@ pub fn run_fleet(
     // is created again mid-run (a server restarted empty).
     let rates = (args.fleet_rates == FleetRates::On).then_some(args.time_scale);
     let cells = runtime.block_on(cells::connect_all(
-        catalog, &redis, &prefix, wait, true, rates,
+        catalog, &redis, &prefix, wait, true, rates, promise,
     ))?;
     // One provider for the whole fleet, as an organisation has: its limits hold across every
     // member's calls. Its clock starts now; the members' run at the same scale.
@@ -753,14 +791,18 @@ pub fn run_fleet(
     }
 
     // A killed member's leases and tickets are the server's until their TTL: read the cells
-    // after it, so that "nothing held" means the TTL took them back. After a failover, a lease
-    // whose release could not reach the cluster during the election is held until its TTL,
-    // which the outage's end (the election plus one TTL) has passed.
-    if let Some(outage) = outage
-        .as_ref()
-        .filter(|o| matches!(o.fault, Fault::KillMember | Fault::KillMaster))
-    {
-        let expired_ms = outage.end_ms.saturating_add(AFTER_TTL.as_millis() as u64);
+    // after it, so that "nothing held" means the TTL took them back. After a master was killed,
+    // a lease whose release could not reach the cluster during the election is held until its
+    // TTL, which one TTL after the cluster was ok again has passed.
+    let expired_ms = outage.as_ref().and_then(|o| match o.fault {
+        Fault::KillMember => Some(o.start_ms),
+        Fault::KillMaster => o.ok_ms,
+        _ => None,
+    });
+    if let (Some(outage), Some(from_ms)) = (&outage, expired_ms) {
+        let expired_ms = from_ms
+            .saturating_add(lease_ttl.as_millis() as u64)
+            .saturating_add(AFTER_TTL.as_millis() as u64);
         let left = Duration::from_millis(expired_ms.saturating_sub(chaos::wall_ms()));
         if !left.is_zero() {
             say(&format!(
@@ -775,11 +817,6 @@ pub fn run_fleet(
             std::thread::sleep(left);
         }
     }
-    // When the server (the cluster) returned, for the time to the first admission after it.
-    let returned_ms = outage
-        .as_ref()
-        .filter(|o| o.fault != Fault::KillMember)
-        .map(|o| o.returned_ms);
     let read_until = Instant::now() + READ_RETRY_FOR;
     let calls_after = runtime.block_on(with_retries(read_until, || {
         redis_server::script_calls(&redis)
@@ -787,7 +824,7 @@ pub fn run_fleet(
     let mut after = Vec::new();
     for (model, (cell, _)) in &cells {
         match runtime.block_on(with_retries(read_until, || {
-            read_cell(cell, model, returned_ms)
+            read_cell(cell, model, outage.as_ref())
         })) {
             Ok(reading) => after.push(reading),
             Err(error) => problems.push(format!(
@@ -845,35 +882,42 @@ pub fn run_fleet(
         say(note);
     }
     problems.extend(fleet_problems(&reports, &totals, &after));
+    // After a failover, only the cells the master served went through it.
+    let affected = injector.as_ref().and_then(|i| i.affected.as_ref());
+    let reached: Vec<&CellAfter> = after
+        .iter()
+        .filter(|a| affected.is_none_or(|models| models.contains(&a.model)))
+        .collect();
+    let resumed_ms = chaos::resumed_at(reached.iter().map(|a| a.first_admission_ms));
     let judged = chaos::judge(
         reports
             .iter()
             .flat_map(|r| r.ends.iter().map(move |end| (r.member, end))),
         outage.as_ref(),
-        chaos::RECONNECT_ALLOWANCE,
+        resumed_ms,
     );
-    // After a failover, only the cells the killed master served went through it.
-    let affected = injector.as_ref().and_then(|i| i.affected.as_ref());
-    let first_admission = returned_ms.and_then(|end| {
-        chaos::since_return(
-            after
-                .iter()
-                .filter(|a| affected.is_none_or(|models| models.contains(&a.model)))
-                .map(|a| a.first_admission_ms),
-            end,
-        )
-    });
     if let Some(injector) = &injector {
-        for line in chaos_lines(
-            injector.fault,
-            outage.as_ref(),
-            &judged,
-            first_admission,
-            &totals,
+        let verdict = ChaosVerdict {
+            fault: injector.fault,
+            outage: outage.as_ref(),
+            judged: &judged,
+            jobs: fleet_report(&reports).jobs,
+            resumed_ms,
+            recoveries: reached
+                .iter()
+                .flat_map(|a| {
+                    a.recoveries
+                        .iter()
+                        .map(|(at, outcome)| (a.model.clone(), *at, outcome.clone()))
+                })
+                .collect(),
+            totals: &totals,
             origin_ms,
-        ) {
+        };
+        for line in verdict.lines() {
             say(&line);
         }
+        problems.extend(verdict.problems());
     }
     problems.extend(failed_job_problems(&judged, outage.as_ref(), origin_ms));
 
@@ -899,7 +943,7 @@ pub fn run_fleet(
     }
     if problems.is_empty() {
         say(if injector.is_some() {
-            "check: passed (the fault was injected, no job failed but those whose own deadline fell inside the outage, no fleet-wide occupancy over a ceiling, no lease lost, nothing held afterwards)"
+            "check: passed (the fault was injected, admission resumed within the fault's bound, no job failed but those whose own deadline fell between the fault and the resumption (none after a lossless fault, nor a recovery), no fleet-wide occupancy over a ceiling, no lease lost, nothing held afterwards)"
         } else {
             "check: passed (every process ran and passed its own check, no fleet-wide occupancy over a ceiling, no lease lost, nothing held afterwards)"
         });
@@ -1177,7 +1221,7 @@ fn watch(
             kill_all(members);
             watched.stuck = true;
         }
-        std::thread::sleep(MEMBER_POLL);
+        std::thread::sleep(if restarting { FAULT_POLL } else { MEMBER_POLL });
     }
 }
 
@@ -1236,19 +1280,20 @@ where
 }
 
 /// One cell read after the run, through `cell`'s connection or, if that fails, a new one (the
-/// old may be the one a restart broke); with `returned_ms`, its first admission at or after it.
+/// old may be the one a restart broke); after a fault (`outage`), its first admission at or
+/// after the fault's floor and its recoveries from the fault on.
 async fn read_cell(
     cell: &RedisAdmission,
     model: &str,
-    returned_ms: Option<u64>,
+    outage: Option<&Outage>,
 ) -> anyhow::Result<CellAfter> {
-    match read_cell_on(cell, model, returned_ms).await {
+    match read_cell_on(cell, model, outage).await {
         Ok(reading) => Ok(reading),
         Err(first) => {
             let fresh = RedisAdmission::connect(cell.config().clone())
                 .await
                 .with_context(|| format!("{first:#}; then connecting anew"))?;
-            read_cell_on(&fresh, model, returned_ms)
+            read_cell_on(&fresh, model, outage)
                 .await
                 .with_context(|| format!("{first:#}; then on a new connection"))
         }
@@ -1258,7 +1303,7 @@ async fn read_cell(
 async fn read_cell_on(
     cell: &RedisAdmission,
     model: &str,
-    returned_ms: Option<u64>,
+    outage: Option<&Outage>,
 ) -> anyhow::Result<CellAfter> {
     let events = read_events(cell)
         .await
@@ -1300,86 +1345,232 @@ async fn read_cell_on(
         leases_held: snapshot.leases,
         tokens_held: snapshot.occupancy.service_bytes,
         requests_held: snapshot.occupancy.service_transfers,
-        first_admission_ms: returned_ms.and_then(|end| {
-            chaos::first_admission_after(events.iter().map(|e| (e.kind.as_str(), e.time_ms)), end)
+        first_admission_ms: outage.and_then(|o| {
+            chaos::first_admission_after(
+                events
+                    .iter()
+                    .filter(|e| o.killed.is_none() || member_of(&e.lease) != o.killed)
+                    .map(|e| (e.kind.as_str(), e.time_ms)),
+                o.floor_ms,
+            )
+        }),
+        recoveries: outage.map_or_else(Vec::new, |o| {
+            chaos::recoveries_after(
+                events
+                    .iter()
+                    .map(|e| (e.kind.as_str(), e.time_ms, e.outcome.as_str())),
+                o.start_ms,
+            )
         }),
     })
 }
 
-/// The lines a `--chaos` run prints before its verdict: the outage, after a failover the
-/// election's time, the failed jobs judged against it, after a restart, a pause or a failover
-/// the time from the server's (the cluster's) return to the first admission (`first_admission`,
-/// ms; after a failover on the cells the killed master served), and what the members held at
-/// once by their own clocks.
-pub fn chaos_lines(
-    fault: Fault,
-    outage: Option<&Outage>,
-    judged: &Judged,
-    first_admission: Option<u64>,
-    totals: &[ModelTotals],
-    origin_ms: u64,
-) -> Vec<String> {
-    let mut lines = Vec::new();
-    lines.push(match outage {
-        Some(o) => format!(
-            "chaos: {}: outage from {} to {} ({:.2} s); a failed job is excused if its own deadline fell in it or up to {:.1} s after",
-            fault.name(),
-            chaos::offset(o.start_ms, origin_ms),
-            chaos::offset(o.end_ms, origin_ms),
-            o.end_ms.saturating_sub(o.start_ms) as f64 / 1_000.0,
-            chaos::RECONNECT_ALLOWANCE.as_secs_f64()
-        ),
-        None => format!("chaos: {}: no outage recorded", fault.name()),
-    });
-    if let Some(o) = outage
-        && let Some(elected_ms) = o.elected_ms
-    {
-        lines.push(format!(
-            "chaos: election: a replica took the killed master's slots over {} ms after the kill (at {}); the cluster was ok again at {}",
-            elected_ms.saturating_sub(o.start_ms),
-            chaos::offset(elected_ms, origin_ms),
-            chaos::offset(o.returned_ms, origin_ms)
-        ));
-    }
-    lines.push(format!(
-        "chaos: jobs failed: {} ({} timed out, {} failed); {} with their own deadline inside the outage, {} not",
-        judged.failed,
-        judged.timed_out,
-        judged.failed - judged.timed_out,
-        judged.inside,
-        judged.outside.len()
-    ));
-    if outage.is_some() && fault != Fault::KillMember {
-        let (cells, what) = if fault == Fault::KillMaster {
-            (" on the failed-over cells", "the cluster")
-        } else {
-            ("", "the server")
-        };
-        lines.push(match first_admission {
-            Some(ms) => format!("chaos: first admission{cells} {ms} ms after {what} returned"),
-            None => format!("chaos: no admission recorded{cells} after {what} returned"),
-        });
-    }
-    let held: Vec<String> = totals
-        .iter()
-        .map(|t| {
-            let (ct, cr) = t.ceiling.map_or((0, 0), |c| (c.tokens, c.requests));
-            format!(
-                "{} {} of {ct} tokens, {} of {cr} requests",
-                t.model, t.held_peak_tokens, t.held_peak_requests
-            )
-        })
-        .collect();
-    lines.push(format!(
-        "chaos: most held at once by the members' clocks: {}; releases Redis did not confirm: {}",
-        held.join("; "),
-        totals.iter().map(|t| t.release_unconfirmed).sum::<u64>()
-    ));
-    lines
+/// What a `--chaos` run found about its fault, for the lines it prints before its verdict and
+/// the problems `--check` fails on.
+pub struct ChaosVerdict<'a> {
+    /// The fault.
+    pub fault: Fault,
+    /// What it did, if it was injected and its course ended.
+    pub outage: Option<&'a Outage>,
+    /// The failed jobs, judged.
+    pub judged: &'a Judged,
+    /// The jobs of the members that reported.
+    pub jobs: u64,
+    /// The resumption: the server time of the first admission at or after the fault's floor on
+    /// the cells it reached.
+    pub resumed_ms: Option<u64>,
+    /// The `recovering` records on those cells from the fault on: model, server time, outcome.
+    pub recoveries: Vec<(String, u64, String)>,
+    /// The fleet's totals per model, for what the members held at once.
+    pub totals: &'a [ModelTotals],
+    /// The members' start, from which times are given.
+    pub origin_ms: u64,
 }
 
-/// A problem for each member whose jobs timed out or failed without their deadline inside the
-/// outage (every such job, when there was none), naming up to three.
+impl ChaosVerdict<'_> {
+    /// The lines (each starts `chaos: `): the fault's window, after a failover the election,
+    /// the jobs failed and their share, the resumption against its bound (`chaos: resumed:`),
+    /// the recoveries (`chaos: recovery:`), and what the members held at once by their own
+    /// clocks.
+    pub fn lines(&self) -> Vec<String> {
+        let origin = self.origin_ms;
+        let mut lines = Vec::new();
+        let Some(o) = self.outage else {
+            lines.push(format!("chaos: {}: no outage recorded", self.fault.name()));
+            lines.push(self.jobs_line());
+            lines.push(self.held_line());
+            return lines;
+        };
+        lines.push(match self.resumed_ms {
+            Some(resumed) => format!(
+                "chaos: {}: from the fault at {} to the first admission after it at {} ({:.2} s); a failed job is excused only if its own deadline fell in between",
+                self.fault.name(),
+                chaos::offset(o.start_ms, origin),
+                chaos::offset(resumed, origin),
+                resumed.saturating_sub(o.start_ms) as f64 / 1_000.0
+            ),
+            None => format!(
+                "chaos: {}: from the fault at {}, admission never resumed; no failed job is excused",
+                self.fault.name(),
+                chaos::offset(o.start_ms, origin)
+            ),
+        });
+        if let (Some(elected_ms), Some(ok_ms)) = (o.elected_ms, o.ok_ms) {
+            lines.push(format!(
+                "chaos: election: {} {} ms after the fault (at {}); the cluster was ok again at {}",
+                if self.fault == Fault::Failover {
+                    "the replica answered as the master"
+                } else {
+                    "a replica took the killed master's slots over"
+                },
+                elected_ms.saturating_sub(o.start_ms),
+                chaos::offset(elected_ms, origin),
+                chaos::offset(ok_ms, origin)
+            ));
+        }
+        lines.push(self.jobs_line());
+        let cells = if self.fault.on_cluster() {
+            " on the failed-over cells"
+        } else {
+            ""
+        };
+        let (earliest, latest) = o.bound_ms;
+        lines.push(match self.resumed_ms {
+            Some(first) => {
+                let (after, within) = o.resumed(first);
+                let ready = o
+                    .ready_ms
+                    .filter(|_| self.fault == Fault::Restart)
+                    .map(|ready| {
+                        format!(
+                            "; {} ms after the server was ready again",
+                            first.saturating_sub(ready)
+                        )
+                    })
+                    .unwrap_or_default();
+                format!(
+                    "chaos: resumed: first admission{cells} {after} ms after {}, bound {earliest} to {latest} ms: {} (at {}{ready})",
+                    o.reference(),
+                    if within { "ok" } else { "FAILED" },
+                    chaos::offset(first, origin)
+                )
+            }
+            None => format!(
+                "chaos: resumed: no admission{cells} after {}, bound {earliest} to {latest} ms: FAILED",
+                o.reference()
+            ),
+        });
+        lines.push(if self.recoveries.is_empty() {
+            "chaos: recovery: none after the fault".to_owned()
+        } else {
+            let each: Vec<String> = self
+                .recoveries
+                .iter()
+                .map(|(model, at, outcome)| {
+                    format!("{model} {outcome} at {}", chaos::offset(*at, origin))
+                })
+                .collect();
+            format!(
+                "chaos: recovery: {} after the fault ({}){}",
+                self.recoveries.len(),
+                each.join(", "),
+                if self.fault.lossless() {
+                    ": FAILED (a fault that loses nothing acknowledged must start none)"
+                } else {
+                    ""
+                }
+            )
+        });
+        lines.push(self.held_line());
+        lines
+    }
+
+    /// `chaos: jobs failed: F of N (P %) ...`.
+    fn jobs_line(&self) -> String {
+        let j = self.judged;
+        format!(
+            "chaos: jobs failed: {} of {} ({:.1} %; {} timed out, {} failed); {} with their own deadline between the fault and the resumption, {} not",
+            j.failed,
+            self.jobs,
+            100.0 * j.failed as f64 / self.jobs.max(1) as f64,
+            j.timed_out,
+            j.failed - j.timed_out,
+            j.inside,
+            j.outside.len()
+        )
+    }
+
+    /// What the members held at once by their own clocks.
+    fn held_line(&self) -> String {
+        let held: Vec<String> = self
+            .totals
+            .iter()
+            .map(|t| {
+                let (ct, cr) = t.ceiling.map_or((0, 0), |c| (c.tokens, c.requests));
+                format!(
+                    "{} {} of {ct} tokens, {} of {cr} requests",
+                    t.model, t.held_peak_tokens, t.held_peak_requests
+                )
+            })
+            .collect();
+        format!(
+            "chaos: most held at once by the members' clocks: {}; releases Redis did not confirm: {}",
+            held.join("; "),
+            self.totals
+                .iter()
+                .map(|t| t.release_unconfirmed)
+                .sum::<u64>()
+        )
+    }
+
+    /// What `--check` fails on, but the failed jobs outside the window
+    /// ([`failed_job_problems`]): a resumption out of its bound or none; after a lossless fault,
+    /// any failed job and any recovery.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let Some(o) = self.outage else {
+            return problems;
+        };
+        let (earliest, latest) = o.bound_ms;
+        match self.resumed_ms {
+            Some(first) => {
+                let (after, within) = o.resumed(first);
+                if !within {
+                    problems.push(format!(
+                        "chaos: {}: the first admission came {after} ms after {}, outside its bound of {earliest} to {latest} ms",
+                        self.fault.name(),
+                        o.reference()
+                    ));
+                }
+            }
+            None => problems.push(format!(
+                "chaos: {}: admission never resumed after {}",
+                self.fault.name(),
+                o.reference()
+            )),
+        }
+        if self.fault.lossless() {
+            if self.judged.failed > 0 {
+                problems.push(format!(
+                    "chaos: {}: {} jobs failed through a fault that loses nothing acknowledged",
+                    self.fault.name(),
+                    self.judged.failed
+                ));
+            }
+            if !self.recoveries.is_empty() {
+                problems.push(format!(
+                    "chaos: {}: {} cells recovered after a fault that loses nothing acknowledged",
+                    self.fault.name(),
+                    self.recoveries.len()
+                ));
+            }
+        }
+        problems
+    }
+}
+
+/// A problem for each member whose jobs timed out or failed without their deadline between the
+/// fault and the resumption (every such job, when there was no fault), naming up to three.
 pub fn failed_job_problems(
     judged: &Judged,
     outage: Option<&Outage>,
@@ -1390,7 +1581,7 @@ pub fn failed_job_problems(
         by_member.entry(*member).or_default().push(end);
     }
     let place = if outage.is_some() {
-        "outside the outage"
+        "outside the fault's window"
     } else {
         "(no outage)"
     };
@@ -2024,6 +2215,36 @@ mod tests {
     }
 
     #[test]
+    fn a_member_declares_what_its_faults_server_promises() {
+        use clap::Parser as _;
+        let server = FleetRedis::Server("127.0.0.1:6400".parse().unwrap());
+        for (fault, promise) in [
+            ("restart", Promise::Nothing),
+            ("restart-fsync", Promise::FsyncAlways),
+            ("failover", Promise::OneReplica),
+            ("kill-master", Promise::Nothing),
+        ] {
+            let args =
+                crate::Args::try_parse_from(["agents", "--fleet", "2", "--chaos", fault]).unwrap();
+            let line = member_args(&args, 2, 1, &server, "p", Path::new("/o"), "http://x");
+            assert_eq!(
+                line.windows(2).any(|w| w[0] == "--durability"),
+                promise != Promise::Nothing,
+                "{fault}: {line:?}"
+            );
+            let member =
+                crate::Args::try_parse_from(std::iter::once("agents".to_owned()).chain(line))
+                    .unwrap();
+            assert_eq!(member.durability, promise, "{fault}");
+        }
+        // Only a member is told.
+        assert!(
+            crate::Args::try_parse_from(["agents", "--fleet", "2", "--durability", "fsync-always"])
+                .is_err()
+        );
+    }
+
+    #[test]
     fn the_check_counts_leases_held_at_once_by_the_members_clocks() {
         // Each member's leases fit; together, 6,000 + 5,000 tokens were held at once.
         let mut a = reading("model-a", 2, (6_000, 1), &[0, 0]);
@@ -2060,20 +2281,16 @@ mod tests {
     }
 
     #[test]
-    fn failed_jobs_outside_the_outage_are_named_per_process() {
+    fn failed_jobs_outside_the_faults_window_are_named_per_process() {
         let end = |job: &str, kind, deadline_ms, error: Option<&str>| JobEnd {
             job: job.into(),
             kind,
             deadline_ms,
             error: error.map(str::to_owned),
         };
-        let outage = Outage {
-            fault: Fault::Pause,
-            start_ms: 11_000,
-            end_ms: 14_000,
-            returned_ms: 14_000,
-            elected_ms: None,
-        };
+        // A pause sent at +1 s, ended at +4 s; admission resumed at +4.012 s.
+        let outage = Outage::pause(11_000, Duration::from_secs(3));
+        let resumed = Some(14_012);
         let ends = [
             (
                 0,
@@ -2088,16 +2305,12 @@ mod tests {
                 end("agent-009", chaos::EndKind::Failed, None, Some("boom")),
             ),
         ];
-        let judged = chaos::judge(
-            ends.iter().map(|(m, e)| (*m, e)),
-            Some(&outage),
-            chaos::RECONNECT_ALLOWANCE,
-        );
+        let judged = chaos::judge(ends.iter().map(|(m, e)| (*m, e)), Some(&outage), resumed);
         assert_eq!(
             failed_job_problems(&judged, Some(&outage), 10_000),
             [
-                "process 0: 1 jobs timed out or failed outside the outage: agent-002 timed out (lease deadline +6.25 s)",
-                "process 2: 1 jobs timed out or failed outside the outage: agent-009 failed (not in a lease wait: boom)",
+                "process 0: 1 jobs timed out or failed outside the fault's window: agent-002 timed out (lease deadline +6.25 s)",
+                "process 2: 1 jobs timed out or failed outside the fault's window: agent-009 failed (not in a lease wait: boom)",
             ]
         );
         let totals = [ModelTotals {
@@ -2111,64 +2324,123 @@ mod tests {
             release_unconfirmed: 1,
             ..ModelTotals::default()
         }];
+        let verdict = ChaosVerdict {
+            fault: Fault::Pause,
+            outage: Some(&outage),
+            judged: &judged,
+            jobs: 400,
+            resumed_ms: resumed,
+            recoveries: Vec::new(),
+            totals: &totals,
+            origin_ms: 10_000,
+        };
         assert_eq!(
-            chaos_lines(
-                Fault::Pause,
-                Some(&outage),
-                &judged,
-                Some(12),
-                &totals,
-                10_000
-            ),
+            verdict.lines(),
             [
-                "chaos: pause: outage from +1.00 s to +4.00 s (3.00 s); a failed job is excused if its own deadline fell in it or up to 0.5 s after",
-                "chaos: jobs failed: 3 (2 timed out, 1 failed); 1 with their own deadline inside the outage, 2 not",
-                "chaos: first admission 12 ms after the server returned",
+                "chaos: pause: from the fault at +1.00 s to the first admission after it at +4.01 s (3.01 s); a failed job is excused only if its own deadline fell in between",
+                "chaos: jobs failed: 3 of 400 (0.8 %; 2 timed out, 1 failed); 1 with their own deadline between the fault and the resumption, 2 not",
+                "chaos: resumed: first admission 12 ms after the pause ended, bound 0 to 500 ms: ok (at +4.01 s)",
+                "chaos: recovery: none after the fault",
                 "chaos: most held at once by the members' clocks: model-a 9500 of 10000 tokens, 4 of 4 requests; releases Redis did not confirm: 1",
             ]
         );
-        // A killed member's outage is no server's: no line for a return.
-        let lines = chaos_lines(Fault::KillMember, Some(&outage), &judged, None, &totals, 0);
-        assert_eq!(lines.len(), 3);
-        assert!(!lines.iter().any(|l| l.contains("returned")), "{lines:?}");
-        // A restart or a pause after which nothing was admitted says so.
-        let lines = chaos_lines(Fault::Restart, Some(&outage), &judged, None, &totals, 0);
+        assert_eq!(verdict.problems(), Vec::<String>::new());
+
+        // A pause after which nothing was admitted fails, and excuses nothing.
+        let never = ChaosVerdict {
+            resumed_ms: None,
+            recoveries: Vec::new(),
+            ..verdict
+        };
         assert_eq!(
-            lines[2],
-            "chaos: no admission recorded after the server returned"
+            never.lines()[2],
+            "chaos: resumed: no admission after the pause ended, bound 0 to 500 ms: FAILED"
+        );
+        assert_eq!(
+            never.problems(),
+            ["chaos: pause: admission never resumed after the pause ended"]
         );
 
-        // A failover: the election's line, and the first admission on the failed-over cells.
-        let failover = Outage::failover(11_000, 13_050, 13_100, Duration::from_secs(10));
-        let lines = chaos_lines(
-            Fault::KillMaster,
-            Some(&failover),
-            &judged,
-            Some(10_120),
-            &totals,
-            10_000,
+        // A lossy restart: its bound counts from the new process, and the time from the server's
+        // return is said too; a recovery is expected, and an admission too early fails.
+        let restart = Outage::restart(
+            Fault::Restart,
+            11_000,
+            13_000,
+            13_050,
+            Duration::from_secs(10),
         );
+        let restarted = ChaosVerdict {
+            fault: Fault::Restart,
+            outage: Some(&restart),
+            resumed_ms: Some(23_100),
+            recoveries: vec![("model-a".into(), 13_120, "restarted".into())],
+            ..verdict
+        };
+        let lines = restarted.lines();
         assert_eq!(
-            lines[..4],
+            lines[2..4],
             [
-                "chaos: kill-master: outage from +1.00 s to +13.05 s (12.05 s); a failed job is excused if its own deadline fell in it or up to 0.5 s after",
-                "chaos: election: a replica took the killed master's slots over 2050 ms after the kill (at +3.05 s); the cluster was ok again at +3.10 s",
-                "chaos: jobs failed: 3 (2 timed out, 1 failed); 1 with their own deadline inside the outage, 2 not",
-                "chaos: first admission on the failed-over cells 10120 ms after the cluster returned",
+                "chaos: resumed: first admission 10100 ms after the new server process started, bound 10000 to 11000 ms: ok (at +13.10 s; 10050 ms after the server was ready again)",
+                "chaos: recovery: 1 after the fault (model-a restarted at +3.12 s)",
             ]
         );
-        let lines = chaos_lines(
-            Fault::KillMaster,
-            Some(&failover),
-            &judged,
-            None,
-            &totals,
-            10_000,
+        assert_eq!(restarted.problems(), Vec::<String>::new());
+        let cut_short = ChaosVerdict {
+            resumed_ms: Some(22_000),
+            ..restarted
+        };
+        assert_eq!(
+            cut_short.problems(),
+            [
+                "chaos: restart: the first admission came 9000 ms after the new server process started, outside its bound of 10000 to 11000 ms"
+            ]
+        );
+
+        // A planned failover: the election's line, the first admission on the failed-over
+        // cells; a job failed and a recovery each fail a lossless fault.
+        let failover = Outage::failover(
+            Fault::Failover,
+            11_000,
+            11_020,
+            11_070,
+            Duration::from_secs(10),
+        );
+        let planned = ChaosVerdict {
+            fault: Fault::Failover,
+            outage: Some(&failover),
+            resumed_ms: Some(11_060),
+            recoveries: vec![("model-a".into(), 11_050, "promoted".into())],
+            ..verdict
+        };
+        let lines = planned.lines();
+        assert_eq!(
+            lines[1..5],
+            [
+                "chaos: election: the replica answered as the master 20 ms after the fault (at +1.02 s); the cluster was ok again at +1.07 s",
+                "chaos: jobs failed: 3 of 400 (0.8 %; 2 timed out, 1 failed); 1 with their own deadline between the fault and the resumption, 2 not",
+                "chaos: resumed: first admission on the failed-over cells 40 ms after the new master answered, bound 0 to 1000 ms: ok (at +1.06 s)",
+                "chaos: recovery: 1 after the fault (model-a promoted at +1.05 s): FAILED (a fault that loses nothing acknowledged must start none)",
+            ]
         );
         assert_eq!(
-            lines[3],
-            "chaos: no admission recorded on the failed-over cells after the cluster returned"
+            planned.problems(),
+            [
+                "chaos: failover: 3 jobs failed through a fault that loses nothing acknowledged",
+                "chaos: failover: 1 cells recovered after a fault that loses nothing acknowledged",
+            ]
         );
+
+        // No outage recorded (the fault could not be injected): what there is, and no problem
+        // of its own (the injection's failure is one).
+        let none = ChaosVerdict {
+            outage: None,
+            recoveries: Vec::new(),
+            ..verdict
+        };
+        assert_eq!(none.lines().len(), 3);
+        assert_eq!(none.lines()[0], "chaos: pause: no outage recorded");
+        assert!(none.problems().is_empty());
     }
 
     #[test]

@@ -1,15 +1,15 @@
 //! The Redis a `--fleet` run shares: `--redis HOST:PORT`, `--redis-cluster HOST:PORT[,...]` (a
 //! Redis Cluster's seed nodes), or a private `redis-server` the parent starts on a free loopback
-//! port (no persistence, its log on stdout) and stops at the end, and for `--chaos` kills and
-//! starts again (then with an append-only file) or pauses (`--chaos kill-master`'s private
-//! cluster is `admission_redis::test_util`'s); and the count of script calls (`INFO
-//! commandstats`, on a cluster summed over its masters), from which the round trips per admitted
-//! lease are read.
+//! port (`admission_redis::test_util::PrivateServer`: under a watchdog, so that it dies with the
+//! parent however the parent dies, and its directory with it) and stops at the end, and for
+//! `--chaos` kills and starts again (then with an append-only file, fsynced every second or
+//! before each reply) or pauses (the private clusters of `--chaos kill-master` and `failover` are
+//! `admission_redis::test_util`'s too); and the count of script calls (`INFO commandstats`, on a
+//! cluster summed over its masters), from which the round trips per admitted lease are read.
 
 use std::fmt;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -121,17 +121,55 @@ pub const INSTALL_HINT: &str = "--fleet needs Redis (7 or later): install redis-
      or pass --redis HOST:PORT (--redis-cluster HOST:PORT[,...]) to use a server (a cluster) \
      that is already running";
 
-/// A `redis-server` of this run's own, stopped (killed, it keeps nothing) when dropped. It runs
-/// in a process group of its own, so that a Ctrl-C at the terminal reaches the fleet's processes,
+/// What a private server keeps on disk, which decides what a restart finds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Persistence {
+    /// Nothing (`--save '' --appendonly no`): a restart finds an empty server.
+    None,
+    /// An append-only file written before each reply and fsynced once a second (`--appendonly
+    /// yes --appendfsync everysec`): a SIGKILLed process loses nothing it acknowledged (the page
+    /// cache survives it), but the server promises nothing of the last second.
+    EverySecond,
+    /// An append-only file fsynced before each reply (`--appendonly yes --appendfsync always`):
+    /// a restart loses nothing acknowledged, which the cells may be told
+    /// (`Durability::fsync_always`).
+    Always,
+}
+
+impl Persistence {
+    /// The server's arguments for it.
+    fn args(self) -> &'static [&'static str] {
+        match self {
+            Persistence::None => &["--save", "", "--appendonly", "no"],
+            Persistence::EverySecond => &[
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+            ],
+            Persistence::Always => &[
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ],
+        }
+    }
+}
+
+/// A `redis-server` of this run's own (`admission_redis::test_util::PrivateServer`), in a
+/// temporary directory of its own: stopped when dropped, and, through its watchdog, when this
+/// process dies however it dies (SIGKILL included), its directory removed with it. It runs in a
+/// process group of its own, so that a Ctrl-C at the terminal reaches the fleet's processes,
 /// which stop and give their leases back to it, and not the server itself.
 pub struct PrivateRedis {
-    child: Child,
+    server: test_util::PrivateServer,
     /// Where it listens.
     pub endpoint: Endpoint,
-    binary: PathBuf,
-    /// Whether it keeps an append-only file (so that a restart keeps the cells).
-    persist: bool,
-    dir: tempfile::TempDir,
 }
 
 /// `redis-server` on PATH, if any.
@@ -140,83 +178,51 @@ pub fn find_binary() -> Option<PathBuf> {
 }
 
 impl PrivateRedis {
-    /// Starts `binary` on a free loopback port and waits until it says it is ready. With
-    /// `persist`, it keeps an append-only file (written before each reply, fsynced every
-    /// second), so that a killed server started again with [`PrivateRedis::restart`] comes back
-    /// with everything it acknowledged; without, it keeps nothing.
+    /// Starts `binary` on a free loopback port, keeping what `persistence` says, and waits until
+    /// it says it is ready.
     ///
     /// # Errors
     ///
     /// When it cannot be started or exits before it is ready.
-    pub fn start(binary: &Path, persist: bool) -> anyhow::Result<PrivateRedis> {
+    pub fn start(binary: &Path, persistence: Persistence) -> anyhow::Result<PrivateRedis> {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .context("finding a free port for redis-server")?
             .port();
-        let dir = tempfile::tempdir().context("creating redis-server's directory")?;
-        let child = spawn_ready(binary, port, dir.path(), persist)?;
+        let server = test_util::PrivateServer::start(binary, port, persistence.args())
+            .with_context(|| format!("starting {}", binary.display()))?;
         Ok(PrivateRedis {
-            child,
+            server,
             endpoint: Endpoint {
                 host: "127.0.0.1".to_owned(),
                 port,
             },
-            binary: binary.to_owned(),
-            persist,
-            dir,
         })
+    }
+
+    /// The server's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.server.pid()
+    }
+
+    /// Its directory.
+    pub fn dir(&self) -> &Path {
+        self.server.dir()
     }
 
     /// Kills the server with SIGKILL, as a crash would, and waits for it to be gone.
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.server.kill();
     }
 
     /// Starts the server again on its port and directory (after [`PrivateRedis::kill`]) and
-    /// waits until it is ready; with `persist` it loads its append-only file first.
+    /// waits until it is ready; with an append-only file it loads it first.
     ///
     /// # Errors
     ///
     /// As for [`PrivateRedis::start`].
     pub fn restart(&mut self) -> anyhow::Result<()> {
-        self.kill();
-        self.child = spawn_ready(
-            &self.binary,
-            self.endpoint.port,
-            self.dir.path(),
-            self.persist,
-        )?;
-        Ok(())
-    }
-}
-
-/// Starts `binary` on `port` with its files in `dir`, in a process group of its own, and waits
-/// until it says it is ready.
-fn spawn_ready(binary: &Path, port: u16, dir: &Path, persist: bool) -> anyhow::Result<Child> {
-    let mut command = Command::new(binary);
-    command
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--save", "", "--logfile", ""])
-        .arg("--dir")
-        .arg(dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    if persist {
-        command.args(["--appendonly", "yes", "--appendfsync", "everysec"]);
-    } else {
-        command.args(["--appendonly", "no"]);
-    }
-    #[cfg(unix)]
-    std::os::unix::process::CommandExt::process_group(&mut command, 0);
-    test_util::spawn_until_ready(&mut command, port)
-        .with_context(|| format!("starting {}", binary.display()))
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        self.kill();
+        self.server.restart().context("starting redis-server again")
     }
 }
 

@@ -1,54 +1,64 @@
-//! `cargo xtask chaos`: the agents fleet through four real faults and two signals to its
-//! parent, one run each.
+//! `cargo xtask chaos`: the agents fleet through six real faults and two signals to its parent,
+//! one run each.
 //!
 //! # Faults
 //!
 //! Each fault run is `agents --fleet 4 --time-scale 300 --admit-timeout 3600 --check --chaos
 //! FAULT` (see `examples/agents/chaos.rs`): the fleet's parent injects the fault itself, one
 //! second of real time after its members started, on its private `redis-server` (for
-//! `kill-master`, on a private six-node Redis Cluster it starts and stops itself,
+//! `kill-master` and `failover`, on a private six-node Redis Cluster it starts and stops itself,
 //! `admission_redis::test_util`), so the fault lands at the same point of every run and is
-//! over in bounded time:
+//! over in bounded time. Each run is judged on its availability, on the example's own clock:
 //!
-//! | fault         | what the parent does                                                   |
-//! |---------------|------------------------------------------------------------------------|
-//! | `restart`     | SIGKILLs the server and starts it again on its port 2 s later (AOF on) |
-//! | `pause`       | sends `CLIENT PAUSE 3000`                                              |
-//! | `kill-member` | SIGKILLs the last member; its leases stay held until their TTL (10 s)  |
-//! | `kill-master` | SIGKILLs the cluster master serving the first model's cell (the cells  |
-//! |               | on a private six-node cluster); a replica takes over in about 2.5 s    |
+//! | fault           | what the parent does                                       | first admission after it (`chaos: resumed:`)                    |
+//! |-----------------|------------------------------------------------------------|-----------------------------------------------------------------|
+//! | `restart`       | SIGKILLs the server, starts it again on its port 2 s later | 10 s (one lease TTL: the cells recover) to 11 s after the new   |
+//! |                 | (an append-only file fsynced every second; cells declare   | process was spawned                                             |
+//! |                 | nothing of it)                                             |                                                                 |
+//! | `restart-fsync` | the same on a server run `--appendfsync always`, which the | at most 0.5 s after the server was ready again; 0 jobs failed,  |
+//! |                 | cells declare (`Durability::fsync_always`)                 | no `recovering` record                                          |
+//! | `pause`         | sends `CLIENT PAUSE 3000`                                  | at most 0.5 s after the pause ended                             |
+//! | `kill-member`   | SIGKILLs the last member (its leases are held until their  | at most 1 s after the kill, by another member                   |
+//! |                 | TTL)                                                       |                                                                 |
+//! | `kill-master`   | SIGKILLs the cluster master serving the first model's cell | on its cells, no earlier than one TTL after the kill and at     |
+//! |                 | (a replica takes over in about 2.5 s; its cells recover)   | most 11 s after the cluster was ok again                        |
+//! | `failover`      | `CLUSTER FAILOVER` to that master's replica, every cell    | on its cells, at most 1 s after the new master answered; 0 jobs |
+//! |                 | declaring one replica (`Durability::replicas`, `WAIT 1`)   | failed, no `recovering` record                                  |
 //!
-//! A run passes when it prints `check: passed` and exits 0: every job ended, none failed but
-//! those whose own deadline fell inside the outage (the run prints how many failed and how many
-//! of those), no ceiling was exceeded, and nothing was held in Redis at the end. A lease wait
-//! lasts 12 s of real time (`--admit-timeout 3600` at the scale of 300), longer than the pause
-//! (3 s) and the 10 s TTL of a killed member's leases and tickets: a job waiting through one has
-//! time left after it. A restarted server makes every cell recover for one lease TTL (10 s: it
-//! admits nothing new while holders renew their leases back), so the restart's outage lasts
-//! from the kill to one TTL after the server's return (about 12 s), and jobs whose wait ended in
-//! it fail, excused. A killed master's cells recover the same way on the promoted replica: that
-//! outage lasts from the kill to the election plus one TTL (about 12.5 s), and the run prints
-//! the election's time and the first admission on those cells after the cluster was ok again
-//! (about one TTL); the cells on the other two masters are served throughout. Its verdict reads
-//! the cells on the cluster, through their own cluster clients.
+//! A run passes when it prints `check: passed` and exits 0 (every job ended, none failed but
+//! those whose own deadline fell between the fault and the first admission after it, admission
+//! resumed within the bound above, no ceiling was exceeded by the members' own count, nothing was
+//! held in Redis at the end), and when the xtask reads the same from its lines: a `chaos:
+//! resumed:` line whose first admission is within its bound and whose bound is the fault's own
+//! ([`BOUNDS`]: a run that never resumes, or that loosened its bound, fails), a `chaos: jobs
+//! failed:` line, and after a lossless fault (`restart-fsync`, `failover`) 0 jobs failed and
+//! `chaos: recovery: none`. A lease wait lasts 12 s of real time (`--admit-timeout 3600` at the
+//! scale of 300), longer than the pause (3 s) and the 10 s TTL of a killed member's leases: a job
+//! waiting through one has time left after it. A lossy restart or failover stops admission on
+//! the cells it reached for one TTL after the loss, so jobs whose wait ended in it fail, excused
+//! (about 40 % of them after a `restart`, 30 % after a `kill-master`: the run prints the share).
 //!
 //! # Signals to the parent
 //!
 //! Two more runs check what the parent promises about signals (`examples/agents/signals.rs`):
 //! forwarded SIGTERM/SIGINT stop its members, which release their leases and report, and the
 //! parent still prints its table and verdict; a parent that dies, SIGKILL included, closes its
-//! members' stdin pipes and they stop the same way. Each is `agents --fleet 4 --time-scale 300
-//! --admit-timeout 3600 --check --redis 127.0.0.1:PORT` against a `redis-server` this step starts
-//! for the run and stops after it ([`services`]), so that the cells can still be read once the
-//! parent is gone. The xtask waits for the parent's `== fleet:` line (printed once its cells
-//! exist, just before it starts its members; at most [`STARTUP_LIMIT`]) and for its 4 members
-//! to be running (at most [`MEMBERS_WITHIN`] after that line), and sends the signal
-//! [`SIGNAL_AFTER`] (1.5 s) after that line, mid-run (a run is about 4 s without a signal):
+//! members' stdin pipes and they stop the same way, and the private `redis-server` it started
+//! dies with it (its watchdog, `admission_redis::test_util::PrivateServer`) and its directory is
+//! removed. Each is `agents --fleet 4 --time-scale 300 --admit-timeout 3600 --check`: the
+//! `term-parent` run against a `redis-server` this step starts for the run and stops after it
+//! (`--redis 127.0.0.1:PORT`, [`services`]), so that the cells can still be read once the parent
+//! is gone; the `kill-parent` run on the parent's own private server, whose pid, port and
+//! directory it prints (`private redis-server: pid N, port P, directory D`). The xtask waits for
+//! the parent's `== fleet:` line (printed once its cells exist, just before it starts its
+//! members; at most [`STARTUP_LIMIT`]) and for its 4 members to be running (at most
+//! [`MEMBERS_WITHIN`] after that line), and sends the signal [`SIGNAL_AFTER`] (1.5 s) after that
+//! line, mid-run (a run is about 4 s without a signal):
 //!
 //! | run           | signal  | passes when                                                     |
 //! |---------------|---------|-----------------------------------------------------------------|
-//! | `term-parent` | SIGTERM | the parent says it forwarded SIGTERM and exits within [`TERM_EXIT_LIMIT`] (20 s), having printed both tables, `(4 of 4 processes reported`, and a verdict whose every `check:` line is the signal's own (below); no member is left running once it exited; nothing is held |
-//! | `kill-parent` | SIGKILL | every member exits within [`MEMBER_EXIT_LIMIT`] (10 s) of the signal, each having written its report line (in `<out>/fleet/member-I.out`), at least one of them interrupted (so the closed pipe, not the end of the work, stopped it); nothing is held |
+//! | `term-parent` | SIGTERM | the parent says it forwarded SIGTERM and exits within [`TERM_EXIT_LIMIT`] (20 s), having printed both tables, `(4 of 4 processes reported`, and a verdict whose every `check:` line is the signal's own (below); no member is left running once it exited; nothing is held in Redis |
+//! | `kill-parent` | SIGKILL | every member exits within [`MEMBER_EXIT_LIMIT`] (10 s) of the signal, each having written its report line (in `<out>/fleet/member-I.out`), at least one of them interrupted (so the closed pipe, not the end of the work, stopped it); the private `redis-server` is gone within [`SERVER_GONE_LIMIT`] (5 s) of the signal and its directory removed |
 //!
 //! A run stopped mid-way cannot pass the parent's `--check`: it exits 1 with `check: FAILED:`
 //! lines. Those are the signal's own, and no failure of the fleet, when each is one of: the run
@@ -64,8 +74,8 @@
 //! in flight) and `sb` (bytes in flight) at 0 or absent and no lease record (`r:<id>`) or waiter
 //! record (`q:<id>`). A member is found by its command line in `/proc`: `--fleet-member`, the
 //! run's `--redis` endpoint (a fresh port each run) and an argument under the run's out
-//! directory; a zombie is not running. That is Linux's: elsewhere no member is found and the
-//! signal runs fail.
+//! directory; a process is gone when `/proc` has no entry for it or it is a zombie. That is
+//! Linux's: elsewhere no member is found and the signal runs fail.
 //!
 //! # Bounds
 //!
@@ -74,13 +84,15 @@
 //! run directly, so that a run can be stopped by its own pid: a fault run that outlives
 //! [`RUN_LIMIT`] gets SIGTERM (the parent forwards it to its members, which give their leases
 //! back, and still prints its verdict), then SIGKILL after [`STOP_GRACE`]; a signal run's parent
-//! or members still running at their bound are SIGKILLed by pid and the run fails. The five runs
-//! take about 55 s on a 2-core machine once the example is built (the three single-server faults
-//! about 34 s, `kill-master` about 16 s: 2 s to start and join its cluster and 14 s of run, each
-//! signal run about 2 s); [`RUN_LIMIT`] and [`STOP_GRACE`] bound a fault run at 45 s (a
-//! `kill-master` parent SIGTERMed stops its cluster's nodes on its way out), and the bounds
-//! above a signal run at about a minute (`term-parent`) or 40 s (`kill-parent`), which only a
-//! run that hangs reaches.
+//! or members still running at their bound are SIGKILLed by pid and the run fails. The eight
+//! runs take about 70 s on a 2-core machine once the example is built (`restart` about 14 s,
+//! `restart-fsync` 5 s, `pause` 6 s, `kill-member` 12 to 14 s (it reads the cells once the
+//! killed member's leases reached their TTL), `kill-master` 16 to 18 s and `failover` 5 s, each
+//! cluster run 2 s of it to start and join the cluster, `term-parent` 2 s and `kill-parent` 5 s:
+//! its members stop about 3 s after the parent's death); [`RUN_LIMIT`] and
+//! [`STOP_GRACE`] bound a fault run at 45 s (a cluster run's parent SIGTERMed stops its
+//! cluster's nodes on its way out), and the bounds above a signal run at about a minute
+//! (`term-parent`) or 40 s (`kill-parent`), which only a run that hangs reaches.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -97,17 +109,117 @@ use crate::services::{self, Service};
 use crate::step::Workspace;
 
 /// The faults, in the order they run.
-pub(crate) const FAULTS: [&str; 4] = ["restart", "pause", "kill-member", "kill-master"];
+pub(crate) const FAULTS: [&str; 6] = [
+    "restart",
+    "restart-fsync",
+    "pause",
+    "kill-member",
+    "kill-master",
+    "failover",
+];
+
+/// What each fault's `chaos: resumed:` line must say: the latest first admission its rule
+/// allows, in milliseconds after the fault's reference instant (`examples/agents/chaos.rs`), the
+/// earliest when the rule fixes one (a lossy restart's recovery: one lease TTL, 10 s), and
+/// whether it loses nothing acknowledged (then no job may fail and no cell recover).
+pub(crate) const BOUNDS: [Bound; 6] = [
+    Bound::new("restart", Some(10_000), 11_000, false),
+    Bound::new("restart-fsync", None, 500, true),
+    Bound::new("pause", None, 500, false),
+    Bound::new("kill-member", None, 1_000, false),
+    Bound::new("kill-master", None, 11_000, false),
+    Bound::new("failover", None, 1_000, true),
+];
+
+/// One fault's bound (see [`BOUNDS`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Bound {
+    fault: &'static str,
+    /// The earliest the first admission may come, ms after the reference, if the rule fixes it.
+    earliest_ms: Option<u64>,
+    /// The latest, ms after the reference.
+    latest_ms: u64,
+    /// No job may fail and no cell may recover.
+    lossless: bool,
+}
+
+impl Bound {
+    const fn new(
+        fault: &'static str,
+        earliest_ms: Option<u64>,
+        latest_ms: u64,
+        lossless: bool,
+    ) -> Bound {
+        Bound {
+            fault,
+            earliest_ms,
+            latest_ms,
+            lossless,
+        }
+    }
+
+    /// The bound of `fault`.
+    fn of(fault: &str) -> Option<Bound> {
+        BOUNDS.iter().copied().find(|b| b.fault == fault)
+    }
+
+    /// What is wrong with a run's verdict against this bound (empty when nothing).
+    fn judge(&self, verdict: &Verdict) -> Vec<String> {
+        let mut wrong = Vec::new();
+        match &verdict.resumed {
+            None => wrong
+                .push("no `chaos: resumed:` line: when admission resumed is unknown".to_owned()),
+            Some(resumed) => {
+                let (earliest, latest) = resumed.bound_ms;
+                if latest != self.latest_ms || self.earliest_ms.is_some_and(|e| e != earliest) {
+                    wrong.push(format!(
+                        "the run's bound is {earliest} to {latest} ms, not the {}'s {}{} ms",
+                        self.fault,
+                        self.earliest_ms
+                            .map_or_else(String::new, |e| format!("{e} to ")),
+                        self.latest_ms
+                    ));
+                }
+                match resumed.after_ms {
+                    None => wrong.push("admission never resumed after the fault".to_owned()),
+                    Some(after) if after < earliest || after > latest => wrong.push(format!(
+                        "the first admission came {after} ms after the reference, outside {earliest} to {latest} ms"
+                    )),
+                    Some(_) if !resumed.ok => {
+                        wrong.push("the run judged its resumption FAILED".to_owned());
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        match verdict.jobs {
+            None => wrong.push("no `chaos: jobs failed:` line".to_owned()),
+            Some((failed, _)) if self.lossless && failed > 0 => wrong.push(format!(
+                "{failed} jobs failed through a fault that loses nothing acknowledged"
+            )),
+            Some(_) => {}
+        }
+        if self.lossless && verdict.recovered != Some(false) {
+            wrong.push(
+                "no `chaos: recovery: none` line after a fault that loses nothing acknowledged"
+                    .to_owned(),
+            );
+        }
+        wrong
+    }
+}
 
 /// The signal runs, after the faults: each one's name and the signal its parent gets.
 const SIGNAL_RUNS: [SignalRun; 2] = [
     SignalRun {
         name: "term-parent",
         signal: "TERM",
+        private: false,
     },
     SignalRun {
         name: "kill-parent",
         signal: "KILL",
+        private: true,
     },
 ];
 
@@ -147,6 +259,13 @@ const TERM_EXIT_LIMIT: Duration = Duration::from_secs(20);
 const MEMBER_EXIT_LIMIT: Duration = Duration::from_secs(10);
 /// How long the rest of a parent's output may take to arrive once it exited.
 const OUTPUT_DRAIN: Duration = Duration::from_secs(5);
+/// How long after a SIGKILLed parent its private redis-server may still run and its directory
+/// still exist (its watchdog kills it at once; the directory's guard retries for up to 5 s).
+const SERVER_GONE_LIMIT: Duration = Duration::from_secs(5);
+
+/// What starts the parent's line about its private redis-server (`examples/agents/multi.rs`,
+/// `PRIVATE_SERVER_PREFIX`).
+const PRIVATE_SERVER_PREFIX: &str = "private redis-server: ";
 
 /// What starts a member's report line (`examples/agents/multi.rs`, `REPORT_PREFIX`).
 const REPORT_PREFIX: &str = "fleet-member-report: ";
@@ -156,11 +275,61 @@ const CELL_KEYS: [&str; 7] = ["cfg", "occ", "exp", "events", "quota", "line", "l
 /// What one run printed and how it ended.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Verdict {
-    /// `chaos: ...` lines: the failed jobs judged against the outage, after a failover the
-    /// election's time, and the first admission after the server's (the cluster's) return.
+    /// `chaos: ...` lines: the failed jobs judged against the resumption, after a failover the
+    /// election's time, the first admission after the fault against its bound, the recoveries.
     chaos: Vec<String>,
     /// `check: ...` lines: the verdict.
     check: Vec<String>,
+    /// The `chaos: resumed:` line, read.
+    resumed: Option<Resumed>,
+    /// The `chaos: jobs failed: F of N` line, read: F and N.
+    jobs: Option<(u64, u64)>,
+    /// The `chaos: recovery:` line, read: whether a cell recovered after the fault.
+    recovered: Option<bool>,
+}
+
+/// A `chaos: resumed:` line: `first admission[ on the failed-over cells] A ms after REFERENCE,
+/// bound E to L ms: ok|FAILED (...)`, or `no admission[...] after REFERENCE, bound E to L ms:
+/// FAILED`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Resumed {
+    /// A: the first admission, ms after the reference; `None` when there was none.
+    after_ms: Option<u64>,
+    /// E and L.
+    bound_ms: (u64, u64),
+    /// Whether the run judged it `ok`.
+    ok: bool,
+}
+
+impl Resumed {
+    fn parse(line: &str) -> Option<Resumed> {
+        let rest = line.strip_prefix("chaos: resumed: ")?;
+        let (what, bound) = rest.split_once(", bound ")?;
+        let after_ms = if what.starts_with("first admission") {
+            let (before, _) = what.split_once(" ms after ")?;
+            Some(before.rsplit(' ').next()?.parse().ok()?)
+        } else if what.starts_with("no admission") {
+            None
+        } else {
+            return None;
+        };
+        let (earliest, rest) = bound.split_once(" to ")?;
+        let (latest, rest) = rest.split_once(" ms: ")?;
+        Some(Resumed {
+            after_ms,
+            bound_ms: (earliest.parse().ok()?, latest.parse().ok()?),
+            ok: rest.starts_with("ok"),
+        })
+    }
+}
+
+/// `chaos: jobs failed: F of N ...`: F and N.
+fn jobs_failed(line: &str) -> Option<(u64, u64)> {
+    let rest = line.strip_prefix("chaos: jobs failed: ")?;
+    let mut words = rest.split_whitespace();
+    let failed = words.next()?.parse().ok()?;
+    (words.next()? == "of").then_some(())?;
+    Some((failed, words.next()?.parse().ok()?))
 }
 
 impl Verdict {
@@ -171,13 +340,20 @@ impl Verdict {
             "chaos: jobs failed:",
             "chaos: FAILED",
             "chaos: election:",
-            "chaos: first admission",
-            "chaos: no admission recorded",
+            "chaos: resumed:",
+            "chaos: recovery:",
         ]
         .iter()
         .any(|prefix| line.starts_with(prefix))
         {
             self.chaos.push(line.to_owned());
+            if line.starts_with("chaos: resumed:") {
+                self.resumed = Resumed::parse(line);
+            } else if let Some(jobs) = jobs_failed(line) {
+                self.jobs = Some(jobs);
+            } else if let Some(rest) = line.strip_prefix("chaos: recovery: ") {
+                self.recovered = Some(!rest.starts_with("none"));
+            }
         } else if line.starts_with("check: ") {
             self.check.push(line.to_owned());
         }
@@ -230,10 +406,15 @@ pub(crate) fn run(ws: &Workspace) -> Result<ExitCode> {
         if verdict.check.is_empty() {
             lines.push("(no verdict printed)".to_owned());
         }
+        let wrong = Bound::of(fault).map_or_else(
+            || vec![format!("no bound is known for {fault}")],
+            |bound| bound.judge(&verdict),
+        );
+        lines.extend(wrong.iter().map(|w| format!("FAILED (xtask): {w}")));
         outcomes.push(Outcome {
             name: fault.to_string(),
             seconds: run_started.elapsed().as_secs_f64(),
-            passed: ok && verdict.passed(),
+            passed: ok && verdict.passed() && wrong.is_empty(),
             lines,
         });
     }
@@ -410,6 +591,9 @@ struct SignalRun {
     name: &'static str,
     /// The signal, as `kill -s` names it.
     signal: &'static str,
+    /// The fleet runs on the parent's own private redis-server (checked to be gone with the
+    /// parent), not on one this step starts (checked to hold nothing).
+    private: bool,
 }
 
 /// What a signal run found: what it saw, and what fails it.
@@ -458,24 +642,34 @@ impl SignalRun {
         format!("SIG{}", self.signal)
     }
 
-    /// Starts a `redis-server` for the run, runs it, and stops the server.
+    /// Runs it: on a `redis-server` started for the run (stopped after it), or on the parent's
+    /// own private server.
     fn run(self, exe: &Path, root: &Path, out_dir: &Path, place: &str) -> Result<Found> {
         println!(
-            "==> chaos {place} {}: {} to the fleet's parent mid-run, on a redis-server of the run's own",
+            "==> chaos {place} {}: {} to the fleet's parent mid-run, on {}",
             self.name,
-            self.signal_name()
+            self.signal_name(),
+            if self.private {
+                "the parent's own private redis-server"
+            } else {
+                "a redis-server of the run's own"
+            }
         );
-        let redis = services::start(&[Service::Redis])?;
-        let port = redis
-            .env()
-            .iter()
-            .find_map(|(_, url)| redis_port(url))
-            .context("the redis-server started for the run has no port in its URL")?;
-        let endpoint = format!("127.0.0.1:{port}");
         // A member's report left by an earlier run must not stand in for this one's.
         let _ = fs::remove_dir_all(out_dir.join("fleet"));
         let mut args: Vec<String> = RUN_ARGS.iter().map(|a| a.to_string()).collect();
-        args.extend(["--redis".to_owned(), endpoint.clone()]);
+        let redis = if self.private {
+            None
+        } else {
+            let redis = services::start(&[Service::Redis])?;
+            let port = redis
+                .env()
+                .iter()
+                .find_map(|(_, url)| redis_port(url))
+                .context("the redis-server started for the run has no port in its URL")?;
+            args.extend(["--redis".to_owned(), format!("127.0.0.1:{port}")]);
+            Some((redis, port))
+        };
         args.extend(["--out-dir".to_owned(), out_dir.display().to_string()]);
         println!(
             "==> chaos {}: {} {} ({} to the parent {:.1} s after its `== fleet:` line)",
@@ -486,30 +680,36 @@ impl SignalRun {
             SIGNAL_AFTER.as_secs_f64()
         );
         let _ = std::io::stdout().flush();
-        let found = self.drive(exe, &args, root, &endpoint, port, out_dir);
-        let stopped = redis.stop();
+        let found = self.drive(
+            exe,
+            &args,
+            root,
+            redis.as_ref().map(|(_, port)| *port),
+            out_dir,
+        );
         let mut found = found?;
-        if let Err(error) = stopped {
+        if let Some((redis, _)) = redis
+            && let Err(error) = redis.stop()
+        {
             found.fail(format!("the run's redis-server did not stop: {error:#}"));
         }
         Ok(found)
     }
 
     /// Starts the parent, signals it mid-run, and checks the parent's output, its members and
-    /// the server.
+    /// the server: on `port`, the one started for the run, nothing held; else the parent's own
+    /// private server, gone with it.
     fn drive(
         self,
         exe: &Path,
         args: &[String],
         root: &Path,
-        endpoint: &str,
-        port: u16,
+        port: Option<u16>,
         out_dir: &Path,
     ) -> Result<Found> {
         let mut found = Found::default();
         let signal_name = self.signal_name();
         let out_dir_text = out_dir.display().to_string();
-        let members_now = || running_members(endpoint, &out_dir_text);
         let (tx, lines) = mpsc::channel();
         // Once the receiver is gone the lines are still shown; the sender goes with the thread.
         let (child, _) = start_shown(exe, args, root, (), move |(), line| {
@@ -518,12 +718,25 @@ impl SignalRun {
         let mut parent = Parent(child);
         let mut out = ParentOutput::default();
 
-        // The parent's `== fleet:` line: its cells exist, its members start.
-        let Some(fleet_at) = wait_for(&lines, &mut out, Instant::now() + STARTUP_LIMIT) else {
-            found.fail(format!(
-                "the parent printed no `== fleet:` line within {} s (or exited first)",
-                STARTUP_LIMIT.as_secs()
-            ));
+        // The parent's `== fleet:` line: its cells exist, its members start (on the server it
+        // named before, if it started its own).
+        let fleet_at = wait_for(&lines, &mut out, Instant::now() + STARTUP_LIMIT);
+        let port = port.or(out.private.as_ref().map(|p| p.port));
+        let endpoint = port.map(|port| format!("127.0.0.1:{port}"));
+        let members_now = || {
+            endpoint
+                .as_deref()
+                .map_or_else(Vec::new, |e| running_members(e, &out_dir_text))
+        };
+        let (Some(fleet_at), Some(port)) = (fleet_at, port) else {
+            found.fail(if fleet_at.is_none() {
+                format!(
+                    "the parent printed no `== fleet:` line within {} s (or exited first)",
+                    STARTUP_LIMIT.as_secs()
+                )
+            } else {
+                format!("the parent printed no `{PRIVATE_SERVER_PREFIX}` line before its `== fleet:` line")
+            });
             drop(parent);
             stop_members(
                 &members_now,
@@ -536,6 +749,12 @@ impl SignalRun {
             );
             return Ok(found);
         };
+        if let Some(private) = &out.private {
+            found.saw(format!(
+                "the parent's private redis-server: pid {}, port {}, directory {}",
+                private.pid, private.port, private.dir
+            ));
+        }
         // Its members running.
         let mut seen = BTreeSet::new();
         loop {
@@ -628,6 +847,12 @@ impl SignalRun {
                 &mut found,
             );
         } else {
+            // The private server and its directory watched meanwhile, from the signal on.
+            let gone = out
+                .private
+                .clone()
+                .filter(|_| self.private)
+                .map(|private| thread::spawn(move || watch_gone(&private, signalled)));
             let left = stop_members(
                 &members_now,
                 signalled + MEMBER_EXIT_LIMIT,
@@ -644,9 +869,21 @@ impl SignalRun {
                 ));
             }
             judge_reports(&out_dir.join("fleet"), &mut found);
+            if let (Some(private), Some(gone)) = (&out.private, gone) {
+                match gone.join() {
+                    Ok(gone) => judge_gone(private, gone, &mut found),
+                    Err(_) => found.fail("the watch of the private redis-server panicked"),
+                }
+            }
         }
 
-        // And nothing held on the server.
+        // The parent's private server gone with it (above), or nothing held on the run's own.
+        if self.private {
+            if out.private.is_none() {
+                found.fail("the parent named no private redis-server");
+            }
+            return Ok(found);
+        }
         match read_cells(port) {
             Ok(cells) if cells.is_empty() => {
                 found.fail("no cell found on the run's redis-server: nothing to check");
@@ -789,6 +1026,8 @@ fn wait_child(
 /// What a fleet parent printed that a signal run looks at.
 #[derive(Debug, Default, PartialEq, Eq)]
 struct ParentOutput {
+    /// Its `private redis-server: ...` line, read.
+    private: Option<PrivateServer>,
     /// Its `== fleet: ...` line: the cells exist, the members start.
     fleet_started: bool,
     /// The signals it said it forwarded (`SIGTERM: forwarded to every member; ...`).
@@ -807,7 +1046,9 @@ impl ParentOutput {
     fn observe(&mut self, line: &str) {
         let line = line.trim_end();
         let words: Vec<&str> = line.split_whitespace().take(3).collect();
-        if line.starts_with("== fleet: ") {
+        if let Some(private) = PrivateServer::parse(line) {
+            self.private = Some(private);
+        } else if line.starts_with("== fleet: ") {
             self.fleet_started = true;
         } else if let Some((signal, _)) = line.split_once(": forwarded to every member")
             && signal.starts_with("SIG")
@@ -824,6 +1065,104 @@ impl ParentOutput {
             self.check.push(line.to_owned());
         }
     }
+}
+
+/// A parent's private redis-server, as its line names it: `private redis-server: pid N, port P,
+/// directory D (...)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct PrivateServer {
+    pid: u32,
+    port: u16,
+    dir: String,
+}
+
+impl PrivateServer {
+    fn parse(line: &str) -> Option<PrivateServer> {
+        let rest = line
+            .strip_prefix(PRIVATE_SERVER_PREFIX)?
+            .strip_prefix("pid ")?;
+        let (pid, rest) = rest.split_once(", port ")?;
+        let (port, rest) = rest.split_once(", directory ")?;
+        let dir = rest.split_once(" (").map_or(rest, |(dir, _)| dir);
+        Some(PrivateServer {
+            pid: pid.parse().ok().filter(|p| *p != 0)?,
+            port: port.parse().ok()?,
+            dir: dir.to_owned(),
+        })
+        .filter(|p| !p.dir.is_empty())
+    }
+}
+
+/// When a SIGKILLed parent's private redis-server was seen gone (no `/proc` entry, or a zombie)
+/// and its directory removed, after `signalled`; each `None` if not within [`SERVER_GONE_LIMIT`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Gone {
+    server: Option<Duration>,
+    dir: Option<Duration>,
+}
+
+/// Polls every 20 ms, from `signalled` for up to [`SERVER_GONE_LIMIT`], until `private`'s server
+/// is gone and its directory removed; a server still running then is SIGKILLed by pid.
+fn watch_gone(private: &PrivateServer, signalled: Instant) -> Gone {
+    let by = signalled + SERVER_GONE_LIMIT;
+    let dir = Path::new(&private.dir);
+    let mut gone = Gone::default();
+    loop {
+        let now = Instant::now();
+        if gone.server.is_none() && !server_runs(private.pid) {
+            gone.server = Some(now.duration_since(signalled));
+        }
+        if gone.dir.is_none() && !dir.exists() {
+            gone.dir = Some(now.duration_since(signalled));
+        }
+        if (gone.server.is_some() && gone.dir.is_some()) || now >= by {
+            break;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    if gone.server.is_none() {
+        let _ = services::signal_pid(private.pid, "KILL");
+    }
+    gone
+}
+
+/// The verdict on a SIGKILLed parent's private redis-server: gone and its directory removed
+/// within [`SERVER_GONE_LIMIT`] of the signal.
+fn judge_gone(private: &PrivateServer, gone: Gone, found: &mut Found) {
+    match gone.server {
+        Some(after) => found.saw(format!(
+            "the private redis-server (pid {}) was gone {:.2} s after the parent's SIGKILL",
+            private.pid,
+            after.as_secs_f64()
+        )),
+        None => found.fail(format!(
+            "the private redis-server (pid {}) was still running {} s after the parent's SIGKILL: SIGKILLed",
+            private.pid,
+            SERVER_GONE_LIMIT.as_secs()
+        )),
+    }
+    match gone.dir {
+        Some(after) => found.saw(format!(
+            "its directory {} was removed {:.2} s after",
+            private.dir,
+            after.as_secs_f64()
+        )),
+        None => found.fail(format!(
+            "its directory {} still existed {} s after the parent's SIGKILL",
+            private.dir,
+            SERVER_GONE_LIMIT.as_secs()
+        )),
+    }
+}
+
+/// Whether `pid` is a `redis-server` that runs: its `/proc` command line names it (a pid taken
+/// again by another process is not it) and it is no zombie.
+fn server_runs(pid: u32) -> bool {
+    fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|raw| {
+        cmdline_args(&raw)
+            .iter()
+            .any(|a| a.contains("redis-server"))
+    }) && !is_zombie(pid)
 }
 
 /// `(R of N processes reported; ...`: R and N.
@@ -1170,7 +1509,7 @@ mod tests {
         for line in [
             "== fleet: 4 processes ==",
             "chaos: restart at +1.00 s after the members started",
-            "chaos: jobs failed: 3 (3 timed out, 0 failed); 3 with their own deadline inside the outage, 0 not",
+            "chaos: jobs failed: 3 of 400 (0.8 %; 3 timed out, 0 failed); 3 with their own deadline between the fault and the resumption, 0 not",
             "check: passed (the fault was injected, ...)\n",
         ] {
             verdict.observe(line);
@@ -1178,7 +1517,7 @@ mod tests {
         assert_eq!(
             verdict.chaos,
             [
-                "chaos: jobs failed: 3 (3 timed out, 0 failed); 3 with their own deadline inside the outage, 0 not"
+                "chaos: jobs failed: 3 of 400 (0.8 %; 3 timed out, 0 failed); 3 with their own deadline between the fault and the resumption, 0 not"
             ]
         );
         assert_eq!(
@@ -1191,16 +1530,16 @@ mod tests {
         assert!(!verdict.passed());
         assert!(!Verdict::default().passed());
 
-        // A failover's run keeps its election and its first admission after the return, not the
-        // log lines of its course.
+        // A failover's run keeps its election, its jobs and its resumption, not the log lines of
+        // its course.
         let mut verdict = Verdict::default();
         let failover = [
-            "chaos: master 127.0.0.1:40001 (slot 1005, model-a's cell; cells on it: model-a) SIGKILLed at +1.03 s; waiting for a replica to take over",
-            "chaos: failover: 127.0.0.1:40006 took slot 1005 over at +3.52 s, 2482 ms after the kill; the cluster was ok again at +3.52 s; ...",
-            "chaos: kill-master: outage from +1.03 s to +13.52 s (12.48 s); ...",
-            "chaos: election: a replica took the killed master's slots over 2482 ms after the kill (at +3.52 s); the cluster was ok again at +3.52 s",
-            "chaos: jobs failed: 120 (120 timed out, 0 failed); 120 with their own deadline inside the outage, 0 not",
-            "chaos: first admission on the failed-over cells 9965 ms after the cluster returned",
+            "chaos: master 127.0.0.1:41217 (slot 972, model-a's cell; cells on it: model-a): SIGKILLed at +1.00 s; waiting for a replica to take over",
+            "chaos: failover: 127.0.0.1:39725 took the slot over at +3.26 s, 2254 ms after the fault; the cluster was ok again at +3.26 s; ...",
+            "chaos: kill-master: from the fault at +1.00 s to the first admission after it at +13.21 s (12.21 s); ...",
+            "chaos: election: a replica took the killed master's slots over 2254 ms after the fault (at +3.26 s); the cluster was ok again at +3.26 s",
+            "chaos: jobs failed: 117 of 400 (29.2 %; 117 timed out, 0 failed); 117 with their own deadline between the fault and the resumption, 0 not",
+            "chaos: resumed: first admission on the failed-over cells 9956 ms after the cluster was ok again, bound 7745 to 11000 ms: ok (at +13.21 s)",
             "chaos: most held at once by the members' clocks: ...",
             "check: passed (the fault was injected, ...)",
         ];
@@ -1209,9 +1548,141 @@ mod tests {
         }
         assert_eq!(verdict.chaos, [failover[3], failover[4], failover[5]]);
         assert!(verdict.passed());
-        let mut nothing = Verdict::default();
-        nothing.observe("chaos: no admission recorded after the server returned");
-        assert_eq!(nothing.chaos.len(), 1);
+        assert_eq!(verdict.jobs, Some((117, 400)));
+        assert_eq!(
+            verdict.resumed,
+            Some(Resumed {
+                after_ms: Some(9_956),
+                bound_ms: (7_745, 11_000),
+                ok: true
+            })
+        );
+        assert_eq!(verdict.recovered, None);
+        assert_eq!(
+            Bound::of("kill-master").unwrap().judge(&verdict),
+            Vec::<String>::new()
+        );
+        verdict.observe("chaos: recovery: 1 after the fault (model-a promoted at +3.21 s)");
+        assert_eq!(verdict.recovered, Some(true));
+        assert_eq!(verdict.chaos.len(), 4);
+    }
+
+    #[test]
+    fn resumed_lines_and_job_counts_are_read() {
+        assert_eq!(
+            Resumed::parse(
+                "chaos: resumed: first admission 102 ms after the server was ready again, bound 0 to 500 ms: ok (at +3.17 s)"
+            ),
+            Some(Resumed {
+                after_ms: Some(102),
+                bound_ms: (0, 500),
+                ok: true
+            })
+        );
+        assert_eq!(
+            Resumed::parse(
+                "chaos: resumed: first admission 10154 ms after the new server process started, bound 10000 to 11000 ms: FAILED (at +13.17 s; 10101 ms after the server was ready again)"
+            ),
+            Some(Resumed {
+                after_ms: Some(10_154),
+                bound_ms: (10_000, 11_000),
+                ok: false
+            })
+        );
+        assert_eq!(
+            Resumed::parse(
+                "chaos: resumed: no admission on the failed-over cells after the cluster was ok again, bound 7745 to 11000 ms: FAILED"
+            ),
+            Some(Resumed {
+                after_ms: None,
+                bound_ms: (7_745, 11_000),
+                ok: false
+            })
+        );
+        assert_eq!(Resumed::parse("chaos: resumed: soon"), None);
+        assert_eq!(Resumed::parse("chaos: first admission 5 ms after"), None);
+        assert_eq!(
+            jobs_failed(
+                "chaos: jobs failed: 168 of 400 (42.0 %; 168 timed out, 0 failed); 168 with ..."
+            ),
+            Some((168, 400))
+        );
+        assert_eq!(jobs_failed("chaos: jobs failed: 3 (3 timed out)"), None);
+    }
+
+    #[test]
+    fn each_fault_is_held_to_its_own_bound() {
+        let verdict = |lines: &[&str]| {
+            let mut verdict = Verdict::default();
+            for line in lines {
+                verdict.observe(line);
+            }
+            verdict
+        };
+        let lossless = Bound::of("restart-fsync").unwrap();
+        let clean = verdict(&[
+            "chaos: jobs failed: 0 of 400 (0.0 %; 0 timed out, 0 failed); 0 with their own deadline between the fault and the resumption, 0 not",
+            "chaos: resumed: first admission 102 ms after the server was ready again, bound 0 to 500 ms: ok (at +3.17 s)",
+            "chaos: recovery: none after the fault",
+        ]);
+        assert_eq!(lossless.judge(&clean), Vec::<String>::new());
+        // A job failed, a cell recovered, the first admission out of its bound.
+        let bad = verdict(&[
+            "chaos: jobs failed: 2 of 400 (0.5 %; 2 timed out, 0 failed); 2 with their own deadline between the fault and the resumption, 0 not",
+            "chaos: resumed: first admission 10102 ms after the server was ready again, bound 0 to 500 ms: FAILED (at +13.17 s)",
+            "chaos: recovery: 3 after the fault (model-a restarted at +3.16 s, ...): FAILED (...)",
+        ]);
+        assert_eq!(
+            lossless.judge(&bad),
+            [
+                "the first admission came 10102 ms after the reference, outside 0 to 500 ms",
+                "2 jobs failed through a fault that loses nothing acknowledged",
+                "no `chaos: recovery: none` line after a fault that loses nothing acknowledged",
+            ]
+        );
+        // Admission that never resumed, and a run that printed nothing to judge.
+        let never = verdict(&[
+            "chaos: jobs failed: 160 of 400 (40.0 %; 160 timed out, 0 failed); 0 with their own deadline between the fault and the resumption, 160 not",
+            "chaos: resumed: no admission after the new server process started, bound 10000 to 11000 ms: FAILED",
+        ]);
+        let restart = Bound::of("restart").unwrap();
+        assert_eq!(
+            restart.judge(&never),
+            ["admission never resumed after the fault"]
+        );
+        assert_eq!(
+            restart.judge(&Verdict::default()),
+            [
+                "no `chaos: resumed:` line: when admission resumed is unknown",
+                "no `chaos: jobs failed:` line",
+            ]
+        );
+        // A run that loosened its bound, or resumed before a lossy restart's recovery ended.
+        let loose = verdict(&[
+            "chaos: jobs failed: 0 of 400 (0.0 %)",
+            "chaos: resumed: first admission 1500 ms after the new server process started, bound 0 to 20000 ms: ok (at +4.5 s)",
+        ]);
+        assert_eq!(
+            restart.judge(&loose),
+            [
+                "the run's bound is 0 to 20000 ms, not the restart's 10000 to 11000 ms",
+                "the first admission came 1500 ms after the reference, outside 0 to 20000 ms",
+            ][..1]
+        );
+        let early = verdict(&[
+            "chaos: jobs failed: 0 of 400 (0.0 %)",
+            "chaos: resumed: first admission 9000 ms after the new server process started, bound 10000 to 11000 ms: FAILED (at +12 s)",
+        ]);
+        assert_eq!(
+            restart.judge(&early),
+            ["the first admission came 9000 ms after the reference, outside 10000 to 11000 ms"]
+        );
+        assert!(Bound::of("reboot").is_none());
+        assert_eq!(
+            BOUNDS.map(|b| b.fault),
+            FAULTS,
+            "every fault has its bound, in the same order"
+        );
     }
 
     #[test]
@@ -1263,11 +1734,68 @@ mod tests {
     }
 
     #[test]
+    fn a_parents_private_server_is_read_from_its_line() {
+        let line = "private redis-server: pid 28031, port 44847, directory /tmp/admission-redis-s6p6RP (stopped with this process, however it ends)";
+        let private = PrivateServer {
+            pid: 28_031,
+            port: 44_847,
+            dir: "/tmp/admission-redis-s6p6RP".to_owned(),
+        };
+        assert_eq!(PrivateServer::parse(line), Some(private.clone()));
+        assert_eq!(
+            parent_output(&[line, TERM_OUTPUT[0]]),
+            ParentOutput {
+                private: Some(private),
+                fleet_started: true,
+                ..ParentOutput::default()
+            }
+        );
+        for bad in [
+            "private redis-server: pid 0, port 1, directory /x",
+            "private redis-server: pid x, port 1, directory /x",
+            "private redis-server: pid 5, port 70000, directory /x",
+            "private redis-server: pid 5, port 1, directory ",
+            "a private redis-server: pid 5, port 1, directory /x",
+        ] {
+            assert_eq!(PrivateServer::parse(bad), None, "{bad}");
+        }
+        // This process is a redis-server neither, nor is a pid that does not exist.
+        assert!(!server_runs(std::process::id()));
+        assert!(!server_runs(u32::MAX));
+
+        let private = PrivateServer::parse(line).unwrap();
+        let mut found = Found::default();
+        let gone = Gone {
+            server: Some(Duration::from_millis(40)),
+            dir: Some(Duration::from_millis(60)),
+        };
+        judge_gone(&private, gone, &mut found);
+        assert_eq!(
+            found.seen,
+            [
+                "the private redis-server (pid 28031) was gone 0.04 s after the parent's SIGKILL",
+                "its directory /tmp/admission-redis-s6p6RP was removed 0.06 s after",
+            ]
+        );
+        assert!(found.failures.is_empty());
+        let mut found = Found::default();
+        judge_gone(&private, Gone::default(), &mut found);
+        assert_eq!(
+            found.failures,
+            [
+                "the private redis-server (pid 28031) was still running 5 s after the parent's SIGKILL: SIGKILLed",
+                "its directory /tmp/admission-redis-s6p6RP still existed 5 s after the parent's SIGKILL",
+            ]
+        );
+    }
+
+    #[test]
     fn a_parents_output_is_read_for_its_start_forwarding_tables_reports_and_verdict() {
         let out = parent_output(TERM_OUTPUT);
         assert_eq!(
             out,
             ParentOutput {
+                private: None,
                 fleet_started: true,
                 forwarded: vec!["SIGTERM".to_owned()],
                 process_table: true,
@@ -1575,7 +2103,17 @@ mod tests {
 
     #[test]
     fn the_fault_runs_are_bounded_and_the_failover_is_one_of_them() {
-        assert_eq!(FAULTS, ["restart", "pause", "kill-member", "kill-master"]);
+        assert_eq!(
+            FAULTS,
+            [
+                "restart",
+                "restart-fsync",
+                "pause",
+                "kill-member",
+                "kill-master",
+                "failover"
+            ]
+        );
         // Each fault run is bounded, the longest outage (a failover's, about 12.5 s, after
         // 2 s of cluster start) and the run's own timeout well inside it.
         assert!(RUN_LIMIT >= Duration::from_secs(30));
@@ -1591,10 +2129,10 @@ mod tests {
     fn the_fleet_size_is_the_one_the_runs_ask_for() {
         assert_eq!(RUN_ARGS[..2], ["--fleet", FLEET.to_string().as_str()]);
         assert_eq!(
-            SIGNAL_RUNS.map(|r| (r.name, r.signal_name())),
+            SIGNAL_RUNS.map(|r| (r.name, r.signal_name(), r.private)),
             [
-                ("term-parent", "SIGTERM".to_owned()),
-                ("kill-parent", "SIGKILL".to_owned())
+                ("term-parent", "SIGTERM".to_owned(), false),
+                ("kill-parent", "SIGKILL".to_owned(), true)
             ]
         );
     }

@@ -62,24 +62,34 @@ commands:
   public-items [--bless]   each library crate's public items (rustdoc JSON on stable, rendered by
                            public-api) against public-items/CRATE.txt: fails on any added or
                            removed line; --bless rewrites the lists, to commit with the change
-  chaos                    the agents fleet through four real faults and two signals to its
-                           parent, one run each (about 55 s once the example is built; each run
+  chaos                    the agents fleet through six real faults and two signals to its
+                           parent, one run each (about 70 s once the example is built; each run
                            bounded): agents --fleet 4 --time-scale 300 --admit-timeout 3600
                            --check --chaos FAULT for FAULT = restart (its private redis-server
-                           SIGKILLed 1 s in and started again on its port 2 s later), pause
-                           (CLIENT PAUSE 3000), kill-member (one member SIGKILLed) and
-                           kill-master (on a private six-node Redis Cluster, the master serving
-                           the first model's cell SIGKILLed), each failing on a job that failed
-                           unless its own deadline fell inside the outage, a ceiling exceeded, or
-                           anything still held in Redis; then the
-                           same without --chaos, on a redis-server of the run's own (--redis),
-                           its parent sent a signal 1.5 s after its `== fleet:` line:
-                           term-parent (SIGTERM: the parent must forward it and exit within
-                           20 s with its tables, 4 of 4 processes reported and a verdict that
-                           fails only for the signal, no member left) and kill-parent (SIGKILL:
-                           every member must exit within 10 s and write its report); after
-                           either, nothing held in Redis (redis-cli: every cell's exp, line and
-                           live empty, occ without st, sb, r: or q:)
+                           SIGKILLed 1 s in and started again on its port 2 s later),
+                           restart-fsync (the same, the server fsyncing every write and the
+                           cells told so), pause (CLIENT PAUSE 3000), kill-member (one member
+                           SIGKILLed), kill-master (on a private six-node Redis Cluster, the
+                           master serving the first model's cell SIGKILLed) and failover
+                           (CLUSTER FAILOVER to that master's replica, the cells waiting for one
+                           replica), each failing when admission did not resume within the
+                           fault's bound (restart: 10 to 11 s after the new process started;
+                           restart-fsync: 0.5 s after the server was back; pause: 0.5 s after
+                           it ended; kill-member: 1 s after the kill; kill-master: 11 s after
+                           the cluster was ok again; failover: 1 s after the new master
+                           answered), on a job that failed unless its own deadline fell
+                           between the fault and that resumption (any, after restart-fsync or
+                           failover, and any recovery there), a ceiling exceeded, or anything
+                           still held in Redis; then the same without --chaos, its parent sent
+                           a signal 1.5 s after its `== fleet:` line: term-parent (on a
+                           redis-server of the run's own, --redis; SIGTERM: the parent must
+                           forward it and exit within 20 s with its tables, 4 of 4 processes
+                           reported and a verdict that fails only for the signal, no member
+                           left, nothing held in Redis: redis-cli finds every cell's exp, line
+                           and live empty, occ without st, sb, r: or q:) and kill-parent (on
+                           the parent's own private redis-server; SIGKILL: every member must
+                           exit within 10 s and write its report, and the private server must
+                           be gone within 5 s and its directory removed)
   soak [N]                 the core soak test at N admissions (default 1,000,000) in release:
                            threads and tasks, cancellations, 1 ms timeouts, abandoned futures;
                            prints the tally, fails on any overdraw, hang or leaked unit
