@@ -44,7 +44,8 @@ mod imp {
 
     /// The monitor's own lock, without poisoning: the standard library's futex mutex, which
     /// spins briefly and then sleeps in the kernel. `parking_lot`'s was measured beside it in
-    /// one sitting, runs interleaved (BENCHMARKS.md, "the lock, measured"): under contention
+    /// one sitting, runs interleaved (`docs/benchmarks/2026-12-03-monitor-second-engine.md`, the
+    /// fourth step): under contention
     /// the standard mutex took less time with tasks holding across an await (median 474 against
     /// 580 ms, 422 against 567 ms) and made about as many context switches; `parking_lot`'s
     /// fair unlock let a probe in sooner between a long pass's batches (0.17 against 0.67 ms at
@@ -164,7 +165,7 @@ mod imp {
         /// switch to sleep and one to wake, and the standard mutex's own spin stops as soon as
         /// one thread sleeps on it. Measured on the contended bench (two workers on 8 permits
         /// held across a yield): the monitor lock's sleeps were two thirds of the run's context
-        /// switches (BENCHMARKS.md, the eighth step).
+        /// switches (`docs/benchmarks/2026-12-03-monitor-second-engine.md`, the eighth step).
         fn try_spinning(&self) -> Option<std::sync::MutexGuard<'_, T>> {
             for round in 0..=SPIN_ROUNDS {
                 let pauses = if round == 0 { 0 } else { 1u32 << round.min(6) };

@@ -10,7 +10,7 @@
 //! than the cell grants; what a slice adds is a shift in time: a call may be made up to `hold`
 //! after the grant reached the process, itself a round trip after the debit, so one second of
 //! the fleet's calls may hold up to `hold` worth of rate more than one second of the cell's
-//! grants (measured in BENCHMARKS.md: at most 5.2 % of the limit at 1,000 calls a second, with
+//! grants (measured in `docs/benchmarks/2026-12-02-admission-redis-rates.md`: at most 5.2 % of the limit at 1,000 calls a second, with
 //! slices of 64 calls held 100 ms).
 //!
 //! Which to use: a lease per call is exact (one second of calls is one second of grants) and

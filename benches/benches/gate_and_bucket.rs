@@ -8,7 +8,7 @@
 //!   of one thread while the other competes.
 //!
 //! Budgets are so large that no bench drains them, so every take succeeds. Runs are kept short
-//! (about a second of measurement per bench); `BENCHMARKS.md` records a run and the ratios. The
+//! (about a second of measurement per bench); `docs/benchmarks/2026-11-30-first-benchmarks.md` records a run and the ratios. The
 //! accounts are called through `&dyn Account`, as the monitor calls them. Run with
 //! `cargo bench -p admission-benches --bench gate_and_bucket`.
 

@@ -11,8 +11,8 @@
 //!   head), against as many parked tokio `acquire` futures dropped; per drop (criterion's
 //!   throughput: elements are drops).
 //!
-//! The accounts are the test-kit's reference accounts (`Permits`, `Meter`), as when BENCHMARKS.md's
-//! "Earlier measurements" were recorded; the side-by-side benches (`side_by_side`) measure the
+//! The accounts are the test-kit's reference accounts (`Permits`, `Meter`), as when the "Earlier
+//! measurements" of `docs/benchmarks/2026-11-30-first-benchmarks.md` were recorded; the side-by-side benches (`side_by_side`) measure the
 //! same paths on the production families. Run with
 //! `cargo bench -p admission-benches --bench monitor`.
 

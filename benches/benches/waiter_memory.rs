@@ -4,9 +4,9 @@
 //!
 //! The demands (their entries: an account reference and an amount each), the job contexts and
 //! the futures themselves (pinned, each in a box of its own: the caller's storage, as a task's
-//! would be) are all built before the count starts, so the figure is what parking adds: the
-//! waiter's record in the line, its cancellation listener, its holds. (Its outcome cell lives in
-//! the future.) Three demand shapes (1, 3 and 8 entries) show what grows with the entries.
+//! would be) are all built before the count starts, so the figure is what parking adds to the
+//! monitor's heap: the waiter's slot in the line's slab (its record, outcome cell and waker live
+//! in the future). Three demand shapes (1, 3 and 8 entries) show what grows with the entries.
 //!
 //! Run with `cargo bench -p admission-benches --bench waiter_memory`; results in
 //! `target/side-by-side/waiter_memory.json`.

@@ -668,11 +668,11 @@ fn rows() -> Vec<Row> {
         ),
         row(
             "7",
-            "heap held per parked waiter, one entry (line record, outcome cell, waker), counted by `dhat`",
+            "heap the monitor holds per parked waiter, one entry (its slot in the line's slab; the record, outcome and waker live in the caller's future), counted by `dhat`",
             Unit::Bytes,
             H(MEMORY_PART, "heap_bytes_per_waiter_1_entries", 1.0),
             Src::Nothing,
-            Goal::BytesAtMost(256.0),
+            Goal::BytesAtMost(64.0),
             "",
         ),
         row(
