@@ -25,7 +25,7 @@
 //!   [`record_advisory_pressure`](ElasticWindow::record_advisory_pressure) add 1.0, up to the
 //!   configured cap (9.0 by default). [`record_success`](ElasticWindow::record_success) takes 0.2
 //!   off every `successes_per_decrease` successes (3 by default), or 0.5 off every success once
-//!   [`FAST_RECOVERY_AFTER`] has passed without pressure; never below zero. A relaxation calls
+//!   five minutes have passed without pressure; never below zero. A relaxation calls
 //!   the monitor's wake slot; a tightening does not (a deadline computed under the shorter window
 //!   is merely re-asked early).
 //! - **Circuit.** `failures_at_max_to_block` consecutive failures (3 by default), each arriving
@@ -79,15 +79,11 @@ use throttle::Throttle;
 pub use config::ElasticWindowConfig;
 pub use status::{CircuitState, ElasticWindowStatus};
 
-/// How long after the last pressure signal every success takes 0.5 off the throttle instead of
-/// 0.2 per round of successes: five minutes.
-pub const FAST_RECOVERY_AFTER: Duration = throttle::FAST_RECOVERY_AFTER;
-
 /// The failure text [`ElasticWindow::record_pressure`] records.
-pub const PRESSURE_TEXT: &str = "rate limited by the upstream";
+const PRESSURE_TEXT: &str = "rate limited by the upstream";
 
 /// The most characters of an upstream's failure text kept (and quoted in refusals).
-pub const FAILURE_TEXT_LIMIT: usize = 200;
+pub(crate) const FAILURE_TEXT_LIMIT: usize = 200;
 
 /// A sliding-log rate window with an adaptive throttle and a circuit breaker, as an [`Account`].
 ///
@@ -489,7 +485,7 @@ impl ElasticWindow {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig, FAST_RECOVERY_AFTER};
+    /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
     /// use admission_testkit::FakeClock;
     ///
     /// let clock = FakeClock::new();
@@ -501,7 +497,7 @@ impl ElasticWindow {
     /// assert_eq!(w.throttle(), 1.0); // a round is three successes
     /// w.record_success();
     /// assert_eq!(w.throttle(), 0.8);
-    /// clock.advance(FAST_RECOVERY_AFTER);
+    /// clock.advance(Duration::from_secs(5 * 60)); // five minutes without pressure
     /// w.record_success();
     /// assert_eq!(w.throttle(), 0.3); // long after the pressure, every success takes 0.5
     /// ```

@@ -39,7 +39,7 @@ use admission_core::{Category, Gate, GateAnswer, GateView, Instant, WakeFn, Wake
 use parking_lot::Mutex;
 
 pub use manual::ManualProbe;
-pub use probe::{CgroupV2Probe, READING_AGE, ResidentSetProbe};
+pub use probe::{CgroupV2Probe, ResidentSetProbe};
 pub use reading::{MemoryProbe, MemoryReading, ProbeError};
 use rule::{Growth, Latch, LatchChange, RECHECK, curve, wait};
 pub use status::{MemoryStatus, MemoryZone};

@@ -25,8 +25,8 @@ use tokio_postgres::error::SqlState;
 
 use crate::DbError;
 use crate::metrics::PoolState;
-use crate::pooled::sealed::Sealed;
-use crate::pooled::{Failure, PoolBackend, PoolStatus, PooledHandle, PooledProvider};
+use crate::pooled::sealed::{Backend, Status};
+use crate::pooled::{Failure, PooledHandle, PooledProvider};
 use abort::Cancel;
 
 /// A provider over a deadpool-postgres pool.
@@ -222,12 +222,10 @@ mod abort {
     }
 }
 
-impl Sealed for Manager {}
-
-impl Sealed for Pool {}
-
 /// deadpool counts its waiters.
-impl PoolStatus for Pool {
+impl crate::pooled::PoolStatus for Pool {}
+
+impl Status for Pool {
     fn pool_state(&self) -> PoolState {
         let status = self.status();
         let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
@@ -258,7 +256,9 @@ impl PoolStatus for Pool {
 /// rolls back). deadpool's recycling never rolls back, so a session that may be inside a
 /// transaction, may still be read-only, or was aborted is detached ([`Object::take`]) rather
 /// than handed back: the session is closed and the server rolls back.
-impl PoolBackend for Manager {
+impl crate::pooled::PoolBackend for Manager {}
+
+impl Backend for Manager {
     const BACKEND: &'static str = "deadpool-postgres";
     const GIVES_UP_ABORTED: bool = true;
     const FAILED_COMMIT_ENDS_TRANSACTION: bool = false;

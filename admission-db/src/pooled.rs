@@ -25,7 +25,6 @@
 //!
 //! [`PooledProvider<SqliteManager>`]: PooledProvider
 
-use std::error::Error as StdError;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -37,7 +36,7 @@ use admission_accounts::CountingGate;
 use admission_core::Clock;
 use parking_lot::Mutex;
 
-use crate::metrics::{PoolMetrics, PoolState, Stamp};
+use crate::metrics::{PoolMetrics, Stamp};
 use crate::{Aborter, DbError, DbHandle, DbResourceProvider, ProviderId};
 
 /// The checkout timeout unless one is set: under a permit the pool should have a connection at
@@ -47,151 +46,147 @@ const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A pool the [`PooledProvider`] runs over: how it checks a connection out and gives it back,
 /// and what differs between databases in a handle's transaction, read-only state and abort.
 /// Implemented for `r2d2_sqlite::SqliteManager`, `r2d2_postgres::PgManager` and
-/// deadpool-postgres's `Manager` only.
-pub trait PoolBackend: sealed::Sealed + Sized + Send + Sync + 'static {
-    /// The pool and driver, as [`DbError::Connect`] names them (`r2d2-sqlite`, ...).
-    #[doc(hidden)]
-    const BACKEND: &'static str;
-
-    /// Whether an aborted handle's connection is given up rather than pooled (an abort may
-    /// still be on its way to the server); it is then not put back to its read-only state.
-    #[doc(hidden)]
-    const GIVES_UP_ABORTED: bool;
-
-    /// Whether a failed `COMMIT` counts the transaction ended; else the handle still counts it
-    /// open, for `close` to roll back.
-    #[doc(hidden)]
-    const FAILED_COMMIT_ENDS_TRANSACTION: bool;
-
-    /// Whether a dropped handle closes (rolls back and restores, blocking); else it never
-    /// blocks, and gives up a connection that may be inside a transaction or read-only.
-    #[doc(hidden)]
-    const CLOSES_ON_DROP: bool;
-
-    /// The pool.
-    #[doc(hidden)]
-    type Pool: PoolStatus + fmt::Debug + Send + Sync;
-
-    /// A connection checked out of the pool (back to it when dropped).
-    #[doc(hidden)]
-    type Conn: Send;
-
-    /// The driver's error.
-    #[doc(hidden)]
-    type Error: StdError + Send + Sync + 'static;
-
-    /// What the provider keeps beside the pool: what it learned from its connections, or the
-    /// runtime its blocking verbs run on.
-    #[doc(hidden)]
-    type Extra: fmt::Debug + Send + Sync;
-
-    /// What an abort reaches on a live handle's connection.
-    #[doc(hidden)]
-    type Target: Send;
-
-    /// A connection within `timeout`, or why none came.
-    #[doc(hidden)]
-    fn get<'a>(
-        pool: &'a Self::Pool,
-        extra: &'a Self::Extra,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<Self::Conn, Failure>> + Send + 'a;
-
-    /// Runs `fut` to its end, blocking the calling thread: by default on that thread, for a
-    /// pool whose futures never wait.
-    #[doc(hidden)]
-    fn block_on<T>(extra: &Self::Extra, fut: impl Future<Output = T>) -> T {
-        let _ = extra;
-        run_here(fut)
-    }
-
-    /// The read-only state the pool handed `conn` out in.
-    #[doc(hidden)]
-    fn handed_read_only(
-        conn: &mut Self::Conn,
-    ) -> impl Future<Output = Result<bool, Self::Error>> + Send + '_;
-
-    /// Sets the session's read-only state.
-    #[doc(hidden)]
-    fn set_read_only(
-        conn: &mut Self::Conn,
-        on: bool,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send + '_;
-
-    /// Whether a transaction is open on `conn`, where the handle's own verbs counted one open
-    /// as `counted` says (a backend whose connection knows answers for itself).
-    #[doc(hidden)]
-    fn in_transaction(conn: &Self::Conn, counted: bool) -> bool;
-
-    /// Opens a transaction, on a handle acquired read-only or not.
-    #[doc(hidden)]
-    fn begin(
-        conn: &mut Self::Conn,
-        read_only: bool,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send + '_;
-
-    /// Commits the open transaction.
-    #[doc(hidden)]
-    fn commit(conn: &mut Self::Conn) -> impl Future<Output = Result<(), Self::Error>> + Send + '_;
-
-    /// Rolls the open transaction back (once more where an abort's interruption landed on the
-    /// first attempt).
-    #[doc(hidden)]
-    fn rollback(conn: &mut Self::Conn)
-    -> impl Future<Output = Result<(), Self::Error>> + Send + '_;
-
-    /// What an abort of the handle holding `conn` reaches.
-    #[doc(hidden)]
-    fn target(extra: &Self::Extra, conn: &Self::Conn) -> Self::Target;
-
-    /// Interrupts what runs on the connection; `first` for the handle's first abort. Never
-    /// blocks.
-    #[doc(hidden)]
-    fn interrupt(target: &mut Self::Target, first: bool);
-
-    /// Makes the connection ready for a rollback after an abort: what the returned future
-    /// awaits (an interruption still on its way) is done when it ends.
-    #[doc(hidden)]
-    fn settle(target: &mut Self::Target) -> impl Future<Output = ()> + Send + 'static;
-
-    /// Gives `conn` back to the pool, or up (the pool drops it) when `discard` says so.
-    #[doc(hidden)]
-    fn give_back(conn: Self::Conn, discard: bool);
-}
+/// deadpool-postgres's `Manager` only: its items live in a trait of this crate's own (sealed),
+/// so that a user names a provider's pool in a type and nothing more.
+pub trait PoolBackend: sealed::Backend {}
 
 /// A pool's counts, as its provider reports them. Implemented for the pools of the
-/// [`PoolBackend`]s only.
-pub trait PoolStatus: sealed::Sealed {
-    /// The pool's state, for the metrics.
-    #[doc(hidden)]
-    fn pool_state(&self) -> PoolState;
+/// [`PoolBackend`]s only (sealed, as that trait is).
+pub trait PoolStatus: sealed::Status {}
 
-    /// The pool timeout of `provider`: no connection within `timeout`, the pool full; `message`
-    /// the pool's words.
-    #[doc(hidden)]
-    fn timeout_error(&self, provider: &str, timeout: Duration, message: String) -> DbError;
-}
-
+/// What only this crate implements and calls: the items of [`PoolBackend`] and [`PoolStatus`].
 pub(crate) mod sealed {
-    /// Only this crate implements [`PoolBackend`](super::PoolBackend) and
-    /// [`PoolStatus`](super::PoolStatus).
-    pub trait Sealed {}
+    use std::error::Error as StdError;
+    use std::fmt;
+    use std::future::Future;
+    use std::time::Duration;
+
+    use crate::DbError;
+    use crate::metrics::PoolState;
+
+    use super::run_here;
+
+    /// The items of [`PoolBackend`](super::PoolBackend).
+    pub trait Backend: Sized + Send + Sync + 'static {
+        /// The pool and driver, as [`DbError::Connect`] names them (`r2d2-sqlite`, ...).
+        const BACKEND: &'static str;
+
+        /// Whether an aborted handle's connection is given up rather than pooled (an abort may
+        /// still be on its way to the server); it is then not put back to its read-only state.
+        const GIVES_UP_ABORTED: bool;
+
+        /// Whether a failed `COMMIT` counts the transaction ended; else the handle still counts it
+        /// open, for `close` to roll back.
+        const FAILED_COMMIT_ENDS_TRANSACTION: bool;
+
+        /// Whether a dropped handle closes (rolls back and restores, blocking); else it never
+        /// blocks, and gives up a connection that may be inside a transaction or read-only.
+        const CLOSES_ON_DROP: bool;
+
+        /// The pool.
+        type Pool: super::PoolStatus + fmt::Debug + Send + Sync;
+
+        /// A connection checked out of the pool (back to it when dropped).
+        type Conn: Send;
+
+        /// The driver's error.
+        type Error: StdError + Send + Sync + 'static;
+
+        /// What the provider keeps beside the pool: what it learned from its connections, or the
+        /// runtime its blocking verbs run on.
+        type Extra: fmt::Debug + Send + Sync;
+
+        /// What an abort reaches on a live handle's connection.
+        type Target: Send;
+
+        /// A connection within `timeout`, or why none came.
+        fn get<'a>(
+            pool: &'a Self::Pool,
+            extra: &'a Self::Extra,
+            timeout: Duration,
+        ) -> impl Future<Output = Result<Self::Conn, Failure>> + Send + 'a;
+
+        /// Runs `fut` to its end, blocking the calling thread: by default on that thread, for a
+        /// pool whose futures never wait.
+        fn block_on<T>(extra: &Self::Extra, fut: impl Future<Output = T>) -> T {
+            let _ = extra;
+            run_here(fut)
+        }
+
+        /// The read-only state the pool handed `conn` out in.
+        fn handed_read_only(
+            conn: &mut Self::Conn,
+        ) -> impl Future<Output = Result<bool, Self::Error>> + Send + '_;
+
+        /// Sets the session's read-only state.
+        fn set_read_only(
+            conn: &mut Self::Conn,
+            on: bool,
+        ) -> impl Future<Output = Result<(), Self::Error>> + Send + '_;
+
+        /// Whether a transaction is open on `conn`, where the handle's own verbs counted one open
+        /// as `counted` says (a backend whose connection knows answers for itself).
+        fn in_transaction(conn: &Self::Conn, counted: bool) -> bool;
+
+        /// Opens a transaction, on a handle acquired read-only or not.
+        fn begin(
+            conn: &mut Self::Conn,
+            read_only: bool,
+        ) -> impl Future<Output = Result<(), Self::Error>> + Send + '_;
+
+        /// Commits the open transaction.
+        fn commit(
+            conn: &mut Self::Conn,
+        ) -> impl Future<Output = Result<(), Self::Error>> + Send + '_;
+
+        /// Rolls the open transaction back (once more where an abort's interruption landed on the
+        /// first attempt).
+        fn rollback(
+            conn: &mut Self::Conn,
+        ) -> impl Future<Output = Result<(), Self::Error>> + Send + '_;
+
+        /// What an abort of the handle holding `conn` reaches.
+        fn target(extra: &Self::Extra, conn: &Self::Conn) -> Self::Target;
+
+        /// Interrupts what runs on the connection; `first` for the handle's first abort. Never
+        /// blocks.
+        fn interrupt(target: &mut Self::Target, first: bool);
+
+        /// Makes the connection ready for a rollback after an abort: what the returned future
+        /// awaits (an interruption still on its way) is done when it ends.
+        fn settle(target: &mut Self::Target) -> impl Future<Output = ()> + Send + 'static;
+
+        /// Gives `conn` back to the pool, or up (the pool drops it) when `discard` says so.
+        fn give_back(conn: Self::Conn, discard: bool);
+    }
+
+    /// The items of [`PoolStatus`](super::PoolStatus).
+    pub trait Status {
+        /// The pool's state, for the metrics.
+        fn pool_state(&self) -> PoolState;
+
+        /// The pool timeout of `provider`: no connection within `timeout`, the pool full; `message`
+        /// the pool's words.
+        fn timeout_error(&self, provider: &str, timeout: Duration, message: String) -> DbError;
+    }
+
+    /// Why a checkout gave no connection, as a [`PoolBackend`](super::PoolBackend) tells it; the provider makes it a
+    /// [`DbError`](crate::DbError).
+    #[derive(Debug)]
+    pub enum Failure {
+        /// The pool could not open a connection: [`DbError::Connect`](crate::DbError::Connect), this its source (the driver's
+        /// error, or the pool's own where it kept no driver error).
+        Connect(Box<dyn StdError + Send + Sync>),
+        /// The pool, full, gave no connection within the checkout timeout: a pool timeout, counted
+        /// in the metrics; the pool's words.
+        Timeout(String),
+        /// The pool refused the checkout (closed): [`DbError::Database`](crate::DbError::Database) of `acquire`.
+        Refused(Box<dyn StdError + Send + Sync>),
+    }
 }
 
-/// Why a checkout gave no connection, as a [`PoolBackend`] tells it; the provider makes it a
-/// [`DbError`].
-#[doc(hidden)]
-#[derive(Debug)]
-pub enum Failure {
-    /// The pool could not open a connection: [`DbError::Connect`], this its source (the driver's
-    /// error, or the pool's own where it kept no driver error).
-    Connect(Box<dyn StdError + Send + Sync>),
-    /// The pool, full, gave no connection within the checkout timeout: a pool timeout, counted
-    /// in the metrics; the pool's words.
-    Timeout(String),
-    /// The pool refused the checkout (closed): [`DbError::Database`] of `acquire`.
-    Refused(Box<dyn StdError + Send + Sync>),
-}
+pub(crate) use sealed::Failure;
+use sealed::Status as _;
 
 /// What a provider shares with its handles, behind one `Arc`.
 struct Shared<B: PoolBackend> {

@@ -16,8 +16,8 @@ use r2d2::{ManageConnection, Pool, PooledConnection};
 
 use crate::DbError;
 use crate::metrics::PoolState;
-use crate::pooled::sealed::Sealed;
-use crate::pooled::{Failure, PoolStatus};
+use crate::pooled::Failure;
+use crate::pooled::sealed::Status;
 
 /// r2d2's words for a checkout that timed out with no connection error on record; with one, its
 /// message goes on with `: ` and the error's text.
@@ -77,10 +77,10 @@ pub(crate) fn checked_out<M: ManageConnection>(pool: &Pool<M>) -> u32 {
     pool.pool_state().used
 }
 
-impl<M: ManageConnection> Sealed for Pool<M> {}
-
 /// r2d2 does not count its waiters.
-impl<M: ManageConnection> PoolStatus for Pool<M> {
+impl<M: ManageConnection> crate::pooled::PoolStatus for Pool<M> {}
+
+impl<M: ManageConnection> Status for Pool<M> {
     fn pool_state(&self) -> PoolState {
         let state = self.state();
         PoolState {

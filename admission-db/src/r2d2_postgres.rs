@@ -25,8 +25,8 @@ use r2d2::{ManageConnection, Pool, PooledConnection};
 use r2d2_postgres::PostgresConnectionManager;
 
 use crate::DbError;
-use crate::pooled::sealed::Sealed;
-use crate::pooled::{Failure, PoolBackend, PooledHandle, PooledProvider, run_here};
+use crate::pooled::sealed::Backend;
+use crate::pooled::{Failure, PooledHandle, PooledProvider, run_here};
 use crate::r2d2_connect;
 use abort::Cancel;
 
@@ -235,8 +235,6 @@ mod abort {
     }
 }
 
-impl Sealed for PgManager {}
-
 impl r2d2_connect::Opens for PgManager {
     type Opener = postgres::Config;
 
@@ -252,7 +250,9 @@ impl r2d2_connect::Opens for PgManager {
 /// The handle counts its transaction (a failed `COMMIT` ends it: PostgreSQL rolls it back). An
 /// aborted session, or one its close could not bring out of a transaction or back to its
 /// read-only state, is marked broken, so r2d2 drops it (the server then rolls back).
-impl PoolBackend for PgManager {
+impl crate::pooled::PoolBackend for PgManager {}
+
+impl Backend for PgManager {
     const BACKEND: &'static str = "r2d2-postgres";
     const GIVES_UP_ABORTED: bool = true;
     const FAILED_COMMIT_ENDS_TRANSACTION: bool = true;

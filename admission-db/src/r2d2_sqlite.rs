@@ -25,8 +25,8 @@ use r2d2_sqlite::SqliteConnectionManager;
 use rusqlite::Connection;
 
 use crate::DbError;
-use crate::pooled::sealed::Sealed;
-use crate::pooled::{Failure, PoolBackend, PooledHandle, PooledProvider, run_here};
+use crate::pooled::sealed::Backend;
+use crate::pooled::{Failure, PooledHandle, PooledProvider, run_here};
 use crate::r2d2_connect;
 use abort::AbortTarget;
 
@@ -262,8 +262,6 @@ mod abort {
     }
 }
 
-impl Sealed for SqliteManager {}
-
 impl r2d2_connect::Opens for SqliteManager {
     type Opener = SqliteConnectionManager;
 
@@ -281,7 +279,9 @@ impl r2d2_connect::Opens for SqliteManager {
 /// connection a close could not bring out of its transaction is discarded by the manager; one
 /// whose read-only state could not be put back is pooled, its state read again at the next
 /// checkout.
-impl PoolBackend for SqliteManager {
+impl crate::pooled::PoolBackend for SqliteManager {}
+
+impl Backend for SqliteManager {
     const BACKEND: &'static str = "r2d2-sqlite";
     const GIVES_UP_ABORTED: bool = false;
     /// Unused: the connection knows its transaction.

@@ -31,7 +31,7 @@ use std::time::Duration;
 use admission_accounts::CountingGate;
 use admission_core::Clock;
 use sqlx::pool::PoolConnection;
-use sqlx::{ConnectOptions, Connection, Database, Pool};
+use sqlx::{ConnectOptions, Connection, Pool};
 use tokio::runtime::Handle;
 
 use crate::metrics::{PoolMetrics, PoolState, Stamp};
@@ -46,55 +46,53 @@ const CHECKOUT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A database the sqlx providers run over: its transaction and read-only statements, and how a
-/// handle's abort reaches a running statement. Implemented for SQLite and PostgreSQL only.
-pub trait SqlxDatabase: Database + sealed::Sealed {
-    /// The pool and driver, as [`DbError::Connect`] names them (`sqlx-postgres`, `sqlx-sqlite`).
-    #[doc(hidden)]
-    const BACKEND: &'static str;
+/// handle's abort reaches a running statement. Implemented for SQLite and PostgreSQL only: its
+/// items live in a trait of this crate's own (sealed).
+pub trait SqlxDatabase: sqlx::Database + sealed::Database {}
 
-    /// The statement that opens a transaction on a write or a read-only handle.
-    #[doc(hidden)]
-    fn begin_sql(read_only: bool) -> &'static str;
-
-    /// The statement that sets the session's read-only state.
-    #[doc(hidden)]
-    fn read_only_sql(on: bool) -> &'static str;
-
-    /// Runs one statement.
-    #[doc(hidden)]
-    fn run<'c>(
-        conn: &'c mut Self::Connection,
-        sql: &'static str,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c;
-
-    /// The session's read-only state now.
-    #[doc(hidden)]
-    fn read_only_now(
-        conn: &mut Self::Connection,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + '_;
-
-    /// Fails when the open transaction can no longer commit (where a commit would quietly roll
-    /// back, as PostgreSQL's does after a failed statement).
-    #[doc(hidden)]
-    fn can_commit(
-        conn: &mut Self::Connection,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
-
-    /// Makes `aborted` stop a running statement, where the driver can.
-    #[doc(hidden)]
-    fn arm(
-        conn: &mut Self::Connection,
-        aborted: Arc<AtomicBool>,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
-
-    /// Undoes [`arm`](SqlxDatabase::arm); false when the connection could not be reached.
-    #[doc(hidden)]
-    fn disarm(conn: &mut Self::Connection) -> impl Future<Output = bool> + Send + '_;
-}
-
+/// What only this crate implements and calls: the items of [`SqlxDatabase`].
 pub(crate) mod sealed {
-    /// Only this crate implements [`SqlxDatabase`](super::SqlxDatabase).
-    pub trait Sealed {}
+    use std::future::Future;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+
+    /// The items of [`SqlxDatabase`](super::SqlxDatabase).
+    pub trait Database: sqlx::Database {
+        /// The pool and driver, as [`DbError::Connect`](crate::DbError::Connect) names them (`sqlx-postgres`, `sqlx-sqlite`).
+        const BACKEND: &'static str;
+
+        /// The statement that opens a transaction on a write or a read-only handle.
+        fn begin_sql(read_only: bool) -> &'static str;
+
+        /// The statement that sets the session's read-only state.
+        fn read_only_sql(on: bool) -> &'static str;
+
+        /// Runs one statement.
+        fn run<'c>(
+            conn: &'c mut Self::Connection,
+            sql: &'static str,
+        ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c;
+
+        /// The session's read-only state now.
+        fn read_only_now(
+            conn: &mut Self::Connection,
+        ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + '_;
+
+        /// Fails when the open transaction can no longer commit (where a commit would quietly roll
+        /// back, as PostgreSQL's does after a failed statement).
+        fn can_commit(
+            conn: &mut Self::Connection,
+        ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
+
+        /// Makes `aborted` stop a running statement, where the driver can.
+        fn arm(
+            conn: &mut Self::Connection,
+            aborted: Arc<AtomicBool>,
+        ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
+
+        /// Undoes [`arm`](Database::arm); false when the connection could not be reached.
+        fn disarm(conn: &mut Self::Connection) -> impl Future<Output = bool> + Send + '_;
+    }
 }
 
 /// A provider over a sqlx pool (`SqlxProvider<Sqlite>`, `SqlxProvider<Postgres>`; the modules

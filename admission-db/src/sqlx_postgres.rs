@@ -41,7 +41,7 @@ use std::sync::atomic::AtomicBool;
 
 use sqlx::{Executor, PgConnection, Postgres};
 
-use crate::sqlx_pool::{SqlxDatabase, SqlxHandle, SqlxProvider, sealed};
+use crate::sqlx_pool::{SqlxHandle, SqlxProvider, sealed};
 
 /// A provider over a sqlx pool of PostgreSQL sessions.
 pub type SqlxPgProvider = SqlxProvider<Postgres>;
@@ -49,9 +49,9 @@ pub type SqlxPgProvider = SqlxProvider<Postgres>;
 /// One pooled sqlx PostgreSQL session held under a permit.
 pub type SqlxPgHandle = SqlxHandle<Postgres>;
 
-impl sealed::Sealed for Postgres {}
+impl crate::sqlx_pool::SqlxDatabase for Postgres {}
 
-impl SqlxDatabase for Postgres {
+impl sealed::Database for Postgres {
     const BACKEND: &'static str = "sqlx-postgres";
 
     fn begin_sql(_read_only: bool) -> &'static str {

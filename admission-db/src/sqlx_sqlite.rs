@@ -43,7 +43,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use sqlx::{Executor, Sqlite, SqliteConnection};
 
-use crate::sqlx_pool::{SqlxDatabase, SqlxHandle, SqlxProvider, sealed};
+use crate::sqlx_pool::{SqlxHandle, SqlxProvider, sealed};
 
 /// A provider over a sqlx pool of SQLite connections.
 pub type SqlxSqliteProvider = SqlxProvider<Sqlite>;
@@ -54,9 +54,9 @@ pub type SqlxSqliteHandle = SqlxHandle<Sqlite>;
 /// How many virtual-machine steps run between two looks at a handle's abort flag.
 const PROGRESS_OPS: i32 = 1_000;
 
-impl sealed::Sealed for Sqlite {}
+impl crate::sqlx_pool::SqlxDatabase for Sqlite {}
 
-impl SqlxDatabase for Sqlite {
+impl sealed::Database for Sqlite {
     const BACKEND: &'static str = "sqlx-sqlite";
 
     fn begin_sql(read_only: bool) -> &'static str {

@@ -57,7 +57,7 @@
 // that knows the script's KEYS, ARGV and replies, and retries through outages), `pending`,
 // `renewal`, `wake` (the reader of the instance's notices), `shared` (what an instance, its
 // leases and its tasks share), `lease`, `line` (an acquisition and its wait), `coordinator` (the
-// public provider), `events`, `local`; `test_util` (private servers) stands apart.
+// public provider), `events`, `local`.
 mod config;
 mod connection;
 mod coordinator;
@@ -72,8 +72,6 @@ mod request;
 mod script;
 mod shared;
 mod slice;
-#[cfg(feature = "private-servers")]
-pub mod test_util;
 mod wake;
 
 pub use config::{

@@ -13,6 +13,8 @@
 //! - `strategies` (feature `proptest`): proptest strategies for random demands over random
 //!   accounts.
 //! - [`services`]: where the real Redis and PostgreSQL of the tests are, or why a test skips.
+//! - `redis_servers` (feature `redis-servers`): private `redis-server`s that die with their
+//!   caller, and a private six-node Redis Cluster, for tests, benches and examples.
 //!
 //! Both optional dependencies are default features: `default-features = false` leaves a third
 //! party's tests with neither tokio nor proptest.
@@ -23,6 +25,8 @@ mod clock;
 pub mod contract;
 pub mod gate_contract;
 pub mod monitor;
+#[cfg(feature = "redis-servers")]
+pub mod redis_servers;
 pub mod reference;
 pub mod services;
 #[cfg(feature = "proptest")]

@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 
 use admission_benches::Results;
 use admission_benches::redis_server::{RedisServer, ServerWork};
-use admission_redis::test_util::{self, ClusterNode, PrivateCluster};
 use admission_redis::{Ceilings, LeaseRequest, Outcome, RedisAdmission, RedisAdmissionConfig};
+use admission_testkit::redis_servers::{self, ClusterNode, PrivateCluster};
 use hdrhistogram::Histogram;
 
 /// Pairs of `try_acquire` timed in part 1.
@@ -68,10 +68,10 @@ fn cluster_config(seeds: &[(String, u16)], cell: &str, transfers: u64) -> RedisA
     config
 }
 
-/// The private cluster (`admission_redis::test_util`): six nodes of the `redis-server` on PATH,
+/// The private cluster (`admission_testkit::redis_servers`): six nodes of the `redis-server` on PATH,
 /// three masters with a replica each, killed when dropped (also on a panic).
 fn start_cluster() -> PrivateCluster {
-    let binary = test_util::redis_server_on_path()
+    let binary = redis_servers::redis_server_on_path()
         .expect("redis-server on PATH (apt-get install redis-server)");
     PrivateCluster::start(&binary).expect("a private Redis Cluster (redis-cli on PATH too)")
 }
@@ -79,7 +79,7 @@ fn start_cluster() -> PrivateCluster {
 /// The masters from `CLUSTER NODES`, by their first slot.
 fn masters(cluster: &PrivateCluster) -> Vec<ClusterNode> {
     let nodes = cluster.view().expect("CLUSTER NODES");
-    let mut masters: Vec<ClusterNode> = test_util::serving_masters(&nodes)
+    let mut masters: Vec<ClusterNode> = redis_servers::serving_masters(&nodes)
         .into_iter()
         .cloned()
         .collect();

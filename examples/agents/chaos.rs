@@ -24,7 +24,7 @@
 //! - `kill-member`: the last member is SIGKILLed. Its leases stay held until their TTL and its
 //!   waiting tickets until their liveness runs out; the other members go on. Bound: one of them
 //!   admits at most [`KILL_MEMBER_BOUND`] after the kill (its own admissions left out).
-//! - `kill-master`: on a private six-node Redis Cluster (`admission_redis::test_util`, started by
+//! - `kill-master`: on a private six-node Redis Cluster (`admission_testkit::redis_servers`, started by
 //!   the parent for this fault), the master serving the first model's cell (its slot found with
 //!   `CLUSTER KEYSLOT` and `CLUSTER NODES`) is SIGKILLed. The parent polls until a replica took
 //!   the slot over (the election, 2 to 3 s with the nodes' 1 s timeout) and every node left says
@@ -53,7 +53,7 @@
 use std::process::Child;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use admission_redis::test_util::{self, PrivateCluster};
+use admission_testkit::redis_servers::{self, PrivateCluster};
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
@@ -539,7 +539,7 @@ impl Injector {
         let Some(nodes) = cluster.view() else {
             return self.fail("CLUSTER NODES had no answer".into());
         };
-        let Some(master) = test_util::master_of_slot(&nodes, slot) else {
+        let Some(master) = redis_servers::master_of_slot(&nodes, slot) else {
             return self.fail(format!("no master serves slot {slot} before the fault"));
         };
         // The cells the same master serves go through the same failover.
@@ -551,11 +551,11 @@ impl Injector {
             .collect();
         let (target, what) = if self.fault == Fault::Failover {
             // The master's replica, as the master lists it (one `CLUSTER NODES` line each).
-            let replica = test_util::query::<Vec<String>>(
+            let replica = redis_servers::query::<Vec<String>>(
                 master.port,
                 redis::cmd("CLUSTER").arg("REPLICAS").arg(&master.id),
             )
-            .map(|lines| test_util::parse_nodes(&lines.join("\n")))
+            .map(|lines| redis_servers::parse_nodes(&lines.join("\n")))
             .and_then(|replicas| replicas.into_iter().find(|r| !r.failing));
             let Some(replica) = replica else {
                 return self.fail(format!(
@@ -565,7 +565,7 @@ impl Injector {
             };
             let start_ms = wall_ms();
             let sent =
-                test_util::query::<String>(replica.port, redis::cmd("CLUSTER").arg("FAILOVER"));
+                redis_servers::query::<String>(replica.port, redis::cmd("CLUSTER").arg("FAILOVER"));
             if sent.as_deref() != Some("OK") {
                 return self.fail(format!(
                     "CLUSTER FAILOVER on {} answered {sent:?}",
@@ -642,18 +642,20 @@ impl Injector {
             return Some(self.fail("the private Redis Cluster is gone".into()));
         };
         let elected = elected.or_else(|| match target {
-            Some(port) => test_util::query::<String>(port, redis::cmd("INFO").arg("replication"))
-                .filter(|info| test_util::info_field(info, "role") == Some("master"))
-                .map(|_| (wall_ms(), port)),
+            Some(port) => {
+                redis_servers::query::<String>(port, redis::cmd("INFO").arg("replication"))
+                    .filter(|info| redis_servers::info_field(info, "role") == Some("master"))
+                    .map(|_| (wall_ms(), port))
+            }
             None => {
                 let nodes = cluster.view()?;
-                let master = test_util::master_of_slot(&nodes, slot)?;
+                let master = redis_servers::master_of_slot(&nodes, slot)?;
                 (master.port != old).then(|| (wall_ms(), master.port))
             }
         });
         let serving = |by: u16| {
             cluster.view().is_some_and(|nodes| {
-                test_util::master_of_slot(&nodes, slot).is_some_and(|m| m.port == by)
+                redis_servers::master_of_slot(&nodes, slot).is_some_and(|m| m.port == by)
             })
         };
         if let Some((elected_ms, by)) = elected

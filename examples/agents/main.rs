@@ -46,7 +46,7 @@
 //!
 //! `--fleet N` runs the agents as N processes of this program sharing one Redis cell per model
 //! (`multi.rs` the parent, `cells.rs` a member's leases, `redis_server.rs` the private server,
-//! `admission_redis::test_util` a private Redis Cluster; `--redis-cluster` puts the cells on a
+//! `admission_testkit::redis_servers` a private Redis Cluster; `--redis-cluster` puts the cells on a
 //! cluster):
 //! each step takes its model's fleet lease first and then its local demand, and the parent
 //! prints per-process rows and fleet totals and checks the fleet's ceilings. The parent forwards
@@ -57,7 +57,7 @@
 //! the fault to the resumption) and its ceilings (`chaos.rs`; `kill-master` SIGKILLs a master of
 //! a private six-node Redis Cluster, `failover` moves one with `CLUSTER FAILOVER`): `cargo xtask
 //! chaos` runs all six. The private servers and clusters the parent starts die with it, however
-//! it dies (`admission_redis::test_util::PrivateServer`).
+//! it dies (`admission_testkit::redis_servers::PrivateServer`).
 //!
 //! `--metrics ADDR` serves the monitor's events as Prometheus series at `http://ADDR/metrics`
 //! while the run lasts (`metrics.rs`: `admission_events::MetricsSink` behind the run's fanout).

@@ -33,8 +33,8 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use admission_llm::model_spec::ModelCatalog;
-use admission_redis::test_util::PrivateCluster;
 use admission_redis::{RedisAdmission, read_events};
+use admission_testkit::redis_servers::PrivateCluster;
 use anyhow::{Context as _, anyhow, bail};
 use serde::{Deserialize, Serialize};
 

@@ -1,10 +1,10 @@
 //! The Redis a `--fleet` run shares: `--redis HOST:PORT`, `--redis-cluster HOST:PORT[,...]` (a
 //! Redis Cluster's seed nodes), or a private `redis-server` the parent starts on a free loopback
-//! port (`admission_redis::test_util::PrivateServer`: under a watchdog, so that it dies with the
+//! port (`admission_testkit::redis_servers::PrivateServer`: under a watchdog, so that it dies with the
 //! parent however the parent dies, and its directory with it) and stops at the end, and for
 //! `--chaos` kills and starts again (then with an append-only file, fsynced every second or
 //! before each reply) or pauses (the private clusters of `--chaos kill-master` and `failover` are
-//! `admission_redis::test_util`'s too); and the count of script calls (`INFO commandstats`, on a
+//! `admission_testkit::redis_servers`'s too); and the count of script calls (`INFO commandstats`, on a
 //! cluster summed over its masters), from which the round trips per admitted lease are read.
 
 use std::fmt;
@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-use admission_redis::test_util;
+use admission_testkit::redis_servers;
 use anyhow::{Context as _, bail};
 
 /// Where the fleet's Redis listens.
@@ -161,20 +161,20 @@ impl Persistence {
     }
 }
 
-/// A `redis-server` of this run's own (`admission_redis::test_util::PrivateServer`), in a
+/// A `redis-server` of this run's own (`admission_testkit::redis_servers::PrivateServer`), in a
 /// temporary directory of its own: stopped when dropped, and, through its watchdog, when this
 /// process dies however it dies (SIGKILL included), its directory removed with it. It runs in a
 /// process group of its own, so that a Ctrl-C at the terminal reaches the fleet's processes,
 /// which stop and give their leases back to it, and not the server itself.
 pub struct PrivateRedis {
-    server: test_util::PrivateServer,
+    server: redis_servers::PrivateServer,
     /// Where it listens.
     pub endpoint: Endpoint,
 }
 
 /// `redis-server` on PATH, if any.
 pub fn find_binary() -> Option<PathBuf> {
-    test_util::redis_server_on_path()
+    redis_servers::redis_server_on_path()
 }
 
 impl PrivateRedis {
@@ -189,7 +189,7 @@ impl PrivateRedis {
             .and_then(|l| l.local_addr())
             .context("finding a free port for redis-server")?
             .port();
-        let server = test_util::PrivateServer::start(binary, port, persistence.args())
+        let server = redis_servers::PrivateServer::start(binary, port, persistence.args())
             .with_context(|| format!("starting {}", binary.display()))?;
         Ok(PrivateRedis {
             server,
@@ -323,8 +323,8 @@ pub async fn script_calls(redis: &FleetRedis) -> anyhow::Result<ScriptCalls> {
         }
         FleetRedis::Cluster(seeds) => {
             let text = cluster_nodes(seeds).await?;
-            let nodes = test_util::parse_nodes(&text);
-            let masters = test_util::serving_masters(&nodes);
+            let nodes = redis_servers::parse_nodes(&text);
+            let masters = redis_servers::serving_masters(&nodes);
             if masters.is_empty() {
                 bail!("CLUSTER NODES on {seeds} lists no master serving slots");
             }

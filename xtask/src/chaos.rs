@@ -7,7 +7,7 @@
 //! FAULT` (see `examples/agents/chaos.rs`): the fleet's parent injects the fault itself, one
 //! second of real time after its members started, on its private `redis-server` (for
 //! `kill-master` and `failover`, on a private six-node Redis Cluster it starts and stops itself,
-//! `admission_redis::test_util`), so the fault lands at the same point of every run and is
+//! `admission_testkit::redis_servers`), so the fault lands at the same point of every run and is
 //! over in bounded time. Each run is judged on its availability, on the example's own clock:
 //!
 //! | fault           | what the parent does                                       | first admission after it (`chaos: resumed:`)                    |
@@ -44,7 +44,7 @@
 //! forwarded SIGTERM/SIGINT stop its members, which release their leases and report, and the
 //! parent still prints its table and verdict; a parent that dies, SIGKILL included, closes its
 //! members' stdin pipes and they stop the same way, and the private `redis-server` it started
-//! dies with it (its watchdog, `admission_redis::test_util::PrivateServer`) and its directory is
+//! dies with it (its watchdog, `admission_testkit::redis_servers::PrivateServer`) and its directory is
 //! removed. Each is `agents --fleet 4 --time-scale 300 --admit-timeout 3600 --check`: the
 //! `term-parent` run against a `redis-server` this step starts for the run and stops after it
 //! (`--redis 127.0.0.1:PORT`, [`services`]), so that the cells can still be read once the parent

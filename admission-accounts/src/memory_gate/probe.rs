@@ -15,7 +15,7 @@ use super::reading::{MemoryProbe, MemoryReading, ProbeError};
 /// How long a gate reuses a reading of the real probes here by default: long enough that
 /// admissions do not each read a file, far shorter than the latch's re-check (2 s) and the
 /// drain's spacing (from 50 ms), so the gate still sees memory move in time.
-pub const READING_AGE: Duration = Duration::from_millis(5);
+pub(crate) const READING_AGE: Duration = Duration::from_millis(5);
 
 const PROC_CGROUP: &str = "/proc/self/cgroup";
 /// Where the cgroup v2 hierarchy is mounted.

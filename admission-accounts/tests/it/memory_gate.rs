@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use admission_accounts::MemoryGate;
 use admission_accounts::MemoryZone;
-use admission_accounts::memory_gate::{CgroupV2Probe, READING_AGE, ResidentSetProbe};
+use admission_accounts::memory_gate::{CgroupV2Probe, ResidentSetProbe};
 use admission_accounts::memory_gate::{ManualProbe, MemoryProbe};
 use admission_core::{
     Account, AccountRef, AccountStatus, Admit, AdmitError, Amount, Answer, Ask, Category, Demand,
@@ -212,15 +212,8 @@ impl MemoryProbe for Costly {
 #[test]
 fn a_gate_reuses_readings_for_as_long_as_its_probe_suggests() {
     // The real probes read a file: 5 ms by default. A free probe: only within one instant.
-    assert_eq!(
-        ResidentSetProbe::new(1 << 40).default_max_age(),
-        READING_AGE
-    );
-    assert_eq!(
-        CgroupV2Probe::at("/nonexistent").default_max_age(),
-        READING_AGE
-    );
-    assert_eq!(READING_AGE, ms(5));
+    assert_eq!(ResidentSetProbe::new(1 << 40).default_max_age(), ms(5));
+    assert_eq!(CgroupV2Probe::at("/nonexistent").default_max_age(), ms(5));
     assert_eq!(ManualProbe::new().default_max_age(), Duration::ZERO);
 
     let probe = ManualProbe::new();

@@ -1,18 +1,18 @@
 //! The fleet on a real Redis Cluster: six `redis-server` nodes on loopback, three masters and
 //! three replicas. The shared cluster `cargo xtask ci` starts (`ADMISSION_REDIS_CLUSTER`: its
 //! nodes, comma separated) carries the tests that change nothing in it; the failover test kills
-//! a master, so it starts a cluster of its own (`admission_redis::test_util::PrivateCluster`).
+//! a master, so it starts a cluster of its own (`admission_testkit::redis_servers::PrivateCluster`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use admission_redis::test_util::{PrivateCluster, cluster_ok, keyslot, master_of, query};
 use admission_redis::{
     AcquireError, Ceilings, Durability, LeaseRequest, Outcome, RedisAdmission,
     RedisAdmissionConfig, read_events,
 };
+use admission_testkit::redis_servers::{PrivateCluster, cluster_ok, keyslot, master_of, query};
 use parking_lot::Mutex;
 
 use crate::support::{ceilings, cell, redis_server_binary};
@@ -349,7 +349,7 @@ async fn through_a_planned_move(test: &str, how: Move, durability: Durability) -
     for (_, port) in &nodes {
         loop {
             let info: String = query(*port, redis::cmd("INFO").arg("server")).expect("INFO");
-            let up: u64 = admission_redis::test_util::info_field(&info, "uptime_in_seconds")
+            let up: u64 = admission_testkit::redis_servers::info_field(&info, "uptime_in_seconds")
                 .and_then(|u| u.parse().ok())
                 .expect("uptime");
             if Duration::from_secs(up) > config.lease_ttl {
@@ -442,7 +442,7 @@ async fn through_a_planned_move(test: &str, how: Move, durability: Durability) -
             Instant::now()
         }
         Move::Migrate => {
-            let nodes_now = admission_redis::test_util::parse_nodes(&text);
+            let nodes_now = admission_testkit::redis_servers::parse_nodes(&text);
             let target = nodes_now
                 .iter()
                 .find(|n| n.master && n.port != master && !n.slots.is_empty())

@@ -178,7 +178,7 @@ pub(crate) struct PrivateRedis {
 }
 
 pub(crate) fn redis_server_binary(test: &str) -> Option<PathBuf> {
-    let found = admission_redis::test_util::redis_server_on_path();
+    let found = admission_testkit::redis_servers::redis_server_on_path();
     if found.is_none() {
         if std::env::var("CI").as_deref() == Ok("true") {
             panic!("{test}: redis-server is not on PATH under CI=true (.ci/run installs it)");

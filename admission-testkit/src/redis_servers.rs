@@ -1,7 +1,5 @@
 //! Private Redis servers for tests, benches and examples, a private Redis Cluster of six of them,
-//! and what is read from a cluster's nodes (feature `private-servers`, which `test-util` turns on
-//! too; it adds this module and nothing else, so the script stays the one a production build
-//! sends).
+//! and what is read from a cluster's nodes (feature `redis-servers`).
 //!
 //! [`PrivateServer::start`] starts one `redis-server` on a loopback port, as `redis-server --port
 //! P --bind 127.0.0.1 --logfile '' --dir DIR ARGS...` in a fresh temporary directory of its own,
@@ -38,25 +36,17 @@
 //! # Example
 //!
 //! ```no_run
-//! use admission_redis::test_util::{self, PrivateCluster};
-//! use admission_redis::{Ceilings, RedisAdmissionConfig};
+//! use admission_testkit::redis_servers::{self, PrivateCluster};
 //!
 //! # fn main() -> std::io::Result<()> {
-//! let binary = test_util::redis_server_on_path().expect("redis-server on PATH");
+//! let binary = redis_servers::redis_server_on_path().expect("redis-server on PATH");
 //! let mut cluster = PrivateCluster::start(&binary)?;
-//! let ceilings = Ceilings {
-//!     service_bytes: 1 << 20,
-//!     service_transfers: 8,
-//!     tenant_bytes: 1 << 20,
-//!     tenant_transfers: 8,
-//!     backend_transfers: 8,
-//! };
-//! let config = RedisAdmissionConfig::cluster(cluster.seeds(), "cell", ceilings);
-//! // ... connect instances with `config` and put them under load, then fail a master over:
+//! let seeds = cluster.seeds(); // for `RedisAdmissionConfig::cluster`, say
+//! // ... connect clients to `seeds` and put them under load, then fail a master over:
 //! let port = cluster.ports()[0];
-//! let master = test_util::master_of(port, "admission:{cell}:cfg").expect("a master");
+//! let master = redis_servers::master_of(port, "admission:{cell}:cfg").expect("a master");
 //! assert!(cluster.kill(master));
-//! # drop(config);
+//! # drop(seeds);
 //! # Ok(())
 //! # }
 //! ```
@@ -186,7 +176,7 @@ impl PrivateCluster {
     }
 
     /// Every node, killed or not, as `("127.0.0.1", port)`: the seed nodes a client is given
-    /// ([`RedisAdmissionConfig::cluster`](crate::RedisAdmissionConfig::cluster)).
+    /// (`admission_redis::RedisAdmissionConfig::cluster`).
     pub fn seeds(&self) -> Vec<(String, u16)> {
         self.nodes
             .iter()
