@@ -79,19 +79,22 @@ pub enum Reason {
     CircuitOpen,
     /// A quota is spent: an account the layer was told is a quota refused
     /// ([`AdmissionLayer::quota_account`](crate::AdmissionLayer::quota_account)), or the demand
-    /// function said so ([`DemandError::quota`]).
+    /// function said so ([`DemandError::quota`]). A demand more than such an account can ever
+    /// grant at once is [`TooLarge`](Reason::TooLarge) instead.
     Quota,
     /// The demand can never fit an account as configured ([`Refused::never_fits`] has the
-    /// numbers). Retrying the same request cannot help.
+    /// numbers): what the request declares it needs is more than the account can ever grant
+    /// (HTTP 422). Retrying the same request cannot help.
     TooLarge,
     /// The demand can never fit an account that counts bytes
     /// ([`AdmissionLayer::bytes_account`](crate::AdmissionLayer::bytes_account)): the request's
-    /// body is what is too large. Retrying the same request cannot help.
+    /// body is what is too large (HTTP 413). Retrying the same request cannot help.
     TooLargeBytes,
     /// No demand could be built from the request ([`DemandError::invalid`]).
     Invalid,
-    /// The line was past the layer's [`LineBound`](crate::LineBound) when the request arrived:
-    /// refused at once, without waiting ([`Cause::Shed`] says how long the line was).
+    /// The line was past the layer's [`LineBound`](crate::LineBound) when the request arrived
+    /// (refused at once, without waiting), or could no longer serve it within the bound while
+    /// it waited ([`Cause::Shed`] says how long the line was).
     Shed,
     /// The job was cancelled through its context.
     Cancelled,
@@ -290,9 +293,12 @@ impl Refused {
         let reason = match &error {
             AdmitError::TimedOut { .. } => Reason::TimedOut,
             AdmitError::Refused { account, refusal } => match refusal.kind() {
+                // A demand past what the account can ever grant is the request's fault, whatever
+                // the account is: never a quota (429) a client would retry.
+                RefusalKind::TooLarge { .. } if accounts.is_bytes(account) => Reason::TooLargeBytes,
+                RefusalKind::TooLarge { .. } => Reason::TooLarge,
                 RefusalKind::RefusingAll { .. } if accounts.is_quota(account) => Reason::Quota,
                 RefusalKind::RefusingAll { .. } => Reason::CircuitOpen,
-                RefusalKind::TooLarge { .. } if accounts.is_bytes(account) => Reason::TooLargeBytes,
                 _ if accounts.is_quota(account) => Reason::Quota,
                 _ if accounts.is_bytes(account) => Reason::TooLargeBytes,
                 _ => Reason::TooLarge,
@@ -341,7 +347,8 @@ impl Refused {
         }
     }
 
-    /// Refused at once by the line bound, with `estimate` to retry after.
+    /// Refused by the line bound, with `estimate` to retry after: at once, unless
+    /// [`after_waiting`](Refused::after_waiting) says otherwise.
     pub(crate) fn shed(full: LineFull, estimate: Duration) -> Refused {
         Refused {
             reason: Reason::Shed,
@@ -349,6 +356,12 @@ impl Refused {
             cause: Cause::Shed(full),
             estimate: Some(estimate),
         }
+    }
+
+    /// The same refusal, after the request waited `waited`.
+    pub(crate) fn after_waiting(mut self, waited: Duration) -> Refused {
+        self.waited = waited;
+        self
     }
 
     /// Why.
@@ -515,9 +528,11 @@ mod tests {
             Reason::TooLarge
         );
         assert_eq!(
-            refused_by("upload", too_large).reason(),
+            refused_by("upload", too_large.clone()).reason(),
             Reason::TooLargeBytes
         );
+        // Past what a quota can ever grant: the request's fault, not a quota to wait for.
+        assert_eq!(refused_by("tenant", too_large).reason(), Reason::TooLarge);
         assert_eq!(
             refused_by("upload", other.clone()).reason(),
             Reason::TooLargeBytes

@@ -14,12 +14,25 @@
 //! |---|---|
 //! | accepted | the inner service's |
 //! | quota exceeded ([`QuotaError::Exceeded`]) | 429, `Retry-After` = whole seconds until the window ends (at least 1) |
-//! | Redis unavailable, or the cell's config changed under this instance | 503, `Retry-After: 1` |
-//! | quotas not enabled in the config (the service is built wrong) | 500 |
+//! | Redis unavailable ([`QuotaError::Unavailable`]) | 503, `Retry-After: 1` |
+//! | quotas not enabled in the config, or the cell's config changed under this instance ([`QuotaError::Mismatch`]): the service is built or deployed wrong | 500, no `Retry-After` |
 //! | the request names no tenant (the tenant function returned `None`) | 400 |
 //!
+//! A configuration mismatch is a 500, not a 503: every instance of the service that was built
+//! with the other config gets the same answer on every retry until it is redeployed, so a
+//! `Retry-After` would only invite a retry storm. Only an unreachable Redis (which a retry a
+//! second later may find back) is a 503.
+//!
 //! A request without a tenant is refused rather than passed through: a quota that a caller
-//! escapes by not naming itself is no quota. Resolve and authenticate the caller in a layer
+//! escapes by not naming itself is no quota.
+//!
+//! Beside an [`AdmissionLayer`](crate::AdmissionLayer), the order decides what a request that
+//! can never fit meets first. With axum's `Router::layer` the layer added last runs first:
+//! `.layer(QuotaLayer::new(..)).layer(admission)` admits first, so a demand that can never fit
+//! is a 413 or 422 before the tenant's quota is charged (never a 429 it would retry), and a
+//! request shed from the line is not charged either; the grant is then held while the charge
+//! makes its round trip to Redis. The other order charges every request, and a tenant past its
+//! quota is refused without joining the line. Resolve and authenticate the caller in a layer
 //! outside this one, and return its tenant from the request (an extension, a header the
 //! authentication layer set). Refusals have a one-line plain-text body.
 //!
@@ -32,8 +45,8 @@
 //! | charge | `grpc-status` | `grpc-retry-pushback-ms` |
 //! |---|---|---|
 //! | quota exceeded | `RESOURCE_EXHAUSTED` (8) | until the window ends |
-//! | Redis unavailable, or the cell's config changed under this instance | `UNAVAILABLE` (14) | 1000 |
-//! | quotas not enabled in the config | `INTERNAL` (13) | none |
+//! | Redis unavailable | `UNAVAILABLE` (14) | 1000 |
+//! | quotas not enabled in the config, or the cell's config changed under this instance | `INTERNAL` (13) | none |
 //! | the request names no tenant | `INVALID_ARGUMENT` (3) | none |
 //!
 //! `grpc-message` is the refusal's line, percent-encoded. A frame whose charge is refused ends
@@ -265,19 +278,19 @@ where
 const NO_TENANT: &str = "the request names no tenant";
 
 /// The `grpc-status` a refused charge maps to (see the [module](self)'s gRPC table):
-/// `RESOURCE_EXHAUSTED` for a spent quota, `INTERNAL` for quotas not enabled, `UNAVAILABLE`
-/// otherwise.
+/// `RESOURCE_EXHAUSTED` for a spent quota, `INTERNAL` for quotas not enabled or a config
+/// mismatch, `UNAVAILABLE` otherwise.
 pub fn grpc_status(error: &QuotaError) -> u16 {
     match error {
         QuotaError::Exceeded { .. } => crate::grpc::RESOURCE_EXHAUSTED,
-        QuotaError::NotEnabled => crate::grpc::INTERNAL,
+        QuotaError::NotEnabled | QuotaError::Mismatch { .. } => crate::grpc::INTERNAL,
         _ => crate::grpc::UNAVAILABLE,
     }
 }
 
 /// The `grpc-retry-pushback-ms` of a refused charge: the milliseconds until the window ends for
 /// a spent quota (at least 1), 1000 for an unavailable coordinator, none for a misconfigured
-/// service.
+/// service (quotas not enabled, a config mismatch).
 pub fn grpc_pushback_ms(error: &QuotaError) -> Option<u64> {
     match error {
         QuotaError::Exceeded { retry_after, .. } => Some(
@@ -285,7 +298,7 @@ pub fn grpc_pushback_ms(error: &QuotaError) -> Option<u64> {
                 .unwrap_or(u64::MAX)
                 .max(1),
         ),
-        QuotaError::NotEnabled => None,
+        QuotaError::NotEnabled | QuotaError::Mismatch { .. } => None,
         _ => Some(1_000),
     }
 }
@@ -319,17 +332,19 @@ fn trailers_only<B: Body<Data = Bytes>>(
     response
 }
 
-/// The status a refused charge maps to (see the [module](self)'s table).
+/// The status a refused charge maps to (see the [module](self)'s table): 429 for a spent quota,
+/// 500 for quotas not enabled or a config mismatch, 503 otherwise.
 pub fn status(error: &QuotaError) -> StatusCode {
     match error {
         QuotaError::Exceeded { .. } => StatusCode::TOO_MANY_REQUESTS,
-        QuotaError::NotEnabled => StatusCode::INTERNAL_SERVER_ERROR,
+        QuotaError::NotEnabled | QuotaError::Mismatch { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         _ => StatusCode::SERVICE_UNAVAILABLE,
     }
 }
 
 /// The `Retry-After` of a refused charge, in whole seconds (at least 1): until the window ends
-/// for an exceeded quota, 1 for an unavailable coordinator, none for a misconfigured service.
+/// for an exceeded quota, 1 for an unavailable coordinator, none for a misconfigured service
+/// (quotas not enabled, a config mismatch).
 pub fn retry_after(error: &QuotaError) -> Option<u64> {
     match error {
         QuotaError::Exceeded { retry_after, .. } => Some(
@@ -337,7 +352,7 @@ pub fn retry_after(error: &QuotaError) -> Option<u64> {
                 .unwrap_or(u64::MAX)
                 .max(1),
         ),
-        QuotaError::NotEnabled => None,
+        QuotaError::NotEnabled | QuotaError::Mismatch { .. } => None,
         _ => Some(1),
     }
 }

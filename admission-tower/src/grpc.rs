@@ -8,7 +8,7 @@
 //! | quota | `RESOURCE_EXHAUSTED` (8) |
 //! | timed out, shed (the line past its [`LineBound`](crate::LineBound)), open circuit, monitor failing or stopped | `UNAVAILABLE` (14) |
 //! | job cancelled | `CANCELLED` (1) |
-//! | a demand that can never fit, no demand could be built from the request | `INVALID_ARGUMENT` (3) |
+//! | a demand that can never fit (past the line bound and on a quota account too), no demand could be built from the request | `INVALID_ARGUMENT` (3) |
 //! | a demand lacking a required account | `INTERNAL` (13) |
 //!
 //! A demand that can never fit is `INVALID_ARGUMENT` rather than `OUT_OF_RANGE` or

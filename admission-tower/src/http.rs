@@ -6,8 +6,8 @@
 //! |---|---|---|
 //! | timed out, shed (the line past its [`LineBound`](crate::LineBound)), open circuit, monitor failing or stopped, job cancelled | 503 | always |
 //! | quota | 429 | when its reset is known |
-//! | a demand that can never fit an account counting bytes | 413 | no |
-//! | a demand that can never fit any other account | 422 | no |
+//! | a demand that can never fit an account counting bytes (the request's size) | 413 | no |
+//! | a demand that can never fit any other account (what the request declares it needs), a quota account included | 422 | no |
 //! | no demand could be built from the request | 400 | no |
 //! | a demand lacking a required account (the service is built wrong) | 500 | no |
 //!
@@ -17,10 +17,21 @@
 //! one.
 //!
 //! A demand that can never fit is a client error, not an outage: a client that retries a 503
-//! would send it again and again. It answers 413 when an account counting the request's bytes
-//! refused ([`AdmissionLayer::bytes_account`](crate::AdmissionLayer::bytes_account)), 422
-//! otherwise, and the body says which account, what was asked and what it can ever grant
-//! ([`NeverFits`](crate::NeverFits)), so the caller can shrink the request.
+//! (or a 429) would send it again and again. It is answered as such on every path: when the
+//! line is past the layer's [`LineBound`](crate::LineBound) (the demand is looked at before the
+//! request is shed) and on an account named a quota (a demand past what the quota can ever
+//! grant at once is no spent quota). The body says which account, what was asked and what it
+//! can ever grant ([`NeverFits`](crate::NeverFits)), so the caller can shrink the request.
+//!
+//! 413 or 422 depends on what can never fit. **413 (Content Too Large)** when it is the
+//! request's own size: an account counting the request's bytes refused
+//! ([`AdmissionLayer::bytes_account`](crate::AdmissionLayer::bytes_account)); RFC 9110 gives
+//! 413 to content larger than the server will process, and clients and proxies know it as
+//! "send less". **422 (Unprocessable Content)** when it is what the request declares it will
+//! use (tokens, connections, a permit count, read from a header or a parameter): the request is
+//! well-formed and its size acceptable, but what it asks for cannot be granted as the service is
+//! configured, which is what 422 says; a 413 there would tell the client to shrink a body that
+//! is not the problem.
 
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};

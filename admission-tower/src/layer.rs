@@ -90,6 +90,7 @@ impl<D> AdmissionLayer<D, Propagate> {
         let drain = Arc::new(Drain::new(
             monitor.clock().clone(),
             RetryEstimate::default(),
+            None,
         ));
         AdmissionLayer {
             config: Config {
@@ -113,8 +114,17 @@ impl<D, P> AdmissionLayer<D, P> {
         self
     }
 
+    /// A new drain with the layer's settings, measuring from now.
+    fn measure_anew(&mut self, estimate: RetryEstimate) {
+        let clock = self.config.monitor.clock().clone();
+        let drain = Drain::new(clock, estimate, self.config.shed);
+        self.config.drain = Arc::new(drain);
+    }
+
     /// Names an account that counts bytes: a demand that can never fit it is refused with
-    /// [`Reason::TooLargeBytes`](crate::Reason::TooLargeBytes) (HTTP 413).
+    /// [`Reason::TooLargeBytes`](crate::Reason::TooLargeBytes) (HTTP 413, Content Too Large:
+    /// the request's own size is what can never fit; any other account's is a 422, see
+    /// [`crate::http`]).
     pub fn bytes_account(mut self, account: impl Into<String>) -> AdmissionLayer<D, P> {
         Arc::make_mut(&mut self.config.accounts)
             .bytes
@@ -123,7 +133,10 @@ impl<D, P> AdmissionLayer<D, P> {
     }
 
     /// Names an account that is a quota: its refusals are [`Reason::Quota`](crate::Reason::Quota)
-    /// (HTTP 429) rather than an open circuit or a demand too large.
+    /// (HTTP 429) rather than an open circuit, except a demand more than the quota can ever
+    /// grant at once ([`RefusalKind::TooLarge`](admission_core::RefusalKind::TooLarge)), which
+    /// is [`Reason::TooLarge`](crate::Reason::TooLarge) (HTTP 422) like any other: waiting for
+    /// the window to reset cannot help it.
     pub fn quota_account(mut self, account: impl Into<String>) -> AdmissionLayer<D, P> {
         Arc::make_mut(&mut self.config.accounts)
             .quotas
@@ -137,8 +150,7 @@ impl<D, P> AdmissionLayer<D, P> {
     ///
     /// The layer measures from when this is called: set it while building the layer.
     pub fn retry_estimate(mut self, estimate: RetryEstimate) -> AdmissionLayer<D, P> {
-        let clock = self.config.monitor.clock().clone();
-        self.config.drain = Arc::new(Drain::new(clock, estimate));
+        self.measure_anew(estimate);
         self
     }
 
@@ -148,7 +160,12 @@ impl<D, P> AdmissionLayer<D, P> {
     /// to the timeout.
     ///
     /// A request is checked after its demand is built (a request no demand can be built from is
-    /// still a 400) and before it joins the line.
+    /// still a 400) and before it joins the line. Past the bound, the monitor is asked once for
+    /// the whole demand without waiting
+    /// ([`Monitor::try_admit`](admission_core::Monitor::try_admit)): granted there and then, the
+    /// request is served; a demand that can never fit is refused as such (413 or 422, gRPC
+    /// `INVALID_ARGUMENT`: never a 503 a client would retry); only a request that would wait is
+    /// shed.
     ///
     /// # Examples
     ///
@@ -167,14 +184,16 @@ impl<D, P> AdmissionLayer<D, P> {
     ///     Ok::<_, DemandError>((Demand::new().with(workers.clone(), Amount::ONE), JobContext::new("job")))
     /// })
     /// .timeout(timeout)
-    /// // What would wait past the timeout is refused now, not after it.
-    /// .shed(LineBound::ExpectedWait(timeout));
+    /// // What would wait past the timeout is refused now, not after it (with half a second to
+    /// // spare, so that a grant due at the end does not race the timeout).
+    /// .shed(LineBound::ExpectedWait(timeout - Duration::from_millis(500)));
     /// # drop(layer);
     /// # Ok(())
     /// # }
     /// ```
     pub fn shed(mut self, bound: LineBound) -> AdmissionLayer<D, P> {
         self.config.shed = Some(bound);
+        self.measure_anew(self.config.drain.settings());
         self
     }
 

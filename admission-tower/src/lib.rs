@@ -10,7 +10,11 @@
 //! is a typed [`Refused`] with [`retry_after`](Refused::retry_after) (the refuser's own, or the
 //! layer's estimate from the drain it measures: [`RetryEstimate`]); features `http` and `grpc`
 //! turn it into a response instead, and a handler of the user's own can replace either mapping.
-//! The time a request waited reaches the handler as the [`Waited`] request extension.
+//! The time a request waited reaches the handler as the [`Waited`] request extension. With a
+//! [`LineBound`] the layer refuses at once a request the line would keep too long, and sheds a
+//! waiter the line can no longer serve within the bound. A demand that can never fit is a
+//! client error on every path (413 or 422, gRPC `INVALID_ARGUMENT`), never a 503 or a 429 that
+//! a client would retry.
 //!
 //! # Cancel safety
 //!
@@ -60,6 +64,7 @@ pub mod guides;
 #[cfg(feature = "http")]
 pub mod http;
 mod layer;
+mod line;
 mod policy;
 mod retry;
 mod service;

@@ -4,11 +4,13 @@
 
 use std::fmt;
 use std::num::NonZeroU64;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use admission_core::{Clock, Grant, Instant};
+
+use crate::line::{Line, Shed};
 
 /// When a refused request may try again, and where the figure comes from.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -39,9 +41,11 @@ impl RetryAfter {
 ///
 /// A request that timed out in the monitor's line, whose job was cancelled, or that met a
 /// stopped or failing monitor is refused without any account saying when things get better
-/// (`AdmitError::retry_after` is `None`). For those refusals (and only those: a quota without a
-/// known reset and a demand that can never fit get no estimate) the layer works out how long the
-/// line it leaves behind takes to drain, from what it sees itself:
+/// (`AdmitError::retry_after` is `None`). For those refusals, and for a request shed by a
+/// [`LineBound::Waiters`] bound (and only those: a quota without a known reset and a demand
+/// that can never fit get no estimate; a request shed by [`LineBound::ExpectedWait`] is told its
+/// own expected wait, within step 4's bounds) the layer works out how long the line it leaves
+/// behind takes to drain, from what it sees itself:
 ///
 /// 1. **Completions.** Every grant the layer held going back (the response body ended, failed or
 ///    was dropped, or the inner service failed) is counted on the monitor's clock. The count
@@ -143,6 +147,11 @@ impl RetryEstimate {
             let nanos = u128::from(waiting.max(1)) * span.as_nanos() / u128::from(completions);
             Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
         };
+        self.bounded(raw)
+    }
+
+    /// Step 4 alone: `raw` raised to the floor, lowered to the ceiling, in whole seconds.
+    fn bounded(&self, raw: Duration) -> Duration {
         let bounded = raw.max(self.floor).min(self.ceiling);
         Duration::from_secs(crate::Refused::whole_seconds(bounded))
     }
@@ -161,11 +170,12 @@ impl Default for RetryEstimate {
 /// whole timeout only to be refused: the client learns nothing for that long and holds a
 /// connection for it. With one, a request that arrives when the line ahead of it is already
 /// too long is refused before it waits ([`Reason::Shed`](crate::Reason::Shed), HTTP 503 and
-/// gRPC `UNAVAILABLE`), with `Retry-After` from the same drain as every estimate
-/// ([`RetryEstimate`]): the time the requests already waiting take to be served.
+/// gRPC `UNAVAILABLE`, with `Retry-After`), unless the monitor can grant its whole demand at
+/// that moment, and a demand that can never fit is refused as such (413 or 422, never 503).
 ///
-/// Only the layer's own requests count, as for the estimate. The check reads two counters
-/// without a lock, so under a burst of arrivals a few more than the bound may get in.
+/// Only the layer's own requests count: jobs admitted on the same monitor by anything else are
+/// neither waiters nor grants of this line. The count is exact: the check and the joining are
+/// one step under the layer's lock.
 ///
 /// # Examples
 ///
@@ -174,8 +184,9 @@ impl Default for RetryEstimate {
 /// use std::time::Duration;
 /// use admission_tower::LineBound;
 ///
-/// // Shed what would time out anyway: the line ahead takes longer than the 5 s timeout.
-/// let bound = LineBound::ExpectedWait(Duration::from_secs(5));
+/// // Shed what would time out anyway: the line ahead takes longer than 4.5 s, with a 5 s
+/// // timeout (the half second keeps a grant due at the end clear of the timeout).
+/// let bound = LineBound::ExpectedWait(Duration::from_millis(4_500));
 /// // Or at most 100 waiting requests, whatever the pace.
 /// let bound = LineBound::Waiters(NonZeroU64::new(100).unwrap());
 /// # let _ = bound;
@@ -184,14 +195,38 @@ impl Default for RetryEstimate {
 #[non_exhaustive]
 pub enum LineBound {
     /// At most this many of the layer's requests wait: one that arrives while this many wait is
-    /// refused.
+    /// refused, with the layer's [`RetryEstimate`] as `Retry-After`.
     Waiters(NonZeroU64),
-    /// The line ahead may take at most this long: a request is refused when the layer's waiting
-    /// requests, served at the rate of its completions over the estimate's
-    /// [`window`](RetryEstimate::window), take longer than this. Nobody waiting means no wait,
-    /// so with this bound a request that finds nobody waiting is never refused; with no
-    /// completion in the window the pace is unknown and nothing is refused either. Set it to
-    /// the layer's timeout to refuse at once what would time out anyway.
+    /// The line ahead may take at most this long: a request is refused when it is expected to
+    /// wait longer than this for its grant, at the pace the layer measures on its own line.
+    ///
+    /// **The pace.** The layer times the intervals between grants to its requests that had to
+    /// wait, counting only the time someone waited (an average that takes a slower interval at
+    /// once and a faster one over about eight grants; a request granted at once is no measure
+    /// of the line, so a burst the accounts' stock served does not make an empty bucket look
+    /// fast), and the *gap*: how long its waiters have now gone without anyone being served.
+    /// Behind `w` waiters a request expects `(w + 1) × I − g` for an interval `I` and a gap
+    /// `g ≤ I`, and `(w + 1) × g − I` once the gap is longer than an interval. Before any
+    /// interval is known (a cold start) `I` is zero and the waiters' time waited so far is all
+    /// there is: the second in line expects twice the gap, and so on. In a stall of the
+    /// backend the gap grows until every arrival is refused, the head of an empty line too once
+    /// the gap passes the bound; the gap ends at the next grant, including a request the
+    /// monitor grants at once while the line is past its bound.
+    ///
+    /// **Waiters the line can no longer serve in time.** The bound holds for a request's whole
+    /// wait, not only on arrival: a request already waiting whose time waited so far and
+    /// expected wait together pass the bound (the pace slowed down after it joined: a bucket's
+    /// stock ran out, the backend stalled) is refused at once with the same reason, instead of
+    /// waiting on towards its timeout. This is looked at from the back of the line whenever one
+    /// of the layer's requests arrives, is granted or leaves; the layer starts no timer, so with
+    /// no such event a waiter waits on (at most until its timeout).
+    ///
+    /// A request refused by this bound is told to retry after its own expected wait (within the
+    /// [`RetryEstimate`]'s floor and ceiling, in whole seconds): by then the line ahead of it has
+    /// been served.
+    ///
+    /// Set it a little under the layer's [`timeout`](crate::AdmissionLayer::timeout): a request
+    /// admitted with a grant due at the very end of its timeout races that timeout.
     ExpectedWait(Duration),
 }
 
@@ -204,8 +239,9 @@ impl fmt::Display for LineBound {
     }
 }
 
-/// A request refused at once because the line was past its [`LineBound`]: the cause of a
-/// [`Reason::Shed`](crate::Reason::Shed) refusal.
+/// A request refused because the line was past its [`LineBound`]: when it arrived, or, under
+/// [`LineBound::ExpectedWait`], while it waited and could no longer be served within the bound.
+/// The cause of a [`Reason::Shed`](crate::Reason::Shed) refusal.
 ///
 /// # Examples
 ///
@@ -222,24 +258,43 @@ impl fmt::Display for LineBound {
 /// # let _ = log;
 /// ```
 #[derive(Copy, Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{waiting} requests waiting{}, past the bound of {bound}", match .expected_wait {
-    Some(wait) => format!(", {wait:?} to serve them"),
+#[error("{waiting} requests waiting ahead{}, past the bound of {bound}{}", match .expected_wait {
+    Some(wait) => format!(", {wait:?} until its grant"),
+    None => String::new(),
+}, match .waited {
+    Some(waited) => format!(" after waiting {waited:?}"),
     None => String::new(),
 })]
 pub struct LineFull {
     waiting: u64,
     expected_wait: Option<Duration>,
     bound: LineBound,
+    waited: Option<Duration>,
 }
 
 impl LineFull {
-    /// How many of the layer's requests were waiting.
+    pub(crate) fn new(waiting: u64, expected_wait: Option<Duration>, bound: LineBound) -> Self {
+        LineFull {
+            waiting,
+            expected_wait,
+            bound,
+            waited: None,
+        }
+    }
+
+    /// A waiter shed from the line after waiting `waited`.
+    pub(crate) fn after_waiting(mut self, waited: Duration) -> Self {
+        self.waited = Some(waited);
+        self
+    }
+
+    /// How many of the layer's requests were waiting ahead of this one.
     pub fn waiting(&self) -> u64 {
         self.waiting
     }
 
-    /// How long they were expected to take, for an [`ExpectedWait`](LineBound::ExpectedWait)
-    /// bound.
+    /// How long this request was expected to wait for its grant, for an
+    /// [`ExpectedWait`](LineBound::ExpectedWait) bound.
     pub fn expected_wait(&self) -> Option<Duration> {
         self.expected_wait
     }
@@ -247,6 +302,12 @@ impl LineFull {
     /// The bound that was passed.
     pub fn bound(&self) -> LineBound {
         self.bound
+    }
+
+    /// For a request shed while it waited: how long it had waited (which, with its expected
+    /// wait, passed the bound). `None` for a request refused on arrival.
+    pub fn waited(&self) -> Option<Duration> {
+        self.waited
     }
 }
 
@@ -261,31 +322,41 @@ struct Bucket {
     count: u64,
 }
 
-/// What the layer measures for its estimates: its completions over the window, and how many of
-/// its requests wait now. One per layer, shared by every service it builds.
+/// What the layer measures: its completions over the window (for [`RetryEstimate`]), and its
+/// line (the waiting requests and their pace, for [`LineBound`]). One per layer, shared by
+/// every service it builds.
 pub(crate) struct Drain {
     settings: RetryEstimate,
     clock: Arc<dyn Clock>,
+    /// The layer's bound.
+    bound: Option<LineBound>,
     /// When the layer was built: completions are not looked for before it.
     since: Instant,
     /// One bucket's width in nanoseconds; 0 for a zero window (nothing counted).
     width: u64,
     buckets: Mutex<[Bucket; BUCKETS]>,
-    waiting: AtomicU64,
+    /// The waiting requests, each with the slot its future is told through when it is shed.
+    line: Mutex<Line<Arc<Slot>>>,
 }
 
 impl Drain {
-    /// A drain measured on `clock` from now on, estimating with `settings`.
-    pub(crate) fn new(clock: Arc<dyn Clock>, settings: RetryEstimate) -> Drain {
+    /// A drain measured on `clock` from now on, estimating with `settings`, bounding the line
+    /// with `bound`.
+    pub(crate) fn new(
+        clock: Arc<dyn Clock>,
+        settings: RetryEstimate,
+        bound: Option<LineBound>,
+    ) -> Drain {
         let window = u64::try_from(settings.window.as_nanos()).unwrap_or(u64::MAX);
         let since = clock.now();
         Drain {
             settings,
             clock,
+            bound,
             since,
             width: window / BUCKETS as u64,
             buckets: Mutex::new([Bucket::default(); BUCKETS]),
-            waiting: AtomicU64::new(0),
+            line: Mutex::new(Line::new()),
         }
     }
 
@@ -332,39 +403,60 @@ impl Drain {
         (count, now.saturating_duration_since(from))
     }
 
+    /// How many of the layer's requests wait now.
+    fn waiting_now(&self) -> u64 {
+        self.lock_line().len() as u64
+    }
+
     /// The estimate for a request refused now after waiting `waited` (see [`RetryEstimate`]).
     pub(crate) fn estimate(&self, waited: Duration) -> Duration {
         let (completions, span) = self.completions();
-        let waiting = self.waiting.load(Ordering::Relaxed);
+        let waiting = self.waiting_now();
         self.settings.compute(waiting, completions, span, waited)
     }
 
-    /// Whether a request arriving now is past `bound` (see [`LineBound`]).
-    pub(crate) fn past(&self, bound: LineBound) -> Option<LineFull> {
-        let waiting = self.waiting.load(Ordering::Relaxed);
-        let full = |expected_wait| LineFull {
-            waiting,
-            expected_wait,
-            bound,
-        };
-        match bound {
-            LineBound::Waiters(most) => (waiting >= most.get()).then(|| full(None)),
-            LineBound::ExpectedWait(most) => {
-                let (completions, span) = self.completions();
-                if waiting == 0 || completions == 0 {
-                    return None;
-                }
-                let nanos = u128::from(waiting) * span.as_nanos() / u128::from(completions);
-                let expected = Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX));
-                (expected > most).then(|| full(Some(expected)))
-            }
+    /// The `Retry-After` of a request shed from (or before) the line: its own expected wait
+    /// for an [`ExpectedWait`](LineBound::ExpectedWait) bound, within the floor and the
+    /// ceiling; the estimate otherwise.
+    pub(crate) fn retry_after_shed(&self, full: &LineFull) -> Duration {
+        match full.expected_wait() {
+            Some(expected) => self.settings.bounded(expected),
+            None => self.estimate(Duration::ZERO),
         }
     }
 
-    /// Counts a request as waiting until the guard is dropped.
-    pub(crate) fn waiting(self: &Arc<Self>) -> Waiting {
-        self.waiting.fetch_add(1, Ordering::Relaxed);
-        Waiting(self.clone())
+    fn lock_line(&self) -> std::sync::MutexGuard<'_, Line<Arc<Slot>>> {
+        self.line.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A request arriving now: it joins the line ([`Waiting`] until dropped or granted), or
+    /// the line is past the layer's bound. Either way, waiters now past the bound are shed.
+    pub(crate) fn arrive(self: &Arc<Self>) -> Result<Waiting, LineFull> {
+        let slot = Arc::new(Slot::default());
+        let (joined, shed) = {
+            let mut line = self.lock_line();
+            let now = self.clock.now();
+            let joined = line.arrive(now, self.bound, slot.clone());
+            (joined, line.shed_doomed(now, self.bound))
+        };
+        wake(shed);
+        joined.map(|number| Waiting {
+            drain: self.clone(),
+            number,
+            slot,
+            settled: false,
+        })
+    }
+
+    /// A request that was past the bound was granted at once anyway: the backend serves.
+    pub(crate) fn served_at_once(&self) {
+        let shed = {
+            let mut line = self.lock_line();
+            let now = self.clock.now();
+            line.served(now);
+            line.shed_doomed(now, self.bound)
+        };
+        wake(shed);
     }
 
     /// `grant`, counted as a completion when it goes back.
@@ -374,30 +466,118 @@ impl Drain {
             drain: self.clone(),
         }
     }
+
+    /// Request `number` was granted (after waiting, or at once) or left the line.
+    fn settle(&self, number: u64, granted: Option<bool>) {
+        let shed = {
+            let mut line = self.lock_line();
+            let now = self.clock.now();
+            match granted {
+                Some(waited) => line.granted(number, now, waited),
+                None => line.left(number, now),
+            }
+            line.shed_doomed(now, self.bound)
+        };
+        wake(shed);
+    }
+}
+
+/// Tells each shed waiter, outside the line's lock.
+fn wake(shed: Vec<Shed<Arc<Slot>>>) {
+    for (slot, full) in shed {
+        slot.shed(full);
+    }
 }
 
 impl fmt::Debug for Drain {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Drain")
             .field("settings", &self.settings)
-            .field("waiting", &self.waiting.load(Ordering::Relaxed))
+            .field("bound", &self.bound)
+            .field("waiting", &self.waiting_now())
             .finish_non_exhaustive()
     }
 }
 
-/// A request of the layer waiting for its grant; it stops counting when dropped.
-pub(crate) struct Waiting(Arc<Drain>);
+/// Where the line tells a waiting request's future that it was shed.
+#[derive(Default)]
+pub(crate) struct Slot {
+    state: Mutex<SlotState>,
+}
+
+#[derive(Default)]
+struct SlotState {
+    shed: Option<LineFull>,
+    waker: Option<Waker>,
+}
+
+impl Slot {
+    fn shed(&self, full: LineFull) {
+        let waker = {
+            let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+            state.shed = Some(full);
+            state.waker.take()
+        };
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
+/// A request of the layer in its line: it leaves when dropped, or when granted.
+pub(crate) struct Waiting {
+    drain: Arc<Drain>,
+    number: u64,
+    slot: Arc<Slot>,
+    /// Granted: it left the line already.
+    settled: bool,
+}
 
 impl Waiting {
     /// The drain it counts in.
     pub(crate) fn drain(&self) -> &Arc<Drain> {
-        &self.0
+        &self.drain
+    }
+
+    /// Whether the line shed it; if not, `cx`'s waker is told when it does.
+    pub(crate) fn poll_shed(&mut self, cx: &Context<'_>) -> Option<LineFull> {
+        let mut state = self
+            .slot
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(full) = state.shed.take() {
+            return Some(full);
+        }
+        match &state.waker {
+            Some(waker) if waker.will_wake(cx.waker()) => {}
+            _ => state.waker = Some(cx.waker().clone()),
+        }
+        None
+    }
+
+    /// Granted `grant` (after waiting, when `waited`): it leaves the line, and the grant is
+    /// held until it goes back.
+    pub(crate) fn granted(mut self, grant: Grant, waited: bool) -> Held {
+        self.settled = true;
+        self.drain.settle(self.number, Some(waited));
+        self.drain.hold(grant)
+    }
+}
+
+impl fmt::Debug for Waiting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Waiting")
+            .field("number", &self.number)
+            .finish_non_exhaustive()
     }
 }
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        self.0.waiting.fetch_sub(1, Ordering::Relaxed);
+        if !self.settled {
+            self.drain.settle(self.number, None);
+        }
     }
 }
 
@@ -459,7 +639,7 @@ mod tests {
     fn the_estimate_follows_a_steady_drain() {
         for per_second in [1u64, 2, 5, 20, 250] {
             let clock = FakeClock::new();
-            let drain = Arc::new(Drain::new(clock.shared(), RetryEstimate::new()));
+            let drain = Arc::new(Drain::new(clock.shared(), RetryEstimate::new(), None));
             let gap = Duration::from_nanos(1_000_000_000 / per_second);
             // 30 s of completions: three windows, so old ones have left the count.
             for _ in 0..30 * per_second {
@@ -470,7 +650,7 @@ mod tests {
             clock.advance(gap / 3);
             let n = 9.0 * per_second as f64;
             for waiting in [1u64, 7, 40, 300] {
-                let guards: Vec<_> = (0..waiting).map(|_| drain.waiting()).collect();
+                let guards: Vec<_> = (0..waiting).map(|_| drain.arrive().unwrap()).collect();
                 let got = drain.estimate(Duration::from_secs(5)).as_secs_f64();
                 let drains_in = waiting as f64 / per_second as f64;
                 let low = (drains_in * n / (n + 1.0)).clamp(1.0, 60.0);
@@ -487,8 +667,8 @@ mod tests {
     #[test]
     fn old_completions_leave_the_count_and_a_stalled_line_estimates_its_own_wait() {
         let clock = FakeClock::new();
-        let drain = Arc::new(Drain::new(clock.shared(), RetryEstimate::new()));
-        let waiter = drain.waiting();
+        let drain = Arc::new(Drain::new(clock.shared(), RetryEstimate::new(), None));
+        let waiter = drain.arrive().unwrap();
         for _ in 0..20 {
             drain.completed();
             clock.advance(ms(500));
@@ -500,14 +680,14 @@ mod tests {
         assert_eq!(drain.completions().0, 0);
         assert_eq!(drain.estimate(ms(7_500)), 8 * SEC);
         drop(waiter);
-        assert_eq!(drain.waiting.load(Ordering::Relaxed), 0);
+        assert_eq!(drain.waiting_now(), 0);
     }
 
     #[test]
     fn a_zero_window_counts_nothing() {
         let clock = FakeClock::new();
         let settings = RetryEstimate::new().window(Duration::ZERO);
-        let drain = Drain::new(clock.shared(), settings);
+        let drain = Drain::new(clock.shared(), settings, None);
         drain.completed();
         clock.advance(SEC);
         assert_eq!(drain.completions(), (0, Duration::ZERO));
@@ -515,45 +695,49 @@ mod tests {
     }
 
     #[test]
-    fn the_line_bound_counts_the_waiters_and_their_expected_wait() {
+    fn the_line_bound_counts_the_waiters_and_sheds_one_it_can_no_longer_serve_in_time() {
         let clock = FakeClock::new();
-        let drain = Arc::new(Drain::new(clock.shared(), RetryEstimate::new()));
-        let three = LineBound::Waiters(NonZeroU64::new(3).unwrap());
-        let short = LineBound::ExpectedWait(ms(700));
-        let nothing = LineBound::ExpectedWait(Duration::ZERO);
-        // Nobody waiting: no expected wait, whatever the bound.
-        assert_eq!(drain.past(nothing), None);
-        let mut guards: Vec<_> = (0..2).map(|_| drain.waiting()).collect();
-        assert_eq!(drain.past(three), None);
-        // No completion yet: the pace is unknown, nothing is shed on it.
-        assert_eq!(drain.past(nothing), None);
-        guards.push(drain.waiting());
-        let full = drain.past(three).expect("three waiting");
+        let three = Some(LineBound::Waiters(NonZeroU64::new(3).unwrap()));
+        let drain = Arc::new(Drain::new(clock.shared(), RetryEstimate::new(), three));
+        let mut guards: Vec<_> = (0..3).map(|_| drain.arrive().unwrap()).collect();
+        let full = drain.arrive().unwrap_err();
         assert_eq!((full.waiting(), full.expected_wait()), (3, None));
         assert_eq!(
             full.to_string(),
-            "3 requests waiting, past the bound of at most 3 waiting"
+            "3 requests waiting ahead, past the bound of at most 3 waiting"
         );
-        // Four completions a second for 10 s: at 10 s the window holds the 37 from 1 s on, over
-        // 9 s, so the three waiting take 27/37 s.
-        for _ in 0..40 {
-            clock.advance(ms(250));
-            drain.completed();
-        }
-        let full = drain.past(short).expect("over 700 ms");
+        // Nothing completed: the floor.
+        assert_eq!(drain.retry_after_shed(&full), SEC);
+        guards.pop();
+        assert_eq!(drain.arrive().map(|_| ()), Ok(()));
+
+        // A line of at most 5 s: nothing known of the pace, two wait; at 2.5 s the second,
+        // having waited 1.5 s, expects 5 s more and is shed at the next arrival, which itself
+        // expects 7.5 s and is refused.
+        let bound = Some(LineBound::ExpectedWait(5 * SEC));
+        let drain = Arc::new(Drain::new(clock.shared(), RetryEstimate::new(), bound));
+        let mut first = drain.arrive().unwrap();
+        clock.advance(SEC);
+        let mut second = drain.arrive().unwrap();
+        let waker = std::task::Waker::noop();
+        let cx = Context::from_waker(waker);
+        assert_eq!(second.poll_shed(&cx), None);
+        clock.advance(ms(1_500));
+        let full = drain.arrive().unwrap_err();
+        assert_eq!(full.expected_wait(), Some(ms(7_500)));
+        assert_eq!(drain.retry_after_shed(&full), 8 * SEC);
+        let shed = second.poll_shed(&cx).expect("shed");
         assert_eq!(
-            full.expected_wait(),
-            Some(Duration::from_nanos(729_729_729))
+            shed.to_string(),
+            "1 requests waiting ahead, 5s until its grant, past the bound of a line of at most \
+             5s after waiting 1.5s"
         );
-        assert_eq!(full.bound(), short);
-        assert_eq!(
-            full.to_string(),
-            "3 requests waiting, 729.729729ms to serve them, past the bound of a line of at \
-             most 700ms"
-        );
-        assert_eq!(drain.past(LineBound::ExpectedWait(ms(730))), None);
-        drop(guards);
-        assert_eq!(drain.past(nothing), None);
+        assert_eq!(first.poll_shed(&cx), None);
+        assert_eq!(drain.waiting_now(), 1);
+        drop(second);
+        assert_eq!(drain.waiting_now(), 1);
+        drop(first);
+        assert_eq!(drain.waiting_now(), 0);
     }
 
     #[test]

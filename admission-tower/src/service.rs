@@ -4,8 +4,9 @@ mod future;
 
 use std::fmt;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
-use admission_core::{Demand, JobContext};
+use admission_core::{Demand, JobContext, TryAdmitError};
 use http::{Request, Response};
 use http_body::Body;
 use tower::Service;
@@ -13,18 +14,21 @@ use tower::Service;
 pub use future::ResponseFuture;
 
 use crate::body::AdmittedBody;
-use crate::error::{DemandError, Refused};
+use crate::error::{DemandError, Refused, Waited};
 use crate::layer::Config;
 use crate::policy::OnRefusal;
 
 /// Admits each request's whole demand on the monitor, then calls the inner service; built by
 /// [`AdmissionLayer`](crate::AdmissionLayer).
 ///
-/// `poll_ready` is the inner service's. `call` builds the demand (a [`DemandError`] refuses at
-/// once), refuses at once when the line is past the layer's
-/// [`LineBound`](crate::LineBound), takes the ready inner service and leaves a clone in its place (tower's usual
-/// `std::mem::replace` dance, so the service that was polled ready is the one called), and
-/// returns a [`ResponseFuture`] that waits for the grant and then calls it. The admitted request
+/// `poll_ready` is the inner service's. `call` takes the ready inner service and leaves a clone
+/// in its place (tower's usual `std::mem::replace` dance, so the service that was polled ready
+/// is the one called), builds the demand (a [`DemandError`] refuses at once), and returns a
+/// [`ResponseFuture`] that waits for the grant and then calls it. When the line is past the
+/// layer's [`LineBound`](crate::LineBound), it asks the monitor once for the whole demand
+/// without waiting ([`Monitor::try_admit`](admission_core::Monitor::try_admit)) instead: granted,
+/// the request is served; a demand that can never fit is refused as such (HTTP 413 or 422, gRPC
+/// `INVALID_ARGUMENT`, never a retryable 503); otherwise it is shed. The admitted request
 /// carries [`Waited`](crate::Waited); the response's body holds the grant until it ends.
 ///
 /// # Fairness
@@ -71,31 +75,45 @@ where
             .map_err(|error| self.config.policy.failed(error))
     }
 
-    fn call(&mut self, request: Request<ReqB>) -> Self::Future {
+    fn call(&mut self, mut request: Request<ReqB>) -> Self::Future {
         let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = std::mem::replace(&mut self.inner, clone);
         let policy = self.config.policy.clone();
-        match (self.config.demand)(&request) {
-            Err(error) => ResponseFuture::refused(Refused::demand(error), policy),
-            Ok((demand, ctx)) => {
-                let drain = &self.config.drain;
-                if let Some(full) = self.config.shed.and_then(|bound| drain.past(bound)) {
-                    // Retry once the requests already waiting have been served.
-                    let estimate = drain.estimate(std::time::Duration::ZERO);
-                    return ResponseFuture::refused(Refused::shed(full, estimate), policy);
-                }
+        let (demand, ctx) = match (self.config.demand)(&request) {
+            Ok(built) => built,
+            Err(error) => return ResponseFuture::refused(Refused::demand(error), policy),
+        };
+        let drain = &self.config.drain;
+        let full = match drain.arrive() {
+            Ok(waiting) => {
                 let monitor = &self.config.monitor;
                 let admit = monitor.admit(demand, &ctx, self.config.timeout);
-                ResponseFuture::admitting(
-                    admit,
-                    inner,
-                    request,
-                    policy,
-                    &self.config.drain,
-                    self.config.accounts.clone(),
-                )
+                let accounts = self.config.accounts.clone();
+                return ResponseFuture::admitting(admit, inner, request, policy, waiting, accounts);
             }
-        }
+            Err(full) => full,
+        };
+        // Past the bound. One question to the monitor, taking nothing unless it grants the
+        // whole demand now: a demand that can never fit is refused as such (413 or 422, not a
+        // retryable 503), one that fits now is served, and only one that would wait is shed.
+        let refused = match self.config.monitor.try_admit(&demand, &ctx) {
+            Ok(grant) => {
+                drain.served_at_once();
+                request.extensions_mut().insert(Waited(Duration::ZERO));
+                let grant = drain.hold(grant.into_owned());
+                return ResponseFuture::calling(inner.call(request), grant, policy);
+            }
+            Err(TryAdmitError::Admit(error)) => {
+                Refused::admit(error, Duration::ZERO, &self.config.accounts)
+                    .or_estimate(|| drain.estimate(Duration::ZERO))
+            }
+            // It would wait.
+            Err(_) => {
+                let retry_after = drain.retry_after_shed(&full);
+                Refused::shed(full, retry_after)
+            }
+        };
+        ResponseFuture::refused(refused, policy)
     }
 }
 

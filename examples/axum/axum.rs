@@ -4,9 +4,10 @@
 //! grant lives in the response body, so nothing is given back before the answer is sent. A
 //! refusal is an HTTP status: 503 with `Retry-After` on a timeout (the layer's estimate of how
 //! long its line takes to drain) and, at once, for a request the line ahead would keep past the
-//! timeout anyway (`LineBound::ExpectedWait`; `--no-shed` lets every request wait), 400 for a
-//! request no demand can be built from, 422 (never retried) for one that can never fit the
-//! model's budget, its body naming the account, what was asked and the capacity.
+//! timeout anyway, or for a waiter the line can no longer serve in time (`LineBound::ExpectedWait`
+//! of the timeout less half a second; `--no-shed` lets every request wait), 400 for a request no
+//! demand can be built from, 422 (never retried, even when the line is long) for one that can
+//! never fit the model's budget, its body naming the account, what was asked and the capacity.
 //!
 //! The write is a `POST` (a `GET` or `HEAD` of it is answered 405 before any admission), its
 //! `tokens` parameter read by axum's `Query` extractor (percent-encoded values are decoded), and
@@ -60,6 +61,8 @@ const HTTP_CONNECTIONS: u64 = 8;
 const DB_BOUND: u64 = 3;
 /// The longest a request waits for its demand.
 const ADMIT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How much shorter than the timeout the line ahead of a request may be expected to take.
+const SHED_MARGIN: Duration = Duration::from_millis(500);
 /// The longest a client may take to send a request's headers before its connection is closed.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The prompt's size when the request does not say.
@@ -134,8 +137,10 @@ fn app(monitor: &Monitor, dir: &Path, shed: bool) -> anyhow::Result<(Router, Arc
     };
     let mut layer = AdmissionLayer::new(monitor.clone(), demand).timeout(ADMIT_TIMEOUT);
     if shed {
-        // What the line ahead would keep past the timeout is refused now, not after it.
-        layer = layer.shed(LineBound::ExpectedWait(ADMIT_TIMEOUT));
+        // What the line ahead would keep past the timeout is refused now, not after it (and a
+        // waiter the line can no longer serve in time, as soon as the layer sees it); the
+        // half second keeps a grant due at the end of the wait clear of the timeout.
+        layer = layer.shed(LineBound::ExpectedWait(ADMIT_TIMEOUT - SHED_MARGIN));
     }
     let layer = layer.http_responses();
     // `route_layer`: only a request that matches the route and its method is admitted; a `GET`

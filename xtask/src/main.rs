@@ -99,10 +99,12 @@ commands:
                            bench, cargo bench -p admission-benches [args...]), then rewrites the table
                            between the side-by-side markers in BENCHMARKS.md from
                            target/criterion and target/side-by-side (--report-only: no run)
-  load [SECONDS]           the axum example under oha (which must be on PATH: cargo install oha)
-                           at 8, 64 and 256 connections for SECONDS each (default 20), without
-                           and with its line bound: answers, goodput, refusal and success
-                           latencies (not part of ci)
+  load [SECONDS] [--exe PATH]
+                           the axum example (or the build at PATH) under wrk (which must be on
+                           PATH: apt-get install wrk) at 8, 64 and 256 connections for SECONDS
+                           each (default 20), without and with its line bound: answers,
+                           goodput, refusal and success latencies, and the requests refused only
+                           after waiting their whole timeout (not part of ci)
   with-services -- CMD...  run CMD with Redis, a six-node Redis Cluster and PostgreSQL up
                            (ADMISSION_REDIS_URL, ADMISSION_REDIS_CLUSTER, ADMISSION_PG_URL)
   help                     this text

@@ -15,10 +15,10 @@ use tower::Service;
 use crate::body::AdmittedBody;
 use crate::error::{Accounts, Refused, Waited};
 use crate::policy::OnRefusal;
-use crate::retry::{Drain, Held, Waiting};
+use crate::retry::{Held, Waiting};
 
-/// Where the admit started, to say how long a refused request waited; it counts as waiting in
-/// the layer's drain until dropped.
+/// Where the admit started, to say how long a refused request waited; it is in the layer's
+/// line until dropped or granted.
 struct Started {
     waiting: Waiting,
     at: Instant,
@@ -44,7 +44,7 @@ pin_project! {
             future: F,
             grant: Held,
         },
-        // Refused before asking the monitor.
+        // Refused without waiting.
         Refused {
             refused: Refused,
         },
@@ -80,21 +80,33 @@ impl<S: Service<R>, R, P> ResponseFuture<S, R, P> {
         inner: S,
         request: R,
         policy: Arc<P>,
-        drain: &Arc<Drain>,
+        waiting: Waiting,
         accounts: Arc<Accounts>,
     ) -> ResponseFuture<S, R, P> {
-        let at = drain.clock().now();
+        let at = waiting.drain().clock().now();
         ResponseFuture {
             state: State::Admitting {
                 admit,
                 inner,
                 request,
                 started: Started {
-                    waiting: drain.waiting(),
+                    waiting,
                     at,
                     accounts,
                 },
             },
+            policy,
+        }
+    }
+
+    /// Granted at once: the inner service's `future` runs, `grant` waits for its response.
+    pub(crate) fn calling(
+        future: S::Future,
+        grant: Held,
+        policy: Arc<P>,
+    ) -> ResponseFuture<S, R, P> {
+        ResponseFuture {
+            state: State::Calling { future, grant },
             policy,
         }
     }
@@ -119,8 +131,18 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
-                StateProj::Admitting { admit, .. } => {
-                    let outcome = ready!(admit.poll(cx));
+                StateProj::Admitting { admit, started, .. } => {
+                    let outcome = match admit.poll(cx) {
+                        Poll::Ready(outcome) => Ok(outcome),
+                        Poll::Pending => {
+                            // Shed from the line: it could no longer be served within the
+                            // bound. Dropping the admit below withdraws it from the monitor.
+                            match started.waiting.poll_shed(cx) {
+                                Some(full) => Err(full),
+                                None => return Poll::Pending,
+                            }
+                        }
+                    };
                     let StateReplace::Admitting {
                         mut inner,
                         mut request,
@@ -130,21 +152,33 @@ where
                     else {
                         unreachable!("the state was Admitting")
                     };
+                    let drain = started.waiting.drain().clone();
+                    let waited = || {
+                        let now = drain.clock().now();
+                        now.saturating_duration_since(started.at)
+                    };
                     match outcome {
-                        Ok(grant) => {
-                            request.extensions_mut().insert(Waited(grant.wall_wait()));
-                            let grant = started.waiting.drain().hold(grant);
+                        Ok(Ok(grant)) => {
+                            let wall_wait = grant.wall_wait();
+                            request.extensions_mut().insert(Waited(wall_wait));
+                            // The monitor's word on whether it waited (zero for a grant at
+                            // once), not whether this future happened to be polled before it.
+                            let grant = started.waiting.granted(grant, !wall_wait.is_zero());
                             let future = inner.call(request);
                             this.state.set(State::Calling { future, grant });
                         }
-                        Err(error) => {
-                            // Still counted as waiting while the estimate is made: a retry
-                            // waits behind everyone that waited with it, and its own turn.
-                            let drain = started.waiting.drain();
-                            let now = drain.clock().now();
-                            let waited = now.saturating_duration_since(started.at);
+                        Ok(Err(error)) => {
+                            // Still in the line while the estimate is made: a retry waits
+                            // behind everyone that waited with it, and its own turn.
+                            let waited = waited();
                             let refused = Refused::admit(error, waited, &started.accounts)
                                 .or_estimate(|| drain.estimate(waited));
+                            return Poll::Ready(this.policy.refused(refused));
+                        }
+                        Err(full) => {
+                            let waited = waited();
+                            let retry_after = drain.retry_after_shed(&full);
+                            let refused = Refused::shed(full, retry_after).after_waiting(waited);
                             return Poll::Ready(this.policy.refused(refused));
                         }
                     }

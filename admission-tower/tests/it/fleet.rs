@@ -4,7 +4,8 @@
 //! byte quota ends the body; a request naming no tenant is a 400; a Redis gone away is a 503.
 //! With `grpc_responses` the same refusals are gRPC statuses (`RESOURCE_EXHAUSTED` with the
 //! window's pushback, `INVALID_ARGUMENT`, `UNAVAILABLE`), and a spent byte quota ends the stream
-//! with trailers carrying `RESOURCE_EXHAUSTED`.
+//! with trailers carrying `RESOURCE_EXHAUSTED`. A cell whose config changed under the instance is
+//! a 500 (`INTERNAL`), with no retry time.
 //!
 //! Without `ADMISSION_REDIS_URL` a test prints that it was skipped and returns, unless `CI=true`,
 //! where it fails.
@@ -309,6 +310,66 @@ async fn redis_unreachable_is_503() {
     assert_eq!(status, 503, "{body}");
     assert_eq!(retry_after.as_deref(), Some("1"));
     assert!(body.contains("failed on the coordinator"), "{body}");
+}
+
+/// Deletes `keys` on the server at `host:port`, in RESP written by hand (the tests need no Redis
+/// client of their own); the number deleted.
+async fn delete(host: &str, port: u16, keys: &[String]) -> u64 {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let mut stream = TcpStream::connect((host, port)).await.unwrap();
+    let mut command = format!("*{}\r\n$3\r\nDEL\r\n", keys.len() + 1);
+    for key in keys {
+        command.push_str(&format!("${}\r\n{key}\r\n", key.len()));
+    }
+    stream.write_all(command.as_bytes()).await.unwrap();
+    let mut reply = [0u8; 64];
+    let read = stream.read(&mut reply).await.unwrap();
+    let reply = std::str::from_utf8(&reply[..read]).unwrap();
+    reply
+        .strip_prefix(':')
+        .and_then(|n| n.trim_end().parse().ok())
+        .unwrap_or_else(|| panic!("DEL answered {reply:?}"))
+}
+
+/// The cell's config changed under this instance (another deployment recreated the cell with
+/// other quotas): no retry can fix that until the service is redeployed, so the charge is a 500
+/// with no `Retry-After`, and over gRPC `INTERNAL` with no pushback, each naming the fingerprint
+/// now stored. (The code before issue 37 answered 503 with `Retry-After: 1`, and `UNAVAILABLE`
+/// with a pushback of 1,000 ms.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_changed_under_the_instance_is_500_not_503() {
+    let Some((host, port)) = redis("a_config_changed_under_the_instance_is_500_not_503") else {
+        return;
+    };
+    let quotas = Quotas {
+        requests_per_minute: 100,
+        bytes_per_hour: 1 << 30,
+    };
+    let ours = config(&host, port, "mismatch", quotas);
+    let fleet = connect(ours.clone()).await;
+    let server = Server::start(app(fleet.clone())).await;
+    let grpc_server = Server::start(grpc_app(fleet.clone())).await;
+    let (status, _, _) = fetch(server.addr, "/hello", &[("x-tenant", "m")]).await;
+    assert_eq!(status, 200, "served while the config is ours");
+
+    // Another deployment finds the cell gone and creates it with its own quotas.
+    assert!(delete(&host, port, &fleet.keys()).await > 0);
+    let mut theirs = ours.clone();
+    theirs.quotas = Some(Quotas {
+        requests_per_minute: 7,
+        bytes_per_hour: 1 << 30,
+    });
+    let _theirs = connect(theirs.clone()).await;
+    let line = format!(
+        "quota refused: admission-redis: the cell's config fingerprint changed to {}",
+        theirs.fingerprint()
+    );
+    let answer = fetch(server.addr, "/hello", &[("x-tenant", "m")]).await;
+    assert_eq!(answer, (500, None, format!("{line}\n")));
+    let answer = grpc_get(grpc_server.addr, "/hello", &[("x-tenant", "m")]).await;
+    let s = |v: &str| Some(v.to_owned());
+    assert_eq!(answer, (200, [s("13"), s(&line), None], 0));
 }
 
 /// The gRPC answers: within the quota the service's own; past it `RESOURCE_EXHAUSTED` with the

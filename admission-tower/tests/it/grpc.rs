@@ -70,6 +70,14 @@ async fn a_quota_is_resource_exhausted_and_an_outage_unavailable() {
                    in all; a demand of 2 can never fit (ask for at most 1)";
     let too_many = grpc("3", message, None);
     assert_eq!(grpc_call(server.addr, "too-many").await, too_many);
+    // On a quota account too: never `RESOURCE_EXHAUSTED`, which clients retry.
+    let message = "too_large: account `tenant-big` asked 5, capacity 2: asks 5, more than the 2 \
+                   it can ever grant at once";
+    let quota_too_large = grpc("3", message, None);
+    assert_eq!(
+        grpc_call(server.addr, "quota-too-large").await,
+        quota_too_large
+    );
     let headers = [("x-demand", "bytes"), ("x-bytes", "5000")];
     let message = "too_large_bytes: account `upload-bytes` asked 5000, capacity 1000: \
                    `upload-bytes` has 1000 permits in all; a demand of 5000 can never fit (ask \

@@ -124,13 +124,7 @@ impl Server {
     /// `GET path` on a new connection, with `headers`; the response head. The connection lives
     /// as long as the response's body.
     pub async fn get(&self, path: &str, headers: &[(&str, &str)]) -> hyper::Response<Incoming> {
-        let stream = TcpStream::connect(self.addr).await.unwrap();
-        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .unwrap();
-        // Ends by itself once the request is dropped and the response read.
-        drop(tokio::spawn(conn));
-        send.send_request(request(path, headers)).await.unwrap()
+        get_at(self.addr, path, headers).await
     }
 }
 
@@ -181,6 +175,22 @@ impl Drop for Client {
         }
         self.task.abort();
     }
+}
+
+/// `GET path` with `headers` on a new connection to `addr`: the response head ([`Server::get`]
+/// for a task of its own). The connection lives as long as the response's body.
+pub async fn get_at(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> hyper::Response<Incoming> {
+    let stream = TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    // Ends by itself once the request is dropped and the response read.
+    drop(tokio::spawn(conn));
+    send.send_request(request(path, headers)).await.unwrap()
 }
 
 /// `GET path` with `headers` on a new connection to `addr`: the status, the `Retry-After`

@@ -22,6 +22,7 @@ pub struct Cases {
     upstream: Arc<Refusing>,
     tenant: Arc<Refusing>,
     tenant_now: Arc<Refusing>,
+    tenant_big: Arc<Refusing>,
     window: Arc<Refusing>,
 }
 
@@ -39,6 +40,11 @@ impl Cases {
                 Refusal::temporary("spent", Duration::from_secs(2)),
             ),
             tenant_now: Refusing::new("tenant-now", Refusal::temporary("spent", Duration::ZERO)),
+            // A quota whose whole window holds 2: a demand of 5 can never fit it.
+            tenant_big: Refusing::new(
+                "tenant-big",
+                Refusal::too_large(Amount::units(5), Amount::units(2)),
+            ),
             window: Arc::new(Refusing {
                 name: "window",
                 refusal: Refusal::new("unused"),
@@ -47,8 +53,8 @@ impl Cases {
         }
     }
 
-    /// A layer over these cases on `monitor`: `upload-bytes` counts bytes, `tenant` and
-    /// `tenant-now` are quotas.
+    /// A layer over these cases on `monitor`: `upload-bytes` counts bytes, `tenant`,
+    /// `tenant-now` and `tenant-big` are quotas.
     pub fn layer(
         &self,
         monitor: &Monitor,
@@ -62,6 +68,14 @@ impl Cases {
         .bytes_account("upload-bytes")
         .quota_account("tenant")
         .quota_account("tenant-now")
+        .quota_account("tenant-big")
+    }
+
+    /// The one `workers` permit, taken outside the layer (released when the grant drops).
+    pub fn hold_workers(&self, monitor: &Monitor) -> admission_core::Grant {
+        let demand = Demand::new().with(self.workers.clone(), Amount::ONE);
+        let job = JobContext::new("holder");
+        monitor.try_admit(&demand, &job).unwrap().into_owned()
     }
 
     fn demand(&self, request: &Request) -> Result<(Demand, JobContext), DemandError> {
@@ -72,6 +86,7 @@ impl Cases {
             Some("circuit") => one(self.upstream.clone()),
             Some("quota") => one(self.tenant.clone()),
             Some("quota-now") => one(self.tenant_now.clone()),
+            Some("quota-too-large") => one(self.tenant_big.clone()),
             Some("too-many") => Demand::new().with(self.workers.clone(), Amount::units(2)),
             Some("unmet") => one(self.window.clone()),
             Some("spent") => {
@@ -114,7 +129,11 @@ async fn every_refusal_maps_to_its_status_and_retry_after() {
     let server = Server::start(routes(&Streams::default()).layer(layer)).await;
 
     type Case<'a> = (&'a [(&'a str, &'a str)], (u16, Option<&'a str>, String));
-    let table: [Case<'_>; 10] = [
+    // A demand that can never fit a quota account is 422, not a 429 a client would retry (the
+    // code before issue 37 answered `429` and `admission refused: quota`).
+    let quota_too_large = "admission refused: too_large: account `tenant-big` asked 5, capacity \
+                           2: asks 5, more than the 2 it can ever grant at once\n";
+    let table: [Case<'_>; 11] = [
         (&[("x-demand", "ok")], (200, None, "hello".into())),
         (
             &[("x-demand", "circuit")],
@@ -132,6 +151,10 @@ async fn every_refusal_maps_to_its_status_and_retry_after() {
         (
             &[("x-demand", "too-many")],
             (422, None, never_fits("too_large", "workers", 2, 1)),
+        ),
+        (
+            &[("x-demand", "quota-too-large")],
+            (422, None, quota_too_large.into()),
         ),
         (
             &[("x-demand", "bytes"), ("x-bytes", "5000")],
