@@ -180,7 +180,7 @@ struct State {
     window: u64,
     /// The breaker.
     circuit: Circuit,
-    /// The upstream's last failure text, tidied and cut to [`FAILURE_TEXT_LIMIT`] characters.
+    /// The upstream's last failure text, tidied and cut to 200 characters.
     last_failure: Option<String>,
     /// The monitor's wake-up, called when capacity grows (a give, a relaxation, the circuit
     /// closing) and when the circuit opens. Kept under the one lock and called while it is held
@@ -439,7 +439,7 @@ impl ElasticWindow {
         st.circuit.cooldown()
     }
 
-    /// The upstream's last failure text as recorded (tidied, at most [`FAILURE_TEXT_LIMIT`]
+    /// The upstream's last failure text as recorded (tidied, at most 200
     /// characters); `None` before the first failure.
     ///
     /// # Examples
@@ -527,7 +527,7 @@ impl ElasticWindow {
     /// probe's failure: the circuit re-opens with the cooldown doubled.
     ///
     /// The text is tidied (runs of whitespace become one space) and cut to
-    /// [`FAILURE_TEXT_LIMIT`] characters, so an upstream's whole error page never ends up in a
+    /// 200 characters, so an upstream's whole error page never ends up in a
     /// refusal. Opening the circuit calls the wake slot, so parked waiters are refused at once.
     ///
     /// # Examples
@@ -575,18 +575,19 @@ impl ElasticWindow {
     }
 
     /// The upstream pushed back without saying more (an HTTP 429): the same as
-    /// [`record_failure`](ElasticWindow::record_failure) with the text [`PRESSURE_TEXT`].
+    /// [`record_failure`](ElasticWindow::record_failure) with the text "rate limited by the
+    /// upstream".
     ///
     /// # Examples
     ///
     /// ```
     /// use std::time::Duration;
-    /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig, PRESSURE_TEXT};
+    /// use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
     ///
     /// let w = ElasticWindow::on_system_clock("search", ElasticWindowConfig::new(5, Duration::from_secs(10))).unwrap();
     /// w.record_pressure();
     /// assert_eq!(w.throttle(), 1.0);
-    /// assert_eq!(w.last_failure().as_deref(), Some(PRESSURE_TEXT));
+    /// assert_eq!(w.last_failure().as_deref(), Some("rate limited by the upstream"));
     /// ```
     pub fn record_pressure(&self) {
         self.record_failure(PRESSURE_TEXT);
@@ -905,7 +906,7 @@ fn remaining(d: Duration) -> String {
 }
 
 /// An upstream's failure text, fit for a one-line refusal: whitespace runs become one space,
-/// and the text is cut to [`FAILURE_TEXT_LIMIT`] characters, `...` marking a cut.
+/// and the text is cut to 200 characters, `...` marking a cut.
 fn tidy(text: &str) -> String {
     let mut out = String::new();
     for (i, word) in text.split_whitespace().enumerate() {

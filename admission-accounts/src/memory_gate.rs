@@ -146,7 +146,7 @@ impl MemoryGate {
     /// every new instant.
     ///
     /// By default the probe says ([`MemoryProbe::default_max_age`]): the real probes here reuse
-    /// a reading for [`READING_AGE`] (5 ms), a free probe only
+    /// a reading for 5 ms, a free probe only
     /// within one instant, which is what one pass over the line sees. On the system clock every
     /// uncontended admit is a new instant, so a real probe read at every admit would cost several
     /// microseconds for a file under `/proc`; an age of a few milliseconds makes that cost vanish

@@ -128,7 +128,7 @@ impl MemoryProbe for CgroupV2Probe {
     }
 
     /// Reading the file costs a system call and a parse (about 14 us here): a gate reuses a
-    /// reading for [`READING_AGE`].
+    /// reading for 5 ms.
     fn default_max_age(&self) -> Duration {
         READING_AGE
     }
@@ -205,7 +205,7 @@ impl MemoryProbe for ResidentSetProbe {
     }
 
     /// Reading the file costs a system call and a parse (about 14 us here): a gate reuses a
-    /// reading for [`READING_AGE`].
+    /// reading for 5 ms.
     fn default_max_age(&self) -> Duration {
         READING_AGE
     }
