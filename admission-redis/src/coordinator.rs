@@ -57,8 +57,8 @@ use crate::wake::Wakeups;
 ///     backend_transfers: 128,
 /// };
 /// let (host, port) = ("127.0.0.1", 6379);
-/// # // The server `cargo xtask ci` starts (a test that fails under CI=true without it).
-/// # let Some((host, port)) = admission_testkit::services::redis("RedisAdmission doc") else { return Ok(()) };
+/// # // The server `cargo xtask test` starts (a failure without it).
+/// # let (host, port) = admission_testkit::services::redis("RedisAdmission doc");
 /// let config = RedisAdmissionConfig::new(host, port, "uploads-eu-1", ceilings);
 /// let fleet = RedisAdmission::connect(config).await?;
 /// let request = LeaseRequest::new("upload-1", "tenant-42", "disk-a", 128 << 20, "upload");

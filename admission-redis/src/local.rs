@@ -32,7 +32,7 @@ use crate::script::Outcome;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let Some((host, port)) = admission_testkit::services::redis("FleetAdmission doc") else { return Ok(()) };
+/// # let (host, port) = admission_testkit::services::redis("FleetAdmission doc");
 /// # let ceilings = admission_redis::Ceilings { service_bytes: 8 << 30, service_transfers: 256, tenant_bytes: 2 << 30, tenant_transfers: 64, backend_transfers: 128 };
 /// # let fleet = admission_redis::RedisAdmission::connect(admission_redis::RedisAdmissionConfig::new(host, port, "uploads-local-doc", ceilings)).await?;
 /// # let monitor = admission_core::Monitor::new();

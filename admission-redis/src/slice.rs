@@ -95,7 +95,7 @@ pub struct SliceStats {
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// # let Some((host, port)) = admission_testkit::services::redis("RateSlices doc") else { return Ok(()) };
+/// # let (host, port) = admission_testkit::services::redis("RateSlices doc");
 /// # let ceilings = admission_redis::Ceilings { service_bytes: 1 << 20, service_transfers: 64, tenant_bytes: 1 << 20, tenant_transfers: 64, backend_transfers: 64 };
 /// # let mut config = admission_redis::RedisAdmissionConfig::new(host, port, "model-a-slices-doc", ceilings);
 /// # config.rates = Some(admission_redis::Rates::per_minute(100_000, 600));

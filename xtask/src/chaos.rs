@@ -469,22 +469,29 @@ pub(crate) fn run(ws: &Workspace) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `cargo build --release --example agents`; the binary's path, as cargo reports it.
+/// The agents example from the release build CI shares (`RELEASE_BUILD` in `main.rs`); the
+/// binary's path, as cargo reports it.
 fn build_agents(ws: &Workspace) -> Result<PathBuf> {
-    println!("==> chaos: cargo build --release --example agents");
+    println!("==> chaos: cargo {}", crate::RELEASE_BUILD.join(" "));
     build_example(ws, "agents")
 }
 
-/// `cargo build --release --example NAME`; the binary's path, as cargo reports it.
+/// Where a release build's artifacts go: `$CARGO_TARGET_DIR/release` (made absolute), else
+/// `target/release` under the root.
+pub(crate) fn release_dir(ws: &Workspace) -> Result<PathBuf> {
+    let target = match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => std::path::absolute(Path::new(&dir))
+            .with_context(|| format!("could not resolve {}", Path::new(&dir).display()))?,
+        None => ws.root.join("target"),
+    };
+    Ok(target.join("release"))
+}
+
+/// The shared release build (`RELEASE_BUILD`); example `name`'s binary, as cargo reports it.
 pub(crate) fn build_example(ws: &Workspace, name: &str) -> Result<PathBuf> {
     let output = Command::new(&ws.cargo)
-        .args([
-            "build",
-            "--release",
-            "--example",
-            name,
-            "--message-format=json-render-diagnostics",
-        ])
+        .args(crate::RELEASE_BUILD)
+        .arg("--message-format=json-render-diagnostics")
         .current_dir(&ws.root)
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
@@ -492,7 +499,8 @@ pub(crate) fn build_example(ws: &Workspace, name: &str) -> Result<PathBuf> {
         .context("could not run cargo build")?;
     if !output.status.success() {
         bail!(
-            "cargo build --release --example {name} failed ({})",
+            "cargo {} failed ({})",
+            crate::RELEASE_BUILD.join(" "),
             output.status
         );
     }

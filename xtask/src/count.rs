@@ -23,13 +23,16 @@ pub(crate) enum Format {
     Nextest,
 }
 
-/// The passed and failed tests read from one step's output.
+/// The passed, failed and skipped tests read from one step's output.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Tally {
     /// Tests that passed, summed over every summary line seen.
     pub(crate) passed: u64,
     /// Tests that failed, summed over every summary line seen.
     pub(crate) failed: u64,
+    /// Tests the runner did not run: ignored, or left out by its profile's filter (nextest's
+    /// `skipped`, libtest's `ignored`).
+    pub(crate) skipped: u64,
     /// How many summary lines contributed; zero means "nothing could be parsed".
     pub(crate) lines: u64,
 }
@@ -42,9 +45,10 @@ impl Tally {
             Format::Libtest => libtest_result(&line),
             Format::Nextest => nextest_summary(&line),
         };
-        if let Some((passed, failed)) = counts {
+        if let Some((passed, failed, skipped)) = counts {
             self.passed += passed;
             self.failed += failed;
+            self.skipped += skipped;
             self.lines += 1;
         }
     }
@@ -53,28 +57,34 @@ impl Tally {
     pub(crate) fn add(&mut self, other: Tally) {
         self.passed += other.passed;
         self.failed += other.failed;
+        self.skipped += other.skipped;
         self.lines += other.lines;
     }
 }
 
-/// `test result: ok. 12 passed; 0 failed; ...` -> `(12, 0)`.
-fn libtest_result(line: &str) -> Option<(u64, u64)> {
+/// `test result: ok. 12 passed; 0 failed; 1 ignored; ...` -> `(12, 0, 1)`.
+fn libtest_result(line: &str) -> Option<(u64, u64, u64)> {
     let rest = line.trim_start().strip_prefix("test result: ")?;
     Some((
         number_before(rest, " passed")?,
         number_before(rest, " failed")?,
+        number_before(rest, " ignored").unwrap_or(0),
     ))
 }
 
-/// `Summary [ 1.2s] 42 tests run: 40 passed, 2 failed, 0 skipped` -> `(40, 2)`.
+/// `Summary [ 1.2s] 42 tests run: 40 passed, 2 failed, 3 skipped` -> `(40, 2, 3)`.
 ///
 /// A run without failures has no `failed` field; a run cancelled early reads `3/42 tests run`.
-fn nextest_summary(line: &str) -> Option<(u64, u64)> {
+fn nextest_summary(line: &str) -> Option<(u64, u64, u64)> {
     let rest = line.trim_start().strip_prefix("Summary [")?;
     let (_, rest) = rest.split_once(']')?;
     let (_, counts) = rest.split_once(" run:")?;
     let passed = number_before(counts, " passed")?;
-    Some((passed, number_before(counts, " failed").unwrap_or(0)))
+    Some((
+        passed,
+        number_before(counts, " failed").unwrap_or(0),
+        number_before(counts, " skipped").unwrap_or(0),
+    ))
 }
 
 /// The decimal number written immediately before the first `marker` in `text`.
@@ -131,6 +141,7 @@ mod tests {
             ],
         );
         assert_eq!((t.passed, t.failed, t.lines), (15, 2, 3));
+        assert_eq!(t.skipped, 1);
     }
 
     #[test]
@@ -143,6 +154,7 @@ mod tests {
             ],
         );
         assert_eq!((t.passed, t.failed, t.lines), (42, 0, 1));
+        assert_eq!(t.skipped, 1);
     }
 
     #[test]
@@ -152,6 +164,7 @@ mod tests {
             &["     Summary [   0.010s] 10 tests run: 7 passed (1 flaky), 3 failed, 0 skipped"],
         );
         assert_eq!((t.passed, t.failed, t.lines), (7, 3, 1));
+        assert_eq!(t.skipped, 0);
     }
 
     #[test]

@@ -34,26 +34,35 @@ commands:
   ci                       everything CI runs, in order, stopping at the first failure:
                              1 fmt        cargo fmt --all -- --check
                              2 clippy     cargo clippy --workspace --all-targets FEATURES -- -D warnings
-                             3 tests      cargo nextest run --workspace FEATURES --no-fail-fast
-                                          (cargo test --workspace --all-targets FEATURES without nextest)
+                             3 tests      cargo nextest run --workspace FEATURES --profile services
+                                          --no-fail-fast --test-threads 4
                              4 doc tests  cargo test --workspace --doc FEATURES
-                             5 docs       cargo doc --workspace --no-deps FEATURES with RUSTDOCFLAGS='-D warnings'
-                             6 public items  cargo xtask public-items (below)
-                             7 benches    cargo bench --workspace --no-run (compiled, not run)
-                             8 agents     cargo run --release --example agents -- --time-scale 300 --check
-                             9 agents fleet  the same as a fleet: -- --fleet 4 --time-scale 60
+                             5 memcheck   the core's tests of step 3 under valgrind (below)
+                             6 docs       cargo doc --workspace --no-deps FEATURES with RUSTDOCFLAGS='-D warnings'
+                             7 public items  cargo xtask public-items (below; step 6's build again,
+                                          rustdoc writing JSON)
+                             8 release build  cargo build --release --workspace --bench '*' --examples
+                                          (the benches compiled, not run; the examples for 9 to 11)
+                             9 agents     target/release/examples/agents --time-scale 300 --check
+                            10 agents fleet  the same as a fleet: --fleet 4 --time-scale 60
                                           --fleet-rates both --check
                                           (four processes on a private redis-server, which must be on
                                           PATH; a simulated minute of one real second, so that a few
                                           milliseconds of lag between a grant and its call stay small
                                           beside the minute the provider counts over)
-                            10 chaos      cargo xtask chaos (below)
-                            11 loom       cargo test -p admission-core --lib --release -- loom
+                            11 chaos      cargo xtask chaos (below)
+                            12 loom       cargo test -p admission-core --lib --release -- loom
                                           with RUSTFLAGS='--cfg admission_loom',
                                           LOOM_MAX_PREEMPTIONS=2 (unless set), CARGO_TARGET_DIR=target/loom
-                            12 memcheck   cargo xtask memcheck (below)
-  test                     steps 3 and 4
-  loom                     step 11
+                           Steps 2 to 7 share one dev build and one check of the dependencies (one
+                           feature set, FEATURES, one target dir); 8 to 11 one release build.
+  test [-p CRATE]... [FILTER]...
+                           steps 3 and 4 for the packages chosen (all of them by default), their
+                           tests chosen by FILTER (test names, as nextest reads them), with only
+                           the servers those packages need up (admission-redis: Redis and the
+                           Redis Cluster; admission-tower: Redis; admission-db: PostgreSQL); the
+                           same build as ci's, so once built one crate's tests start in seconds
+  loom                     step 12
   memcheck                 admission-core's unit and integration tests (the soak at 20,000
                            admissions) run under valgrind's memcheck (valgrind must be on PATH;
                            `.ci/run` installs it): a parked waiter's record and outcome cell live
@@ -113,16 +122,18 @@ FEATURES is `--features admission-db/r2d2-sqlite,admission-db/r2d2-postgres,
 admission-db/deadpool-postgres,admission-db/sqlx-sqlite,admission-db/sqlx-postgres,
 admission-db/contract,admission-db/metrics,admission-redis/tls,admission-redis/metrics,
 admission-redis/test-util,admission-tower/http,admission-tower/grpc,admission-tower/fleet,
-admission-events/metrics`:
-the database providers, their contract suite and their pool metrics, the Redis provider's TLS,
-metrics and test clock, the tower layer's HTTP and gRPC refusal mappings and its fleet quotas,
-and the metrics sink,
-which no default build compiles.
+admission-events/metrics,admission-core/test-util,admission-llm/test-util,
+admission-testkit/redis-servers`: every feature of the library crates (the database providers,
+their contract suite and their pool metrics, the Redis provider's TLS, metrics and test clock,
+the tower layer's HTTP and gRPC refusal mappings and its fleet quotas, the metrics sink, the
+test hooks, the private Redis servers), which no default build compiles.
 
-The test steps run with the services listed in xtask/src/services.rs (REQUIRED) up: Redis
+The test steps run with the services listed in xtask/src/services.rs up: Redis
 (ADMISSION_REDIS_URL) and a Redis Cluster of three masters and three replicas
 (ADMISSION_REDIS_CLUSTER, its nodes comma separated) for admission-redis, and PostgreSQL
-(ADMISSION_PG_URL) for admission-db's PostgreSQL tests (unset under CI=true, they fail).";
+(ADMISSION_PG_URL) for admission-db's PostgreSQL tests, through nextest's `services` profile
+(.config/nextest.toml). A plain `cargo nextest run` leaves the tests that need a server out and
+reports them skipped; run alone without its server, such a test fails.";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -164,29 +175,23 @@ fn run(args: &[String]) -> Result<ExitCode> {
                     ),
                 ),
             ];
-            steps.extend(test_steps(&ws));
-            steps.push(
-                Step::cargo(
-                    "docs",
-                    &with_features(&["doc", "--workspace", "--no-deps"], &[]),
-                )
-                .env("RUSTDOCFLAGS", "-D warnings"),
-            );
+            steps.extend(test_steps(&ws, &Selection::default())?);
+            steps.push(memcheck_step()?);
+            steps.push(Step::cargo("docs", &docs_args()).env("RUSTDOCFLAGS", "-D warnings"));
             steps.push(Step::xtask("public items", &["public-items"]));
-            steps.push(Step::cargo(
-                "benches",
-                &["bench", "--workspace", "--no-run"],
-            ));
-            steps.push(Step::cargo("agents", AGENTS_CHECK));
-            steps.push(Step::cargo("agents fleet", AGENTS_FLEET_CHECK));
+            // One release build for the benches (compiled, not run) and the examples, which the
+            // next three steps run: nothing is built twice.
+            steps.push(Step::cargo("release build", RELEASE_BUILD));
+            let agents = chaos::release_dir(&ws)?.join("examples").join("agents");
+            steps.push(Step::program("agents", agents.clone(), AGENTS_CHECK));
+            steps.push(Step::program("agents fleet", agents, AGENTS_FLEET_CHECK));
             steps.push(Step::xtask("chaos", &["chaos"]));
             steps.push(loom_step()?);
-            steps.push(memcheck_step()?);
             run_plan(&ws, &steps)
         }
         "test" => {
-            takes_no_args("test")?;
-            run_plan(&ws, &test_steps(&ws))
+            let selection = Selection::parse(rest)?;
+            run_plan(&ws, &test_steps(&ws, &selection)?)
         }
         "loom" => {
             takes_no_args("loom")?;
@@ -223,19 +228,23 @@ fn run(args: &[String]) -> Result<ExitCode> {
     }
 }
 
-/// The agents example, run short (400 agents, one simulated minute per 0.2 s, about 3 s) with
-/// `--check`: it fails unless nothing went over capacity, every job finished and nothing was held
-/// afterwards. Release, like the benches it shares its build with.
-const AGENTS_CHECK: &[&str] = &[
-    "run",
+/// The release build the benches, the examples and the chaos step share: every bench target
+/// (compiled, not run) and every example of the workspace, in one resolution of the features.
+/// (Not `--benches`, which would build each library's unit benches too, with its dev-dependencies:
+/// admission-redis's own turns on its test clock, which the agents must not run with.)
+pub(crate) const RELEASE_BUILD: &[&str] = &[
+    "build",
     "--release",
-    "--example",
-    "agents",
-    "--",
-    "--time-scale",
-    "300",
-    "--check",
+    "--workspace",
+    "--bench",
+    "*",
+    "--examples",
 ];
+
+/// The agents example (from [`RELEASE_BUILD`]), run short (400 agents, one simulated minute per
+/// 0.2 s, about 3 s) with `--check`: it fails unless nothing went over capacity, every job
+/// finished and nothing was held afterwards.
+const AGENTS_CHECK: &[&str] = &["--time-scale", "300", "--check"];
 
 /// The agents example as a fleet, run short: two processes sharing one Redis cell per model on a
 /// private `redis-server` the example starts and stops, and one provider over HTTP the parent
@@ -243,11 +252,6 @@ const AGENTS_CHECK: &[&str] = &[
 /// about 8 s), with `--check`: it also fails on any fleet-wide occupancy over a ceiling, a lease
 /// lost, or a lease still held afterwards.
 const AGENTS_FLEET_CHECK: &[&str] = &[
-    "run",
-    "--release",
-    "--example",
-    "agents",
-    "--",
     "--fleet",
     "4",
     "--time-scale",
@@ -261,6 +265,11 @@ const AGENTS_FLEET_CHECK: &[&str] = &[
 fn run_plan(ws: &Workspace, steps: &[Step]) -> Result<ExitCode> {
     let report = step::run_plan(ws, steps)?;
     if report.ran_tests {
+        if report.skipped > 0 {
+            // Ignored tests (the child processes that a crash test runs itself) and, outside
+            // the services profile, the tests that need a server.
+            println!("xtask: {} skipped", report.skipped);
+        }
         println!("xtask: {} passed, 0 failed", report.passed);
     }
     Ok(ExitCode::SUCCESS)
@@ -275,32 +284,163 @@ const FEATURES: &[&str] = &[
     "admission-db/r2d2-sqlite,admission-db/r2d2-postgres,admission-db/deadpool-postgres,\
      admission-db/sqlx-sqlite,admission-db/sqlx-postgres,admission-db/contract,\
      admission-db/metrics,admission-redis/tls,admission-redis/metrics,admission-redis/test-util,\
-     admission-tower/http,admission-tower/grpc,admission-tower/fleet,admission-events/metrics",
+     admission-tower/http,admission-tower/grpc,admission-tower/fleet,admission-events/metrics,\
+     admission-core/test-util,admission-llm/test-util,admission-testkit/redis-servers",
 ];
+
+/// The docs step's arguments (`cargo doc --workspace --no-deps FEATURES`), which the public
+/// items step repeats with rustdoc's JSON output, so that both reuse one check of the
+/// dependencies.
+pub(crate) fn docs_args() -> Vec<&'static str> {
+    with_features(&["doc", "--workspace", "--no-deps"], &[])
+}
+
+/// The servers a package's tests need (`services.rs`); none for the others.
+fn services_for(package: &str) -> &'static [services::Service] {
+    use services::Service::{Postgres, Redis, RedisCluster};
+    match package {
+        "admission-redis" => &[Redis, RedisCluster],
+        "admission-tower" => &[Redis],
+        "admission-db" => &[Postgres],
+        _ => &[],
+    }
+}
+
+/// What `cargo xtask test` runs: the packages chosen (none: all of them) and the test name
+/// filters passed to the runner.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Selection {
+    packages: Vec<String>,
+    filters: Vec<String>,
+}
+
+impl Selection {
+    /// `[-p CRATE]... [FILTER]...`.
+    fn parse(args: &[String]) -> Result<Selection> {
+        let mut selection = Selection::default();
+        let mut args = args.iter();
+        while let Some(arg) = args.next() {
+            match arg.as_str() {
+                "-p" | "--package" => match args.next() {
+                    Some(package) => selection.packages.push(package.clone()),
+                    None => bail!("usage: cargo xtask test [-p CRATE]... [FILTER]..."),
+                },
+                flag if flag.starts_with('-') => {
+                    bail!("`test` takes -p CRATE and test name filters, not {flag:?}")
+                }
+                filter => selection.filters.push(filter.to_owned()),
+            }
+        }
+        Ok(selection)
+    }
+
+    /// The servers the chosen packages' tests need: every service when none is chosen.
+    fn services(&self) -> Vec<services::Service> {
+        if self.packages.is_empty() {
+            return services::REQUIRED.to_vec();
+        }
+        let mut needed = Vec::new();
+        for service in self.packages.iter().flat_map(|p| services_for(p)) {
+            if !needed.contains(service) {
+                needed.push(*service);
+            }
+        }
+        needed
+    }
+
+    /// A nextest filter expression for the chosen packages (`None`: every package).
+    fn expression(&self) -> Option<String> {
+        (!self.packages.is_empty()).then(|| {
+            self.packages
+                .iter()
+                .map(|p| format!("package({p})"))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        })
+    }
+}
 
 /// `before`, then [`FEATURES`], then `after`: one cargo command's arguments.
 fn with_features<'a>(before: &[&'a str], after: &[&'a str]) -> Vec<&'a str> {
     [before, FEATURES, after].concat()
 }
 
-/// Tests (nextest when available, which skips doc tests) and then doc tests, with services up.
-fn test_steps(ws: &Workspace) -> Vec<Step> {
-    let tests = if ws.has_nextest() {
-        let args = with_features(&["nextest", "run", "--workspace"], &["--no-fail-fast"]);
-        Step::cargo("tests", &args).counting_tests(Format::Nextest)
-    } else {
-        let args = with_features(&["test", "--workspace", "--all-targets"], &[]);
-        Step::cargo("tests", &args).counting_tests(Format::Libtest)
-    };
-    let doc_tests = Step::cargo(
-        "doc tests",
-        &with_features(&["test", "--workspace", "--doc"], &[]),
+/// Tests (nextest, which skips doc tests; its `services` profile runs the tests that need a
+/// server too) and then doc tests, with the servers the chosen packages need up. One build for
+/// any selection: the packages are chosen by a filter over the whole workspace, with FEATURES,
+/// so a selection reuses what `ci` built and the other way round.
+fn test_steps(ws: &Workspace, selection: &Selection) -> Result<Vec<Step>> {
+    if !ws.has_nextest() {
+        bail!(
+            "the test steps run cargo-nextest, which is not installed: cargo install \
+             cargo-nextest --locked (`.ci/run` installs it)"
+        );
+    }
+    let services = selection.services();
+    let mut args = with_features(
+        &["nextest", "run", "--workspace", "--profile", "services"],
+        &["--no-fail-fast", "--test-threads", TEST_THREADS],
     );
-    vec![
-        tests.with_services(),
-        doc_tests.counting_tests(Format::Libtest).with_services(),
-    ]
+    let expression = selection.expression();
+    if let Some(expression) = &expression {
+        args.extend(["-E", expression.as_str()]);
+    }
+    args.extend(selection.filters.iter().map(String::as_str));
+    let mut steps = vec![
+        Step::cargo("tests", &args)
+            .counting_tests(Format::Nextest)
+            .with_services(&services),
+    ];
+    // The doc tests of the packages chosen (all of them when none is). A selection passes only
+    // its packages' own features: cargo refuses another package's.
+    let members = ws.members()?;
+    let chosen: Vec<&String> = members
+        .iter()
+        .filter(|m| selection.packages.is_empty() || selection.packages.contains(m))
+        .collect();
+    let own_features = selection_features(&selection.packages);
+    if !chosen.is_empty() {
+        let mut doc_args = if selection.packages.is_empty() {
+            with_features(&["test", "--workspace", "--doc"], &[])
+        } else {
+            let mut args = vec!["test", "--doc"];
+            for package in &chosen {
+                args.extend(["-p", package.as_str()]);
+            }
+            if !own_features.is_empty() {
+                args.extend(["--features", own_features.as_str()]);
+            }
+            args
+        };
+        if !selection.filters.is_empty() {
+            doc_args.push("--");
+            doc_args.extend(selection.filters.iter().map(String::as_str));
+        }
+        steps.push(
+            Step::cargo("doc tests", &doc_args)
+                .counting_tests(Format::Libtest)
+                .with_services(&services),
+        );
+    }
+    Ok(steps)
 }
+
+/// The entries of FEATURES that belong to `packages`, comma separated.
+fn selection_features(packages: &[String]) -> String {
+    FEATURES[1]
+        .split(',')
+        .filter(|feature| {
+            feature
+                .split_once('/')
+                .is_some_and(|(package, _)| packages.iter().any(|p| p == package))
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Tests run at once by the tests step: twice the cores of the machines CI runs on, since most
+/// of the tests that take long wait on a server or a timer rather than the CPU.
+const TEST_THREADS: &str = "4";
 
 /// The loom models in `admission-core/src/monitor/loom_models.rs`, built in their own target dir
 /// because the extra `--cfg` would otherwise rebuild the normal one. Zero matching tests pass.
@@ -337,10 +477,11 @@ fn loom_step() -> Result<Step> {
     .counting_tests(Format::Libtest))
 }
 
-/// `admission-core`'s unit and integration tests under valgrind's memcheck, through cargo's test
-/// runner setting (every test binary of the step runs as `valgrind ... BINARY ARGS`). The soak
-/// runs at 20,000 admissions (about a minute under valgrind). Memcheck exits 99 on the first
-/// invalid read or write; leaks are not its question here.
+/// `admission-core`'s unit and integration tests under valgrind's memcheck, through the target
+/// runner (every test runs as `valgrind ... BINARY ARGS`), from the tests step's own build (the
+/// same nextest arguments, the core's tests chosen by a filter: nothing is built again). The
+/// soak runs at 20,000 admissions (about a minute under valgrind). Memcheck exits 99 on the
+/// first invalid read or write; leaks are not its question here.
 fn memcheck_step() -> Result<Step> {
     if !services::binary_found("valgrind") {
         bail!(
@@ -348,29 +489,29 @@ fn memcheck_step() -> Result<Step> {
              (sudo apt-get install -y valgrind) and run again"
         );
     }
-    let runner = r#"target.'cfg(target_os = "linux")'.runner = ["valgrind", "--error-exitcode=99", "--leak-check=no", "--quiet"]"#;
     Ok(Step::cargo(
         "memcheck",
-        &[
-            "--config",
-            runner,
-            "test",
-            "-p",
-            "admission-core",
-            "--lib",
-            "--test",
-            "it",
-            "--",
-            "--test-threads",
-            "2",
-        ],
+        &with_features(
+            &["nextest", "run", "--workspace", "--profile", "services"],
+            &[
+                "--no-fail-fast",
+                "--test-threads",
+                "2",
+                "-E",
+                "package(admission-core) & (kind(lib) | binary(it))",
+            ],
+        ),
+    )
+    .env(
+        "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER",
+        "valgrind --error-exitcode=99 --leak-check=no --quiet",
     )
     .env("ADMISSION_SOAK_ADMITS", "20000")
     // Valgrind runs the code tens of times slower: a test that holds a bound on time (the
     // statement's two seconds for a pass over 10,000 waiters) checks it in the tests step, not
     // here.
     .env("ADMISSION_UNDER_VALGRIND", "1")
-    .counting_tests(Format::Libtest))
+    .counting_tests(Format::Nextest))
 }
 
 /// The core soak test (`admission-core/tests/it/soak.rs`) at `admits` admissions, in release,
@@ -424,4 +565,62 @@ fn with_services(ws: &Workspace, args: &[String]) -> Result<ExitCode> {
         Some(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         None => ExitCode::FAILURE,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use services::Service::{Postgres, Redis, RedisCluster};
+
+    fn args(words: &[&str]) -> Vec<String> {
+        words.iter().map(|w| w.to_string()).collect()
+    }
+
+    #[test]
+    fn a_selection_names_its_packages_and_filters() {
+        let selection = Selection::parse(&args(&[
+            "-p",
+            "admission-redis",
+            "recovery",
+            "--package",
+            "admission-db",
+        ]))
+        .unwrap();
+        assert_eq!(selection.packages, ["admission-redis", "admission-db"]);
+        assert_eq!(selection.filters, ["recovery"]);
+        assert_eq!(
+            selection.expression().as_deref(),
+            Some("package(admission-redis) | package(admission-db)")
+        );
+        assert!(Selection::parse(&args(&["-p"])).is_err());
+        assert!(Selection::parse(&args(&["--release"])).is_err());
+    }
+
+    #[test]
+    fn a_selection_starts_only_the_servers_its_packages_need() {
+        let of = |packages: &[&str]| {
+            Selection {
+                packages: args(packages),
+                filters: Vec::new(),
+            }
+            .services()
+        };
+        assert_eq!(of(&[]), services::REQUIRED);
+        assert_eq!(of(&["admission-core"]), []);
+        assert_eq!(of(&["admission-redis"]), [Redis, RedisCluster]);
+        assert_eq!(of(&["admission-tower", "admission-db"]), [Redis, Postgres]);
+        assert_eq!(
+            of(&["admission-redis", "admission-tower"]),
+            [Redis, RedisCluster]
+        );
+    }
+
+    #[test]
+    fn a_selection_passes_only_its_own_features() {
+        assert_eq!(
+            selection_features(&args(&["admission-tower"])),
+            "admission-tower/http,admission-tower/grpc,admission-tower/fleet"
+        );
+        assert_eq!(selection_features(&args(&["admission-accounts"])), "");
+    }
 }

@@ -1,18 +1,15 @@
 //! `cargo xtask public-items [--bless]`: each published library crate's public items, one per
 //! line, checked against the committed list in `public-items/<crate>.txt`.
 //!
-//! A crate's list comes from its rustdoc JSON, built on stable (`RUSTC_BOOTSTRAP=1 cargo rustdoc
-//! -p CRATE --lib --all-features -- -Z unstable-options --output-format json
-//! --document-hidden-items`: hidden items are public API too), in a target
-//! directory of its own so the normal build cache stays as it is), and is rendered by the
+//! A crate's list comes from its rustdoc JSON, built on stable in one `cargo doc` with the docs
+//! step's arguments (FEATURES in `main.rs`, which turn on every feature of these crates) and its
+//! target directory, rustdoc alone given `RUSTC_BOOTSTRAP=1` (see [`build_json`]) and
+//! `-Z unstable-options --output-format json --document-hidden-items` (hidden items are public
+//! API too), and is rendered by the
 //! `public-api` crate: every public path with its kind and signature (`pub fn
 //! admission_core::Monitor::new() -> admission_core::Monitor`), the impls a type has (the
 //! derived and auto-trait ones too; blanket impls such as `impl<T> Any for T`, which follow from
-//! the type alone, are left out), in `public-api`'s grouped order. `--all-features` for each
-//! crate is what CI builds: the features of FEATURES in `main.rs` are every feature of
-//! admission-db, admission-redis, admission-tower and admission-events, and the `test-util`
-//! hooks of admission-core and admission-llm, which no FEATURES entry names, are built by CI
-//! through admission-testkit and admission-llm's own tests.
+//! the type alone, are left out), in `public-api`'s grouped order.
 //!
 //! Without `--bless` a list that differs from the committed one fails the command, with the
 //! crate named and its added (`+`) and removed (`-`) lines shown; `--bless` writes the lists.
@@ -60,11 +57,11 @@ pub(crate) fn run(ws: &Workspace, args: &[String]) -> Result<ExitCode> {
         [flag] if flag == "--bless" => true,
         _ => bail!("{USAGE}"),
     };
-    let target_dir = target_dir(ws)?;
+    let docs = build_json(ws)?;
     let lists_dir = ws.root.join(LISTS_DIR);
     let mut stale = Vec::new();
     for name in CRATES {
-        let json = build_json(ws, &target_dir, name)?;
+        let json = docs.join(format!("{}.json", name.replace('-', "_")));
         let items = render(&json).with_context(|| format!("listing {name}'s public items"))?;
         let path = lists_dir.join(format!("{name}.txt"));
         let committed = match std::fs::read_to_string(&path) {
@@ -99,52 +96,85 @@ pub(crate) fn run(ws: &Workspace, args: &[String]) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `$CARGO_TARGET_DIR/public-items` (made absolute: the commands run from the workspace root),
-/// else `target/public-items` under the root.
-fn target_dir(ws: &Workspace) -> Result<PathBuf> {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) => Ok(std::path::absolute(Path::new(&dir))
-            .with_context(|| format!("could not resolve {}", Path::new(&dir).display()))?
-            .join("public-items")),
-        None => Ok(ws.root.join("target").join("public-items")),
-    }
-}
-
-/// Builds `name`'s rustdoc JSON and returns its path.
-fn build_json(ws: &Workspace, target_dir: &Path, name: &str) -> Result<PathBuf> {
-    let args = [
-        "rustdoc",
-        "-p",
-        name,
-        "--lib",
-        "--all-features",
-        "--",
-        "-Z",
-        "unstable-options",
-        "--output-format",
-        "json",
-        // `#[doc(hidden)]` items are public API all the same: they are listed too.
-        "--document-hidden-items",
-    ];
+/// Builds every crate's rustdoc JSON in one `cargo doc`, with the docs step's own arguments and
+/// target directory (so it reuses the dependencies that step and clippy checked), and returns the
+/// directory the JSON files are in.
+///
+/// Rustdoc's JSON output is unstable: it needs `RUSTC_BOOTSTRAP=1`, but set for cargo it would
+/// reach the build scripts that read it (proc-macro2's, anyhow's, ...) and rebuild a third of
+/// the dependencies, twice. So only rustdoc gets it, through a wrapper (`RUSTDOC`): a two-line
+/// script that sets it and runs the toolchain's own rustdoc.
+fn build_json(ws: &Workspace) -> Result<PathBuf> {
+    let target_dir = target_dir(ws)?;
+    let wrapper_dir = target_dir.join("public-items");
+    std::fs::create_dir_all(&wrapper_dir)
+        .with_context(|| format!("could not create {}", wrapper_dir.display()))?;
+    let rustdoc = toolchain_rustdoc(ws)?;
+    let wrapper = wrapper_dir.join("rustdoc-bootstrap.sh");
+    let script = format!(
+        "#!/bin/sh\nRUSTC_BOOTSTRAP=1 exec {} \"$@\"\n",
+        shell_word(&rustdoc.display().to_string())
+    );
+    std::fs::write(&wrapper, script)
+        .with_context(|| format!("could not write {}", wrapper.display()))?;
+    set_executable(&wrapper)?;
+    let args = crate::docs_args();
     let status = Command::new(&ws.cargo)
-        .args(args)
+        .args(&args)
         .current_dir(&ws.root)
-        .env("RUSTC_BOOTSTRAP", "1")
-        .env("CARGO_TARGET_DIR", target_dir)
+        .env("RUSTDOC", &wrapper)
+        .env(
+            "RUSTDOCFLAGS",
+            // `#[doc(hidden)]` items are public API all the same: they are listed too.
+            "-Z unstable-options --output-format json --document-hidden-items",
+        )
         .stdin(Stdio::null())
         .status()
         .with_context(|| format!("could not run cargo {}", args.join(" ")))?;
     if !status.success() {
         bail!(
-            "building {name}'s rustdoc JSON failed ({status}): RUSTC_BOOTSTRAP=1 \
-             CARGO_TARGET_DIR={} cargo {}",
-            target_dir.display(),
+            "building the rustdoc JSON failed ({status}): RUSTDOC={} RUSTDOCFLAGS='-Z \
+             unstable-options --output-format json --document-hidden-items' cargo {}",
+            wrapper.display(),
             args.join(" ")
         );
     }
-    Ok(target_dir
-        .join("doc")
-        .join(format!("{}.json", name.replace('-', "_"))))
+    Ok(target_dir.join("doc"))
+}
+
+/// `$CARGO_TARGET_DIR` (made absolute: the commands run from the workspace root), else `target`
+/// under the root.
+fn target_dir(ws: &Workspace) -> Result<PathBuf> {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) => std::path::absolute(Path::new(&dir))
+            .with_context(|| format!("could not resolve {}", Path::new(&dir).display())),
+        None => Ok(ws.root.join("target")),
+    }
+}
+
+/// The rustdoc of the toolchain cargo runs (`rustc --print sysroot`), not a rustup proxy.
+fn toolchain_rustdoc(ws: &Workspace) -> Result<PathBuf> {
+    let output = Command::new("rustc")
+        .args(["--print", "sysroot"])
+        .current_dir(&ws.root)
+        .output()
+        .context("could not run rustc --print sysroot")?;
+    if !output.status.success() {
+        bail!("rustc --print sysroot failed ({})", output.status);
+    }
+    let sysroot = String::from_utf8(output.stdout).context("a sysroot that is not UTF-8")?;
+    Ok(Path::new(sysroot.trim()).join("bin").join("rustdoc"))
+}
+
+fn set_executable(path: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+        .with_context(|| format!("could not make {} executable", path.display()))
+}
+
+/// `word` quoted for `sh`.
+fn shell_word(word: &str) -> String {
+    format!("'{}'", word.replace('\'', r"'\''"))
 }
 
 /// The public items of the crate whose rustdoc JSON is at `json`, one per line, each line ended

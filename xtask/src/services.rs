@@ -103,9 +103,16 @@ impl fmt::Display for Service {
 pub(crate) struct Running {
     /// Stopped in reverse order of start.
     instances: Vec<Instance>,
+    /// What was asked for, in order.
+    started: Vec<Service>,
 }
 
 impl Running {
+    /// The services this started, in order.
+    pub(crate) fn services(&self) -> &[Service] {
+        &self.started
+    }
+
     /// The environment variables that tell tests where the services listen.
     pub(crate) fn env(&self) -> Vec<(&'static str, String)> {
         self.instances
@@ -270,6 +277,7 @@ pub(crate) fn start(services: &[Service]) -> Result<Running> {
             instance.dir.display()
         );
         running.instances.push(instance);
+        running.started.push(service);
     }
     Ok(running)
 }

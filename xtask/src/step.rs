@@ -44,6 +44,27 @@ impl Workspace {
     }
 
     /// Whether `cargo nextest --version` works.
+    /// The workspace's packages, by name (`cargo metadata --no-deps`).
+    pub(crate) fn members(&self) -> Result<Vec<String>> {
+        let output = Command::new(&self.cargo)
+            .args(["metadata", "--no-deps", "--format-version", "1"])
+            .current_dir(&self.root)
+            .stderr(Stdio::inherit())
+            .output()
+            .context("could not run cargo metadata")?;
+        if !output.status.success() {
+            anyhow::bail!("cargo metadata failed ({})", output.status);
+        }
+        let metadata: serde_json::Value =
+            serde_json::from_slice(&output.stdout).context("cargo metadata's output")?;
+        Ok(metadata["packages"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p["name"].as_str().map(str::to_owned))
+            .collect())
+    }
+
     pub(crate) fn has_nextest(&self) -> bool {
         Command::new(&self.cargo)
             .args(["nextest", "--version"])
@@ -66,10 +87,12 @@ pub(crate) struct Step {
     pub(crate) env: Vec<(&'static str, String)>,
     /// Tee the output and count the tests it reports in this harness's format.
     pub(crate) counts_tests: Option<Format>,
-    /// Run with the required services up.
-    pub(crate) services: bool,
+    /// Run with these services up (none: with none).
+    pub(crate) services: Vec<services::Service>,
     /// The arguments are this xtask's (`cargo xtask ARGS...`), run by this very binary.
     pub(crate) xtask: bool,
+    /// The arguments are this program's (a binary an earlier step built), run from the root.
+    pub(crate) program: Option<PathBuf>,
 }
 
 impl Step {
@@ -80,8 +103,9 @@ impl Step {
             args: args.iter().map(|a| a.to_string()).collect(),
             env: Vec::new(),
             counts_tests: None,
-            services: false,
+            services: Vec::new(),
             xtask: false,
+            program: None,
         }
     }
 
@@ -93,15 +117,23 @@ impl Step {
         }
     }
 
+    /// `PROGRAM ARGS...`: a binary an earlier step built, run from the workspace root.
+    pub(crate) fn program(name: &'static str, program: PathBuf, args: &[&str]) -> Self {
+        Self {
+            program: Some(program),
+            ..Self::cargo(name, args)
+        }
+    }
+
     /// Marks the step as one that runs tests: its output is teed and counted as `format`.
     pub(crate) fn counting_tests(mut self, format: Format) -> Self {
         self.counts_tests = Some(format);
         self
     }
 
-    /// Marks the step as one that runs with the required services up.
-    pub(crate) fn with_services(mut self) -> Self {
-        self.services = true;
+    /// Marks the step as one that runs with `services` up.
+    pub(crate) fn with_services(mut self, services: &[services::Service]) -> Self {
+        self.services = services.to_vec();
         self
     }
 
@@ -123,7 +155,11 @@ impl Step {
         for (key, value) in &self.env {
             let _ = write!(line, "{key}={} ", shell_quote(value));
         }
-        line.push_str(if self.xtask { "cargo xtask" } else { "cargo" });
+        match &self.program {
+            Some(program) => line.push_str(&shell_quote(&program.display().to_string())),
+            None if self.xtask => line.push_str("cargo xtask"),
+            None => line.push_str("cargo"),
+        }
         for arg in &self.args {
             line.push(' ');
             line.push_str(&shell_quote(arg));
@@ -137,7 +173,9 @@ impl Step {
         ws: &Workspace,
         extra_env: &[(&'static str, String)],
     ) -> Result<(ExitStatus, Tally)> {
-        let mut cmd = if self.xtask {
+        let mut cmd = if let Some(program) = &self.program {
+            Command::new(program)
+        } else if self.xtask {
             Command::new(std::env::current_exe().context("finding the xtask's own path")?)
         } else {
             Command::new(&ws.cargo)
@@ -217,6 +255,8 @@ struct Outcome {
 pub(crate) struct Report {
     /// Tests passed, summed over the steps whose counts could be read.
     pub(crate) passed: u64,
+    /// Tests not run: ignored, or left out by the runner's profile.
+    pub(crate) skipped: u64,
     /// Whether any step ran tests (only then is the `xtask: N passed` line meaningful).
     pub(crate) ran_tests: bool,
 }
@@ -234,6 +274,11 @@ pub(crate) fn run_plan(ws: &Workspace, steps: &[Step]) -> Result<Report> {
             .filter_map(|o| o.tally)
             .map(|t| t.passed)
             .sum(),
+        skipped: outcomes
+            .iter()
+            .filter_map(|o| o.tally)
+            .map(|t| t.skipped)
+            .sum(),
         ran_tests: steps.iter().any(|s| s.counts_tests.is_some()),
     })
 }
@@ -243,12 +288,16 @@ fn run_steps(ws: &Workspace, steps: &[Step], outcomes: &mut Vec<Outcome>) -> Res
     let mut running: Option<services::Running> = None;
     let total = steps.len();
     for (index, step) in steps.iter().enumerate() {
-        if step.services && running.is_none() {
-            running = Some(start_services()?);
-        } else if !step.services
+        // Consecutive steps that need the same services share them.
+        if running
+            .as_ref()
+            .is_some_and(|up| up.services() != step.services.as_slice())
             && let Some(up) = running.take()
         {
             stop_services(up)?;
+        }
+        if !step.services.is_empty() && running.is_none() {
+            running = Some(start_services(&step.services)?);
         }
         let extra_env = running
             .as_ref()
@@ -288,12 +337,9 @@ fn run_steps(ws: &Workspace, steps: &[Step], outcomes: &mut Vec<Outcome>) -> Res
     Ok(())
 }
 
-fn start_services() -> Result<services::Running> {
-    if services::REQUIRED.is_empty() {
-        return Ok(services::Running::default());
-    }
+fn start_services(needed: &[services::Service]) -> Result<services::Running> {
     let started = Instant::now();
-    let running = services::start(services::REQUIRED).context("services")?;
+    let running = services::start(needed).context("services")?;
     println!(
         "==> services: up in {:.1}s",
         started.elapsed().as_secs_f64()
@@ -323,6 +369,7 @@ fn print_summary(outcomes: &[Outcome], total_seconds: f64) {
         let status = if outcome.ok { "ok" } else { "FAILED" };
         let tests = match outcome.tally {
             Some(t) if t.failed > 0 => format!(" ({} passed, {} failed)", t.passed, t.failed),
+            Some(t) if t.skipped > 0 => format!(" ({} passed, {} skipped)", t.passed, t.skipped),
             Some(t) => format!(" ({} passed)", t.passed),
             None => String::new(),
         };

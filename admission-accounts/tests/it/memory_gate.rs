@@ -723,7 +723,10 @@ fn the_cgroup_probe_reads_this_process_where_there_is_a_cgroup_v2_memory_control
             if v2_line.is_none() {
                 assert!(why.contains("no cgroup v2 (no `0::` line)"), "{why}");
             } else {
-                assert!(why.contains("memory.current") && why.contains("no memory controller"), "{why}");
+                assert!(
+                    why.contains("memory.current") && why.contains("no memory controller"),
+                    "{why}"
+                );
             }
         }
         (expected, got) => panic!("expected a probe at {expected:?}, got {got:?}"),

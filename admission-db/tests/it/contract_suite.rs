@@ -2,9 +2,7 @@
 //! rule of `admission_db::contract` as a test of its own on a fresh subject ([`rule`]), and then,
 //! if its verbs reach the database, `run_all_transactional` once ([`whole_suite`]). A backend
 //! names its subject with [`contract_rules!`]; a subject whose server is not there (PostgreSQL
-//! without `ADMISSION_PG_URL`) says so and skips.
-
-use std::cell::Cell;
+//! without `ADMISSION_PG_URL`) fails its tests, saying how to start it.
 
 use admission_db::contract::{self, TransactionalSubject};
 
@@ -13,32 +11,19 @@ pub(crate) const JOBS: u32 = 200;
 
 /// A subject the suite makes afresh for every rule.
 pub(crate) trait Fresh: Sized {
-    /// A fresh subject for `test`: a new database behind a pool larger than the bound; `None`
-    /// (after saying why) when the backend's server is not there.
-    fn fresh(test: &str) -> Option<Self>;
+    /// A fresh subject for `test`: a new database behind a pool larger than the bound (a
+    /// failure, saying how to start it, when the backend's server is not there).
+    fn fresh(test: &str) -> Self;
 }
 
-/// One rule's test: `check` on a fresh subject, unless its server is not there.
+/// One rule's test: `check` on a fresh subject.
 pub(crate) fn rule<S: Fresh>(test: &str, check: impl FnOnce(&S)) {
-    if let Some(subject) = S::fresh(test) {
-        check(&subject);
-    }
+    check(&S::fresh(test));
 }
 
-/// `run_all_transactional` on fresh subjects (the first one made here, which tells whether the
-/// server is there), its shared-bound rule with `jobs` jobs.
+/// `run_all_transactional` on fresh subjects, its shared-bound rule with `jobs` jobs.
 pub(crate) fn whole_suite<S: Fresh + TransactionalSubject>(test: &str, jobs: u32) {
-    let Some(first) = S::fresh(test) else {
-        return;
-    };
-    let first = Cell::new(Some(first));
-    let fresh = || {
-        first
-            .take()
-            .or_else(|| S::fresh(test))
-            .expect("the server went away")
-    };
-    contract::run_all_transactional(fresh, jobs);
+    contract::run_all_transactional(|| S::fresh(test), jobs);
 }
 
 /// The suite's tests for one subject type, in a module of their own:

@@ -262,9 +262,7 @@ mod deadpool_postgres {
 
     #[test]
     fn deadpool_gauges_use_time_pending_and_timeouts_follow_the_pool() {
-        let Some(url) = pg_url("deadpool_gauges_use_time_pending_and_timeouts") else {
-            return;
-        };
+        let url = pg_url("deadpool_gauges_use_time_pending_and_timeouts");
         let db = PgDb::new(&url);
         let runtime = runtime();
         recorded(|snapshotter| {
@@ -331,9 +329,7 @@ mod r2d2_postgres {
 
     #[test]
     fn r2d2_postgres_gauges_use_time_and_timeouts_follow_the_pool() {
-        let Some(url) = pg_url("r2d2_postgres_gauges_use_time_and_timeouts") else {
-            return;
-        };
+        let url = pg_url("r2d2_postgres_gauges_use_time_and_timeouts");
         let db = PgDb::new(&url);
         recorded(|snapshotter| {
             let provider = pg_provider(&db, 2);
@@ -408,9 +404,7 @@ mod sqlx_postgres {
 
     #[test]
     fn sqlx_postgres_gauges_use_time_and_timeouts_follow_the_pool() {
-        let Some(url) = server_url("sqlx_postgres_gauges_use_time_and_timeouts") else {
-            return;
-        };
+        let url = server_url("sqlx_postgres_gauges_use_time_and_timeouts");
         let db = Db::new(&url);
         recorded(|snapshotter| {
             let provider = pg_provider(&db, 2);

@@ -192,14 +192,14 @@ impl TransactionalSubject for R2d2 {
 }
 
 impl Fresh for Counting {
-    fn fresh(_: &str) -> Option<Counting> {
-        Some(counting())
+    fn fresh(_: &str) -> Counting {
+        counting()
     }
 }
 
 impl Fresh for R2d2 {
-    fn fresh(_: &str) -> Option<R2d2> {
-        Some(r2d2())
+    fn fresh(_: &str) -> R2d2 {
+        r2d2()
     }
 }
 

@@ -3,8 +3,8 @@
 //! its own, created with a random name and dropped at the end; then what cancelled verbs leave
 //! behind in `pg_stat_activity`.
 //!
-//! Without `ADMISSION_PG_URL` a test says it was skipped and passes, except under `CI=true`,
-//! where the missing server fails it.
+//! Without its server a test fails, saying how to start it; a plain `cargo nextest run` skips
+//! these tests (`.config/nextest.toml`), `cargo xtask test` starts the servers and runs them.
 
 use std::any::Any;
 use std::future::Future;
@@ -28,12 +28,12 @@ use crate::contract_suite::{Fresh, contract_rules};
 const BOUND: u64 = 8;
 const POOL: u32 = 12;
 
-/// The server's URL; `None` (after saying so) when unset outside CI.
+/// The server's URL.
 ///
 /// # Panics
 ///
-/// When unset under `CI=true`: CI must run these tests against a real server.
-pub(crate) fn server_url(test: &str) -> Option<String> {
+/// When unset: the test fails, saying how to start the server.
+pub(crate) fn server_url(test: &str) -> String {
     admission_testkit::services::postgres(test)
 }
 
@@ -213,8 +213,8 @@ impl TransactionalSubject for Subject {
 }
 
 impl Fresh for Subject {
-    fn fresh(test: &str) -> Option<Subject> {
-        server_url(test).map(|url| subject_on(&url))
+    fn fresh(test: &str) -> Subject {
+        subject_on(&server_url(test))
     }
 }
 
@@ -259,10 +259,7 @@ async fn assert_the_pool_is_clean(db: &Db, provider: &SqlxPgProvider, size: u32)
 
 #[test]
 fn a_cancelled_begin_never_pools_a_session_inside_a_transaction() {
-    let Some(url) = server_url("a_cancelled_begin_never_pools_a_session_inside_a_transaction")
-    else {
-        return;
-    };
+    let url = server_url("a_cancelled_begin_never_pools_a_session_inside_a_transaction");
     let db = Db::new(&url);
     let provider = db.provider("sqlx-pg", 2, 3);
     db.runtime.block_on(async {
@@ -293,11 +290,9 @@ fn a_cancelled_begin_never_pools_a_session_inside_a_transaction() {
 
 #[test]
 fn handles_dropped_after_a_cancelled_begin_leave_no_session_idle_in_a_transaction() {
-    let Some(url) = server_url(
+    let url = server_url(
         "handles_dropped_after_a_cancelled_begin_leave_no_session_idle_in_a_transaction",
-    ) else {
-        return;
-    };
+    );
     let db = Db::new(&url);
     let provider = db.provider("sqlx-pg", 2, 3);
     db.runtime.block_on(async {
@@ -328,9 +323,7 @@ fn handles_dropped_after_a_cancelled_begin_leave_no_session_idle_in_a_transactio
 
 #[test]
 fn close_restores_the_read_only_state_the_pool_handed_out() {
-    let Some(url) = server_url("close_restores_the_read_only_state_the_pool_handed_out") else {
-        return;
-    };
+    let url = server_url("close_restores_the_read_only_state_the_pool_handed_out");
     let db = Db::new(&url);
     let provider = db.provider("sqlx-pg", 1, 1);
     db.runtime.block_on(async {
@@ -355,10 +348,7 @@ fn close_restores_the_read_only_state_the_pool_handed_out() {
 
 #[test]
 fn a_commit_after_a_failed_statement_is_refused_not_a_quiet_rollback() {
-    let Some(url) = server_url("a_commit_after_a_failed_statement_is_refused_not_a_quiet_rollback")
-    else {
-        return;
-    };
+    let url = server_url("a_commit_after_a_failed_statement_is_refused_not_a_quiet_rollback");
     let db = Db::new(&url);
     let provider = db.provider("sqlx-pg", 1, 2);
     db.runtime.block_on(async {

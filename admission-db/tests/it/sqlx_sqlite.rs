@@ -168,8 +168,8 @@ impl TransactionalSubject for Subject {
 }
 
 impl Fresh for Subject {
-    fn fresh(_: &str) -> Option<Subject> {
-        Some(subject())
+    fn fresh(_: &str) -> Subject {
+        subject()
     }
 }
 

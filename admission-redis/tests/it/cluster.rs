@@ -17,28 +17,9 @@ use parking_lot::Mutex;
 
 use crate::support::{ceilings, cell, redis_server_binary};
 
-/// The nodes of the cluster `cargo xtask ci` started, or `None` (after saying why) when unset
-/// outside CI.
-fn shared_cluster(test: &str) -> Option<Vec<(String, u16)>> {
-    match std::env::var("ADMISSION_REDIS_CLUSTER") {
-        Ok(nodes) if !nodes.is_empty() => Some(
-            nodes
-                .split(',')
-                .map(|node| {
-                    let (host, port) = node.rsplit_once(':').expect("host:port");
-                    (host.to_owned(), port.parse().expect("a port"))
-                })
-                .collect(),
-        ),
-        _ if std::env::var("CI").as_deref() == Ok("true") => panic!(
-            "{test}: ADMISSION_REDIS_CLUSTER is unset under CI=true; `cargo xtask ci` starts the \
-             cluster and sets it (xtask/src/services.rs)"
-        ),
-        _ => {
-            eprintln!("{test}: skipped: ADMISSION_REDIS_CLUSTER is unset");
-            None
-        }
-    }
+/// The nodes of the cluster `cargo xtask ci` started.
+fn shared_cluster(test: &str) -> Vec<(String, u16)> {
+    admission_testkit::services::redis_cluster(test)
 }
 
 /// The tests' usual config (`support::config`), on the cluster of `nodes`.
@@ -51,9 +32,7 @@ fn cluster_config(nodes: &[(String, u16)], cell: &str, ceilings: Ceilings) -> Re
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cells_spread_over_the_three_masters_and_each_keeps_its_keys_on_one() {
-    let Some(nodes) = shared_cluster("cluster_spread") else {
-        return;
-    };
+    let nodes = shared_cluster("cluster_spread");
     let port = nodes[0].1;
     let mut masters = BTreeMap::<u16, usize>::new();
     // Cell names are fresh each run, so which master a cell lands on is chance: twelve cells
@@ -93,9 +72,7 @@ async fn cells_spread_over_the_three_masters_and_each_keeps_its_keys_on_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_on_a_cluster_is_woken_by_the_reader_on_its_cells_node() {
-    let Some(nodes) = shared_cluster("cluster_wake") else {
-        return;
-    };
+    let nodes = shared_cluster("cluster_wake");
     let config = cluster_config(&nodes, &cell("cluster_wake"), ceilings(100, 1, 100, 1, 1));
     let a = RedisAdmission::connect(config.clone())
         .await
@@ -134,9 +111,7 @@ async fn a_waiter_on_a_cluster_is_woken_by_the_reader_on_its_cells_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_killed_under_load_fails_closed_then_resumes_with_no_ceiling_exceeded() {
     const CEILING: usize = 8;
-    let Some(binary) = redis_server_binary("cluster_failover") else {
-        return;
-    };
+    let binary = redis_server_binary("cluster_failover");
     // A cluster of this test's own: it kills a master. A replica takes over about 2 s later
     // (`--cluster-node-timeout 1000`).
     let mut cluster = PrivateCluster::start(&binary).expect("starts a private cluster");
@@ -326,9 +301,9 @@ struct Moved {
 /// Sixteen jobs on two instances of one cell of eight transfers on a private cluster, each
 /// asking with a wait of 5 s and holding its lease 200 ms; 1.5 s in, the cell's slot moves as
 /// `how` says; the jobs run 3 s more.
-async fn through_a_planned_move(test: &str, how: Move, durability: Durability) -> Option<Moved> {
+async fn through_a_planned_move(test: &str, how: Move, durability: Durability) -> Moved {
     const CEILING: usize = 8;
-    let binary = redis_server_binary(test)?;
+    let binary = redis_server_binary(test);
     let cluster = PrivateCluster::start(&binary).expect("starts a private cluster");
     let nodes = cluster.seeds();
     let mut config = cluster_config(
@@ -524,7 +499,7 @@ async fn through_a_planned_move(test: &str, how: Move, durability: Durability) -
         .cloned()
         .collect();
     assert_eq!(fleet.snapshot("t", "d").await.expect("snapshot").leases, 0);
-    Some(Moved {
+    Moved {
         events,
         since,
         most: most.load(Ordering::SeqCst),
@@ -544,7 +519,7 @@ async fn through_a_planned_move(test: &str, how: Move, durability: Durability) -
             .filter(|(at, _)| *at > moved_at)
             .map(|g| g.1)
             .collect(),
-    })
+    }
 }
 
 /// The ceiling held, every job was served, no recovery began, and admission went on within a
@@ -586,10 +561,7 @@ async fn a_planned_failover_with_writes_held_for_the_replica_pauses_nothing() {
         replicas: 1,
         ..Durability::default()
     };
-    let Some(moved) = through_a_planned_move("planned_failover", Move::Failover, durability).await
-    else {
-        return;
-    };
+    let moved = through_a_planned_move("planned_failover", Move::Failover, durability).await;
     check_planned(&moved, "planned failover");
 }
 
@@ -598,10 +570,7 @@ async fn a_planned_failover_with_writes_held_for_the_replica_pauses_nothing() {
 /// older than a TTL that was never promoted, starts no recovery.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_planned_slot_migration_pauses_nothing() {
-    let Some(moved) =
-        through_a_planned_move("planned_migration", Move::Migrate, Durability::default()).await
-    else {
-        return;
-    };
+    let moved =
+        through_a_planned_move("planned_migration", Move::Migrate, Durability::default()).await;
     check_planned(&moved, "slot migration");
 }

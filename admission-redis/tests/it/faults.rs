@@ -33,9 +33,7 @@ async fn command(port: u16, args: &[&str]) -> redis::Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_call_after_a_restart_on_an_idle_connection_is_retried_not_failed() {
-    let Some(binary) = redis_server_binary("idle_restart") else {
-        return;
-    };
+    let binary = redis_server_binary("idle_restart");
     let mut redis = PrivateRedis::start(&binary, &[]);
     let cfg = config(
         "127.0.0.1",
@@ -70,9 +68,7 @@ async fn the_first_call_after_a_restart_on_an_idle_connection_is_retried_not_fai
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquisition_rides_through_an_outage_shorter_than_its_wait_and_fails_closed_after_a_longer_one()
  {
-    let Some(binary) = redis_server_binary("outage") else {
-        return;
-    };
+    let binary = redis_server_binary("outage");
     let mut redis = PrivateRedis::start(&binary, &[]);
     let cfg = config(
         "127.0.0.1",
@@ -136,9 +132,7 @@ async fn an_acquisition_rides_through_an_outage_shorter_than_its_wait_and_fails_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_shorter_than_the_ttl_loses_no_lease_and_a_release_that_timed_out_is_not_a_loss() {
-    let Some(binary) = redis_server_binary("pause") else {
-        return;
-    };
+    let binary = redis_server_binary("pause");
     let redis = PrivateRedis::start(&binary, &[]);
     let cfg = config(
         "127.0.0.1",
@@ -183,9 +177,7 @@ async fn a_pause_shorter_than_the_ttl_loses_no_lease_and_a_release_that_timed_ou
 /// a lease nobody held, for a whole TTL. Now the call is refused there, and nothing is taken.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_try_that_failed_while_the_server_was_stopped_leaves_nothing_held_once_it_resumes() {
-    let Some(binary) = redis_server_binary("stopped_try") else {
-        return;
-    };
+    let binary = redis_server_binary("stopped_try");
     let redis = PrivateRedis::start(&binary, &[]);
     let cfg = config(
         "127.0.0.1",
@@ -241,9 +233,7 @@ async fn a_try_that_failed_while_the_server_was_stopped_leaves_nothing_held_once
 /// release that the server runs after it resumes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_whose_caller_gave_up_during_a_stop_is_never_granted_after_it() {
-    let Some(binary) = redis_server_binary("stopped_wait") else {
-        return;
-    };
+    let binary = redis_server_binary("stopped_wait");
     let redis = PrivateRedis::start(&binary, &[]);
     let cfg = config(
         "127.0.0.1",
@@ -300,9 +290,7 @@ async fn a_wait_whose_caller_gave_up_during_a_stop_is_never_granted_after_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_granted_after_a_long_outage_counts_its_deadline_from_the_attempt_that_got_it() {
-    let Some(binary) = redis_server_binary("late_grant") else {
-        return;
-    };
+    let binary = redis_server_binary("late_grant");
     let redis = PrivateRedis::start(&binary, &[]);
     let cfg = config(
         "127.0.0.1",

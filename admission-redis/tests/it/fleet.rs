@@ -19,9 +19,7 @@ fn budget(monitor: &Monitor, bytes: u64) -> Arc<CountingGate> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_local_budget_is_taken_first_and_held_alone_while_the_fleet_is_full() {
-    let Some((host, port)) = server("local_first") else {
-        return;
-    };
+    let (host, port) = server("local_first");
     let cell = cell("local_first");
     let fleet = connect(config(&host, port, &cell, ceilings(1_000, 1, 1_000, 1, 1))).await;
     let monitor = Monitor::new();
@@ -75,9 +73,7 @@ async fn the_local_budget_is_taken_first_and_held_alone_while_the_fleet_is_full(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_cancelled_while_it_waits_for_the_lease_ends_the_wait_and_holds_nothing() {
-    let Some((host, port)) = server("ctx_watched") else {
-        return;
-    };
+    let (host, port) = server("ctx_watched");
     let cell = cell("ctx_watched");
     let fleet = connect(config(&host, port, &cell, ceilings(1_000, 1, 1_000, 1, 1))).await;
     let monitor = Monitor::new();
@@ -124,9 +120,7 @@ async fn a_job_cancelled_while_it_waits_for_the_lease_ends_the_wait_and_holds_no
 
 #[tokio::test]
 async fn the_local_budget_goes_back_on_timeout_and_on_cancellation() {
-    let Some((host, port)) = server("local_back") else {
-        return;
-    };
+    let (host, port) = server("local_back");
     let cell = cell("local_back");
     let mut cfg = config(&host, port, &cell, ceilings(1_000, 1, 1_000, 1, 1));
     cfg.redis_wait = Duration::from_millis(100);
@@ -195,9 +189,7 @@ async fn the_local_budget_goes_back_on_timeout_and_on_cancellation() {
 
 #[tokio::test]
 async fn the_local_budget_goes_back_when_redis_fails() {
-    let Some(binary) = redis_server_binary("local_failure") else {
-        return;
-    };
+    let binary = redis_server_binary("local_failure");
     let mut redis = PrivateRedis::start(&binary, &[]);
     let mut cfg = config(
         "127.0.0.1",
@@ -229,9 +221,7 @@ fn an_empty_budget_is_refused() {
         .enable_all()
         .build()
         .expect("runtime");
-    let Some(binary) = redis_server_binary("empty_budget") else {
-        return;
-    };
+    let binary = redis_server_binary("empty_budget");
     let redis = PrivateRedis::start(&binary, &[]);
     runtime.block_on(async {
         let fleet = connect(config(
@@ -251,9 +241,7 @@ fn an_empty_budget_is_refused() {
 /// Acquire and release are one script call (one round trip) each: counted by the server.
 #[tokio::test]
 async fn acquire_and_release_are_one_round_trip_each() {
-    let Some(binary) = redis_server_binary("round_trips") else {
-        return;
-    };
+    let binary = redis_server_binary("round_trips");
     let redis = PrivateRedis::start(&binary, &[]);
     let fleet = connect(config(
         "127.0.0.1",

@@ -14,9 +14,7 @@ use crate::support::{ceilings, cell, config, connect, full, kinds, lease, server
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_instances_never_hold_more_than_the_ceiling_and_end_at_zero() {
-    let Some((host, port)) = server("two_instances") else {
-        return;
-    };
+    let (host, port) = server("two_instances");
     const K: u64 = 5;
     let cell = cell("two_instances");
     let a = connect(config(
@@ -86,9 +84,7 @@ async fn two_instances_never_hold_more_than_the_ceiling_and_end_at_zero() {
 
 #[tokio::test]
 async fn each_dimension_refuses_with_its_numbers() {
-    let Some((host, port)) = server("dimensions") else {
-        return;
-    };
+    let (host, port) = server("dimensions");
     let cell = cell("dimensions");
     // service 1000 bytes / 4 transfers; tenant 600 / 2; backend 3.
     let fleet = connect(config(&host, port, &cell, ceilings(1000, 4, 600, 2, 3))).await;
@@ -137,9 +133,7 @@ async fn each_dimension_refuses_with_its_numbers() {
 
 #[tokio::test]
 async fn a_request_that_can_never_fit_is_refused_at_once() {
-    let Some((host, port)) = server("never") else {
-        return;
-    };
+    let (host, port) = server("never");
     let cell = cell("never");
     let mut cfg = config(&host, port, &cell, ceilings(1000, 4, 600, 2, 3));
     cfg.redis_wait = Duration::from_secs(20);
@@ -233,9 +227,7 @@ async fn a_request_that_can_never_fit_is_refused_at_once() {
 
 #[tokio::test]
 async fn tenants_are_independent_under_a_shared_service_ceiling() {
-    let Some((host, port)) = server("tenants") else {
-        return;
-    };
+    let (host, port) = server("tenants");
     let cell = cell("tenants");
     let fleet = connect(config(
         &host,
@@ -272,9 +264,7 @@ async fn tenants_are_independent_under_a_shared_service_ceiling() {
 
 #[tokio::test]
 async fn a_live_override_applies_to_every_instance_and_clearing_restores_the_default() {
-    let Some((host, port)) = server("override") else {
-        return;
-    };
+    let (host, port) = server("override");
     let cell = cell("override");
     let a = connect(config(
         &host,
@@ -367,9 +357,7 @@ async fn a_live_override_applies_to_every_instance_and_clearing_restores_the_def
 
 #[tokio::test]
 async fn quotas_are_exact_across_instances_and_name_the_window_end() {
-    let Some((host, port)) = server("quotas") else {
-        return;
-    };
+    let (host, port) = server("quotas");
     let cell = cell("quotas");
     let mut cfg = config(&host, port, &cell, ceilings(1000, 10, 1000, 10, 10));
     cfg.quotas = Some(Quotas {
@@ -446,9 +434,7 @@ async fn quotas_are_exact_across_instances_and_name_the_window_end() {
 
 #[tokio::test]
 async fn quotas_not_enabled_are_refused_typed() {
-    let Some((host, port)) = server("quotas_off") else {
-        return;
-    };
+    let (host, port) = server("quotas_off");
     let fleet = connect(config(
         &host,
         port,
@@ -464,9 +450,7 @@ async fn quotas_not_enabled_are_refused_typed() {
 
 #[tokio::test]
 async fn a_renewed_lease_outlives_its_first_ttl_and_an_unrenewed_one_is_reaped_on_server_time() {
-    let Some((host, port)) = server("renewal") else {
-        return;
-    };
+    let (host, port) = server("renewal");
     let cell = cell("renewal");
     let fleet = connect(config(&host, port, &cell, ceilings(100, 2, 100, 2, 2))).await;
     let lease = fleet
@@ -527,9 +511,7 @@ async fn a_renewed_lease_outlives_its_first_ttl_and_an_unrenewed_one_is_reaped_o
 
 #[tokio::test]
 async fn the_background_renewal_renews_every_lease_in_one_call_and_reports_the_lost_one() {
-    let Some((host, port)) = server("batch_renewal") else {
-        return;
-    };
+    let (host, port) = server("batch_renewal");
     let cell = cell("batch_renewal");
     let fleet = connect(config(&host, port, &cell, ceilings(100, 4, 100, 4, 4))).await;
     let mut leases = Vec::new();
@@ -580,9 +562,7 @@ async fn the_background_renewal_renews_every_lease_in_one_call_and_reports_the_l
 #[tokio::test]
 async fn an_externally_released_lease_is_lost_to_its_holder_and_a_stale_holder_cannot_touch_the_new_one()
  {
-    let Some((host, port)) = server("stale") else {
-        return;
-    };
+    let (host, port) = server("stale");
     let cell = cell("stale");
     let a = connect(config(&host, port, &cell, ceilings(100, 2, 100, 2, 2))).await;
     let b = connect(config(&host, port, &cell, ceilings(100, 2, 100, 2, 2))).await;
@@ -638,9 +618,7 @@ async fn an_externally_released_lease_is_lost_to_its_holder_and_a_stale_holder_c
 
 #[tokio::test]
 async fn a_dropped_lease_is_released_as_interrupted() {
-    let Some((host, port)) = server("drop") else {
-        return;
-    };
+    let (host, port) = server("drop");
     let cell = cell("drop");
     let fleet = connect(config(&host, port, &cell, ceilings(100, 2, 100, 2, 2))).await;
     let holder = {
@@ -680,9 +658,7 @@ async fn a_dropped_lease_is_released_as_interrupted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_is_woken_by_a_release_on_another_instance() {
-    let Some((host, port)) = server("wake") else {
-        return;
-    };
+    let (host, port) = server("wake");
     let cell = cell("wake");
     let a = connect(config(&host, port, &cell, ceilings(100, 1, 100, 1, 1))).await;
     let b = connect(config(&host, port, &cell, ceilings(100, 1, 100, 1, 1))).await;
@@ -709,9 +685,7 @@ async fn a_waiter_is_woken_by_a_release_on_another_instance() {
 
 #[tokio::test]
 async fn a_wait_that_times_out_records_it_and_takes_nothing() {
-    let Some((host, port)) = server("timeout") else {
-        return;
-    };
+    let (host, port) = server("timeout");
     let cell = cell("timeout");
     let fleet = connect(config(&host, port, &cell, ceilings(100, 1, 100, 1, 1))).await;
     let held = fleet
@@ -747,9 +721,7 @@ async fn a_wait_that_times_out_records_it_and_takes_nothing() {
 
 #[tokio::test]
 async fn the_stream_stays_bounded_and_raw_tenant_ids_never_reach_redis() {
-    let Some((host, port)) = server("bounded") else {
-        return;
-    };
+    let (host, port) = server("bounded");
     let cell = cell("bounded");
     let mut cfg = config(&host, port, &cell, ceilings(100, 2, 100, 2, 2));
     cfg.events_max_len = 10;
@@ -826,9 +798,7 @@ async fn the_stream_stays_bounded_and_raw_tenant_ids_never_reach_redis() {
 
 #[tokio::test]
 async fn a_second_instance_with_other_ceilings_is_refused() {
-    let Some((host, port)) = server("mismatch") else {
-        return;
-    };
+    let (host, port) = server("mismatch");
     let cell = cell("mismatch");
     let _a = connect(config(&host, port, &cell, ceilings(100, 2, 100, 2, 2))).await;
     let b = admission_redis::RedisAdmission::connect(config(
@@ -853,9 +823,7 @@ async fn a_second_instance_with_other_ceilings_is_refused() {
 
 #[tokio::test]
 async fn the_script_survives_a_flushed_script_cache() {
-    let Some((host, port)) = server("noscript") else {
-        return;
-    };
+    let (host, port) = server("noscript");
     let cell = cell("noscript");
     let fleet = connect(config(&host, port, &cell, ceilings(100, 2, 100, 2, 2))).await;
     let client = redis::Client::open(format!("redis://{host}:{port}/")).expect("client");
@@ -877,9 +845,7 @@ async fn the_script_survives_a_flushed_script_cache() {
 
 #[tokio::test]
 async fn fencing_tokens_rise_across_leases_and_instances() {
-    let Some((host, port)) = server("tokens") else {
-        return;
-    };
+    let (host, port) = server("tokens");
     let cell = cell("tokens");
     let a = connect(config(&host, port, &cell, ceilings(100, 10, 100, 10, 10))).await;
     let b = connect(config(&host, port, &cell, ceilings(100, 10, 100, 10, 10))).await;

@@ -26,9 +26,7 @@ async fn admissions(fleet: &RedisAdmission) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_big_head_is_granted_before_a_stream_of_small_followers_across_instances() {
-    let Some((host, port)) = server("fair_head") else {
-        return;
-    };
+    let (host, port) = server("fair_head");
     let cell = cell("fair_head");
     let a = connect(config(&host, port, &cell, ceilings(10, 10, 10, 10, 10))).await;
     let b = connect(config(&host, port, &cell, ceilings(10, 10, 10, 10, 10))).await;
@@ -62,9 +60,7 @@ async fn a_big_head_is_granted_before_a_stream_of_small_followers_across_instanc
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_beside_the_head_goes_when_it_does_not_touch_what_the_head_needs() {
-    let Some((host, port)) = server("backfill") else {
-        return;
-    };
+    let (host, port) = server("backfill");
     let cell = cell("backfill");
     // Backends hold one transfer each; the head waits on backend d1.
     let a = connect(config(&host, port, &cell, ceilings(100, 10, 100, 10, 1))).await;
@@ -131,9 +127,7 @@ async fn waiter_process() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_waiter_is_reaped_and_cannot_block_the_line() {
-    let Some((host, port)) = server("crashed_waiter") else {
-        return;
-    };
+    let (host, port) = server("crashed_waiter");
     let cell = cell("crashed_waiter");
     let mut cfg = config(&host, port, &cell, ceilings(10, 1, 10, 1, 1));
     cfg.redis_wait = Duration::from_secs(30);
@@ -179,9 +173,7 @@ async fn a_crashed_waiter_is_reaped_and_cannot_block_the_line() {
 /// server sees the same number of clients with 1 waiter as with 40.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forty_waiters_share_one_reader_and_every_one_is_granted_in_ticket_order() {
-    let Some(binary) = redis_server_binary("shared_reader") else {
-        return;
-    };
+    let binary = redis_server_binary("shared_reader");
     let redis = PrivateRedis::start(&binary, &[]);
     let port = redis.port;
     let cfg = config(
@@ -255,9 +247,7 @@ async fn forty_waiters_share_one_reader_and_every_one_is_granted_in_ticket_order
 /// costs its one acquire (the hand-off grants it inside someone else's release) and its release.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_contended_job_costs_two_round_trips_on_average() {
-    let Some(binary) = redis_server_binary("round_trips_line") else {
-        return;
-    };
+    let binary = redis_server_binary("round_trips_line");
     let redis = PrivateRedis::start(&binary, &[]);
     let port = redis.port;
     let mut cfg = config(
@@ -305,9 +295,7 @@ async fn a_contended_job_costs_two_round_trips_on_average() {
 /// abandoned, never granted a lease nobody would renew.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hand_off_never_grants_a_waiter_whose_liveness_ran_out() {
-    let Some((host, port)) = server("dead_waiters") else {
-        return;
-    };
+    let (host, port) = server("dead_waiters");
     let cell = cell("dead_waiters");
     let mut cfg = config(&host, port, &cell, ceilings(10, 1, 10, 1, 1));
     cfg.reap_batch = 1;
@@ -349,9 +337,7 @@ async fn the_hand_off_never_grants_a_waiter_whose_liveness_ran_out() {
 /// promise). With a grant living its full TTL the lease below is still held 1.1 s later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_to_a_dead_waiter_expires_with_its_liveness() {
-    let Some((host, port)) = server("dead_grant") else {
-        return;
-    };
+    let (host, port) = server("dead_grant");
     let cell = cell("dead_grant");
     let fleet = connect(config(&host, port, &cell, ceilings(10, 1, 10, 1, 1))).await;
     let held = lease(&fleet, "held", "t", "d", 1).await;
@@ -397,9 +383,7 @@ async fn a_grant_to_a_dead_waiter_expires_with_its_liveness() {
 /// before it, and the lease is kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_waiter_renews_a_grant_bounded_by_its_liveness_in_time() {
-    let Some((host, port)) = server("live_grant") else {
-        return;
-    };
+    let (host, port) = server("live_grant");
     let cell = cell("live_grant");
     let fleet = connect(config(&host, port, &cell, ceilings(10, 1, 10, 1, 1))).await;
     let held = lease(&fleet, "held", "t", "d", 1).await;
@@ -458,9 +442,7 @@ async fn a_live_waiter_renews_a_grant_bounded_by_its_liveness_in_time() {
 /// never takes over the first one's place in the line, nor its grant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_acquisition_of_a_waiting_id_is_a_duplicate() {
-    let Some((host, port)) = server("duplicate_waiter") else {
-        return;
-    };
+    let (host, port) = server("duplicate_waiter");
     let cell = cell("duplicate_waiter");
     let fleet = connect(config(&host, port, &cell, ceilings(10, 1, 10, 1, 1))).await;
     let held = lease(&fleet, "held", "t", "d", 1).await;
@@ -495,9 +477,7 @@ async fn a_second_acquisition_of_a_waiting_id_is_a_duplicate() {
 /// stream is, makes a wake cost every instance a read.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grant_is_told_to_the_instance_of_its_waiter_alone() {
-    let Some(binary) = redis_server_binary("notices") else {
-        return;
-    };
+    let binary = redis_server_binary("notices");
     let redis = PrivateRedis::start(&binary, &[]);
     let port = redis.port;
     let cell = cell("notices");
@@ -586,9 +566,7 @@ async fn a_grant_is_told_to_the_instance_of_its_waiter_alone() {
 /// granted only by the next release, with a greater token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_notice_read_again_never_grants_a_later_acquisition_of_the_same_id() {
-    let Some(binary) = redis_server_binary("notice_again") else {
-        return;
-    };
+    let binary = redis_server_binary("notice_again");
     let redis = PrivateRedis::start(&binary, &[]);
     let port = redis.port;
     let mut cfg = config(

@@ -44,9 +44,7 @@ async fn tokens_left(fleet: &RedisAdmission) -> u64 {
 /// accumulates).
 #[tokio::test]
 async fn two_instances_draining_one_cells_rate_get_exactly_the_budget() {
-    let Some((host, port)) = server("rate_budget") else {
-        return;
-    };
+    let (host, port) = server("rate_budget");
     let cfg = rated(&host, port, "rate_budget", 1_000, 1_000);
     let (a, b) = (connect(cfg.clone()).await, connect(cfg).await);
     let started = Instant::now();
@@ -107,9 +105,7 @@ async fn two_instances_draining_one_cells_rate_get_exactly_the_budget() {
 /// for good, naming it.
 #[tokio::test]
 async fn the_request_rate_and_a_lease_over_the_token_budget() {
-    let Some((host, port)) = server("rate_requests") else {
-        return;
-    };
+    let (host, port) = server("rate_requests");
     let fleet = connect(rated(&host, port, "rate_requests", 1_000, 3)).await;
     for i in 0..3 {
         let lease = fleet
@@ -148,9 +144,7 @@ async fn the_request_rate_and_a_lease_over_the_token_budget() {
 /// instant), the release one, counted by the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_on_rate_alone_are_served_at_their_instants_with_no_call_between() {
-    let Some(binary) = redis_server_binary("rate_instants") else {
-        return;
-    };
+    let binary = redis_server_binary("rate_instants");
     let redis = PrivateRedis::start(&binary, &[]);
     let port = redis.port;
     // 6,000 tokens a minute: 100 a second.
@@ -220,9 +214,7 @@ async fn waiters_on_rate_alone_are_served_at_their_instants_with_no_call_between
 /// 0.2.
 #[tokio::test]
 async fn backpressure_and_budgets_recorded_by_one_instance_hold_for_the_other() {
-    let Some((host, port)) = server("rate_feedback") else {
-        return;
-    };
+    let (host, port) = server("rate_feedback");
     let cfg = rated(&host, port, "rate_feedback", 600, 1_000);
     let (a, b) = (connect(cfg.clone()).await, connect(cfg).await);
     let lease = a.try_acquire(&request("all", 600)).await.expect("fits");
@@ -290,9 +282,7 @@ async fn backpressure_and_budgets_recorded_by_one_instance_hold_for_the_other() 
 /// budget or past the footprint.
 #[tokio::test]
 async fn unused_tokens_go_back_to_the_rate() {
-    let Some((host, port)) = server("rate_refund") else {
-        return;
-    };
+    let (host, port) = server("rate_refund");
     let fleet = connect(rated(&host, port, "rate_refund", 600, 1_000)).await;
     let lease = fleet
         .try_acquire(&request("call", 500))
@@ -334,9 +324,7 @@ async fn unused_tokens_go_back_to_the_rate() {
 /// Without rates, the rate calls say so.
 #[tokio::test]
 async fn a_cell_without_rates_refuses_the_rate_calls() {
-    let Some((host, port)) = server("no_rates") else {
-        return;
-    };
+    let (host, port) = server("no_rates");
     let fleet = connect(config(
         &host,
         port,
@@ -367,9 +355,7 @@ async fn a_cell_without_rates_refuses_the_rate_calls() {
 /// three successes take 0.2 off; a plain error changes nothing.
 #[tokio::test]
 async fn a_release_reports_the_upstreams_answer_to_the_whole_cell() {
-    let Some((host, port)) = server("rate_reported") else {
-        return;
-    };
+    let (host, port) = server("rate_reported");
     let cfg = rated(&host, port, "rate_reported", 600, 1_000);
     let (a, b) = (connect(cfg.clone()).await, connect(cfg).await);
     let throttle = async |fleet: &RedisAdmission| {
@@ -423,9 +409,7 @@ async fn a_release_reports_the_upstreams_answer_to_the_whole_cell() {
 /// instance (someone outside the fleet spent the same budget); never up.
 #[tokio::test]
 async fn the_upstreams_tokens_left_bring_the_level_down() {
-    let Some((host, port)) = server("rate_left") else {
-        return;
-    };
+    let (host, port) = server("rate_left");
     let cfg = rated(&host, port, "rate_left", 600, 1_000);
     let (a, b) = (connect(cfg.clone()).await, connect(cfg).await);
     let lease = a.try_acquire(&request("call", 100)).await.expect("fits");

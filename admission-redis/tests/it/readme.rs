@@ -30,9 +30,7 @@ async fn first_lease(host: &str, port: u16) -> Result<(), Box<dyn std::error::Er
 
 #[tokio::test]
 async fn the_readme_fleet_example_runs_with_the_defaults() {
-    let Some((host, port)) = server("readme_fleet") else {
-        return;
-    };
+    let (host, port) = server("readme_fleet");
     first_lease(&host, port)
         .await
         .expect("the README's first lease is granted");

@@ -46,9 +46,7 @@ impl Drop for Busy {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_left_to_background_renewal_outlive_several_ttls_on_a_busy_machine() {
-    let Some((host, port)) = server("background_renewal") else {
-        return;
-    };
+    let (host, port) = server("background_renewal");
     let cell = cell("background_renewal");
     // TTL 3 s, renewed every second, by the background task only.
     let fleet = connect(config(
@@ -104,9 +102,7 @@ async fn leases_left_to_background_renewal_outlive_several_ttls_on_a_busy_machin
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_released_elsewhere_is_reported_lost_by_the_background_renewal() {
-    let Some((host, port)) = server("lost_in_real_time") else {
-        return;
-    };
+    let (host, port) = server("lost_in_real_time");
     let cell = cell("lost_in_real_time");
     let holder = connect(config(
         &host,
@@ -144,9 +140,7 @@ async fn a_lease_released_elsewhere_is_reported_lost_by_the_background_renewal()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holder_cut_off_for_a_ttl_reports_its_lease_unrenewed_and_the_server_reaps_it() {
-    let Some(binary) = crate::support::redis_server_binary("cut_off") else {
-        return;
-    };
+    let binary = crate::support::redis_server_binary("cut_off");
     let redis = crate::support::PrivateRedis::start(&binary, &[]);
     let fleet = connect(config(
         "127.0.0.1",

@@ -87,9 +87,7 @@ fn defaults(port: u16, cell: &str) -> RedisAdmissionConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_cell_on_a_server_up_longer_than_a_ttl_admits_at_once_with_the_defaults() {
-    let Some(binary) = redis_server_binary("new_cell_old_server") else {
-        return;
-    };
+    let binary = redis_server_binary("new_cell_old_server");
     let redis = PrivateRedis::start(&binary, &[]);
     let cfg = defaults(redis.port, &cell("new_cell_old_server"));
     assert!(cfg.recover_created_cells, "the default");
@@ -119,9 +117,7 @@ async fn a_new_cell_on_a_server_up_longer_than_a_ttl_admits_at_once_with_the_def
 /// wait (15 s), not the config's `redis_wait` (5 s), and a readiness probe sees when it ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_lease_with_the_defaults_waits_out_a_young_servers_recovery() {
-    let Some(binary) = redis_server_binary("first_lease_young_server") else {
-        return;
-    };
+    let binary = redis_server_binary("first_lease_young_server");
     let spawned = Instant::now();
     let redis = PrivateRedis::start(&binary, &[]);
     let cfg = defaults(redis.port, &cell("first_lease_young_server"));
@@ -172,9 +168,7 @@ async fn the_first_lease_with_the_defaults_waits_out_a_young_servers_recovery() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cell_created_on_a_young_server_admits_nothing_until_a_ttl_after_its_start() {
-    let Some(binary) = redis_server_binary("created_recovers") else {
-        return;
-    };
+    let binary = redis_server_binary("created_recovers");
     let redis = PrivateRedis::start(&binary, &[]);
     let mut cfg = config(
         "127.0.0.1",
@@ -238,9 +232,7 @@ async fn a_cell_created_on_a_young_server_admits_nothing_until_a_ttl_after_its_s
 /// and its holders renew their leases back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cell_that_vanished_while_served_recovers_until_its_last_call_plus_a_ttl() {
-    let Some(binary) = redis_server_binary("vanished_recovers") else {
-        return;
-    };
+    let binary = redis_server_binary("vanished_recovers");
     let redis = PrivateRedis::start(&binary, &[]);
     let mut cfg = config(
         "127.0.0.1",
@@ -317,8 +309,8 @@ async fn restart_while_holders_run(
     test: &str,
     extra: &[&str],
     durability: Durability,
-) -> Option<Restarted> {
-    let binary = redis_server_binary(test)?;
+) -> Restarted {
+    let binary = redis_server_binary(test);
     let extra: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
     let mut redis = PrivateRedis::start(&binary, &extra);
     let mut cfg = config(
@@ -406,14 +398,14 @@ async fn restart_while_holders_run(
     }
     let resumed = probe.await.expect("probe");
     let fleet = connect(cfg).await;
-    Some(Restarted {
+    Restarted {
         seen,
         _redis: redis,
         fleet,
         returned,
         started_second,
         resumed,
-    })
+    }
 }
 
 /// The cell's events from the last `recovering` record on.
@@ -486,11 +478,7 @@ fn check(run: &Restarted, events: &[FleetEvent], reason: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_restarted_empty_while_holders_run_admits_nothing_new_until_they_renewed_back() {
-    let Some(run) =
-        restart_while_holders_run("restart_empty_recovers", &[], Durability::default()).await
-    else {
-        return;
-    };
+    let run = restart_while_holders_run("restart_empty_recovers", &[], Durability::default()).await;
     let events = since_recovery(&run.fleet).await;
     check(&run, &events, "created");
     // The holders at the restart brought their leases back.
@@ -503,15 +491,12 @@ async fn a_server_restarted_empty_while_holders_run_admits_nothing_new_until_the
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_restarted_from_its_aof_recovers_whatever_the_aof_lost() {
-    let Some(run) = restart_while_holders_run(
+    let run = restart_while_holders_run(
         "restart_aof_recovers",
         &["--appendonly", "yes", "--appendfsync", "everysec"],
         Durability::default(),
     )
-    .await
-    else {
-        return;
-    };
+    .await;
     let events = since_recovery(&run.fleet).await;
     check(&run, &events, "restarted");
     assert_eq!(
@@ -530,15 +515,12 @@ async fn a_restart_from_an_aof_synced_on_every_write_pauses_nothing() {
         fsync_always: true,
         ..Durability::default()
     };
-    let Some(run) = restart_while_holders_run(
+    let run = restart_while_holders_run(
         "restart_fsync_lossless",
         &["--appendonly", "yes", "--appendfsync", "always"],
         durability,
     )
-    .await
-    else {
-        return;
-    };
+    .await;
     let seen = &run.seen;
     let events = read_events(&run.fleet).await.expect("events");
     assert!(
@@ -574,9 +556,7 @@ async fn a_restart_from_an_aof_synced_on_every_write_pauses_nothing() {
 
 #[tokio::test]
 async fn a_declared_fsync_that_the_server_contradicts_is_refused_at_connect() {
-    let Some((host, port)) = server("fsync_contradicted") else {
-        return;
-    };
+    let (host, port) = server("fsync_contradicted");
     let mut cfg = config(
         &host,
         port,
@@ -599,9 +579,7 @@ async fn a_declared_fsync_that_the_server_contradicts_is_refused_at_connect() {
 /// about a second of its recovery left, not a whole TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_first_called_late_recovers_from_the_process_start_not_the_first_call() {
-    let Some(binary) = redis_server_binary("restart_called_late") else {
-        return;
-    };
+    let binary = redis_server_binary("restart_called_late");
     let extra: Vec<String> = ["--appendonly", "yes", "--appendfsync", "everysec"]
         .map(String::from)
         .to_vec();

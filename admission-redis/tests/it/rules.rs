@@ -24,9 +24,7 @@ async fn raw_connection(host: &str, port: u16) -> redis::aio::MultiplexedConnect
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hand_off_keeps_the_heads_reservation_from_a_follower_that_fits_alone() {
-    let Some((host, port)) = server("handoff_reservation") else {
-        return;
-    };
+    let (host, port) = server("handoff_reservation");
     let cell = cell("handoff_reservation");
     // The tenant's bytes are the scarce dimension (10); the service has room to spare, so the
     // hand-off's walk does not stop at the head for lack of service bytes.
@@ -77,9 +75,7 @@ async fn the_hand_off_keeps_the_heads_reservation_from_a_follower_that_fits_alon
 
 #[tokio::test]
 async fn one_call_reaps_at_most_reap_batch_expired_leases() {
-    let Some((host, port)) = server("reap_bound") else {
-        return;
-    };
+    let (host, port) = server("reap_bound");
     let mut cfg = config(
         &host,
         port,
@@ -113,9 +109,7 @@ async fn the_reap_skips_the_expiries_only_until_the_earliest_one_left() {
     // The reap reads the expiries only once the cell's `ne` (no lease expires before it) has
     // passed, and then sets it to the earliest expiry left: not a later one, or a lease in
     // between would outlive its TTL.
-    let Some((host, port)) = server("reap_skip") else {
-        return;
-    };
+    let (host, port) = server("reap_skip");
     let fleet = connect(config(
         &host,
         port,
@@ -147,9 +141,7 @@ async fn the_reap_skips_the_expiries_only_until_the_earliest_one_left() {
 
 #[tokio::test]
 async fn a_failed_transfer_is_recorded_as_failed_with_the_backends_digest() {
-    let Some((host, port)) = server("failed_kind") else {
-        return;
-    };
+    let (host, port) = server("failed_kind");
     let fleet = connect(config(
         &host,
         port,
@@ -180,9 +172,7 @@ async fn a_failed_transfer_is_recorded_as_failed_with_the_backends_digest() {
 
 #[tokio::test]
 async fn every_key_of_a_cell_shares_its_hash_tag_and_nothing_else_is_written() {
-    let Some((host, port)) = server("one_slot") else {
-        return;
-    };
+    let (host, port) = server("one_slot");
     let cell = cell("one_slot");
     let mut cfg = config(&host, port, &cell, ceilings(100, 1, 100, 1, 1));
     cfg.quotas = Some(admission_redis::Quotas {
@@ -243,9 +233,7 @@ async fn every_key_of_a_cell_shares_its_hash_tag_and_nothing_else_is_written() {
 
 #[tokio::test]
 async fn every_key_of_a_cell_expires_when_the_cell_is_idle_and_calls_refresh_it() {
-    let Some((host, port)) = server("idle_cell") else {
-        return;
-    };
+    let (host, port) = server("idle_cell");
     let cell = cell("idle_cell");
     let mut cfg = config(&host, port, &cell, ceilings(100, 1, 100, 1, 1));
     cfg.cell_idle_expiry = Duration::from_secs(90);
@@ -334,9 +322,7 @@ async fn every_key_of_a_cell_expires_when_the_cell_is_idle_and_calls_refresh_it(
 
 #[tokio::test]
 async fn a_renewal_never_brings_back_a_lease_that_expired_but_was_not_yet_reaped() {
-    let Some((host, port)) = server("no_revival") else {
-        return;
-    };
+    let (host, port) = server("no_revival");
     let mut cfg = config(
         &host,
         port,
@@ -369,9 +355,7 @@ async fn a_renewal_never_brings_back_a_lease_that_expired_but_was_not_yet_reaped
 
 #[tokio::test]
 async fn the_production_script_has_no_operation_that_moves_time() {
-    let Some((host, port)) = server("production_script") else {
-        return;
-    };
+    let (host, port) = server("production_script");
     let source = production_script_source();
     assert!(!source.contains("'skew'"));
     // The production library, loaded under its own name beside the test build's.

@@ -15,9 +15,7 @@ use crate::support::{
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_stopped_fails_closed_and_restarted_empty_resumes_with_greater_tokens() {
-    let Some(binary) = redis_server_binary("stopped") else {
-        return;
-    };
+    let binary = redis_server_binary("stopped");
     let mut redis = PrivateRedis::start(&binary, &[]);
     let cell = cell("stopped");
     let mut cfg = config("127.0.0.1", redis.port, &cell, ceilings(100, 4, 100, 4, 4));
@@ -107,9 +105,7 @@ async fn redis_stopped_fails_closed_and_restarted_empty_resumes_with_greater_tok
 
 #[tokio::test]
 async fn an_evicting_server_is_refused_or_warned_about_as_configured() {
-    let Some(binary) = redis_server_binary("eviction") else {
-        return;
-    };
+    let binary = redis_server_binary("eviction");
     let redis = PrivateRedis::start(
         &binary,
         &["--maxmemory-policy".into(), "allkeys-lru".into()],
@@ -131,9 +127,7 @@ async fn an_evicting_server_is_refused_or_warned_about_as_configured() {
 
 #[tokio::test]
 async fn tls_with_a_self_signed_certificate_and_a_password() {
-    let Some(binary) = redis_server_binary("tls") else {
-        return;
-    };
+    let binary = redis_server_binary("tls");
     let dir = tempfile::tempdir().expect("tempdir");
     let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into(), "localhost".into()])
         .expect("cert");
@@ -222,9 +216,7 @@ async fn holder_process() {
 
 #[tokio::test]
 async fn a_killed_holder_is_reaped_on_server_time() {
-    let Some((host, port)) = server("crash") else {
-        return;
-    };
+    let (host, port) = server("crash");
     let cell = cell("crash");
     let fleet = connect(config(&host, port, &cell, ceilings(100, 2, 100, 2, 2))).await;
     let spec = format!("{host} {port} {cell}");

@@ -93,9 +93,7 @@ fn most_in_a_minute(rounds: &[u64]) -> u64 {
 /// burst lets 198 through in the first minute: a full level, then a minute's refill.
 #[tokio::test]
 async fn a_burst_holds_the_budget_over_every_rolling_minute() {
-    let Some((host, port)) = server("rate_burst") else {
-        return;
-    };
+    let (host, port) = server("rate_burst");
     let held = connect(hourly(
         &host,
         port,
@@ -141,9 +139,7 @@ async fn a_burst_holds_the_budget_over_every_rolling_minute() {
 /// tokens and requests it did not spend, never more than it took.
 #[tokio::test]
 async fn a_lease_spends_its_requests_and_a_slice_gives_back_the_rest() {
-    let Some((host, port)) = server("rate_requests_n") else {
-        return;
-    };
+    let (host, port) = server("rate_requests_n");
     let fleet = connect(hourly(
         &host,
         port,
@@ -242,9 +238,7 @@ async fn a_lease_spends_its_requests_and_a_slice_gives_back_the_rest() {
 /// token or a request during the test.)
 #[tokio::test]
 async fn slices_grow_with_demand_and_give_back_what_they_did_not_spend() {
-    let Some((host, port)) = server("rate_slices") else {
-        return;
-    };
+    let (host, port) = server("rate_slices");
     let fleet = connect(hourly(&host, port, "rate_slices", (1_000, 1_000), None)).await;
     let slices = RateSlices::new(
         fleet.clone(),
@@ -320,9 +314,7 @@ async fn slices_grow_with_demand_and_give_back_what_they_did_not_spend() {
 /// and ask again, so the call is admitted.
 #[tokio::test]
 async fn slices_shrink_to_levels_that_a_lower_budget_holds() {
-    let Some((host, port)) = server("rate_slices_shrink") else {
-        return;
-    };
+    let (host, port) = server("rate_slices_shrink");
     let fleet = connect(hourly(
         &host,
         port,
@@ -366,9 +358,7 @@ async fn slices_shrink_to_levels_that_a_lower_budget_holds() {
 /// A slice config that cannot work is refused with the field named.
 #[tokio::test]
 async fn a_slice_config_that_cannot_work_is_refused() {
-    let Some((host, port)) = server("rate_slices_cfg") else {
-        return;
-    };
+    let (host, port) = server("rate_slices_cfg");
     let fleet = connect(hourly(&host, port, "rate_slices_cfg", (1_000, 100), None)).await;
     let bad = |change: fn(&mut SliceConfig)| {
         let mut cfg = SliceConfig::new("org", "model");

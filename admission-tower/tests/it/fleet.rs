@@ -7,8 +7,8 @@
 //! with trailers carrying `RESOURCE_EXHAUSTED`. A cell whose config changed under the instance is
 //! a 500 (`INTERNAL`), with no retry time.
 //!
-//! Without `ADMISSION_REDIS_URL` a test prints that it was skipped and returns, unless `CI=true`,
-//! where it fails.
+//! Without its server a test fails, saying how to start it; a plain `cargo nextest run` skips
+//! these tests (`.config/nextest.toml`), `cargo xtask test` starts the servers and runs them.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,8 +32,8 @@ use crate::{PATIENCE, Server, fetch};
 /// The chunks `/chunks` sends, in order.
 const CHUNKS: [usize; 4] = [5, 1_000, 17, 64 * 1024];
 
-/// The shared server's host and port, or `None` (after saying why) when unset outside CI.
-fn redis(test: &str) -> Option<(String, u16)> {
+/// The shared server's host and port (a failure without it).
+fn redis(test: &str) -> (String, u16) {
     admission_testkit::services::redis(test)
 }
 
@@ -115,9 +115,7 @@ fn routes() -> Router {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_within_the_quota_pass_and_the_next_is_429() {
-    let Some((host, port)) = redis("requests_within_the_quota_pass_and_the_next_is_429") else {
-        return;
-    };
+    let (host, port) = redis("requests_within_the_quota_pass_and_the_next_is_429");
     const N: u64 = 3;
     let quotas = Quotas {
         requests_per_minute: N,
@@ -161,9 +159,7 @@ async fn requests_within_the_quota_pass_and_the_next_is_429() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_delivered_byte_is_charged_exactly() {
-    let Some((host, port)) = redis("every_delivered_byte_is_charged_exactly") else {
-        return;
-    };
+    let (host, port) = redis("every_delivered_byte_is_charged_exactly");
     let quotas = Quotas {
         requests_per_minute: 100,
         bytes_per_hour: 1 << 30,
@@ -191,9 +187,7 @@ async fn every_delivered_byte_is_charged_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spent_byte_quota_ends_the_body() {
-    let Some((host, port)) = redis("a_spent_byte_quota_ends_the_body") else {
-        return;
-    };
+    let (host, port) = redis("a_spent_byte_quota_ends_the_body");
     // The first two chunks fit (1005 bytes), the third does not.
     let quotas = Quotas {
         requests_per_minute: 100,
@@ -226,9 +220,7 @@ async fn a_spent_byte_quota_ends_the_body() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_naming_no_tenant_is_400() {
-    let Some((host, port)) = redis("a_request_naming_no_tenant_is_400") else {
-        return;
-    };
+    let (host, port) = redis("a_request_naming_no_tenant_is_400");
     let quotas = Quotas {
         requests_per_minute: 100,
         bytes_per_hour: 1 << 30,
@@ -289,9 +281,7 @@ impl Proxy {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_unreachable_is_503() {
-    let Some((host, port)) = redis("redis_unreachable_is_503") else {
-        return;
-    };
+    let (host, port) = redis("redis_unreachable_is_503");
     let quotas = Quotas {
         requests_per_minute: 100,
         bytes_per_hour: 1 << 30,
@@ -339,9 +329,7 @@ async fn delete(host: &str, port: u16, keys: &[String]) -> u64 {
 /// with a pushback of 1,000 ms.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_config_changed_under_the_instance_is_500_not_503() {
-    let Some((host, port)) = redis("a_config_changed_under_the_instance_is_500_not_503") else {
-        return;
-    };
+    let (host, port) = redis("a_config_changed_under_the_instance_is_500_not_503");
     let quotas = Quotas {
         requests_per_minute: 100,
         bytes_per_hour: 1 << 30,
@@ -378,9 +366,7 @@ async fn a_config_changed_under_the_instance_is_500_not_503() {
 /// trailers-only response: HTTP 200 and no body.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_answers_carry_the_status_and_the_pushback() {
-    let Some((host, port)) = redis("grpc_answers_carry_the_status_and_the_pushback") else {
-        return;
-    };
+    let (host, port) = redis("grpc_answers_carry_the_status_and_the_pushback");
     const N: u64 = 2;
     let quotas = Quotas {
         requests_per_minute: N,
@@ -450,9 +436,7 @@ async fn grpc_answers_carry_the_status_and_the_pushback() {
 /// `RESOURCE_EXHAUSTED`, after the frames that were charged, instead of cutting the connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spent_byte_quota_ends_a_grpc_stream_with_its_status() {
-    let Some((host, port)) = redis("a_spent_byte_quota_ends_a_grpc_stream_with_its_status") else {
-        return;
-    };
+    let (host, port) = redis("a_spent_byte_quota_ends_a_grpc_stream_with_its_status");
     let quotas = Quotas {
         requests_per_minute: 100,
         bytes_per_hour: 1_010,
