@@ -27,6 +27,7 @@ mod outbox;
 mod pass;
 mod release;
 mod shared;
+mod span;
 #[allow(unsafe_code)]
 mod wait;
 
@@ -268,6 +269,15 @@ impl Monitor {
     /// # Cancel safety
     ///
     /// Dropping the future withdraws the waiter; a grant that landed concurrently is rolled back.
+    ///
+    /// # Tracing
+    ///
+    /// Each admission (this and [`admit_blocking`](Monitor::admit_blocking)) runs in a `tracing`
+    /// span, target `admission`, name `admit`, level DEBUG, with `job_id`, `job_name`, `tenant`,
+    /// `accounts` (the names, in demand order) and, once it ends, `waited_ms` and `outcome`
+    /// (`granted`, `abandoned` for a future dropped while it waited, or the refusal's reason:
+    /// `timed_out`, `cancelled`, `circuit_blocked`, `shutdown`, `aborted`, `closed`). With
+    /// nothing listening at DEBUG the span costs one check of the dispatcher's interest.
     ///
     /// # Panics
     ///

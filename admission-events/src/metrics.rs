@@ -11,6 +11,21 @@
 //! | `admission.held_total` | counter | holds | `account` = the account (or gate) a waiter was held on |
 //! | `admission.simulated_wait_seconds` | histogram | the monitor clock's seconds | as `admission.wait_seconds`; only from [`MetricsSink::simulated`] |
 //!
+//! Beside them, the same facts under OpenTelemetry's conventions for a queued rate limiter, which
+//! ASP.NET Core's rate-limiting middleware defined (`aspnetcore.rate_limiting.*`, the only
+//! stable convention of its kind), in this crate's namespace: dotted names with the unit in the
+//! description rather than the name, and no `_total` (an OpenTelemetry exporter or a dashboard
+//! built on those conventions reads them as they are; a Prometheus exporter writes the dots as
+//! underscores):
+//!
+//! | name | kind | unit | labels |
+//! |---|---|---|---|
+//! | `admission.rate_limiting.requests` | counter | `{request}` | `admission.rate_limiting.result` = `acquired` or the rejection's reason |
+//! | `admission.rate_limiting.request.time_in_queue` | histogram | s | `admission.rate_limiting.result`; only for a job that waited |
+//! | `admission.rate_limiting.queued_requests` | gauge | `{request}` | |
+//! | `admission.rate_limiting.active_request_leases` | gauge | `{request}` | |
+//! | `admission.rate_limiting.request_lease.duration` | histogram | s | from the grant to its release |
+//!
 //! The names follow Prometheus's conventions as its exporters write them (dots become
 //! underscores): counters end in `_total`, durations are `_seconds` of real time. A monitor whose
 //! clock runs faster than real time (a simulation) builds its sink with
@@ -27,7 +42,7 @@
 //! `admission.waiters` counts the jobs held and not yet granted or refused, as the events tell
 //! it, set on every hold, grant after a hold and refusal.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::time::Duration;
 
@@ -53,6 +68,20 @@ pub const SIMULATED_WAIT: &str = "admission.simulated_wait_seconds";
 pub const WAITERS: &str = "admission.waiters";
 /// `admission.held_total`: how often a waiter was held on an account, label `account`.
 pub const HELD: &str = "admission.held_total";
+/// `admission.rate_limiting.requests` (OpenTelemetry's convention): admissions decided, label
+/// [`RESULT`].
+pub const OTEL_REQUESTS: &str = "admission.rate_limiting.requests";
+/// `admission.rate_limiting.request.time_in_queue`, seconds: how long a job that waited waited,
+/// label [`RESULT`].
+pub const OTEL_TIME_IN_QUEUE: &str = "admission.rate_limiting.request.time_in_queue";
+/// `admission.rate_limiting.queued_requests`: jobs waiting now.
+pub const OTEL_QUEUED: &str = "admission.rate_limiting.queued_requests";
+/// `admission.rate_limiting.active_request_leases`: grants held now.
+pub const OTEL_ACTIVE_LEASES: &str = "admission.rate_limiting.active_request_leases";
+/// `admission.rate_limiting.request_lease.duration`, seconds: from a grant to its release.
+pub const OTEL_LEASE_DURATION: &str = "admission.rate_limiting.request_lease.duration";
+/// The label of the OpenTelemetry-convention series: `acquired`, or the rejection's reason.
+pub const RESULT: &str = "admission.rate_limiting.result";
 
 /// Every [`RejectReason`], for the series written at zero.
 const REASONS: [RejectReason; 6] = [
@@ -82,6 +111,9 @@ pub struct MetricsSink {
     /// The instant each job now waiting was first held, by job id; a job leaves it when granted
     /// or refused. Never exported: ids are not labels.
     waiting: Mutex<HashMap<u64, Instant>>,
+    /// When each grant now held was made, by job id (a job may hold several: their instants in
+    /// order); a release takes the oldest. Never exported.
+    leased: Mutex<HashMap<u64, VecDeque<Instant>>>,
     /// How many times faster than real time the monitor's clock runs: 1 for a real clock.
     clock_rate: f64,
 }
@@ -126,6 +158,7 @@ impl MetricsSink {
         MetricsSink::zeroes();
         MetricsSink {
             waiting: Mutex::new(HashMap::new()),
+            leased: Mutex::new(HashMap::new()),
             clock_rate,
         }
     }
@@ -142,6 +175,12 @@ impl MetricsSink {
             counter!(RELEASED, "kind" => kind).absolute(0);
         }
         gauge!(WAITERS).set(0.0);
+        counter!(OTEL_REQUESTS, RESULT => "acquired").absolute(0);
+        for reason in REASONS {
+            counter!(OTEL_REQUESTS, RESULT => reason.as_str()).absolute(0);
+        }
+        gauge!(OTEL_QUEUED).set(0.0);
+        gauge!(OTEL_ACTIVE_LEASES).set(0.0);
     }
 
     /// Describes every series (unit and help text) to the current recorder.
@@ -164,6 +203,27 @@ impl MetricsSink {
             Unit::Count,
             "waiters held, by the account that held them"
         );
+        describe_counter!(
+            OTEL_REQUESTS,
+            Unit::Count,
+            "admissions decided, by result ({request})"
+        );
+        describe_histogram!(
+            OTEL_TIME_IN_QUEUE,
+            Unit::Seconds,
+            "how long a job that waited waited, by result (s)"
+        );
+        describe_gauge!(OTEL_QUEUED, Unit::Count, "jobs waiting now ({request})");
+        describe_gauge!(
+            OTEL_ACTIVE_LEASES,
+            Unit::Count,
+            "grants held now ({request})"
+        );
+        describe_histogram!(
+            OTEL_LEASE_DURATION,
+            Unit::Seconds,
+            "from a grant to its release (s)"
+        );
     }
 
     /// A job first held at `at` is waiting; later holds of the same wait change nothing.
@@ -171,6 +231,7 @@ impl MetricsSink {
         let mut waiting = self.waiting.lock();
         waiting.entry(job).or_insert(at);
         gauge!(WAITERS).set(waiting.len() as f64);
+        gauge!(OTEL_QUEUED).set(waiting.len() as f64);
     }
 
     /// The job is no longer waiting; when it was first held, if it was.
@@ -178,7 +239,33 @@ impl MetricsSink {
         let mut waiting = self.waiting.lock();
         let since = waiting.remove(&job);
         gauge!(WAITERS).set(waiting.len() as f64);
+        gauge!(OTEL_QUEUED).set(waiting.len() as f64);
         since
+    }
+
+    /// A grant to `job` at `at`: one more lease held.
+    fn leased(&self, job: u64, at: Instant) {
+        let mut leased = self.leased.lock();
+        leased.entry(job).or_default().push_back(at);
+        let held: usize = leased.values().map(VecDeque::len).sum();
+        gauge!(OTEL_ACTIVE_LEASES).set(held as f64);
+    }
+
+    /// A release of `job`'s oldest grant at `at`: its lease's duration, if the grant was seen.
+    fn released(&self, job: u64, at: Instant) -> Option<Duration> {
+        let mut leased = self.leased.lock();
+        let since = leased.get_mut(&job).and_then(VecDeque::pop_front);
+        if leased.get(&job).is_some_and(VecDeque::is_empty) {
+            leased.remove(&job);
+        }
+        let held: usize = leased.values().map(VecDeque::len).sum();
+        gauge!(OTEL_ACTIVE_LEASES).set(held as f64);
+        since.map(|since| at.saturating_duration_since(since))
+    }
+
+    /// Real seconds of a duration on the monitor's clock.
+    fn real_seconds(&self, duration: Duration) -> f64 {
+        duration.as_secs_f64() / self.clock_rate
     }
 
     fn wait(&self, outcome: &'static str, wait: Duration) {
@@ -202,6 +289,8 @@ impl EventSink for MetricsSink {
             EventKind::GrantedImmediate => {
                 counter!(ADMITTED, "path" => "immediate").increment(1);
                 self.wait("granted", Duration::ZERO);
+                counter!(OTEL_REQUESTS, RESULT => "acquired").increment(1);
+                self.leased(event.job.id, event.at);
             }
             EventKind::Held => {
                 for entry in &event.entries {
@@ -213,11 +302,22 @@ impl EventSink for MetricsSink {
                 counter!(ADMITTED, "path" => "after_wait").increment(1);
                 self.left(event.job.id);
                 self.wait("granted", *wait);
+                counter!(OTEL_REQUESTS, RESULT => "acquired").increment(1);
+                histogram!(OTEL_TIME_IN_QUEUE, RESULT => "acquired")
+                    .record(self.real_seconds(*wait));
+                self.leased(event.job.id, event.at);
             }
             EventKind::Rejected { reason, .. } => {
                 let reason: &'static str = RejectReason::as_str(reason);
                 counter!(REJECTED, "reason" => reason).increment(1);
-                let waited = self.left(event.job.id).map_or(Duration::ZERO, |since| {
+                counter!(OTEL_REQUESTS, RESULT => reason).increment(1);
+                let since = self.left(event.job.id);
+                if let Some(since) = since {
+                    let waited = event.at.saturating_duration_since(since);
+                    histogram!(OTEL_TIME_IN_QUEUE, RESULT => reason)
+                        .record(self.real_seconds(waited));
+                }
+                let waited = since.map_or(Duration::ZERO, |since| {
                     event.at.saturating_duration_since(since)
                 });
                 self.wait(reason, waited);
@@ -225,6 +325,9 @@ impl EventSink for MetricsSink {
             EventKind::Released { rolled_back } => {
                 let kind = if *rolled_back { "rollback" } else { "release" };
                 counter!(RELEASED, "kind" => kind).increment(1);
+                if let Some(held) = self.released(event.job.id, event.at) {
+                    histogram!(OTEL_LEASE_DURATION).record(self.real_seconds(held));
+                }
             }
             // A kind added to the vocabulary later is not counted until it has a series.
             _ => {}
@@ -237,6 +340,7 @@ impl fmt::Debug for MetricsSink {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MetricsSink")
             .field("waiting", &self.waiting.lock().len())
+            .field("leased", &self.leased.lock().len())
             .field("clock_rate", &self.clock_rate)
             .finish()
     }

@@ -64,10 +64,11 @@ commands:
                            same build as ci's, so once built one crate's tests start in seconds
   loom                     step 12
   memcheck                 admission-core's unit and integration tests (the soak at 20,000
-                           admissions) run under valgrind's memcheck (valgrind must be on PATH;
-                           `.ci/run` installs it): a parked waiter's record and outcome cell live
-                           in its future or frame and the line points at them, so a read of
-                           freed memory fails the step (exit 99)
+                           admissions), the binaries step 3 built, each run whole under
+                           valgrind's memcheck (valgrind must be on PATH; `.ci/run` installs it):
+                           a parked waiter's record and outcome cell live in its future or frame
+                           and the line points at them, so a read of freed memory fails the step
+                           (exit 99)
   public-items [--bless]   each library crate's public items (rustdoc JSON on stable, rendered by
                            public-api) against public-items/CRATE.txt: fails on any added or
                            removed line; --bless rewrites the lists, to commit with the change
@@ -199,7 +200,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
         }
         "memcheck" => {
             takes_no_args("memcheck")?;
-            run_plan(&ws, &[memcheck_step()?])
+            memcheck(&ws)
         }
         "chaos" => {
             takes_no_args("chaos")?;
@@ -477,11 +478,8 @@ fn loom_step() -> Result<Step> {
     .counting_tests(Format::Libtest))
 }
 
-/// `admission-core`'s unit and integration tests under valgrind's memcheck, through the target
-/// runner (every test runs as `valgrind ... BINARY ARGS`), from the tests step's own build (the
-/// same nextest arguments, the core's tests chosen by a filter: nothing is built again). The
-/// soak runs at 20,000 admissions (about a minute under valgrind). Memcheck exits 99 on the
-/// first invalid read or write; leaks are not its question here.
+/// `admission-core`'s unit and integration tests under valgrind's memcheck (`cargo xtask
+/// memcheck`, [`memcheck`]), counted as libtest reports them.
 fn memcheck_step() -> Result<Step> {
     if !services::binary_found("valgrind") {
         bail!(
@@ -489,29 +487,71 @@ fn memcheck_step() -> Result<Step> {
              (sudo apt-get install -y valgrind) and run again"
         );
     }
-    Ok(Step::cargo(
-        "memcheck",
-        &with_features(
-            &["nextest", "run", "--workspace", "--profile", "services"],
-            &[
-                "--no-fail-fast",
-                "--test-threads",
-                "2",
-                "-E",
-                "package(admission-core) & (kind(lib) | binary(it))",
-            ],
-        ),
-    )
-    .env(
-        "CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER",
-        "valgrind --error-exitcode=99 --leak-check=no --quiet",
-    )
-    .env("ADMISSION_SOAK_ADMITS", "20000")
-    // Valgrind runs the code tens of times slower: a test that holds a bound on time (the
-    // statement's two seconds for a pass over 10,000 waiters) checks it in the tests step, not
-    // here.
-    .env("ADMISSION_UNDER_VALGRIND", "1")
-    .counting_tests(Format::Nextest))
+    Ok(Step::xtask("memcheck", &["memcheck"]).counting_tests(Format::Libtest))
+}
+
+/// `cargo xtask memcheck`: `admission-core`'s unit and integration test binaries, from the
+/// tests step's own build (`cargo test --workspace FEATURES --no-run` finds them built: nothing is
+/// built again), each run whole as `valgrind --error-exitcode=99 --leak-check=no --quiet BINARY
+/// --test-threads 2` (one valgrind per binary, not per test). The soak runs at 20,000
+/// admissions (about a minute under valgrind). Memcheck exits 99 on the first invalid read or
+/// write; leaks are not its question here.
+fn memcheck(ws: &Workspace) -> Result<ExitCode> {
+    let args = with_features(
+        &["test", "--workspace", "--no-run"],
+        &["--message-format=json-render-diagnostics"],
+    );
+    let output = Command::new(&ws.cargo)
+        .args(&args)
+        .current_dir(&ws.root)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("could not run cargo test --no-run")?;
+    if !output.status.success() {
+        bail!("cargo {} failed ({})", args.join(" "), output.status);
+    }
+    let binaries = core_test_binaries(&String::from_utf8_lossy(&output.stdout));
+    if binaries.len() != 2 {
+        bail!("expected admission-core's lib and `it` test binaries, found {binaries:?}");
+    }
+    for binary in binaries {
+        println!("==> memcheck: {}", binary.display());
+        let status = Command::new("valgrind")
+            .args(["--error-exitcode=99", "--leak-check=no", "--quiet"])
+            .arg(&binary)
+            .args(["--test-threads", "2"])
+            .current_dir(&ws.root)
+            .env("ADMISSION_SOAK_ADMITS", "20000")
+            // Valgrind runs the code tens of times slower: a test that holds a bound on time (the
+            // statement's two seconds for a pass over 10,000 waiters) checks it in the tests
+            // step, not here.
+            .env("ADMISSION_UNDER_VALGRIND", "1")
+            .status()
+            .context("could not run valgrind")?;
+        if !status.success() {
+            bail!("{} under valgrind: {status}", binary.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The test executables of `admission-core`'s library and of its `it` integration tests, from
+/// cargo's JSON messages.
+fn core_test_binaries(messages: &str) -> Vec<PathBuf> {
+    messages
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|m| {
+            m["reason"] == "compiler-artifact"
+                && m["profile"]["test"] == true
+                && m["package_id"]
+                    .as_str()
+                    .is_some_and(|id| id.contains("admission-core"))
+                && (m["target"]["kind"][0] == "lib"
+                    || (m["target"]["kind"][0] == "test" && m["target"]["name"] == "it"))
+        })
+        .filter_map(|m| m["executable"].as_str().map(PathBuf::from))
+        .collect()
 }
 
 /// The core soak test (`admission-core/tests/it/soak.rs`) at `admits` admissions, in release,
@@ -612,6 +652,44 @@ mod tests {
         assert_eq!(
             of(&["admission-redis", "admission-tower"]),
             [Redis, RedisCluster]
+        );
+    }
+
+    #[test]
+    fn the_cores_lib_and_it_test_binaries_are_read_from_cargos_messages() {
+        let message = |package: &str, kind: &str, name: &str, test: bool, exe: &str| {
+            serde_json::json!({
+                "reason": "compiler-artifact",
+                "package_id": format!("path+file:///w/{package}#0.1.0"),
+                "target": { "kind": [kind], "name": name },
+                "profile": { "test": test },
+                "executable": exe,
+            })
+            .to_string()
+        };
+        let messages = [
+            message(
+                "admission-core",
+                "lib",
+                "admission_core",
+                true,
+                "/t/core-lib",
+            ),
+            message(
+                "admission-core",
+                "lib",
+                "admission_core",
+                false,
+                "/t/not-a-test",
+            ),
+            message("admission-core", "test", "it", true, "/t/core-it"),
+            message("admission-core", "test", "hand_off_heap", true, "/t/heap"),
+            message("admission-accounts", "test", "it", true, "/t/accounts-it"),
+        ]
+        .join("\n");
+        assert_eq!(
+            core_test_binaries(&messages),
+            [PathBuf::from("/t/core-lib"), PathBuf::from("/t/core-it")]
         );
     }
 

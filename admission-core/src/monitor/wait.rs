@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use super::grant::Grant;
+use super::span::AdmissionSpan;
 use crate::clock::Instant;
 use crate::context::{JobContext, LeaveOnCancel, Listener};
 use crate::demand::Demand;
@@ -93,11 +94,15 @@ pub(crate) fn admit_blocking(
     ctx: &JobContext,
     timeout: Option<Duration>,
 ) -> Outcome {
+    let span = AdmissionSpan::begin(ctx, &demand);
+    let _entered = span.span().enter();
     // The fast path first: a job granted at once sets nothing up for a wait.
-    match shared.arrive_unlocked(demand, ctx) {
+    let outcome = match shared.arrive_unlocked(demand, ctx) {
         Ok(outcome) => outcome,
         Err(unsettled) => arrive_and_wait(shared, unsettled, ctx, timeout),
-    }
+    };
+    span.end(&outcome);
+    outcome
 }
 
 /// The rest of a blocking admit the fast path did not settle: a cell and a record on this frame,
@@ -197,6 +202,8 @@ pub struct Admit {
     /// parked: pinned with the future (`cell.rs`, `line.rs`).
     cell: Cell,
     record: Record,
+    /// The admission's `tracing` span (`span.rs`), from the first poll on.
+    span: Option<AdmissionSpan>,
     _pinned: PhantomPinned,
 }
 
@@ -216,6 +223,7 @@ impl Admit {
             },
             cell: Cell::new(),
             record: Record::default(),
+            span: None,
             _pinned: PhantomPinned,
         }
     }
@@ -238,8 +246,13 @@ impl Future for Admit {
             else {
                 unreachable!("checked above")
             };
+            let span = this.span.insert(AdmissionSpan::begin(&ctx, &demand));
+            let _entered = span.span().enter();
             let unsettled = match this.shared.arrive_unlocked(demand, &ctx) {
-                Ok(outcome) => return Poll::Ready(outcome),
+                Ok(outcome) => {
+                    span.end(&outcome);
+                    return Poll::Ready(outcome);
+                }
                 Err(unsettled) => unsettled,
             };
             this.state = State::Waiting(Ticket::default());
@@ -262,6 +275,7 @@ impl Future for Admit {
             {
                 Begin::Done(outcome) => {
                     this.state = State::Done;
+                    span.end(&outcome);
                     return Poll::Ready(outcome);
                 }
                 Begin::Parked { .. } => ticket.listen(&this.shared, &ctx),
@@ -275,6 +289,9 @@ impl Future for Admit {
                     // Out of the line (the outcome's fill took it out): what is left of the
                     // waiter (its demand if refused, its job) goes now, not with the future.
                     this.record.clear();
+                    if let Some(span) = &this.span {
+                        span.end(&outcome);
+                    }
                     Poll::Ready(outcome)
                 }
                 None => Poll::Pending,
@@ -289,6 +306,9 @@ impl Drop for Admit {
     fn drop(&mut self) {
         if let State::Waiting(ticket) = &mut self.state {
             ticket.leave(&self.shared, &self.cell);
+            if let Some(span) = &self.span {
+                span.abandon();
+            }
         }
     }
 }

@@ -15,6 +15,7 @@ mod never_fits;
 mod never_overdraw;
 mod reentrancy;
 mod soak;
+mod spans;
 mod try_admit;
 mod unlocked;
 mod waiter_frame;

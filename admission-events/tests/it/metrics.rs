@@ -9,7 +9,8 @@ use admission_core::event::{EventKind, EventSink, RejectReason};
 use admission_core::{Amount, Demand, Instant, JobContext, Monitor};
 use admission_events::MetricsSink;
 use admission_events::metrics::{
-    ADMITTED, HELD, REJECTED, RELEASED, SIMULATED_WAIT, WAIT, WAITERS,
+    ADMITTED, HELD, OTEL_ACTIVE_LEASES, OTEL_LEASE_DURATION, OTEL_QUEUED, OTEL_REQUESTS,
+    OTEL_TIME_IN_QUEUE, REJECTED, RELEASED, RESULT, SIMULATED_WAIT, WAIT, WAITERS,
 };
 use admission_testkit::FakeClock;
 use admission_testkit::monitor::poll_once;
@@ -38,14 +39,29 @@ fn recorded<T>(f: impl FnOnce(&Snapshotter) -> T) -> T {
     metrics::with_local_recorder(&recorder, || f(&snapshotter))
 }
 
-/// The snapshot (counters reset and histograms drained by it), sorted by name and labels,
-/// without the counters that did not move since the last one (the sink writes every counter of
-/// a fixed label set at zero when it is built: `every_series_is_written_at_zero_first`).
+/// The snapshot's Prometheus-named series (counters reset and histograms drained by it), sorted
+/// by name and labels, without the counters that did not move since the last one (the sink
+/// writes every counter of a fixed label set at zero when it is built:
+/// `every_series_is_written_at_zero_first`). The OpenTelemetry-named series are read apart
+/// ([`otel_series`]).
 fn series(snapshotter: &Snapshotter) -> Vec<Series> {
     all_series(snapshotter)
         .into_iter()
-        .filter(|(_, _, _, value)| *value != Value::Counter(0))
+        .filter(|(name, _, _, value)| *value != Value::Counter(0) && !is_otel(name))
         .collect()
+}
+
+/// The series under OpenTelemetry's convention (`admission.rate_limiting.*`), as [`series`]
+/// reads the others.
+fn otel_series(snapshot: Vec<Series>) -> Vec<Series> {
+    snapshot
+        .into_iter()
+        .filter(|(name, _, _, value)| *value != Value::Counter(0) && is_otel(name))
+        .collect()
+}
+
+fn is_otel(name: &str) -> bool {
+    name.starts_with("admission.rate_limiting.")
 }
 
 /// The whole snapshot, sorted by name and labels.
@@ -95,8 +111,29 @@ fn every_series_is_written_at_zero_first() {
         let _sink = MetricsSink::new();
         let zero =
             |name: &str, label: (&str, &str)| s(name, Some(label), Unit::Count, Value::Counter(0));
+        let all = all_series(snapshotter);
+        let (otel, prometheus): (Vec<Series>, Vec<Series>) =
+            all.into_iter().partition(|(name, ..)| is_otel(name));
         assert_eq!(
-            all_series(snapshotter),
+            otel,
+            [
+                s(OTEL_ACTIVE_LEASES, None, Unit::Count, Value::Gauge(0.0)),
+                s(OTEL_QUEUED, None, Unit::Count, Value::Gauge(0.0)),
+                zero(OTEL_REQUESTS, (RESULT, "aborted")),
+                zero(OTEL_REQUESTS, (RESULT, "acquired")),
+                zero(OTEL_REQUESTS, (RESULT, "cancelled")),
+                zero(OTEL_REQUESTS, (RESULT, "circuit_blocked")),
+                zero(OTEL_REQUESTS, (RESULT, "closed")),
+                zero(OTEL_REQUESTS, (RESULT, "shutdown")),
+                zero(OTEL_REQUESTS, (RESULT, "timed_out")),
+            ]
+        );
+        assert!(
+            otel.iter().all(|(name, ..)| !name.ends_with("_total")),
+            "OpenTelemetry's conventions: no _total"
+        );
+        assert_eq!(
+            prometheus,
             [
                 zero(ADMITTED, ("path", "after_wait")),
                 zero(ADMITTED, ("path", "immediate")),
@@ -278,8 +315,10 @@ fn labels_never_carry_a_job_workflow_or_tenant() {
             e.job.tenant = Some("tenant-secret".into());
             sink.emit(&e).unwrap();
         }
-        let mut keys: Vec<(String, String)> = series(snapshotter)
+        // One snapshot (it resets the counters), read whole: both conventions' labels.
+        let mut keys: Vec<(String, String)> = all_series(snapshotter)
             .into_iter()
+            .filter(|(_, _, _, value)| *value != Value::Counter(0))
             .flat_map(|(_, labels, _, _)| labels)
             .collect();
         keys.sort();
@@ -289,6 +328,8 @@ fn labels_never_carry_a_job_workflow_or_tenant() {
             keys,
             [
                 pair("account", "http"),
+                pair(RESULT, "acquired"),
+                pair(RESULT, "cancelled"),
                 pair("kind", "release"),
                 pair("outcome", "cancelled"),
                 pair("outcome", "granted"),
@@ -357,6 +398,93 @@ fn a_monitors_passage_is_recorded_with_the_wait_on_its_clock() {
                     Value::Histogram(vec![0.0, 1.25])
                 ),
                 s(WAITERS, None, Unit::Count, Value::Gauge(0.0)),
+            ]
+        );
+    });
+}
+
+/// The same passage under OpenTelemetry's convention for a queued limiter (ASP.NET Core's
+/// `rate_limiting` metrics): every decision counted by result, the time in the line of the job
+/// that waited (1.25 s), the line and the leases held now, and each lease's duration from its
+/// grant to its release (the first held 1.25 s, the second 0.5 s).
+#[test]
+fn a_monitors_passage_is_recorded_under_opentelemetrys_convention_too() {
+    recorded(|snapshotter| {
+        let clock = FakeClock::new();
+        let sink: Arc<dyn EventSink> = Arc::new(MetricsSink::new());
+        let monitor = Monitor::builder()
+            .clock(clock.shared())
+            .sink(sink)
+            .manual_passes()
+            .build();
+        let permits = Arc::new(Permits::new("permits", 1));
+        let one = || Demand::new().with(permits.clone(), Amount::ONE);
+
+        let first = monitor.admit_blocking(one(), &JobContext::new("first"), None);
+        let mut second = Box::pin(monitor.admit(one(), &JobContext::new("second"), None));
+        assert!(poll_once(&mut second).is_none());
+        let mut third = Box::pin(monitor.admit(
+            one(),
+            &JobContext::new("third"),
+            Some(Duration::from_millis(500)),
+        ));
+        assert!(poll_once(&mut third).is_none());
+        // Two waiting, one lease held (this snapshot resets the counters: the first grant's
+        // count is read here).
+        let now = otel_series(all_series(snapshotter));
+        assert!(now.contains(&s(OTEL_QUEUED, None, Unit::Count, Value::Gauge(2.0))));
+        assert!(now.contains(&s(OTEL_ACTIVE_LEASES, None, Unit::Count, Value::Gauge(1.0))));
+        assert!(now.contains(&s(
+            OTEL_REQUESTS,
+            Some((RESULT, "acquired")),
+            Unit::Count,
+            Value::Counter(1)
+        )));
+        clock.advance(Duration::from_millis(1_250));
+        // The third's deadline passed: refused as timed out after 1.25 s in the line.
+        monitor.pass_now();
+        assert!(poll_once(&mut third).expect("refused").is_err());
+        drop(first); // the release hands the permit to `second`
+        let second = poll_once(&mut second).expect("granted by the hand-off");
+        clock.advance(Duration::from_millis(500));
+        drop(second);
+        monitor.stop();
+
+        assert_eq!(
+            otel_series(all_series(snapshotter)),
+            [
+                s(OTEL_ACTIVE_LEASES, None, Unit::Count, Value::Gauge(0.0)),
+                s(OTEL_QUEUED, None, Unit::Count, Value::Gauge(0.0)),
+                s(
+                    OTEL_TIME_IN_QUEUE,
+                    Some((RESULT, "acquired")),
+                    Unit::Seconds,
+                    Value::Histogram(vec![1.25])
+                ),
+                s(
+                    OTEL_TIME_IN_QUEUE,
+                    Some((RESULT, "timed_out")),
+                    Unit::Seconds,
+                    Value::Histogram(vec![1.25])
+                ),
+                s(
+                    OTEL_LEASE_DURATION,
+                    None,
+                    Unit::Seconds,
+                    Value::Histogram(vec![1.25, 0.5])
+                ),
+                s(
+                    OTEL_REQUESTS,
+                    Some((RESULT, "acquired")),
+                    Unit::Count,
+                    Value::Counter(1)
+                ),
+                s(
+                    OTEL_REQUESTS,
+                    Some((RESULT, "timed_out")),
+                    Unit::Count,
+                    Value::Counter(1)
+                ),
             ]
         );
     });
