@@ -33,17 +33,23 @@ pub const WAIT_BUCKETS: [f64; 8] = [0.001, 0.01, 0.1, 1.0, 10.0, 60.0, 600.0, 36
 /// How often the recorder's upkeep runs (it drains histograms' rolling summaries).
 const UPKEEP: Duration = Duration::from_secs(5);
 
-/// The recorder, with the wait buckets set.
+/// The recorder, with the wait buckets set (for the OpenTelemetry-named durations too: the time
+/// in the line and a lease's duration).
 ///
 /// # Errors
 ///
 /// When the buckets are refused (never, for these constants).
 pub fn recorder() -> anyhow::Result<PrometheusRecorder> {
+    use admission_events::metrics::{OTEL_LEASE_DURATION, OTEL_TIME_IN_QUEUE};
     Ok(PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Full(WAIT.to_owned()), &WAIT_BUCKETS)
         .context("configuring the wait buckets")?
         .set_buckets_for_metric(Matcher::Full(SIMULATED_WAIT.to_owned()), &WAIT_BUCKETS)
         .context("configuring the simulated wait buckets")?
+        .set_buckets_for_metric(Matcher::Full(OTEL_TIME_IN_QUEUE.to_owned()), &WAIT_BUCKETS)
+        .context("configuring the time-in-queue buckets")?
+        .set_buckets_for_metric(Matcher::Full(OTEL_LEASE_DURATION.to_owned()), &WAIT_BUCKETS)
+        .context("configuring the lease-duration buckets")?
         .build_recorder())
 }
 
@@ -350,8 +356,26 @@ mod tests {
         let blocked = buckets("circuit_blocked", [1; 8], 1, "0");
         let granted = buckets("granted", [1, 1, 1, 2, 2, 2, 2, 2], 2, "0.25");
         expected.extend(blocked.iter().chain(&granted).map(String::as_str));
+        // The Prometheus-named families, whole; the OpenTelemetry-named ones (the same facts,
+        // `admission_events::metrics`) by their counts.
+        let (otel, prometheus): (Vec<Vec<&str>>, Vec<Vec<&str>>) = families(&body)
+            .into_iter()
+            .partition(|family| family[0].starts_with("# HELP admission_rate_limiting_"));
+        let otel: Vec<&str> = otel.concat();
+        for line in [
+            "admission_rate_limiting_requests{admission_rate_limiting_result=\"acquired\"} 2",
+            "admission_rate_limiting_requests{admission_rate_limiting_result=\"circuit_blocked\"} 1",
+            "admission_rate_limiting_queued_requests 0",
+            "admission_rate_limiting_active_request_leases 0",
+            "# TYPE admission_rate_limiting_request_time_in_queue histogram",
+            "admission_rate_limiting_request_time_in_queue_count{admission_rate_limiting_result=\"acquired\"} 1",
+            "# TYPE admission_rate_limiting_request_lease_duration histogram",
+            "admission_rate_limiting_request_lease_duration_count 2",
+        ] {
+            assert!(otel.contains(&line), "no {line:?} in the scrape:\n{body}");
+        }
         assert_eq!(
-            families(&body),
+            prometheus,
             families(&expected.join("\n")),
             "the whole scrape:\n{body}"
         );
@@ -359,10 +383,78 @@ mod tests {
         serving.abort();
     }
 
-    /// A real scrape, parsed by a Prometheus text-format parser: before any event it already
-    /// lists every counter (at zero) and the gauge; after a simulated wait, counters end in
-    /// `_total`, durations are `_seconds`, the real wait is the simulated one divided by the
-    /// clock's rate, and every family has its help text. `Scrapes::after` wakes on a scrape.
+    /// A scrape in Prometheus's text format (version 0.0.4), read as its specification lays it
+    /// out: `# HELP family text` and `# TYPE family kind` lines, and one `name{labels} value`
+    /// line per sample (a histogram's samples are its family's `_bucket`, `_sum` and `_count`).
+    /// Small enough to read here, which keeps a text-format parser (and the regex engine it
+    /// pulls in) out of what the example compiles.
+    struct Scrape {
+        /// Each sample's name and its family's kind.
+        samples: Vec<(String, String)>,
+        /// The families that have help text.
+        docs: std::collections::BTreeSet<String>,
+    }
+
+    impl Scrape {
+        fn parse(text: &str) -> Scrape {
+            let mut kinds = std::collections::BTreeMap::new();
+            let mut docs = std::collections::BTreeSet::new();
+            let mut names = Vec::new();
+            for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+                let mut words = line.split_whitespace();
+                match (words.next(), words.next(), words.next()) {
+                    (Some("#"), Some("HELP"), Some(family)) => {
+                        docs.insert(family.to_owned());
+                    }
+                    (Some("#"), Some("TYPE"), Some(family)) => {
+                        kinds.insert(family.to_owned(), words.next().unwrap_or("").to_owned());
+                    }
+                    (Some("#"), ..) => {}
+                    _ => {
+                        let name = line.split(['{', ' ']).next().unwrap_or(line);
+                        let value = line.rsplit(' ').next().unwrap_or("");
+                        assert!(value.parse::<f64>().is_ok(), "not a sample: {line}");
+                        names.push(name.to_owned());
+                    }
+                }
+            }
+            let samples = names
+                .into_iter()
+                .map(|name| {
+                    let family = family_of(&name, &kinds);
+                    let kind = kinds.get(family).cloned().unwrap_or_default();
+                    (name, kind)
+                })
+                .collect();
+            Scrape { samples, docs }
+        }
+    }
+
+    /// The family a sample belongs to: itself, or a histogram's name before `_bucket`, `_sum`
+    /// or `_count`.
+    fn family_of<'a>(
+        sample: &'a str,
+        kinds: &std::collections::BTreeMap<String, String>,
+    ) -> &'a str {
+        if kinds.contains_key(sample) {
+            return sample;
+        }
+        ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| {
+                sample
+                    .strip_suffix(suffix)
+                    .filter(|f| kinds.contains_key(*f))
+            })
+            .unwrap_or(sample)
+    }
+
+    /// A real scrape, read as the text format lays it out: before any event it already lists
+    /// every counter (at zero) and the gauges; after a simulated wait, the Prometheus-named
+    /// counters end in `_total` and durations are `_seconds` (the OpenTelemetry-named series,
+    /// `admission_rate_limiting_*`, carry their units in their help text instead), the real wait
+    /// is the simulated one divided by the clock's rate, and every family has its help text.
+    /// `Scrapes::after` wakes on a scrape.
     #[tokio::test(flavor = "current_thread")]
     async fn a_scrape_parses_and_follows_prometheus_conventions() {
         let addr = free_port();
@@ -371,9 +463,10 @@ mod tests {
         let sink = metrics::with_local_recorder(&recorder, || MetricsSink::simulated(300.0));
 
         let (_, first) = get(addr, "/metrics").await;
-        let parsed = prometheus_parse::Scrape::parse(first.lines().map(|l| Ok(l.to_owned())))
-            .expect("the first scrape parses");
-        assert_eq!(parsed.samples.len(), 11, "every zeroed series:\n{first}");
+        let parsed = Scrape::parse(&first);
+        // 11 Prometheus-named series and 9 OpenTelemetry-named ones (7 counters by result, 2
+        // gauges).
+        assert_eq!(parsed.samples.len(), 20, "every zeroed series:\n{first}");
 
         let clock = FakeClock::new();
         metrics::with_local_recorder(&recorder, || {
@@ -404,26 +497,20 @@ mod tests {
             waiting.await.expect("the waiter"),
             "a scrape wakes the linger"
         );
-        let parsed = prometheus_parse::Scrape::parse(body.lines().map(|l| Ok(l.to_owned())))
-            .expect("the scrape parses");
-        for sample in &parsed.samples {
+        let parsed = Scrape::parse(&body);
+        assert!(!parsed.samples.is_empty(), "{body}");
+        for (sample, kind) in &parsed.samples {
             let family = sample
-                .metric
                 .trim_end_matches("_bucket")
                 .trim_end_matches("_sum")
                 .trim_end_matches("_count");
-            assert!(
-                parsed.docs.contains_key(family),
-                "{} has no help text",
-                sample.metric
-            );
-            match &sample.value {
-                prometheus_parse::Value::Counter(_) => {
-                    assert!(sample.metric.ends_with("_total"), "{}", sample.metric)
-                }
-                prometheus_parse::Value::Histogram(_) => {
-                    assert!(sample.metric.ends_with("_seconds"), "{}", sample.metric)
-                }
+            assert!(parsed.docs.contains(family), "{sample} has no help text");
+            if sample.starts_with("admission_rate_limiting_") {
+                continue;
+            }
+            match kind.as_str() {
+                "counter" => assert!(sample.ends_with("_total"), "{sample}"),
+                "histogram" | "summary" => assert!(family.ends_with("_seconds"), "{sample}"),
                 _ => {}
             }
         }
