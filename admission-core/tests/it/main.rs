@@ -11,6 +11,7 @@ mod events;
 mod gate;
 mod grant_and_demand;
 mod layering;
+mod model;
 mod never_fits;
 mod never_overdraw;
 mod reentrancy;
