@@ -9,7 +9,7 @@
 //! the future is clamped to [`Instant::MAX`], never an overflow panic.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -269,108 +269,10 @@ impl Clock for SystemClock {
         let (clock, origin) = source();
         Instant(clock.delta_as_nanos(0, clock.raw()).saturating_sub(*origin))
     }
-
-    /// A reading that a background thread refreshes every millisecond while coarse readings are
-    /// being taken: one atomic load instead of a read of the time-stamp counter. The thread
-    /// starts with the first coarse reading in the process and parks after about 100 ms without
-    /// one (the next reading then reads the clock itself and wakes it), so an idle process pays
-    /// no wake-ups for it. Under heavy load the thread may run late and a reading be older than
-    /// a millisecond by the scheduler's delay; it is never later than [`now`](Clock::now).
-    fn coarse_now(&self) -> Instant {
-        coarse::now(self)
-    }
 }
 
 /// Real time moves the system clock, and nothing else does.
 impl Timer for SystemClock {}
-
-/// The system clock's coarse reading: the latest instant a refresher thread read, kept fresh
-/// only while somebody reads it.
-mod coarse {
-    use super::*;
-
-    /// How often the refresher reads the clock while it runs.
-    pub(super) const TICK: Duration = Duration::from_millis(1);
-    /// Ticks without a reader after which the refresher parks.
-    const IDLE_TICKS: u32 = 100;
-
-    /// No refresher yet, or parked: a reader reads the clock itself and wakes it.
-    pub(super) const IDLE: u8 = 0;
-    /// The refresher runs: [`RECENT`] is at most about a tick old.
-    pub(super) const RUNNING: u8 = 1;
-
-    #[cfg(test)]
-    pub(super) fn state() -> u8 {
-        STATE.load(Ordering::Acquire)
-    }
-
-    static RECENT: AtomicU64 = AtomicU64::new(0);
-    static STATE: AtomicU8 = AtomicU8::new(IDLE);
-    /// Set by readers, cleared by the refresher at each tick: whether anyone read since.
-    static READ: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    static REFRESHER: OnceLock<Option<std::thread::Thread>> = OnceLock::new();
-
-    pub(super) fn now(clock: &SystemClock) -> Instant {
-        if STATE.load(Ordering::Acquire) == RUNNING {
-            if !READ.load(Ordering::Relaxed) {
-                READ.store(true, Ordering::Relaxed);
-            }
-            return Instant(RECENT.load(Ordering::Acquire));
-        }
-        wake(clock)
-    }
-
-    #[cold]
-    fn wake(clock: &SystemClock) -> Instant {
-        let now = clock.now();
-        RECENT.fetch_max(now.0, Ordering::AcqRel);
-        READ.store(true, Ordering::Relaxed);
-        if STATE
-            .compare_exchange(IDLE, RUNNING, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            let refresher = REFRESHER.get_or_init(|| {
-                std::thread::Builder::new()
-                    .name("admission-coarse-clock".to_owned())
-                    .spawn(refresh)
-                    .ok()
-                    .map(|handle| handle.thread().clone())
-            });
-            match refresher {
-                Some(thread) => thread.unpark(),
-                // No thread could be made: every reading stays an exact one.
-                None => STATE.store(IDLE, Ordering::Release),
-            }
-        }
-        now
-    }
-
-    /// The refresher: reads the clock every tick while readers come, parks when they stop.
-    fn refresh() {
-        let clock = SystemClock::new();
-        let mut idle = 0;
-        loop {
-            RECENT.fetch_max(clock.now().0, Ordering::AcqRel);
-            std::thread::sleep(TICK);
-            if READ.swap(false, Ordering::Relaxed) {
-                idle = 0;
-                continue;
-            }
-            idle += 1;
-            if idle < IDLE_TICKS {
-                continue;
-            }
-            idle = 0;
-            STATE.store(IDLE, Ordering::Release);
-            // A reader that saw RUNNING just before the store took a reading up to a tick old;
-            // one that sees IDLE reads the clock and unparks this thread (an unpark before the
-            // park makes the park return at once).
-            while STATE.load(Ordering::Acquire) == IDLE {
-                std::thread::park();
-            }
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -409,42 +311,17 @@ mod tests {
         assert_eq!(clock.real_wait(Instant::ZERO), Some(Duration::ZERO));
     }
 
-    /// The coarse reading's refresher is a background thread: real time is the point here.
+    /// The system clock's coarse reading is its exact one (no refresher thread): never later
+    /// than a reading taken after it, never earlier than one taken before.
     #[test]
-    fn the_coarse_system_clock_follows_real_time_within_its_tick_and_parks_when_unread() {
+    fn the_system_clocks_coarse_reading_is_exact() {
         let clock = SystemClock::new();
-        let mut last = clock.coarse_now();
-        let before = clock.now();
-        assert!(last <= before, "a coarse reading is never later than now");
-        let started = std::time::Instant::now();
-        let mut moved = false;
-        while !moved && started.elapsed() < Duration::from_secs(2) {
+        for _ in 0..1_000 {
+            let before = clock.now();
             let coarse = clock.coarse_now();
-            let now = clock.now();
-            assert!(coarse >= last, "a coarse reading never goes back");
-            assert!(coarse <= now, "{coarse:?} is later than {now:?}");
-            moved |= coarse > before;
-            last = coarse;
-            std::thread::yield_now();
+            let after = clock.now();
+            assert!(before <= coarse && coarse <= after, "{before:?} {coarse:?} {after:?}");
         }
-        assert!(moved, "the refresher never moved the reading in 2 s");
-        assert_eq!(coarse::state(), coarse::RUNNING);
-        // Unread for a while, the refresher parks (about 100 ticks); the next reading is exact
-        // and wakes it.
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while coarse::state() != coarse::IDLE {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the refresher never parked"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let precise = clock.now();
-        assert!(
-            clock.coarse_now() >= precise,
-            "an idle clock's reading is exact"
-        );
-        assert_eq!(coarse::state(), coarse::RUNNING);
     }
 
     #[test]
