@@ -320,7 +320,10 @@ mod tests {
             let before = clock.now();
             let coarse = clock.coarse_now();
             let after = clock.now();
-            assert!(before <= coarse && coarse <= after, "{before:?} {coarse:?} {after:?}");
+            assert!(
+                before <= coarse && coarse <= after,
+                "{before:?} {coarse:?} {after:?}"
+            );
         }
     }
 
