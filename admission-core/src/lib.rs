@@ -9,8 +9,7 @@
 //! This crate owns the contract and the monitor only: it knows no account family, no database and
 //! no async runtime. Time is read only through [`Clock`]; accounts never block; only the monitor
 //! emits [`Event`]s.
-#![deny(unsafe_code)]
-#![warn(clippy::undocumented_unsafe_blocks)]
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod amount;
@@ -20,6 +19,7 @@ mod contract;
 mod demand;
 mod error;
 pub mod event;
+mod machine;
 mod monitor;
 mod sync;
 
@@ -36,7 +36,7 @@ pub use demand::{Demand, Entry};
 pub use error::{AdmitError, StartError, TryAdmitError};
 pub use event::{Event, EventKind, EventSink, RejectReason};
 pub use gate::{Gate, GateAnswer, GateView};
-#[cfg(feature = "test-util")]
-pub use monitor::LockHolds;
 pub use monitor::{Admit, Monitor, MonitorBuilder};
 pub use monitor::{BorrowedGrant, Grant};
+#[cfg(feature = "test-util")]
+pub use sync::LockHolds;

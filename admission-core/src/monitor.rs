@@ -10,26 +10,9 @@
 //! change an answer. Every pass runs under the monitor lock, whoever runs it. See `pass.rs` for
 //! the head reservation.
 
-// The engine, lowest first: each file imports only files above it in this list.
-mod arrival;
-mod ask;
-#[allow(unsafe_code)]
-mod cell;
-pub(crate) mod evaluator;
+// The shell around the state machine (`crate::machine`), and the grant it hands out.
 mod grant;
-#[cfg(any(test, feature = "test-util"))]
-mod holds;
-mod lifecycle;
-#[allow(unsafe_code)]
-mod line;
-#[allow(unsafe_code)]
-mod outbox;
-mod pass;
-mod release;
-mod shared;
-mod span;
-#[allow(unsafe_code)]
-mod wait;
+mod shell;
 
 #[cfg(all(test, admission_loom))]
 mod loom_models;
@@ -39,13 +22,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use grant::{BorrowedGrant, Grant};
-#[cfg(all(any(test, feature = "test-util"), not(admission_loom)))]
-pub(crate) use holds::HoldTimes;
-#[cfg(any(test, feature = "test-util"))]
-pub use holds::LockHolds;
-pub use wait::Admit;
+pub use shell::Admit;
 
-use shared::Shared;
+use shell::Shared;
 
 use crate::clock::{SystemClock, Timer};
 use crate::context::JobContext;
@@ -53,6 +32,7 @@ use crate::demand::Demand;
 use crate::error::{AdmitError, StartError, TryAdmitError};
 use crate::event::EventSink;
 use crate::gate::Gate;
+use crate::machine::PASS_BATCH;
 
 /// Stops the monitor when the last [`Monitor`] handle is dropped.
 struct StopOnDrop(Arc<Shared>);
@@ -126,7 +106,7 @@ pub struct MonitorBuilder {
     sink: Option<Arc<dyn EventSink>>,
     gate: Option<Arc<dyn Gate>>,
     manual: bool,
-    /// Waiters a pass visits per critical section (`None`: [`pass::PASS_BATCH`]).
+    /// Waiters a pass visits per critical section (`None`: [`PASS_BATCH`]).
     pass_batch: Option<usize>,
     /// Whether the monitor lock's holds are timed (a test hook).
     time_holds: bool,
@@ -188,7 +168,7 @@ impl MonitorBuilder {
         let clock = self
             .clock
             .unwrap_or_else(|| Arc::new(SystemClock::new()) as Arc<dyn Timer>);
-        let batch = self.pass_batch.unwrap_or(pass::PASS_BATCH);
+        let batch = self.pass_batch.unwrap_or(PASS_BATCH);
         let shared = Shared::new(
             clock,
             self.gate,
@@ -241,12 +221,12 @@ impl Monitor {
     /// whose grant or refusal another thread has seen is never still counted (a pass fills its
     /// waiters' cells and takes them out of the line in one critical section).
     pub fn queue_size(&self) -> usize {
-        self.shared.state.lock().queue.len()
+        self.shared.queue_size()
     }
 
     /// Installs or removes the event sink.
     pub fn set_sink(&self, sink: Option<Arc<dyn EventSink>>) {
-        self.shared.sink.set(sink);
+        self.shared.set_sink(sink);
     }
 
     /// The monitor's clock.
@@ -305,10 +285,7 @@ impl Monitor {
     /// ```
     #[cfg(any(test, feature = "test-util"))]
     pub fn pass_now(&self) -> Option<crate::Instant> {
-        let mut out = self.shared.outbox();
-        let wake = self.shared.pass_guarded(&mut out, pass::Scope::Full);
-        self.shared.deliver(out);
-        wake
+        self.shared.pass_now()
     }
 
     /// Whether something asked for a pass (rang the evaluator's doorbell) since the last call,
@@ -331,15 +308,15 @@ impl Monitor {
     /// ```
     #[cfg(any(test, feature = "test-util"))]
     pub fn take_doorbell(&self) -> bool {
-        self.shared.bell.take_ring()
+        self.shared.take_ring()
     }
 
     /// How long the monitor's lock was held since it was built or since the last call, for a
     /// monitor built with [`MonitorBuilder::time_lock_holds`] (`None` otherwise); the count
-    /// starts afresh. A test hook (feature `test-util`); see [`LockHolds`] for an example.
+    /// starts afresh. A test hook (feature `test-util`); see [`LockHolds`](crate::sync::LockHolds) for an example.
     #[cfg(any(test, feature = "test-util"))]
-    pub fn take_lock_holds(&self) -> Option<LockHolds> {
-        self.shared.state.take_hold_times()
+    pub fn take_lock_holds(&self) -> Option<crate::sync::LockHolds> {
+        self.shared.take_lock_holds()
     }
 
     /// [`admit`](Monitor::admit), parking the calling thread instead of a task.
@@ -356,7 +333,7 @@ impl Monitor {
         ctx: &JobContext,
         timeout: Option<Duration>,
     ) -> Result<Grant, AdmitError> {
-        wait::admit_blocking(&self.shared, demand, ctx, timeout)
+        shell::admit_blocking(&self.shared, demand, ctx, timeout)
     }
 
     /// Grants `demand` now, whole, or nothing, and never waits: tokio's `try_acquire` for many

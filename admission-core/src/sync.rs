@@ -1,13 +1,85 @@
-//! The synchronization primitives the monitor uses, switched to loom's under `--cfg admission_loom`.
+//! The synchronization the monitor uses, switched to loom's under `--cfg admission_loom`.
 //!
-//! The monitor never names `parking_lot` or `std::thread` directly: it goes through this shim, so the
-//! loom models in `monitor/loom_models.rs` explore the very code that ships. Accounts keep their own
-//! leaf locks (they never wait while holding one), which loom does not need to see.
+//! The state machine and the shell never name `parking_lot`, `std::sync` or `std::thread`
+//! directly: they go through this shim, so the loom models in `monitor/loom_models.rs` explore the
+//! very code that ships, every lock, atomic and thread of it. Accounts keep their own leaf locks
+//! (they never wait while holding one), which loom does not need to see.
+//!
+//! # The monitor lock
+//!
+//! [`MonitorLock`] is `parking_lot`'s mutex, or the standard library's with `--cfg
+//! admission_monitor_lock="std"`: `cargo xtask lock-bench` builds the contended bench both ways
+//! and runs them interleaved, printing wall time, CPU time and context switches. Neither spins in
+//! our code: a thread that finds the lock taken blocks in the lock's own way. The lock counts the
+//! threads blocked on it ([`MonitorLock::contended`]) so that a long pass can tell whether
+//! pausing between its batches helps anyone, and a pause lets go fairly
+//! ([`MonitorGuard::unlocked_fair`]): `parking_lot` hands the lock to a blocked thread directly;
+//! the standard mutex has no such hand-over, so there a pause is a plain unlock and lock.
+//!
+//! # The published count of parked waiters
+//!
+//! [`Published`] is the one word of the state machine that other threads read without the lock:
+//! how many waiters are parked. A job that finds it zero may take its whole demand without the
+//! lock (an empty line has no head to respect), and a giver that finds it zero need not wake
+//! anyone. Why that loses no wake-up: a parker publishes its count (under the monitor lock) before
+//! any account is asked for it, and a giver credits its account and only then reads the count. If
+//! the ask came before the credit, the account's own lock orders the publication before the
+//! giver's read, so the giver sees the waiter and runs or rings for a pass; otherwise the ask saw
+//! the credit. For accounts built on atomics rather than a lock (whose "not now" may be a plain
+//! load) the two sequentially consistent fences make it Dekker's pattern: the parker fences after
+//! publishing ([`Published::publish`]), the giver before reading
+//! ([`Published::someone_waiting`]). The loom models
+//! `loom_fast_path_racing_a_give_never_loses_the_wake_up` and
+//! `loom_a_release_racing_a_park_on_an_atomic_account_never_loses_the_wake_up` check it.
+
+#[cfg(any(test, feature = "test-util"))]
+mod holds;
+
+#[cfg(all(any(test, feature = "test-util"), not(admission_loom)))]
+pub(crate) use holds::HoldTimes;
+#[cfg(any(test, feature = "test-util"))]
+pub use holds::LockHolds;
+
+/// The count of parked waiters, written under the monitor lock and read without it (see the
+/// module's documentation).
+#[derive(Debug, Default)]
+pub(crate) struct Published(imp::AtomicUsize);
+
+impl Published {
+    /// Publishes that `parked` waiters are parked: a store, then a fence (the parker's half of
+    /// Dekker's pattern: an account may answer the parker's ask with a plain atomic load, and a
+    /// sequentially consistent store followed by a weaker load of another word does not order
+    /// the two). Under the monitor lock, the only place the count is written.
+    pub(crate) fn publish(&self, parked: usize) {
+        self.0.store(parked, imp::Ordering::SeqCst);
+        imp::fence(imp::Ordering::SeqCst);
+    }
+
+    /// The count as last published, for its writer (under the monitor lock: exact).
+    pub(crate) fn get(&self) -> usize {
+        self.0.load(imp::Ordering::Relaxed)
+    }
+
+    /// True when nobody is parked, as the lock-free fast path looks before it takes.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.load(imp::Ordering::SeqCst) == 0
+    }
+
+    /// True if a waiter is parked, read after the caller's give (the giver's half: a fence, then
+    /// the load).
+    pub(crate) fn someone_waiting(&self) -> bool {
+        imp::fence(imp::Ordering::SeqCst);
+        self.0.load(imp::Ordering::SeqCst) > 0
+    }
+}
 
 #[cfg(not(admission_loom))]
 mod imp {
     pub(crate) use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
     use std::time::Duration;
+
+    #[cfg(any(test, feature = "test-util"))]
+    use super::HoldTimes;
 
     /// A mutex without poisoning.
     #[derive(Debug, Default)]
@@ -42,41 +114,34 @@ mod imp {
         }
     }
 
-    /// The monitor's own lock, without poisoning: the standard library's futex mutex, which
-    /// spins briefly and then sleeps in the kernel. `parking_lot`'s was measured beside it in
-    /// one sitting, runs interleaved (`docs/benchmarks/2026-12-03-monitor-second-engine.md`, the
-    /// fourth step): under contention
-    /// the standard mutex took less time with tasks holding across an await (median 474 against
-    /// 580 ms, 422 against 567 ms) and made about as many context switches; `parking_lot`'s
-    /// fair unlock let a probe in sooner between a long pass's batches (0.17 against 0.67 ms at
-    /// the median), a case [`MonitorLock::make_way`] covers well enough.
-    ///
-    /// That mutex does not hand itself over: a thread that lets go and takes it back at once
-    /// usually wins against one the kernel has yet to wake. For a holder that lets go between
-    /// the batches of a long walk, [`MonitorLock::make_way`] waits for the threads blocked on
-    /// the lock at that moment to have had it; the lock counts them only when `try_lock` fails,
-    /// so an uncontended lock pays nothing for it.
+    #[cfg(not(admission_monitor_lock = "std"))]
+    type Inner<T> = parking_lot::Mutex<T>;
+    #[cfg(not(admission_monitor_lock = "std"))]
+    type InnerGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
+    #[cfg(admission_monitor_lock = "std")]
+    type Inner<T> = std::sync::Mutex<T>;
+    #[cfg(admission_monitor_lock = "std")]
+    type InnerGuard<'a, T> = std::sync::MutexGuard<'a, T>;
+
+    /// The monitor's lock, without poisoning (see the module's documentation for which mutex).
     #[derive(Debug, Default)]
     pub(crate) struct MonitorLock<T> {
-        lock: std::sync::Mutex<T>,
-        /// Threads blocked in `lock` now.
+        lock: Inner<T>,
+        /// Threads blocked in `lock` now: counted only when a first try fails, so an
+        /// uncontended lock pays nothing for it.
         blocked: AtomicUsize,
-        /// Times a blocked thread got the lock, ever.
-        unblocked: AtomicUsize,
         /// Every hold's length, when asked for (a test hook).
         #[cfg(any(test, feature = "test-util"))]
         times: Option<Box<HoldTimes>>,
     }
 
-    #[cfg(any(test, feature = "test-util"))]
-    use crate::monitor::HoldTimes;
-
-    /// What [`MonitorLock::lock`] returns: the standard guard (and, as a test hook, the instant
-    /// it was taken at, for the lock's hold times).
+    /// What [`MonitorLock::lock`] returns. The guard is always there but while
+    /// [`MonitorGuard::unlocked_fair`] runs its function.
     pub(crate) struct MonitorGuard<'a, T> {
-        guard: std::sync::MutexGuard<'a, T>,
+        guard: Option<InnerGuard<'a, T>>,
+        lock: &'a MonitorLock<T>,
         #[cfg(any(test, feature = "test-util"))]
-        timing: Option<(std::time::Instant, &'a HoldTimes)>,
+        since: Option<std::time::Instant>,
     }
 
     impl<T> std::ops::Deref for MonitorGuard<'_, T> {
@@ -84,38 +149,56 @@ mod imp {
 
         #[inline]
         fn deref(&self) -> &T {
-            &self.guard
+            self.guard.as_deref().expect("held")
         }
     }
 
     impl<T> std::ops::DerefMut for MonitorGuard<'_, T> {
         #[inline]
         fn deref_mut(&mut self) -> &mut T {
-            &mut self.guard
+            self.guard.as_deref_mut().expect("held")
         }
     }
 
-    #[cfg(any(test, feature = "test-util"))]
     impl<T> Drop for MonitorGuard<'_, T> {
         fn drop(&mut self) {
-            if let Some((since, times)) = self.timing.take() {
+            self.record_hold();
+        }
+    }
+
+    impl<'a, T> MonitorGuard<'a, T> {
+        /// Lets go of the lock while `f` runs, fairly where the lock can (a thread blocked on it
+        /// gets it first), and takes it again.
+        pub(crate) fn unlocked_fair<R>(&mut self, f: impl FnOnce() -> R) -> R {
+            self.record_hold();
+            let guard = self.guard.take().expect("held");
+            #[cfg(not(admission_monitor_lock = "std"))]
+            parking_lot::MutexGuard::unlock_fair(guard);
+            #[cfg(admission_monitor_lock = "std")]
+            drop(guard);
+            let result = f();
+            let again = self.lock.lock();
+            *self = again;
+            result
+        }
+
+        #[cfg(any(test, feature = "test-util"))]
+        fn record_hold(&mut self) {
+            if let (Some(since), Some(times)) = (self.since.take(), self.lock.times.as_deref()) {
                 times.record(since.elapsed());
             }
         }
+
+        #[cfg(not(any(test, feature = "test-util")))]
+        #[inline]
+        fn record_hold(&mut self) {}
     }
-
-    /// How many times [`MonitorLock::lock`] tries again, spinning, before it blocks.
-    const SPIN_ROUNDS: u32 = 10;
-
-    /// The longest [`MonitorLock::make_way`] waits for blocked threads to get the lock.
-    const MAKE_WAY_AT_MOST: Duration = Duration::from_micros(200);
 
     impl<T> MonitorLock<T> {
         pub(crate) fn new(value: T) -> Self {
             Self {
-                lock: std::sync::Mutex::new(value),
+                lock: Inner::new(value),
                 blocked: AtomicUsize::new(0),
-                unblocked: AtomicUsize::new(0),
                 #[cfg(any(test, feature = "test-util"))]
                 times: None,
             }
@@ -130,79 +213,59 @@ mod imp {
 
         /// The hold times since the last call, for a lock made [`MonitorLock::timed`].
         #[cfg(any(test, feature = "test-util"))]
-        pub(crate) fn take_hold_times(&self) -> Option<crate::monitor::LockHolds> {
+        pub(crate) fn take_hold_times(&self) -> Option<super::LockHolds> {
             self.times.as_deref().map(HoldTimes::take)
         }
 
         pub(crate) fn lock(&self) -> MonitorGuard<'_, T> {
-            let guard = match self.try_spinning() {
+            let guard = match self.try_inner() {
                 Some(guard) => guard,
                 None => {
-                    self.blocked.fetch_add(1, Ordering::AcqRel);
-                    let guard = self
-                        .lock
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    self.unblocked.fetch_add(1, Ordering::AcqRel);
-                    self.blocked.fetch_sub(1, Ordering::AcqRel);
+                    self.blocked.fetch_add(1, Ordering::Relaxed);
+                    let guard = self.inner_lock();
+                    self.blocked.fetch_sub(1, Ordering::Relaxed);
                     guard
                 }
             };
             MonitorGuard {
-                guard,
+                guard: Some(guard),
+                lock: self,
                 #[cfg(any(test, feature = "test-util"))]
-                timing: self
-                    .times
-                    .as_deref()
-                    .map(|times| (std::time::Instant::now(), times)),
+                since: self.times.as_ref().map(|_| std::time::Instant::now()),
             }
         }
 
-        /// The lock if it is free now or within a few microseconds: tried at once, then after
-        /// each of [`SPIN_ROUNDS`] spins, each twice the last (2 pauses, then 4, up to 64; 382
-        /// in all, about 6 us on this workspace's machine). The monitor's critical sections last
-        /// a microsecond or two; a thread that blocked in the kernel instead would pay a context
-        /// switch to sleep and one to wake, and the standard mutex's own spin stops as soon as
-        /// one thread sleeps on it. Measured on the contended bench (two workers on 8 permits
-        /// held across a yield): the monitor lock's sleeps were two thirds of the run's context
-        /// switches (`docs/benchmarks/2026-12-03-monitor-second-engine.md`, the eighth step).
-        fn try_spinning(&self) -> Option<std::sync::MutexGuard<'_, T>> {
-            for round in 0..=SPIN_ROUNDS {
-                let pauses = if round == 0 { 0 } else { 1u32 << round.min(6) };
-                for _ in 0..pauses {
-                    std::hint::spin_loop();
-                }
-                match self.lock.try_lock() {
-                    Ok(guard) => return Some(guard),
-                    Err(std::sync::TryLockError::Poisoned(poisoned)) => {
-                        return Some(poisoned.into_inner());
-                    }
-                    Err(std::sync::TryLockError::WouldBlock) => {}
-                }
+        #[cfg(not(admission_monitor_lock = "std"))]
+        #[inline]
+        fn try_inner(&self) -> Option<InnerGuard<'_, T>> {
+            self.lock.try_lock()
+        }
+
+        #[cfg(not(admission_monitor_lock = "std"))]
+        fn inner_lock(&self) -> InnerGuard<'_, T> {
+            self.lock.lock()
+        }
+
+        #[cfg(admission_monitor_lock = "std")]
+        #[inline]
+        fn try_inner(&self) -> Option<InnerGuard<'_, T>> {
+            match self.lock.try_lock() {
+                Ok(guard) => Some(guard),
+                Err(std::sync::TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
             }
-            None
+        }
+
+        #[cfg(admission_monitor_lock = "std")]
+        fn inner_lock(&self) -> InnerGuard<'_, T> {
+            self.lock
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
         }
 
         /// True when some thread is blocked on the lock now (for its holder, a hint to let go).
         pub(crate) fn contended(&self) -> bool {
             self.blocked.load(Ordering::Relaxed) != 0
-        }
-
-        /// Called with the lock free, by a thread about to take it back: lets every thread
-        /// blocked on it now have it first (waiting at most [`MAKE_WAY_AT_MOST`], yielding the
-        /// processor meanwhile).
-        pub(crate) fn make_way(&self) {
-            let blocked = self.blocked.load(Ordering::Acquire);
-            if blocked == 0 {
-                return;
-            }
-            let target = self.unblocked.load(Ordering::Acquire).wrapping_add(blocked);
-            let since = std::time::Instant::now();
-            while self.unblocked.load(Ordering::Acquire).wrapping_sub(target) > usize::MAX / 2
-                && since.elapsed() < MAKE_WAY_AT_MOST
-            {
-                std::thread::yield_now();
-            }
         }
     }
 
@@ -280,12 +343,49 @@ mod imp {
     }
 
     /// Loom sees one kind of mutex.
-    pub(crate) type MonitorLock<T> = Mutex<T>;
-    pub(crate) type MonitorGuard<'a, T> = MutexGuard<'a, T>;
+    #[derive(Debug)]
+    pub(crate) struct MonitorLock<T>(Mutex<T>);
 
-    impl<T> Mutex<T> {
-        /// Loom's scheduler already tries every order of the lock's takers.
-        pub(crate) fn make_way(&self) {}
+    pub(crate) struct MonitorGuard<'a, T> {
+        guard: Option<MutexGuard<'a, T>>,
+        lock: &'a MonitorLock<T>,
+    }
+
+    impl<T> std::ops::Deref for MonitorGuard<'_, T> {
+        type Target = T;
+
+        fn deref(&self) -> &T {
+            self.guard.as_deref().expect("held")
+        }
+    }
+
+    impl<T> std::ops::DerefMut for MonitorGuard<'_, T> {
+        fn deref_mut(&mut self) -> &mut T {
+            self.guard.as_deref_mut().expect("held")
+        }
+    }
+
+    impl<T> MonitorGuard<'_, T> {
+        /// Loom's scheduler tries every order of the lock's takers: a plain unlock and lock.
+        pub(crate) fn unlocked_fair<R>(&mut self, f: impl FnOnce() -> R) -> R {
+            drop(self.guard.take());
+            let result = f();
+            self.guard = Some(self.lock.0.lock());
+            result
+        }
+    }
+
+    impl<T> MonitorLock<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Self(Mutex::new(value))
+        }
+
+        pub(crate) fn lock(&self) -> MonitorGuard<'_, T> {
+            MonitorGuard {
+                guard: Some(self.0.lock()),
+                lock: self,
+            }
+        }
 
         /// The models time nothing.
         pub(crate) fn timed(self) -> Self {
@@ -293,7 +393,7 @@ mod imp {
         }
 
         /// The models time nothing.
-        pub(crate) fn take_hold_times(&self) -> Option<crate::monitor::LockHolds> {
+        pub(crate) fn take_hold_times(&self) -> Option<super::LockHolds> {
             None
         }
 
@@ -352,18 +452,12 @@ mod tests {
 
     use super::MonitorLock;
 
-    /// Real threads and real time: what is tested is who is blocked on the lock.
+    /// Real threads: what is tested is who is blocked on the lock, and that a pause lets go of
+    /// it (the blocked thread finishes while the holder's function runs).
     #[test]
-    fn the_monitor_lock_counts_the_threads_blocked_on_it_and_makes_way_for_them() {
+    fn the_monitor_lock_counts_the_threads_blocked_on_it_and_a_pause_lets_them_in() {
         let lock = Arc::new(MonitorLock::new(Vec::new()));
         assert!(!lock.contended());
-        let started = Instant::now();
-        lock.make_way();
-        assert!(
-            started.elapsed() < Duration::from_millis(100),
-            "nobody to make way for"
-        );
-
         let mut held = lock.lock();
         let blocked = {
             let lock = lock.clone();
@@ -378,10 +472,10 @@ mod tests {
             std::thread::yield_now();
         }
         held.push("holder");
+        held.unlocked_fair(|| blocked.join().unwrap());
+        held.push("holder again");
         drop(held);
-        lock.make_way();
-        blocked.join().unwrap();
         assert!(!lock.contended());
-        assert_eq!(*lock.lock(), ["holder", "blocked"]);
+        assert_eq!(*lock.lock(), ["holder", "blocked", "holder again"]);
     }
 }

@@ -6,7 +6,7 @@
 //! learns every account the job is short on (each gets its `Held` event and its wait time) without
 //! taking from them, and so that one account's "never" wins over another's "not now": a demand
 //! that can never fit is refused at once on every path, never parked. What was taken before a "not now" or a "never" is given back at once, with
-//! this monitor's own doorbell muted (the pass that gives it back is the pass that would run).
+//! the monitor's own wake-up muted on this thread (the pass that gives it back is the pass that would run).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -18,8 +18,9 @@ use crate::context::JobContext;
 use crate::demand::{Demand, Entry};
 use crate::error::AdmitError;
 
-use super::evaluator::{Doorbell, handing_off};
-use super::line::Holding;
+use crate::mute;
+
+use super::holds::Holding;
 
 /// What holds one job: the entries of its demand it is short on (indices into the demand), or the
 /// gate (`None`). A set of bits for the gate and the first [`Holding`]'s worth of entries, so
@@ -244,7 +245,7 @@ pub(crate) fn earlier(a: Option<Instant>, b: Option<Instant>) -> Option<Instant>
 /// but "never" counts as short: nobody behind the head takes from it (see `pass.rs`).
 #[inline(always)]
 pub(crate) fn ask_demand(
-    bell: &Doorbell,
+    mute: usize,
     entries: &[Entry],
     ctx: &JobContext,
     head: Option<&Head>,
@@ -278,13 +279,13 @@ pub(crate) fn ask_demand(
         let answer = match asked(account, entry.amount(), ask) {
             Ok(answer) => answer,
             Err(panic) => {
-                give_back(bell, &entries[..taken]);
+                give_back(mute, &entries[..taken]);
                 return Attempt::Refused(Box::new(aborted(account, ctx, &*panic)));
             }
         };
         match answer {
             Answer::Never(refusal) => {
-                give_back(bell, &entries[..taken]);
+                give_back(mute, &entries[..taken]);
                 return Attempt::Refused(Box::new(AdmitError::Refused {
                     account: account.name().to_owned(),
                     refusal,
@@ -309,7 +310,7 @@ pub(crate) fn ask_demand(
     if short.is_empty() {
         return Attempt::Granted;
     }
-    give_back(bell, &entries[..taken]);
+    give_back(mute, &entries[..taken]);
     Attempt::Held { wake }
 }
 
@@ -329,7 +330,7 @@ pub(crate) enum Whole {
 /// head's claims, the set of accounts short, the earliest wake-up).
 #[inline(always)]
 pub(crate) fn take_whole(
-    bell: &Doorbell,
+    mute: usize,
     entries: &[Entry],
     ctx: &JobContext,
     now: &Reading<'_>,
@@ -345,7 +346,7 @@ pub(crate) fn take_whole(
             }),
             Err(panic) => Some(aborted(account, ctx, &*panic)),
         };
-        give_back(bell, &entries[..i]);
+        give_back(mute, &entries[..i]);
         return match refused {
             None => Whole::Short(i),
             Some(error) => Whole::Refused(Box::new(error)),
@@ -421,11 +422,11 @@ impl Claims {
 
 /// Gives back what an attempt took before it was held or refused. The accounts' wake-ups to this
 /// monitor stay quiet: the give restores what the attempt found, which is no news to it.
-pub(crate) fn give_back(bell: &Doorbell, taken: &[Entry]) {
+pub(crate) fn give_back(mute: usize, taken: &[Entry]) {
     if taken.is_empty() {
         return;
     }
-    handing_off(bell, || {
+    mute::muting(mute, || {
         for entry in taken {
             entry.account().give(entry.amount());
         }

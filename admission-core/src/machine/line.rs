@@ -1,97 +1,91 @@
-//! The line's state: everything under the monitor lock, and the waiters in it.
+//! The line: the parked waiters in arrival order, each in a slot of a slab the state machine owns.
 //!
-//! Only code holding the monitor lock (`Shared::state`) reads or writes a [`State`]. The line is
-//! a [`Line`]: one slot per waiter in a slab the monitor reuses, linked in arrival order, so a
-//! pass walks slots that sit side by side, and leaving from anywhere unlinks one slot.
+//! A waiter's whole record ([`Waiter`]: its demand, job, deadline, holds and whom to wake) sits in
+//! its slot, and the caller keeps only its [`Place`]. When a waiter is decided (granted or
+//! refused) it leaves the line but keeps its slot, holding the decision ([`Done`]) until its owner
+//! collects it; a place names its slot and its arrival number, so a place whose waiter is gone
+//! finds nothing, even in a slot reused since.
 //!
-//! A waiter's [`Record`] (its demand, job, timeout and holds) is not in the slot: it lives where
-//! the waiter waits, beside its outcome cell (inside the pinned `Admit`, on the blocking call's
-//! frame), and the slot points at it. The rule is the cell's (`cell.rs`): the monitor reads or
-//! writes a record only under the monitor lock while its slot is in the line, and the owner
-//! frees it only once it has seen the slot leave. So a parked waiter's only memory of the
-//! monitor's is its slot: [`Slot`]'s size, 56 bytes.
-//!
-//! The slot keeps a copy of what a pass reads of every waiter ([`Hot`]: deadline, holding bits,
-//! gate flag, the address of the demand's entries), so a pass that finds nothing new for a
-//! waiter reads its slot and its entries and never its record: one cache line per waiter
-//! fewer, in memory scattered over the waiters' futures.
+//! Everything is O(1) but the walk: parking at the tail, leaving from anywhere, finding the head.
+//! A pass that stops between batches parks a cursor here ([`Line::hold_cursor`]); a waiter
+//! leaving meanwhile moves it on, and one parking at the end when it had reached the end is
+//! where it resumes.
 
-use std::cell::UnsafeCell;
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-use std::ptr::NonNull;
-use std::sync::{Arc, Weak};
+use std::task::Waker;
 use std::time::Duration;
 
-use crate::account::Account;
 use crate::clock::Instant;
 use crate::context::{JobContext, WaiterKey};
-use crate::demand::{Demand, Entry};
+use crate::demand::Demand;
+use crate::error::AdmitError;
 use crate::sync::thread;
 
-use super::cell::CellRef;
-use super::grant::{Hold, Holds};
+use super::holds::{Holding, Holds, Waits};
 
-/// Where the monitor is in its life.
-#[derive(Clone, Debug)]
-pub(crate) enum Phase {
-    Open,
-    Stopped,
-    Closed(Arc<str>),
+/// Who to wake when a waiter's decision lands.
+#[derive(Default)]
+pub(crate) enum Notify {
+    /// Nobody (a blocking waiter not parked yet, or a decision its owner already holds).
+    #[default]
+    Nobody,
+    /// A task, through its waker.
+    Task(Waker),
+    /// A thread blocked in `admit_blocking`, through its handle.
+    Thread(thread::Thread),
 }
 
-/// A job parked in the line: what its record keeps (the pass reads it only when something
-/// changes for the waiter; what it reads of every waiter is the slot's [`Hot`]).
+impl Notify {
+    /// Wakes whoever this names. Only the shell calls it, with no lock held.
+    pub(crate) fn wake(self) {
+        match self {
+            Notify::Nobody => {}
+            Notify::Task(waker) => waker.wake(),
+            Notify::Thread(thread) => thread.unpark(),
+        }
+    }
+}
+
+/// A job parked in the line.
 pub(crate) struct Waiter {
     pub(crate) demand: Demand,
     pub(crate) ctx: JobContext,
     pub(crate) asked_at: Instant,
-    /// The timeout the waiter was parked with (its deadline, `asked_at` plus this, is in its
-    /// slot: [`Hot`]).
+    /// The timeout it was parked with (its deadline, `asked_at` plus this, is `deadline`).
     pub(crate) timeout: Option<Duration>,
-    /// Where the outcome goes: a cell that lives with the waiter (`cell.rs` says when it may be
-    /// touched).
-    pub(crate) cell: CellRef,
-    /// The accounts (by key; [`Hold::GATE`] for the gate) this waiter has been held on. Feeds
-    /// `Held` events and `Grant::wait_times`.
-    pub(crate) held: Holds,
-}
-
-/// What a pass reads of every waiter it asks, kept in the waiter's slot in the line: a pass over
-/// waiters that stay where they are reads their slots, side by side in the slab, and their
-/// demands' entries, and nothing of their records.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Hot {
-    /// The waiter's deadline ([`Instant::MAX`]: none).
+    /// Its deadline ([`Instant::MAX`]: none).
     deadline: Instant,
-    /// Which of the record's holds hold the waiter now, so that a pass finding the same
-    /// accounts short as last time reads nothing more (see [`Holding`]).
+    /// Which of `held` hold the waiter now, so that a pass finding the same accounts short as
+    /// last time records nothing.
     pub(crate) holding: Holding,
-    /// The entries of the demand in the waiter's record (set when it parks: see
-    /// [`Hot::entries`]).
-    entries: NonNull<Entry>,
-    len: u32,
-    /// True while the gate is what holds this waiter.
+    /// True while the gate is what holds it.
     pub(crate) on_gate: bool,
+    /// The accounts (by entry; the gate too) that have held it. Feeds `Held` events and
+    /// `Grant::wait_times`.
+    pub(crate) held: Holds,
+    /// Whom to wake when it is decided.
+    pub(crate) notify: Notify,
 }
 
-// SAFETY: `entries` points at the entries of a demand in the record of the waiter whose slot
-// holds this, and is read only under the monitor lock while that slot is in the line (as the
-// record is, see `RecordRef`); a `Demand` is `Send + Sync`.
-unsafe impl Send for Hot {}
-// SAFETY: as for `Send`.
-unsafe impl Sync for Hot {}
-
-impl Hot {
-    /// A waiter about to park with `deadline`, held by the gate or not: its entries are set
-    /// when it parks ([`Line::push`]).
-    pub(crate) fn new(deadline: Option<Instant>, on_gate: bool) -> Hot {
-        Hot {
-            deadline: deadline.unwrap_or(Instant::MAX),
+impl Waiter {
+    /// A waiter about to park at `asked_at`, with `timeout` (held by the gate or not).
+    pub(crate) fn new(
+        demand: Demand,
+        ctx: JobContext,
+        asked_at: Instant,
+        timeout: Option<Duration>,
+        on_gate: bool,
+        notify: Notify,
+    ) -> Waiter {
+        Waiter {
+            demand,
+            ctx,
+            asked_at,
+            timeout,
+            deadline: timeout.map_or(Instant::MAX, |t| asked_at.saturating_add(t)),
             holding: Holding::default(),
-            entries: NonNull::dangling(),
-            len: 0,
             on_gate,
+            held: Holds::new(),
+            notify,
         }
     }
 
@@ -112,103 +106,19 @@ impl Hot {
     pub(crate) fn is_due(&self, now: Instant) -> bool {
         self.deadline <= now && self.deadline != Instant::MAX
     }
-
-    /// The entries of the waiter's demand (none before it parks).
-    #[inline]
-    pub(crate) fn entries(&self) -> &[Entry] {
-        // SAFETY: `entries` and `len` were taken in `Line::push` from the demand in the waiter's
-        // record, which its owner keeps in place while the slot is in the line and which the
-        // monitor does not change while it is (a grant takes the demand as its slot leaves, in
-        // the same critical section, and no `Hot` of a slot that left is read); before the push
-        // they describe an empty slice at a dangling, aligned pointer.
-        unsafe { std::slice::from_raw_parts(self.entries.as_ptr(), self.len as usize) }
-    }
 }
 
-/// A set of holds as bits: the hold of the demand's entry `i` is bit `i` (for the first
-/// [`Holding::ENTRY_BITS`] entries), any later entry's is [`Holding::LATER`], the gate's
-/// [`Holding::GATE`]. A set with [`Holding::LATER`] is not exact: read the holds themselves.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Holding(u64);
-
-impl Holding {
-    const ENTRY_BITS: usize = 62;
-    const LATER: u64 = 1 << 62;
-    const GATE: u64 = 1 << 63;
-
-    /// The bit of the hold of entry `entry` (`None`: the gate's).
-    #[inline]
-    fn bit(entry: Option<usize>) -> u64 {
-        match entry {
-            None => Holding::GATE,
-            Some(i) if i < Holding::ENTRY_BITS => 1 << i,
-            Some(_) => Holding::LATER,
-        }
-    }
-
-    /// The holds of the entries in `short` (`None`: the gate).
-    #[cfg(all(test, not(admission_loom)))]
-    fn of(short: &[Option<usize>]) -> Holding {
-        short.iter().fold(Holding(0), |bits, &s| bits.with(s))
-    }
-
-    /// The set with the hold of `entry` (`None`: the gate) added.
-    #[inline]
-    pub(crate) fn with(self, entry: Option<usize>) -> Holding {
-        Holding(self.0 | Holding::bit(entry))
-    }
-
-    /// True when `entry` (`None`: the gate) has a bit of its own.
-    #[inline]
-    pub(crate) fn has_bit(entry: Option<usize>) -> bool {
-        entry.is_none_or(|i| i < Holding::ENTRY_BITS)
-    }
-
-    /// True when the hold of `entry` (`None`: the gate), which has a bit of its own, is in the set.
-    #[inline]
-    pub(crate) fn contains(self, entry: Option<usize>) -> bool {
-        self.0 & Holding::bit(entry) != 0
-    }
-
-    /// The entries whose bits are in the set, in increasing index.
-    pub(crate) fn entries(self) -> impl Iterator<Item = usize> {
-        let mut bits = self.0 & ((1 << Holding::ENTRY_BITS) - 1);
-        std::iter::from_fn(move || {
-            (bits != 0).then(|| {
-                let i = bits.trailing_zeros() as usize;
-                bits &= bits - 1;
-                i
-            })
-        })
-    }
-
-    /// The holds among `held` that hold now.
-    pub(crate) fn now_of(held: &[Hold]) -> Holding {
-        Holding(
-            held.iter()
-                .filter(|h| h.until().is_none())
-                .fold(0, |bits, h| bits | Holding::bit(h.entry())),
-        )
-    }
-
-    /// True when the set is exact (no entry past the bits).
-    pub(crate) fn is_exact(self) -> bool {
-        self.0 & Holding::LATER == 0
-    }
-
-    /// True when an account's hold (not the gate's) is in the set.
-    pub(crate) fn has_account(self) -> bool {
-        self.0 & !Holding::GATE != 0
-    }
-
-    /// True when the gate's hold is in the set.
-    pub(crate) fn has_gate(self) -> bool {
-        self.0 & Holding::GATE != 0
-    }
+/// What was decided for a waiter that left the line, kept in its slot until its owner collects
+/// it. The demand goes back to the owner either way: a grant is made of it, and a refused one is
+/// dropped by the owner, outside the monitor's lock.
+pub(crate) struct Done {
+    pub(crate) demand: Demand,
+    /// The grant's waits, or why it was refused.
+    pub(crate) outcome: Result<Waits, AdmitError>,
 }
 
-/// Where a waiter stands in the [`Line`]: its record's slot and its arrival number. A slot is
-/// reused once its waiter has left; an arrival number never is, so a stale place finds nothing.
+/// Where a waiter stands: its slot and its arrival number. A slot is reused once its waiter's
+/// decision was collected; an arrival number never is, so a stale place finds nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Place {
     slot: u32,
@@ -238,149 +148,43 @@ impl Place {
 /// No slot: the end of the line.
 const END: u32 = u32::MAX;
 
-/// A parked waiter's record, kept by the waiter (see the module's documentation): empty until
-/// the arrival parks it, and read or written by the monitor only under the monitor lock while
-/// its slot is in the line.
-#[derive(Default)]
-pub(crate) struct Record(UnsafeCell<Option<Waiter>>);
-
-// SAFETY: a record is read or written only by the monitor under its lock (while the record's
-// slot is in the line) or by its owner through `&mut` (before parking, after leaving): never by
-// two threads at once, whoever shares a reference to the future or frame that holds it.
-unsafe impl Sync for Record {}
-
-impl Record {
-    /// Drops what the record holds. Its owner calls this once it has seen the record's slot
-    /// leave the line (`&mut` is then the only access there is).
-    pub(crate) fn clear(&mut self) {
-        *self.0.get_mut() = None;
-    }
-}
-
-/// A slot's pointer to its waiter's [`Record`].
-pub(crate) struct RecordRef(NonNull<Record>);
-
-// SAFETY: the pointer is followed only under the monitor lock, by whichever thread holds it,
-// while the slot is in the line; a `Waiter` is `Send`.
-unsafe impl Send for RecordRef {}
-// SAFETY: as for `Send`.
-unsafe impl Sync for RecordRef {}
-
-impl RecordRef {
-    /// A pointer to `record` for the waiter's slot in the line.
-    ///
-    /// # Safety
-    ///
-    /// The caller owns the record, and keeps it where it is, alive and untouched, from this
-    /// call until the slot made with this pointer (if any) is out of the line and the caller has
-    /// seen that: it took the waiter's outcome, or its withdrawal under the monitor lock
-    /// returned.
-    pub(crate) unsafe fn new(record: &Record) -> RecordRef {
-        RecordRef(NonNull::from(record))
-    }
-
-    /// The record's contents.
-    ///
-    /// # Safety
-    ///
-    /// The caller holds the monitor lock, and the record's slot has been in the line since the
-    /// lock was taken (it may have left it in this critical section); no other reference to the
-    /// record is alive while the returned one is.
-    unsafe fn contents_mut<'a>(&self) -> &'a mut Option<Waiter> {
-        // SAFETY: the owner keeps the record in place, alive and untouched while its slot is in
-        // the line (`RecordRef::new`); the caller's lock and its promise of no other reference
-        // make this one exclusive.
-        unsafe { &mut *self.0.as_ref().0.get() }
-    }
-
-    /// The record's contents, to read.
-    ///
-    /// # Safety
-    ///
-    /// As for [`RecordRef::contents_mut`], except that other shared references may be alive.
-    unsafe fn contents<'a>(&self) -> &'a Option<Waiter> {
-        // SAFETY: as in `contents_mut`; only shared references are alive with this one.
-        unsafe { &*self.0.as_ref().0.get() }
-    }
-}
-
-/// A waiter's slot in the slab: what a pass reads of it, a pointer to its record, and its
-/// neighbours in arrival order (56 bytes).
-struct Node {
-    seq: u64,
-    prev: u32,
-    next: u32,
-    record: RecordRef,
-    hot: Hot,
-}
-
-impl Node {
-    /// The waiter.
-    fn waiter(&self) -> &Waiter {
-        // SAFETY: a node is in the slab only while its waiter is in the line, and the slab is
-        // reached only under the monitor lock; a reference to the waiter lives no longer than
-        // the borrow of the node, so none is alive while `waiter_mut` (which needs the node
-        // borrowed mutably) hands out an exclusive one.
-        unsafe { self.record.contents() }
-            .as_ref()
-            .unwrap_or_else(|| unreachable!("a parked record holds its waiter"))
-    }
-
-    /// The waiter, to change.
-    fn waiter_mut(&mut self) -> &mut Waiter {
-        // SAFETY: as in `Node::waiter`; `&mut self` makes this the only reference.
-        unsafe { self.record.contents_mut() }
-            .as_mut()
-            .unwrap_or_else(|| unreachable!("a parked record holds its waiter"))
-    }
-
-    /// The waiter, to change, and what the pass reads of it: the record is not read here (a
-    /// pass that finds nothing new for the waiter never touches it).
-    #[inline]
-    fn parts_mut(&mut self) -> (&mut Hot, &mut Waiter) {
-        // SAFETY: as in `Node::waiter_mut`. A record is in the line only once it holds its
-        // waiter (`Line::push`), and only emptied by its owner after its slot left: so the
-        // option is `Some`, and not reading it keeps the record's memory untouched.
-        let waiter = unsafe { self.record.contents_mut().as_mut().unwrap_unchecked() };
-        (&mut self.hot, waiter)
-    }
-}
-
-/// Above this many slots an emptied line gives its slab's memory back.
+/// Above this many slots an emptied slab gives its memory back.
 const KEEP_EMPTY_SLOTS: usize = 4096;
 
-/// Slots per chunk of the slab: a chunk (14 KB) is allocated and its free list written
-/// under the monitor lock, in about a microsecond.
+/// Slots per chunk of the slab.
 const CHUNK: usize = 256;
 
-/// One slot of the slab: a waiter's record, or a link in the list of free slots.
-enum Slot {
-    Vacant { next_free: u32 },
-    Occupied(Node),
+/// A waiter in the line, with its neighbours in arrival order.
+struct Node {
+    prev: u32,
+    next: u32,
+    waiter: Waiter,
 }
 
-/// The slab of waiter records: fixed-size chunks, so a line longer than any before grows by one
-/// chunk and never moves the records it has (a vector that doubles would copy them all under the
-/// monitor lock: at a million waiters, a copy of over 100 MB). Free slots form a list, last
-/// freed first, so a busy line keeps reusing the same warm records.
+/// One slot of the slab.
+enum Slot {
+    /// Free, linked to the next free slot.
+    Vacant { next_free: u32 },
+    /// A waiter in the line.
+    Waiting { seq: u64, node: Node },
+    /// A waiter that left the line, its decision not collected yet.
+    Decided { seq: u64, done: Done },
+}
+
+/// The slab: fixed-size chunks, so a line longer than any before grows by one chunk and never
+/// copies the slots it has (a vector that doubles would copy them all under the monitor lock: at
+/// a million waiters, over 100 MB). Free slots form a list, last freed first, so a busy line
+/// keeps reusing the same warm slots.
 #[derive(Default)]
 struct Slots {
     chunks: Vec<Box<[Slot]>>,
     /// The first free slot.
     free: Option<u32>,
-    len: usize,
+    /// Slots in use (waiting or decided).
+    used: usize,
 }
 
 impl Slots {
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// How many records the chunks hold room for.
     fn capacity(&self) -> usize {
         self.chunks.len() * CHUNK
     }
@@ -399,33 +203,28 @@ impl Slots {
             .map(|chunk| &mut chunk[slot % CHUNK])
     }
 
-    fn get(&self, slot: u32) -> Option<&Node> {
-        match self.slot(slot)? {
-            Slot::Occupied(node) => Some(node),
-            Slot::Vacant { .. } => None,
-        }
-    }
-
-    /// The record in `slot`, which holds one.
-    fn node_mut(&mut self, slot: u32) -> &mut Node {
-        match self.slot_mut(slot) {
-            Some(Slot::Occupied(node)) => node,
+    /// The node in `slot`, which holds a waiter.
+    fn node(&self, slot: u32) -> &Node {
+        match self.slot(slot) {
+            Some(Slot::Waiting { node, .. }) => node,
             _ => unreachable!("slot {slot} holds a waiter"),
         }
     }
 
-    /// The record in `slot`, which holds one.
-    fn node(&self, slot: u32) -> &Node {
-        self.get(slot)
-            .unwrap_or_else(|| unreachable!("slot {slot} holds a waiter"))
+    /// The node in `slot`, which holds a waiter.
+    fn node_mut(&mut self, slot: u32) -> &mut Node {
+        match self.slot_mut(slot) {
+            Some(Slot::Waiting { node, .. }) => node,
+            _ => unreachable!("slot {slot} holds a waiter"),
+        }
     }
 
-    /// Stores `node` in a free slot (a new chunk when none is free) and returns the slot.
+    /// Stores `value` in a free slot (a new chunk when none is free) and returns the slot.
     ///
     /// # Panics
     ///
-    /// With 2^32 - 1 records stored at once (each is a job holding a thread or a future).
-    fn insert(&mut self, node: Node) -> u32 {
+    /// With 2^32 - 1 slots in use at once (each is a job holding a thread or a future).
+    fn insert(&mut self, value: Slot) -> u32 {
         let slot = match self.free {
             Some(slot) => slot,
             None => self.grow(),
@@ -434,9 +233,9 @@ impl Slots {
         let Slot::Vacant { next_free } = *entry else {
             unreachable!("the free list holds free slots")
         };
-        *entry = Slot::Occupied(node);
+        *entry = value;
         self.free = (next_free != END).then_some(next_free);
-        self.len += 1;
+        self.used += 1;
         slot
     }
 
@@ -455,36 +254,29 @@ impl Slots {
         base
     }
 
-    /// Takes the record out of `slot`, which holds one, and frees the slot.
-    fn remove(&mut self, slot: u32) -> Node {
+    /// Frees `slot`, which is in use, and returns what it held.
+    fn free(&mut self, slot: u32) -> Slot {
         let next_free = self.free.unwrap_or(END);
         let entry = self.slot_mut(slot).expect("a slot of a chunk");
-        let Slot::Occupied(node) = std::mem::replace(entry, Slot::Vacant { next_free }) else {
-            unreachable!("slot {slot} holds a waiter")
-        };
+        let held = std::mem::replace(entry, Slot::Vacant { next_free });
         self.free = Some(slot);
-        self.len -= 1;
-        node
+        self.used -= 1;
+        held
     }
 }
 
-/// The slab of a long line that emptied: to be freed once the monitor lock is let go (giving a
-/// hundred megabytes back to the system takes milliseconds).
-// Read only by the unit tests: otherwise held to be dropped.
-#[cfg_attr(any(not(test), admission_loom), allow(dead_code))]
-pub(crate) struct Emptied(Slots);
+/// The slab of a line that emptied after it had grown long: to be freed once the monitor lock is
+/// let go (giving a hundred megabytes back to the system takes milliseconds).
+pub(crate) struct Emptied(#[allow(dead_code, reason = "held only to be dropped")] Vec<Box<[Slot]>>);
 
-/// The line: parked waiters in arrival order.
-///
-/// Their records live in one slab, reused as waiters come and go (a park allocates only when
-/// the line is longer than it ever was), linked first to last. Everything is O(1) but the walk:
-/// parking at the tail, leaving from anywhere, finding the head. A pass that lets go of the lock
-/// between batches parks a cursor here ([`Line::hold_cursor`]); a waiter leaving meanwhile moves
-/// it on, and one parking at the end when it had reached the end is where it resumes.
+/// The line: parked waiters in arrival order, and the decisions not collected yet.
+#[derive(Default)]
 pub(crate) struct Line {
-    nodes: Slots,
-    head: u32,
-    tail: u32,
+    slots: Slots,
+    /// Waiters in the line (not counting decided ones).
+    len: usize,
+    head: Option<u32>,
+    tail: Option<u32>,
     next_seq: u64,
     /// The next slot a resuming pass visits (`Some(END)`: the end), while one is between batches.
     cursor: Option<u32>,
@@ -493,128 +285,156 @@ pub(crate) struct Line {
 }
 
 impl Line {
-    pub(crate) fn new() -> Line {
-        Line {
-            nodes: Slots::default(),
-            head: END,
-            tail: END,
-            next_seq: 0,
-            cursor: None,
-            emptied: None,
-        }
-    }
-
     pub(crate) fn len(&self) -> usize {
-        self.nodes.len()
+        self.len
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.nodes.is_empty()
+        self.len == 0
     }
 
     /// Parks `waiter` at the tail.
     ///
     /// # Panics
     ///
-    /// With 2^32 - 1 waiters parked at once (each is a job holding a thread or a future).
-    pub(crate) fn push(&mut self, record: RecordRef, waiter: Waiter, mut hot: Hot) -> Place {
-        // SAFETY: `&mut self` is the monitor lock held; the record is not in the line yet, and
-        // its owner (the caller of the arrival, on this thread) leaves it alone from
-        // `RecordRef::new` on.
-        let parked = unsafe { record.contents_mut() }.insert(waiter);
-        let entries = parked.demand.entries();
-        hot.entries = NonNull::from(entries).cast();
-        hot.len = u32::try_from(entries.len()).expect("fewer than 2^32 entries in a demand");
+    /// With 2^32 - 1 slots in use at once (each is a job holding a thread or a future).
+    pub(crate) fn push(&mut self, waiter: Waiter) -> Place {
         let seq = self.next_seq;
         self.next_seq += 1;
-        let slot = self.nodes.insert(Node {
-            seq,
-            prev: self.tail,
+        let node = Node {
+            prev: self.tail.unwrap_or(END),
             next: END,
-            record,
-            hot,
-        });
+            waiter,
+        };
+        let slot = self.slots.insert(Slot::Waiting { seq, node });
         match self.tail {
-            END => self.head = slot,
-            tail => self.nodes.node_mut(tail).next = slot,
+            None => self.head = Some(slot),
+            Some(tail) => self.slots.node_mut(tail).next = slot,
         }
-        self.tail = slot;
+        self.tail = Some(slot);
+        self.len += 1;
         if self.cursor == Some(END) {
             self.cursor = Some(slot);
         }
         Place { slot, seq }
     }
 
-    fn node(&self, place: Place) -> Option<&Node> {
-        self.nodes
-            .get(place.slot)
-            .filter(|node| node.seq == place.seq)
-    }
-
-    /// The waiter at `place`, if it is still in the line.
+    /// The waiter at `place`, if it is in the line.
     pub(crate) fn get(&self, place: Place) -> Option<&Waiter> {
-        self.node(place).map(Node::waiter)
+        match self.slots.slot(place.slot)? {
+            Slot::Waiting { seq, node } if *seq == place.seq => Some(&node.waiter),
+            _ => None,
+        }
     }
 
-    /// True when the waiter at `place` is in the line and its deadline is at or before `now`.
-    pub(crate) fn is_due(&self, place: Place, now: Instant) -> bool {
-        self.node(place).is_some_and(|node| node.hot.is_due(now))
-    }
-
-    /// True when the gate holds the waiter at `place`, which is in the line.
-    pub(crate) fn is_on_gate(&self, place: Place) -> bool {
-        self.node(place).is_some_and(|node| node.hot.on_gate)
+    /// The waiter at `place`, to change, if it is in the line.
+    pub(crate) fn get_mut(&mut self, place: Place) -> Option<&mut Waiter> {
+        match self.slots.slot_mut(place.slot)? {
+            Slot::Waiting { seq, node } if *seq == place.seq => Some(&mut node.waiter),
+            _ => None,
+        }
     }
 
     /// True when the waiter at `place` is the head.
     pub(crate) fn is_head(&self, place: Place) -> bool {
-        self.head == place.slot && self.node(place).is_some()
+        self.head == Some(place.slot) && self.get(place).is_some()
     }
 
     /// The head of the line.
     pub(crate) fn head(&self) -> Option<&Waiter> {
-        (self.head != END).then(|| self.nodes.node(self.head).waiter())
-    }
-
-    /// True when the gate holds the head of the line.
-    pub(crate) fn head_on_gate(&self) -> bool {
-        self.head != END && self.nodes.node(self.head).hot.on_gate
+        self.head.map(|slot| &self.slots.node(slot).waiter)
     }
 
     /// How many waiters the gate holds.
     pub(crate) fn on_gate(&self) -> usize {
         let mut slot = self.head;
         let mut count = 0;
-        while let Some(node) = self.nodes.get(slot) {
-            count += usize::from(node.hot.on_gate);
-            slot = node.next;
+        while let Some(at) = slot {
+            let node = self.slots.node(at);
+            count += usize::from(node.waiter.on_gate);
+            slot = (node.next != END).then_some(node.next);
         }
         count
     }
 
-    /// Takes the waiter at `place` out of the line, if it is still there. The waiter stays in its
-    /// record, the owner's; the reference lets the caller tell it how it left before the
-    /// monitor lock is released.
-    pub(crate) fn remove(&mut self, place: Place) -> Option<&mut Waiter> {
-        self.node(place)?;
-        let node = self.nodes.remove(place.slot);
+    /// Takes the waiter at `place` out of the line, if it is there, and frees its slot: a waiter
+    /// whose owner is gone.
+    pub(crate) fn remove(&mut self, place: Place) -> Option<Waiter> {
+        self.get(place)?;
+        let node = self.unlink(place.slot);
+        self.slots.free(place.slot);
+        self.shrink_if_empty();
+        Some(node)
+    }
+
+    /// Takes the waiter at `place` out of the line, if it is there, keeping `done(waiter)` in
+    /// its slot for its owner to collect; returns whom to wake.
+    pub(crate) fn decide(
+        &mut self,
+        place: Place,
+        done: impl FnOnce(&mut Waiter) -> Done,
+    ) -> Option<Notify> {
+        let waiter = self.get_mut(place)?;
+        let done = done(waiter);
+        let notify = std::mem::take(&mut waiter.notify);
+        let _ = self.unlink(place.slot);
+        *self.slots.slot_mut(place.slot).expect("a slot of a chunk") = Slot::Decided {
+            seq: place.seq,
+            done,
+        };
+        Some(notify)
+    }
+
+    /// Unlinks the node in `slot` (a waiting one) and hands its waiter out; the slot is left
+    /// holding a placeholder for the caller to overwrite or free.
+    fn unlink(&mut self, slot: u32) -> Waiter {
+        let placeholder = Slot::Vacant { next_free: END };
+        let Slot::Waiting { node, .. } = std::mem::replace(
+            self.slots.slot_mut(slot).expect("a slot of a chunk"),
+            placeholder,
+        ) else {
+            unreachable!("slot {slot} holds a waiter")
+        };
         match node.prev {
-            END => self.head = node.next,
-            prev => self.nodes.node_mut(prev).next = node.next,
+            END => self.head = (node.next != END).then_some(node.next),
+            prev => self.slots.node_mut(prev).next = node.next,
         }
         match node.next {
-            END => self.tail = node.prev,
-            next => self.nodes.node_mut(next).prev = node.prev,
+            END => self.tail = (node.prev != END).then_some(node.prev),
+            next => self.slots.node_mut(next).prev = node.prev,
         }
-        if self.cursor == Some(place.slot) {
+        if self.cursor == Some(slot) {
             self.cursor = Some(node.next);
         }
-        if self.nodes.is_empty() && self.nodes.capacity() > KEEP_EMPTY_SLOTS {
-            self.emptied = Some(Emptied(std::mem::take(&mut self.nodes)));
+        self.len -= 1;
+        node.waiter
+    }
+
+    /// Whether a decision waits in `place`'s slot for its owner.
+    pub(crate) fn is_decided(&self, place: Place) -> bool {
+        matches!(self.slots.slot(place.slot), Some(Slot::Decided { seq, .. }) if *seq == place.seq)
+    }
+
+    /// Collects the decision kept at `place`, freeing its slot (`None`: nothing decided there).
+    pub(crate) fn collect(&mut self, place: Place) -> Option<Done> {
+        if !self.is_decided(place) {
+            return None;
         }
-        // SAFETY: the slot was in the line when the caller took the lock, which it holds for as
-        // long as it borrows the line; the returned reference is the only one.
-        unsafe { node.record.contents_mut() }.as_mut()
+        let Slot::Decided { done, .. } = self.slots.free(place.slot) else {
+            unreachable!("checked above")
+        };
+        self.shrink_if_empty();
+        Some(done)
+    }
+
+    /// Gives a long line's slab back once nothing is in it.
+    fn shrink_if_empty(&mut self) {
+        if self.slots.used == 0 && self.slots.capacity() > KEEP_EMPTY_SLOTS {
+            let chunks = std::mem::take(&mut self.slots.chunks);
+            self.slots.free = None;
+            self.emptied = Some(Emptied(chunks));
+            self.cursor = self.cursor.map(|_| END);
+        }
     }
 
     /// The slab a long line left behind when it emptied, for the caller to drop once the monitor
@@ -625,174 +445,91 @@ impl Line {
 
     /// The waiters, first to last.
     #[cfg(all(test, not(admission_loom)))]
-    fn iter(&self) -> impl Iterator<Item = &Waiter> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Waiter> {
         let mut slot = self.head;
         std::iter::from_fn(move || {
-            let node = self.nodes.get(slot)?;
-            slot = node.next;
-            Some(node.waiter())
+            let node = self.slots.node(slot?);
+            slot = (node.next != END).then_some(node.next);
+            Some(&node.waiter)
         })
     }
 
-    /// Empties the line, handing `each` its waiters first to last (still under the lock, as
-    /// they leave).
-    pub(crate) fn take_all(&mut self, mut each: impl FnMut(&mut Waiter)) {
+    /// The places of the waiters, first to last.
+    pub(crate) fn places(&self) -> Vec<Place> {
+        let mut places = Vec::with_capacity(self.len);
         let mut slot = self.head;
-        while slot != END {
-            let mut node = self.nodes.remove(slot);
-            slot = node.next;
-            each(node.waiter_mut());
+        while let Some(at) = slot {
+            let Some(Slot::Waiting { seq, node }) = self.slots.slot(at) else {
+                unreachable!("a linked slot holds a waiter")
+            };
+            places.push(Place {
+                slot: at,
+                seq: *seq,
+            });
+            slot = (node.next != END).then_some(node.next);
         }
-        self.emptied = Some(Emptied(std::mem::take(&mut self.nodes)));
-        self.head = END;
-        self.tail = END;
-        self.cursor = None;
+        places
     }
 
-    /// The first slot of a walk from the head (`None` for an empty line).
-    pub(crate) fn first_slot(&self) -> Option<u32> {
-        (self.head != END).then_some(self.head)
+    /// The first place of a walk from the head (`None` for an empty line).
+    pub(crate) fn first(&self) -> Option<Place> {
+        self.head.map(|slot| self.place_of(slot))
     }
 
-    /// The waiter in `slot` (a slot a walk reached: from [`Line::first_slot`],
-    /// [`Line::resume`] or a previous step) with what a pass reads of it, its place, and the
-    /// slot after it.
+    fn place_of(&self, slot: u32) -> Place {
+        match self.slots.slot(slot) {
+            Some(Slot::Waiting { seq, .. }) => Place { slot, seq: *seq },
+            _ => unreachable!("slot {slot} holds a waiter"),
+        }
+    }
+
+    /// The waiter at `place` (one a walk reached: from [`Line::first`], [`Line::resume`] or a
+    /// previous step) and the place after it.
     #[inline]
-    pub(crate) fn step(&mut self, slot: u32) -> (Place, Option<u32>, &mut Hot, &mut Waiter) {
-        let node = self.nodes.node_mut(slot);
-        let next = (node.next != END).then_some(node.next);
-        let place = Place {
-            slot,
-            seq: node.seq,
-        };
-        let (hot, waiter) = node.parts_mut();
-        (place, next, hot, waiter)
+    pub(crate) fn step(&mut self, place: Place) -> (Option<Place>, &mut Waiter) {
+        let next = self.slots.node(place.slot).next;
+        let next = (next != END).then(|| self.place_of(next));
+        (next, &mut self.slots.node_mut(place.slot).waiter)
     }
 
-    /// Parks a walk's cursor at `next` (the slot it visits next, `None`: the end) while it
+    /// Parks a walk's cursor at `next` (the place it visits next, `None`: the end) while it
     /// lets go of the lock.
-    pub(crate) fn hold_cursor(&mut self, next: Option<u32>) {
-        self.cursor = Some(next.unwrap_or(END));
+    pub(crate) fn hold_cursor(&mut self, next: Option<Place>) {
+        self.cursor = Some(next.map_or(END, |place| place.slot));
     }
 
     /// Where a walk whose cursor was parked resumes (`None`: nothing left to visit).
-    pub(crate) fn resume(&mut self) -> Option<u32> {
-        self.cursor.take().filter(|&slot| slot != END)
-    }
-}
-
-/// A value on cache lines of its own. The monitor lock is taken by every thread that admits or
-/// releases; next to the `Arc`'s reference counts (which every `Admit` and `Grant` moves) the two
-/// would bounce one line between cores twice as often.
-#[repr(align(128))]
-pub(crate) struct OwnLine<T>(pub(crate) T);
-
-impl<T> std::ops::Deref for OwnLine<T> {
-    type Target = T;
-
-    fn deref(&self) -> &T {
-        &self.0
-    }
-}
-
-/// The hasher of the `watched` map, whose keys are account addresses: one multiply (Fibonacci
-/// hashing, high bits first) is hash enough, and the lookup runs on every admit that parks.
-#[derive(Default, Clone, Copy)]
-pub(crate) struct AddressHasher(u64);
-
-impl Hasher for AddressHasher {
-    fn finish(&self) -> u64 {
-        self.0
+    pub(crate) fn resume(&mut self) -> Option<Place> {
+        self.cursor
+            .take()
+            .filter(|&slot| slot != END)
+            .map(|slot| self.place_of(slot))
     }
 
-    fn write(&mut self, bytes: &[u8]) {
-        for byte in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(*byte)).wrapping_mul(FIBONACCI);
-        }
-    }
-
-    fn write_usize(&mut self, address: usize) {
-        self.0 = (address as u64).wrapping_mul(FIBONACCI);
-    }
-}
-
-/// 2^64 divided by the golden ratio.
-const FIBONACCI: u64 = 0x9E37_79B9_7F4A_7C15;
-
-/// Everything under the monitor lock.
-pub(crate) struct State {
-    pub(crate) phase: Phase,
-    /// The line, in arrival order.
-    pub(crate) queue: Line,
-    pub(crate) evaluator: Option<(thread::JoinHandle<()>, thread::ThreadId)>,
-    /// Accounts whose wake slot holds our doorbell, so `stop` can clear them.
-    pub(crate) watched: HashMap<usize, Weak<dyn Account>, BuildHasherDefault<AddressHasher>>,
-    /// The wake-up the latest pass computed (`None`: only an event helps). Some pass runs by
-    /// then: the evaluator sleeps until it, or was rung to adopt it. An arrival whose own
-    /// deadline is no earlier need not ring.
-    pub(crate) planned_wake: Option<Instant>,
-    /// True while a pass that let go of the lock between two batches has more of the line to
-    /// walk: another pass waits for it instead of interleaving with it.
-    pub(crate) pass_running: bool,
-    /// Set by a pass that found another running: the running one walks the line again.
-    pub(crate) pass_again: bool,
-}
-
-impl State {
-    /// An open monitor's empty line.
-    pub(crate) fn new() -> State {
-        State {
-            phase: Phase::Open,
-            queue: Line::new(),
-            evaluator: None,
-            watched: HashMap::default(),
-            planned_wake: None,
-            pass_running: false,
-            pass_again: false,
-        }
-    }
-
-    /// How many waiters the gate holds now.
-    pub(crate) fn on_gate(&self) -> usize {
-        self.queue.on_gate()
-    }
-}
-
-/// True when `at` is an instant that comes before the wake-up `planned` by the last pass
-/// (`None` planned: only an event would wake the evaluator, so any instant comes first).
-pub(crate) fn before_planned(at: Option<Instant>, planned: Option<Instant>) -> bool {
-    match (at, planned) {
-        (None, _) => false,
-        (Some(at), Some(planned)) => at < planned,
-        (Some(_), None) => true,
+    /// Forgets a parked cursor (the walk it belonged to was abandoned).
+    pub(crate) fn drop_cursor(&mut self) {
+        self.cursor = None;
     }
 }
 
 #[cfg(all(test, not(admission_loom)))]
 mod tests {
     use super::*;
-    use crate::monitor::grant::Hold;
 
-    /// Parks a waiter named `name` at the tail, its record leaked (it outlives the line).
+    /// Parks a waiter named `name` at the tail.
     fn park(line: &mut Line, name: &str) -> Place {
-        let record: &'static Record = Box::leak(Box::default());
-        // SAFETY: a leaked record stays in place forever, and nothing else touches it.
-        line.push(
-            unsafe { RecordRef::new(record) },
-            waiter(name),
-            Hot::new(None, false),
-        )
+        line.push(waiter(name))
     }
 
     fn waiter(name: &str) -> Waiter {
-        Waiter {
-            demand: Demand::new(),
-            ctx: JobContext::new(name),
-            asked_at: Instant::ZERO,
-            timeout: None,
-            cell: CellRef::dangling(),
-            held: Holds::new(),
-        }
+        Waiter::new(
+            Demand::new(),
+            JobContext::new(name),
+            Instant::ZERO,
+            None,
+            false,
+            Notify::Nobody,
+        )
     }
 
     fn names(line: &Line) -> Vec<String> {
@@ -801,9 +538,16 @@ mod tests {
             .collect()
     }
 
+    fn refused() -> impl FnOnce(&mut Waiter) -> Done {
+        |w| Done {
+            demand: std::mem::take(&mut w.demand),
+            outcome: Err(AdmitError::Shutdown),
+        }
+    }
+
     #[test]
     fn waiters_leave_from_anywhere_and_the_rest_keep_their_order() {
-        let mut line = Line::new();
+        let mut line = Line::default();
         let places: Vec<Place> = ["a", "b", "c", "d"]
             .iter()
             .map(|n| park(&mut line, n))
@@ -814,11 +558,7 @@ mod tests {
                 .map(|w| w.ctx.snapshot().name.to_string()),
             Some("c".into())
         );
-        assert_eq!(
-            line.remove(places[0])
-                .map(|w| w.ctx.snapshot().name.to_string()),
-            Some("a".into())
-        );
+        assert!(line.decide(places[0], refused()).is_some());
         assert_eq!(names(&line), ["b", "d"]);
         assert!(line.is_head(places[1]));
         assert_eq!(
@@ -828,17 +568,24 @@ mod tests {
         park(&mut line, "e");
         assert_eq!(names(&line), ["b", "d", "e"]);
         assert_eq!(line.len(), 3);
-        assert_eq!(
-            line.remove(places[3])
-                .map(|w| w.ctx.snapshot().name.to_string()),
-            Some("d".into())
-        );
+        assert!(line.remove(places[3]).is_some());
         assert_eq!(names(&line), ["b", "e"]);
+        assert!(
+            matches!(
+                line.collect(places[0]),
+                Some(Done {
+                    outcome: Err(AdmitError::Shutdown),
+                    ..
+                })
+            ),
+            "the decision waits in its slot until collected"
+        );
+        assert!(line.collect(places[0]).is_none(), "collected once");
     }
 
     #[test]
     fn a_place_whose_waiter_left_finds_nothing_even_in_a_reused_slot() {
-        let mut line = Line::new();
+        let mut line = Line::default();
         let first = park(&mut line, "first");
         assert!(line.remove(first).is_some());
         let second = park(&mut line, "second");
@@ -846,46 +593,39 @@ mod tests {
         assert!(line.get(first).is_none());
         assert!(!line.is_head(first));
         assert!(line.remove(first).is_none());
+        assert!(line.decide(first, refused()).is_none());
+        assert!(line.collect(first).is_none());
         assert_eq!(names(&line), ["second"]);
     }
 
     #[test]
     fn a_held_cursor_moves_on_when_its_waiter_leaves_and_picks_up_an_arrival_at_the_end() {
-        let mut line = Line::new();
+        let mut line = Line::default();
         let a = park(&mut line, "a");
         let b = park(&mut line, "b");
-        let first = line.first_slot().expect("a waiter");
-        let (place, next, _, _) = line.step(first);
-        assert_eq!(place, a);
+        let first = line.first().expect("a waiter");
+        assert_eq!(first, a);
+        let (next, _) = line.step(first);
         line.hold_cursor(next);
         assert!(line.remove(b).is_some(), "the walk's next waiter leaves");
         let c = park(&mut line, "c");
         let resumed = line.resume().expect("the arrival is visited");
-        assert_eq!(line.step(resumed).0, c);
+        assert_eq!(resumed, c);
         line.hold_cursor(None);
         assert_eq!(line.resume(), None, "nothing arrived after the end");
         line.hold_cursor(None);
         let d = park(&mut line, "d");
-        let resumed = line.resume().expect("an arrival at the end is visited");
-        assert_eq!(line.step(resumed).0, d);
+        assert_eq!(line.resume(), Some(d), "an arrival at the end is visited");
     }
 
     #[test]
-    fn the_slab_grows_by_chunks_without_moving_a_record_and_reuses_the_last_freed_slot_first() {
-        let mut line = Line::new();
-        let first = park(&mut line, "first");
-        let address =
-            |line: &Line, place: Place| std::ptr::from_ref(line.node(place).expect("in the line"));
-        let before = address(&line, first);
+    fn the_slab_grows_by_chunks_and_reuses_the_last_freed_slot_first() {
+        let mut line = Line::default();
+        let _first = park(&mut line, "first");
         let places: Vec<Place> = (1..=CHUNK)
             .map(|i| park(&mut line, &format!("w{i}")))
             .collect();
-        assert_eq!(line.nodes.capacity(), 2 * CHUNK, "one more chunk");
-        assert_eq!(
-            address(&line, first),
-            before,
-            "the first record did not move"
-        );
+        assert_eq!(line.slots.capacity(), 2 * CHUNK, "one more chunk");
         assert!(line.remove(places[10]).is_some());
         assert!(line.remove(places[20]).is_some());
         let again = park(&mut line, "again");
@@ -894,89 +634,43 @@ mod tests {
         assert_eq!(once_more.slot, places[10].slot);
         assert_eq!(line.len(), CHUNK + 1);
         assert_eq!(line.iter().count(), CHUNK + 1);
+        assert_eq!(line.places().len(), CHUNK + 1);
     }
 
     #[test]
-    fn a_slot_keeps_what_a_pass_reads_within_one_cache_line() {
-        // Deadline, holding bits, gate flag and the entries' address beside the links and the
-        // record's pointer: a pass over waiters that stay reads 56 bytes of each slot.
-        assert_eq!(std::mem::size_of::<Slot>(), 56);
-        assert_eq!(std::mem::size_of::<Hot>(), 32);
-    }
-
-    #[test]
-    fn a_hot_part_tells_its_deadline_and_an_empty_demand_before_parking() {
-        let at = Instant::ZERO.saturating_add(Duration::from_millis(5));
-        let hot = Hot::new(Some(at), true);
-        assert_eq!(hot.deadline_or_max(), at);
-        assert!(!hot.is_due(Instant::ZERO.saturating_add(Duration::from_millis(4))));
-        assert!(hot.is_due(at));
-        assert!(hot.on_gate && hot.entries().is_empty());
-        let never = Hot::new(None, false);
-        assert_eq!(never.deadline_or_max(), Instant::MAX);
-        assert!(!never.is_due(Instant::MAX), "no deadline is ever due");
-    }
-
-    #[test]
-    fn a_holding_set_is_exact_for_the_first_62_entries_and_the_gate() {
-        let hold = |entry: Option<usize>, until: Option<Instant>| {
-            let mut hold = Hold::new(entry, Instant::ZERO);
-            if let Some(until) = until {
-                hold.end(until);
-            }
-            hold
-        };
-        let short = [Some(0), None, Some(61)];
-        let held = [
-            hold(Some(0), None),
-            hold(Some(5), Some(Instant::ZERO)),
-            hold(None, None),
-            hold(Some(61), None),
-        ];
-        assert_eq!(
-            Holding::of(&short),
-            Holding::now_of(&held),
-            "the ended hold is out"
-        );
-        assert!(Holding::of(&short).is_exact());
-        assert!(Holding::of(&short).has_gate() && Holding::of(&short).has_account());
-        assert!(!Holding::of(&[None]).has_account());
-        assert!(!Holding::of(&[Some(3)]).has_gate());
-        // Entries 62 and 63 share one bit: such a set is not exact.
-        assert_eq!(Holding::of(&[Some(62)]), Holding::of(&[Some(63)]));
-        assert!(!Holding::of(&[Some(62)]).is_exact());
-        assert!(Holding::of(&[Some(62)]).has_account());
-    }
-
-    #[test]
-    fn an_emptied_long_line_gives_its_slab_back() {
-        let mut line = Line::new();
+    fn an_emptied_long_line_gives_its_slab_back_once_every_decision_is_collected() {
+        let mut line = Line::default();
         let places: Vec<Place> = (0..KEEP_EMPTY_SLOTS + 1)
             .map(|i| park(&mut line, &format!("w{i}")))
             .collect();
-        assert!(line.nodes.capacity() > KEEP_EMPTY_SLOTS);
-        for place in places {
+        assert!(line.slots.capacity() > KEEP_EMPTY_SLOTS);
+        let (last, rest) = places.split_last().expect("waiters");
+        for &place in rest {
             assert!(line.remove(place).is_some());
         }
-        assert_eq!(line.nodes.capacity(), 0);
+        assert!(line.decide(*last, refused()).is_some());
+        assert!(line.is_empty());
+        assert!(
+            line.take_emptied().is_none(),
+            "a decision not collected keeps the slab"
+        );
+        assert!(line.collect(*last).is_some());
+        assert_eq!(line.slots.capacity(), 0);
         let emptied = line
             .take_emptied()
             .expect("the long line's slab, to free later");
-        assert!(emptied.0.capacity() > KEEP_EMPTY_SLOTS);
+        assert!(emptied.0.len() * CHUNK > KEEP_EMPTY_SLOTS);
         assert!(line.take_emptied().is_none());
         let short: Vec<Place> = (0..8).map(|i| park(&mut line, &format!("v{i}"))).collect();
-        let capacity = line.nodes.capacity();
+        let capacity = line.slots.capacity();
         for place in short {
             assert!(line.remove(place).is_some());
         }
         assert_eq!(
-            line.nodes.capacity(),
+            line.slots.capacity(),
             capacity,
             "a short line keeps its slots"
         );
         assert!(line.take_emptied().is_none());
-        let mut taken = 0;
-        line.take_all(|_| taken += 1);
-        assert_eq!(taken, 0);
     }
 }

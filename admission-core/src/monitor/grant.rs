@@ -9,11 +9,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use smallvec::SmallVec;
-
-use crate::clock::Instant;
 use crate::context::JobContext;
 use crate::demand::{Demand, Entry};
+use crate::machine::Waits;
 
 /// What a grant gives back to: the monitor that made it.
 pub(crate) trait Owner: Send + Sync + 'static {
@@ -27,63 +25,6 @@ pub(crate) trait Owner: Send + Sync + 'static {
     /// This owner as a shared handle, for a borrowed grant turned into an owned one.
     fn to_shared(&self) -> Arc<dyn Owner>;
 }
-
-/// One account's hold on a waiter, kept for [`Grant::wait_times`]: 24 bytes. The one hold most
-/// waiters get sits in the waiter's record ([`Holds`]), so parking allocates nothing for it; a
-/// grant copies it into room its pass made before taking the lock.
-pub(crate) struct Hold {
-    /// The held entry's index in the waiter's demand (a demand has one entry per account, so
-    /// the index names the account), or [`Hold::GATE`] for the gate. Names are looked up only
-    /// when a grant reports its waits, so holding costs no copy.
-    entry: u32,
-    /// When the account first refused the waiter.
-    since: Instant,
-    /// When it last stopped refusing ([`Instant::MAX`] while it still refuses).
-    until: Instant,
-}
-
-impl Hold {
-    /// The index under which the gate appears among a waiter's holds.
-    const GATE: u32 = u32::MAX;
-
-    /// A hold by the demand's entry `entry` (`None`: the gate) since `since`, still holding.
-    /// (An index past `u32::MAX - 1`, in a demand of four billion accounts, shares the last.)
-    pub(crate) fn new(entry: Option<usize>, since: Instant) -> Hold {
-        Hold {
-            entry: entry.map_or(Hold::GATE, |i| {
-                u32::try_from(i).map_or(Hold::GATE - 1, |i| i.min(Hold::GATE - 1))
-            }),
-            since,
-            until: Instant::MAX,
-        }
-    }
-
-    /// When the account last stopped refusing; `None` while it still refuses.
-    pub(crate) fn until(&self) -> Option<Instant> {
-        (self.until != Instant::MAX).then_some(self.until)
-    }
-
-    /// The account refuses again (or still): the hold is open.
-    pub(crate) fn reopen(&mut self) {
-        self.until = Instant::MAX;
-    }
-
-    /// The account stopped refusing at `at`, unless it had already (the first end counts).
-    /// An end at [`Instant::MAX`] itself (a clock at its very end) keeps the hold open.
-    pub(crate) fn end(&mut self, at: Instant) {
-        if self.until == Instant::MAX {
-            self.until = at;
-        }
-    }
-
-    /// The held entry's index in the waiter's demand; `None` for the gate.
-    pub(crate) fn entry(&self) -> Option<usize> {
-        (self.entry != Hold::GATE).then_some(self.entry as usize)
-    }
-}
-
-/// A waiter's holds: room for one in place (most waiters are held by one account at a time).
-pub(crate) type Holds = SmallVec<[Hold; 1]>;
 
 /// Everything one job was granted, returned when the grant is released, rolled back or dropped.
 ///
@@ -120,34 +61,6 @@ pub struct Grant {
     /// asked for, outside the monitor lock.
     waits: Waits,
     settled: bool,
-}
-
-/// The holds a waiter collected in the line, moved into its grant unread, and the two instants
-/// its wait ran between.
-pub(crate) struct Waits {
-    /// The record's [`Holds`], moved as they are: the one hold most waiters have stays in place,
-    /// so granting a waiter allocates nothing.
-    pub(crate) holds: Holds,
-    /// When the job asked (parked).
-    pub(crate) asked_at: Instant,
-    /// The instant of the grant: where a hold still open at the end ends.
-    pub(crate) granted_at: Instant,
-}
-
-impl Waits {
-    /// An immediate grant's: nothing held it, and it waited for nothing.
-    pub(crate) fn none() -> Waits {
-        Waits {
-            holds: Holds::new(),
-            asked_at: Instant::ZERO,
-            granted_at: Instant::ZERO,
-        }
-    }
-
-    /// From asking to granted.
-    pub(crate) fn wall_wait(&self) -> Duration {
-        self.granted_at.saturating_duration_since(self.asked_at)
-    }
 }
 
 /// Gives `entries` back through `owner` unless `settled` says it was done: what either kind of
@@ -237,7 +150,10 @@ impl Grant {
                     None => self.owner.gate_name(),
                 };
                 let until = hold.until().unwrap_or(*granted_at);
-                (name.to_owned(), until.saturating_duration_since(hold.since))
+                (
+                    name.to_owned(),
+                    until.saturating_duration_since(hold.since()),
+                )
             })
             .collect()
     }

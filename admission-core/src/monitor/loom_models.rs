@@ -312,10 +312,7 @@ fn loom_the_first_park_starting_the_evaluator_racing_stop_leaves_nothing_behind(
             "got {outcome:?}"
         );
         assert_eq!(monitor.queue_size(), 0);
-        assert!(
-            monitor.shared.state.lock().evaluator.is_none(),
-            "stop joined it"
-        );
+        assert!(!monitor.shared.has_evaluator(), "stop joined it");
         drop(held);
         assert_eq!(gate.free(), 1);
     });
@@ -355,7 +352,7 @@ fn loom_a_waiters_own_expiry_racing_its_grant_settles_once_and_keeps_nothing() {
         let expirer = thread::spawn(move || {
             c.0.store(20, std::sync::atomic::Ordering::SeqCst);
             // The first (and only) waiter parked in this line.
-            shared.expire(super::line::Place::FIRST);
+            shared.expire(crate::machine::Place::FIRST);
         });
         giver.join().unwrap();
         expirer.join().unwrap();

@@ -71,6 +71,9 @@ fn every_admission_has_a_span_with_its_job_accounts_wait_and_outcome() {
     let spans = Spans::default();
     let subscriber = tracing_subscriber::registry().with(spans.clone());
     tracing::subscriber::with_default(subscriber, || {
+        // Another test's thread may have registered the `admit` callsite while no subscriber
+        // wanted it, racing this one's registration: ask every callsite again now.
+        tracing::callsite::rebuild_interest_cache();
         let clock = FakeClock::new();
         let monitor = Monitor::builder()
             .manual_passes()
