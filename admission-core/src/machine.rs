@@ -39,6 +39,8 @@
 mod ask;
 mod holds;
 mod line;
+#[cfg(test)]
+mod model;
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -1187,9 +1189,9 @@ impl Machine {
         self.walk = None;
         self.pass_again = false;
         self.line.drop_cursor();
+        let mut on_gate = self.line.on_gate();
         for place in self.line.places() {
-            let mut ignored = 0;
-            self.refuse(place, error.clone(), &mut ignored, now, fx);
+            self.refuse(place, error.clone(), &mut on_gate, now, fx);
         }
         self.emptied(fx);
         self.publish(0);

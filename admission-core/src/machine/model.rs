@@ -1,0 +1,643 @@
+//! The state machine against a reference model written for clarity, not speed.
+//!
+//! The reference is one FIFO line walked from its front after every change: a waiter whose
+//! deadline passed leaves first, a demand an account can never grant is refused wherever it
+//! stands, the first waiter that does not fit is the head, and every waiter behind it is asked
+//! with the head's amounts set aside (EASY backfilling). Random sequences of arrivals, releases,
+//! cancellations, clock moves, capacity changes and a stop drive both. The machine is driven as
+//! the shell drives it, with no lock, no thread and no real clock: a release gives back with the
+//! machine's wake-up muted and runs the early-stopping pass of [`Scope::Released`]; a cancellation
+//! runs what [`Machine::leave`] asks for; a clock move or an account's wake-up (the doorbell) runs
+//! a full pass; an arrival parked with `ring` runs one too. Passes pause after a random batch of
+//! 1 to 8 waiters and are resumed, as the shell does between batches.
+//!
+//! After each operation the grants (in the order the machine's events report them) and how every
+//! job ended must be the reference's, every account's use must be the reference's and never above
+//! its capacity, and the parked count must be the reference's. A full pass run after a scoped one
+//! must then decide nothing: the early stop skipped no one who could go. Each sequence ends with
+//! nothing held and nothing parked. 1,000 sequences of 1,000 operations run by default
+//! (`ADMISSION_MODEL_CASES` sets another count). A planted flaw, a backfill that ignores the
+//! head's reservation, fails within the first sequences.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use proptest::prelude::*;
+
+use super::{Arrival, Arrived, Effects, Left, Machine, Next, Passed, Remains, Scope};
+use crate::account::{
+    Account, AccountStatus, Answer, Ask, Category, Refusal, Replenishment, WakeSlot,
+};
+use crate::amount::Amount;
+use crate::clock::{Clock, Instant, Reading, WakeFn};
+use crate::context::JobContext;
+use crate::contract::mute;
+use crate::demand::Demand;
+use crate::error::AdmitError;
+use crate::event::EventKind;
+use crate::sync::Published;
+
+use super::line::{Done, Notify, Place};
+use super::{Leaving, PASS_BATCH};
+
+const ACCOUNTS: usize = 3;
+
+/// A release account whose capacity a test changes. A take past the capacity fails the test at
+/// once.
+struct Pool {
+    name: String,
+    capacity: AtomicU64,
+    in_use: Mutex<u64>,
+    wake: WakeSlot,
+}
+
+impl Pool {
+    fn new(name: String, capacity: u64) -> Pool {
+        Pool {
+            name,
+            capacity: AtomicU64::new(capacity),
+            in_use: Mutex::new(0),
+            wake: WakeSlot::new(),
+        }
+    }
+
+    fn set_capacity(&self, capacity: u64) {
+        let before = self.capacity.swap(capacity, Ordering::SeqCst);
+        if capacity > before {
+            self.wake.notify();
+        }
+    }
+
+    fn in_use(&self) -> u64 {
+        *self.in_use.lock()
+    }
+}
+
+/// What `status` shows: nothing the model reads.
+#[derive(Debug, serde::Serialize)]
+struct PoolStatus(String);
+
+impl AccountStatus for PoolStatus {
+    fn name(&self) -> &str {
+        &self.0
+    }
+    fn category(&self) -> Category {
+        Category::custom("pool")
+    }
+    fn summary(&self) -> String {
+        String::new()
+    }
+}
+
+impl Account for Pool {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn category(&self) -> Category {
+        Category::custom("pool")
+    }
+    fn replenishment(&self) -> Replenishment {
+        Replenishment::Release
+    }
+    fn ask(&self, mine: Amount, ask: Ask) -> Answer {
+        let capacity = self.capacity.load(Ordering::SeqCst);
+        if mine.primary() > capacity {
+            return Answer::Never(Refusal::too_large(mine, Amount::units(capacity)));
+        }
+        let mut in_use = self.in_use.lock();
+        let free = capacity.saturating_sub(*in_use);
+        if mine.primary() + ask.reserved_ahead().primary() > free {
+            return Answer::NotNow(None);
+        }
+        if ask.takes() {
+            *in_use += mine.primary();
+            assert!(
+                *in_use <= capacity,
+                "{} overdrawn: {in_use} of {capacity}",
+                self.name
+            );
+        }
+        Answer::Taken
+    }
+    fn give(&self, amount: Amount) {
+        {
+            let mut in_use = self.in_use.lock();
+            *in_use = in_use
+                .checked_sub(amount.primary())
+                .expect("a give of more than was taken");
+        }
+        if amount.primary() > 0 {
+            self.wake.notify();
+        }
+    }
+    fn status(&self) -> Box<dyn AccountStatus> {
+        Box::new(PoolStatus(self.name.clone()))
+    }
+    fn on_capacity_change(&self, wake: Option<WakeFn>) {
+        self.wake.install(wake);
+    }
+    fn forget_capacity_change(&self, wake: &WakeFn) {
+        self.wake.clear_if(wake);
+    }
+}
+
+/// A clock the test moves.
+#[derive(Debug, Default)]
+struct Hand(AtomicU64);
+
+impl Clock for Hand {
+    fn now(&self) -> Instant {
+        Instant::from_nanos(self.0.load(Ordering::SeqCst))
+    }
+}
+
+/// One step of a sequence.
+#[derive(Clone, Debug)]
+enum Op {
+    /// A job asks for `amounts` (account, units), waiting at most `timeout_ms` if any.
+    Arrive {
+        amounts: Vec<(usize, u64)>,
+        timeout_ms: Option<u64>,
+    },
+    /// The `n`th held grant (modulo how many are held) is given back.
+    Release(usize),
+    /// The `n`th waiting job (modulo) is cancelled.
+    Cancel(usize),
+    /// The `n`th waiting job (modulo) is abandoned (its future dropped).
+    Abandon(usize),
+    /// The clock moves on.
+    Advance(u64),
+    /// An account's capacity changes.
+    Capacity(usize, u64),
+    /// The machine stops.
+    Stop,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let amounts = proptest::sample::subsequence((0..ACCOUNTS).collect::<Vec<_>>(), 1..=ACCOUNTS)
+        .prop_flat_map(|accounts| {
+            let n = accounts.len();
+            (Just(accounts), proptest::collection::vec(1..=6u64, n))
+        })
+        .prop_map(|(accounts, units)| accounts.into_iter().zip(units).collect::<Vec<_>>());
+    prop_oneof![
+        40 => (amounts, proptest::option::weighted(0.5, 1..=40u64))
+            .prop_map(|(amounts, timeout_ms)| Op::Arrive { amounts, timeout_ms }),
+        25 => any::<usize>().prop_map(Op::Release),
+        6 => any::<usize>().prop_map(Op::Cancel),
+        3 => any::<usize>().prop_map(Op::Abandon),
+        12 => (0..=20u64).prop_map(Op::Advance),
+        8 => (0..ACCOUNTS, 1..=6u64).prop_map(|(a, c)| Op::Capacity(a, c)),
+        1 => Just(Op::Stop),
+    ]
+}
+
+/// How a job ended, as both sides report it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    Granted,
+    Never,
+    TimedOut,
+    Cancelled,
+    Abandoned,
+    Shutdown,
+}
+
+fn end_of(error: &AdmitError) -> End {
+    match error {
+        AdmitError::Refused { .. } => End::Never,
+        AdmitError::TimedOut { .. } => End::TimedOut,
+        AdmitError::Cancelled { .. } => End::Cancelled,
+        AdmitError::Shutdown => End::Shutdown,
+        other => panic!("an error the model does not know: {other}"),
+    }
+}
+
+/// The reference's waiter: its job, its amounts, and its deadline (ms).
+#[derive(Clone, Debug)]
+struct Waiting {
+    job: u64,
+    amounts: Vec<(usize, u64)>,
+    deadline: Option<u64>,
+}
+
+/// The reference: plain vectors and one walk.
+struct Model {
+    capacity: [u64; ACCOUNTS],
+    in_use: [u64; ACCOUNTS],
+    line: Vec<Waiting>,
+    held: Vec<(u64, Vec<(usize, u64)>)>,
+    now: u64,
+    stopped: bool,
+}
+
+impl Model {
+    fn free(&self, account: usize) -> u64 {
+        self.capacity[account].saturating_sub(self.in_use[account])
+    }
+
+    fn never(&self, amounts: &[(usize, u64)]) -> bool {
+        amounts.iter().any(|&(a, units)| units > self.capacity[a])
+    }
+
+    fn fits(&self, amounts: &[(usize, u64)], ahead: &[u64; ACCOUNTS]) -> bool {
+        amounts
+            .iter()
+            .all(|&(a, units)| units + ahead[a] <= self.free(a))
+    }
+
+    /// The walk from the front: the grants in order, and how jobs ended.
+    fn walk(&mut self, granted: &mut Vec<u64>, ended: &mut BTreeMap<u64, End>) {
+        let mut ahead: Option<[u64; ACCOUNTS]> = None;
+        let mut i = 0;
+        while i < self.line.len() {
+            let w = self.line[i].clone();
+            if w.deadline.is_some_and(|d| d <= self.now) {
+                self.line.remove(i);
+                ended.insert(w.job, End::TimedOut);
+                continue;
+            }
+            if self.never(&w.amounts) {
+                self.line.remove(i);
+                ended.insert(w.job, End::Never);
+                continue;
+            }
+            if self.fits(&w.amounts, &ahead.unwrap_or([0; ACCOUNTS])) {
+                self.line.remove(i);
+                for &(a, units) in &w.amounts {
+                    self.in_use[a] += units;
+                }
+                self.held.push((w.job, w.amounts));
+                granted.push(w.job);
+                ended.insert(w.job, End::Granted);
+                continue;
+            }
+            if ahead.is_none() {
+                let mut reserved = [0; ACCOUNTS];
+                for &(a, units) in &w.amounts {
+                    reserved[a] = units;
+                }
+                ahead = Some(reserved);
+            }
+            i += 1;
+        }
+    }
+
+    fn release(&mut self, job: u64) {
+        let at = self
+            .held
+            .iter()
+            .position(|(j, _)| *j == job)
+            .expect("the model holds it too");
+        let (_, amounts) = self.held.remove(at);
+        for (a, units) in amounts {
+            self.in_use[a] -= units;
+        }
+    }
+}
+
+/// The machine's side, driven as the shell drives it.
+struct Real {
+    machine: Machine,
+    clock: Arc<Hand>,
+    pools: Vec<Arc<Pool>>,
+    /// The doorbell: an account's wake-up (or the clock) asks for a full pass.
+    rung: Arc<AtomicBool>,
+    mute: usize,
+    waiting: Vec<(u64, JobContext, Place)>,
+    held: Vec<(u64, Demand)>,
+    /// The grants the machine's events reported, in order.
+    granted: Vec<u64>,
+    /// Waiters decided in a pass: the test reads their decisions after it.
+    decided: usize,
+}
+
+impl Real {
+    /// What the shell does with effects after the lock: here, the grants reported.
+    fn perform(&mut self, mut fx: Effects) {
+        for event in fx.events.take().unwrap_or_default() {
+            if matches!(
+                event.kind,
+                EventKind::GrantedImmediate | EventKind::GrantedFromHold { .. }
+            ) {
+                self.granted.push(event.job.id);
+            }
+        }
+        self.decided += fx.wake.len();
+    }
+
+    /// A pass of `scope`, resumed after every pause, walked again when asked.
+    fn pass(&mut self, scope: Scope<'_>) {
+        let clock = self.clock.clone();
+        let now = Reading::new(&*clock);
+        let mut fx = Effects::new(true);
+        let mut passed = self.machine.pass(scope, &now, &mut fx, &|| true);
+        loop {
+            match passed {
+                Passed::Paused => {
+                    self.perform(std::mem::replace(&mut fx, Effects::new(true)));
+                    passed = self.machine.resume(&now, &mut fx, &|| true);
+                }
+                Passed::Done { again: true, .. } => {
+                    passed = self.machine.pass(Scope::Full, &now, &mut fx, &|| true);
+                }
+                Passed::Done { again: false, .. } => break,
+            }
+        }
+        self.perform(fx);
+    }
+
+    /// A full pass if the doorbell rang.
+    fn answer_the_bell(&mut self) {
+        while self.rung.swap(false, Ordering::SeqCst) {
+            self.pass(Scope::Full);
+        }
+    }
+
+    /// Every waiter's decision collected: the jobs that ended, and how.
+    fn settle(&mut self, ended: &mut BTreeMap<u64, End>) {
+        let mut still = Vec::new();
+        for (job, ctx, place) in std::mem::take(&mut self.waiting) {
+            let mut fx = Effects::new(true);
+            let done = self.machine.collect(place, &mut fx);
+            self.perform(fx);
+            match done {
+                None => still.push((job, ctx, place)),
+                Some(Done { demand, outcome }) => match outcome {
+                    Ok(_) => {
+                        ended.insert(job, End::Granted);
+                        self.held.push((job, demand));
+                    }
+                    Err(error) => {
+                        ended.insert(job, end_of(&error));
+                    }
+                },
+            }
+        }
+        self.waiting = still;
+    }
+
+    /// What a leaving waiter asks of the line next, done.
+    fn next(&mut self, left: Left) {
+        match left.next {
+            Next::Nothing => {}
+            Next::Ring => self.pass(Scope::Full),
+            Next::Pass(demand) => self.pass(Scope::Released(demand.entries())),
+        }
+    }
+}
+
+fn check(ops: &[Op], capacities: [u64; ACCOUNTS], batch: usize) {
+    let rung = Arc::new(AtomicBool::new(false));
+    let kick: WakeFn = {
+        let rung = rung.clone();
+        Arc::new(move || rung.store(true, Ordering::SeqCst))
+    };
+    let mute = mute::wake_key(&kick);
+    let mut real = Real {
+        machine: Machine::new(None, kick, mute, Arc::new(Published::default()), batch),
+        clock: Arc::default(),
+        pools: (0..ACCOUNTS)
+            .map(|a| Arc::new(Pool::new(format!("pool-{a}"), capacities[a])))
+            .collect(),
+        rung,
+        mute,
+        waiting: Vec::new(),
+        held: Vec::new(),
+        granted: Vec::new(),
+        decided: 0,
+    };
+    let mut model = Model {
+        capacity: capacities,
+        in_use: [0; ACCOUNTS],
+        line: Vec::new(),
+        held: Vec::new(),
+        now: 0,
+        stopped: false,
+    };
+    for (step, op) in ops.iter().enumerate() {
+        let mut model_granted = Vec::new();
+        let mut model_ended = BTreeMap::new();
+        let mut real_ended = BTreeMap::new();
+        match op {
+            Op::Arrive {
+                amounts,
+                timeout_ms,
+            } => {
+                let ctx = JobContext::new(format!("job-{step}"));
+                let job = ctx.id();
+                let mut demand = Demand::new();
+                for &(a, units) in amounts {
+                    demand.add(real.pools[a].clone(), Amount::units(units));
+                }
+                let clock = real.clock.clone();
+                let now = Reading::new(&*clock);
+                let mut fx = Effects::new(true);
+                let arrived = real.machine.arrive(
+                    Arrival {
+                        demand,
+                        ctx: &ctx,
+                        timeout: timeout_ms.map(Duration::from_millis),
+                        asked: false,
+                        notify: Notify::Nobody,
+                    },
+                    &now,
+                    &mut fx,
+                );
+                real.perform(fx);
+                match arrived {
+                    Arrived::Granted(demand) => {
+                        real_ended.insert(job, End::Granted);
+                        real.held.push((job, demand));
+                    }
+                    Arrived::Refused { error, .. } => {
+                        real_ended.insert(job, end_of(&error));
+                    }
+                    Arrived::Parked { place, ring, .. } => {
+                        real.waiting.push((job, ctx, place));
+                        if ring {
+                            real.pass(Scope::Full);
+                        }
+                    }
+                }
+                if model.stopped {
+                    model_ended.insert(job, End::Shutdown);
+                } else if model.never(amounts) {
+                    model_ended.insert(job, End::Never);
+                } else {
+                    model.line.push(Waiting {
+                        job,
+                        amounts: amounts.clone(),
+                        deadline: timeout_ms.map(|t| model.now + t),
+                    });
+                }
+            }
+            Op::Release(n) => {
+                if !real.held.is_empty() {
+                    let (job, demand) = real.held.remove(n % real.held.len());
+                    mute::muting(real.mute, || {
+                        for entry in demand.entries() {
+                            entry.account().give(entry.amount());
+                        }
+                    });
+                    real.pass(Scope::Released(demand.entries()));
+                    model.release(job);
+                }
+            }
+            Op::Cancel(n) | Op::Abandon(n) => {
+                if !real.waiting.is_empty() {
+                    let at = n % real.waiting.len();
+                    let (job, place) = (real.waiting[at].0, real.waiting[at].2);
+                    let why = if matches!(op, Op::Cancel(_)) {
+                        Leaving::Cancelled
+                    } else {
+                        Leaving::Abandoned
+                    };
+                    let clock = real.clock.clone();
+                    let now = Reading::new(&*clock);
+                    let mut fx = Effects::new(true);
+                    let left = real.machine.leave(place, why, &now, &mut fx);
+                    real.perform(fx);
+                    if matches!(why, Leaving::Abandoned) {
+                        real.waiting.remove(at);
+                        assert!(
+                            !matches!(left.remains, Remains::Decided(_)),
+                            "step {step}: a waiter in the line had a decision"
+                        );
+                        real_ended.insert(job, End::Abandoned);
+                    }
+                    real.next(left);
+                    if let Some(i) = model.line.iter().position(|w| w.job == job) {
+                        model.line.remove(i);
+                        model_ended.insert(
+                            job,
+                            if matches!(why, Leaving::Cancelled) {
+                                End::Cancelled
+                            } else {
+                                End::Abandoned
+                            },
+                        );
+                    }
+                }
+            }
+            Op::Advance(ms) => {
+                real.clock.0.fetch_add(ms * 1_000_000, Ordering::SeqCst);
+                model.now += ms;
+                // The evaluator's timer: a pass at the new instant.
+                real.pass(Scope::Full);
+            }
+            Op::Capacity(a, capacity) => {
+                real.pools[*a].set_capacity(*capacity);
+                model.capacity[*a] = *capacity;
+                // A capacity that shrank rings nothing: the model's walk refuses a demand that
+                // can never fit now, and so must a pass (the evaluator's next one).
+                if real.machine.len() > 0 {
+                    real.rung.store(true, Ordering::SeqCst);
+                }
+            }
+            Op::Stop => {
+                let clock = real.clock.clone();
+                let now = Reading::new(&*clock);
+                let mut fx = Effects::new(true);
+                real.machine.stop(&now, &mut fx);
+                real.perform(fx);
+                if !model.stopped {
+                    model.stopped = true;
+                    for w in model.line.drain(..) {
+                        model_ended.insert(w.job, End::Shutdown);
+                    }
+                }
+            }
+        }
+        real.answer_the_bell();
+        if !model.stopped {
+            model.walk(&mut model_granted, &mut model_ended);
+        }
+        real.settle(&mut real_ended);
+        assert_eq!(
+            std::mem::take(&mut real.granted),
+            model_granted,
+            "step {step} ({op:?}): the grants, in order"
+        );
+        assert_eq!(
+            real_ended, model_ended,
+            "step {step} ({op:?}): how jobs ended"
+        );
+        // The early stop skipped no one: a full pass now decides nothing.
+        real.decided = 0;
+        real.pass(Scope::Full);
+        assert_eq!(
+            real.decided, 0,
+            "step {step} ({op:?}): a full pass found more to decide"
+        );
+        for (a, pool) in real.pools.iter().enumerate() {
+            assert_eq!(pool.in_use(), model.in_use[a], "step {step}: pool-{a}");
+        }
+        assert_eq!(real.machine.len(), model.line.len(), "step {step}: parked");
+    }
+    // The end: a stop refuses every waiter; every grant is given back; nothing held or parked.
+    let clock = real.clock.clone();
+    let now = Reading::new(&*clock);
+    let mut fx = Effects::new(true);
+    real.machine.stop(&now, &mut fx);
+    real.perform(fx);
+    let mut ended = BTreeMap::new();
+    real.settle(&mut ended);
+    assert!(ended.values().all(|e| *e == End::Shutdown), "{ended:?}");
+    assert!(real.waiting.is_empty(), "a waiter never decided");
+    for (_, demand) in real.held.drain(..) {
+        for entry in demand.entries() {
+            entry.account().give(entry.amount());
+        }
+    }
+    assert_eq!(real.machine.len(), 0);
+    assert!(real.pools.iter().all(|p| p.in_use() == 0), "leaked a unit");
+}
+
+/// The number of sequences: 1,000 by default (1,000,000 operations); `ADMISSION_MODEL_CASES`
+/// sets another. Under valgrind (`ADMISSION_UNDER_VALGRIND`, the memcheck step), 10: the
+/// million runs in the tests step.
+fn cases() -> u32 {
+    if let Some(n) = std::env::var("ADMISSION_MODEL_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+    {
+        return n;
+    }
+    if std::env::var_os("ADMISSION_UNDER_VALGRIND").is_some() {
+        10
+    } else {
+        1_000
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_machine_grants_and_refuses_as_the_reference_model_does(
+        ops in proptest::collection::vec(op(), 1_000),
+        capacities in proptest::array::uniform3(1..=6u64),
+        batch in 1..=8usize,
+    ) {
+        check(&ops, capacities, batch);
+    }
+}
+
+#[test]
+fn a_pass_batch_of_the_shells_size_walks_the_same_line() {
+    let ops: Vec<Op> = (0..200)
+        .map(|i| match i % 4 {
+            0 | 1 => Op::Arrive {
+                amounts: vec![(i % ACCOUNTS, 1 + (i as u64 % 3))],
+                timeout_ms: None,
+            },
+            2 => Op::Release(i),
+            _ => Op::Advance(1),
+        })
+        .collect();
+    check(&ops, [3, 3, 3], PASS_BATCH);
+}
