@@ -8,14 +8,14 @@
 //! grant, (g) an ask that takes then gives back racing a give, (h) the unlocked fast path giving
 //! back (muted) what a parker was refused for, (i) the unlocked fast path racing `stop`, (j) and
 //! (k) a release and an unlocked give-back racing a park on an account built on an atomic counter
-//! rather than a lock (the parker's fence in `Shared::publish_parked`), (l) the unlocked fast
+//! rather than a lock (the parker's fence in `Published::publish`), (l) the unlocked fast
 //! path racing a cancel, (m) a waker that owns a grant, dropped as its admit is polled again,
-//! its grant's pass filling that admit's cell while a newcomer races it, (n) the head leaving
+//! its grant's pass deciding that admit while a newcomer races it, (n) the head leaving
 //! (its own pass on the dropping thread) racing an asker held behind it, (o) a pass that lets
 //! go of the lock between its batches racing an arrival, (p) two such passes racing, (q) such a
-//! pass racing the withdrawal of the waiter it visits next, (r) `stop` filling the outcome cell
-//! of a parked future (a cell inside the future, which the line points at) racing that future's
-//! drop on another thread, and a release granting it.
+//! pass racing the withdrawal of the waiter it visits next, (r) `stop` deciding a parked future
+//! (its decision kept in the line's slot until collected) racing that future's drop on another
+//! thread, and a release granting it.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -224,14 +224,13 @@ fn loom_an_abandoned_admit_racing_its_grant_keeps_nothing() {
     });
 }
 
-/// (r) The outcome cell lives in the future: the line's record points into it. `stop` fills it
-/// under the monitor lock while the future is dropped (its memory freed) on another thread and a
-/// release may grant it first: the drop's withdrawal and the fills are ordered by the monitor
-/// lock, so the cell is filled before the future goes or never; a grant that landed unseen is
-/// given back; nothing stays parked.
+/// (r) A parked future's decision is kept in its slot of the line until collected. `stop` decides
+/// it under the monitor lock while the future is dropped on another thread and a release may
+/// grant it first: the drop's withdrawal and the decisions are ordered by the monitor lock, so
+/// the withdrawal either takes the waiter out of the line or collects the decision that landed
+/// first; a grant that landed unseen is given back; nothing stays parked or kept.
 #[test]
-fn loom_stop_and_a_release_racing_the_drop_of_a_parked_future_fill_its_cell_before_it_goes_or_never()
- {
+fn loom_stop_and_a_release_racing_the_drop_of_a_parked_future_leave_nothing_kept() {
     loom::model(|| {
         let (monitor, gate, held) = started_with_its_one_permit_held();
         let mut admit = Box::pin(monitor.admit(one(&gate), &JobContext::new("parked"), None));
@@ -629,7 +628,7 @@ impl std::task::Wake for OwningWaker {
 }
 
 #[test]
-fn loom_a_waker_that_owns_a_grant_dropped_as_its_cell_is_filled_never_deadlocks() {
+fn loom_a_waker_that_owns_a_grant_dropped_as_its_admit_is_decided_never_deadlocks() {
     loom::model(|| {
         let (monitor, gate, held) = started_with_its_one_permit_held();
         let mut admit = Box::pin(monitor.admit(one(&gate), &JobContext::new("task"), None));
@@ -641,8 +640,8 @@ fn loom_a_waker_that_owns_a_grant_dropped_as_its_cell_is_filled_never_deadlocks(
         drop(first);
 
         // Another job arrives behind it while the task is polled again with a new waker (loom's
-        // own): replacing the first drops it, which releases the grant, whose pass fills this
-        // very cell, on this thread, racing the newcomer.
+        // own): replacing the first drops it, which releases the grant, whose pass decides this
+        // very admit, on this thread, racing the newcomer.
         let (m, g) = (monitor.clone(), gate.clone());
         let other = thread::spawn(move || {
             m.admit_blocking(one(&g), &JobContext::new("other"), None)

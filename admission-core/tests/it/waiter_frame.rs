@@ -1,9 +1,9 @@
-//! A parked waiter's outcome slot lives where the waiter waits (the pinned `Admit` future, the
-//! blocking call's frame), and the line points at it. These tests hold the rule that makes that
-//! sound: whatever way the waiter goes away (its outcome taken, the future dropped before or
-//! after the outcome landed, the blocking call unwinding), its record is out of the line first,
-//! and nothing it was granted is kept. And the listener that takes a cancelled job's waiter out
-//! of the line is kept in the job's context without allocating.
+//! A parked waiter's record and its decision are kept in the line's slot until the waiter
+//! collects the decision. These tests hold the rule that makes that leak-free: whatever way the
+//! waiter goes away (its outcome taken, the future dropped before or after the outcome landed,
+//! the blocking call unwinding), its slot is freed, and nothing it was granted is kept. And the
+//! listener that takes a cancelled job's waiter out of the line is kept in the job's context
+//! without allocating.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
