@@ -17,9 +17,12 @@
 //!   applies from that window on. A new clock keeps the count only (see
 //!   [`FixedWindow::with_clock`]).
 //! - By default a call that finds the window spent is rejected at once. With a max wait it
-//!   sleeps (through its [`Sleeper`]) until the next window opens and races for a permit there,
-//!   round after round, until it wins one or its deadline falls before the next window's start;
-//!   a wait that cannot end in time is refused on the spot rather than slept through.
+//!   sleeps (on its own thread when it blocks, on the timer of the tokio runtime polling it when
+//!   it is async, or through the [`Sleeper`] it was given) until the next window opens and races
+//!   for a permit there, round after round, until it wins one or its deadline falls before the
+//!   next window's start; a wait that cannot end in time is refused on the spot rather than slept
+//!   through. The limiter starts no thread: an async wait with no sleeper and no tokio timer
+//!   fails with [`FixedWindowError::NoTimer`] rather than block.
 //! - Asked as an account, it counts the primary dimension of an amount against the same window,
 //!   leaves the head's reservation aside, and reports nothing to its listener (the monitor
 //!   reports its own events).
@@ -53,8 +56,8 @@
 //!
 //! This file holds the type, its configuration and what reads it back; `limiter.rs` the
 //! standalone API (acquire, call, the listener); `account.rs` the [`Account`] implementation;
-//! `word.rs` the state word; `sleep.rs`, `event.rs` and `status.rs` what waiters sleep with, what
-//! the listener hears and the status record.
+//! `word.rs` the state word; `sleep.rs`, `event.rs` and `status.rs` how waiters sleep, what the
+//! listener hears and the status record.
 //!
 //! [`Account`]: admission_core::Account
 
@@ -72,7 +75,7 @@ use std::time::Duration;
 use admission_core::{Category, Clock, Instant, SystemClock, WakeSlot};
 
 pub use event::{FixedWindowError, FixedWindowEvent};
-pub use sleep::{CancelToken, Sleeper, ThreadSleeper};
+pub use sleep::{CancelToken, MissingTimer, SleepFuture, Sleeper};
 pub use status::FixedWindowStatus;
 
 use crate::ConfigError;
@@ -93,7 +96,9 @@ struct Config {
     period: Duration,
     max_wait: Duration,
     clock: Arc<dyn Clock>,
-    sleeper: Arc<dyn Sleeper>,
+    /// `None`: the calling thread sleeps for a blocking wait, tokio's timer serves an async one
+    /// (`sleep.rs`).
+    sleeper: Option<Arc<dyn Sleeper>>,
     listener: Option<Listener>,
 }
 
@@ -152,7 +157,8 @@ impl FixedWindow {
     pub const CATEGORY: Category = Category::custom("fixed_window");
 
     /// A limiter named `name` allowing `limit` calls per `period`, on the system clock, with no
-    /// max wait (a spent window rejects at once), no listener, and the [`ThreadSleeper`].
+    /// max wait (a spent window rejects at once), no listener and no sleeper (see
+    /// [`with_sleeper`](FixedWindow::with_sleeper) for how it waits then).
     ///
     /// The name is a `&'static str` because it keys metrics and logs: a bounded set of names.
     ///
@@ -177,7 +183,7 @@ impl FixedWindow {
                 period,
                 max_wait: Duration::ZERO,
                 clock,
-                sleeper: Arc::new(ThreadSleeper),
+                sleeper: None,
                 listener: None,
             },
             origin,
@@ -260,11 +266,16 @@ impl FixedWindow {
         self
     }
 
-    /// The same limiter waiting through `sleeper`. Async services pass their runtime's timer
-    /// here (see [`Sleeper`] for tokio); tests pass a sleeper that advances a fake clock. The
-    /// window in progress is kept.
+    /// The same limiter waiting through `sleeper`. The window in progress is kept.
+    ///
+    /// Without a sleeper, a blocking acquire sleeps on its own thread, and an async acquire
+    /// waits on the timer of the tokio runtime that polls it when the `tokio` feature is on; it
+    /// starts no thread either way. Async callers on another runtime, or without the feature,
+    /// pass their runtime's timer here (see [`Sleeper`]); without one, an async acquire that
+    /// must wait fails with [`FixedWindowError::NoTimer`]. Tests pass a sleeper that advances a
+    /// fake clock.
     pub fn with_sleeper(mut self, sleeper: Arc<dyn Sleeper>) -> FixedWindow {
-        self.config.sleeper = sleeper;
+        self.config.sleeper = Some(sleeper);
         self
     }
 

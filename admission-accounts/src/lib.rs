@@ -11,6 +11,11 @@
 //! [`Clock`](admission_core::Clock), and passes the test-kit's account contract suite. The
 //! families carry no HTTP header parser and no catalog loader: what turns them into an LLM
 //! service's limits lives in `admission-llm`.
+//!
+//! The crate starts no thread. Its one feature, `tokio` (off by default), lends the fixed
+//! window's async wait the timer of the tokio runtime that polls it when no
+//! [`Sleeper`](fixed_window::Sleeper) was given; see
+//! [`FixedWindow::with_sleeper`](fixed_window::FixedWindow::with_sleeper).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

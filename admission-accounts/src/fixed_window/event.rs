@@ -5,13 +5,16 @@ use std::time::Duration;
 
 use admission_core::Instant;
 
+use super::MissingTimer;
+
 /// One outcome of an acquire on the standalone API, handed to the limiter's listener.
 ///
 /// Each call of [`try_acquire`](super::FixedWindow::try_acquire),
 /// [`acquire`](super::FixedWindow::acquire), [`acquire_async`](super::FixedWindow::acquire_async)
 /// and the `call` helpers reports exactly one event when it ends in a permit or a rejection; a
-/// cancelled wait reports none. Takes made through the [`Account`](admission_core::Account)
-/// implementation report nothing here: inside a demand, the monitor is the one that emits.
+/// cancelled wait, and an async wait that found no timer ([`FixedWindowError::NoTimer`]), report
+/// none. Takes made through the [`Account`](admission_core::Account) implementation report
+/// nothing here: inside a demand, the monitor is the one that emits.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum FixedWindowEvent {
@@ -81,5 +84,27 @@ pub enum FixedWindowError {
     Cancelled {
         /// The limiter's name.
         name: &'static str,
+    },
+    /// An async acquire had to wait for a later window, but no sleeper was given and there is
+    /// no timer to wait on where it was polled: no tokio runtime there, or no `tokio` feature
+    /// (`missing` says which). Nothing was taken. A fault of the setup, not of the load: poll
+    /// the call on a tokio runtime with the feature on, or give the limiter a [`Sleeper`] on
+    /// your runtime's timer ([`FixedWindow::with_sleeper`]).
+    ///
+    /// [`Sleeper`]: super::Sleeper
+    /// [`FixedWindow::with_sleeper`]: super::FixedWindow::with_sleeper
+    #[error(
+        "fixed window `{name}` must wait {wait:?} for its next window but has no timer to wait \
+         on: {missing}, and no sleeper was given; poll the call on a tokio runtime with \
+         admission-accounts' `tokio` feature on, or pass your runtime's timer to \
+         `FixedWindow::with_sleeper`"
+    )]
+    NoTimer {
+        /// The limiter's name.
+        name: &'static str,
+        /// How long the call had to wait for the next window to open.
+        wait: Duration,
+        /// What is missing.
+        missing: MissingTimer,
     },
 }

@@ -7,7 +7,7 @@
 //!
 //! Every acquire is a loop of rounds: one compare-and-swap on the state word, then either an
 //! outcome (reported to the listener) or a sleep until the next window opens, when that window
-//! opens no later than the caller's deadline.
+//! opens no later than the caller's deadline. How it sleeps is `sleep.rs`'s.
 
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use admission_core::Instant;
 
+use super::sleep::{self, SleepFuture};
 use super::{CancelToken, FixedWindow, FixedWindowError, FixedWindowEvent};
 
 /// What one attempt of an acquire decided.
@@ -38,8 +39,8 @@ impl FixedWindow {
         }
     }
 
-    /// Takes a permit, blocking the thread (through the sleeper) for later windows up to the max
-    /// wait.
+    /// Takes a permit, blocking the thread for later windows up to the max wait: through the
+    /// sleeper, or with none given, asleep on the calling thread.
     ///
     /// A call that finds the window spent sleeps until the next window opens and races for a
     /// permit there, round after round. Its deadline is now plus the max wait; once the next
@@ -63,8 +64,8 @@ impl FixedWindow {
     ///
     /// A cancelled wait fails; it is never retried silently, and it holds nothing: a permit is
     /// taken only in the step that returns `Ok`. The token is checked before every attempt; with
-    /// [`ThreadSleeper`](super::ThreadSleeper) a cancel also ends the sleep at once, while a
-    /// sleeper that ignores the token is noticed when its sleep ends.
+    /// no sleeper given a cancel also ends the sleep at once, while a sleeper that ignores the
+    /// token is noticed when its sleep ends.
     ///
     /// # Errors
     ///
@@ -74,21 +75,34 @@ impl FixedWindow {
         self.acquire_blocking(Some(cancel))
     }
 
-    /// Takes a permit, waiting for later windows up to the max wait on the sleeper's async sleep.
+    /// Takes a permit, waiting for later windows up to the max wait without blocking the thread.
     ///
-    /// The deadline is read from the clock when this method is called, not at the first poll.
-    /// The returned future is `Send` and runs on any executor that its sleeper's futures run on.
+    /// The wait is the given [`Sleeper`](super::Sleeper)'s async sleep, or with none given (and
+    /// the `tokio` feature on) a timer of the tokio runtime that polls the future. The future
+    /// starts no thread and never blocks inside `poll`. The deadline is read from the clock when
+    /// this method is called, not at the first poll. The returned future is `Send`.
     ///
     /// # Errors
     ///
-    /// [`FixedWindowError::Rejected`] when no permit could be had within the max wait.
+    /// [`FixedWindowError::Rejected`] when no permit could be had within the max wait;
+    /// [`FixedWindowError::NoTimer`] when the call must wait for a later window but has nothing
+    /// to wait on: no sleeper given, and no tokio runtime polling it or no `tokio` feature. A call
+    /// that takes a permit at once, or is rejected at once, needs no timer.
     ///
     /// # Cancel safety
     ///
     /// Dropping the future is the cancellation: the pending sleep is dropped, nothing is retried
     /// and nothing is held, because a permit is taken only in the poll that returns it.
     ///
+    /// # Panics
+    ///
+    /// With no sleeper given, on a tokio runtime built without its time driver (`enable_time`),
+    /// as every tokio timer does.
+    ///
     /// # Examples
+    ///
+    /// On tokio, with the `tokio` feature (a wait for the next window would sleep on the
+    /// runtime's timer):
     ///
     /// ```
     /// use std::time::Duration;
@@ -96,9 +110,34 @@ impl FixedWindow {
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let api = FixedWindow::of("api", 100, Duration::from_secs(1))?;
+    /// let api = FixedWindow::of("api", 100, Duration::from_secs(1))?
+    ///     .with_max_wait(Duration::from_millis(500));
     /// api.acquire_async().await?;
     /// assert_eq!(api.snapshot().used, 1);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// Polled where no tokio runtime runs, with no sleeper given, a call that must wait fails at
+    /// once, holding nothing, and says what is missing:
+    ///
+    /// ```
+    /// use std::pin::pin;
+    /// use std::task::{Context, Poll, Waker};
+    /// use std::time::Duration;
+    /// use admission_accounts::fixed_window::{FixedWindow, FixedWindowError};
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let sms = FixedWindow::of("sms", 1, Duration::from_secs(60))?
+    ///     .with_max_wait(Duration::from_secs(60));
+    /// sms.try_acquire()?;
+    /// let mut call = pin!(sms.acquire_async());
+    /// let polled = call.as_mut().poll(&mut Context::from_waker(Waker::noop()));
+    /// let Poll::Ready(Err(error @ FixedWindowError::NoTimer { .. })) = polled else {
+    ///     panic!("expected NoTimer, got {polled:?}");
+    /// };
+    /// assert!(error.to_string().contains("`FixedWindow::with_sleeper`"));
+    /// assert_eq!(sms.snapshot().used, 1);
     /// # Ok(())
     /// # }
     /// ```
@@ -108,7 +147,7 @@ impl FixedWindow {
             loop {
                 match self.round(Some(deadline)) {
                     Round::Done(outcome) => return outcome,
-                    Round::Sleep(duration) => self.config.sleeper.sleep_async(duration).await,
+                    Round::Sleep(duration) => self.async_sleep(duration)?.await,
                 }
             }
         }
@@ -162,9 +201,25 @@ impl FixedWindow {
     }
 
     fn blocking_sleep(&self, duration: Duration, cancel: Option<&CancelToken>) {
-        match cancel {
-            Some(cancel) => self.config.sleeper.sleep_cancellable(duration, cancel),
-            None => self.config.sleeper.sleep(duration),
+        match (&self.config.sleeper, cancel) {
+            (Some(sleeper), Some(cancel)) => sleeper.sleep_cancellable(duration, cancel),
+            (Some(sleeper), None) => sleeper.sleep(duration),
+            (None, cancel) => sleep::sleep_here(duration, cancel),
+        }
+    }
+
+    /// The sleep of `duration` an async acquire awaits: the sleeper's, or the runtime's timer, or
+    /// the error that says neither is there.
+    fn async_sleep(&self, duration: Duration) -> Result<SleepFuture, FixedWindowError> {
+        match &self.config.sleeper {
+            Some(sleeper) => Ok(sleeper.sleep_async(duration)),
+            None => {
+                sleep::sleep_on_runtime(duration).map_err(|missing| FixedWindowError::NoTimer {
+                    name: self.config.name,
+                    wait: duration,
+                    missing,
+                })
+            }
         }
     }
 

@@ -1,23 +1,44 @@
-//! How a waiting caller passes the time until the next window: the [`Sleeper`] trait, the
-//! default [`ThreadSleeper`], and the [`CancelToken`] that ends a blocking wait early.
+//! How a waiting caller passes the time until the next window: the [`Sleeper`] trait a caller may
+//! pass, what the limiter waits with when none was given, and the [`CancelToken`] that ends a
+//! blocking wait early.
 //!
-//! The limiter never sleeps by itself and depends on no async runtime. It computes from its
-//! [`Clock`](admission_core::Clock) how long until the next window opens and hands that duration
-//! to its sleeper: a thread sleep by default, a runtime's timer for async callers, a fake that
-//! advances a fake clock in tests.
+//! The limiter never sleeps by itself and starts no thread. It computes from its
+//! [`Clock`](admission_core::Clock) how long until the next window opens and waits that long:
+//!
+//! - through the [`Sleeper`] given to
+//!   [`FixedWindow::with_sleeper`](super::FixedWindow::with_sleeper), if there is one (a
+//!   runtime's timer, or a fake that advances a fake clock in tests);
+//! - otherwise a blocking acquire sleeps on the calling thread, which asked to block (on the
+//!   [`CancelToken`] when it has one, so a cancel wakes it);
+//! - and an async acquire waits on the timer of the tokio runtime that polls it (feature `tokio`:
+//!   `tokio::runtime::Handle::try_current`, then `tokio::time::sleep`). With no runtime there, or
+//!   without the feature, it fails with
+//!   [`FixedWindowError::NoTimer`](super::FixedWindowError::NoTimer) naming what is missing
+//!   ([`MissingTimer`]), rather than block the executor's thread inside `poll` or start a thread
+//!   to sleep on.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll, Waker};
 use std::thread;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-/// What a fixed window waits with: a blocking sleep and an async one.
+/// The future an async sleep returns.
+pub type SleepFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// What a fixed window waits with, when the default will not do: a blocking sleep and an async
+/// one.
+///
+/// Without a sleeper, a blocking wait sleeps on the calling thread and an async wait on the timer
+/// of the tokio runtime polling it (feature `tokio`), and fails with
+/// [`FixedWindowError::NoTimer`](super::FixedWindowError::NoTimer) where there is none; see
+/// [`FixedWindow::with_sleeper`](super::FixedWindow::with_sleeper). A caller on another runtime
+/// passes one whose async sleep is that runtime's timer; a test passes one that advances a fake
+/// clock.
 ///
 /// The limiter asks for one sleep per window it waits for, of exactly the time until that window
 /// opens by its clock, then competes for a permit again; a sleeper that wakes early only costs
@@ -25,24 +46,24 @@ use parking_lot::{Condvar, Mutex};
 ///
 /// # Examples
 ///
-/// A sleeper for tokio, passed to [`FixedWindow::with_sleeper`](super::FixedWindow::with_sleeper)
-/// so that [`acquire_async`](super::FixedWindow::acquire_async) waits on tokio's timer instead of
-/// a helper thread:
+/// A sleeper on a runtime's own timer, passed to
+/// [`FixedWindow::with_sleeper`](super::FixedWindow::with_sleeper) so that
+/// [`acquire_async`](super::FixedWindow::acquire_async) waits on it. This one is tokio's, as a
+/// build without the `tokio` feature would write it; for another runtime, return its sleep
+/// (async-std's `task::sleep`, smol's `Timer::after`) boxed the same way:
 ///
 /// ```
-/// use std::future::Future;
-/// use std::pin::Pin;
 /// use std::sync::Arc;
 /// use std::time::Duration;
-/// use admission_accounts::fixed_window::{FixedWindow, Sleeper};
+/// use admission_accounts::fixed_window::{FixedWindow, SleepFuture, Sleeper};
 ///
-/// struct TokioSleeper;
+/// struct RuntimeSleeper;
 ///
-/// impl Sleeper for TokioSleeper {
+/// impl Sleeper for RuntimeSleeper {
 ///     fn sleep(&self, duration: Duration) {
 ///         std::thread::sleep(duration);
 ///     }
-///     fn sleep_async(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+///     fn sleep_async(&self, duration: Duration) -> SleepFuture {
 ///         Box::pin(tokio::time::sleep(duration))
 ///     }
 /// }
@@ -51,7 +72,7 @@ use parking_lot::{Condvar, Mutex};
 /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let sms = FixedWindow::of("sms", 10, Duration::from_secs(1))?
 ///     .with_max_wait(Duration::from_secs(2))
-///     .with_sleeper(Arc::new(TokioSleeper));
+///     .with_sleeper(Arc::new(RuntimeSleeper));
 /// sms.acquire_async().await?;
 /// # Ok(())
 /// # }
@@ -63,43 +84,94 @@ pub trait Sleeper: Send + Sync + 'static {
     /// Blocks for `duration`, or less once `cancel` is cancelled.
     ///
     /// The default sleeps the whole `duration` and leaves the cancellation to be seen when it
-    /// returns; [`ThreadSleeper`] wakes at the cancel.
+    /// returns; the limiter's own blocking wait (no sleeper given) wakes at the cancel.
     fn sleep_cancellable(&self, duration: Duration, cancel: &CancelToken) {
         let _ = cancel;
         self.sleep(duration);
     }
 
     /// A future that completes after `duration`. Dropping it must stop the wait.
-    fn sleep_async(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+    ///
+    /// It is called inside the acquire's `poll`, so it must neither block nor wait for anything:
+    /// it registers the sleep with a timer and returns.
+    fn sleep_async(&self, duration: Duration) -> SleepFuture;
 }
 
-/// The default [`Sleeper`]: the thread sleeps, and an async wait parks a helper thread.
+/// Why an async acquire with no sleeper found no timer to wait on, as
+/// [`FixedWindowError::NoTimer`](super::FixedWindowError::NoTimer) reports it.
 ///
-/// The async sleep starts one short-lived helper thread per wait, which ends early when the
-/// future is dropped. That works under any executor but costs a thread per waiting task; async
-/// services should pass their runtime's timer instead (see [`Sleeper`]).
-#[derive(Copy, Clone, Debug, Default)]
-pub struct ThreadSleeper;
+/// # Examples
+///
+/// ```
+/// use admission_accounts::fixed_window::MissingTimer;
+///
+/// assert_eq!(
+///     MissingTimer::NoRuntime.to_string(),
+///     "no tokio runtime is running on the thread that polled the call"
+/// );
+/// ```
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MissingTimer {
+    /// `admission-accounts` was built without its `tokio` feature, which lends an async acquire
+    /// the timer of the tokio runtime polling it.
+    TokioFeatureOff,
+    /// The `tokio` feature is on, but the thread that polled the acquire runs no tokio runtime
+    /// (nor is inside one entered with `Runtime::enter`).
+    NoRuntime,
+}
 
-impl Sleeper for ThreadSleeper {
-    fn sleep(&self, duration: Duration) {
-        thread::sleep(duration);
+impl fmt::Display for MissingTimer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MissingTimer::TokioFeatureOff => {
+                "admission-accounts was built without its `tokio` feature"
+            }
+            MissingTimer::NoRuntime => {
+                "no tokio runtime is running on the thread that polled the call"
+            }
+        })
     }
+}
 
-    fn sleep_cancellable(&self, duration: Duration, cancel: &CancelToken) {
-        cancel.wait_timeout(duration);
+/// The blocking wait with no sleeper given: the calling thread sleeps `duration`, on `cancel`
+/// when there is one, so that a cancel ends the sleep at once.
+pub(super) fn sleep_here(duration: Duration, cancel: Option<&CancelToken>) {
+    match cancel {
+        Some(cancel) => {
+            cancel.wait_timeout(duration);
+        }
+        None => thread::sleep(duration),
     }
+}
 
-    fn sleep_async(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        Box::pin(HelperSleep::new(duration))
+/// The async wait with no sleeper given: tokio's timer, on the runtime polling the caller.
+///
+/// # Panics
+///
+/// Inside a tokio runtime built without its time driver (`enable_time`), as every tokio timer
+/// does.
+#[cfg(feature = "tokio")]
+pub(super) fn sleep_on_runtime(duration: Duration) -> Result<SleepFuture, MissingTimer> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(_) => Ok(Box::pin(tokio::time::sleep(duration))),
+        Err(_) => Err(MissingTimer::NoRuntime),
     }
+}
+
+/// The async wait with no sleeper given, in a build without the `tokio` feature: there is no
+/// timer to wait on.
+#[cfg(not(feature = "tokio"))]
+pub(super) fn sleep_on_runtime(duration: Duration) -> Result<SleepFuture, MissingTimer> {
+    let _ = duration;
+    Err(MissingTimer::TokioFeatureOff)
 }
 
 /// A cancellation switch for a blocking wait, shared by clones.
 ///
 /// Pass it to [`FixedWindow::acquire_cancellable`](super::FixedWindow::acquire_cancellable) and
-/// call [`cancel`](CancelToken::cancel) from another thread: the waiter wakes (with
-/// [`ThreadSleeper`]) and fails with
+/// call [`cancel`](CancelToken::cancel) from another thread: the waiter wakes (at once when no
+/// sleeper was given) and fails with
 /// [`FixedWindowError::Cancelled`](super::FixedWindowError::Cancelled).
 ///
 /// # Examples
@@ -169,81 +241,6 @@ impl fmt::Debug for CancelToken {
     }
 }
 
-/// [`ThreadSleeper`]'s async sleep: a helper thread waits on a [`CancelToken`] and wakes the task.
-struct HelperSleep {
-    duration: Duration,
-    /// Shared with the helper thread; `None` until the first poll starts it.
-    shared: Option<Arc<HelperShared>>,
-}
-
-struct HelperShared {
-    /// Cancelled by the future's drop, so the helper ends with the wait it serves.
-    stop: CancelToken,
-    /// The waker to call when the time is up, and whether it is.
-    state: Mutex<(bool, Option<Waker>)>,
-}
-
-impl HelperSleep {
-    fn new(duration: Duration) -> HelperSleep {
-        HelperSleep {
-            duration,
-            shared: None,
-        }
-    }
-}
-
-impl Future for HelperSleep {
-    type Output = ();
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let this = self.get_mut();
-        if let Some(shared) = &this.shared {
-            let mut state = shared.state.lock();
-            if state.0 {
-                return Poll::Ready(());
-            }
-            state.1 = Some(cx.waker().clone());
-            return Poll::Pending;
-        }
-        let shared = Arc::new(HelperShared {
-            stop: CancelToken::new(),
-            state: Mutex::new((false, Some(cx.waker().clone()))),
-        });
-        let helper = shared.clone();
-        let duration = this.duration;
-        let spawned = thread::Builder::new()
-            .name("fixed-window-sleep".into())
-            .spawn(move || {
-                if helper.stop.wait_timeout(duration) {
-                    return;
-                }
-                let waker = {
-                    let mut state = helper.state.lock();
-                    state.0 = true;
-                    state.1.take()
-                };
-                if let Some(waker) = waker {
-                    waker.wake();
-                }
-            });
-        if spawned.is_err() {
-            // No thread to spare: sleep here rather than spin the executor.
-            thread::sleep(duration);
-            return Poll::Ready(());
-        }
-        this.shared = Some(shared);
-        Poll::Pending
-    }
-}
-
-impl Drop for HelperSleep {
-    fn drop(&mut self) {
-        if let Some(shared) = &self.shared {
-            shared.stop.cancel();
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -256,27 +253,32 @@ mod tests {
     }
 
     #[test]
-    fn a_cancel_from_another_thread_wakes_the_sleeper() {
+    fn a_cancel_from_another_thread_wakes_the_blocking_wait() {
         let token = CancelToken::new();
         let canceller = token.clone();
         let sleeper = thread::spawn(move || {
-            ThreadSleeper.sleep_cancellable(Duration::MAX, &token);
+            sleep_here(Duration::MAX, Some(&token));
             token.is_cancelled()
         });
         canceller.cancel();
-        assert!(sleeper.join().expect("the sleeper thread panicked"));
+        assert!(sleeper.join().expect("the sleeping thread panicked"));
     }
 
+    #[cfg(feature = "tokio")]
     #[test]
-    fn dropping_the_async_sleep_stops_its_helper() {
-        let mut sleep = HelperSleep::new(Duration::MAX);
-        let mut cx = Context::from_waker(Waker::noop());
-        assert!(Pin::new(&mut sleep).poll(&mut cx).is_pending());
-        let shared = sleep
-            .shared
-            .clone()
-            .expect("the first poll starts the helper");
-        drop(sleep);
-        assert!(shared.stop.is_cancelled());
+    fn outside_a_runtime_the_async_wait_names_the_missing_runtime() {
+        assert_eq!(
+            sleep_on_runtime(Duration::from_secs(1)).err(),
+            Some(MissingTimer::NoRuntime)
+        );
+    }
+
+    #[cfg(not(feature = "tokio"))]
+    #[test]
+    fn without_the_tokio_feature_the_async_wait_names_the_feature() {
+        assert_eq!(
+            sleep_on_runtime(Duration::from_secs(1)).err(),
+            Some(MissingTimer::TokioFeatureOff)
+        );
     }
 }

@@ -17,7 +17,10 @@
 //! clock's whole range.
 //!
 //! Every update is one compare-and-swap of all 128 bits, so the start and the count always change
-//! together; a thread that loses the race spins briefly, then yields, and retries. The atomic is
+//! together. A thread whose compare-and-swap fails decides again at once on the word it found: the
+//! word changed because another thread's update went in (or, on a target built on an exclusive
+//! pair, the weak form failed spuriously), so some thread always makes progress and the loop is
+//! lock-free. There is nothing to wait for, so it neither spins nor yields. The atomic is
 //! [`portable_atomic::AtomicU128`]: `cmpxchg16b` on x86-64 (detected at run time unless enabled
 //! at compile time), `casp` or an exclusive pair on AArch64; only on a target with no 128-bit
 //! compare-and-swap does it fall back to a lock of its own.
@@ -36,9 +39,6 @@ use std::time::Duration;
 
 use admission_core::Instant;
 use portable_atomic::AtomicU128;
-
-/// How many compare-and-swap failures are answered with a short spin before the thread yields.
-const SPIN_ATTEMPTS: u32 = 6;
 
 /// A window as one caller sees it: where it starts, and how much of it is used.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -123,7 +123,6 @@ impl Word {
         limit: u64,
     ) -> Result<View, View> {
         let mut word = self.state.load(Ordering::Acquire);
-        let mut failures = 0;
         loop {
             let view = self.at(word, now);
             let free = limit.saturating_sub(view.used);
@@ -145,10 +144,8 @@ impl Word {
                 Ordering::Acquire,
             ) {
                 Ok(_) => return Ok(taken),
-                Err(seen) => {
-                    word = seen;
-                    back_off(&mut failures);
-                }
+                // Another thread's update went in: decide again on the word it wrote.
+                Err(seen) => word = seen,
             }
         }
     }
@@ -159,7 +156,6 @@ impl Word {
     /// holding `now` starts empty, so there is nothing to return to).
     pub(super) fn give(&self, now: Instant, n: u64) -> u64 {
         let mut word = self.state.load(Ordering::Acquire);
-        let mut failures = 0;
         loop {
             let view = self.at(word, now);
             if view.start != View::unpack(word).start || view.used == 0 || n == 0 {
@@ -177,10 +173,8 @@ impl Word {
                 Ordering::Acquire,
             ) {
                 Ok(_) => return credited,
-                Err(seen) => {
-                    word = seen;
-                    back_off(&mut failures);
-                }
+                // Another thread's update went in: decide again on the word it wrote.
+                Err(seen) => word = seen,
             }
         }
     }
@@ -193,20 +187,6 @@ impl Word {
             .checked_add(self.period)
             .map(Instant::from_nanos)
     }
-}
-
-/// Backs off after a lost compare-and-swap: a short, growing spin for the first few failures
-/// (the winner is usually done within a few cycles), then a yield to let it run under sustained
-/// contention.
-fn back_off(failures: &mut u32) {
-    if *failures < SPIN_ATTEMPTS {
-        for _ in 0..(1u32 << *failures) {
-            std::hint::spin_loop();
-        }
-    } else {
-        std::thread::yield_now();
-    }
-    *failures = failures.saturating_add(1);
 }
 
 #[cfg(test)]

@@ -1,10 +1,10 @@
 //! The fixed-window rate limiter: configuration and settings changed after takes, exact counting
 //! under contention, alignment, waiting through a sleeper, events, every extreme value (1 ns
 //! windows, limits up to `u64::MAX`, the end of the clock), async acquire, the account contract
-//! and one monitor scenario. Time is a `FakeClock`; every sleep is a fake that advances it.
+//! and one monitor scenario. Time is a `FakeClock`, and every sleep a fake that advances it;
+//! except where the sleep under test is tokio's timer itself (no sleeper given), where the
+//! limiter reads tokio's paused clock, which moves only when every task waits on a timer.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex, Weak};
 use std::thread;
@@ -13,7 +13,8 @@ use std::time::Duration;
 use admission_accounts::ConfigError;
 use admission_accounts::FixedWindowStatus;
 use admission_accounts::fixed_window::{
-    CancelToken, FixedWindow, FixedWindowError, FixedWindowEvent, Sleeper, ThreadSleeper,
+    CancelToken, FixedWindow, FixedWindowError, FixedWindowEvent, MissingTimer, SleepFuture,
+    Sleeper,
 };
 use admission_core::{
     Account, Amount, Answer, Ask, Category, Clock, Demand, Instant, JobContext, Monitor,
@@ -71,7 +72,7 @@ impl Sleeper for FakeSleeper {
         }
     }
 
-    fn sleep_async(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    fn sleep_async(&self, duration: Duration) -> SleepFuture {
         self.sleep(duration);
         Box::pin(tokio::task::yield_now())
     }
@@ -98,7 +99,7 @@ impl Sleeper for ParkedSleeper {
         panic!("the parked sleeper serves async waits only; asked to block for {duration:?}");
     }
 
-    fn sleep_async(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    fn sleep_async(&self, duration: Duration) -> SleepFuture {
         self.asked.lock().unwrap().push(duration);
         self.alive.fetch_add(1, Ordering::SeqCst);
         let alive = Alive(self.alive.clone());
@@ -238,7 +239,7 @@ fn a_setting_changed_after_takes_keeps_the_window_start_and_the_count() {
     let window = spent_at_500_ms(&clock)
         .with_max_wait(ms(1_500))
         .with_listener(listener)
-        .with_sleeper(Arc::new(ThreadSleeper));
+        .with_sleeper(FakeSleeper::new(&clock));
     assert_eq!(window_of(&window), kept);
     assert_eq!(window.origin(), at(300_000_000));
     assert_eq!(
@@ -926,6 +927,144 @@ async fn a_dropped_async_acquire_leaks_nothing_and_retries_nothing() {
     );
     let granted = (0..3).filter(|_| window.try_acquire().is_ok()).count();
     assert_eq!(granted, 2);
+}
+
+/// A clock that reads tokio's, from zero at its creation: on a paused runtime it stands still
+/// until every task waits on a timer, then jumps exactly to the earliest timer's instant.
+#[cfg(feature = "tokio")]
+#[derive(Debug)]
+struct TokioTime {
+    origin: tokio::time::Instant,
+}
+
+#[cfg(feature = "tokio")]
+impl TokioTime {
+    fn starting_now() -> Arc<TokioTime> {
+        Arc::new(TokioTime {
+            origin: tokio::time::Instant::now(),
+        })
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl Clock for TokioTime {
+    fn now(&self) -> Instant {
+        Instant::from_nanos(u64::try_from(self.origin.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
+#[cfg(feature = "tokio")]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn with_no_sleeper_an_async_wait_sleeps_on_the_runtimes_timer_until_the_next_window() {
+    let (events, listener) = recorder();
+    let window = FixedWindow::of("sms", 2, SECOND)
+        .unwrap()
+        .with_max_wait(SECOND * 3)
+        .with_clock(TokioTime::starting_now())
+        .with_listener(listener);
+    window.acquire_async().await.unwrap();
+    window.acquire_async().await.unwrap();
+    tokio::time::advance(ms(400)).await;
+
+    let asked = tokio::time::Instant::now();
+    assert_eq!(window.acquire_async().await, Ok(()));
+    assert_eq!(
+        asked.elapsed(),
+        ms(600),
+        "one sleep, to the next window's start"
+    );
+    let permitted = |at_ms: u64, remaining| FixedWindowEvent::Permitted {
+        at: at(at_ms * 1_000_000),
+        name: "sms",
+        remaining,
+    };
+    assert_eq!(
+        *events.lock().unwrap(),
+        vec![permitted(0, 1), permitted(0, 0), permitted(1_000, 1)]
+    );
+    assert_eq!(window_of(&window), (at(1_000_000_000), 1));
+}
+
+#[cfg(feature = "tokio")]
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_dropped_wait_on_the_runtimes_timer_takes_nothing_in_the_next_window() {
+    let window = FixedWindow::of("sms", 1, SECOND)
+        .unwrap()
+        .with_max_wait(SECOND * 10)
+        .with_clock(TokioTime::starting_now());
+    window.try_acquire().unwrap();
+    let mut pending = Box::pin(window.acquire_async());
+    assert!(poll_once(&mut pending).is_none());
+    drop(pending);
+    tokio::time::advance(SECOND).await;
+    assert_eq!(window_of(&window), (at(1_000_000_000), 0));
+}
+
+#[test]
+fn with_no_sleeper_and_no_runtime_a_call_that_must_wait_fails_at_once_naming_what_is_missing() {
+    let clock = FakeClock::new();
+    let (events, listener) = recorder();
+    let window = on_clock(1, SECOND, &clock)
+        .with_max_wait(SECOND * 10)
+        .with_listener(listener);
+    window.try_acquire().unwrap();
+    clock.advance(ms(400));
+
+    let missing = if cfg!(feature = "tokio") {
+        MissingTimer::NoRuntime
+    } else {
+        MissingTimer::TokioFeatureOff
+    };
+    let no_timer = FixedWindowError::NoTimer {
+        name: "sms",
+        wait: ms(600),
+        missing,
+    };
+    assert_eq!(
+        poll_once(&mut Box::pin(window.acquire_async())),
+        Some(Err(no_timer.clone()))
+    );
+    assert_eq!(
+        no_timer.to_string(),
+        format!(
+            "fixed window `sms` must wait 600ms for its next window but has no timer to wait on: \
+             {missing}, and no sleeper was given; poll the call on a tokio runtime with \
+             admission-accounts' `tokio` feature on, or pass your runtime's timer to \
+             `FixedWindow::with_sleeper`"
+        )
+    );
+    assert_eq!(events.lock().unwrap().len(), 1, "the first permit only");
+    assert_eq!(window_of(&window), (at(0), 1), "nothing taken");
+
+    // `call_async` fails the same way, without calling the operation.
+    let called = AtomicUsize::new(0);
+    let mut call = Box::pin(window.call_async(|| {
+        called.fetch_add(1, Ordering::SeqCst);
+        async {}
+    }));
+    assert_eq!(poll_once(&mut call), Some(Err(no_timer.clone())));
+    assert_eq!(
+        called.load(Ordering::SeqCst),
+        0,
+        "the operation is not called"
+    );
+    assert_eq!(events.lock().unwrap().len(), 1);
+    assert_eq!(window_of(&window), (at(0), 1));
+
+    // A call that takes its permit at once, or is rejected at once, needs no timer.
+    clock.advance(ms(600));
+    assert_eq!(
+        poll_once(&mut Box::pin(window.acquire_async())),
+        Some(Ok(()))
+    );
+    let at_once = FixedWindow::of("sms", 1, SECOND)
+        .unwrap()
+        .with_clock(clock.shared());
+    at_once.try_acquire().unwrap();
+    assert_eq!(
+        poll_once(&mut Box::pin(at_once.acquire_async())),
+        Some(Err(rejected(1, SECOND, Duration::ZERO)))
+    );
 }
 
 // ---- the account --------------------------------------------------------------------------
