@@ -13,7 +13,9 @@
 mod bench;
 mod chaos;
 mod count;
+mod levels;
 mod load;
+mod paths;
 mod public_items;
 mod services;
 mod step;
@@ -103,6 +105,18 @@ commands:
   soak [N]                 the core soak test at N admissions (default 1,000,000) in release:
                            threads and tasks, cancellations, 1 ms timeouts, abandoned futures;
                            prints the tally, fails on any overdraw, hang or leaked unit
+  levels                   admission-core's files in four levels (the table LEVELS in
+                           xtask/src/levels.rs: vocabulary and contract, synchronization, the
+                           state machine, the shell), read with syn, test code included; fails on
+                           an import from a higher level (`use`, `crate::`/`super::` paths, through
+                           re-exports), a type whose impls are at different levels, and a circle
+                           of files; prints the table and `levels: N upward imports, N circles, N
+                           split impls`
+  paths                    the admission-core files whose code runs on a parked admit_blocking and
+                           on the release that wakes it, measured under callgrind on the
+                           test-kit's `paths` example (the account's own `ask` not counted), in
+                           the order they run and the files re-entered (returns); fails
+                           when ARCHITECTURE.md's `<!-- paths: ... -->` marker lists others
   bench [--all] [--report-only] [args...]
                            the side-by-side benchmarks: cargo bench -p admission-benches
                            --bench side_by_side --bench scarce_and_wakes [args...] (--all: every
@@ -168,6 +182,8 @@ fn run(args: &[String]) -> Result<ExitCode> {
             services::ensure_installed(services::REQUIRED)?;
             let mut steps = vec![
                 Step::cargo("fmt", &["fmt", "--all", "--", "--check"]),
+                // Reads the sources only (no build): admission-core's files in their levels.
+                levels::step(),
                 Step::cargo(
                     "clippy",
                     &with_features(
@@ -178,6 +194,8 @@ fn run(args: &[String]) -> Result<ExitCode> {
             ];
             steps.extend(test_steps(&ws, &Selection::default())?);
             steps.push(memcheck_step()?);
+            // The tests step built the example already (same features): seconds under callgrind.
+            steps.push(paths::step());
             steps.push(Step::cargo("docs", &docs_args()).env("RUSTDOCFLAGS", "-D warnings"));
             steps.push(Step::xtask("public items", &["public-items"]));
             // One release build for the benches (compiled, not run) and the examples, which the
@@ -216,6 +234,8 @@ fn run(args: &[String]) -> Result<ExitCode> {
             run_plan(&ws, &[soak_step(admits)])
         }
         "bench" => bench::run(&ws, rest),
+        "levels" => levels::run(&ws, rest),
+        "paths" => paths::run(&ws, rest),
         "load" => load::run(&ws, rest),
         "with-services" => with_services(&ws, rest),
         "help" | "-h" | "--help" => {
