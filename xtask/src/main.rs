@@ -14,6 +14,7 @@ mod bench;
 mod chaos;
 mod count;
 mod load;
+mod lock_bench;
 mod public_items;
 mod services;
 mod step;
@@ -108,7 +109,19 @@ commands:
                            --bench side_by_side --bench scarce_and_wakes [args...] (--all: every
                            bench, cargo bench -p admission-benches [args...]), then rewrites the table
                            between the side-by-side markers in BENCHMARKS.md from
-                           target/criterion and target/side-by-side (--report-only: no run)
+                           target/criterion and target/side-by-side (--report-only: no run);
+                           its header names the machine's mode, fast or slow, by tokio's
+                           try_acquire_many(1) + drop measured in the same run
+  lock-bench [--runs N] [--rounds R]
+                           the monitor's lock, parking_lot's (the default) against std's: builds
+                           the bench monitor_lock of admission-benches twice (as it is, and with
+                           RUSTFLAGS adding --cfg admission_monitor_lock=\"std\"; into
+                           target/lock-bench/parking_lot and target/lock-bench/std), runs the two
+                           alternately N times each (default 5) on the contended rows (64 tasks x
+                           R admits on 8 permits, R = 10,000) and the uncontended gate row, and
+                           prints each lock's median wall time, CPU time (getrusage, user +
+                           system) and voluntary / involuntary context switches, and std's over
+                           parking_lot's (not part of ci)
   load [SECONDS] [--exe PATH]
                            the axum example (or the build at PATH) under wrk (which must be on
                            PATH: apt-get install wrk) at 8, 64 and 256 connections for SECONDS
@@ -216,6 +229,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
             run_plan(&ws, &[soak_step(admits)])
         }
         "bench" => bench::run(&ws, rest),
+        "lock-bench" => lock_bench::run(&ws, rest),
         "load" => load::run(&ws, rest),
         "with-services" => with_services(&ws, rest),
         "help" | "-h" | "--help" => {
