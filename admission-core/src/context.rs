@@ -10,7 +10,7 @@ use std::task::{Context, Poll, Waker};
 use serde::Serialize;
 use smallvec::SmallVec;
 
-use crate::sync::{AtomicBool, Mutex, Ordering};
+use crate::shim::{AtomicBool, Mutex, Ordering};
 
 static NEXT_JOB_ID: AtomicU64 = AtomicU64::new(1);
 

@@ -21,6 +21,7 @@ mod error;
 pub mod event;
 mod machine;
 mod monitor;
+mod shim;
 mod sync;
 
 use contract::{account, gate, mute};

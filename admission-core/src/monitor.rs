@@ -16,6 +16,8 @@ mod shell;
 
 #[cfg(all(test, admission_loom))]
 mod loom_models;
+#[cfg(all(test, not(admission_loom)))]
+mod tests;
 
 use std::fmt;
 use std::sync::Arc;

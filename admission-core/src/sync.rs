@@ -1,8 +1,9 @@
-//! The synchronization the monitor uses, switched to loom's under `--cfg admission_loom`.
+//! The synchronization the monitor builds: its lock and the one word read without it.
 //!
 //! The state machine and the shell never name `parking_lot`, `std::sync` or `std::thread`
-//! directly: they go through this shim, so the loom models in `monitor/loom_models.rs` explore the
-//! very code that ships, every lock, atomic and thread of it. Accounts keep their own leaf locks
+//! directly: they go through the primitives of `shim.rs` (re-exported here), which are loom's
+//! under `--cfg admission_loom`, so the loom models in `monitor/loom_models.rs` explore the very
+//! code that ships, every lock, atomic and thread of it. Accounts keep their own leaf locks
 //! (they never wait while holding one), which loom does not need to see.
 //!
 //! # The monitor lock
@@ -43,7 +44,7 @@ pub use holds::LockHolds;
 /// The count of parked waiters, written under the monitor lock and read without it (see the
 /// module's documentation).
 #[derive(Debug, Default)]
-pub(crate) struct Published(imp::AtomicUsize);
+pub(crate) struct Published(AtomicUsize);
 
 impl Published {
     /// Publishes that `parked` waiters are parked: a store, then a fence (the parker's half of
@@ -51,68 +52,33 @@ impl Published {
     /// sequentially consistent store followed by a weaker load of another word does not order
     /// the two). Under the monitor lock, the only place the count is written.
     pub(crate) fn publish(&self, parked: usize) {
-        self.0.store(parked, imp::Ordering::SeqCst);
-        imp::fence(imp::Ordering::SeqCst);
+        self.0.store(parked, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
     }
 
     /// The count as last published, for its writer (under the monitor lock: exact).
     pub(crate) fn get(&self) -> usize {
-        self.0.load(imp::Ordering::Relaxed)
+        self.0.load(Ordering::Relaxed)
     }
 
     /// True when nobody is parked, as the lock-free fast path looks before it takes.
     pub(crate) fn is_empty(&self) -> bool {
-        self.0.load(imp::Ordering::SeqCst) == 0
+        self.0.load(Ordering::SeqCst) == 0
     }
 
     /// True if a waiter is parked, read after the caller's give (the giver's half: a fence, then
     /// the load).
     pub(crate) fn someone_waiting(&self) -> bool {
-        imp::fence(imp::Ordering::SeqCst);
-        self.0.load(imp::Ordering::SeqCst) > 0
+        fence(Ordering::SeqCst);
+        self.0.load(Ordering::SeqCst) > 0
     }
 }
 
 #[cfg(not(admission_loom))]
 mod imp {
-    pub(crate) use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
-    use std::time::Duration;
-
     #[cfg(any(test, feature = "test-util"))]
     use super::HoldTimes;
-
-    /// A mutex without poisoning.
-    #[derive(Debug, Default)]
-    pub(crate) struct Mutex<T>(parking_lot::Mutex<T>);
-    pub(crate) type MutexGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
-
-    impl<T> Mutex<T> {
-        pub(crate) fn new(value: T) -> Self {
-            Self(parking_lot::Mutex::new(value))
-        }
-        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
-            self.0.lock()
-        }
-        pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
-            self.0.try_lock()
-        }
-    }
-
-    /// A reader-writer lock without poisoning.
-    #[derive(Debug, Default)]
-    pub(crate) struct RwLock<T>(parking_lot::RwLock<T>);
-
-    impl<T> RwLock<T> {
-        pub(crate) fn new(value: T) -> Self {
-            Self(parking_lot::RwLock::new(value))
-        }
-        pub(crate) fn read(&self) -> parking_lot::RwLockReadGuard<'_, T> {
-            self.0.read()
-        }
-        pub(crate) fn write(&self) -> parking_lot::RwLockWriteGuard<'_, T> {
-            self.0.write()
-        }
-    }
+    use crate::shim::*;
 
     #[cfg(not(admission_monitor_lock = "std"))]
     type Inner<T> = parking_lot::Mutex<T>;
@@ -268,79 +234,11 @@ mod imp {
             self.blocked.load(Ordering::Relaxed) != 0
         }
     }
-
-    /// A condition variable paired with [`Mutex`].
-    #[derive(Debug, Default)]
-    pub(crate) struct Condvar(parking_lot::Condvar);
-
-    impl Condvar {
-        pub(crate) fn new() -> Self {
-            Self(parking_lot::Condvar::new())
-        }
-        pub(crate) fn wait<'a, T>(&self, mut guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
-            self.0.wait(&mut guard);
-            guard
-        }
-        pub(crate) fn wait_for<'a, T>(
-            &self,
-            mut guard: MutexGuard<'a, T>,
-            timeout: Duration,
-        ) -> MutexGuard<'a, T> {
-            self.0.wait_for(&mut guard, timeout);
-            guard
-        }
-        pub(crate) fn notify_one(&self) {
-            self.0.notify_one();
-        }
-    }
-
-    pub(crate) mod thread {
-        pub(crate) use std::thread::{JoinHandle, Thread, ThreadId, current, park, park_timeout};
-
-        pub(crate) fn spawn<F>(name: &str, f: F) -> std::io::Result<JoinHandle<()>>
-        where
-            F: FnOnce() + Send + 'static,
-        {
-            std::thread::Builder::new().name(name.to_owned()).spawn(f)
-        }
-    }
 }
 
 #[cfg(admission_loom)]
 mod imp {
-    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
-    use std::time::Duration;
-
-    #[derive(Debug)]
-    pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
-    pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
-
-    impl<T> Mutex<T> {
-        pub(crate) fn new(value: T) -> Self {
-            Self(loom::sync::Mutex::new(value))
-        }
-        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
-            self.0.lock().unwrap_or_else(|e| e.into_inner())
-        }
-        pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
-            self.0.try_lock().ok()
-        }
-    }
-
-    #[derive(Debug)]
-    pub(crate) struct RwLock<T>(loom::sync::RwLock<T>);
-
-    impl<T> RwLock<T> {
-        pub(crate) fn new(value: T) -> Self {
-            Self(loom::sync::RwLock::new(value))
-        }
-        pub(crate) fn read(&self) -> loom::sync::RwLockReadGuard<'_, T> {
-            self.0.read().unwrap_or_else(|e| e.into_inner())
-        }
-        pub(crate) fn write(&self) -> loom::sync::RwLockWriteGuard<'_, T> {
-            self.0.write().unwrap_or_else(|e| e.into_inner())
-        }
-    }
+    use crate::shim::*;
 
     /// Loom sees one kind of mutex.
     #[derive(Debug)]
@@ -402,47 +300,9 @@ mod imp {
             true
         }
     }
-
-    #[derive(Debug)]
-    pub(crate) struct Condvar(loom::sync::Condvar);
-
-    impl Condvar {
-        pub(crate) fn new() -> Self {
-            Self(loom::sync::Condvar::new())
-        }
-        pub(crate) fn wait<'a, T>(&self, guard: MutexGuard<'a, T>) -> MutexGuard<'a, T> {
-            self.0.wait(guard).unwrap_or_else(|e| e.into_inner())
-        }
-        /// Loom has no timed waits; the models never depend on a deadline.
-        pub(crate) fn wait_for<'a, T>(
-            &self,
-            guard: MutexGuard<'a, T>,
-            _timeout: Duration,
-        ) -> MutexGuard<'a, T> {
-            self.wait(guard)
-        }
-        pub(crate) fn notify_one(&self) {
-            self.0.notify_one();
-        }
-    }
-
-    pub(crate) mod thread {
-        pub(crate) use loom::thread::{JoinHandle, Thread, ThreadId, current, park};
-
-        /// Loom has no timed waits; the models never depend on a deadline.
-        pub(crate) fn park_timeout(_timeout: std::time::Duration) {
-            park();
-        }
-
-        pub(crate) fn spawn<F>(_name: &str, f: F) -> std::io::Result<JoinHandle<()>>
-        where
-            F: FnOnce() + Send + 'static,
-        {
-            Ok(loom::thread::spawn(f))
-        }
-    }
 }
 
+pub(crate) use crate::shim::*;
 pub(crate) use imp::*;
 
 #[cfg(all(test, not(admission_loom)))]

@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 
 use admission_accounts::TokenBucket;
 use admission_accounts::token_bucket::TokenBucketConfig;
+use admission_benches::usage::Usage;
 use admission_core::{AccountRef, Amount, Ask};
 
 /// A per-minute budget no run can spend: tokens and requests alike.
@@ -118,71 +119,24 @@ struct Cost {
 
 /// Runs `shape` between two readings of the process's usage.
 fn measured(shape: impl FnOnce() -> Duration) -> Cost {
-    let before = Usage::now();
-    let wall = shape();
-    let after = Usage::now();
-    Cost {
-        wall,
-        usage: after.since(&before),
-    }
+    let (wall, usage) = Usage::measure(shape);
+    Cost { wall, usage }
 }
 
 fn report(shape: &str, asks: u64, cost: Cost) {
     let Cost { wall, usage } = cost;
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    let cpu = usage.user + usage.system;
+    let cpu = usage.cpu;
     println!(
         "bucket_lock lock={LOCK} shape={shape} asks={asks} wall_ms={:.1} cpu_ms={:.1} \
-         user_ms={:.1} sys_ms={:.1} switches={} voluntary={} involuntary={} \
+         switches={} voluntary={} involuntary={} \
          wall_ns_per_ask={:.1} cpu_ns_per_ask={:.1}",
         ms(wall),
         ms(cpu),
-        ms(usage.user),
-        ms(usage.system),
-        usage.voluntary + usage.involuntary,
-        usage.voluntary,
-        usage.involuntary,
+        usage.switches(),
+        usage.voluntary_switches,
+        usage.involuntary_switches,
         wall.as_nanos() as f64 / asks as f64,
         cpu.as_nanos() as f64 / asks as f64,
     );
-}
-
-/// The process's CPU time and context switches so far, every thread included.
-struct Usage {
-    user: Duration,
-    system: Duration,
-    voluntary: u64,
-    involuntary: u64,
-}
-
-impl Usage {
-    #[allow(unsafe_code)]
-    fn now() -> Usage {
-        let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-        // SAFETY: `getrusage` writes one `rusage` through the pointer, which points at a
-        // zeroed `rusage` owned by this frame; `RUSAGE_SELF` is a valid `who`.
-        let status = unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) };
-        assert_eq!(status, 0, "getrusage(RUSAGE_SELF) failed");
-        // SAFETY: zeroed is a valid `rusage` (plain integers), and the call above filled it.
-        let usage = unsafe { usage.assume_init() };
-        let time = |t: libc::timeval| {
-            Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
-        };
-        Usage {
-            user: time(usage.ru_utime),
-            system: time(usage.ru_stime),
-            voluntary: usage.ru_nvcsw as u64,
-            involuntary: usage.ru_nivcsw as u64,
-        }
-    }
-
-    /// What was used between `earlier` and this reading.
-    fn since(&self, earlier: &Usage) -> Usage {
-        Usage {
-            user: self.user.saturating_sub(earlier.user),
-            system: self.system.saturating_sub(earlier.system),
-            voluntary: self.voluntary.saturating_sub(earlier.voluntary),
-            involuntary: self.involuntary.saturating_sub(earlier.involuntary),
-        }
-    }
 }

@@ -12,13 +12,20 @@
 //! - `semaphore` (item 2): admit and release one permit of a `CountingGate` through the monitor,
 //!   against tokio's `Semaphore::try_acquire_many` and a drop: `admit_blocking` (an owned
 //!   `Grant`, the demand cloned in) and `try_admit` (a `BorrowedGrant` of a prebuilt demand,
-//!   as tokio's `try_acquire` returns a permit that borrows its semaphore).
-//! - `semaphore_contended` (item 2): 64 tasks on a two-worker tokio runtime, each acquiring and
-//!   releasing 10,000 times a gate of 8 permits; the whole run's wall time. Each task holds its
-//!   permit across one `yield_now`, as a real job holds it across its call: without an await
-//!   point inside, two workers could never hold more than two of the eight permits and nobody
-//!   would ever wait. That variant (`_no_await_inside`) runs too: it measures the two
-//!   acquisition paths fought over by two threads, with no waiting.
+//!   as tokio's `try_acquire` returns a permit that borrows its semaphore). The owned grant is
+//!   also set beside tokio's owned permit (`try_acquire_many_owned` on a clone of an
+//!   `Arc<Semaphore>`, as our `Grant` holds a handle to its monitor).
+//! - `semaphore_contended` (item 2), a part of its own rather than a criterion group: 64 tasks
+//!   on a two-worker tokio runtime, each acquiring and releasing 10,000 times a gate of 8
+//!   permits. Each task holds its permit across one `yield_now`, as a real job holds it across
+//!   its call: without an await point inside, two workers could never hold more than two of the
+//!   eight permits and nobody would ever wait. That variant (`_no_await_inside`) runs too: it
+//!   measures the two acquisition paths fought over by two threads, with no waiting. Ten runs of
+//!   each side, ours and tokio's alternating, each measured whole: wall time, the process's CPU
+//!   time (user + system, every thread) and its context switches ([`Usage`]). The medians and
+//!   minima go to `target/side-by-side/semaphore_contended.json`. A run of one side alone is
+//!   comparable to the other's only when the machine did not change between them, which
+//!   interleaving makes likely and two criterion groups minutes apart did not.
 //! - `three_limits` (item 3): one admit over an HTTP gate, a token bucket and a database gate,
 //!   against the chain written by hand today (tokio semaphore, governor `check_n`, tokio
 //!   semaphore), with `admit_blocking` (demand cloned or built per call) and `try_admit` (the
@@ -28,8 +35,12 @@
 //!   parked waiters that all stay parked, with a "floor" that asks the same accounts the same
 //!   questions with no monitor.
 //!
-//! `cargo xtask bench` reads the medians from `target/criterion/<group>/<bench>/new/` and writes
-//! the table in BENCHMARKS.md.
+//! `cargo xtask bench` reads the medians from `target/criterion/<group>/<bench>/new/` and
+//! `target/side-by-side/`, and writes the table in BENCHMARKS.md. The contended part reads
+//! criterion's command line as criterion does: a filter (a regex, or `--exact`) that matches
+//! none of its names (`semaphore_contended/ours_64_tasks_capacity_8` and the like) skips it;
+//! without `--bench` (`cargo test --benches`) it makes one short run of each side and writes
+//! nothing; `ADMISSION_CONTENDED_RUNS=N` sets its runs per side (10).
 
 use std::hint::black_box;
 use std::num::NonZeroU32;
@@ -39,11 +50,13 @@ use std::time::{Duration, Instant};
 use admission_accounts::elastic_window::{ElasticWindow, ElasticWindowConfig};
 use admission_accounts::token_bucket::TokenBucketConfig;
 use admission_accounts::{CountingGate, TokenBucket};
+use admission_benches::Results;
 use admission_benches::support::{self, ParkedLine, admit_release, try_admit_release};
+use admission_benches::usage::Usage;
 use admission_core::{AccountRef, Amount, Ask, Demand, JobContext, Monitor, SystemClock};
 use admission_testkit::FakeClock;
 use admission_testkit::monitor::poll_once;
-use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
+use criterion::{Criterion, criterion_group};
 use governor::DefaultDirectRateLimiter;
 use tokio::sync::Semaphore;
 
@@ -56,10 +69,11 @@ const TOKENS: u64 = 100;
 const PLENTY: u64 = 1_000_000;
 /// Takes between two fresh governor limiters in the `check_n` cases (see [`governor_chunks`]).
 const REFRESH: u64 = 1_000_000;
-/// Contended: tasks, rounds per task, permits.
+/// Contended: tasks, rounds per task, permits, runs of each side.
 const TASKS: usize = 64;
 const ROUNDS: usize = 10_000;
 const CONTENDED_PERMITS: u64 = 8;
+const CONTENDED_RUNS: usize = 10;
 /// Waiters parked for the pass bench.
 const PARKED: usize = 10_000;
 
@@ -170,6 +184,7 @@ fn semaphore(c: &mut Criterion) {
     monitor.start().expect("a fresh monitor starts");
     let demand = Demand::new().with(gate("gate", PLENTY), Amount::ONE);
     let peer = Semaphore::new(PLENTY as usize);
+    let owned_peer = Arc::new(Semaphore::new(PLENTY as usize));
     let job = job();
 
     let mut group = c.benchmark_group("semaphore");
@@ -214,50 +229,17 @@ fn semaphore(c: &mut Criterion) {
     group.bench_function("tokio_try_acquire_many_release", |b| {
         b.iter(|| drop(black_box(peer.try_acquire_many(1).expect("plenty"))))
     });
-    group.finish();
-}
-
-fn two_workers() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .build()
-        .expect("a runtime")
-}
-
-/// One contended run through the monitor: [`TASKS`] tasks x [`ROUNDS`] admits on a fresh gate of
-/// [`CONTENDED_PERMITS`], each grant held across one `yield_now` when `hold` says so. Only the
-/// run is timed, not the monitor's start.
-fn contended_ours(rt: &tokio::runtime::Runtime, hold: bool) -> Duration {
-    let monitor = Monitor::new();
-    monitor.start().expect("a fresh monitor starts");
-    let demand = Demand::new().with(gate("gate", CONTENDED_PERMITS), Amount::ONE);
-    let elapsed = support::contended_admits(rt, &monitor, &demand, TASKS, ROUNDS, hold);
-    monitor.stop();
-    elapsed
-}
-
-/// The same run on tokio's semaphore.
-fn contended_tokio(rt: &tokio::runtime::Runtime, hold: bool) -> Duration {
-    support::contended_semaphore(rt, CONTENDED_PERMITS as usize, TASKS, ROUNDS, hold)
-}
-
-fn semaphore_contended(c: &mut Criterion) {
-    let rt = two_workers();
-    let mut group = c.benchmark_group("semaphore_contended");
-    // One run is 640,000 hand-offs; ten runs of each side, each timed whole.
-    group
-        .sample_size(10)
-        .sampling_mode(SamplingMode::Flat)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(1));
-    for (shape, hold) in [("", true), ("_no_await_inside", false)] {
-        group.bench_function(format!("ours_64_tasks_capacity_8{shape}"), |b| {
-            b.iter_custom(|iters| (0..iters).map(|_| contended_ours(&rt, hold)).sum())
-        });
-        group.bench_function(format!("tokio_64_tasks_capacity_8{shape}"), |b| {
-            b.iter_custom(|iters| (0..iters).map(|_| contended_tokio(&rt, hold)).sum())
-        });
-    }
+    // The owned permit: a clone of the `Arc` taken in and dropped with it, as an owned `Grant`
+    // takes and drops its handle to the monitor.
+    group.bench_function("tokio_try_acquire_many_owned_release", |b| {
+        b.iter(|| {
+            let permit = owned_peer
+                .clone()
+                .try_acquire_many_owned(1)
+                .expect("plenty");
+            drop(black_box(permit));
+        })
+    });
     group.finish();
 }
 
@@ -376,6 +358,231 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = single_limit, semaphore, semaphore_contended, three_limits, pass_over_10k_parked
+    targets = single_limit, semaphore, three_limits, pass_over_10k_parked
 }
-criterion_main!(benches);
+
+fn main() {
+    benches();
+    contended::run();
+    Criterion::default().configure_from_args().final_summary();
+}
+
+/// The contended semaphore: ours and tokio's interleaved, each run measured whole.
+mod contended {
+    use super::*;
+    use regex::Regex;
+
+    /// The part's name: its results file and the group of its benchmarks' names.
+    const PART: &str = "semaphore_contended";
+
+    /// The two shapes: the name after `ours_` / `tokio_`, and whether a permit is held across a
+    /// `yield_now`.
+    const SHAPES: [(&str, &str, bool); 2] = [
+        ("held", "64_tasks_capacity_8", true),
+        ("no_await", "64_tasks_capacity_8_no_await_inside", false),
+    ];
+
+    /// What the command line asks of the part, read as criterion reads its own.
+    struct Wanted {
+        /// `--bench` without `--test`: the full part, written; otherwise one short run each.
+        full: bool,
+        /// `--list`: print the names and run nothing.
+        list: bool,
+        /// A name filter: `None` for all, `--exact` for equality, else a regex.
+        filter: Option<(String, bool)>,
+        /// `--ignored`: criterion then runs nothing.
+        ignored: bool,
+    }
+
+    /// Criterion's options that take a value: that value is not the filter.
+    const TAKES_VALUE: &[&str] = &[
+        "-c",
+        "--color",
+        "--colour",
+        "-s",
+        "--save-baseline",
+        "-b",
+        "--baseline",
+        "--baseline-lenient",
+        "--format",
+        "--profile-time",
+        "--load-baseline",
+        "--sample-size",
+        "--warm-up-time",
+        "--measurement-time",
+        "--nresamples",
+        "--noise-threshold",
+        "--confidence-level",
+        "--significance-level",
+        "--plotting-backend",
+        "--output-format",
+    ];
+
+    fn wanted() -> Wanted {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let has = |flag: &str| args.iter().any(|a| a == flag);
+        let mut filter = None;
+        let mut skip_value = false;
+        for arg in &args {
+            if skip_value {
+                skip_value = false;
+            } else if arg.starts_with('-') {
+                skip_value = TAKES_VALUE.contains(&arg.as_str());
+            } else if filter.is_none() {
+                filter = Some(arg.clone());
+            }
+        }
+        Wanted {
+            full: has("--bench") && !has("--test"),
+            list: has("--list"),
+            filter: filter.map(|f| (f, has("--exact"))),
+            ignored: has("--ignored"),
+        }
+    }
+
+    /// The benchmark names of the part, as criterion would name them.
+    fn names() -> Vec<String> {
+        SHAPES
+            .iter()
+            .flat_map(|(_, name, _)| ["ours", "tokio"].map(|side| format!("{PART}/{side}_{name}")))
+            .collect()
+    }
+
+    /// Whether the filter lets `name` through, as criterion's would.
+    fn matches(wanted: &Wanted, name: &str) -> bool {
+        if wanted.ignored {
+            return false;
+        }
+        match &wanted.filter {
+            None => true,
+            Some((filter, true)) => name == filter,
+            Some((filter, false)) => Regex::new(filter)
+                .unwrap_or_else(|e| panic!("the filter {filter:?} is not a regex: {e}"))
+                .is_match(name),
+        }
+    }
+
+    pub(super) fn run() {
+        let wanted = wanted();
+        let chosen: Vec<String> = names()
+            .into_iter()
+            .filter(|name| matches(&wanted, name))
+            .collect();
+        if wanted.list {
+            for name in &chosen {
+                println!("{name}: benchmark");
+            }
+            return;
+        }
+        // The part runs whole or not at all, so that its file always holds every row's figures
+        // from one run.
+        if chosen.is_empty() {
+            return;
+        }
+        let (runs, rounds) = if wanted.full {
+            let runs = match std::env::var("ADMISSION_CONTENDED_RUNS") {
+                Ok(n) => n
+                    .parse()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .expect("ADMISSION_CONTENDED_RUNS is a positive number"),
+                Err(_) => CONTENDED_RUNS,
+            };
+            (runs, ROUNDS)
+        } else {
+            (1, 100)
+        };
+        let rt = support::two_workers();
+        let started = Instant::now();
+        let mut results = Results::new(PART)
+            .number("runs", runs as f64)
+            .number("tasks", TASKS as f64)
+            .number("rounds", rounds as f64)
+            .number("permits", CONTENDED_PERMITS as f64)
+            .number("workers", 2.0);
+        for (shape, name, hold) in SHAPES {
+            // One run of each side first, not counted: the runtime's threads and the
+            // allocator's arenas are warm for both.
+            ours(&rt, rounds, hold);
+            peer(&rt, rounds, hold);
+            let (mut ours_runs, mut peer_runs) = (Vec::new(), Vec::new());
+            for run in 1..=runs {
+                let (o, p) = (ours(&rt, rounds, hold), peer(&rt, rounds, hold));
+                println!(
+                    "{PART}/{name} run {run}/{runs}: ours {}; tokio {}",
+                    show(&o),
+                    show(&p)
+                );
+                ours_runs.push(o);
+                peer_runs.push(p);
+            }
+            results = record(results, &format!("ours_{shape}"), &ours_runs);
+            results = record(results, &format!("tokio_{shape}"), &peer_runs);
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        if wanted.full {
+            let path = results.write().expect("the results file is written");
+            let (path, json) = (path.display(), results.to_json());
+            println!("{PART}: done in {seconds:.1} s, written to {path}\n{json}");
+        } else {
+            println!("{PART}: smoke run done in {seconds:.1} s (not written; pass --bench)");
+        }
+    }
+
+    /// One run of ours: a fresh monitor and gate.
+    fn ours(rt: &tokio::runtime::Runtime, rounds: usize, hold: bool) -> Usage {
+        support::contended_gate(rt, CONTENDED_PERMITS, TASKS, rounds, hold)
+    }
+
+    /// One run of tokio's: a fresh semaphore.
+    fn peer(rt: &tokio::runtime::Runtime, rounds: usize, hold: bool) -> Usage {
+        support::contended_semaphore(rt, CONTENDED_PERMITS as usize, TASKS, rounds, hold)
+    }
+
+    fn show(usage: &Usage) -> String {
+        format!(
+            "{:.1} ms wall, {:.1} ms CPU, {} switches ({} voluntary)",
+            usage.wall.as_secs_f64() * 1e3,
+            usage.cpu.as_secs_f64() * 1e3,
+            usage.switches(),
+            usage.voluntary_switches,
+        )
+    }
+
+    /// `<prefix>_{wall_ns,cpu_ns,switches}_{median,min}`, and each run's wall and CPU
+    /// milliseconds as texts.
+    fn record(results: Results, prefix: &str, runs: &[Usage]) -> Results {
+        let wall: Vec<f64> = runs.iter().map(|u| u.wall.as_nanos() as f64).collect();
+        let cpu: Vec<f64> = runs.iter().map(|u| u.cpu.as_nanos() as f64).collect();
+        let switches: Vec<f64> = runs.iter().map(|u| u.switches() as f64).collect();
+        let in_ms = |values: &[f64]| {
+            let ms: Vec<String> = values.iter().map(|v| format!("{:.1}", v / 1e6)).collect();
+            ms.join(" ")
+        };
+        results
+            .number(&format!("{prefix}_wall_ns_median"), median(&wall))
+            .number(&format!("{prefix}_wall_ns_min"), min(&wall))
+            .number(&format!("{prefix}_cpu_ns_median"), median(&cpu))
+            .number(&format!("{prefix}_cpu_ns_min"), min(&cpu))
+            .number(&format!("{prefix}_switches_median"), median(&switches))
+            .number(&format!("{prefix}_switches_min"), min(&switches))
+            .text(&format!("{prefix}_wall_ms_runs"), &in_ms(&wall))
+            .text(&format!("{prefix}_cpu_ms_runs"), &in_ms(&cpu))
+    }
+
+    /// The middle value, or the mean of the two middle ones for an even count.
+    fn median(values: &[f64]) -> f64 {
+        let mut sorted = values.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let n = sorted.len();
+        match n {
+            0 => f64::NAN,
+            _ if n % 2 == 1 => sorted[n / 2],
+            _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+        }
+    }
+
+    fn min(values: &[f64]) -> f64 {
+        values.iter().copied().fold(f64::NAN, f64::min)
+    }
+}

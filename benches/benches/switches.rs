@@ -61,7 +61,7 @@ fn timed_holds(rt: &tokio::runtime::Runtime, tasks: usize, rounds: usize) {
         CountingGate::new("gate", PERMITS, monitor.clock().clone()).expect("a positive capacity"),
     );
     let demand = Demand::new().with(gate, Amount::ONE);
-    let took = support::contended_admits(rt, &monitor, &demand, tasks, rounds, true);
+    let took = support::contended_admits(rt, &monitor, &demand, tasks, rounds, true).wall;
     let holds = monitor.take_lock_holds().expect("timed");
     monitor.stop();
     let admits = (tasks * rounds) as f64;
@@ -126,11 +126,11 @@ fn ours(rt: &tokio::runtime::Runtime, tasks: usize, rounds: usize) -> Duration {
         CountingGate::new("gate", PERMITS, monitor.clock().clone()).expect("a positive capacity"),
     );
     let demand = Demand::new().with(gate, Amount::ONE);
-    let took = support::contended_admits(rt, &monitor, &demand, tasks, rounds, true);
+    let took = support::contended_admits(rt, &monitor, &demand, tasks, rounds, true).wall;
     monitor.stop();
     took
 }
 
 fn tokio_side(rt: &tokio::runtime::Runtime, tasks: usize, rounds: usize) -> Duration {
-    support::contended_semaphore(rt, PERMITS as usize, tasks, rounds, true)
+    support::contended_semaphore(rt, PERMITS as usize, tasks, rounds, true).wall
 }

@@ -50,12 +50,12 @@ def median(lock, shape, field):
     return statistics.median(float(run[field]) for run in runs[(lock, shape)])
 print()
 print("medians over %d rounds" % len(runs[("parking_lot", "1_thread")]))
-print("%-11s %-12s %10s %10s %10s %10s" % ("shape", "lock", "wall ms", "cpu ms", "sys ms", "switches"))
+print("%-11s %-12s %10s %10s %10s" % ("shape", "lock", "wall ms", "cpu ms", "switches"))
 for shape in ("1_thread", "4_threads", "16_threads"):
     for lock in ("parking_lot", "spin"):
-        print("%-11s %-12s %10.1f %10.1f %10.1f %10.0f" % (shape, lock,
+        print("%-11s %-12s %10.1f %10.1f %10.0f" % (shape, lock,
             median(lock, shape, "wall_ms"), median(lock, shape, "cpu_ms"),
-            median(lock, shape, "sys_ms"), median(lock, shape, "switches")))
+            median(lock, shape, "switches")))
 wins = []
 for shape in ("1_thread", "4_threads", "16_threads"):
     wall = median("spin", shape, "wall_ms") / median("parking_lot", shape, "wall_ms")

@@ -3,9 +3,11 @@
 //!
 //! The side-by-side comparisons that `cargo xtask bench` runs and tabulates:
 //!
-//! - `side_by_side` (criterion): the single-limit take, the semaphore (uncontended and with 64
-//!   contending tasks), three limits at once, and one evaluator pass over 10,000 parked waiters.
-//!   Criterion writes its estimates under `target/criterion/`.
+//! - `side_by_side` (criterion): the single-limit take, the uncontended semaphore, three limits at
+//!   once, and one evaluator pass over 10,000 parked waiters. Criterion writes its estimates under
+//!   `target/criterion/`. Its contended semaphore (64 tasks) is a part of its own: runs of ours
+//!   and tokio's interleaved, each with its wall time, CPU time and context switches ([`usage`]),
+//!   written with [`Results`].
 //! - `scarce_and_wakes` (its own harness): the quota a chain of limiters leaks, goodput under a
 //!   scarce model, and wake-up latencies as percentiles. It writes one small JSON file per part
 //!   under `target/side-by-side/` with [`Results`].
@@ -21,15 +23,20 @@
 //! simulation of 100 processes on one cell and of cells sharded by hash tag). Both start a
 //! private `redis-server` ([`redis_server`]).
 //!
+//! `monitor_lock` runs ours alone on the contended workloads and the uncontended gate and prints
+//! each one's costs as a JSON line: `cargo xtask lock-bench` builds it once per monitor lock and
+//! compares the two.
+//!
 //! `cargo xtask bench` rewrites the side-by-side table in BENCHMARKS.md from the files the first
-//! two leave. This library holds [`Results`], what both sides of that exchange agree on, and
-//! [`support`], the loops the targets share.
+//! two leave. This library holds [`Results`], what both sides of that exchange agree on,
+//! [`support`], the loops the targets share, and [`usage`], what a piece of work cost the process.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
 pub mod redis_server;
 pub mod support;
+pub mod usage;
 
 /// The directory the custom harness writes its results to: `$CARGO_TARGET_DIR/side-by-side`, or
 /// `target/side-by-side` at the workspace root.
@@ -83,17 +90,30 @@ impl Results {
     /// The record as a JSON object, one field a line.
     pub fn to_json(&self) -> String {
         let mut out = String::from("{\n");
-        for (i, (key, field)) in self.fields.iter().enumerate() {
+        for (i, field) in self.members().enumerate() {
+            let comma = if i + 1 < self.fields.len() { "," } else { "" };
+            let _ = writeln!(out, "  {field}{comma}");
+        }
+        out.push_str("}\n");
+        out
+    }
+
+    /// The record as a JSON object on one line, without a line end.
+    pub fn to_json_line(&self) -> String {
+        let fields: Vec<String> = self.members().collect();
+        format!("{{{}}}", fields.join(", "))
+    }
+
+    /// Each field as `"key": value`.
+    fn members(&self) -> impl Iterator<Item = String> + '_ {
+        self.fields.iter().map(|(key, field)| {
             let value = match field {
                 Field::Number(n) if n.is_finite() => format!("{n}"),
                 Field::Number(_) => "null".to_owned(),
                 Field::Text(t) => quote(t),
             };
-            let comma = if i + 1 < self.fields.len() { "," } else { "" };
-            let _ = writeln!(out, "  {}: {value}{comma}", quote(key));
-        }
-        out.push_str("}\n");
-        out
+            format!("{}: {value}", quote(key))
+        })
     }
 
     /// Writes the record to `<results_dir>/<part>.json` and returns the path.
@@ -144,5 +164,7 @@ mod tests {
             json,
             "{\n  \"a\": 1.5,\n  \"b\": null,\n  \"c\": \"say \\\"hi\\\"\\n\"\n}\n"
         );
+        let line = Results::new("x").text("lock", "std").number("n", 3.0);
+        assert_eq!(line.to_json_line(), "{\"lock\": \"std\", \"n\": 3}");
     }
 }

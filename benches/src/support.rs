@@ -1,7 +1,8 @@
 //! What the bench targets share, each loop written once: the peer limiters nobody can empty, one
 //! admit and release, one take and give, two threads on one shared limiter, a line of parked
-//! waiters for the pass benches, and the release-to-running hand-off with the waiters both sides
-//! of it use.
+//! waiters for the pass benches, the release-to-running hand-off with the waiters both sides of
+//! it use, and the contended runs (ours on a `CountingGate`, tokio's semaphore) with what each
+//! cost the process.
 //!
 //! The criterion targets sum these per iteration (`iter_custom`); the `scarce_and_wakes` harness
 //! records the same round trips one by one into histograms.
@@ -14,6 +15,7 @@ use std::sync::{Arc, Barrier, OnceLock, mpsc};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use admission_accounts::CountingGate;
 use admission_core::event::SinkError;
 use admission_core::{
     Account, AccountRef, Admit, Amount, Answer, Ask, Demand, Event, EventKind, EventSink, Grant,
@@ -23,6 +25,8 @@ use admission_testkit::monitor::park_waiters;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::usage::Usage;
 
 // ------------------------------------------------------------------------------------------------
 // Peers and single operations
@@ -620,8 +624,37 @@ impl HandOff for SemaphoreTask {
 // ------------------------------------------------------------------------------------------------
 // Contention
 
+/// A two-worker tokio runtime without the timer: the runtime of the contended runs.
+pub fn two_workers() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .expect("a runtime")
+}
+
+/// One contended run through a fresh monitor: `tasks` tasks on `rt` each admit one permit of a
+/// fresh `CountingGate` of `permits` `rounds` times ([`contended_admits`]). Only the run is
+/// measured, not the monitor's start or stop.
+pub fn contended_gate(
+    rt: &tokio::runtime::Runtime,
+    permits: u64,
+    tasks: usize,
+    rounds: usize,
+    hold: bool,
+) -> Usage {
+    let monitor = Monitor::new();
+    monitor.start().expect("a fresh monitor starts");
+    // The monitor runs on the system clock, so the gate's stamps do too.
+    let gate = CountingGate::on_system_clock("gate", permits).expect("a positive capacity");
+    let demand = Demand::new().with(Arc::new(gate), Amount::ONE);
+    let usage = contended_admits(rt, &monitor, &demand, tasks, rounds, hold);
+    monitor.stop();
+    usage
+}
+
 /// `tasks` tasks on `rt` each admit `demand` through `monitor` `rounds` times, holding each
-/// grant across one `yield_now` when `hold` says so. Returns the run's wall time.
+/// grant across one `yield_now` when `hold` says so. Returns what the run cost the process, from
+/// the first spawn to the last task's end.
 pub fn contended_admits(
     rt: &tokio::runtime::Runtime,
     monitor: &Monitor,
@@ -629,62 +662,64 @@ pub fn contended_admits(
     tasks: usize,
     rounds: usize,
     hold: bool,
-) -> Duration {
-    let started = Instant::now();
-    rt.block_on(async {
-        let running: Vec<_> = (0..tasks)
-            .map(|_| {
-                let (monitor, demand) = (monitor.clone(), demand.clone());
-                tokio::spawn(async move {
-                    let job = JobContext::new("bench");
-                    for _ in 0..rounds {
-                        let grant = monitor
-                            .admit(demand.clone(), &job, None)
-                            .await
-                            .expect("granted");
-                        if hold {
-                            tokio::task::yield_now().await;
+) -> Usage {
+    let ((), usage) = Usage::measure(|| {
+        rt.block_on(async {
+            let running: Vec<_> = (0..tasks)
+                .map(|_| {
+                    let (monitor, demand) = (monitor.clone(), demand.clone());
+                    tokio::spawn(async move {
+                        let job = JobContext::new("bench");
+                        for _ in 0..rounds {
+                            let grant = monitor
+                                .admit(demand.clone(), &job, None)
+                                .await
+                                .expect("granted");
+                            if hold {
+                                tokio::task::yield_now().await;
+                            }
+                            drop(grant);
                         }
-                        drop(grant);
-                    }
+                    })
                 })
-            })
-            .collect();
-        for task in running {
-            task.await.expect("the task finishes");
-        }
+                .collect();
+            for task in running {
+                task.await.expect("the task finishes");
+            }
+        })
     });
-    started.elapsed()
+    usage
 }
 
-/// The same run on a tokio `Semaphore` of `permits`.
+/// The same run on a fresh tokio `Semaphore` of `permits`.
 pub fn contended_semaphore(
     rt: &tokio::runtime::Runtime,
     permits: usize,
     tasks: usize,
     rounds: usize,
     hold: bool,
-) -> Duration {
+) -> Usage {
     let semaphore = Arc::new(Semaphore::new(permits));
-    let started = Instant::now();
-    rt.block_on(async {
-        let running: Vec<_> = (0..tasks)
-            .map(|_| {
-                let semaphore = semaphore.clone();
-                tokio::spawn(async move {
-                    for _ in 0..rounds {
-                        let permit = semaphore.acquire().await.expect("not closed");
-                        if hold {
-                            tokio::task::yield_now().await;
+    let ((), usage) = Usage::measure(|| {
+        rt.block_on(async {
+            let running: Vec<_> = (0..tasks)
+                .map(|_| {
+                    let semaphore = semaphore.clone();
+                    tokio::spawn(async move {
+                        for _ in 0..rounds {
+                            let permit = semaphore.acquire().await.expect("not closed");
+                            if hold {
+                                tokio::task::yield_now().await;
+                            }
+                            drop(permit);
                         }
-                        drop(permit);
-                    }
+                    })
                 })
-            })
-            .collect();
-        for task in running {
-            task.await.expect("the task finishes");
-        }
+                .collect();
+            for task in running {
+                task.await.expect("the task finishes");
+            }
+        })
     });
-    started.elapsed()
+    usage
 }

@@ -15,6 +15,7 @@ mod chaos;
 mod count;
 mod levels;
 mod load;
+mod lock_bench;
 mod paths;
 mod public_items;
 mod services;
@@ -35,42 +36,44 @@ usage: cargo xtask <command> [args]
 commands:
   ci                       everything CI runs, in order, stopping at the first failure:
                              1 fmt        cargo fmt --all -- --check
-                             2 clippy     cargo clippy --workspace --all-targets FEATURES -- -D warnings
-                             3 tests      cargo nextest run --workspace FEATURES --profile services
+                             2 levels     cargo xtask levels (below; reads the sources, no build)
+                             3 clippy     cargo clippy --workspace --all-targets FEATURES -- -D warnings
+                             4 tests      cargo nextest run --workspace FEATURES --profile services
                                           --no-fail-fast --test-threads 4
-                             4 doc tests  cargo test --workspace --doc FEATURES
-                             5 memcheck   the core's tests of step 3 under valgrind (below)
-                             6 docs       cargo doc --workspace --no-deps FEATURES with RUSTDOCFLAGS='-D warnings'
-                             7 public items  cargo xtask public-items (below; step 6's build again,
+                             5 doc tests  cargo test --workspace --doc FEATURES
+                             6 memcheck   the core's tests of step 4 under valgrind (below)
+                             7 paths      cargo xtask paths (below; the example step 4 built)
+                             8 docs       cargo doc --workspace --no-deps FEATURES with RUSTDOCFLAGS='-D warnings'
+                             9 public items  cargo xtask public-items (below; step 8's build again,
                                           rustdoc writing JSON)
-                             8 release build  cargo build --release --workspace --bench '*' --examples
-                                          (the benches compiled, not run; the examples for 9 to 11)
-                             9 agents     target/release/examples/agents --time-scale 300 --check
-                            10 agents fleet  the same as a fleet: --fleet 4 --time-scale 60
+                            10 release build  cargo build --release --workspace --bench '*' --examples
+                                          (the benches compiled, not run; the examples for 11 to 13)
+                            11 agents     target/release/examples/agents --time-scale 300 --check
+                            12 agents fleet  the same as a fleet: --fleet 4 --time-scale 60
                                           --fleet-rates both --check
                                           (four processes on a private redis-server, which must be on
                                           PATH; a simulated minute of one real second, so that a few
                                           milliseconds of lag between a grant and its call stay small
                                           beside the minute the provider counts over)
-                            11 chaos      cargo xtask chaos (below)
-                            12 loom       cargo test -p admission-core --lib --release -- loom
+                            13 chaos      cargo xtask chaos (below)
+                            14 loom       cargo test -p admission-core --lib --release -- loom
                                           with RUSTFLAGS='--cfg admission_loom',
                                           LOOM_MAX_PREEMPTIONS=2 (unless set), CARGO_TARGET_DIR=target/loom
-                           Steps 2 to 7 share one dev build and one check of the dependencies (one
-                           feature set, FEATURES, one target dir); 8 to 11 one release build.
+                           Steps 3 to 9 share one dev build and one check of the dependencies (one
+                           feature set, FEATURES, one target dir); 10 to 13 one release build.
   test [-p CRATE]... [FILTER]...
-                           steps 3 and 4 for the packages chosen (all of them by default), their
+                           steps 4 and 5 for the packages chosen (all of them by default), their
                            tests chosen by FILTER (test names, as nextest reads them), with only
                            the servers those packages need up (admission-redis: Redis and the
                            Redis Cluster; admission-tower: Redis; admission-db: PostgreSQL); the
                            same build as ci's, so once built one crate's tests start in seconds
-  loom                     step 12
+  loom                     step 14
   memcheck                 admission-core's unit and integration tests (the soak at 20,000
-                           admissions), the binaries step 3 built, each run whole under
+                           admissions), the binaries step 4 built, each run whole under
                            valgrind's memcheck (valgrind must be on PATH; `.ci/run` installs it):
-                           a parked waiter's record and outcome cell live in its future or frame
-                           and the line points at them, so a read of freed memory fails the step
-                           (exit 99)
+                           any read of freed or uninitialized memory (the core has no unsafe code
+                           of its own; its dependencies' and the standard library's is exercised)
+                           fails the step (exit 99)
   public-items [--bless]   each library crate's public items (rustdoc JSON on stable, rendered by
                            public-api) against public-items/CRATE.txt: fails on any added or
                            removed line; --bless rewrites the lists, to commit with the change
@@ -122,7 +125,19 @@ commands:
                            --bench side_by_side --bench scarce_and_wakes [args...] (--all: every
                            bench, cargo bench -p admission-benches [args...]), then rewrites the table
                            between the side-by-side markers in BENCHMARKS.md from
-                           target/criterion and target/side-by-side (--report-only: no run)
+                           target/criterion and target/side-by-side (--report-only: no run);
+                           its header names the machine's mode, fast or slow, by tokio's
+                           try_acquire_many(1) + drop measured in the same run
+  lock-bench [--runs N] [--rounds R]
+                           the monitor's lock, parking_lot's (the default) against std's: builds
+                           the bench monitor_lock of admission-benches twice (as it is, and with
+                           RUSTFLAGS adding --cfg admission_monitor_lock=\"std\"; into
+                           target/lock-bench/parking_lot and target/lock-bench/std), runs the two
+                           alternately N times each (default 5) on the contended rows (64 tasks x
+                           R admits on 8 permits, R = 10,000) and the uncontended gate row, and
+                           prints each lock's median wall time, CPU time (getrusage, user +
+                           system) and voluntary / involuntary context switches, and std's over
+                           parking_lot's (not part of ci)
   load [SECONDS] [--exe PATH]
                            the axum example (or the build at PATH) under wrk (which must be on
                            PATH: apt-get install wrk) at 8, 64 and 256 connections for SECONDS
@@ -236,6 +251,7 @@ fn run(args: &[String]) -> Result<ExitCode> {
         "bench" => bench::run(&ws, rest),
         "levels" => levels::run(&ws, rest),
         "paths" => paths::run(&ws, rest),
+        "lock-bench" => lock_bench::run(&ws, rest),
         "load" => load::run(&ws, rest),
         "with-services" => with_services(&ws, rest),
         "help" | "-h" | "--help" => {
@@ -306,7 +322,8 @@ const FEATURES: &[&str] = &[
      admission-db/sqlx-sqlite,admission-db/sqlx-postgres,admission-db/contract,\
      admission-db/metrics,admission-redis/tls,admission-redis/metrics,admission-redis/test-util,\
      admission-tower/http,admission-tower/grpc,admission-tower/fleet,admission-events/metrics,\
-     admission-core/test-util,admission-llm/test-util,admission-testkit/redis-servers",
+     admission-core/test-util,admission-llm/test-util,admission-testkit/redis-servers,\
+     admission-accounts/tokio",
 ];
 
 /// The docs step's arguments (`cargo doc --workspace --no-deps FEATURES`), which the public
