@@ -981,32 +981,30 @@ impl Machine {
     /// Grants the waiter at `place`, whose whole demand was just taken: it leaves the line with
     /// its grant's waits, to be woken.
     fn grant(&mut self, place: Place, on_gate: &mut usize, now: &Reading<'_>, fx: &mut Effects) {
-        let granted_at = now.get();
-        let mut was_on_gate = false;
-        let mut event = None;
-        let wants_events = fx.wants_events();
-        let notify = self.line.decide(place, |w| {
-            was_on_gate = w.on_gate;
-            // The pass's instant, at which every account was asked: a waiter that parked after
-            // it was read reports a wait of zero. The holds move into the grant as they are; it
-            // reads them only when asked.
-            let waits = Waits {
-                holds: std::mem::take(&mut w.held),
-                asked_at: w.asked_at,
-                granted_at,
-            };
-            if wants_events {
-                event = Some((
-                    w.ctx.clone(),
-                    waits.wall_wait(),
-                    entry_events(w.demand.entries()),
-                ));
-            }
-            Done {
-                demand: std::mem::take(&mut w.demand),
-                outcome: Ok(waits),
-            }
+        let Some(w) = self.line.get_mut(place) else {
+            return;
+        };
+        let was_on_gate = w.on_gate;
+        // The pass's instant, at which every account was asked: a waiter that parked after it
+        // was read reports a wait of zero. The holds move into the grant as they are; it reads
+        // them only when asked.
+        let waits = Waits {
+            holds: std::mem::take(&mut w.held),
+            asked_at: w.asked_at,
+            granted_at: now.get(),
+        };
+        let event = fx.wants_events().then(|| {
+            (
+                w.ctx.clone(),
+                waits.wall_wait(),
+                entry_events(w.demand.entries()),
+            )
         });
+        let done = Done {
+            demand: std::mem::take(&mut w.demand),
+            outcome: Ok(waits),
+        };
+        let notify = self.line.decide(place, done);
         if let Some((ctx, wait, entries)) = event {
             let kind = EventKind::GrantedFromHold {
                 wait,
@@ -1030,15 +1028,16 @@ impl Machine {
         now: &Reading<'_>,
         fx: &mut Effects,
     ) {
-        let mut was_on_gate = false;
-        let notify = self.line.decide(place, |w| {
-            was_on_gate = w.on_gate;
-            fx.rejected(&w.ctx, &w.demand, &error, now);
-            Done {
-                demand: std::mem::take(&mut w.demand),
-                outcome: Err(error),
-            }
-        });
+        let Some(w) = self.line.get_mut(place) else {
+            return;
+        };
+        let was_on_gate = w.on_gate;
+        fx.rejected(&w.ctx, &w.demand, &error, now);
+        let done = Done {
+            demand: std::mem::take(&mut w.demand),
+            outcome: Err(error),
+        };
+        let notify = self.line.decide(place, done);
         if was_on_gate {
             *on_gate -= 1;
         }

@@ -9,38 +9,9 @@ mod imp {
     pub(crate) use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering, fence};
     use std::time::Duration;
 
-    /// A mutex without poisoning.
-    #[derive(Debug, Default)]
-    pub(crate) struct Mutex<T>(parking_lot::Mutex<T>);
-    pub(crate) type MutexGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
-
-    impl<T> Mutex<T> {
-        pub(crate) fn new(value: T) -> Self {
-            Self(parking_lot::Mutex::new(value))
-        }
-        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
-            self.0.lock()
-        }
-        pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
-            self.0.try_lock()
-        }
-    }
-
-    /// A reader-writer lock without poisoning.
-    #[derive(Debug, Default)]
-    pub(crate) struct RwLock<T>(parking_lot::RwLock<T>);
-
-    impl<T> RwLock<T> {
-        pub(crate) fn new(value: T) -> Self {
-            Self(parking_lot::RwLock::new(value))
-        }
-        pub(crate) fn read(&self) -> parking_lot::RwLockReadGuard<'_, T> {
-            self.0.read()
-        }
-        pub(crate) fn write(&self) -> parking_lot::RwLockWriteGuard<'_, T> {
-            self.0.write()
-        }
-    }
+    // `parking_lot`'s locks as they are: no poisoning, `try_lock` answers an `Option`; loom's
+    // below are wrapped to the same shape.
+    pub(crate) use parking_lot::{Mutex, MutexGuard, RwLock};
 
     /// A condition variable paired with [`Mutex`].
     #[derive(Debug, Default)]

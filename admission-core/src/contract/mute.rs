@@ -1,7 +1,7 @@
 //! Muting a wake-up callback on this thread: how a monitor's hand-off keeps the accounts it gives
 //! back to from waking its own evaluator.
 //!
-//! A thread that gives a grant back runs that monitor's pass right after (`monitor/release.rs`),
+//! A thread that gives a grant back runs that monitor's pass right after (`Owner::settle` in `monitor/shell.rs`),
 //! and the pass covers every waiter of that monitor; the wake-ups the accounts send while taking
 //! the give (through their [`WakeSlot`](crate::WakeSlot)s) would only wake its evaluator for a
 //! second, useless pass. So the giver names that monitor's callback, by key, as muted on its
@@ -30,19 +30,25 @@ loom::thread_local! {
     static MUTED: Cell<usize> = Cell::new(0);
 }
 
-/// Runs `f` with the callback of key `key` muted on this thread; the previous key is restored
-/// afterwards, even if `f` panics.
-#[inline]
-pub(crate) fn muting(key: usize, f: impl FnOnce()) {
-    struct Restore(usize);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let previous = self.0;
-            MUTED.with(|m| m.set(previous));
-        }
+/// The callback of one key muted on this thread while this guard lives; the key muted before is
+/// muted again when it is dropped, even while a panic unwinds.
+#[must_use = "the callback is muted only while the guard lives"]
+pub(crate) struct Muted(usize);
+
+impl Muted {
+    /// Mutes the callback of key `key` on this thread.
+    #[inline]
+    pub(crate) fn on(key: usize) -> Muted {
+        Muted(MUTED.with(|m| m.replace(key)))
     }
-    let _restore = Restore(MUTED.with(|m| m.replace(key)));
-    f();
+}
+
+impl Drop for Muted {
+    #[inline]
+    fn drop(&mut self) {
+        let previous = self.0;
+        MUTED.with(|m| m.set(previous));
+    }
 }
 
 /// The key of the callback muted on this thread (0: none).

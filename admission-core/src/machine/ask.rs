@@ -426,11 +426,10 @@ pub(crate) fn give_back(mute: usize, taken: &[Entry]) {
     if taken.is_empty() {
         return;
     }
-    mute::muting(mute, || {
-        for entry in taken {
-            entry.account().give(entry.amount());
-        }
-    });
+    let _muted = mute::Muted::on(mute);
+    for entry in taken {
+        entry.account().give(entry.amount());
+    }
 }
 
 /// Asks `account`, catching a panic: the account is at fault, not the job, and the monitor goes

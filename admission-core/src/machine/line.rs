@@ -367,15 +367,10 @@ impl Line {
         Some(node)
     }
 
-    /// Takes the waiter at `place` out of the line, if it is there, keeping `done(waiter)` in
-    /// its slot for its owner to collect; returns whom to wake.
-    pub(crate) fn decide(
-        &mut self,
-        place: Place,
-        done: impl FnOnce(&mut Waiter) -> Done,
-    ) -> Option<Notify> {
+    /// Takes the waiter at `place` out of the line, if it is there, keeping `done` in its slot
+    /// for its owner to collect; returns whom to wake.
+    pub(crate) fn decide(&mut self, place: Place, done: Done) -> Option<Notify> {
         let waiter = self.get_mut(place)?;
-        let done = done(waiter);
         let notify = std::mem::take(&mut waiter.notify);
         let _ = self.unlink(place.slot);
         *self.slots.slot_mut(place.slot).expect("a slot of a chunk") = Slot::Decided {
@@ -538,9 +533,9 @@ mod tests {
             .collect()
     }
 
-    fn refused() -> impl FnOnce(&mut Waiter) -> Done {
-        |w| Done {
-            demand: std::mem::take(&mut w.demand),
+    fn refused() -> Done {
+        Done {
+            demand: Demand::new(),
             outcome: Err(AdmitError::Shutdown),
         }
     }

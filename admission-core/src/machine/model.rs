@@ -478,11 +478,11 @@ fn check(ops: &[Op], capacities: [u64; ACCOUNTS], batch: usize) {
             Op::Release(n) => {
                 if !real.held.is_empty() {
                     let (job, demand) = real.held.remove(n % real.held.len());
-                    mute::muting(real.mute, || {
-                        for entry in demand.entries() {
-                            entry.account().give(entry.amount());
-                        }
-                    });
+                    let muted = mute::Muted::on(real.mute);
+                    for entry in demand.entries() {
+                        entry.account().give(entry.amount());
+                    }
+                    drop(muted);
                     real.pass(Scope::Released(demand.entries()));
                     model.release(job);
                 }

@@ -736,13 +736,13 @@ impl Owner for Shared {
         // The pass below covers every waiter these gives could free, so the accounts' own
         // wake-ups to this monitor stay quiet meanwhile instead of waking the evaluator for
         // nothing.
-        mute::muting(self.mute, || {
-            for entry in entries {
-                if rolled_back || entry.account().replenishment() == Replenishment::Release {
-                    entry.account().give(entry.amount());
-                }
+        let muted = mute::Muted::on(self.mute);
+        for entry in entries {
+            if rolled_back || entry.account().replenishment() == Replenishment::Release {
+                entry.account().give(entry.amount());
             }
-        });
+        }
+        drop(muted);
         if !entries.is_empty()
             && let Some(gate) = &self.gate
         {
