@@ -5,8 +5,10 @@
 //! The demands (their entries: an account reference and an amount each), the job contexts and
 //! the futures themselves (pinned, each in a box of its own: the caller's storage, as a task's
 //! would be) are all built before the count starts, so the figure is what parking adds to the
-//! monitor's heap: the waiter's slot in the line's slab (its record, outcome cell and waker live
-//! in the future). Three demand shapes (1, 3 and 8 entries) show what grows with the entries.
+//! monitor's heap: the waiter's slot in the line's slab, which keeps its record (the demand's
+//! handle, the job, the deadline, the holds, the waker) and later its decision. The total a
+//! parked waiter costs adds the future's own size. Three demand shapes (1, 3 and 8 entries) show
+//! what grows with the entries.
 //!
 //! Run with `cargo bench -p admission-benches --bench waiter_memory`; results in
 //! `target/side-by-side/waiter_memory.json`.
@@ -89,8 +91,13 @@ fn main() {
         println!(
             "{entries} entries: the monitor holds {bytes:.1} heap bytes in {blocks:.2} allocations per parked waiter"
         );
+        let total = bytes + future as f64;
+        println!(
+            "{entries} entries: {total:.1} bytes per parked waiter with the future the caller holds"
+        );
         results = results
             .number(&format!("heap_bytes_per_waiter_{entries}_entries"), bytes)
+            .number(&format!("total_bytes_per_waiter_{entries}_entries"), total)
             .number(&format!("allocations_per_waiter_{entries}_entries"), blocks);
     }
     match results.write() {
