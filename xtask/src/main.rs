@@ -736,6 +736,10 @@ mod tests {
             selection_features(&args(&["admission-tower"])),
             "admission-tower/http,admission-tower/grpc,admission-tower/fleet"
         );
-        assert_eq!(selection_features(&args(&["admission-accounts"])), "");
+        assert_eq!(
+            selection_features(&args(&["admission-accounts"])),
+            "admission-accounts/tokio"
+        );
+        assert_eq!(selection_features(&args(&["xtask"])), "");
     }
 }
