@@ -88,12 +88,62 @@ pub(crate) enum Phase {
     Closed(Arc<str>),
 }
 
-/// What an operation leaves for the shell to do once the monitor lock is released.
+/// The events an operation built, in order: `None` when no sink was installed as it began, and
+/// then no event is ever built. The whole of what the lock-free paths leave behind.
+#[derive(Default)]
+pub(crate) struct Events(pub(crate) Option<Vec<Event>>);
+
+impl Events {
+    /// No events yet; built from now on only if `build` (a sink is installed).
+    #[inline]
+    pub(crate) fn new(build: bool) -> Events {
+        Events(build.then(Vec::new))
+    }
+
+    /// True when events are being built.
+    #[inline]
+    pub(crate) fn wanted(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Records an event of `kind` for job `ctx` on `entries`, at the operation's instant; built
+    /// only when a sink is installed.
+    #[inline]
+    pub(crate) fn event(
+        &mut self,
+        kind: EventKind,
+        ctx: &JobContext,
+        at: &Reading<'_>,
+        entries: impl FnOnce() -> Vec<EventEntry>,
+    ) {
+        if let Some(list) = &mut self.0 {
+            push_event(list, kind, ctx, at, entries);
+        }
+    }
+
+    /// Records the refusal of `demand` for job `ctx` with `error`.
+    pub(crate) fn rejected(
+        &mut self,
+        ctx: &JobContext,
+        demand: &Demand,
+        error: &AdmitError,
+        at: &Reading<'_>,
+    ) {
+        if self.wanted() {
+            let kind = EventKind::Rejected {
+                reason: error.reason(),
+                message: error.to_string(),
+            };
+            self.event(kind, ctx, at, || entry_events(demand.entries()));
+        }
+    }
+}
+
+/// What an operation under the lock leaves for the shell to do once the lock is released.
 #[derive(Default)]
 pub(crate) struct Effects {
-    /// The events built, in order (`None`: no sink was installed when the operation began, and
-    /// no event is ever built).
-    pub(crate) events: Option<Vec<Event>>,
+    /// The events built, in order.
+    pub(crate) events: Events,
     /// Whom to wake: waiters whose decision landed. In place for the one or two a hand-off most
     /// often decides: no allocation.
     pub(crate) wake: SmallVec<[Notify; 2]>,
@@ -110,7 +160,7 @@ impl Effects {
     /// No effects yet; events are built when `events` says a sink is installed.
     pub(crate) fn new(events: bool) -> Effects {
         Effects {
-            events: events.then(Vec::new),
+            events: Events::new(events),
             ..Effects::default()
         }
     }
@@ -118,11 +168,10 @@ impl Effects {
     /// True when events are being built.
     #[inline]
     pub(crate) fn wants_events(&self) -> bool {
-        self.events.is_some()
+        self.events.wanted()
     }
 
-    /// Records an event of `kind` for job `ctx` on `entries`, at the operation's instant; built
-    /// only when a sink is installed.
+    /// [`Events::event`].
     #[inline]
     pub(crate) fn event(
         &mut self,
@@ -131,12 +180,10 @@ impl Effects {
         at: &Reading<'_>,
         entries: impl FnOnce() -> Vec<EventEntry>,
     ) {
-        if let Some(list) = &mut self.events {
-            push_event(list, kind, ctx, at, entries);
-        }
+        self.events.event(kind, ctx, at, entries);
     }
 
-    /// Records the refusal of `demand` for job `ctx` with `error`.
+    /// [`Events::rejected`].
     pub(crate) fn rejected(
         &mut self,
         ctx: &JobContext,
@@ -144,13 +191,7 @@ impl Effects {
         error: &AdmitError,
         at: &Reading<'_>,
     ) {
-        if self.wants_events() {
-            let kind = EventKind::Rejected {
-                reason: error.reason(),
-                message: error.to_string(),
-            };
-            self.event(kind, ctx, at, || entry_events(demand.entries()));
-        }
+        self.events.rejected(ctx, demand, error, at);
     }
 
     /// True when carrying the effects out would wake someone (events alone do not count).

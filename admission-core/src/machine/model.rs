@@ -318,7 +318,7 @@ struct Real {
 impl Real {
     /// What the shell does with effects after the lock: here, the grants reported.
     fn perform(&mut self, mut fx: Effects) {
-        for event in fx.events.take().unwrap_or_default() {
+        for event in fx.events.0.take().unwrap_or_default() {
             if matches!(
                 event.kind,
                 EventKind::GrantedImmediate | EventKind::GrantedFromHold { .. }

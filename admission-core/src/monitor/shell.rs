@@ -31,8 +31,8 @@ use crate::error::{AdmitError, StartError, TryAdmitError};
 use crate::event::{Event, EventKind, EventSink};
 use crate::gate::Gate;
 use crate::machine::{
-    self, Arrival, Arrived, Done, Effects, Leaving, Machine, Next, Notify, Passed, Place, Remains,
-    Scope, Whole,
+    self, Arrival, Arrived, Done, Effects, Events, Leaving, Machine, Next, Notify, Passed, Place,
+    Remains, Scope, Whole,
 };
 use crate::mute::{self, wake_key};
 use crate::sync::{
@@ -145,6 +145,11 @@ impl Shared {
         Effects::new(self.sink.is_installed())
     }
 
+    /// No events yet, built if a sink is installed now (what the lock-free paths leave).
+    fn events(&self) -> Events {
+        Events::new(self.sink.is_installed())
+    }
+
     /// The monitor lock.
     fn lock(&self) -> MonitorGuard<'_, Locked> {
         self.state.lock()
@@ -157,7 +162,7 @@ impl Shared {
         if fx.closed.is_some() && !st.machine.is_open() {
             self.open.store(false, Ordering::SeqCst);
         }
-        if let Some(events) = &mut fx.events {
+        if let Some(events) = &mut fx.events.0 {
             self.sink.queue(events);
         }
     }
@@ -176,7 +181,7 @@ impl Shared {
         if let Some(cause) = closed {
             tracing::error!(%cause, "admission closed by a defect");
         }
-        if events.is_some() {
+        if events.wanted() {
             self.sink.drain();
         }
         for notify in wake {
@@ -212,14 +217,14 @@ impl Shared {
         ctx: &JobContext,
         now: &Reading<'_>,
     ) -> Result<Outcome, Unsettled> {
-        let mut fx = self.effects();
-        match self.take_unlocked(&demand, ctx, now, &mut fx) {
+        let mut events = self.events();
+        match self.take_unlocked(&demand, ctx, now, &mut events) {
             Unlocked::Taken => {
-                self.hand_over_events(fx);
+                self.hand_over_events(events);
                 Ok(Ok(Grant::immediate(self, demand, ctx)))
             }
             Unlocked::Refused(error) => {
-                self.hand_over_events(fx);
+                self.hand_over_events(events);
                 Ok(Err(error))
             }
             // Nothing settled, so nothing built: the arrival under the lock builds its own.
@@ -235,8 +240,8 @@ impl Shared {
     }
 
     /// Queues and emits the events of a step that took no lock.
-    fn hand_over_events(&self, mut fx: Effects) {
-        if let Some(events) = &mut fx.events {
+    fn hand_over_events(&self, mut events: Events) {
+        if let Some(events) = &mut events.0 {
             self.sink.queue(events);
             self.sink.drain();
         }
@@ -261,7 +266,7 @@ impl Shared {
         demand: &Demand,
         ctx: &JobContext,
         now: &Reading<'_>,
-        fx: &mut Effects,
+        events: &mut Events,
     ) -> Unlocked {
         if self.gate.is_some()
             || !self.open.load(Ordering::SeqCst)
@@ -286,7 +291,7 @@ impl Shared {
                         Unlocked::Skipped
                     };
                 }
-                fx.event(EventKind::GrantedImmediate, ctx, now, || {
+                events.event(EventKind::GrantedImmediate, ctx, now, || {
                     machine::entry_events(demand.entries())
                 });
                 Unlocked::Taken
@@ -297,7 +302,7 @@ impl Shared {
             }
             Whole::Refused(error) => {
                 self.ring_for_given_back();
-                fx.rejected(ctx, demand, &error, now);
+                events.rejected(ctx, demand, &error, now);
                 Unlocked::Refused(*error)
             }
         }
@@ -381,14 +386,14 @@ impl Shared {
     /// when it can be, else under it with the line empty.
     pub(crate) fn try_take(&self, demand: &Demand, ctx: &JobContext) -> Result<(), TryAdmitError> {
         let now = Reading::new(&*self.clock);
-        let mut fx = self.effects();
-        let taken = match self.take_unlocked(demand, ctx, &now, &mut fx) {
+        let mut events = self.events();
+        let taken = match self.take_unlocked(demand, ctx, &now, &mut events) {
             Unlocked::Taken => Ok(()),
             Unlocked::Refused(error) => Err(error.into()),
             Unlocked::Held(short) => match machine::refusal_of(demand.entries(), ctx, &now) {
                 // The fast path stopped at the first "not now"; a later account's "never" wins.
                 Some(error) => {
-                    fx.rejected(ctx, demand, &error, &now);
+                    events.rejected(ctx, demand, &error, &now);
                     Err(error.into())
                 }
                 None => Err(TryAdmitError::WouldWait {
@@ -398,6 +403,10 @@ impl Shared {
                 }),
             },
             Unlocked::Skipped => {
+                let mut fx = Effects {
+                    events,
+                    ..Effects::default()
+                };
                 let taken = {
                     let mut st = self.lock();
                     let taken = st.machine.try_take(demand, ctx, &now, &mut fx);
@@ -408,7 +417,7 @@ impl Shared {
                 return taken;
             }
         };
-        self.hand_over_events(fx);
+        self.hand_over_events(events);
         taken
     }
 
@@ -750,11 +759,11 @@ impl Owner for Shared {
         }
         let now = Reading::new(&*self.clock);
         if self.sink.is_installed() {
-            let mut fx = self.effects();
-            fx.event(EventKind::Released { rolled_back }, ctx, &now, || {
+            let mut events = self.events();
+            events.event(EventKind::Released { rolled_back }, ctx, &now, || {
                 machine::entry_events(entries)
             });
-            self.hand_over_events(fx);
+            self.hand_over_events(events);
         }
         // An orchestrator's empty grant gives nothing back and completes nothing: no pass.
         if !entries.is_empty()
