@@ -938,7 +938,9 @@ impl Machine {
         let is_head = walk.head.is_none();
         // Only a gate is shown the waiter; without one this costs nothing.
         let view = self.gate.is_some().then(|| gate_view(w, is_head, walk));
-        let mut short = std::mem::take(&mut self.short);
+        // The short list's buffer is reused from waiter to waiter (borrowed, not moved: it is
+        // as big as its inline room).
+        let short = &mut self.short;
         let attempt = attempt(
             self.gate.as_ref(),
             self.mute,
@@ -946,7 +948,7 @@ impl Machine {
             walk.head.as_ref(),
             view,
             now,
-            &mut short,
+            short,
         );
         let stop = match attempt {
             Attempt::Granted => {
@@ -969,9 +971,9 @@ impl Machine {
                         walk.on_gate -= 1;
                     }
                 }
-                note_held(self.gate.as_deref(), fx, w, &short, now);
+                note_held(self.gate.as_deref(), fx, w, short, now);
                 if is_head {
-                    let mut head = Head::of(&w.demand, &short);
+                    let mut head = Head::of(&w.demand, short);
                     head.gate_hold = gate_held.then_some(at);
                     walk.head = Some(head);
                 }
@@ -979,7 +981,6 @@ impl Machine {
                 walk.may_stop()
             }
         };
-        self.short = short;
         (next, stop)
     }
 
