@@ -43,9 +43,10 @@ const NO_ACTIVITY: u64 = 0;
 /// Every successful take and every give stamps the last-activity instant. The stamp's
 /// resolution is about a millisecond, not a nanosecond: a take stamps the instant its [`Ask`]
 /// carries when an account of the demand has read one already, else a
-/// [coarse reading](admission_core::Clock::coarse_now) of the clock (the system clock's is one
-/// atomic load); a give stamps a coarse reading. So a gate never reads the time-stamp counter
-/// itself. Build it on the monitor's clock, so that stamps are on the monitor's scale.
+/// [coarse reading](admission_core::Clock::coarse_now) of the clock; a give stamps a coarse
+/// reading. On the system clock a coarse reading is an exact one (the library keeps no clock
+/// thread to cache one), so a take and a give on a demand that read no time cost two clock
+/// readings. Build it on the monitor's clock, so that stamps are on the monitor's scale.
 ///
 /// # Fairness
 ///

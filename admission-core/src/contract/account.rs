@@ -346,7 +346,8 @@ impl<'a> Ask<'a> {
 
     /// The instant to within about a millisecond, for an activity stamp: the given instant when
     /// it is known, else a [coarse reading](Clock::coarse_now) (of the monitor's clock, or of
-    /// `own` for an ask that gives none), which reads no time-stamp counter.
+    /// `own` for an ask that gives none), which a clock may answer more cheaply than an exact
+    /// one (the system clock answers it exactly: the library keeps no clock thread).
     #[inline]
     pub fn coarse_now(&self, own: &dyn Clock) -> Instant {
         match self.at {
