@@ -46,12 +46,13 @@ impl Notify {
 }
 
 /// A job parked in the line.
+///
+/// Laid out in declaration order (`repr(C)`), what every pass reads first: the demand's handle,
+/// the deadline, which accounts hold it and whether the gate does. With the slot's tag, its
+/// arrival number and the node's links in front of them, these fall in the slot's first 64 bytes.
+#[repr(C)]
 pub(crate) struct Waiter {
     pub(crate) demand: Demand,
-    pub(crate) ctx: JobContext,
-    pub(crate) asked_at: Instant,
-    /// The timeout it was parked with (its deadline, `asked_at` plus this, is `deadline`).
-    pub(crate) timeout: Option<Duration>,
     /// Its deadline ([`Instant::MAX`]: none).
     deadline: Instant,
     /// Which of `held` hold the waiter now, so that a pass finding the same accounts short as
@@ -59,6 +60,10 @@ pub(crate) struct Waiter {
     pub(crate) holding: Holding,
     /// True while the gate is what holds it.
     pub(crate) on_gate: bool,
+    pub(crate) asked_at: Instant,
+    pub(crate) ctx: JobContext,
+    /// The timeout it was parked with (its deadline, `asked_at` plus this, is `deadline`).
+    pub(crate) timeout: Option<Duration>,
     /// The accounts (by entry; the gate too) that have held it. Feeds `Held` events and
     /// `Grant::wait_times`.
     pub(crate) held: Holds,
@@ -154,7 +159,8 @@ const KEEP_EMPTY_SLOTS: usize = 4096;
 /// Slots per chunk of the slab.
 const CHUNK: usize = 256;
 
-/// A waiter in the line, with its neighbours in arrival order.
+/// A waiter in the line, with its neighbours in arrival order (links first: see [`Waiter`]).
+#[repr(C)]
 struct Node {
     prev: u32,
     next: u32,
@@ -162,6 +168,7 @@ struct Node {
 }
 
 /// One slot of the slab.
+#[repr(C, u32)]
 enum Slot {
     /// Free, linked to the next free slot.
     Vacant { next_free: u32 },
