@@ -469,7 +469,7 @@ fn rows() -> Vec<Row> {
         ),
         row(
             "2",
-            "floor: the `CountingGate`'s own take + give, no monitor (its last-activity stamp takes a coarse reading at both)",
+            "floor: the `CountingGate`'s own take + give, no monitor (its last-activity stamp reads the system clock at both: an exact reading, the library keeps no clock thread)",
             Unit::Time,
             C("semaphore", "floor_gate_take_give"),
             C("semaphore", "tokio_try_acquire_many_release"),
