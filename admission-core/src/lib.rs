@@ -24,7 +24,8 @@ mod monitor;
 mod shim;
 mod sync;
 
-use contract::{account, gate, mute};
+use account::mute;
+use contract::{account, gate};
 
 pub use account::{
     Account, AccountRef, AccountStatus, Answer, Ask, Capability, Category, Refusal, RefusalKind,

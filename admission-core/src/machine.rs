@@ -37,7 +37,6 @@
 //! earlier waiter (a give, a relaxed limit) runs or rings for a pass of its own.
 
 mod ask;
-mod holds;
 mod line;
 #[cfg(test)]
 mod model;
@@ -61,12 +60,10 @@ use crate::gate::{Gate, GateAnswer, GateView};
 use crate::sync::Published;
 
 pub(crate) use ask::{Whole, give_back, panic_message, refusal_of, take_whole};
-pub(crate) use holds::Waits;
-pub(crate) use line::{Done, Emptied, Notify, Place};
+pub(crate) use line::{Done, Emptied, Notify, Place, Waits};
 
 use ask::{Attempt, Head, Learn, Short, ask_demand, earlier};
-use holds::{Hold, Holding};
-use line::{Line, Waiter};
+use line::{Hold, Holding, Line, Waiter};
 
 /// The shortest sleep after a pass whose computed wake-up was already due.
 const MIN_RECHECK: Duration = Duration::from_millis(1);
@@ -405,7 +402,7 @@ impl Walk {
 
 impl Machine {
     /// An open machine with an empty line. `kick` is installed in every account a waiter parks
-    /// on; `mute` is its identity for muting (`contract/mute.rs`); `published` is where the count
+    /// on; `mute` is its identity for muting (`account::mute`); `published` is where the count
     /// of parked waiters goes; a pass visits `batch` waiters (at least one) before it may pause.
     pub(crate) fn new(
         gate: Option<Arc<dyn Gate>>,

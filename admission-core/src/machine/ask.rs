@@ -20,7 +20,7 @@ use crate::error::AdmitError;
 
 use crate::mute;
 
-use super::holds::Holding;
+use super::line::Holding;
 
 /// What holds one job: the entries of its demand it is short on (indices into the demand), or the
 /// gate (`None`). A set of bits for the gate and the first [`Holding`]'s worth of entries, so

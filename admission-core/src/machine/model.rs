@@ -34,10 +34,10 @@ use crate::account::{
 use crate::amount::Amount;
 use crate::clock::{Clock, Instant, Reading, WakeFn};
 use crate::context::JobContext;
-use crate::contract::mute;
 use crate::demand::Demand;
 use crate::error::AdmitError;
 use crate::event::EventKind;
+use crate::mute;
 use crate::sync::Published;
 
 use super::line::{Done, Notify, Place};
