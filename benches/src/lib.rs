@@ -34,6 +34,7 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
+pub mod fairness;
 pub mod redis_server;
 pub mod support;
 pub mod usage;

@@ -1,0 +1,140 @@
+//! Issue 39's goal rows, measured on the monitor as it is (arrival order with the head's
+//! reservation): the values fair shares and priority levels are to be compared with. Every row
+//! but the last is a simulation on a fake clock (`admission_benches::fairness`), so its figures
+//! are exact and the same on any machine; the last times the uncontended admit with and without
+//! a tenant on the job.
+//!
+//! ```text
+//! cargo bench -p admission-benches --bench fairness
+//! ```
+//!
+//! Prints each row and writes `target/side-by-side/fairness.json`.
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use admission_accounts::counting_gate::CountingGate;
+use admission_benches::Results;
+use admission_benches::fairness::{
+    backlogged, big_head, interactive_waits, jain, quantile, tokens_per_minute,
+};
+use admission_core::{Amount, Demand, JobContext, Monitor};
+
+/// Minutes each backlogged run lasts; the first minute (the full bucket's burst) is left out.
+const MINUTES: u32 = 21;
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let started = Instant::now();
+    let mut results = Results::new("fairness").text("order", "arrival (fairness off)");
+
+    // Two backlogged tenants of weight 1:1, one keeping ten times the other's backlog.
+    let served = backlogged([100, 10], 1_000, MINUTES);
+    let minutes = tokens_per_minute(&served, 2, 1, u64::from(MINUTES));
+    let per_minute: Vec<f64> = minutes.iter().map(|m| jain(m)).collect();
+    let totals: Vec<f64> = (0..2).map(|t| minutes.iter().map(|m| m[t]).sum()).collect();
+    let (mean, min) = mean_min(&per_minute);
+    println!(
+        "1:1, backlogs 100:10: Jain per minute mean {mean:.3}, min {min:.3}; of the {} minutes' totals {:.3} ({} : {} tokens)",
+        minutes.len(),
+        jain(&totals),
+        totals[0],
+        totals[1]
+    );
+    results = results
+        .number("one_to_one_jain_per_minute_mean", mean)
+        .number("one_to_one_jain_per_minute_min", min)
+        .number("one_to_one_jain_of_totals", jain(&totals));
+
+    // Weights 3:1, equal backlogs: the heavier tenant's share of each minute.
+    let served = backlogged([50, 50], 1_000, MINUTES);
+    let minutes = tokens_per_minute(&served, 2, 1, u64::from(MINUTES));
+    let shares: Vec<f64> = minutes.iter().map(|m| m[0] / (m[0] + m[1])).collect();
+    let (mean, min) = mean_min(&shares);
+    let max = shares.iter().copied().fold(f64::MIN, f64::max);
+    println!(
+        "3:1, backlogs 50:50: heavier tenant's share per minute mean {mean:.3}, min {min:.3}, max {max:.3}"
+    );
+    results = results
+        .number("three_to_one_share_mean", mean)
+        .number("three_to_one_share_min", min)
+        .number("three_to_one_share_max", max);
+
+    // An interactive job (500 tokens every 2 s) with and without a batch flood of 1,000 jobs.
+    let job = (500, Duration::from_secs(2));
+    let alone = quantile(&interactive_waits(0, 1_000, job, 5, 5), 0.99);
+    let flooded = quantile(&interactive_waits(1_000, 1_000, job, 5, 40), 0.99);
+    println!(
+        "interactive p99 wait: {:.1} s alone, {:.1} s behind a flood of 1,000 batch jobs",
+        alone.as_secs_f64(),
+        flooded.as_secs_f64()
+    );
+    results = results
+        .number("interactive_p99_alone_s", alone.as_secs_f64())
+        .number("interactive_p99_flooded_s", flooded.as_secs_f64());
+
+    // A head of 10x the median among 1,000 small backfillers of ten other tenants.
+    let (waited, backfilled) = big_head(10_000, 1_000, 1_000);
+    println!(
+        "big head (10,000 tokens) among 1,000 backfillers of 1,000: waited {:.1} s, {backfilled} granted before it",
+        waited.as_secs_f64()
+    );
+    results = results
+        .number("big_head_wait_s", waited.as_secs_f64())
+        .number("big_head_backfilled_before", backfilled as f64);
+
+    // The uncontended admit, a job with a tenant against one without.
+    let (with, without) = uncontended();
+    println!(
+        "uncontended try_admit + release: {with:.1} ns with a tenant, {without:.1} ns without ({:.2}x)",
+        with / without
+    );
+    results = results
+        .number("uncontended_with_tenant_ns", with)
+        .number("uncontended_without_tenant_ns", without);
+
+    let path = results.write().expect("the results file is written");
+    println!(
+        "fairness: done in {:.1} s, written to {}",
+        started.elapsed().as_secs_f64(),
+        path.display()
+    );
+}
+
+fn mean_min(values: &[f64]) -> (f64, f64) {
+    let mean = values.iter().sum::<f64>() / values.len() as f64;
+    let min = values.iter().copied().fold(f64::MAX, f64::min);
+    (mean, min)
+}
+
+/// Median nanoseconds of `try_admit` + release on one gate, a job with a tenant and one without,
+/// in alternating runs of 1,000,000 each.
+fn uncontended() -> (f64, f64) {
+    const OPS: u32 = 1_000_000;
+    let monitor = Monitor::new();
+    let gate = Arc::new(CountingGate::http(1_000, monitor.clock().clone()).expect("a valid gate"));
+    let demand = Demand::new().with(gate, Amount::ONE);
+    let tenant = JobContext::new("job").with_tenant("tenant-0");
+    let plain = JobContext::new("job");
+    let run = |job: &JobContext| {
+        let started = Instant::now();
+        for _ in 0..OPS {
+            drop(black_box(monitor.try_admit(&demand, job).expect("room")));
+        }
+        started.elapsed().as_nanos() as f64 / f64::from(OPS)
+    };
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for _ in 0..7 {
+        with.push(run(&tenant));
+        without.push(run(&plain));
+    }
+    (median(&mut with), median(&mut without))
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
