@@ -37,6 +37,7 @@
 //! earlier waiter (a give, a relaxed limit) runs or rings for a pass of its own.
 
 mod ask;
+mod fair;
 mod line;
 #[cfg(test)]
 mod model;
@@ -56,6 +57,7 @@ use crate::context::JobContext;
 use crate::demand::{Demand, Entry};
 use crate::error::{AdmitError, TryAdmitError};
 use crate::event::{Event, EventEntry, EventKind};
+use crate::fair::FairShares;
 use crate::gate::{Gate, GateAnswer, GateView};
 use crate::sync::Published;
 
@@ -63,6 +65,7 @@ pub(crate) use ask::{Whole, give_back, panic_message, refusal_of, take_whole};
 pub(crate) use line::{Done, Emptied, Notify, Place, Waits};
 
 use ask::{Attempt, Head, Learn, Short, ask_demand, earlier};
+use fair::Tags;
 use line::{Hold, Holding, Line, Waiter};
 
 /// The shortest sleep after a pass whose computed wake-up was already due.
@@ -359,6 +362,8 @@ pub(crate) struct Machine {
     published: Arc<Published>,
     /// Waiters a pass visits before it may pause.
     batch: usize,
+    /// Fair shares' tags (`None`: arrival order).
+    tags: Option<Tags>,
 }
 
 /// One pass's walk down the line: what it has learnt so far.
@@ -403,13 +408,15 @@ impl Walk {
 impl Machine {
     /// An open machine with an empty line. `kick` is installed in every account a waiter parks
     /// on; `mute` is its identity for muting (`account::mute`); `published` is where the count
-    /// of parked waiters goes; a pass visits `batch` waiters (at least one) before it may pause.
+    /// of parked waiters goes; a pass visits `batch` waiters (at least one) before it may pause;
+    /// with `fair`, the line serves tenants in fair shares instead of arrival order.
     pub(crate) fn new(
         gate: Option<Arc<dyn Gate>>,
         kick: WakeFn,
         mute: usize,
         published: Arc<Published>,
         batch: usize,
+        fair: Option<FairShares>,
     ) -> Machine {
         Machine {
             phase: Phase::Open,
@@ -424,6 +431,7 @@ impl Machine {
             mute,
             published,
             batch: batch.max(1),
+            tags: fair.map(Tags::new),
         }
     }
 
@@ -639,6 +647,7 @@ impl Machine {
                 match self.ask_at_the_tail(&mut waiter, now, fx) {
                     AtTheTail::Granted => {
                         self.publish(self.line.len());
+                        self.tag(&mut waiter, ctx);
                         fx.event(EventKind::GrantedImmediate, ctx, now, || {
                             entry_events(waiter.demand.entries())
                         });
@@ -659,6 +668,7 @@ impl Machine {
                 }
             }
         };
+        self.tag(&mut waiter, ctx);
         let deadline = waiter.deadline();
         let place = self.line.push(waiter);
         // Without a gate the count was published before the ask, and is this already.
@@ -667,6 +677,14 @@ impl Machine {
             place,
             deadline,
             ring,
+        }
+    }
+
+    /// Under fair shares, gives newcomer `w` its start tag and charges its tenant (a newcomer
+    /// granted at once is charged too).
+    fn tag(&mut self, w: &mut Waiter, ctx: &JobContext) {
+        if let Some(tags) = &mut self.tags {
+            w.tag = tags.start(&w.demand, ctx, self.line.least_tag(), self.line.len());
         }
     }
 

@@ -33,6 +33,7 @@ use crate::context::JobContext;
 use crate::demand::Demand;
 use crate::error::{AdmitError, StartError, TryAdmitError};
 use crate::event::EventSink;
+use crate::fair::FairShares;
 use crate::gate::Gate;
 use crate::machine::PASS_BATCH;
 
@@ -101,7 +102,7 @@ pub struct Monitor {
     _owner: Arc<StopOnDrop>,
 }
 
-/// Configures a [`Monitor`]: its clock, its event sink and its gate.
+/// Configures a [`Monitor`]: its clock, its event sink, its gate and the order of its line.
 #[derive(Default)]
 pub struct MonitorBuilder {
     clock: Option<Arc<dyn Timer>>,
@@ -112,6 +113,8 @@ pub struct MonitorBuilder {
     pass_batch: Option<usize>,
     /// Whether the monitor lock's holds are timed (a test hook).
     time_holds: bool,
+    /// Tenants' weights, for a line in fair shares (`None`: arrival order).
+    fair: Option<FairShares>,
 }
 
 impl MonitorBuilder {
@@ -130,6 +133,28 @@ impl MonitorBuilder {
     /// The gate every demand with entries meets before any account (default: none).
     pub fn gate(mut self, gate: Arc<dyn Gate>) -> MonitorBuilder {
         self.gate = Some(gate);
+        self
+    }
+
+    /// Serves the line in fair shares between tenants, weighed by `shares`, instead of in arrival
+    /// order (the default): see [`FairShares`] for the rule. The head of the line keeps its place
+    /// and its reservation either way, and a line no one waits in grants at once either way.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission_core::{FairShares, Monitor};
+    ///
+    /// # fn main() -> Result<(), admission_core::WeightError> {
+    /// let monitor = Monitor::builder()
+    ///     .fair_shares(FairShares::new().weight("interactive", 4)?)
+    ///     .build();
+    /// # drop(monitor);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn fair_shares(mut self, shares: FairShares) -> MonitorBuilder {
+        self.fair = Some(shares);
         self
     }
 
@@ -178,6 +203,7 @@ impl MonitorBuilder {
             self.manual,
             batch,
             self.time_holds,
+            self.fair,
         );
         Monitor {
             _owner: Arc::new(StopOnDrop(shared.clone())),

@@ -11,6 +11,11 @@ pub mod why_not_chain {}
 #[doc = include_str!("../../docs/guides/running-a-fleet.md")]
 pub mod running_a_fleet {}
 
+/// Fair shares between tenants: the order of a monitor's line under `FairShares`, what it
+/// guarantees (the tenants' shares, no banked credit, the head's bound) and what is not built yet.
+#[doc = include_str!("../../docs/guides/fair-shares-and-priorities.md")]
+pub mod fair_shares_and_priorities {}
+
 /// The driver crates, servers and Rust versions the workspace is tested with.
 #[doc = include_str!("../../docs/guides/versions.md")]
 pub mod versions {}

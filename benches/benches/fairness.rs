@@ -1,8 +1,8 @@
-//! Issue 39's goal rows, measured on the monitor as it is (arrival order with the head's
-//! reservation): the values fair shares and priority levels are to be compared with. Every row
-//! but the last is a simulation on a fake clock (`admission_benches::fairness`), so its figures
-//! are exact and the same on any machine; the last times the uncontended admit with and without
-//! a tenant on the job.
+//! Issue 39's goal rows, in arrival order (the monitor's default) and in fair shares
+//! (`MonitorBuilder::fair_shares`), side by side. Every row but the last is a simulation on a
+//! fake clock (`admission_benches::fairness`), so its figures are exact and the same on any
+//! machine; the last times the uncontended admit: a plain job, a job with a tenant, and a job
+//! with a tenant on a monitor in fair shares.
 //!
 //! ```text
 //! cargo bench -p admission-benches --bench fairness
@@ -19,7 +19,7 @@ use admission_benches::Results;
 use admission_benches::fairness::{
     backlogged, big_head, interactive_waits, jain, quantile, tokens_per_minute,
 };
-use admission_core::{Amount, Demand, JobContext, Monitor};
+use admission_core::{Amount, Demand, FairShares, JobContext, Monitor};
 
 /// Minutes each backlogged run lasts; the first minute (the full bucket's burst) is left out.
 const MINUTES: u32 = 21;
@@ -29,10 +29,39 @@ fn main() {
         return;
     }
     let started = Instant::now();
-    let mut results = Results::new("fairness").text("order", "arrival (fairness off)");
+    let mut results = Results::new("fairness");
+    for (mode, fair) in [("arrival", false), ("fair", true)] {
+        println!("== {mode} order");
+        results = simulated(results, mode, fair);
+    }
+
+    // The uncontended admit: a plain job and monitor, a job with a tenant, and a job with a
+    // tenant on a monitor in fair shares.
+    let [plain, tenant, fair] = uncontended();
+    println!(
+        "uncontended try_admit + release: {plain:.1} ns plain, {tenant:.1} ns with a tenant, {fair:.1} ns with a tenant under fair shares ({:.2}x)",
+        fair / plain
+    );
+    results = results
+        .number("uncontended_plain_ns", plain)
+        .number("uncontended_with_tenant_ns", tenant)
+        .number("uncontended_fair_ns", fair);
+
+    let path = results.write().expect("the results file is written");
+    println!(
+        "fairness: done in {:.1} s, written to {}",
+        started.elapsed().as_secs_f64(),
+        path.display()
+    );
+}
+
+/// The simulated rows, in arrival order or in fair shares (`<mode>_` before each key).
+fn simulated(mut results: Results, mode: &str, fair: bool) -> Results {
+    let weights = |w: &'static [u32]| fair.then_some(w);
+    let key = |name: &str| format!("{mode}_{name}");
 
     // Two backlogged tenants of weight 1:1, one keeping ten times the other's backlog.
-    let served = backlogged([100, 10], 1_000, MINUTES);
+    let served = backlogged([100, 10], 1_000, MINUTES, weights(&[1, 1]));
     let minutes = tokens_per_minute(&served, 2, 1, u64::from(MINUTES));
     let per_minute: Vec<f64> = minutes.iter().map(|m| jain(m)).collect();
     let totals: Vec<f64> = (0..2).map(|t| minutes.iter().map(|m| m[t]).sum()).collect();
@@ -45,12 +74,12 @@ fn main() {
         totals[1]
     );
     results = results
-        .number("one_to_one_jain_per_minute_mean", mean)
-        .number("one_to_one_jain_per_minute_min", min)
-        .number("one_to_one_jain_of_totals", jain(&totals));
+        .number(&key("one_to_one_jain_per_minute_mean"), mean)
+        .number(&key("one_to_one_jain_per_minute_min"), min)
+        .number(&key("one_to_one_jain_of_totals"), jain(&totals));
 
     // Weights 3:1, equal backlogs: the heavier tenant's share of each minute.
-    let served = backlogged([50, 50], 1_000, MINUTES);
+    let served = backlogged([50, 50], 1_000, MINUTES, weights(&[3, 1]));
     let minutes = tokens_per_minute(&served, 2, 1, u64::from(MINUTES));
     let shares: Vec<f64> = minutes.iter().map(|m| m[0] / (m[0] + m[1])).collect();
     let (mean, min) = mean_min(&shares);
@@ -59,49 +88,39 @@ fn main() {
         "3:1, backlogs 50:50: heavier tenant's share per minute mean {mean:.3}, min {min:.3}, max {max:.3}"
     );
     results = results
-        .number("three_to_one_share_mean", mean)
-        .number("three_to_one_share_min", min)
-        .number("three_to_one_share_max", max);
+        .number(&key("three_to_one_share_mean"), mean)
+        .number(&key("three_to_one_share_min"), min)
+        .number(&key("three_to_one_share_max"), max);
 
-    // An interactive job (500 tokens every 2 s) with and without a batch flood of 1,000 jobs.
+    // An interactive tenant (500 tokens every 2 s; weight 100 under fair shares) with and
+    // without a batch flood of 1,000 jobs.
     let job = (500, Duration::from_secs(2));
-    let alone = quantile(&interactive_waits(0, 1_000, job, 5, 5), 0.99);
-    let flooded = quantile(&interactive_waits(1_000, 1_000, job, 5, 40), 0.99);
+    let alone = quantile(
+        &interactive_waits(0, 1_000, job, 5, 5, weights(&[1, 100])),
+        0.99,
+    );
+    let flooded = quantile(
+        &interactive_waits(1_000, 1_000, job, 5, 40, weights(&[1, 100])),
+        0.99,
+    );
     println!(
         "interactive p99 wait: {:.1} s alone, {:.1} s behind a flood of 1,000 batch jobs",
         alone.as_secs_f64(),
         flooded.as_secs_f64()
     );
     results = results
-        .number("interactive_p99_alone_s", alone.as_secs_f64())
-        .number("interactive_p99_flooded_s", flooded.as_secs_f64());
+        .number(&key("interactive_p99_alone_s"), alone.as_secs_f64())
+        .number(&key("interactive_p99_flooded_s"), flooded.as_secs_f64());
 
     // A head of 10x the median among 1,000 small backfillers of ten other tenants.
-    let (waited, backfilled) = big_head(10_000, 1_000, 1_000);
+    let (waited, backfilled) = big_head(10_000, 1_000, 1_000, weights(&[1; 11]));
     println!(
         "big head (10,000 tokens) among 1,000 backfillers of 1,000: waited {:.1} s, {backfilled} granted before it",
         waited.as_secs_f64()
     );
-    results = results
-        .number("big_head_wait_s", waited.as_secs_f64())
-        .number("big_head_backfilled_before", backfilled as f64);
-
-    // The uncontended admit, a job with a tenant against one without.
-    let (with, without) = uncontended();
-    println!(
-        "uncontended try_admit + release: {with:.1} ns with a tenant, {without:.1} ns without ({:.2}x)",
-        with / without
-    );
-    results = results
-        .number("uncontended_with_tenant_ns", with)
-        .number("uncontended_without_tenant_ns", without);
-
-    let path = results.write().expect("the results file is written");
-    println!(
-        "fairness: done in {:.1} s, written to {}",
-        started.elapsed().as_secs_f64(),
-        path.display()
-    );
+    results
+        .number(&key("big_head_wait_s"), waited.as_secs_f64())
+        .number(&key("big_head_backfilled_before"), backfilled as f64)
 }
 
 fn mean_min(values: &[f64]) -> (f64, f64) {
@@ -110,28 +129,37 @@ fn mean_min(values: &[f64]) -> (f64, f64) {
     (mean, min)
 }
 
-/// Median nanoseconds of `try_admit` + release on one gate, a job with a tenant and one without,
-/// in alternating runs of 1,000,000 each.
-fn uncontended() -> (f64, f64) {
+/// Median nanoseconds of `try_admit` + release on one gate: a plain job on a plain monitor, a
+/// job with a tenant, and a job with a tenant on a monitor in fair shares; alternating runs of
+/// 1,000,000 each.
+fn uncontended() -> [f64; 3] {
     const OPS: u32 = 1_000_000;
-    let monitor = Monitor::new();
-    let gate = Arc::new(CountingGate::http(1_000, monitor.clock().clone()).expect("a valid gate"));
-    let demand = Demand::new().with(gate, Amount::ONE);
+    let plain = Monitor::new();
+    let shares = FairShares::new()
+        .weight("tenant-0", 3)
+        .expect("a valid weight");
+    let fair = Monitor::builder().fair_shares(shares).build();
+    let demand = |monitor: &Monitor| {
+        let gate = CountingGate::http(1_000, monitor.clock().clone()).expect("a valid gate");
+        Demand::new().with(Arc::new(gate), Amount::ONE)
+    };
+    let (plain_demand, fair_demand) = (demand(&plain), demand(&fair));
     let tenant = JobContext::new("job").with_tenant("tenant-0");
-    let plain = JobContext::new("job");
-    let run = |job: &JobContext| {
+    let job = JobContext::new("job");
+    let run = |monitor: &Monitor, demand: &Demand, job: &JobContext| {
         let started = Instant::now();
         for _ in 0..OPS {
-            drop(black_box(monitor.try_admit(&demand, job).expect("room")));
+            drop(black_box(monitor.try_admit(demand, job).expect("room")));
         }
         started.elapsed().as_nanos() as f64 / f64::from(OPS)
     };
-    let (mut with, mut without) = (Vec::new(), Vec::new());
+    let mut runs = [Vec::new(), Vec::new(), Vec::new()];
     for _ in 0..7 {
-        with.push(run(&tenant));
-        without.push(run(&plain));
+        runs[0].push(run(&plain, &plain_demand, &job));
+        runs[1].push(run(&plain, &plain_demand, &tenant));
+        runs[2].push(run(&fair, &fair_demand, &tenant));
     }
-    (median(&mut with), median(&mut without))
+    runs.map(|mut r| median(&mut r))
 }
 
 fn median(values: &mut [f64]) -> f64 {

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use admission_accounts::token_bucket::{TokenBucket, TokenBucketConfig};
-use admission_core::{Admit, Amount, Demand, Instant, JobContext, Monitor};
+use admission_core::{Admit, Amount, Demand, FairShares, Instant, JobContext, Monitor};
 use admission_testkit::FakeClock;
 use admission_testkit::monitor::poll_once;
 
@@ -66,13 +66,23 @@ pub struct Sim {
 }
 
 impl Sim {
-    /// A simulation of `tenants` tenants (named `tenant-0`, ...) on a full model at instant zero.
-    pub fn new(tenants: usize) -> Sim {
+    /// A simulation of `tenants` tenants (named `tenant-0`, ...) on a full model at instant zero,
+    /// its line in arrival order (`weights` `None`) or in fair shares of those weights (one per
+    /// tenant, by index).
+    pub fn new(tenants: usize, weights: Option<&[u32]>) -> Sim {
         let clock = FakeClock::new();
-        let monitor = Monitor::builder()
-            .manual_passes()
-            .clock(clock.shared())
-            .build();
+        let mut builder = Monitor::builder().manual_passes().clock(clock.shared());
+        if let Some(weights) = weights {
+            let shares = weights
+                .iter()
+                .enumerate()
+                .try_fold(FairShares::new(), |shares, (t, &w)| {
+                    shares.weight(format!("tenant-{t}"), w)
+                })
+                .expect("valid weights");
+            builder = builder.fair_shares(shares);
+        }
+        let monitor = builder.build();
         let config = TokenBucketConfig::new(TOKENS_PER_MINUTE, REQUESTS_PER_MINUTE);
         let model = Arc::new(
             TokenBucket::new("model", config, monitor.clock().clone()).expect("a valid config"),
@@ -192,9 +202,15 @@ pub fn tokens_per_minute(served: &[Served], tenants: usize, from: u64, to: u64) 
 }
 
 /// Two backlogged tenants: each keeps `backlog[t]` jobs of `tokens` waiting, submitting a new
-/// one for each granted, for `minutes` minutes. Returns what was served.
-pub fn backlogged(backlog: [usize; 2], tokens: u64, minutes: u32) -> Vec<Served> {
-    let mut sim = Sim::new(2);
+/// one for each granted, for `minutes` minutes, in arrival order or in fair shares of
+/// `weights`. Returns what was served.
+pub fn backlogged(
+    backlog: [usize; 2],
+    tokens: u64,
+    minutes: u32,
+    weights: Option<&[u32]>,
+) -> Vec<Served> {
+    let mut sim = Sim::new(2, weights);
     let end = Instant::ZERO.saturating_add(MINUTE * minutes);
     loop {
         for (tenant, &want) in backlog.iter().enumerate() {
@@ -224,8 +240,9 @@ pub fn interactive_waits(
     (interactive_tokens, every): (u64, Duration),
     submitting: u32,
     minutes: u32,
+    weights: Option<&[u32]>,
 ) -> Vec<Duration> {
-    let mut sim = Sim::new(2);
+    let mut sim = Sim::new(2, weights);
     let end = Instant::ZERO.saturating_add(MINUTE * minutes);
     let last = Instant::ZERO.saturating_add(MINUTE * submitting);
     let mut next_interactive = Instant::ZERO;
@@ -269,8 +286,13 @@ pub fn interactive_waits(
 /// A big demand of `big` tokens arrives on an empty model (its budget just spent by tenant 0),
 /// with `backfillers` small jobs of `small` tokens of other tenants (1 to 10) behind it. Returns
 /// how long the big one waited and how many small ones were granted before it.
-pub fn big_head(big: u64, small: u64, backfillers: usize) -> (Duration, usize) {
-    let mut sim = Sim::new(11);
+pub fn big_head(
+    big: u64,
+    small: u64,
+    backfillers: usize,
+    weights: Option<&[u32]>,
+) -> (Duration, usize) {
+    let mut sim = Sim::new(11, weights);
     // Spend the budget: the bucket starts full.
     for _ in 0..TOKENS_PER_MINUTE / small {
         sim.submit(0, 0, small);
@@ -332,7 +354,7 @@ mod tests {
     /// of 121/202 = 0.599; a single minute sees part of a cycle, between 5:1 and all to one.
     #[test]
     fn arrival_order_serves_backlogs_in_their_ratio() {
-        let served = backlogged([100, 10], 1_000, 12);
+        let served = backlogged([100, 10], 1_000, 12, None);
         let minutes = tokens_per_minute(&served, 2, 1, 12);
         for (m, shares) in minutes.iter().enumerate() {
             assert_eq!(
@@ -351,7 +373,7 @@ mod tests {
     /// back, and nobody behind it takes them meanwhile (the head's reservation).
     #[test]
     fn a_big_head_waits_for_its_own_refill_and_no_longer() {
-        let (waited, before) = big_head(10_000, 1_000, 1_000);
+        let (waited, before) = big_head(10_000, 1_000, 1_000, None);
         assert_eq!(
             waited,
             Duration::from_secs(10),
@@ -366,15 +388,36 @@ mod tests {
     #[test]
     fn an_interactive_job_waits_behind_the_whole_flood_in_arrival_order() {
         let job = (500, Duration::from_secs(2));
-        let alone = interactive_waits(0, 1_000, job, 3, 3);
+        let alone = interactive_waits(0, 1_000, job, 3, 3, None);
         assert_eq!(alone.len(), 90, "one every 2 s for 3 minutes");
         assert_eq!(alone.iter().max(), Some(&Duration::ZERO));
-        let flooded = interactive_waits(100, 1_000, job, 3, 9);
+        let flooded = interactive_waits(100, 1_000, job, 3, 9, None);
         assert_eq!(flooded.len(), 90);
         assert_eq!(flooded[0], Duration::from_millis(100_500));
         assert!(
             flooded.iter().all(|w| *w >= Duration::from_secs(100)),
             "{flooded:?}"
         );
+    }
+
+    /// Fair shares of weights 1:1 serve two backlogged tenants equally whatever their backlogs:
+    /// every minute's Jain index at least 0.98 (arrival order: 0.5 to 0.69).
+    #[test]
+    fn fair_shares_serve_backlogged_tenants_equally_every_minute() {
+        let served = backlogged([100, 10], 1_000, 12, Some(&[1, 1]));
+        for (m, shares) in tokens_per_minute(&served, 2, 1, 12).iter().enumerate() {
+            assert_eq!(shares.iter().sum::<f64>(), TOKENS_PER_MINUTE as f64);
+            assert!(jain(shares) >= 0.98, "minute {}: {shares:?}", m + 1);
+        }
+    }
+
+    /// Weights 3:1 give the heavier tenant three quarters of every minute, 0.75 +/- 0.03.
+    #[test]
+    fn fair_shares_follow_the_weights_every_minute() {
+        let served = backlogged([50, 50], 1_000, 12, Some(&[3, 1]));
+        for (m, shares) in tokens_per_minute(&served, 2, 1, 12).iter().enumerate() {
+            let share = shares[0] / (shares[0] + shares[1]);
+            assert!((share - 0.75).abs() <= 0.03, "minute {}: {shares:?}", m + 1);
+        }
     }
 }

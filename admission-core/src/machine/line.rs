@@ -73,6 +73,9 @@ pub(crate) struct Waiter {
     pub(crate) held: Holds,
     /// Whom to wake when it is decided.
     pub(crate) notify: Notify,
+    /// Its start tag under fair shares (`machine/fair.rs`): the line keeps the waiters behind
+    /// its head in the order of these. 0 for every waiter in arrival order.
+    pub(crate) tag: u64,
 }
 
 impl Waiter {
@@ -95,6 +98,7 @@ impl Waiter {
             on_gate,
             held: Holds::new(),
             notify,
+            tag: 0,
         }
     }
 
@@ -304,7 +308,10 @@ impl Line {
         self.len == 0
     }
 
-    /// Parks `waiter` at the tail.
+    /// Parks `waiter` at the tail, or with fair shares behind the last waiter whose tag is no
+    /// later than its own, never ahead of the head. Placing by tag walks back from the tail past
+    /// the waiters of later tags: O(1) in arrival order, up to the line's length under fair shares
+    /// for a light tenant's job behind a heavy tenant's backlog.
     ///
     /// # Panics
     ///
@@ -312,22 +319,48 @@ impl Line {
     pub(crate) fn push(&mut self, waiter: Waiter) -> Place {
         let seq = self.next_seq;
         self.next_seq += 1;
+        // Behind the last waiter whose tag is no later than the newcomer's, and never ahead of
+        // the head: with every tag 0 (arrival order), at the tail.
+        let mut after = self.tail;
+        while let Some(at) = after
+            && Some(at) != self.head
+            && self.slots.node(at).waiter.tag > waiter.tag
+        {
+            after = Some(self.slots.node(at).prev);
+        }
+        let next = match after {
+            Some(at) => self.slots.node(at).next,
+            None => END,
+        };
         let node = Node {
-            prev: self.tail.unwrap_or(END),
-            next: END,
+            prev: after.unwrap_or(END),
+            next,
             waiter,
         };
         let slot = self.slots.insert(Slot::Waiting { seq, node });
-        match self.tail {
+        match after {
             None => self.head = Some(slot),
-            Some(tail) => self.slots.node_mut(tail).next = slot,
+            Some(at) => self.slots.node_mut(at).next = slot,
         }
-        self.tail = Some(slot);
+        match next {
+            END => self.tail = Some(slot),
+            next => self.slots.node_mut(next).prev = slot,
+        }
         self.len += 1;
-        if self.cursor == Some(END) {
+        if self.cursor == Some(END) && next == END {
             self.cursor = Some(slot);
         }
         Place { slot, seq }
+    }
+
+    /// The smallest tag in the line (`None`: it is empty): the head's, or that of the waiter
+    /// right behind it, the line keeping the others in order of their tags.
+    pub(crate) fn least_tag(&self) -> Option<u64> {
+        let head = self.slots.node(self.head?);
+        Some(match head.next {
+            END => head.waiter.tag,
+            next => head.waiter.tag.min(self.slots.node(next).waiter.tag),
+        })
     }
 
     /// The waiter at `place`, if it is in the line.

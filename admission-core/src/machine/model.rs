@@ -37,6 +37,7 @@ use crate::context::JobContext;
 use crate::demand::Demand;
 use crate::error::AdmitError;
 use crate::event::EventKind;
+use crate::fair::FairShares;
 use crate::mute;
 use crate::sync::Published;
 
@@ -44,6 +45,9 @@ use super::line::{Done, Notify, Place};
 use super::{Leaving, PASS_BATCH};
 
 const ACCOUNTS: usize = 3;
+
+/// Tenants the arrivals come from (fair shares weigh them).
+const TENANTS: usize = 3;
 
 /// A release account whose capacity a test changes. A take past the capacity fails the test at
 /// once.
@@ -161,6 +165,7 @@ enum Op {
     Arrive {
         amounts: Vec<(usize, u64)>,
         timeout_ms: Option<u64>,
+        tenant: usize,
     },
     /// The `n`th held grant (modulo how many are held) is given back.
     Release(usize),
@@ -184,8 +189,8 @@ fn op() -> impl Strategy<Value = Op> {
         })
         .prop_map(|(accounts, units)| accounts.into_iter().zip(units).collect::<Vec<_>>());
     prop_oneof![
-        40 => (amounts, proptest::option::weighted(0.5, 1..=40u64))
-            .prop_map(|(amounts, timeout_ms)| Op::Arrive { amounts, timeout_ms }),
+        40 => (amounts, proptest::option::weighted(0.5, 1..=40u64), 0..TENANTS)
+            .prop_map(|(amounts, timeout_ms, tenant)| Op::Arrive { amounts, timeout_ms, tenant }),
         25 => any::<usize>().prop_map(Op::Release),
         6 => any::<usize>().prop_map(Op::Cancel),
         3 => any::<usize>().prop_map(Op::Abandon),
@@ -216,16 +221,22 @@ fn end_of(error: &AdmitError) -> End {
     }
 }
 
-/// The reference's waiter: its job, its amounts, and its deadline (ms).
+/// The reference's waiter: its job, its amounts, its deadline (ms) and its start tag (0 in
+/// arrival order).
 #[derive(Clone, Debug)]
 struct Waiting {
     job: u64,
     amounts: Vec<(usize, u64)>,
     deadline: Option<u64>,
+    tag: u64,
 }
 
 /// The reference: plain vectors and one walk.
 struct Model {
+    /// The tenants' weights under fair shares (`None`: arrival order).
+    weights: Option<[u32; TENANTS]>,
+    /// Each tenant's finish tag under fair shares.
+    finish: [u64; TENANTS],
     capacity: [u64; ACCOUNTS],
     in_use: [u64; ACCOUNTS],
     line: Vec<Waiting>,
@@ -237,6 +248,33 @@ struct Model {
 impl Model {
     fn free(&self, account: usize) -> u64 {
         self.capacity[account].saturating_sub(self.in_use[account])
+    }
+
+    /// Parks a newcomer. In arrival order, at the end. Under fair shares, a busy period starts
+    /// afresh in an empty line; a job starts where its tenant's last finished, or at the smallest
+    /// tag waiting if that is later, and finishes its units (times a million) over its tenant's
+    /// weight later; it stands behind every waiter of a tag no later than its own, and behind the
+    /// first waiter whatever the tags.
+    fn park(&mut self, mut w: Waiting, tenant: usize, units: u64) {
+        let Some(weights) = self.weights else {
+            self.line.push(w);
+            return;
+        };
+        let virtual_time = match self.line.as_slice() {
+            [] => {
+                self.finish = [0; TENANTS];
+                0
+            }
+            [only] => only.tag,
+            [first, second, ..] => first.tag.min(second.tag),
+        };
+        w.tag = self.finish[tenant].max(virtual_time);
+        self.finish[tenant] = w.tag + units * 1_000_000 / u64::from(weights[tenant]);
+        let mut at = self.line.len();
+        while at > 1 && self.line[at - 1].tag > w.tag {
+            at -= 1;
+        }
+        self.line.insert(at, w);
     }
 
     fn never(&self, amounts: &[(usize, u64)]) -> bool {
@@ -390,7 +428,7 @@ impl Real {
     }
 }
 
-fn check(ops: &[Op], capacities: [u64; ACCOUNTS], batch: usize) {
+fn check(ops: &[Op], capacities: [u64; ACCOUNTS], batch: usize, weights: Option<[u32; TENANTS]>) {
     let rung = Arc::new(AtomicBool::new(false));
     let kick: WakeFn = {
         let rung = rung.clone();
@@ -398,7 +436,20 @@ fn check(ops: &[Op], capacities: [u64; ACCOUNTS], batch: usize) {
     };
     let mute = mute::wake_key(&kick);
     let mut real = Real {
-        machine: Machine::new(None, kick, mute, Arc::new(Published::default()), batch),
+        machine: Machine::new(
+            None,
+            kick,
+            mute,
+            Arc::new(Published::default()),
+            batch,
+            weights.map(|weights| {
+                (0..TENANTS).fold(FairShares::new(), |shares, t| {
+                    shares
+                        .weight(format!("t{t}"), weights[t])
+                        .expect("a valid weight")
+                })
+            }),
+        ),
         clock: Arc::default(),
         pools: (0..ACCOUNTS)
             .map(|a| Arc::new(Pool::new(format!("pool-{a}"), capacities[a])))
@@ -411,6 +462,8 @@ fn check(ops: &[Op], capacities: [u64; ACCOUNTS], batch: usize) {
         decided: 0,
     };
     let mut model = Model {
+        weights,
+        finish: [0; TENANTS],
         capacity: capacities,
         in_use: [0; ACCOUNTS],
         line: Vec::new(),
@@ -426,8 +479,9 @@ fn check(ops: &[Op], capacities: [u64; ACCOUNTS], batch: usize) {
             Op::Arrive {
                 amounts,
                 timeout_ms,
+                tenant,
             } => {
-                let ctx = JobContext::new(format!("job-{step}"));
+                let ctx = JobContext::new(format!("job-{step}")).with_tenant(format!("t{tenant}"));
                 let job = ctx.id();
                 let mut demand = Demand::new();
                 for &(a, units) in amounts {
@@ -468,11 +522,14 @@ fn check(ops: &[Op], capacities: [u64; ACCOUNTS], batch: usize) {
                 } else if model.never(amounts) {
                     model_ended.insert(job, End::Never);
                 } else {
-                    model.line.push(Waiting {
+                    let waiting = Waiting {
                         job,
                         amounts: amounts.clone(),
                         deadline: timeout_ms.map(|t| model.now + t),
-                    });
+                        tag: 0,
+                    };
+                    let units = amounts.iter().map(|&(_, units)| units).sum();
+                    model.park(waiting, *tenant, units);
                 }
             }
             Op::Release(n) => {
@@ -622,8 +679,9 @@ proptest! {
         ops in proptest::collection::vec(op(), 1_000),
         capacities in proptest::array::uniform3(1..=6u64),
         batch in 1..=8usize,
+        weights in proptest::option::of(proptest::array::uniform3(1..=4u32)),
     ) {
-        check(&ops, capacities, batch);
+        check(&ops, capacities, batch, weights);
     }
 }
 
@@ -634,10 +692,12 @@ fn a_pass_batch_of_the_shells_size_walks_the_same_line() {
             0 | 1 => Op::Arrive {
                 amounts: vec![(i % ACCOUNTS, 1 + (i as u64 % 3))],
                 timeout_ms: None,
+                tenant: i % TENANTS,
             },
             2 => Op::Release(i),
             _ => Op::Advance(1),
         })
         .collect();
-    check(&ops, [3, 3, 3], PASS_BATCH);
+    check(&ops, [3, 3, 3], PASS_BATCH, None);
+    check(&ops, [3, 3, 3], PASS_BATCH, Some([3, 1, 2]));
 }

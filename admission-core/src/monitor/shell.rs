@@ -29,6 +29,7 @@ use crate::context::{JobContext, LeaveOnCancel, Listener, WaiterKey};
 use crate::demand::{Demand, Entry};
 use crate::error::{AdmitError, StartError, TryAdmitError};
 use crate::event::{Event, EventKind, EventSink};
+use crate::fair::FairShares;
 use crate::gate::Gate;
 use crate::machine::{
     self, Arrival, Arrived, Done, Effects, Events, Leaving, Machine, Next, Notify, Passed, Place,
@@ -97,6 +98,7 @@ impl Shared {
         manual: bool,
         pass_batch: usize,
         time_holds: bool,
+        fair: Option<FairShares>,
     ) -> Arc<Shared> {
         let bell = Arc::new(Doorbell::new());
         let published = Arc::new(Published::default());
@@ -115,6 +117,7 @@ impl Shared {
             mute,
             published.clone(),
             pass_batch,
+            fair,
         );
         let lock = MonitorLock::new(Locked {
             machine,
