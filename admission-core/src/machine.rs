@@ -671,6 +671,11 @@ impl Machine {
         self.tag(&mut waiter, ctx);
         let deadline = waiter.deadline();
         let place = self.line.push(waiter);
+        if self.tags.is_some() && self.walk.is_some() {
+            // Placed by its tag, the newcomer may stand before a paused pass's cursor: that pass
+            // walks the line again once done, so it asks the newcomer too.
+            self.pass_again = true;
+        }
         // Without a gate the count was published before the ask, and is this already.
         self.publish(self.line.len());
         Arrived::Parked {

@@ -701,3 +701,48 @@ fn a_pass_batch_of_the_shells_size_walks_the_same_line() {
     check(&ops, [3, 3, 3], PASS_BATCH, None);
     check(&ops, [3, 3, 3], PASS_BATCH, Some([3, 1, 2]));
 }
+
+/// Under fair shares a newcomer may be placed before a paused pass's cursor (behind the head, a
+/// tag earlier than the waiters the pass has yet to visit): that pass walks the line again once
+/// done, so it asks the newcomer too.
+#[test]
+fn a_newcomer_placed_before_a_paused_passs_cursor_is_walked_again() {
+    let kick: WakeFn = Arc::new(|| {});
+    let mute = mute::wake_key(&kick);
+    let published = Arc::new(Published::default());
+    let mut machine = Machine::new(None, kick, mute, published, 1, Some(FairShares::new()));
+    let pool: Arc<dyn Account> = Arc::new(Pool::new("pool".to_owned(), 1));
+    let clock = Hand::default();
+    let now = Reading::new(&clock);
+    let mut arrive = |machine: &mut Machine, tenant: &str| {
+        let ctx = JobContext::new("job").with_tenant(tenant);
+        let mut fx = Effects::new(false);
+        machine.arrive(
+            Arrival {
+                demand: Demand::new().with(pool.clone(), Amount::ONE),
+                ctx: &ctx,
+                timeout: None,
+                asked: false,
+                notify: Notify::Nobody,
+            },
+            &now,
+            &mut fx,
+        )
+    };
+    assert!(matches!(arrive(&mut machine, "a"), Arrived::Granted(_)));
+    for _ in 0..3 {
+        assert!(matches!(arrive(&mut machine, "a"), Arrived::Parked { .. }));
+    }
+    let mut fx = Effects::new(false);
+    // One waiter a batch, someone always waiting for the lock: the pass pauses after the head.
+    assert!(matches!(
+        machine.pass(Scope::Full, &now, &mut fx, &|| true),
+        Passed::Paused
+    ));
+    // Tenant b's first job starts at the line's virtual time: right behind the head.
+    assert!(matches!(arrive(&mut machine, "b"), Arrived::Parked { .. }));
+    assert!(matches!(
+        machine.resume(&now, &mut fx, &|| false),
+        Passed::Done { again: true, .. }
+    ));
+}
