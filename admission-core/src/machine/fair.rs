@@ -25,8 +25,9 @@ const SCALE: u64 = FairShares::MAX_WEIGHT as u64;
 pub(crate) struct Tags {
     shares: FairShares,
     /// Each tenant's finish tag (`None`: jobs without a tenant). A tag at or below the virtual
-    /// time means the same as none, so such entries are dropped when the map grows: it holds
-    /// about twice the parked waiters' tenants at most, plus 64.
+    /// time means the same as none, so such entries are dropped when the map grows past twice the
+    /// parked waiters plus 64; if it is still past that, only the tenants furthest ahead are kept
+    /// (the parked count plus 32 of them), the others starting at the virtual time again.
     finish: HashMap<Option<Arc<str>>, u64>,
 }
 
@@ -52,8 +53,17 @@ impl Tags {
             self.finish.clear();
             return self.charge(demand, ctx, 0);
         };
-        if self.finish.len() > 2 * parked + 64 {
+        let most = 2 * parked + 64;
+        if self.finish.len() > most {
             self.finish.retain(|_, finish| *finish > virtual_time);
+        }
+        if self.finish.len() > most {
+            // Still too many (the virtual time stands while many tenants are served at once):
+            // keep the tenants furthest ahead, and forgive the rest what little they are ahead.
+            let mut furthest: Vec<(Option<Arc<str>>, u64)> = self.finish.drain().collect();
+            furthest.sort_unstable_by(|a, b| b.1.cmp(&a.1));
+            furthest.truncate(parked + 32);
+            self.finish.extend(furthest);
         }
         self.charge(demand, ctx, virtual_time)
     }
@@ -76,4 +86,26 @@ pub(crate) fn cost_of(demand: &Demand) -> u64 {
         .iter()
         .fold(0u64, |sum, e| sum.saturating_add(e.amount().primary()))
         .max(1)
+}
+
+#[cfg(all(test, not(admission_loom)))]
+mod tests {
+    use super::*;
+
+    /// Tenants never seen again do not pile up: with 10 parked, the tags of 10,000 tenants each
+    /// charged once while the virtual time stands still stay within twice the parked plus 64.
+    #[test]
+    fn the_finish_tags_stay_bounded_by_the_parked_waiters() {
+        let mut tags = Tags::new(FairShares::new());
+        let demand = Demand::new();
+        for t in 0..10_000 {
+            let ctx = JobContext::new("job").with_tenant(format!("tenant-{t}"));
+            tags.start(&demand, &ctx, Some(0), 10);
+            assert!(
+                tags.finish.len() <= 2 * 10 + 64 + 1,
+                "{}",
+                tags.finish.len()
+            );
+        }
+    }
 }

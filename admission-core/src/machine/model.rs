@@ -41,6 +41,7 @@ use crate::fair::FairShares;
 use crate::mute;
 use crate::sync::Published;
 
+use super::fair::Tags;
 use super::line::{Done, Notify, Place};
 use super::{Leaving, PASS_BATCH};
 
@@ -745,4 +746,29 @@ fn a_newcomer_placed_before_a_paused_passs_cursor_is_walked_again() {
         machine.resume(&now, &mut fx, &|| false),
         Passed::Done { again: true, .. }
     ));
+}
+
+/// A tenant's jobs follow one another by their cost over its weight; an idle tenant starts at
+/// the virtual time; an empty line forgets everything.
+#[test]
+fn a_fair_job_starts_at_its_tenants_last_finish_or_the_virtual_time() {
+    let shares = FairShares::new()
+        .weight("heavy", 4)
+        .expect("a valid weight");
+    let mut tags = Tags::new(shares);
+    let heavy = JobContext::new("job").with_tenant("heavy");
+    let light = JobContext::new("job").with_tenant("light");
+    let pool: Arc<dyn Account> = Arc::new(Pool::new("pool".to_owned(), 8));
+    let eight = Demand::new().with(pool, Amount::units(8));
+    assert_eq!(tags.start(&eight, &heavy, None, 0), 0);
+    assert_eq!(tags.start(&eight, &heavy, Some(0), 1), 2_000_000);
+    assert_eq!(tags.start(&eight, &light, Some(0), 2), 0);
+    assert_eq!(tags.start(&eight, &light, Some(0), 3), 8_000_000);
+    assert_eq!(tags.start(&eight, &light, Some(9_000_000), 4), 16_000_000);
+    assert_eq!(tags.start(&eight, &heavy, Some(9_000_000), 5), 9_000_000);
+    assert_eq!(
+        tags.start(&eight, &heavy, None, 0),
+        0,
+        "a busy period starts afresh"
+    );
 }
