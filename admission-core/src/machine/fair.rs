@@ -61,7 +61,7 @@ impl Tags {
             // Still too many (the virtual time stands while many tenants are served at once):
             // keep the tenants furthest ahead, and forgive the rest what little they are ahead.
             let mut furthest: Vec<(Option<Arc<str>>, u64)> = self.finish.drain().collect();
-            furthest.sort_unstable_by(|a, b| b.1.cmp(&a.1));
+            furthest.sort_unstable_by_key(|&(_, finish)| std::cmp::Reverse(finish));
             furthest.truncate(parked + 32);
             self.finish.extend(furthest);
         }
