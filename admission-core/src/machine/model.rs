@@ -715,7 +715,7 @@ fn a_newcomer_placed_before_a_paused_passs_cursor_is_walked_again() {
     let pool: Arc<dyn Account> = Arc::new(Pool::new("pool".to_owned(), 1));
     let clock = Hand::default();
     let now = Reading::new(&clock);
-    let mut arrive = |machine: &mut Machine, tenant: &str| {
+    let arrive = |machine: &mut Machine, tenant: &str| {
         let ctx = JobContext::new("job").with_tenant(tenant);
         let mut fx = Effects::new(false);
         machine.arrive(
