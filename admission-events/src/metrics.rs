@@ -10,6 +10,7 @@
 //! | `admission.waiters` | gauge | jobs | |
 //! | `admission.held_total` | counter | holds | `account` = the account (or gate) a waiter was held on |
 //! | `admission.simulated_wait_seconds` | histogram | the monitor clock's seconds | as `admission.wait_seconds`; only from [`MetricsSink::simulated`] |
+//! | `admission.granted_units_total` | counter | units | `account`, `tenant`; only from a sink told its tenants ([`MetricsSink::with_tenants`]) |
 //!
 //! Beside them, the same facts under OpenTelemetry's conventions for a queued rate limiter, which
 //! ASP.NET Core's rate-limiting middleware defined (`aspnetcore.rate_limiting.*`, the only
@@ -34,16 +35,22 @@
 //! the gauge are written at zero when the sink is created (each label value of the fixed
 //! enums), so the first scrape already holds every series and a rate starts from zero.
 //!
-//! Labels are bounded: account names and fixed enums only, never a job's id or name, its
-//! workflow or its tenant (those belong in logs and events, where cardinality costs nothing).
+//! Labels are bounded: account names and fixed enums only, never a job's id or name or its
+//! workflow (those belong in logs and events, where cardinality costs nothing). A job's tenant is
+//! a label only for a sink told which tenants to name ([`MetricsSink::with_tenants`], for a
+//! monitor in fair shares): then `admission.admitted_total`, `admission.rejected_total` and
+//! `admission.wait_seconds` carry `tenant`, a named tenant's name or `other` (any other tenant,
+//! or none), and `admission.granted_units_total` counts the units granted to each on each
+//! account (each entry's primary amount): the tenants' shares of every account.
 //! `admission.wait_seconds` has one sample per outcome: zero for a grant on arrival or a refusal that
 //! did not wait, the grant's own wait after a hold, and, for a refusal after a hold, the time
 //! from the job's first hold to the refusal, read on the monitor's clock (the events' instants).
 //! `admission.waiters` counts the jobs held and not yet granted or refused, as the events tell
 //! it, set on every hold, grant after a hold and refusal.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ::metrics::{
@@ -68,6 +75,13 @@ pub const SIMULATED_WAIT: &str = "admission.simulated_wait_seconds";
 pub const WAITERS: &str = "admission.waiters";
 /// `admission.held_total`: how often a waiter was held on an account, label `account`.
 pub const HELD: &str = "admission.held_total";
+/// `admission.granted_units_total`: units granted, labels `account` and [`TENANT`] (only from a
+/// sink told its tenants, [`MetricsSink::with_tenants`]).
+pub const GRANTED_UNITS: &str = "admission.granted_units_total";
+/// The tenant label: a named tenant's name, or [`OTHER_TENANT`].
+pub const TENANT: &str = "tenant";
+/// The tenant label of a job whose tenant the sink was not told to name, or that has none.
+pub const OTHER_TENANT: &str = "other";
 /// `admission.rate_limiting.requests` (OpenTelemetry's convention): admissions decided, label
 /// [`RESULT`].
 pub const OTEL_REQUESTS: &str = "admission.rate_limiting.requests";
@@ -116,6 +130,8 @@ pub struct MetricsSink {
     leased: Mutex<HashMap<u64, VecDeque<Instant>>>,
     /// How many times faster than real time the monitor's clock runs: 1 for a real clock.
     clock_rate: f64,
+    /// The tenants named in the `tenant` label (`None`: no tenant label at all).
+    tenants: Option<HashSet<Arc<str>>>,
 }
 
 impl MetricsSink {
@@ -141,7 +157,31 @@ impl MetricsSink {
         MetricsSink::with_clock_rate(clock_rate)
     }
 
+    /// A sink whose admission series carry the job's tenant as a label, `tenants` by name and
+    /// every other tenant (or none) as `other`, and that counts the units granted to each on each
+    /// account (`admission.granted_units_total`), for a monitor in fair shares; `clock_rate` as
+    /// for [`simulated`](MetricsSink::simulated) (1 for a real clock). The tenants' series are
+    /// written at zero as the others are.
+    ///
+    /// ```
+    /// use admission_events::MetricsSink;
+    ///
+    /// let sink = MetricsSink::with_tenants(["acme", "globex"], 1.0);
+    /// # drop(sink);
+    /// ```
+    pub fn with_tenants<T: Into<Arc<str>>>(
+        tenants: impl IntoIterator<Item = T>,
+        clock_rate: f64,
+    ) -> MetricsSink {
+        let tenants = tenants.into_iter().map(Into::into).collect();
+        MetricsSink::build(clock_rate, Some(tenants))
+    }
+
     fn with_clock_rate(clock_rate: f64) -> MetricsSink {
+        MetricsSink::build(clock_rate, None)
+    }
+
+    fn build(clock_rate: f64, tenants: Option<HashSet<Arc<str>>>) -> MetricsSink {
         let clock_rate = if clock_rate.is_finite() && clock_rate > 0.0 {
             clock_rate
         } else {
@@ -155,21 +195,71 @@ impl MetricsSink {
                 "how long a job waited, by outcome, in seconds of the monitor's simulated clock"
             );
         }
-        MetricsSink::zeroes();
-        MetricsSink {
+        if tenants.is_some() {
+            describe_counter!(
+                GRANTED_UNITS,
+                Unit::Count,
+                "units granted, by account and tenant"
+            );
+        }
+        let sink = MetricsSink {
             waiting: Mutex::new(HashMap::new()),
             leased: Mutex::new(HashMap::new()),
             clock_rate,
+            tenants,
+        };
+        sink.zeroes();
+        sink
+    }
+
+    /// The values the tenant label takes (none without tenants).
+    fn tenant_labels(&self) -> Vec<String> {
+        let Some(tenants) = &self.tenants else {
+            return Vec::new();
+        };
+        let mut labels: Vec<String> = tenants.iter().map(|t| t.to_string()).collect();
+        labels.push(OTHER_TENANT.to_owned());
+        labels
+    }
+
+    /// The tenant label of `event`'s job (`None`: the sink has no tenant label).
+    fn tenant_of(&self, event: &Event) -> Option<String> {
+        let tenants = self.tenants.as_ref()?;
+        Some(match &event.job.tenant {
+            Some(tenant) if tenants.contains(tenant) => tenant.to_string(),
+            _ => OTHER_TENANT.to_owned(),
+        })
+    }
+
+    fn admitted(&self, path: &'static str, tenant: Option<String>) -> ::metrics::Counter {
+        match tenant {
+            Some(tenant) => counter!(ADMITTED, "path" => path, TENANT => tenant),
+            None => counter!(ADMITTED, "path" => path),
+        }
+    }
+
+    fn rejected(&self, reason: &'static str, tenant: Option<String>) -> ::metrics::Counter {
+        match tenant {
+            Some(tenant) => counter!(REJECTED, "reason" => reason, TENANT => tenant),
+            None => counter!(REJECTED, "reason" => reason),
         }
     }
 
     /// Every counter of a fixed label set, and the gauge, at zero.
-    fn zeroes() {
-        for path in ["immediate", "after_wait"] {
-            counter!(ADMITTED, "path" => path).absolute(0);
-        }
-        for reason in REASONS {
-            counter!(REJECTED, "reason" => reason.as_str()).absolute(0);
+    fn zeroes(&self) {
+        let tenants = self.tenant_labels();
+        let labels: Vec<Option<String>> = if tenants.is_empty() {
+            vec![None]
+        } else {
+            tenants.into_iter().map(Some).collect()
+        };
+        for tenant in &labels {
+            for path in ["immediate", "after_wait"] {
+                self.admitted(path, tenant.clone()).absolute(0);
+            }
+            for reason in REASONS {
+                self.rejected(reason.as_str(), tenant.clone()).absolute(0);
+            }
         }
         for kind in ["release", "rollback"] {
             counter!(RELEASED, "kind" => kind).absolute(0);
@@ -268,9 +358,24 @@ impl MetricsSink {
         duration.as_secs_f64() / self.clock_rate
     }
 
-    fn wait(&self, outcome: &'static str, wait: Duration) {
+    /// Each entry's primary amount, by account and tenant, for a sink with tenants.
+    fn granted_units(&self, event: &Event, tenant: Option<String>) {
+        let Some(tenant) = tenant else {
+            return;
+        };
+        for entry in &event.entries {
+            counter!(GRANTED_UNITS, "account" => entry.account.clone(), TENANT => tenant.clone())
+                .increment(entry.amount.primary());
+        }
+    }
+
+    fn wait(&self, outcome: &'static str, wait: Duration, tenant: Option<String>) {
         let seconds = wait.as_secs_f64();
-        histogram!(WAIT, "outcome" => outcome).record(seconds / self.clock_rate);
+        match tenant {
+            Some(tenant) => histogram!(WAIT, "outcome" => outcome, TENANT => tenant),
+            None => histogram!(WAIT, "outcome" => outcome),
+        }
+        .record(seconds / self.clock_rate);
         if self.clock_rate != 1.0 {
             histogram!(SIMULATED_WAIT, "outcome" => outcome).record(seconds);
         }
@@ -285,12 +390,14 @@ impl Default for MetricsSink {
 
 impl EventSink for MetricsSink {
     fn emit(&self, event: &Event) -> Result<(), SinkError> {
+        let tenant = self.tenant_of(event);
         match &event.kind {
             EventKind::GrantedImmediate => {
-                counter!(ADMITTED, "path" => "immediate").increment(1);
-                self.wait("granted", Duration::ZERO);
+                self.admitted("immediate", tenant.clone()).increment(1);
+                self.wait("granted", Duration::ZERO, tenant.clone());
                 counter!(OTEL_REQUESTS, RESULT => "acquired").increment(1);
                 self.leased(event.job.id, event.at);
+                self.granted_units(event, tenant);
             }
             EventKind::Held => {
                 for entry in &event.entries {
@@ -299,17 +406,18 @@ impl EventSink for MetricsSink {
                 self.held(event.job.id, event.at);
             }
             EventKind::GrantedFromHold { wait, .. } => {
-                counter!(ADMITTED, "path" => "after_wait").increment(1);
+                self.admitted("after_wait", tenant.clone()).increment(1);
                 self.left(event.job.id);
-                self.wait("granted", *wait);
+                self.wait("granted", *wait, tenant.clone());
                 counter!(OTEL_REQUESTS, RESULT => "acquired").increment(1);
                 histogram!(OTEL_TIME_IN_QUEUE, RESULT => "acquired")
                     .record(self.real_seconds(*wait));
                 self.leased(event.job.id, event.at);
+                self.granted_units(event, tenant);
             }
             EventKind::Rejected { reason, .. } => {
                 let reason: &'static str = RejectReason::as_str(reason);
-                counter!(REJECTED, "reason" => reason).increment(1);
+                self.rejected(reason, tenant.clone()).increment(1);
                 counter!(OTEL_REQUESTS, RESULT => reason).increment(1);
                 let since = self.left(event.job.id);
                 if let Some(since) = since {
@@ -320,7 +428,7 @@ impl EventSink for MetricsSink {
                 let waited = since.map_or(Duration::ZERO, |since| {
                     event.at.saturating_duration_since(since)
                 });
-                self.wait(reason, waited);
+                self.wait(reason, waited, tenant);
             }
             EventKind::Released { rolled_back } => {
                 let kind = if *rolled_back { "rollback" } else { "release" };
@@ -342,6 +450,7 @@ impl fmt::Debug for MetricsSink {
             .field("waiting", &self.waiting.lock().len())
             .field("leased", &self.leased.lock().len())
             .field("clock_rate", &self.clock_rate)
+            .field("tenants", &self.tenants.as_ref().map(HashSet::len))
             .finish()
     }
 }

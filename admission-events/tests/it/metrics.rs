@@ -9,8 +9,9 @@ use admission_core::event::{EventKind, EventSink, RejectReason};
 use admission_core::{Amount, Demand, Instant, JobContext, Monitor};
 use admission_events::MetricsSink;
 use admission_events::metrics::{
-    ADMITTED, HELD, OTEL_ACTIVE_LEASES, OTEL_LEASE_DURATION, OTEL_QUEUED, OTEL_REQUESTS,
-    OTEL_TIME_IN_QUEUE, REJECTED, RELEASED, RESULT, SIMULATED_WAIT, WAIT, WAITERS,
+    ADMITTED, GRANTED_UNITS, HELD, OTEL_ACTIVE_LEASES, OTEL_LEASE_DURATION, OTEL_QUEUED,
+    OTEL_REQUESTS, OTEL_TIME_IN_QUEUE, REJECTED, RELEASED, RESULT, SIMULATED_WAIT, TENANT, WAIT,
+    WAITERS,
 };
 use admission_testkit::FakeClock;
 use admission_testkit::monitor::poll_once;
@@ -298,6 +299,7 @@ fn every_event_kind_moves_its_series_by_exact_amounts() {
     });
 }
 
+/// A sink not told its tenants labels no tenant (and no sink labels a job's name or workflow).
 #[test]
 fn labels_never_carry_a_job_workflow_or_tenant() {
     recorded(|snapshotter| {
@@ -483,6 +485,104 @@ fn a_monitors_passage_is_recorded_under_opentelemetrys_convention_too() {
                     OTEL_REQUESTS,
                     Some((RESULT, "timed_out")),
                     Unit::Count,
+                    Value::Counter(1)
+                ),
+            ]
+        );
+    });
+}
+
+/// A sink told its tenants labels the admission series with the named tenant or `other` (any
+/// other tenant, or none), counts each tenant's units granted on each account, and writes every
+/// tenant's counters at zero first; a job's name and workflow are still never labels.
+#[test]
+fn a_sink_told_its_tenants_labels_them_and_counts_their_units() {
+    recorded(|snapshotter| {
+        let sink = MetricsSink::with_tenants(["acme"], 1.0);
+        let zeroes: Vec<Series> = all_series(snapshotter)
+            .into_iter()
+            .filter(|(name, labels, ..)| {
+                name == ADMITTED && labels.iter().any(|(k, _)| k == TENANT)
+            })
+            .collect();
+        let zero = |path: &str, tenant: &str| {
+            (
+                ADMITTED.to_owned(),
+                vec![
+                    ("path".to_owned(), path.to_owned()),
+                    (TENANT.to_owned(), tenant.to_owned()),
+                ],
+                Some(Unit::Count),
+                Value::Counter(0),
+            )
+        };
+        assert_eq!(
+            zeroes,
+            [
+                zero("after_wait", "acme"),
+                zero("after_wait", "other"),
+                zero("immediate", "acme"),
+                zero("immediate", "other"),
+            ]
+        );
+        let of = |kind: EventKind, tenant: Option<&str>, tokens: u64| {
+            let mut e = event(kind, 7);
+            e.job.tenant = tenant.map(Into::into);
+            e.job.workflow = Some("workflow-secret".into());
+            e.entries = vec![entry("model", Amount::pair(tokens, 1))];
+            e
+        };
+        sink.emit(&of(EventKind::GrantedImmediate, Some("acme"), 300))
+            .unwrap();
+        sink.emit(&of(from_hold(0, 0), Some("acme"), 200)).unwrap();
+        sink.emit(&of(EventKind::GrantedImmediate, Some("initech"), 40))
+            .unwrap();
+        sink.emit(&of(EventKind::GrantedImmediate, None, 2))
+            .unwrap();
+        sink.emit(&of(rejected(RejectReason::TimedOut), Some("initech"), 9))
+            .unwrap();
+        let labelled = |name: &str, labels: &[(&str, &str)], value: Value| {
+            let labels = labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            (name.to_owned(), labels, Some(Unit::Count), value)
+        };
+        let counters: Vec<Series> = series(snapshotter)
+            .into_iter()
+            .filter(|(name, ..)| [ADMITTED, REJECTED, GRANTED_UNITS].contains(&name.as_str()))
+            .collect();
+        assert_eq!(
+            counters,
+            [
+                labelled(
+                    ADMITTED,
+                    &[("path", "after_wait"), (TENANT, "acme")],
+                    Value::Counter(1)
+                ),
+                labelled(
+                    ADMITTED,
+                    &[("path", "immediate"), (TENANT, "acme")],
+                    Value::Counter(1)
+                ),
+                labelled(
+                    ADMITTED,
+                    &[("path", "immediate"), (TENANT, "other")],
+                    Value::Counter(2)
+                ),
+                labelled(
+                    GRANTED_UNITS,
+                    &[("account", "model"), (TENANT, "acme")],
+                    Value::Counter(500)
+                ),
+                labelled(
+                    GRANTED_UNITS,
+                    &[("account", "model"), (TENANT, "other")],
+                    Value::Counter(42)
+                ),
+                labelled(
+                    REJECTED,
+                    &[("reason", "timed_out"), (TENANT, "other")],
                     Value::Counter(1)
                 ),
             ]
