@@ -418,7 +418,7 @@ impl Machine {
         batch: usize,
         fair: Option<FairShares>,
     ) -> Machine {
-        Machine {
+        let mut machine = Machine {
             phase: Phase::Open,
             line: Line::default(),
             watched: HashMap::default(),
@@ -431,8 +431,13 @@ impl Machine {
             mute,
             published,
             batch: batch.max(1),
-            tags: fair.map(Tags::new),
+            tags: None,
+        };
+        if let Some(shares) = fair {
+            machine.tags = Some(Tags::new(shares));
+            machine.line.count_tenants();
         }
+        machine
     }
 
     /// How many waiters are parked in the line.
@@ -671,9 +676,9 @@ impl Machine {
         self.tag(&mut waiter, ctx);
         let deadline = waiter.deadline();
         let place = self.line.push(waiter);
-        if self.tags.is_some() && self.walk.is_some() {
-            // Placed by its tag, the newcomer may stand before a paused pass's cursor: that pass
-            // walks the line again once done, so it asks the newcomer too.
+        if self.tags.is_some() && self.walk.is_some() && self.line.walked_past(place) {
+            // Placed by its tag before a paused pass's cursor: that pass walks the line again
+            // once done, so it asks the newcomer too.
             self.pass_again = true;
         }
         // Without a gate the count was published before the ask, and is this already.
@@ -689,7 +694,10 @@ impl Machine {
     /// granted at once is charged too).
     fn tag(&mut self, w: &mut Waiter, ctx: &JobContext) {
         if let Some(tags) = &mut self.tags {
-            w.tag = tags.start(&w.demand, ctx, self.line.least_tag(), self.line.len());
+            let line = &self.line;
+            w.tag = tags.start(&w.demand, ctx, line.least_tag(), line.len(), &|tenant| {
+                line.has_parked(tenant)
+            });
         }
     }
 

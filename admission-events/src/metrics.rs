@@ -9,7 +9,7 @@
 //! | `admission.wait_seconds` | histogram | real seconds | `outcome` = `granted` or the rejection's reason |
 //! | `admission.waiters` | gauge | jobs | |
 //! | `admission.held_total` | counter | holds | `account` = the account (or gate) a waiter was held on |
-//! | `admission.simulated_wait_seconds` | histogram | the monitor clock's seconds | as `admission.wait_seconds`; only from [`MetricsSink::simulated`] |
+//! | `admission.simulated_wait_seconds` | histogram | the monitor clock's seconds | as `admission.wait_seconds`; only from a sink whose clock is not real time ([`MetricsSink::simulated`]) |
 //! | `admission.granted_units_total` | counter | units | `account`, `tenant`; only from a sink told its tenants ([`MetricsSink::with_tenants`]) |
 //!
 //! Beside them, the same facts under OpenTelemetry's conventions for a queued rate limiter, which
@@ -39,8 +39,8 @@
 //! workflow (those belong in logs and events, where cardinality costs nothing). A job's tenant is
 //! a label only for a sink told which tenants to name ([`MetricsSink::with_tenants`], for a
 //! monitor in fair shares): then `admission.admitted_total`, `admission.rejected_total` and
-//! `admission.wait_seconds` carry `tenant`, a named tenant's name or `other` (any other tenant,
-//! or none), and `admission.granted_units_total` counts the units granted to each on each
+//! `admission.wait_seconds` (and `admission.simulated_wait_seconds`) carry `tenant`, a named
+//! tenant's name or `other` (any other tenant, or none), and `admission.granted_units_total` counts the units granted to each on each
 //! account (each entry's primary amount): the tenants' shares of every account.
 //! `admission.wait_seconds` has one sample per outcome: zero for a grant on arrival or a refusal that
 //! did not wait, the grant's own wait after a hold, and, for a refusal after a hold, the time
@@ -160,8 +160,10 @@ impl MetricsSink {
     /// A sink whose admission series carry the job's tenant as a label, `tenants` by name and
     /// every other tenant (or none) as `other`, and that counts the units granted to each on each
     /// account (`admission.granted_units_total`), for a monitor in fair shares; `clock_rate` as
-    /// for [`simulated`](MetricsSink::simulated) (1 for a real clock). The tenants' series are
-    /// written at zero as the others are.
+    /// for [`simulated`](MetricsSink::simulated) (1 for a real clock). Each tenant's admitted and
+    /// rejected counters are written at zero as the others are; `admission.granted_units_total`
+    /// appears with its first grant on each account. A tenant named `other` counts with the
+    /// others.
     ///
     /// ```
     /// use admission_events::MetricsSink;
@@ -173,7 +175,11 @@ impl MetricsSink {
         tenants: impl IntoIterator<Item = T>,
         clock_rate: f64,
     ) -> MetricsSink {
-        let tenants = tenants.into_iter().map(Into::into).collect();
+        let tenants = tenants
+            .into_iter()
+            .map(Into::into)
+            .filter(|tenant: &Arc<str>| &**tenant != OTHER_TENANT)
+            .collect();
         MetricsSink::build(clock_rate, Some(tenants))
     }
 
@@ -371,13 +377,17 @@ impl MetricsSink {
 
     fn wait(&self, outcome: &'static str, wait: Duration, tenant: Option<String>) {
         let seconds = wait.as_secs_f64();
-        match tenant {
+        match tenant.clone() {
             Some(tenant) => histogram!(WAIT, "outcome" => outcome, TENANT => tenant),
             None => histogram!(WAIT, "outcome" => outcome),
         }
         .record(seconds / self.clock_rate);
         if self.clock_rate != 1.0 {
-            histogram!(SIMULATED_WAIT, "outcome" => outcome).record(seconds);
+            match tenant {
+                Some(tenant) => histogram!(SIMULATED_WAIT, "outcome" => outcome, TENANT => tenant),
+                None => histogram!(SIMULATED_WAIT, "outcome" => outcome),
+            }
+            .record(seconds);
         }
     }
 }
@@ -390,9 +400,9 @@ impl Default for MetricsSink {
 
 impl EventSink for MetricsSink {
     fn emit(&self, event: &Event) -> Result<(), SinkError> {
-        let tenant = self.tenant_of(event);
         match &event.kind {
             EventKind::GrantedImmediate => {
+                let tenant = self.tenant_of(event);
                 self.admitted("immediate", tenant.clone()).increment(1);
                 self.wait("granted", Duration::ZERO, tenant.clone());
                 counter!(OTEL_REQUESTS, RESULT => "acquired").increment(1);
@@ -406,6 +416,7 @@ impl EventSink for MetricsSink {
                 self.held(event.job.id, event.at);
             }
             EventKind::GrantedFromHold { wait, .. } => {
+                let tenant = self.tenant_of(event);
                 self.admitted("after_wait", tenant.clone()).increment(1);
                 self.left(event.job.id);
                 self.wait("granted", *wait, tenant.clone());
@@ -417,6 +428,7 @@ impl EventSink for MetricsSink {
             }
             EventKind::Rejected { reason, .. } => {
                 let reason: &'static str = RejectReason::as_str(reason);
+                let tenant = self.tenant_of(event);
                 self.rejected(reason, tenant.clone()).increment(1);
                 counter!(OTEL_REQUESTS, RESULT => reason).increment(1);
                 let since = self.left(event.job.id);

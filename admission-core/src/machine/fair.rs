@@ -17,18 +17,20 @@ use crate::context::JobContext;
 use crate::demand::Demand;
 use crate::fair::FairShares;
 
-/// Cost units per unit of a demand's amounts: a weight divides it exactly up to
-/// [`FairShares::MAX_WEIGHT`] when it is one of its divisors, and to within a millionth else.
-const SCALE: u64 = FairShares::MAX_WEIGHT as u64;
+/// Cost units per unit of a demand's amounts: a weight divides it exactly when it is one of its
+/// divisors, and to within a millionth of a unit else.
+const SCALE: u128 = FairShares::MAX_WEIGHT as u128;
 
 /// The tags' state: the weights and each tenant's finish tag.
 pub(crate) struct Tags {
     shares: FairShares,
-    /// Each tenant's finish tag (`None`: jobs without a tenant). A tag at or below the virtual
-    /// time means the same as none, so such entries are dropped when the map grows past twice the
-    /// parked waiters plus 64; if it is still past that, only the tenants furthest ahead are kept
-    /// (the parked count plus 32 of them), the others starting at the virtual time again.
-    finish: HashMap<Option<Arc<str>>, u64>,
+    /// Each tenant's finish tag (`None`: jobs without a tenant), in 128 bits: a million cost units
+    /// per unit asked, so a tenant asking a gibibyte a job for a year of busy line stays far from
+    /// the end. A tag at or below the virtual time means the same as none, so such entries are
+    /// dropped when the map grows past twice the parked waiters plus 64; if it is still past
+    /// that, only the tenants with a waiter parked and the 32 others furthest ahead are kept, the
+    /// rest starting at the virtual time again.
+    finish: HashMap<Option<Arc<str>>, u128>,
 }
 
 impl Tags {
@@ -40,14 +42,16 @@ impl Tags {
     }
 
     /// The start tag of `demand` for `ctx`'s tenant, with the line's virtual time `line` (`None`:
-    /// the line is empty) and `parked` waiters; charges the tenant its cost.
+    /// the line is empty), `parked` waiters, and whether a tenant has any parked; charges the
+    /// tenant its cost.
     pub(crate) fn start(
         &mut self,
         demand: &Demand,
         ctx: &JobContext,
-        line: Option<u64>,
+        line: Option<u128>,
         parked: usize,
-    ) -> u64 {
+        has_parked: &dyn Fn(&Option<Arc<str>>) -> bool,
+    ) -> u128 {
         let Some(virtual_time) = line else {
             // A busy period begins: nobody's history matters any more.
             self.finish.clear();
@@ -59,22 +63,27 @@ impl Tags {
         }
         if self.finish.len() > most {
             // Still too many (the virtual time stands while many tenants are served at once):
-            // keep the tenants furthest ahead, and forgive the rest what little they are ahead.
-            let mut furthest: Vec<(Option<Arc<str>>, u64)> = self.finish.drain().collect();
-            furthest.sort_unstable_by_key(|&(_, finish)| std::cmp::Reverse(finish));
-            furthest.truncate(parked + 32);
-            self.finish.extend(furthest);
+            // keep every tenant with a waiter parked (its next job must follow them) and the 32
+            // others furthest ahead; the rest start at the virtual time again.
+            let (mut kept, mut others): (Vec<_>, Vec<_>) = self
+                .finish
+                .drain()
+                .partition(|(tenant, _)| has_parked(tenant));
+            others.sort_unstable_by_key(|&(_, finish)| std::cmp::Reverse(finish));
+            others.truncate(32);
+            kept.extend(others);
+            self.finish.extend(kept);
         }
         self.charge(demand, ctx, virtual_time)
     }
 
-    fn charge(&mut self, demand: &Demand, ctx: &JobContext, virtual_time: u64) -> u64 {
+    fn charge(&mut self, demand: &Demand, ctx: &JobContext, virtual_time: u128) -> u128 {
         let tenant = ctx.snapshot().tenant.clone();
-        let weight = u64::from(self.shares.weight_of(tenant.as_deref()));
+        let weight = u128::from(self.shares.weight_of(tenant.as_deref()));
         let cost = cost_of(demand);
         let finish = self.finish.entry(tenant).or_insert(0);
         let start = (*finish).max(virtual_time);
-        *finish = start.saturating_add(cost.saturating_mul(SCALE) / weight);
+        *finish = start.saturating_add(u128::from(cost) * SCALE / weight);
         start
     }
 }
@@ -93,19 +102,26 @@ mod tests {
     use super::*;
 
     /// Tenants never seen again do not pile up: with 10 parked, the tags of 10,000 tenants each
-    /// charged once while the virtual time stands still stay within twice the parked plus 64.
+    /// charged once while the virtual time stands still stay within twice the parked plus 65 (the
+    /// bound is kept before each charge), and a tenant with a waiter parked keeps its tag.
     #[test]
     fn the_finish_tags_stay_bounded_by_the_parked_waiters() {
         let mut tags = Tags::new(FairShares::new());
         let demand = Demand::new();
         for t in 0..10_000 {
             let ctx = JobContext::new("job").with_tenant(format!("tenant-{t}"));
-            tags.start(&demand, &ctx, Some(0), 10);
+            tags.start(&demand, &ctx, Some(0), 10, &|tenant| {
+                tenant.as_deref() == Some("tenant-0")
+            });
             assert!(
                 tags.finish.len() <= 2 * 10 + 64 + 1,
                 "{}",
                 tags.finish.len()
             );
         }
+        assert!(
+            tags.finish.contains_key(&Some("tenant-0".into())),
+            "a tenant with a waiter parked keeps its tag"
+        );
     }
 }

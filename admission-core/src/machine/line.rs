@@ -1,4 +1,5 @@
-//! The line: the parked waiters in arrival order, each in a slot of a slab the state machine owns.
+//! The line: the parked waiters in arrival order (or behind the head in order of their fair-share
+//! tags), each in a slot of a slab the state machine owns.
 //!
 //! A waiter's whole record ([`Waiter`]: its demand, job, deadline, holds and whom to wake) sits in
 //! its slot, and the caller keeps only its [`Place`]. When a waiter is decided (granted or
@@ -7,6 +8,7 @@
 //! finds nothing, even in a slot reused since.
 //!
 //! Everything is O(1) but the walk: parking at the tail, leaving from anywhere, finding the head.
+//! Under fair shares parking walks back from the tail past the waiters of later tags.
 //! A pass that stops between batches parks a cursor here ([`Line::hold_cursor`]); a waiter
 //! leaving meanwhile moves it on, and one parking at the end when it had reached the end is
 //! where it resumes.
@@ -15,6 +17,8 @@
 //! ([`Hold`], [`Holds`]), the same as bits for the pass's one comparison ([`Holding`]), and what a
 //! grant keeps of them ([`Waits`]).
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::task::Waker;
 use std::time::Duration;
 
@@ -75,7 +79,7 @@ pub(crate) struct Waiter {
     pub(crate) notify: Notify,
     /// Its start tag under fair shares (`machine/fair.rs`): the line keeps the waiters behind
     /// its head in the order of these. 0 for every waiter in arrival order.
-    pub(crate) tag: u64,
+    pub(crate) tag: u128,
 }
 
 impl Waiter {
@@ -284,9 +288,12 @@ impl Slots {
 /// let go (giving a hundred megabytes back to the system takes milliseconds).
 pub(crate) struct Emptied(#[allow(dead_code, reason = "held only to be dropped")] Vec<Box<[Slot]>>);
 
-/// The line: parked waiters in arrival order, and the decisions not collected yet.
+/// The line: parked waiters in arrival order (behind the head by tag under fair shares), and the
+/// decisions not collected yet.
 #[derive(Default)]
 pub(crate) struct Line {
+    /// Under fair shares, how many waiters of each tenant are parked (`None`: not counted).
+    tenants: Option<HashMap<Option<Arc<str>>, u32>>,
     slots: Slots,
     /// Waiters in the line (not counting decided ones).
     len: usize,
@@ -337,6 +344,11 @@ impl Line {
             next,
             waiter,
         };
+        if let Some(tenants) = &mut self.tenants {
+            *tenants
+                .entry(node.waiter.ctx.snapshot().tenant.clone())
+                .or_insert(0) += 1;
+        }
         let slot = self.slots.insert(Slot::Waiting { seq, node });
         match after {
             None => self.head = Some(slot),
@@ -355,12 +367,40 @@ impl Line {
 
     /// The smallest tag in the line (`None`: it is empty): the head's, or that of the waiter
     /// right behind it, the line keeping the others in order of their tags.
-    pub(crate) fn least_tag(&self) -> Option<u64> {
+    pub(crate) fn least_tag(&self) -> Option<u128> {
         let head = self.slots.node(self.head?);
         Some(match head.next {
             END => head.waiter.tag,
             next => head.waiter.tag.min(self.slots.node(next).waiter.tag),
         })
+    }
+
+    /// Counts the parked waiters of each tenant from now on (a line in fair shares, still empty).
+    pub(crate) fn count_tenants(&mut self) {
+        debug_assert!(self.is_empty());
+        self.tenants = Some(HashMap::new());
+    }
+
+    /// Whether a waiter of `tenant` is parked (false when tenants are not counted).
+    pub(crate) fn has_parked(&self, tenant: &Option<Arc<str>>) -> bool {
+        self.tenants
+            .as_ref()
+            .is_some_and(|tenants| tenants.contains_key(tenant))
+    }
+
+    /// Whether the waiter at `place` stands where a paused pass has already walked: before its
+    /// cursor (a newcomer placed by its tag), so that pass would not ask it.
+    pub(crate) fn walked_past(&self, place: Place) -> bool {
+        let Some(waiter) = self.get(place) else {
+            return false;
+        };
+        match self.cursor {
+            None => false,
+            Some(END) => self.slots.node(place.slot).next != END,
+            // Nobody stands before the head, and behind it the tags are in order.
+            Some(cursor) if Some(cursor) == self.head => false,
+            Some(cursor) => self.slots.node(cursor).waiter.tag > waiter.tag,
+        }
     }
 
     /// The waiter at `place`, if it is in the line.
@@ -446,6 +486,15 @@ impl Line {
             self.cursor = Some(node.next);
         }
         self.len -= 1;
+        if let Some(tenants) = &mut self.tenants {
+            let tenant = &node.waiter.ctx.snapshot().tenant;
+            if let Some(count) = tenants.get_mut(tenant) {
+                *count -= 1;
+                if *count == 0 {
+                    tenants.remove(tenant);
+                }
+            }
+        }
         node.waiter
     }
 
