@@ -435,7 +435,7 @@ impl Machine {
         };
         if let Some(shares) = fair {
             machine.tags = Some(Tags::new(shares));
-            machine.line.count_tenants();
+            machine.line.order_by_tag();
         }
         machine
     }

@@ -20,6 +20,7 @@ use admission_benches::fairness::{
     backlogged, big_head, interactive_waits, jain, quantile, tokens_per_minute,
 };
 use admission_core::{Amount, Demand, FairShares, JobContext, Monitor};
+use admission_testkit::monitor::poll_once;
 
 /// Minutes each backlogged run lasts; the first minute (the full bucket's burst) is left out.
 const MINUTES: u32 = 21;
@@ -46,6 +47,26 @@ fn main() {
         .number("uncontended_plain_ns", plain)
         .number("uncontended_with_tenant_ns", tenant)
         .number("uncontended_fair_ns", fair);
+
+    // The pass over 10,000 parked (one gate each, 100 tenants), and what parking costs: in
+    // tenant round-robin, and a new tenant's job behind one tenant's backlog of 10,000.
+    for (mode, fair) in [("arrival", false), ("fair", true)] {
+        let line = long_line(fair);
+        println!(
+            "{mode}: pass over 10,000 parked (100 tenants) {:.1} us; parking one of them {:.0} ns (round-robin), a new tenant's job behind a backlog of 10,000 {:.0} ns",
+            line.pass_us, line.park_round_robin_ns, line.park_behind_backlog_ns
+        );
+        results = results
+            .number(&format!("{mode}_pass_10k_us"), line.pass_us)
+            .number(
+                &format!("{mode}_park_round_robin_ns"),
+                line.park_round_robin_ns,
+            )
+            .number(
+                &format!("{mode}_park_behind_backlog_ns"),
+                line.park_behind_backlog_ns,
+            );
+    }
 
     let path = results.write().expect("the results file is written");
     println!(
@@ -121,6 +142,74 @@ fn simulated(mut results: Results, mode: &str, fair: bool) -> Results {
     results
         .number(&key("big_head_wait_s"), waited.as_secs_f64())
         .number(&key("big_head_backfilled_before"), backfilled as f64)
+}
+
+/// What a long line costs: a pass over it, and parking in it.
+struct LongLine {
+    pass_us: f64,
+    park_round_robin_ns: f64,
+    park_behind_backlog_ns: f64,
+}
+
+/// A monitor with manual passes and one permit, held: 10,000 waiters of 100 tenants parked in
+/// round-robin (timed), a pass over them (median of 21), then a line of 10,000 of one tenant and
+/// 1,000 jobs of 1,000 new tenants parked behind it (timed).
+fn long_line(fair: bool) -> LongLine {
+    const PARKED: usize = 10_000;
+    let monitor = || {
+        let builder = Monitor::builder().manual_passes();
+        match fair {
+            true => builder.fair_shares(FairShares::new()).build(),
+            false => builder.build(),
+        }
+    };
+    let park = |monitor: &Monitor, gate: &Arc<CountingGate>, tenant: String| {
+        let job = JobContext::new("job").with_tenant(tenant);
+        let mut admit = monitor.admit(Demand::new().with(gate.clone(), Amount::ONE), &job, None);
+        assert!(poll_once(&mut admit).is_none(), "a waiter parks");
+        admit
+    };
+    let gate_of = |monitor: &Monitor| {
+        Arc::new(CountingGate::http(1, monitor.clock().clone()).expect("a valid gate"))
+    };
+
+    let round_robin = monitor();
+    let gate = gate_of(&round_robin);
+    let held = Demand::new().with(gate.clone(), Amount::ONE);
+    let holder_job = JobContext::new("holder");
+    let _holder = round_robin.try_admit(&held, &holder_job).expect("free");
+    let started = Instant::now();
+    let parked: Vec<_> = (0..PARKED)
+        .map(|i| park(&round_robin, &gate, format!("tenant-{}", i % 100)))
+        .collect();
+    let park_round_robin_ns = started.elapsed().as_nanos() as f64 / PARKED as f64;
+    round_robin.pass_now();
+    let mut passes: Vec<f64> = (0..21)
+        .map(|_| {
+            let started = Instant::now();
+            black_box(round_robin.pass_now());
+            started.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    assert_eq!(round_robin.queue_size(), PARKED);
+    drop(parked);
+
+    let backlog = monitor();
+    let gate = gate_of(&backlog);
+    let held = Demand::new().with(gate.clone(), Amount::ONE);
+    let _holder = backlog.try_admit(&held, &holder_job).expect("free");
+    let mut parked: Vec<_> = (0..PARKED)
+        .map(|_| park(&backlog, &gate, "heavy".to_owned()))
+        .collect();
+    let started = Instant::now();
+    parked.extend((0..1_000).map(|i| park(&backlog, &gate, format!("light-{i}"))));
+    let park_behind_backlog_ns = started.elapsed().as_nanos() as f64 / 1_000.0;
+    assert_eq!(backlog.queue_size(), PARKED + 1_000);
+    LongLine {
+        pass_us: median(&mut passes),
+        park_round_robin_ns,
+        park_behind_backlog_ns,
+    }
 }
 
 fn mean_min(values: &[f64]) -> (f64, f64) {

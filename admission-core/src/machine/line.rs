@@ -8,7 +8,8 @@
 //! finds nothing, even in a slot reused since.
 //!
 //! Everything is O(1) but the walk: parking at the tail, leaving from anywhere, finding the head.
-//! Under fair shares parking walks back from the tail past the waiters of later tags.
+//! Under fair shares parking and leaving keep an index of the waiters behind the head by tag,
+//! O(log n).
 //! A pass that stops between batches parks a cursor here ([`Line::hold_cursor`]); a waiter
 //! leaving meanwhile moves it on, and one parking at the end when it had reached the end is
 //! where it resumes.
@@ -17,7 +18,7 @@
 //! ([`Hold`], [`Holds`]), the same as bits for the pass's one comparison ([`Holding`]), and what a
 //! grant keeps of them ([`Waits`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::task::Waker;
 use std::time::Duration;
@@ -292,8 +293,9 @@ pub(crate) struct Emptied(#[allow(dead_code, reason = "held only to be dropped")
 /// decisions not collected yet.
 #[derive(Default)]
 pub(crate) struct Line {
-    /// Under fair shares, how many waiters of each tenant are parked (`None`: not counted).
-    tenants: Option<HashMap<Option<Arc<str>>, u32>>,
+    /// Under fair shares, the index that places a newcomer and each tenant's parked count
+    /// (`None`: arrival order).
+    fair: Option<Fair>,
     slots: Slots,
     /// Waiters in the line (not counting decided ones).
     len: usize,
@@ -306,6 +308,16 @@ pub(crate) struct Line {
     emptied: Option<Emptied>,
 }
 
+/// What a line in fair shares keeps beside its links.
+#[derive(Default)]
+struct Fair {
+    /// The waiters behind the head by tag and arrival number, to place a newcomer in O(log n).
+    /// The head is not in it: it keeps its place whatever its tag.
+    behind_head: BTreeMap<(u128, u64), u32>,
+    /// How many waiters of each tenant are parked.
+    tenants: HashMap<Option<Arc<str>>, u32>,
+}
+
 impl Line {
     pub(crate) fn len(&self) -> usize {
         self.len
@@ -316,9 +328,7 @@ impl Line {
     }
 
     /// Parks `waiter` at the tail, or with fair shares behind the last waiter whose tag is no
-    /// later than its own, never ahead of the head. Placing by tag walks back from the tail past
-    /// the waiters of later tags: O(1) in arrival order, up to the line's length under fair shares
-    /// for a light tenant's job behind a heavy tenant's backlog.
+    /// later than its own, never ahead of the head: O(1) in arrival order, O(log n) by tag.
     ///
     /// # Panics
     ///
@@ -327,14 +337,16 @@ impl Line {
         let seq = self.next_seq;
         self.next_seq += 1;
         // Behind the last waiter whose tag is no later than the newcomer's, and never ahead of
-        // the head: with every tag 0 (arrival order), at the tail.
-        let mut after = self.tail;
-        while let Some(at) = after
-            && Some(at) != self.head
-            && self.slots.node(at).waiter.tag > waiter.tag
-        {
-            after = Some(self.slots.node(at).prev);
-        }
+        // the head; in arrival order, at the tail.
+        let after = match (&self.fair, self.head) {
+            (None, _) | (_, None) => self.tail,
+            (Some(fair), Some(head)) => Some(
+                fair.behind_head
+                    .range(..=(waiter.tag, u64::MAX))
+                    .next_back()
+                    .map_or(head, |(_, &slot)| slot),
+            ),
+        };
         let next = match after {
             Some(at) => self.slots.node(at).next,
             None => END,
@@ -344,12 +356,19 @@ impl Line {
             next,
             waiter,
         };
-        if let Some(tenants) = &mut self.tenants {
-            *tenants
+        let tag = node.waiter.tag;
+        if let Some(fair) = &mut self.fair {
+            *fair
+                .tenants
                 .entry(node.waiter.ctx.snapshot().tenant.clone())
                 .or_insert(0) += 1;
         }
         let slot = self.slots.insert(Slot::Waiting { seq, node });
+        if let Some(fair) = &mut self.fair
+            && after.is_some()
+        {
+            fair.behind_head.insert((tag, seq), slot);
+        }
         match after {
             None => self.head = Some(slot),
             Some(at) => self.slots.node_mut(at).next = slot,
@@ -375,17 +394,18 @@ impl Line {
         })
     }
 
-    /// Counts the parked waiters of each tenant from now on (a line in fair shares, still empty).
-    pub(crate) fn count_tenants(&mut self) {
+    /// Keeps the waiters behind the head in order of their tags from now on, and counts each
+    /// tenant's (a line in fair shares, still empty).
+    pub(crate) fn order_by_tag(&mut self) {
         debug_assert!(self.is_empty());
-        self.tenants = Some(HashMap::new());
+        self.fair = Some(Fair::default());
     }
 
     /// Whether a waiter of `tenant` is parked (false when tenants are not counted).
     pub(crate) fn has_parked(&self, tenant: &Option<Arc<str>>) -> bool {
-        self.tenants
+        self.fair
             .as_ref()
-            .is_some_and(|tenants| tenants.contains_key(tenant))
+            .is_some_and(|fair| fair.tenants.contains_key(tenant))
     }
 
     /// Whether the waiter at `place` stands where a paused pass has already walked: before its
@@ -468,12 +488,22 @@ impl Line {
     /// holding a placeholder for the caller to overwrite or free.
     fn unlink(&mut self, slot: u32) -> Waiter {
         let placeholder = Slot::Vacant { next_free: END };
-        let Slot::Waiting { node, .. } = std::mem::replace(
+        let Slot::Waiting { seq, node } = std::mem::replace(
             self.slots.slot_mut(slot).expect("a slot of a chunk"),
             placeholder,
         ) else {
             unreachable!("slot {slot} holds a waiter")
         };
+        if let Some(fair) = &mut self.fair {
+            if node.prev == END {
+                // The head leaves: the waiter behind it is the head now, out of the index.
+                if let Some(Slot::Waiting { seq, node: next }) = self.slots.slot(node.next) {
+                    fair.behind_head.remove(&(next.waiter.tag, *seq));
+                }
+            } else {
+                fair.behind_head.remove(&(node.waiter.tag, seq));
+            }
+        }
         match node.prev {
             END => self.head = (node.next != END).then_some(node.next),
             prev => self.slots.node_mut(prev).next = node.next,
@@ -486,12 +516,12 @@ impl Line {
             self.cursor = Some(node.next);
         }
         self.len -= 1;
-        if let Some(tenants) = &mut self.tenants {
+        if let Some(fair) = &mut self.fair {
             let tenant = &node.waiter.ctx.snapshot().tenant;
-            if let Some(count) = tenants.get_mut(tenant) {
+            if let Some(count) = fair.tenants.get_mut(tenant) {
                 *count -= 1;
                 if *count == 0 {
-                    tenants.remove(tenant);
+                    fair.tenants.remove(tenant);
                 }
             }
         }
