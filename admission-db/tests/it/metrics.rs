@@ -382,14 +382,20 @@ mod sqlx_postgres {
     use super::{gauge, recorded, samples, series, value};
     use crate::sqlx_postgres::{Db, server_url};
 
-    /// A provider named `orders` (bound 2, 50 ms checkout timeout) over a lazy pool of `size`:
-    /// no session is opened before the first checkout, so the pool's counts are exact.
-    fn pg_provider(db: &Db, size: u32) -> SqlxPgProvider {
+    /// A provider named `orders` (bound 2, checkout timeout `timeout`) over a lazy pool of
+    /// `size`: no session is opened before the first checkout, so the pool's counts are exact;
+    /// with `warm`, one session is opened and left idle first (through the pool itself, with
+    /// sqlx's own timeout), so that a short `timeout` is never spent opening one.
+    fn pg_provider(db: &Db, size: u32, timeout: Duration, warm: bool) -> SqlxPgProvider {
         let options = db.options();
         let pool = db.runtime.block_on(async {
-            PgPoolOptions::new()
+            let pool = PgPoolOptions::new()
                 .max_connections(size)
-                .connect_lazy_with(options)
+                .connect_lazy_with(options);
+            if warm {
+                drop(pool.acquire().await.expect("a first session opens"));
+            }
+            pool
         });
         SqlxPgProvider::new(
             "orders",
@@ -399,7 +405,7 @@ mod sqlx_postgres {
             db.runtime.handle().clone(),
         )
         .unwrap()
-        .with_checkout_timeout(Duration::from_millis(50))
+        .with_checkout_timeout(timeout)
     }
 
     #[test]
@@ -407,7 +413,9 @@ mod sqlx_postgres {
         let url = server_url("sqlx_postgres_gauges_use_time_and_timeouts");
         let db = Db::new(&url);
         recorded(|snapshotter| {
-            let provider = pg_provider(&db, 2);
+            // Opening a session can take longer than a short timeout on a loaded machine: these
+            // checkouts must succeed.
+            let provider = pg_provider(&db, 2, Duration::from_secs(10), false);
             let count = "db.client.connection.count";
             let (used, idle) = (&[("state", "used")], &[("state", "idle")]);
 
@@ -454,7 +462,7 @@ mod sqlx_postgres {
 
             // A pool of one, held: the next checkout times out, counted once, the gauges read
             // right after it.
-            let small = pg_provider(&db, 1);
+            let small = pg_provider(&db, 1, Duration::from_millis(50), true);
             let mut held = small.acquire(false).unwrap();
             let Err(err) = small.acquire(false) else {
                 panic!("a second checkout from a held pool of one succeeded");
