@@ -25,6 +25,10 @@ pub struct JobSnapshot {
     pub workflow: Option<Arc<str>>,
     /// The tenant the job runs for, if any.
     pub tenant: Option<Arc<str>>,
+    /// The priority level the job asks to be served at, if any (a monitor's default level
+    /// otherwise: see [`Levels`](crate::Levels)). Left out of the serialized form when none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub level: Option<Arc<str>>,
 }
 
 /// What cancelling a job runs, once.
@@ -134,6 +138,7 @@ impl JobContext {
             name: name.into(),
             workflow: None,
             tenant: None,
+            level: None,
         })
     }
 
@@ -174,6 +179,12 @@ impl JobContext {
     /// [`with_workflow`](JobContext::with_workflow)).
     pub fn with_tenant(self, tenant: impl Into<Arc<str>>) -> JobContext {
         self.relabel(|s| s.tenant = Some(tenant.into()))
+    }
+
+    /// The same job at priority level `level` (one of the monitor's [`Levels`](crate::Levels)),
+    /// on the job's cancellation switch (as [`with_workflow`](JobContext::with_workflow)).
+    pub fn with_level(self, level: impl Into<Arc<str>>) -> JobContext {
+        self.relabel(|s| s.level = Some(level.into()))
     }
 
     /// The job's identity.

@@ -69,6 +69,19 @@ pub enum AdmitError {
         /// Why the thread could not be started.
         reason: String,
     },
+    /// The job names a priority level the monitor does not have
+    /// ([`JobContext::with_level`](crate::JobContext::with_level), [`Levels`](crate::Levels)).
+    #[error(
+        "job {job} asks for the priority level `{level}`, which this monitor does not have (it has: {known})"
+    )]
+    UnknownLevel {
+        /// The job's id.
+        job: u64,
+        /// The level it named.
+        level: Arc<str>,
+        /// The monitor's levels, comma-separated (empty: it has none).
+        known: String,
+    },
     /// A defect inside the monitor closed admission; every waiter and every later admit fails so.
     #[error("admission is closed: {cause}")]
     Closed {
@@ -90,7 +103,9 @@ impl AdmitError {
     /// The event reason this error is reported with.
     pub fn reason(&self) -> RejectReason {
         match self {
-            AdmitError::Refused { .. } | AdmitError::Unmet { .. } => RejectReason::CircuitBlocked,
+            AdmitError::Refused { .. }
+            | AdmitError::Unmet { .. }
+            | AdmitError::UnknownLevel { .. } => RejectReason::CircuitBlocked,
             AdmitError::Cancelled { .. } => RejectReason::Cancelled,
             AdmitError::TimedOut { .. } => RejectReason::TimedOut,
             AdmitError::Shutdown => RejectReason::Shutdown,

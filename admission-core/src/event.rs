@@ -185,6 +185,7 @@ mod tests {
                 name: Arc::from("j"),
                 workflow: None,
                 tenant: None,
+                level: None,
             },
             entries: vec![
                 entry(Amount::units(3)),

@@ -1,9 +1,12 @@
-//! Fair shares between tenants: the configuration a monitor is built with
-//! ([`MonitorBuilder::fair_shares`](crate::MonitorBuilder::fair_shares)).
+//! Fair shares between tenants and priority levels: the configuration a monitor is built with
+//! ([`MonitorBuilder::fair_shares`](crate::MonitorBuilder::fair_shares),
+//! [`MonitorBuilder::levels`](crate::MonitorBuilder::levels)).
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
+
+use crate::amount::Amount;
 
 /// The tenants' weights, for a monitor that serves its line in fair shares instead of arrival
 /// order.
@@ -131,6 +134,263 @@ impl fmt::Debug for FairShares {
     }
 }
 
+/// One priority level: its name, what it reserves of which accounts, and whether it is exempt.
+///
+/// See [`Levels`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Level {
+    name: Arc<str>,
+    exempt: bool,
+    reserves: Vec<(Arc<str>, Amount)>,
+}
+
+impl Level {
+    /// A level named `name`, reserving nothing.
+    pub fn new(name: impl Into<Arc<str>>) -> Level {
+        Level {
+            name: name.into(),
+            exempt: false,
+            reserves: Vec::new(),
+        }
+    }
+
+    /// Reserves `amount` of the account named `account` for this level: jobs of every other
+    /// level leave it aside. On an account whose capacity comes back with time (a token bucket,
+    /// a rate window) they always do, which costs them burst, never rate: what this level does
+    /// not take flows to them as the account refills. On an account whose capacity comes back
+    /// when released (a gate, a pool) they leave it only while a job of this level is parked,
+    /// and borrow it otherwise, returning it as their grants are released. A second reserve on
+    /// the same account replaces the first.
+    pub fn reserve(mut self, account: impl Into<Arc<str>>, amount: Amount) -> Level {
+        let account = account.into();
+        self.reserves.retain(|(a, _)| *a != account);
+        self.reserves.push((account, amount));
+        self
+    }
+
+    /// Makes the level exempt (health checks, control traffic): its jobs leave nothing aside for
+    /// the other levels' reserves. An exempt level comes before every other.
+    pub fn exempt(mut self) -> Level {
+        self.exempt = true;
+        self
+    }
+
+    /// The level's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether the level is exempt.
+    pub fn is_exempt(&self) -> bool {
+        self.exempt
+    }
+
+    /// What the level reserves, by account name.
+    pub fn iter_reserves(&self) -> impl Iterator<Item = (&str, Amount)> {
+        self.reserves.iter().map(|(a, amount)| (&**a, *amount))
+    }
+
+    /// What the level reserves of the account named `account` (zero: nothing).
+    pub fn reserved(&self, account: &str) -> Amount {
+        self.reserves
+            .iter()
+            .find(|(a, _)| &**a == account)
+            .map_or(Amount::ZERO, |(_, amount)| *amount)
+    }
+}
+
+/// Priority levels, highest first, for a monitor whose line serves urgent work before the rest
+/// ([`MonitorBuilder::levels`](crate::MonitorBuilder::levels)).
+///
+/// A job names its level with [`JobContext::with_level`](crate::JobContext::with_level); a job
+/// that names none is of the default level (the last declared, unless
+/// [`default_level`](Levels::default_level) says otherwise), and one naming a level the monitor
+/// does not have is refused at once ([`AdmitError::UnknownLevel`](crate::AdmitError::UnknownLevel)).
+///
+/// - **Order.** The line keeps its waiters by level: a newcomer stands behind every waiter of
+///   its level or a higher one, and before every waiter of a lower level, the head included (a
+///   lower level's head keeps its reservation once it is first again). Strict priority is this
+///   order alone.
+/// - **Reserves.** A level may reserve an amount of an account ([`Level::reserve`]); the other
+///   levels' jobs leave it aside, so the level's jobs find it even while a lower level floods
+///   the account, and lend it when they do not need it.
+/// - **Within a level**, tenants share by their weights when the monitor has
+///   [`FairShares`], else in arrival order.
+/// - **Exempt** levels ([`Level::exempt`]) ignore the others' reserves.
+///
+/// # Examples
+///
+/// ```
+/// use admission_core::{Amount, Level, Levels, Monitor};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let levels = Levels::new()
+///     .level(Level::new("health").exempt())?
+///     .level(Level::new("interactive").reserve("gpt-4o tokens", Amount::units(6_000)))?
+///     .level(Level::new("batch"))?;
+/// assert_eq!(levels.rank_of(Some("interactive")), Some(1));
+/// assert_eq!(levels.rank_of(None), Some(2)); // no level named: the last declared
+/// let monitor = Monitor::builder().levels(levels).build();
+/// # drop(monitor);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Levels {
+    levels: Vec<Level>,
+    default: Option<usize>,
+}
+
+/// A priority level configuration that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LevelError {
+    /// Two levels of one name.
+    #[error("the priority level `{name}` is declared twice")]
+    Duplicate {
+        /// The name.
+        name: String,
+    },
+    /// More levels than a monitor tells apart.
+    #[error("at most {max} priority levels; `{name}` would be level {count}")]
+    TooMany {
+        /// The level that did not fit.
+        name: String,
+        /// How many it would make.
+        count: usize,
+        /// The most there can be.
+        max: usize,
+    },
+    /// An exempt level declared after one that is not.
+    #[error(
+        "the exempt level `{name}` must come before every level that is not exempt (`{after}`)"
+    )]
+    ExemptAfterOthers {
+        /// The exempt level.
+        name: String,
+        /// The first level that is not exempt.
+        after: String,
+    },
+    /// A level without a name.
+    #[error("a priority level's name must not be empty")]
+    EmptyName,
+    /// A default level that is not declared.
+    #[error("no priority level is named `{name}` (declared: {known})")]
+    Unknown {
+        /// The name given.
+        name: String,
+        /// The levels declared, comma-separated.
+        known: String,
+    },
+}
+
+impl Levels {
+    /// The most levels a monitor tells apart.
+    pub const MAX_LEVELS: usize = 16;
+
+    /// No levels yet.
+    pub fn new() -> Levels {
+        Levels::default()
+    }
+
+    /// Declares `level` below every level declared before it.
+    ///
+    /// # Errors
+    ///
+    /// [`LevelError`] when the name is empty or taken, when there would be more than
+    /// [`Levels::MAX_LEVELS`], or when an exempt level follows one that is not.
+    pub fn level(mut self, level: Level) -> Result<Levels, LevelError> {
+        if level.name.is_empty() {
+            return Err(LevelError::EmptyName);
+        }
+        if self.levels.iter().any(|l| l.name == level.name) {
+            return Err(LevelError::Duplicate {
+                name: level.name.to_string(),
+            });
+        }
+        if self.levels.len() == Levels::MAX_LEVELS {
+            return Err(LevelError::TooMany {
+                name: level.name.to_string(),
+                count: self.levels.len() + 1,
+                max: Levels::MAX_LEVELS,
+            });
+        }
+        if level.exempt
+            && let Some(other) = self.levels.iter().find(|l| !l.exempt)
+        {
+            return Err(LevelError::ExemptAfterOthers {
+                name: level.name.to_string(),
+                after: other.name.to_string(),
+            });
+        }
+        self.levels.push(level);
+        Ok(self)
+    }
+
+    /// Makes `name` the level of jobs that name none.
+    ///
+    /// # Errors
+    ///
+    /// [`LevelError::Unknown`] when no level of that name is declared.
+    pub fn default_level(mut self, name: &str) -> Result<Levels, LevelError> {
+        match self.levels.iter().position(|l| &*l.name == name) {
+            Some(rank) => {
+                self.default = Some(rank);
+                Ok(self)
+            }
+            None => Err(LevelError::Unknown {
+                name: name.to_owned(),
+                known: self.known(),
+            }),
+        }
+    }
+
+    /// The levels, highest first.
+    pub fn iter(&self) -> impl Iterator<Item = &Level> {
+        self.levels.iter()
+    }
+
+    /// How many levels there are.
+    pub fn len(&self) -> usize {
+        self.levels.len()
+    }
+
+    /// True when no level is declared.
+    pub fn is_empty(&self) -> bool {
+        self.levels.is_empty()
+    }
+
+    /// The rank (0 for the highest) of the level `name` names; `None` for a name not declared.
+    /// A job naming no level (`None`) is of the default level.
+    pub fn rank_of(&self, name: Option<&str>) -> Option<usize> {
+        match name {
+            Some(name) => self.levels.iter().position(|l| &*l.name == name),
+            None => self
+                .default
+                .or_else(|| self.levels.len().checked_sub(1))
+                .or(Some(0)),
+        }
+    }
+
+    /// The level of rank `rank`.
+    pub fn get(&self, rank: usize) -> Option<&Level> {
+        self.levels.get(rank)
+    }
+
+    /// The levels' names, comma-separated.
+    pub(crate) fn known(&self) -> String {
+        let names: Vec<&str> = self.levels.iter().map(|l| &*l.name).collect();
+        names.join(", ")
+    }
+
+    /// True when a level reserves anything.
+    pub(crate) fn reserves_any(&self) -> bool {
+        self.levels
+            .iter()
+            .any(|l| l.reserves.iter().any(|(_, amount)| !amount.is_zero()))
+    }
+}
+
 #[cfg(all(test, not(admission_loom)))]
 mod tests {
     use super::*;
@@ -148,5 +408,60 @@ mod tests {
             "the weight of the default must be 1 to 1000000, was 1000001"
         );
         assert_eq!(FairShares::new().weight_of(None), 1);
+    }
+
+    #[test]
+    fn a_level_configuration_that_cannot_work_is_refused_naming_the_level() {
+        let levels = Levels::new().level(Level::new("a")).unwrap();
+        assert_eq!(
+            levels
+                .clone()
+                .level(Level::new("a"))
+                .unwrap_err()
+                .to_string(),
+            "the priority level `a` is declared twice"
+        );
+        assert_eq!(
+            levels
+                .clone()
+                .level(Level::new("h").exempt())
+                .unwrap_err()
+                .to_string(),
+            "the exempt level `h` must come before every level that is not exempt (`a`)"
+        );
+        assert_eq!(
+            levels.clone().default_level("b").unwrap_err().to_string(),
+            "no priority level is named `b` (declared: a)"
+        );
+        assert_eq!(
+            Levels::new().level(Level::new("")).unwrap_err(),
+            LevelError::EmptyName
+        );
+        let full = (0..16).fold(Levels::new(), |l, i| {
+            l.level(Level::new(format!("l{i}"))).unwrap()
+        });
+        assert_eq!(
+            full.level(Level::new("l16")).unwrap_err().to_string(),
+            "at most 16 priority levels; `l16` would be level 17"
+        );
+    }
+
+    #[test]
+    fn a_job_without_a_level_is_of_the_default_level() {
+        let levels = Levels::new()
+            .level(Level::new("interactive"))
+            .unwrap()
+            .level(Level::new("batch"))
+            .unwrap();
+        assert_eq!(levels.rank_of(None), Some(1));
+        assert_eq!(levels.rank_of(Some("interactive")), Some(0));
+        assert_eq!(levels.rank_of(Some("nightly")), None);
+        let levels = levels.default_level("interactive").unwrap();
+        assert_eq!(levels.rank_of(None), Some(0));
+        let reserving = Level::new("i")
+            .reserve("tokens", Amount::units(5))
+            .reserve("tokens", Amount::units(7));
+        assert_eq!(reserving.reserved("tokens"), Amount::units(7));
+        assert_eq!(reserving.reserved("gate"), Amount::ZERO);
     }
 }

@@ -38,7 +38,7 @@ pub use context::{Cancelled, JobContext, JobSnapshot};
 pub use demand::{Demand, Entry};
 pub use error::{AdmitError, StartError, TryAdmitError};
 pub use event::{Event, EventKind, EventSink, RejectReason};
-pub use fair::{FairShares, WeightError};
+pub use fair::{FairShares, Level, LevelError, Levels, WeightError};
 pub use gate::{Gate, GateAnswer, GateView};
 pub use monitor::{Admit, Monitor, MonitorBuilder};
 pub use monitor::{BorrowedGrant, Grant};

@@ -50,21 +50,22 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use crate::account::{Account, AccountRef, Category, account_key};
+use crate::account::{Account, AccountRef, Answer, Ask, Category, account_key};
 use crate::amount::Amount;
 use crate::clock::{Instant, Reading, WakeFn};
 use crate::context::JobContext;
 use crate::demand::{Demand, Entry};
 use crate::error::{AdmitError, TryAdmitError};
 use crate::event::{Event, EventEntry, EventKind};
-use crate::fair::FairShares;
+use crate::fair::{FairShares, Levels};
 use crate::gate::{Gate, GateAnswer, GateView};
 use crate::sync::Published;
 
 pub(crate) use ask::{Whole, give_back, panic_message, refusal_of, take_whole};
-pub(crate) use line::{Done, Emptied, Notify, Place, Waits};
+pub(crate) use fair::Ranks;
+pub(crate) use line::{Done, Emptied, MAX_RANKS, Notify, Place, Waits};
 
-use ask::{Attempt, Head, Learn, Short, ask_demand, earlier};
+use ask::{Aside, Attempt, Head, Learn, Short, ask_demand, earlier};
 use fair::Tags;
 use line::{Hold, Holding, Line, Waiter};
 
@@ -336,6 +337,14 @@ pub(crate) struct RecordRemains {
     notify: Notify,
 }
 
+/// The order a line serves its waiters in, besides arrival: tenants in fair shares, priority
+/// levels (`None` for either: not configured).
+#[derive(Clone, Default)]
+pub(crate) struct LineOrder {
+    pub(crate) fair: Option<FairShares>,
+    pub(crate) levels: Option<Levels>,
+}
+
 /// The state machine: the line, the accounts it watches, and the wake-up it planned.
 pub(crate) struct Machine {
     phase: Phase,
@@ -364,6 +373,8 @@ pub(crate) struct Machine {
     batch: usize,
     /// Fair shares' tags (`None`: arrival order).
     tags: Option<Tags>,
+    /// The priority levels (`None`: one level).
+    ranks: Option<Ranks>,
 }
 
 /// One pass's walk down the line: what it has learnt so far.
@@ -409,15 +420,16 @@ impl Machine {
     /// An open machine with an empty line. `kick` is installed in every account a waiter parks
     /// on; `mute` is its identity for muting (`account::mute`); `published` is where the count
     /// of parked waiters goes; a pass visits `batch` waiters (at least one) before it may pause;
-    /// with `fair`, the line serves tenants in fair shares instead of arrival order.
+    /// `order` says whether the line serves tenants in fair shares and by priority level.
     pub(crate) fn new(
         gate: Option<Arc<dyn Gate>>,
         kick: WakeFn,
         mute: usize,
         published: Arc<Published>,
         batch: usize,
-        fair: Option<FairShares>,
+        order: LineOrder,
     ) -> Machine {
+        let LineOrder { fair, levels } = order;
         let mut machine = Machine {
             phase: Phase::Open,
             line: Line::default(),
@@ -432,12 +444,56 @@ impl Machine {
             published,
             batch: batch.max(1),
             tags: None,
+            ranks: levels.map(Ranks::new),
         };
         if let Some(shares) = fair {
             machine.tags = Some(Tags::new(shares));
+        }
+        if machine.tags.is_some() || machine.ranks.is_some() {
             machine.line.order_by_tag();
         }
         machine
+    }
+
+    /// The rank of `ctx`'s priority level (0 without levels).
+    fn rank(&self, ctx: &JobContext) -> Result<u8, AdmitError> {
+        self.ranks.as_ref().map_or(Ok(0), |ranks| ranks.rank(ctx))
+    }
+
+    /// A demand of `rank` that can never fit once the other levels' reserves kept on accounts
+    /// refilled by time are left aside: refused, naming the account and the reserve.
+    fn never_beside_reserves(
+        &self,
+        demand: &Demand,
+        rank: u8,
+        now: &Reading<'_>,
+    ) -> Option<AdmitError> {
+        let ranks = self.ranks.as_ref().filter(|r| r.reserving())?;
+        let parked = [0; MAX_RANKS];
+        demand.entries().iter().find_map(|entry| {
+            let account = entry.account();
+            let aside = ranks.aside(rank, account, &parked, true);
+            if aside.is_zero() {
+                return None;
+            }
+            let asked = entry.amount().saturating_add(aside);
+            match account.ask(asked, Ask::HEAD.look().with(now)) {
+                Answer::Never(refusal) => {
+                    let message = format!(
+                        "{} can never fit beside the {} reserved for other priority levels; \
+                         asked for both, the account says: {}",
+                        entry.amount(),
+                        aside,
+                        refusal.message()
+                    );
+                    Some(AdmitError::Refused {
+                        account: account.name().to_owned(),
+                        refusal: refusal.with_message(message),
+                    })
+                }
+                _ => None,
+            }
+        })
     }
 
     /// How many waiters are parked in the line.
@@ -519,11 +575,18 @@ impl Machine {
         if let Some(error) = self.phase_error() {
             return refused(fx, demand, error);
         }
+        let rank = match self.rank(ctx) {
+            Ok(rank) => rank,
+            Err(error) => return refused(fx, demand, error),
+        };
+        if let Some(error) = self.never_beside_reserves(&demand, rank, now) {
+            return refused(fx, demand, error);
+        }
         // True when the waiter about to park is behind the gate: the gate held it on the fast
         // path, or the head of the line is held on the gate (the sharp rule, applied here).
         let mut gate_held = false;
         if self.line.is_empty() && !asked {
-            match self.fast_path(&demand, ctx, now, &mut gate_held, fx) {
+            match self.fast_path(&demand, ctx, rank, now, &mut gate_held, fx) {
                 Ok(true) => {
                     fx.event(EventKind::GrantedImmediate, ctx, now, || {
                         entry_events(demand.entries())
@@ -545,7 +608,7 @@ impl Machine {
                 return refused(fx, demand, error);
             }
         }
-        self.park(demand, ctx, timeout, notify, gate_held, now, fx)
+        self.park(demand, ctx, rank, timeout, notify, gate_held, now, fx)
     }
 
     /// The fast path, for an empty line: the gate, then every account asked once as the head.
@@ -555,6 +618,7 @@ impl Machine {
         &mut self,
         demand: &Demand,
         ctx: &JobContext,
+        rank: u8,
         now: &Reading<'_>,
         gate_held: &mut bool,
         fx: &mut Effects,
@@ -565,7 +629,7 @@ impl Machine {
             None => Instant::ZERO,
         });
         match catch_unwind(AssertUnwindSafe(|| {
-            self.take_now(demand, ctx, view, now, gate_held)
+            self.take_now(demand, ctx, rank, view, now, gate_held)
         })) {
             Ok(taken) => taken,
             Err(panic) => {
@@ -580,6 +644,7 @@ impl Machine {
         &self,
         demand: &Demand,
         ctx: &JobContext,
+        rank: u8,
         view: GateView,
         now: &Reading<'_>,
         gate_held: &mut bool,
@@ -597,7 +662,15 @@ impl Machine {
             *gate_held = true;
             return Ok(false);
         }
-        match take_whole(self.mute, demand.entries(), ctx, now) {
+        // An empty line: only the reserves kept always are left aside.
+        let ranks = self.ranks.as_ref().filter(|r| r.reserving());
+        let aside = |account: &AccountRef| {
+            ranks.map_or(Amount::ZERO, |r| {
+                r.aside(rank, account, &[0; MAX_RANKS], true)
+            })
+        };
+        let aside: Aside<'_> = ranks.map(|_| &aside as &dyn Fn(&AccountRef) -> Amount);
+        match take_whole(self.mute, demand.entries(), ctx, aside, now) {
             Whole::Taken => {}
             Whole::Short(_) => return Ok(false),
             Whole::Refused(error) => return Err(*error),
@@ -618,6 +691,7 @@ impl Machine {
         &mut self,
         demand: Demand,
         ctx: &JobContext,
+        rank: u8,
         timeout: Option<Duration>,
         notify: Notify,
         gate_held: bool,
@@ -626,6 +700,7 @@ impl Machine {
     ) -> Arrived {
         let at = now.get();
         let mut waiter = Waiter::new(demand, ctx.clone(), at, timeout, gate_held, notify);
+        waiter.rank = rank;
         if let Some(timeout) = timeout
             && waiter.is_due(at)
         {
@@ -676,7 +751,10 @@ impl Machine {
         self.tag(&mut waiter, ctx);
         let deadline = waiter.deadline();
         let place = self.line.push(waiter);
-        if self.tags.is_some() && self.walk.is_some() && self.line.walked_past(place) {
+        // A newcomer of a higher level placed before the head is the head now: the old head's
+        // claims are lifted, and the waiters behind may go, so a pass asks them.
+        let ring = ring || (self.line.len() > 1 && self.line.is_head(place));
+        if self.walk.is_some() && self.line.walked_past(place) {
             // Placed by its tag before a paused pass's cursor: that pass walks the line again
             // once done, so it asks the newcomer too.
             self.pass_again = true;
@@ -695,9 +773,16 @@ impl Machine {
     fn tag(&mut self, w: &mut Waiter, ctx: &JobContext) {
         if let Some(tags) = &mut self.tags {
             let line = &self.line;
-            w.tag = tags.start(&w.demand, ctx, line.least_tag(), line.len(), &|tenant| {
-                line.has_parked(tenant)
-            });
+            let rank = w.rank;
+            let parked = line.parked_at(rank) as usize;
+            w.tag = tags.start(
+                &w.demand,
+                ctx,
+                rank,
+                line.least_tag(rank),
+                parked,
+                &|tenant| line.has_parked(rank, tenant),
+            );
         }
     }
 
@@ -710,9 +795,25 @@ impl Machine {
         now: &Reading<'_>,
         fx: &mut Effects,
     ) -> AtTheTail {
-        // Behind a line, the head as it stands now; first in line, nobody's amounts to respect.
-        let head = match self.line.head() {
-            Some(first) => match Head::now_of(&first.demand, now) {
+        let parked = self.line.parked_by_rank();
+        let ranks = self.ranks.as_ref().filter(|r| r.reserving());
+        let aside_of = |rank: u8| {
+            move |account: &AccountRef| {
+                ranks.map_or(Amount::ZERO, |r| r.aside(rank, account, &parked, false))
+            }
+        };
+        let (head_aside, own_aside) = (
+            aside_of(self.line.head().map_or(0, |h| h.rank)),
+            aside_of(w.rank),
+        );
+        let (head_aside, own_aside): (Aside<'_>, Aside<'_>) = match ranks {
+            Some(_) => (Some(&head_aside), Some(&own_aside)),
+            None => (None, None),
+        };
+        // Behind a line, the head as it stands now; first in line (a line of lower levels only
+        // counts as empty), nobody's amounts to respect.
+        let head = match self.line.head().filter(|head| head.rank <= w.rank) {
+            Some(first) => match Head::now_of(&first.demand, head_aside, now) {
                 Some(head) => Some(head),
                 // A demand that can never fit is refused now, not after the head's pass.
                 None => match refusal_of(w.demand.entries(), &w.ctx, now) {
@@ -728,6 +829,7 @@ impl Machine {
             w.demand.entries(),
             &w.ctx,
             head.as_ref(),
+            own_aside,
             Learn::EveryShort,
             now,
             &mut short,
@@ -785,6 +887,13 @@ impl Machine {
         if let Some(error) = self.phase_error() {
             return refused(fx, error);
         }
+        let rank = match self.rank(ctx) {
+            Ok(rank) => rank,
+            Err(error) => return refused(fx, error),
+        };
+        if let Some(error) = self.never_beside_reserves(demand, rank, now) {
+            return refused(fx, error);
+        }
         if !self.line.is_empty() {
             // Never overtaking the line, but "never" wins over "not now": a demand no account
             // can ever grant is refused, not told to wait.
@@ -798,7 +907,7 @@ impl Machine {
             });
         }
         let mut gate_held = false;
-        match self.fast_path(demand, ctx, now, &mut gate_held, fx) {
+        match self.fast_path(demand, ctx, rank, now, &mut gate_held, fx) {
             Ok(true) => {
                 fx.event(EventKind::GrantedImmediate, ctx, now, || {
                     entry_events(demand.entries())
@@ -954,12 +1063,19 @@ impl Machine {
         now: &Reading<'_>,
         fx: &mut Effects,
     ) -> (Option<Place>, bool) {
+        let ranks = self.ranks.as_ref().filter(|r| r.reserving());
+        let parked = match ranks {
+            Some(_) => self.line.parked_by_rank(),
+            None => [0; MAX_RANKS],
+        };
         let (next, w) = self.line.step(place);
+        let rank = w.rank;
         // Leavers first: a late waiter times out (a cancelled one left when it was cancelled).
         if w.is_due(walk.now) {
             let error = timed_out(w, walk.now);
             walk.touch(&w.demand);
             self.refuse(place, error, &mut walk.on_gate, now, fx);
+            self.lent_again(rank);
             return (next, false);
         }
         walk.wake = walk.wake.min(w.deadline_or_max());
@@ -969,11 +1085,15 @@ impl Machine {
         // The short list's buffer is reused from waiter to waiter (borrowed, not moved: it is
         // as big as its inline room).
         let short = &mut self.short;
+        let aside = |account: &AccountRef| {
+            ranks.map_or(Amount::ZERO, |r| r.aside(rank, account, &parked, false))
+        };
         let attempt = attempt(
             self.gate.as_ref(),
             self.mute,
             w,
             walk.head.as_ref(),
+            ranks.map(|_| &aside as &dyn Fn(&AccountRef) -> Amount),
             view,
             now,
             short,
@@ -982,11 +1102,13 @@ impl Machine {
             Attempt::Granted => {
                 walk.touch(&w.demand);
                 self.grant(place, &mut walk.on_gate, now, fx);
+                self.lent_again(rank);
                 false
             }
             Attempt::Refused(error) => {
                 walk.touch(&w.demand);
                 self.refuse(place, *error, &mut walk.on_gate, now, fx);
+                self.lent_again(rank);
                 false
             }
             Attempt::Held { wake: at } => {
@@ -1010,6 +1132,23 @@ impl Machine {
             }
         };
         (next, stop)
+    }
+
+    /// After a waiter of `rank` left the line in a pass: when it was the last of a level that
+    /// reserves, the others may borrow its reserves again, which a waiter already asked in this
+    /// pass did not know, so the line is walked again.
+    fn lent_again(&mut self, rank: u8) {
+        if self.ranks_lend(rank) {
+            self.pass_again = true;
+        }
+    }
+
+    /// Whether the level of `rank` just lent its reserves: it reserves, has nobody parked now,
+    /// and others wait.
+    fn ranks_lend(&self, rank: u8) -> bool {
+        self.ranks.as_ref().is_some_and(|r| r.lends(rank))
+            && self.line.parked_at(rank) == 0
+            && !self.line.is_empty()
     }
 
     /// Ends a pass: publishes the line's new size and plans the next wake-up.
@@ -1157,6 +1296,7 @@ impl Machine {
         }
         let was_head = self.line.is_head(place);
         let was_on_gate = w.on_gate;
+        let rank = w.rank;
         let others_remain = self.line.len() > 1;
         let pass = (was_head && others_remain && self.gate.is_none()).then(|| w.demand.clone());
         let error = left_with(w, why, at);
@@ -1181,6 +1321,8 @@ impl Machine {
             gate.holding(self.line.on_gate());
         }
         let next = match (&self.gate, pass) {
+            // The last waiter of a level that reserves: the others may borrow again.
+            _ if self.ranks_lend(rank) => Next::Ring,
             (Some(_), _) if was_head || was_on_gate => Next::Ring,
             (None, Some(demand)) => Next::Pass(demand),
             _ => Next::Nothing,
@@ -1286,11 +1428,16 @@ impl Machine {
 }
 
 /// Asks the gate and every account about waiter `w`, and takes its whole demand if it fits.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one waiter's ask, with what the pass knows of the line"
+)]
 fn attempt(
     gate: Option<&Arc<dyn Gate>>,
     mute: usize,
     w: &Waiter,
     head: Option<&Head>,
+    aside: Aside<'_>,
     view: Option<GateView>,
     now: &Reading<'_>,
     short: &mut Short,
@@ -1320,7 +1467,16 @@ fn attempt(
             return Attempt::Held { wake };
         }
     }
-    let attempt = ask_demand(mute, demand, &w.ctx, head, Learn::EveryShort, now, short);
+    let attempt = ask_demand(
+        mute,
+        demand,
+        &w.ctx,
+        head,
+        aside,
+        Learn::EveryShort,
+        now,
+        short,
+    );
     if let (Attempt::Granted, Some(gate), Some(view)) = (&attempt, gate, view) {
         gate.passed(view);
     }

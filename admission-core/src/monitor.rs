@@ -33,9 +33,9 @@ use crate::context::JobContext;
 use crate::demand::Demand;
 use crate::error::{AdmitError, StartError, TryAdmitError};
 use crate::event::EventSink;
-use crate::fair::FairShares;
+use crate::fair::{FairShares, Levels};
 use crate::gate::Gate;
-use crate::machine::PASS_BATCH;
+use crate::machine::{LineOrder, PASS_BATCH};
 
 /// Stops the monitor when the last [`Monitor`] handle is dropped.
 struct StopOnDrop(Arc<Shared>);
@@ -115,6 +115,8 @@ pub struct MonitorBuilder {
     time_holds: bool,
     /// Tenants' weights, for a line in fair shares (`None`: arrival order).
     fair: Option<FairShares>,
+    /// Priority levels (`None`: one level).
+    levels: Option<Levels>,
 }
 
 impl MonitorBuilder {
@@ -155,6 +157,30 @@ impl MonitorBuilder {
     /// ```
     pub fn fair_shares(mut self, shares: FairShares) -> MonitorBuilder {
         self.fair = Some(shares);
+        self
+    }
+
+    /// Serves the line by priority level, highest first, keeping each level's reserves: see
+    /// [`Levels`] for the rules. A job names its level with
+    /// [`JobContext::with_level`](crate::JobContext::with_level); without levels (the default)
+    /// a job's level is ignored. With [`fair_shares`](MonitorBuilder::fair_shares) too, the
+    /// tenants of each level share it by their weights. An empty [`Levels`] is the same as none.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use admission_core::{Level, LevelError, Levels, Monitor};
+    ///
+    /// # fn main() -> Result<(), LevelError> {
+    /// let monitor = Monitor::builder()
+    ///     .levels(Levels::new().level(Level::new("interactive"))?.level(Level::new("batch"))?)
+    ///     .build();
+    /// # drop(monitor);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn levels(mut self, levels: Levels) -> MonitorBuilder {
+        self.levels = (!levels.is_empty()).then_some(levels);
         self
     }
 
@@ -203,7 +229,10 @@ impl MonitorBuilder {
             self.manual,
             batch,
             self.time_holds,
-            self.fair,
+            LineOrder {
+                fair: self.fair,
+                levels: self.levels,
+            },
         );
         Monitor {
             _owner: Arc::new(StopOnDrop(shared.clone())),

@@ -10,7 +10,7 @@
 //! | `admission.waiters` | gauge | jobs | |
 //! | `admission.held_total` | counter | holds | `account` = the account (or gate) a waiter was held on |
 //! | `admission.simulated_wait_seconds` | histogram | the monitor clock's seconds | as `admission.wait_seconds`; only from a sink whose clock is not real time ([`MetricsSink::simulated`]) |
-//! | `admission.granted_units_total` | counter | units | `account`, `tenant`; only from a sink told its tenants ([`MetricsSink::with_tenants`]) |
+//! | `admission.granted_units_total` | counter | units | `account`, `tenant`; only from a sink told its tenants ([`MetricsSink::with_tenants`]); `level` too from a sink told the levels |
 //!
 //! Beside them, the same facts under OpenTelemetry's conventions for a queued rate limiter, which
 //! ASP.NET Core's rate-limiting middleware defined (`aspnetcore.rate_limiting.*`, the only
@@ -41,7 +41,10 @@
 //! monitor in fair shares): then `admission.admitted_total`, `admission.rejected_total` and
 //! `admission.wait_seconds` (and `admission.simulated_wait_seconds`) carry `tenant`, a named
 //! tenant's name or `other` (any other tenant, or none), and `admission.granted_units_total` counts the units granted to each on each
-//! account (each entry's primary amount): the tenants' shares of every account.
+//! account (each entry's primary amount): the tenants' shares of every account. Likewise a job's
+//! priority level is a label only for a sink told the monitor's levels
+//! ([`MetricsSink::with_levels`]): the same series carry `level`, the job's level (a job naming
+//! none is of the default level) or `other` for a level the monitor does not have.
 //! `admission.wait_seconds` has one sample per outcome: zero for a grant on arrival or a refusal that
 //! did not wait, the grant's own wait after a hold, and, for a refusal after a hold, the time
 //! from the job's first hold to the refusal, read on the monitor's clock (the events' instants).
@@ -54,10 +57,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ::metrics::{
-    Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
+    Label, Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram,
 };
-use admission_core::Instant;
 use admission_core::event::{Event, EventKind, EventSink, RejectReason, SinkError};
+use admission_core::{Instant, Levels};
 use parking_lot::Mutex;
 
 /// `admission.admitted_total`: jobs granted, label `path` = `immediate` | `after_wait`.
@@ -82,6 +85,10 @@ pub const GRANTED_UNITS: &str = "admission.granted_units_total";
 pub const TENANT: &str = "tenant";
 /// The tenant label of a job whose tenant the sink was not told to name, or that has none.
 pub const OTHER_TENANT: &str = "other";
+/// The priority level label: the job's level's name, or [`OTHER_LEVEL`].
+pub const LEVEL: &str = "level";
+/// The level label of a job naming a level the monitor does not have.
+pub const OTHER_LEVEL: &str = "other";
 /// `admission.rate_limiting.requests` (OpenTelemetry's convention): admissions decided, label
 /// [`RESULT`].
 pub const OTEL_REQUESTS: &str = "admission.rate_limiting.requests";
@@ -132,7 +139,14 @@ pub struct MetricsSink {
     clock_rate: f64,
     /// The tenants named in the `tenant` label (`None`: no tenant label at all).
     tenants: Option<HashSet<Arc<str>>>,
+    /// The levels named in the `level` label, and the default level's name (`None`: no level
+    /// label at all).
+    levels: Option<(Vec<Arc<str>>, Arc<str>)>,
 }
+
+/// The labels that say whose a job is: its tenant and its level, as the sink was told to name
+/// them (none for a sink told neither).
+type Who = Vec<Label>;
 
 impl MetricsSink {
     /// A sink recording into the current recorder; it [`describe`](MetricsSink::describe)s its
@@ -183,6 +197,33 @@ impl MetricsSink {
         MetricsSink::build(clock_rate, Some(tenants))
     }
 
+    /// The same sink with the job's priority level as a label on its admission series (`level`:
+    /// the level's name, the default level's for a job naming none, `other` for a level the
+    /// monitor does not have), for a monitor built with `levels`. Its counters are written at zero
+    /// for each level (and each tenant) again.
+    ///
+    /// ```
+    /// use admission_core::{Level, Levels};
+    /// use admission_events::MetricsSink;
+    ///
+    /// # fn main() -> Result<(), admission_core::LevelError> {
+    /// let levels = Levels::new().level(Level::new("interactive"))?.level(Level::new("batch"))?;
+    /// let sink = MetricsSink::with_tenants(["acme"], 1.0).with_levels(&levels);
+    /// # drop(sink);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn with_levels(mut self, levels: &Levels) -> MetricsSink {
+        let names: Vec<Arc<str>> = levels.iter().map(|l| Arc::from(l.name())).collect();
+        let default = levels
+            .rank_of(None)
+            .and_then(|rank| names.get(rank).cloned())
+            .unwrap_or_else(|| Arc::from(OTHER_LEVEL));
+        self.levels = (!names.is_empty()).then_some((names, default));
+        self.zeroes();
+        self
+    }
+
     fn with_clock_rate(clock_rate: f64) -> MetricsSink {
         MetricsSink::build(clock_rate, None)
     }
@@ -213,58 +254,75 @@ impl MetricsSink {
             leased: Mutex::new(HashMap::new()),
             clock_rate,
             tenants,
+            levels: None,
         };
         sink.zeroes();
         sink
     }
 
-    /// The values the tenant label takes (none without tenants).
-    fn tenant_labels(&self) -> Vec<String> {
-        let Some(tenants) = &self.tenants else {
-            return Vec::new();
+    /// Every combination of the labels that say whose a job is (one empty set for a sink told
+    /// neither tenants nor levels).
+    fn everyone(&self) -> Vec<Who> {
+        let mut tenants: Vec<Option<String>> = match &self.tenants {
+            None => vec![None],
+            Some(tenants) => tenants.iter().map(|t| Some(t.to_string())).collect(),
         };
-        let mut labels: Vec<String> = tenants.iter().map(|t| t.to_string()).collect();
-        labels.push(OTHER_TENANT.to_owned());
-        labels
-    }
-
-    /// The tenant label of `event`'s job (`None`: the sink has no tenant label).
-    fn tenant_of(&self, event: &Event) -> Option<String> {
-        let tenants = self.tenants.as_ref()?;
-        Some(match &event.job.tenant {
-            Some(tenant) if tenants.contains(tenant) => tenant.to_string(),
-            _ => OTHER_TENANT.to_owned(),
-        })
-    }
-
-    fn admitted(&self, path: &'static str, tenant: Option<String>) -> ::metrics::Counter {
-        match tenant {
-            Some(tenant) => counter!(ADMITTED, "path" => path, TENANT => tenant),
-            None => counter!(ADMITTED, "path" => path),
+        if self.tenants.is_some() {
+            tenants.push(Some(OTHER_TENANT.to_owned()));
         }
+        let levels: Vec<Option<String>> = match &self.levels {
+            None => vec![None],
+            Some((levels, _)) => levels
+                .iter()
+                .map(|l| Some(l.to_string()))
+                .chain([Some(OTHER_LEVEL.to_owned())])
+                .collect(),
+        };
+        let mut everyone = Vec::new();
+        for tenant in &tenants {
+            for level in &levels {
+                everyone.push(who(tenant.clone(), level.clone()));
+            }
+        }
+        everyone
     }
 
-    fn rejected(&self, reason: &'static str, tenant: Option<String>) -> ::metrics::Counter {
-        match tenant {
-            Some(tenant) => counter!(REJECTED, "reason" => reason, TENANT => tenant),
-            None => counter!(REJECTED, "reason" => reason),
-        }
+    /// The labels that say whose `event`'s job is.
+    fn who_of(&self, event: &Event) -> Who {
+        let tenant = self
+            .tenants
+            .as_ref()
+            .map(|tenants| match &event.job.tenant {
+                Some(tenant) if tenants.contains(tenant) => tenant.to_string(),
+                _ => OTHER_TENANT.to_owned(),
+            });
+        let level = self
+            .levels
+            .as_ref()
+            .map(|(levels, default)| match &event.job.level {
+                Some(level) if levels.contains(level) => level.to_string(),
+                Some(_) => OTHER_LEVEL.to_owned(),
+                None => default.to_string(),
+            });
+        who(tenant, level)
+    }
+
+    fn admitted(&self, path: &'static str, who: &Who) -> ::metrics::Counter {
+        counter!(ADMITTED, with(Label::new("path", path), who))
+    }
+
+    fn rejected(&self, reason: &'static str, who: &Who) -> ::metrics::Counter {
+        counter!(REJECTED, with(Label::new("reason", reason), who))
     }
 
     /// Every counter of a fixed label set, and the gauge, at zero.
     fn zeroes(&self) {
-        let tenants = self.tenant_labels();
-        let labels: Vec<Option<String>> = if tenants.is_empty() {
-            vec![None]
-        } else {
-            tenants.into_iter().map(Some).collect()
-        };
-        for tenant in &labels {
+        for who in &self.everyone() {
             for path in ["immediate", "after_wait"] {
-                self.admitted(path, tenant.clone()).absolute(0);
+                self.admitted(path, who).absolute(0);
             }
             for reason in REASONS {
-                self.rejected(reason.as_str(), tenant.clone()).absolute(0);
+                self.rejected(reason.as_str(), who).absolute(0);
             }
         }
         for kind in ["release", "rollback"] {
@@ -364,30 +422,26 @@ impl MetricsSink {
         duration.as_secs_f64() / self.clock_rate
     }
 
-    /// Each entry's primary amount, by account and tenant, for a sink with tenants.
-    fn granted_units(&self, event: &Event, tenant: Option<String>) {
-        let Some(tenant) = tenant else {
+    /// Each entry's primary amount, by account, tenant (and level), for a sink with tenants.
+    fn granted_units(&self, event: &Event, who: &Who) {
+        if self.tenants.is_none() {
             return;
-        };
+        }
         for entry in &event.entries {
-            counter!(GRANTED_UNITS, "account" => entry.account.clone(), TENANT => tenant.clone())
-                .increment(entry.amount.primary());
+            counter!(
+                GRANTED_UNITS,
+                with(Label::new("account", entry.account.clone()), who)
+            )
+            .increment(entry.amount.primary());
         }
     }
 
-    fn wait(&self, outcome: &'static str, wait: Duration, tenant: Option<String>) {
+    fn wait(&self, outcome: &'static str, wait: Duration, who: &Who) {
         let seconds = wait.as_secs_f64();
-        match tenant.clone() {
-            Some(tenant) => histogram!(WAIT, "outcome" => outcome, TENANT => tenant),
-            None => histogram!(WAIT, "outcome" => outcome),
-        }
-        .record(seconds / self.clock_rate);
+        histogram!(WAIT, with(Label::new("outcome", outcome), who))
+            .record(seconds / self.clock_rate);
         if self.clock_rate != 1.0 {
-            match tenant {
-                Some(tenant) => histogram!(SIMULATED_WAIT, "outcome" => outcome, TENANT => tenant),
-                None => histogram!(SIMULATED_WAIT, "outcome" => outcome),
-            }
-            .record(seconds);
+            histogram!(SIMULATED_WAIT, with(Label::new("outcome", outcome), who)).record(seconds);
         }
     }
 }
@@ -402,12 +456,12 @@ impl EventSink for MetricsSink {
     fn emit(&self, event: &Event) -> Result<(), SinkError> {
         match &event.kind {
             EventKind::GrantedImmediate => {
-                let tenant = self.tenant_of(event);
-                self.admitted("immediate", tenant.clone()).increment(1);
-                self.wait("granted", Duration::ZERO, tenant.clone());
+                let who = self.who_of(event);
+                self.admitted("immediate", &who).increment(1);
+                self.wait("granted", Duration::ZERO, &who);
                 counter!(OTEL_REQUESTS, RESULT => "acquired").increment(1);
                 self.leased(event.job.id, event.at);
-                self.granted_units(event, tenant);
+                self.granted_units(event, &who);
             }
             EventKind::Held => {
                 for entry in &event.entries {
@@ -416,20 +470,20 @@ impl EventSink for MetricsSink {
                 self.held(event.job.id, event.at);
             }
             EventKind::GrantedFromHold { wait, .. } => {
-                let tenant = self.tenant_of(event);
-                self.admitted("after_wait", tenant.clone()).increment(1);
+                let who = self.who_of(event);
+                self.admitted("after_wait", &who).increment(1);
                 self.left(event.job.id);
-                self.wait("granted", *wait, tenant.clone());
+                self.wait("granted", *wait, &who);
                 counter!(OTEL_REQUESTS, RESULT => "acquired").increment(1);
                 histogram!(OTEL_TIME_IN_QUEUE, RESULT => "acquired")
                     .record(self.real_seconds(*wait));
                 self.leased(event.job.id, event.at);
-                self.granted_units(event, tenant);
+                self.granted_units(event, &who);
             }
             EventKind::Rejected { reason, .. } => {
                 let reason: &'static str = RejectReason::as_str(reason);
-                let tenant = self.tenant_of(event);
-                self.rejected(reason, tenant.clone()).increment(1);
+                let who = self.who_of(event);
+                self.rejected(reason, &who).increment(1);
                 counter!(OTEL_REQUESTS, RESULT => reason).increment(1);
                 let since = self.left(event.job.id);
                 if let Some(since) = since {
@@ -440,7 +494,7 @@ impl EventSink for MetricsSink {
                 let waited = since.map_or(Duration::ZERO, |since| {
                     event.at.saturating_duration_since(since)
                 });
-                self.wait(reason, waited, tenant);
+                self.wait(reason, waited, &who);
             }
             EventKind::Released { rolled_back } => {
                 let kind = if *rolled_back { "rollback" } else { "release" };
@@ -463,6 +517,30 @@ impl fmt::Debug for MetricsSink {
             .field("leased", &self.leased.lock().len())
             .field("clock_rate", &self.clock_rate)
             .field("tenants", &self.tenants.as_ref().map(HashSet::len))
+            .field(
+                "levels",
+                &self.levels.as_ref().map(|(levels, _)| levels.len()),
+            )
             .finish()
     }
+}
+
+/// The labels of a tenant and a level, each when named.
+fn who(tenant: Option<String>, level: Option<String>) -> Who {
+    let mut who = Vec::with_capacity(2);
+    if let Some(tenant) = tenant {
+        who.push(Label::new(TENANT, tenant));
+    }
+    if let Some(level) = level {
+        who.push(Label::new(LEVEL, level));
+    }
+    who
+}
+
+/// `first`, then `who`: one series' labels.
+fn with(first: Label, who: &Who) -> Vec<Label> {
+    let mut labels = Vec::with_capacity(1 + who.len());
+    labels.push(first);
+    labels.extend(who.iter().cloned());
+    labels
 }

@@ -101,7 +101,8 @@ pub enum Reason {
     /// Admission itself failed or ended: the monitor was stopped or closed by a defect, an
     /// account panicked, or its evaluator could not start.
     Unavailable,
-    /// The demand lacks an account another one requires: the service is built wrong.
+    /// The demand lacks an account another one requires, or the job names a priority level the
+    /// monitor does not have: the service is built wrong.
     Misconfigured,
 }
 
@@ -304,7 +305,8 @@ impl Refused {
                 _ => Reason::TooLarge,
             },
             AdmitError::Cancelled { .. } => Reason::Cancelled,
-            AdmitError::Unmet { .. } => Reason::Misconfigured,
+            // The service names the levels its jobs ask for: one the monitor lacks is its defect.
+            AdmitError::Unmet { .. } | AdmitError::UnknownLevel { .. } => Reason::Misconfigured,
             _ => Reason::Unavailable,
         };
         Refused {
@@ -558,6 +560,12 @@ mod tests {
             requires: admission_core::Capability::HTTP_CONNECTION,
         };
         assert_eq!(of(unmet).reason(), Reason::Misconfigured);
+        let unknown_level = AdmitError::UnknownLevel {
+            job: 1,
+            level: "nightly".into(),
+            known: "interactive, batch".into(),
+        };
+        assert_eq!(of(unknown_level).reason(), Reason::Misconfigured);
         let timed_out = of(AdmitError::TimedOut {
             job: 1,
             waited: Duration::from_secs(1),

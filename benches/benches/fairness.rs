@@ -1,8 +1,9 @@
-//! Issue 39's goal rows, in arrival order (the monitor's default) and in fair shares
-//! (`MonitorBuilder::fair_shares`), side by side. Every row but the last is a simulation on a
-//! fake clock (`admission_benches::fairness`), so its figures are exact and the same on any
-//! machine; the last times the uncontended admit: a plain job, a job with a tenant, and a job
-//! with a tenant on a monitor in fair shares.
+//! Issue 39's goal rows, in arrival order (the monitor's default), in fair shares
+//! (`MonitorBuilder::fair_shares`) and with priority levels (`MonitorBuilder::levels`), side by
+//! side. The simulated rows run on a fake clock (`admission_benches::fairness`), so their
+//! figures are exact and the same on any machine; the last rows time the uncontended admit (a
+//! plain job, a job with a tenant, with a tenant under fair shares, with a tenant and a level
+//! under fair shares and three levels, with or without a reserve) and a pass over a long line.
 //!
 //! ```text
 //! cargo bench -p admission-benches --bench fairness
@@ -19,7 +20,7 @@ use admission_benches::Results;
 use admission_benches::fairness::{
     backlogged, big_head, interactive_waits, jain, quantile, tokens_per_minute,
 };
-use admission_core::{Amount, Demand, FairShares, JobContext, Monitor};
+use admission_core::{Amount, Demand, FairShares, JobContext, Level, Levels, Monitor};
 use admission_testkit::monitor::poll_once;
 
 /// Minutes each backlogged run lasts; the first minute (the full bucket's burst) is left out.
@@ -35,23 +36,34 @@ fn main() {
         println!("== {mode} order");
         results = simulated(results, mode, fair);
     }
+    println!("== levels");
+    results = levels(results);
 
     // The uncontended admit: a plain job and monitor, a job with a tenant, and a job with a
     // tenant on a monitor in fair shares.
-    let [plain, tenant, fair] = uncontended();
+    let [plain, tenant, fair, leveled, reserving] = uncontended();
     println!(
-        "uncontended try_admit + release: {plain:.1} ns plain, {tenant:.1} ns with a tenant, {fair:.1} ns with a tenant under fair shares ({:.2}x)",
-        fair / plain
+        "uncontended try_admit + release: {plain:.1} ns plain, {tenant:.1} ns with a tenant, {fair:.1} ns with a tenant under fair shares ({:.2}x), {leveled:.1} ns with a tenant and a level under fair shares and 3 levels ({:.2}x), {reserving:.1} ns when a level reserves ({:.2}x)",
+        fair / plain,
+        leveled / plain,
+        reserving / plain
     );
     results = results
         .number("uncontended_plain_ns", plain)
         .number("uncontended_with_tenant_ns", tenant)
-        .number("uncontended_fair_ns", fair);
+        .number("uncontended_fair_ns", fair)
+        .number("uncontended_levels_ns", leveled)
+        .number("uncontended_levels_reserving_ns", reserving);
 
-    // The pass over 10,000 parked (one gate each, 100 tenants), and what parking costs: in
-    // tenant round-robin, and a new tenant's job behind one tenant's backlog of 10,000.
-    for (mode, fair) in [("arrival", false), ("fair", true)] {
-        let line = long_line(fair);
+    // The pass over 10,000 parked (one gate each, 100 tenants; 3 levels in the last mode), and
+    // what parking costs: in tenant round-robin, and a new tenant's job behind one tenant's
+    // backlog of 10,000.
+    for (mode, fair, leveled) in [
+        ("arrival", false, false),
+        ("fair", true, false),
+        ("levels", true, true),
+    ] {
+        let line = long_line(fair, leveled);
         println!(
             "{mode}: pass over 10,000 parked (100 tenants) {:.1} us; parking one of them {:.0} ns (round-robin), a new tenant's job behind a backlog of 10,000 {:.0} ns",
             line.pass_us, line.park_round_robin_ns, line.park_behind_backlog_ns
@@ -117,11 +129,11 @@ fn simulated(mut results: Results, mode: &str, fair: bool) -> Results {
     // without a batch flood of 1,000 jobs.
     let job = (500, Duration::from_secs(2));
     let alone = quantile(
-        &interactive_waits(0, 1_000, job, 5, 5, weights(&[1, 100])),
+        &interactive_waits(0, 1_000, job, 5, 5, weights(&[1, 100]), None),
         0.99,
     );
     let flooded = quantile(
-        &interactive_waits(1_000, 1_000, job, 5, 40, weights(&[1, 100])),
+        &interactive_waits(1_000, 1_000, job, 5, 40, weights(&[1, 100]), None),
         0.99,
     );
     println!(
@@ -144,6 +156,44 @@ fn simulated(mut results: Results, mode: &str, fair: bool) -> Results {
         .number(&key("big_head_backfilled_before"), backfilled as f64)
 }
 
+/// The interactive rows with levels: the interactive tenant at a level of its own above the
+/// batch tenant's, reserving 1,000 tokens of the model (two of its jobs), then reserving
+/// nothing (strict priority alone); both tenants of weight 1 under fair shares.
+fn levels(mut results: Results) -> Results {
+    let job = (500, Duration::from_secs(2));
+    for (name, reserve) in [("levels_reserve", 1_000), ("levels_strict", 0)] {
+        let waits = |flood, minutes| {
+            let waits =
+                interactive_waits(flood, 1_000, job, 5, minutes, Some(&[1, 1]), Some(reserve));
+            quantile(&waits, 0.99)
+        };
+        let (alone, flooded) = (waits(0, 5), waits(1_000, 40));
+        println!(
+            "{name}: interactive p99 wait {:.1} s alone, {:.1} s behind a flood of 1,000 batch jobs",
+            alone.as_secs_f64(),
+            flooded.as_secs_f64()
+        );
+        results = results
+            .number(
+                &format!("{name}_interactive_p99_alone_s"),
+                alone.as_secs_f64(),
+            )
+            .number(
+                &format!("{name}_interactive_p99_flooded_s"),
+                flooded.as_secs_f64(),
+            );
+    }
+    results
+}
+
+/// Three levels, none reserving.
+fn three_levels() -> Levels {
+    ["high", "mid", "low"]
+        .into_iter()
+        .try_fold(Levels::new(), |levels, name| levels.level(Level::new(name)))
+        .expect("valid levels")
+}
+
 /// What a long line costs: a pass over it, and parking in it.
 struct LongLine {
     pass_us: f64,
@@ -153,18 +203,27 @@ struct LongLine {
 
 /// A monitor with manual passes and one permit, held: 10,000 waiters of 100 tenants parked in
 /// round-robin (timed), a pass over them (median of 21), then a line of 10,000 of one tenant and
-/// 1,000 jobs of 1,000 new tenants parked behind it (timed).
-fn long_line(fair: bool) -> LongLine {
+/// 1,000 jobs of 1,000 new tenants parked behind it (timed). With `leveled`, three levels, the
+/// jobs taking them in turn.
+fn long_line(fair: bool, leveled: bool) -> LongLine {
     const PARKED: usize = 10_000;
     let monitor = || {
-        let builder = Monitor::builder().manual_passes();
-        match fair {
-            true => builder.fair_shares(FairShares::new()).build(),
-            false => builder.build(),
+        let mut builder = Monitor::builder().manual_passes();
+        if fair {
+            builder = builder.fair_shares(FairShares::new());
         }
+        if leveled {
+            builder = builder.levels(three_levels());
+        }
+        builder.build()
     };
+    let next_level = std::cell::Cell::new(0);
     let park = |monitor: &Monitor, gate: &Arc<CountingGate>, tenant: String| {
-        let job = JobContext::new("job").with_tenant(tenant);
+        let mut job = JobContext::new("job").with_tenant(tenant);
+        if leveled {
+            let level = next_level.replace((next_level.get() + 1) % 3);
+            job = job.with_level(["high", "mid", "low"][level]);
+        }
         let mut admit = monitor.admit(Demand::new().with(gate.clone(), Amount::ONE), &job, None);
         assert!(poll_once(&mut admit).is_none(), "a waiter parks");
         admit
@@ -219,21 +278,35 @@ fn mean_min(values: &[f64]) -> (f64, f64) {
 }
 
 /// Median nanoseconds of `try_admit` + release on one gate: a plain job on a plain monitor, a
-/// job with a tenant, and a job with a tenant on a monitor in fair shares; alternating runs of
-/// 1,000,000 each.
-fn uncontended() -> [f64; 3] {
+/// job with a tenant, a job with a tenant on a monitor in fair shares, a job with a tenant and
+/// a level on a monitor in fair shares with three levels, and the same when a level reserves
+/// part of another account; alternating runs of 1,000,000 each.
+fn uncontended() -> [f64; 5] {
     const OPS: u32 = 1_000_000;
     let plain = Monitor::new();
     let shares = FairShares::new()
         .weight("tenant-0", 3)
         .expect("a valid weight");
-    let fair = Monitor::builder().fair_shares(shares).build();
+    let fair = Monitor::builder().fair_shares(shares.clone()).build();
+    let leveled = Monitor::builder()
+        .fair_shares(shares.clone())
+        .levels(three_levels())
+        .build();
+    let reserving_levels = three_levels()
+        .level(Level::new("reserving").reserve("elsewhere", Amount::ONE))
+        .expect("a valid level");
+    let reserving = Monitor::builder()
+        .fair_shares(shares)
+        .levels(reserving_levels)
+        .build();
     let demand = |monitor: &Monitor| {
         let gate = CountingGate::http(1_000, monitor.clock().clone()).expect("a valid gate");
         Demand::new().with(Arc::new(gate), Amount::ONE)
     };
     let (plain_demand, fair_demand) = (demand(&plain), demand(&fair));
+    let (leveled_demand, reserving_demand) = (demand(&leveled), demand(&reserving));
     let tenant = JobContext::new("job").with_tenant("tenant-0");
+    let leveled_job = tenant.clone().with_level("mid");
     let job = JobContext::new("job");
     let run = |monitor: &Monitor, demand: &Demand, job: &JobContext| {
         let started = Instant::now();
@@ -242,11 +315,13 @@ fn uncontended() -> [f64; 3] {
         }
         started.elapsed().as_nanos() as f64 / f64::from(OPS)
     };
-    let mut runs = [Vec::new(), Vec::new(), Vec::new()];
+    let mut runs = [Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new()];
     for _ in 0..7 {
         runs[0].push(run(&plain, &plain_demand, &job));
         runs[1].push(run(&plain, &plain_demand, &tenant));
         runs[2].push(run(&fair, &fair_demand, &tenant));
+        runs[3].push(run(&leveled, &leveled_demand, &leveled_job));
+        runs[4].push(run(&reserving, &reserving_demand, &leveled_job));
     }
     runs.map(|mut r| median(&mut r))
 }

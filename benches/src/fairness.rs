@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use admission_accounts::token_bucket::{TokenBucket, TokenBucketConfig};
-use admission_core::{Admit, Amount, Demand, FairShares, Instant, JobContext, Monitor};
+use admission_core::{
+    Admit, Amount, Demand, FairShares, Instant, JobContext, Level, Levels, Monitor,
+};
 use admission_testkit::FakeClock;
 use admission_testkit::monitor::poll_once;
 
@@ -70,6 +72,15 @@ impl Sim {
     /// its line in arrival order (`weights` `None`) or in fair shares of those weights (one per
     /// tenant, by index).
     pub fn new(tenants: usize, weights: Option<&[u32]>) -> Sim {
+        Sim::with_levels(tenants, weights, None)
+    }
+
+    /// [`Sim::new`] with priority levels: `levels` and each tenant's level, by index.
+    pub fn with_levels(
+        tenants: usize,
+        weights: Option<&[u32]>,
+        levels: Option<(Levels, &[&str])>,
+    ) -> Sim {
         let clock = FakeClock::new();
         let mut builder = Monitor::builder().manual_passes().clock(clock.shared());
         if let Some(weights) = weights {
@@ -82,13 +93,22 @@ impl Sim {
                 .expect("valid weights");
             builder = builder.fair_shares(shares);
         }
+        if let Some((levels, _)) = &levels {
+            builder = builder.levels(levels.clone());
+        }
         let monitor = builder.build();
         let config = TokenBucketConfig::new(TOKENS_PER_MINUTE, REQUESTS_PER_MINUTE);
         let model = Arc::new(
             TokenBucket::new("model", config, monitor.clock().clone()).expect("a valid config"),
         );
         let tenants = (0..tenants)
-            .map(|t| JobContext::new(format!("job-of-{t}")).with_tenant(format!("tenant-{t}")))
+            .map(|t| {
+                let ctx = JobContext::new(format!("job-of-{t}")).with_tenant(format!("tenant-{t}"));
+                match &levels {
+                    Some((_, of)) => ctx.with_level(of[t]),
+                    None => ctx,
+                }
+            })
             .collect();
         Sim {
             clock,
@@ -230,9 +250,20 @@ pub fn backlogged(
     sim.served().to_vec()
 }
 
+/// The priority levels of [`interactive_waits`] with levels: `interactive` reserving
+/// `reserve` tokens of the model, above `batch`.
+pub fn interactive_levels(reserve: u64) -> Levels {
+    Levels::new()
+        .level(Level::new("interactive").reserve("model", Amount::pair(reserve, 0)))
+        .and_then(|levels| levels.level(Level::new("batch")))
+        .expect("valid levels")
+}
+
 /// An interactive tenant (1) submits a job of `interactive_tokens` every `every` for the first
 /// `submitting` minutes, while a batch tenant (0) keeps `flood` jobs of `batch_tokens` waiting
-/// (0: no flood), for `minutes` minutes in all. Returns each interactive job's wait; one still
+/// (0: no flood), for `minutes` minutes in all. With `reserve`, the interactive tenant's jobs
+/// are of the level `interactive`, which reserves that many tokens of the model, and the batch
+/// tenant's of `batch` ([`interactive_levels`]). Returns each interactive job's wait; one still
 /// waiting at the end counts its wait up to the end.
 pub fn interactive_waits(
     flood: usize,
@@ -241,8 +272,10 @@ pub fn interactive_waits(
     submitting: u32,
     minutes: u32,
     weights: Option<&[u32]>,
+    reserve: Option<u64>,
 ) -> Vec<Duration> {
-    let mut sim = Sim::new(2, weights);
+    let levels = reserve.map(|r| (interactive_levels(r), &["batch", "interactive"][..]));
+    let mut sim = Sim::with_levels(2, weights, levels);
     let end = Instant::ZERO.saturating_add(MINUTE * minutes);
     let last = Instant::ZERO.saturating_add(MINUTE * submitting);
     let mut next_interactive = Instant::ZERO;
@@ -388,10 +421,10 @@ mod tests {
     #[test]
     fn an_interactive_job_waits_behind_the_whole_flood_in_arrival_order() {
         let job = (500, Duration::from_secs(2));
-        let alone = interactive_waits(0, 1_000, job, 3, 3, None);
+        let alone = interactive_waits(0, 1_000, job, 3, 3, None, None);
         assert_eq!(alone.len(), 90, "one every 2 s for 3 minutes");
         assert_eq!(alone.iter().max(), Some(&Duration::ZERO));
-        let flooded = interactive_waits(100, 1_000, job, 3, 9, None);
+        let flooded = interactive_waits(100, 1_000, job, 3, 9, None, None);
         assert_eq!(flooded.len(), 90);
         assert_eq!(flooded[0], Duration::from_millis(100_500));
         assert!(
@@ -419,5 +452,20 @@ mod tests {
             let share = shares[0] / (shares[0] + shares[1]);
             assert!((share - 0.75).abs() <= 0.03, "minute {}: {shares:?}", m + 1);
         }
+    }
+
+    /// At a level of its own that reserves 1,000 tokens of the model (two of its jobs), an
+    /// interactive job behind a flood of 100 batch jobs never waits: the batch level leaves the
+    /// reserve in the bucket, and a newcomer of a higher level stands before the batch head.
+    #[test]
+    fn an_interactive_level_with_a_reserve_never_waits_behind_the_flood() {
+        let job = (500, Duration::from_secs(2));
+        let flooded = interactive_waits(100, 1_000, job, 3, 9, None, Some(1_000));
+        assert_eq!(flooded.len(), 90);
+        assert_eq!(flooded.iter().max(), Some(&Duration::ZERO), "{flooded:?}");
+        // Without the reserve, the level alone puts it first in line, but the flood keeps the
+        // bucket empty: it waits for its own 500 tokens' refill, half a second.
+        let first_only = interactive_waits(100, 1_000, job, 3, 9, None, Some(0));
+        assert_eq!(first_only.iter().max(), Some(&Duration::from_millis(500)));
     }
 }

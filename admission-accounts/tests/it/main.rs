@@ -4,6 +4,7 @@
 mod counting_gate;
 mod elastic_window;
 mod fixed_window;
+mod levels;
 mod memory_gate;
 mod mixed;
 mod status;

@@ -290,6 +290,14 @@ impl Ask<'static> {
 }
 
 impl<'a> Ask<'a> {
+    /// The same question, leaving `amount` aside instead.
+    pub(crate) const fn leaving(self, amount: Amount) -> Ask<'a> {
+        Ask {
+            reserved_ahead: amount,
+            ..self
+        }
+    }
+
     /// The same question, answered without taking anything: [`Answer::Taken`] then means "it
     /// would have been taken", and nothing changed.
     pub const fn look(self) -> Ask<'a> {

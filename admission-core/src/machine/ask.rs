@@ -148,12 +148,17 @@ impl Head {
     /// (an account consumed outside the monitor may have drained since the last pass). `None`
     /// when it is short on nothing: a pass is due that will grant it, after which another waiter
     /// is the head, so the caller leaves the asking to that pass.
-    pub(crate) fn now_of(demand: &Demand, now: &Reading<'_>) -> Option<Head> {
+    /// `aside` is what the head leaves for other priority levels on an account.
+    pub(crate) fn now_of(demand: &Demand, aside: Aside<'_>, now: &Reading<'_>) -> Option<Head> {
         let mut short = Short::new();
         for (i, entry) in demand.entries().iter().enumerate() {
             let account = entry.account();
+            let ask = match aside {
+                Some(aside) => Ask::HEAD.leaving(aside(account)),
+                None => Ask::HEAD,
+            };
             // A refusal or a panic is the pass's to report; here it only means "not granted".
-            let answer = asked(account, entry.amount(), Ask::HEAD.look().with(now));
+            let answer = asked(account, entry.amount(), ask.look().with(now));
             if !matches!(answer, Ok(Answer::Taken)) {
                 short.push(Some(i));
             }
@@ -192,6 +197,10 @@ impl Head {
             .is_some_and(|i| self.short.contains(Some(i)))
     }
 }
+
+/// What a waiter leaves aside on an account for the other priority levels' reserves (`None`: no
+/// level reserves anything).
+pub(crate) type Aside<'a> = Option<&'a dyn Fn(&AccountRef) -> Amount>;
 
 /// One attempt's result.
 pub(crate) enum Attempt {
@@ -244,11 +253,16 @@ pub(crate) fn earlier(a: Option<Instant>, b: Option<Instant>) -> Option<Instant>
 /// grant is refused whatever the others answer. An account the head is short on is only looked at, and whatever it answers
 /// but "never" counts as short: nobody behind the head takes from it (see `pass.rs`).
 #[inline(always)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the one ask of every pass, inlined: a struct of its arguments would be built per waiter"
+)]
 pub(crate) fn ask_demand(
     mute: usize,
     entries: &[Entry],
     ctx: &JobContext,
     head: Option<&Head>,
+    aside: Aside<'_>,
     learn: Learn,
     now: &Reading<'_>,
     short: &mut Short,
@@ -273,6 +287,9 @@ pub(crate) fn ask_demand(
                 (Ask::behind(head.reserved(key)).with(now), claimed)
             }
         };
+        if let Some(aside) = aside {
+            ask = ask.leaving(ask.reserved_ahead().saturating_add(aside(account)));
+        }
         if claims.any || !short.is_empty() {
             ask = ask.look();
         }
@@ -324,20 +341,26 @@ pub(crate) enum Whole {
     Refused(Box<AdmitError>),
 }
 
-/// The fast path's ask, with an empty line: every account asked in order, as the head (nothing
-/// set aside), taking; at the first that does not take, what was taken is given back (muted).
-/// [`ask_demand`] with no head and [`Learn::FirstShort`], without what only a line needs (the
-/// head's claims, the set of accounts short, the earliest wake-up).
+/// The fast path's ask, with an empty line: every account asked in order, as the head (leaving
+/// aside only what `aside` says: the other priority levels' reserves kept always), taking; at
+/// the first that does not take, what was taken is given back (muted). [`ask_demand`] with no
+/// head and [`Learn::FirstShort`], without what only a line needs (the head's claims, the set of
+/// accounts short, the earliest wake-up).
 #[inline(always)]
 pub(crate) fn take_whole(
     mute: usize,
     entries: &[Entry],
     ctx: &JobContext,
+    aside: Aside<'_>,
     now: &Reading<'_>,
 ) -> Whole {
     for (i, entry) in entries.iter().enumerate() {
         let account = entry.account();
-        let refused = match asked(account, entry.amount(), Ask::HEAD.with(now)) {
+        let ask = match aside {
+            Some(aside) => Ask::HEAD.leaving(aside(account)),
+            None => Ask::HEAD,
+        };
+        let refused = match asked(account, entry.amount(), ask.with(now)) {
             Ok(Answer::Taken) => continue,
             Ok(Answer::NotNow(_)) => None,
             Ok(Answer::Never(refusal)) => Some(AdmitError::Refused {

@@ -1,21 +1,27 @@
 //! Start-time fair queuing of the line ([`FairShares`]): the tag a waiter is placed by.
 //!
-//! A job of tenant `t` costing `c` starts at `S = max(V, F[t])` and finishes at
-//! `F[t] = S + c * SCALE / weight(t)`; `V`, the line's virtual time, is the smallest start tag
-//! still waiting (the head's or the one right behind it: the line keeps the waiters behind its
-//! head in order of their start tags, arrival order among equal tags). So over a busy period
+//! Each priority level (a rank of the line) is queued on its own: a job of tenant `t` costing `c`
+//! starts at `S = max(V, F[t])` and finishes at `F[t] = S + c * SCALE / weight(t)`; `V`, the
+//! level's virtual time, is the smallest start tag of its level still waiting (the line keeps
+//! the waiters of a level behind its head in order of their start tags, arrival order among
+//! equal tags). So over a busy period
 //! each backlogged tenant is served its weight's share of the cost, a tenant whose jobs are
 //! granted at once is charged for them all the same, and a tenant that was idle starts at `V`
 //! beside the earliest waiters: it banks no credit. Everything starts again from zero when the
-//! line empties. `V` moves only with the line: a waiter granted out of its turn (a backfill)
+//! level has nobody parked. `V` moves only with the line: a waiter granted out of its turn (a backfill)
 //! does not lift every other tenant's next start.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::account::{AccountRef, Replenishment};
+use crate::amount::Amount;
 use crate::context::JobContext;
 use crate::demand::Demand;
-use crate::fair::FairShares;
+use crate::error::AdmitError;
+use crate::fair::{FairShares, Levels};
+
+use super::line::{MAX_RANKS, Tag};
 
 /// Cost units per unit of a demand's amounts: a weight divides it exactly when it is one of its
 /// divisors, and to within a millionth of a unit else.
@@ -30,61 +36,160 @@ pub(crate) struct Tags {
     /// dropped when the map grows past twice the parked waiters plus 64; if it is still past
     /// that, only the tenants with a waiter parked and the 32 others furthest ahead are kept, the
     /// rest starting at the virtual time again.
-    finish: HashMap<Option<Arc<str>>, u128>,
+    /// One map per rank (priority level), made when the level first parks a job.
+    finish: Vec<HashMap<Option<Arc<str>>, u128>>,
 }
 
 impl Tags {
     pub(crate) fn new(shares: FairShares) -> Tags {
         Tags {
             shares,
-            finish: HashMap::new(),
+            finish: Vec::new(),
         }
     }
 
-    /// The start tag of `demand` for `ctx`'s tenant, with the line's virtual time `line` (`None`:
-    /// the line is empty), `parked` waiters, and whether a tenant has any parked; charges the
-    /// tenant its cost.
+    /// The start tag of `demand` for `ctx`'s tenant at `rank`, with that level's virtual time
+    /// `level` (`None`: nobody of the level is parked), `parked` waiters of the level, and
+    /// whether a tenant has any parked at the rank; charges the tenant its cost.
     pub(crate) fn start(
         &mut self,
         demand: &Demand,
         ctx: &JobContext,
-        line: Option<u128>,
+        rank: u8,
+        level: Option<Tag>,
         parked: usize,
         has_parked: &dyn Fn(&Option<Arc<str>>) -> bool,
-    ) -> u128 {
-        let Some(virtual_time) = line else {
-            // A busy period begins: nobody's history matters any more.
-            self.finish.clear();
-            return self.charge(demand, ctx, 0);
+    ) -> Tag {
+        let rank = usize::from(rank);
+        if self.finish.len() <= rank {
+            self.finish.resize_with(rank + 1, HashMap::new);
+        }
+        let weight = u128::from(self.shares.weight_of(ctx.snapshot().tenant.as_deref()));
+        let finish = &mut self.finish[rank];
+        let Some(virtual_time) = level.map(Tag::get) else {
+            // A busy period of the level begins: nobody's history matters any more.
+            finish.clear();
+            return charge(finish, demand, ctx, weight, 0);
         };
         let most = 2 * parked + 64;
-        if self.finish.len() > most {
-            self.finish.retain(|_, finish| *finish > virtual_time);
+        if finish.len() > most {
+            finish.retain(|_, finish| *finish > virtual_time);
         }
-        if self.finish.len() > most {
+        if finish.len() > most {
             // Still too many (the virtual time stands while many tenants are served at once):
             // keep every tenant with a waiter parked (its next job must follow them) and the 32
             // others furthest ahead; the rest start at the virtual time again.
-            let (mut kept, mut others): (Vec<_>, Vec<_>) = self
-                .finish
-                .drain()
-                .partition(|(tenant, _)| has_parked(tenant));
+            let (mut kept, mut others): (Vec<_>, Vec<_>) =
+                finish.drain().partition(|(tenant, _)| has_parked(tenant));
             others.sort_unstable_by_key(|&(_, finish)| std::cmp::Reverse(finish));
             others.truncate(32);
             kept.extend(others);
-            self.finish.extend(kept);
+            finish.extend(kept);
         }
-        self.charge(demand, ctx, virtual_time)
+        charge(finish, demand, ctx, weight, virtual_time)
+    }
+}
+
+/// Charges `ctx`'s tenant the cost of `demand` in the finish tags of its level, and returns the
+/// job's start tag.
+fn charge(
+    finish: &mut HashMap<Option<Arc<str>>, u128>,
+    demand: &Demand,
+    ctx: &JobContext,
+    weight: u128,
+    virtual_time: u128,
+) -> Tag {
+    let cost = cost_of(demand);
+    let finish = finish.entry(ctx.snapshot().tenant.clone()).or_insert(0);
+    let start = (*finish).max(virtual_time);
+    *finish = start.saturating_add(u128::from(cost) * SCALE / weight);
+    Tag::from(start)
+}
+
+/// The priority levels as the machine reads them: a job's rank, and what it leaves aside for the
+/// other levels' reserves.
+#[derive(Clone)]
+pub(crate) struct Ranks {
+    levels: Levels,
+    /// Whether any level reserves anything (else nothing is ever left aside).
+    reserving: bool,
+}
+
+impl Ranks {
+    pub(crate) fn new(levels: Levels) -> Ranks {
+        Ranks {
+            reserving: levels.reserves_any(),
+            levels,
+        }
     }
 
-    fn charge(&mut self, demand: &Demand, ctx: &JobContext, virtual_time: u128) -> u128 {
-        let tenant = ctx.snapshot().tenant.clone();
-        let weight = u128::from(self.shares.weight_of(tenant.as_deref()));
-        let cost = cost_of(demand);
-        let finish = self.finish.entry(tenant).or_insert(0);
-        let start = (*finish).max(virtual_time);
-        *finish = start.saturating_add(u128::from(cost) * SCALE / weight);
-        start
+    /// Whether any level reserves anything.
+    pub(crate) fn reserving(&self) -> bool {
+        self.reserving
+    }
+
+    /// The rank of `ctx`'s level, or the refusal of a job naming a level there is not.
+    pub(crate) fn rank(&self, ctx: &JobContext) -> Result<u8, AdmitError> {
+        let level = ctx.snapshot().level.as_deref();
+        match self.levels.rank_of(level) {
+            // At most `Levels::MAX_LEVELS` (16) levels.
+            Some(rank) => Ok(rank as u8),
+            None => Err(AdmitError::UnknownLevel {
+                job: ctx.id(),
+                level: ctx.snapshot().level.clone().unwrap_or_default(),
+                known: self.levels.known(),
+            }),
+        }
+    }
+
+    /// Whether the level of `rank` reserves anything: when its last waiter leaves, the others
+    /// may borrow again.
+    pub(crate) fn lends(&self, rank: u8) -> bool {
+        self.reserving
+            && self
+                .levels
+                .get(usize::from(rank))
+                .is_some_and(|level| level.iter_reserves().any(|(_, amount)| !amount.is_zero()))
+    }
+
+    /// What a job of `rank` leaves aside on `account` for the other levels: each one's reserve
+    /// on it, always on an account refilled by time, and on one refilled by releases while a
+    /// waiter of that level is parked (`parked`, by rank). Nothing for an exempt level. With
+    /// `always_only`, only what is always left aside (what decides whether a demand can ever fit).
+    pub(crate) fn aside(
+        &self,
+        rank: u8,
+        account: &AccountRef,
+        parked: &[u32; MAX_RANKS],
+        always_only: bool,
+    ) -> Amount {
+        if !self.reserving
+            || self
+                .levels
+                .get(usize::from(rank))
+                .is_none_or(|level| level.is_exempt())
+        {
+            return Amount::ZERO;
+        }
+        let name = account.name();
+        let mut aside = Amount::ZERO;
+        let mut always = None;
+        for (other, level) in self.levels.iter().enumerate() {
+            if other == usize::from(rank) {
+                continue;
+            }
+            let reserved = level.reserved(name);
+            if reserved.is_zero() {
+                continue;
+            }
+            let kept =
+                *always.get_or_insert_with(|| account.replenishment() == Replenishment::Time);
+            // At most 16 levels: the rank fits.
+            if kept || (!always_only && parked[other] > 0) {
+                aside = aside.saturating_add(reserved);
+            }
+        }
+        aside
     }
 }
 
@@ -110,17 +215,17 @@ mod tests {
         let demand = Demand::new();
         for t in 0..10_000 {
             let ctx = JobContext::new("job").with_tenant(format!("tenant-{t}"));
-            tags.start(&demand, &ctx, Some(0), 10, &|tenant| {
+            tags.start(&demand, &ctx, 0, Some(Tag::ZERO), 10, &|tenant| {
                 tenant.as_deref() == Some("tenant-0")
             });
             assert!(
-                tags.finish.len() <= 2 * 10 + 64 + 1,
+                tags.finish[0].len() <= 2 * 10 + 64 + 1,
                 "{}",
-                tags.finish.len()
+                tags.finish[0].len()
             );
         }
         assert!(
-            tags.finish.contains_key(&Some("tenant-0".into())),
+            tags.finish[0].contains_key(&Some("tenant-0".into())),
             "a tenant with a waiter parked keeps its tag"
         );
     }

@@ -69,6 +69,9 @@ pub(crate) struct Waiter {
     pub(crate) holding: Holding,
     /// True while the gate is what holds it.
     pub(crate) on_gate: bool,
+    /// Its priority level's rank (0 first; 0 for every waiter without levels): the line keeps
+    /// the waiters in order of their ranks, then of their tags.
+    pub(crate) rank: u8,
     pub(crate) asked_at: Instant,
     pub(crate) ctx: JobContext,
     /// The timeout it was parked with (its deadline, `asked_at` plus this, is `deadline`).
@@ -78,10 +81,39 @@ pub(crate) struct Waiter {
     pub(crate) held: Holds,
     /// Whom to wake when it is decided.
     pub(crate) notify: Notify,
-    /// Its start tag under fair shares (`machine/fair.rs`): the line keeps the waiters behind
-    /// its head in the order of these. 0 for every waiter in arrival order.
-    pub(crate) tag: u128,
+    /// Its start tag under fair shares (`machine/fair.rs`): within a rank, the line keeps the
+    /// waiters behind its head in the order of these. 0 for every waiter in arrival order.
+    pub(crate) tag: Tag,
 }
+
+/// A start tag under fair shares: 128 bits kept as two words, so that a waiter's record stays
+/// aligned to 8 bytes (a `u128` would align every slot of every line to 16). Ordered as the
+/// number it holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct Tag {
+    high: u64,
+    low: u64,
+}
+
+impl Tag {
+    pub(crate) const ZERO: Tag = Tag { high: 0, low: 0 };
+
+    pub(crate) const fn get(self) -> u128 {
+        ((self.high as u128) << 64) | self.low as u128
+    }
+}
+
+impl From<u128> for Tag {
+    fn from(tag: u128) -> Tag {
+        Tag {
+            high: (tag >> 64) as u64,
+            low: tag as u64,
+        }
+    }
+}
+
+/// Where a waiter stands among the others behind the head: its rank, its tag, its arrival.
+type Key = (u8, Tag, u64);
 
 impl Waiter {
     /// A waiter about to park at `asked_at`, with `timeout` (held by the gate or not).
@@ -101,9 +133,10 @@ impl Waiter {
             deadline: timeout.map_or(Instant::MAX, |t| asked_at.saturating_add(t)),
             holding: Holding::default(),
             on_gate,
+            rank: 0,
             held: Holds::new(),
             notify,
-            tag: 0,
+            tag: Tag::ZERO,
         }
     }
 
@@ -289,12 +322,12 @@ impl Slots {
 /// let go (giving a hundred megabytes back to the system takes milliseconds).
 pub(crate) struct Emptied(#[allow(dead_code, reason = "held only to be dropped")] Vec<Box<[Slot]>>);
 
-/// The line: parked waiters in arrival order (behind the head by tag under fair shares), and the
-/// decisions not collected yet.
+/// The line: parked waiters in arrival order (by rank, then tag, under priority levels or fair
+/// shares), and the decisions not collected yet.
 #[derive(Default)]
 pub(crate) struct Line {
-    /// Under fair shares, the index that places a newcomer and each tenant's parked count
-    /// (`None`: arrival order).
+    /// Under priority levels or fair shares, the index that places a newcomer and the parked
+    /// counts (`None`: arrival order).
     fair: Option<Fair>,
     slots: Slots,
     /// Waiters in the line (not counting decided ones).
@@ -308,15 +341,21 @@ pub(crate) struct Line {
     emptied: Option<Emptied>,
 }
 
-/// What a line in fair shares keeps beside its links.
+/// What a line by rank and tag keeps beside its links.
 #[derive(Default)]
 struct Fair {
-    /// The waiters behind the head by tag and arrival number, to place a newcomer in O(log n).
-    /// The head is not in it: it keeps its place whatever its tag.
-    behind_head: BTreeMap<(u128, u64), u32>,
-    /// How many waiters of each tenant are parked.
-    tenants: HashMap<Option<Arc<str>>, u32>,
+    /// The waiters behind the head by rank, tag and arrival number, to place a newcomer in
+    /// O(log n). The head is not in it: it keeps its place whatever its tag (only a newcomer of
+    /// a higher level goes before it).
+    behind_head: BTreeMap<Key, u32>,
+    /// How many waiters of each tenant are parked, by rank.
+    tenants: HashMap<(u8, Option<Arc<str>>), u32>,
+    /// How many waiters of each rank are parked.
+    ranks: [u32; MAX_RANKS],
 }
+
+/// The most priority levels a line tells apart.
+pub(crate) const MAX_RANKS: usize = 16;
 
 impl Line {
     pub(crate) fn len(&self) -> usize {
@@ -327,8 +366,9 @@ impl Line {
         self.len == 0
     }
 
-    /// Parks `waiter` at the tail, or with fair shares behind the last waiter whose tag is no
-    /// later than its own, never ahead of the head: O(1) in arrival order, O(log n) by tag.
+    /// Parks `waiter` at the tail; by rank and tag, behind the last waiter of its rank whose tag
+    /// is no later than its own, never ahead of the head unless its rank is higher (a smaller
+    /// number) than the head's: O(1) in arrival order, O(log n) by rank and tag.
     ///
     /// # Panics
     ///
@@ -336,38 +376,47 @@ impl Line {
     pub(crate) fn push(&mut self, waiter: Waiter) -> Place {
         let seq = self.next_seq;
         self.next_seq += 1;
-        // Behind the last waiter whose tag is no later than the newcomer's, and never ahead of
-        // the head; in arrival order, at the tail.
+        let (rank, tag) = (waiter.rank, waiter.tag);
         let after = match (&self.fair, self.head) {
             (None, _) | (_, None) => self.tail,
+            (Some(_), Some(head)) if rank < self.slots.node(head).waiter.rank => None,
             (Some(fair), Some(head)) => Some(
                 fair.behind_head
-                    .range(..=(waiter.tag, u64::MAX))
+                    .range(..=(rank, tag, u64::MAX))
                     .next_back()
                     .map_or(head, |(_, &slot)| slot),
             ),
         };
         let next = match after {
             Some(at) => self.slots.node(at).next,
-            None => END,
+            None => self.head.unwrap_or(END),
         };
         let node = Node {
             prev: after.unwrap_or(END),
             next,
             waiter,
         };
-        let tag = node.waiter.tag;
         if let Some(fair) = &mut self.fair {
             *fair
                 .tenants
-                .entry(node.waiter.ctx.snapshot().tenant.clone())
+                .entry((rank, node.waiter.ctx.snapshot().tenant.clone()))
                 .or_insert(0) += 1;
+            fair.ranks[usize::from(rank)] += 1;
         }
         let slot = self.slots.insert(Slot::Waiting { seq, node });
-        if let Some(fair) = &mut self.fair
-            && after.is_some()
-        {
-            fair.behind_head.insert((tag, seq), slot);
+        if let Some(fair) = &mut self.fair {
+            match after {
+                Some(_) => {
+                    fair.behind_head.insert((rank, tag, seq), slot);
+                }
+                // Before the head: the head stands behind it now, in the index.
+                None => {
+                    if let Some(Slot::Waiting { seq, node }) = self.slots.slot(next) {
+                        let old = &node.waiter;
+                        fair.behind_head.insert((old.rank, old.tag, *seq), next);
+                    }
+                }
+            }
         }
         match after {
             None => self.head = Some(slot),
@@ -384,28 +433,52 @@ impl Line {
         Place { slot, seq }
     }
 
-    /// The smallest tag in the line (`None`: it is empty): the head's, or that of the waiter
-    /// right behind it, the line keeping the others in order of their tags.
-    pub(crate) fn least_tag(&self) -> Option<u128> {
+    /// The smallest tag among the waiters of `rank` (`None`: none is parked): the head's, if of
+    /// that rank, or that of the first of that rank behind it, the line keeping them in order.
+    pub(crate) fn least_tag(&self, rank: u8) -> Option<Tag> {
         let head = self.slots.node(self.head?);
-        Some(match head.next {
-            END => head.waiter.tag,
-            next => head.waiter.tag.min(self.slots.node(next).waiter.tag),
-        })
+        let behind = match &self.fair {
+            Some(fair) => fair
+                .behind_head
+                .range((rank, Tag::ZERO, 0)..)
+                .next()
+                .filter(|((r, _, _), _)| *r == rank)
+                .map(|((_, tag, _), _)| *tag),
+            None => (head.next != END).then(|| self.slots.node(head.next).waiter.tag),
+        };
+        let own = (head.waiter.rank == rank).then_some(head.waiter.tag);
+        match (own, behind) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
-    /// Keeps the waiters behind the head in order of their tags from now on, and counts each
-    /// tenant's (a line in fair shares, still empty).
+    /// Keeps the waiters in order of their ranks and tags from now on, and counts each rank's
+    /// and each tenant's (a line under levels or fair shares, still empty).
     pub(crate) fn order_by_tag(&mut self) {
         debug_assert!(self.is_empty());
         self.fair = Some(Fair::default());
     }
 
-    /// Whether a waiter of `tenant` is parked (false when tenants are not counted).
-    pub(crate) fn has_parked(&self, tenant: &Option<Arc<str>>) -> bool {
+    /// Whether a waiter of `tenant` at `rank` is parked (false when tenants are not counted).
+    pub(crate) fn has_parked(&self, rank: u8, tenant: &Option<Arc<str>>) -> bool {
+        self.fair.as_ref().is_some_and(|fair| {
+            // A lookup by a borrowed pair would need a key type of its own; a tenant's name is
+            // one reference count to clone.
+            fair.tenants.contains_key(&(rank, tenant.clone()))
+        })
+    }
+
+    /// How many waiters of `rank` are parked (0 when ranks are not counted).
+    pub(crate) fn parked_at(&self, rank: u8) -> u32 {
         self.fair
             .as_ref()
-            .is_some_and(|fair| fair.tenants.contains_key(tenant))
+            .map_or(0, |fair| fair.ranks[usize::from(rank)])
+    }
+
+    /// How many waiters of each rank are parked (all 0 when ranks are not counted).
+    pub(crate) fn parked_by_rank(&self) -> [u32; MAX_RANKS] {
+        self.fair.as_ref().map_or([0; MAX_RANKS], |fair| fair.ranks)
     }
 
     /// Whether the waiter at `place` stands where a paused pass has already walked: before its
@@ -417,9 +490,14 @@ impl Line {
         match self.cursor {
             None => false,
             Some(END) => self.slots.node(place.slot).next != END,
-            // Nobody stands before the head, and behind it the tags are in order.
+            // A newcomer of a higher level placed before the head stands before every cursor.
+            Some(_) if self.head == Some(place.slot) => true,
             Some(cursor) if Some(cursor) == self.head => false,
-            Some(cursor) => self.slots.node(cursor).waiter.tag > waiter.tag,
+            // Behind the head, the waiters are in order of rank and tag.
+            Some(cursor) => {
+                let at = &self.slots.node(cursor).waiter;
+                (at.rank, at.tag) > (waiter.rank, waiter.tag)
+            }
         }
     }
 
@@ -498,10 +576,12 @@ impl Line {
             if node.prev == END {
                 // The head leaves: the waiter behind it is the head now, out of the index.
                 if let Some(Slot::Waiting { seq, node: next }) = self.slots.slot(node.next) {
-                    fair.behind_head.remove(&(next.waiter.tag, *seq));
+                    fair.behind_head
+                        .remove(&(next.waiter.rank, next.waiter.tag, *seq));
                 }
             } else {
-                fair.behind_head.remove(&(node.waiter.tag, seq));
+                fair.behind_head
+                    .remove(&(node.waiter.rank, node.waiter.tag, seq));
             }
         }
         match node.prev {
@@ -517,13 +597,14 @@ impl Line {
         }
         self.len -= 1;
         if let Some(fair) = &mut self.fair {
-            let tenant = &node.waiter.ctx.snapshot().tenant;
-            if let Some(count) = fair.tenants.get_mut(tenant) {
+            let key = (node.waiter.rank, node.waiter.ctx.snapshot().tenant.clone());
+            if let Some(count) = fair.tenants.get_mut(&key) {
                 *count -= 1;
                 if *count == 0 {
-                    fair.tenants.remove(tenant);
+                    fair.tenants.remove(&key);
                 }
             }
+            fair.ranks[usize::from(node.waiter.rank)] -= 1;
         }
         node.waiter
     }

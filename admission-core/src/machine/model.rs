@@ -27,7 +27,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use proptest::prelude::*;
 
-use super::{Arrival, Arrived, Effects, Left, Machine, Next, Passed, Remains, Scope};
+use super::{Arrival, Arrived, Effects, Left, LineOrder, Machine, Next, Passed, Remains, Scope};
 use crate::account::{
     Account, AccountStatus, Answer, Ask, Category, Refusal, Replenishment, WakeSlot,
 };
@@ -37,12 +37,12 @@ use crate::context::JobContext;
 use crate::demand::Demand;
 use crate::error::AdmitError;
 use crate::event::EventKind;
-use crate::fair::FairShares;
+use crate::fair::{FairShares, Level, Levels};
 use crate::mute;
 use crate::sync::Published;
 
 use super::fair::Tags;
-use super::line::{Done, Notify, Place};
+use super::line::{Done, Notify, Place, Tag};
 use super::{Leaving, PASS_BATCH};
 
 const ACCOUNTS: usize = 3;
@@ -50,10 +50,45 @@ const ACCOUNTS: usize = 3;
 /// Tenants the arrivals come from (fair shares weigh them).
 const TENANTS: usize = 3;
 
+/// Priority levels the arrivals ask for (when the machine has levels).
+const LEVELS: usize = 3;
+
+/// The pool that reports its capacity as coming back with time: the other levels' reserves on
+/// it are always left aside. (It is given back as the others are: the machine reads only what it
+/// reports.)
+const TIME_POOL: usize = 2;
+
+/// The priority levels of a sequence: whether level 0 is exempt, and what each level reserves
+/// of each pool.
+#[derive(Clone, Copy, Debug)]
+struct LevelsCfg {
+    exempt: bool,
+    reserve: [[u64; ACCOUNTS]; LEVELS],
+}
+
+impl LevelsCfg {
+    fn levels(&self) -> Levels {
+        (0..LEVELS).fold(Levels::new(), |levels, l| {
+            let mut level = Level::new(format!("l{l}"));
+            if l == 0 && self.exempt {
+                level = level.exempt();
+            }
+            for a in 0..ACCOUNTS {
+                if self.reserve[l][a] > 0 {
+                    level = level.reserve(format!("pool-{a}"), Amount::units(self.reserve[l][a]));
+                }
+            }
+            levels.level(level).expect("a valid level")
+        })
+    }
+}
+
 /// A release account whose capacity a test changes. A take past the capacity fails the test at
 /// once.
 struct Pool {
     name: String,
+    /// Reports [`Replenishment::Time`] (`TIME_POOL`).
+    time: bool,
     capacity: AtomicU64,
     in_use: Mutex<u64>,
     wake: WakeSlot,
@@ -62,6 +97,7 @@ struct Pool {
 impl Pool {
     fn new(name: String, capacity: u64) -> Pool {
         Pool {
+            time: name == format!("pool-{TIME_POOL}"),
             name,
             capacity: AtomicU64::new(capacity),
             in_use: Mutex::new(0),
@@ -105,7 +141,11 @@ impl Account for Pool {
         Category::custom("pool")
     }
     fn replenishment(&self) -> Replenishment {
-        Replenishment::Release
+        if self.time {
+            Replenishment::Time
+        } else {
+            Replenishment::Release
+        }
     }
     fn ask(&self, mine: Amount, ask: Ask) -> Answer {
         let capacity = self.capacity.load(Ordering::SeqCst);
@@ -167,6 +207,7 @@ enum Op {
         amounts: Vec<(usize, u64)>,
         timeout_ms: Option<u64>,
         tenant: usize,
+        level: usize,
     },
     /// The `n`th held grant (modulo how many are held) is given back.
     Release(usize),
@@ -190,8 +231,13 @@ fn op() -> impl Strategy<Value = Op> {
         })
         .prop_map(|(accounts, units)| accounts.into_iter().zip(units).collect::<Vec<_>>());
     prop_oneof![
-        40 => (amounts, proptest::option::weighted(0.5, 1..=40u64), 0..TENANTS)
-            .prop_map(|(amounts, timeout_ms, tenant)| Op::Arrive { amounts, timeout_ms, tenant }),
+        40 => (amounts, proptest::option::weighted(0.5, 1..=40u64), 0..TENANTS, 0..LEVELS)
+            .prop_map(|(amounts, timeout_ms, tenant, level)| Op::Arrive {
+                amounts,
+                timeout_ms,
+                tenant,
+                level,
+            }),
         25 => any::<usize>().prop_map(Op::Release),
         6 => any::<usize>().prop_map(Op::Cancel),
         3 => any::<usize>().prop_map(Op::Abandon),
@@ -222,22 +268,25 @@ fn end_of(error: &AdmitError) -> End {
     }
 }
 
-/// The reference's waiter: its job, its amounts, its deadline (ms) and its start tag (0 in
-/// arrival order).
+/// The reference's waiter: its job, its amounts, its deadline (ms), its level (0 without
+/// levels) and its start tag (0 in arrival order).
 #[derive(Clone, Debug)]
 struct Waiting {
     job: u64,
     amounts: Vec<(usize, u64)>,
     deadline: Option<u64>,
+    level: usize,
     tag: u128,
 }
 
-/// The reference: plain vectors and one walk.
+/// The reference: plain vectors and walks from the front.
 struct Model {
     /// The tenants' weights under fair shares (`None`: arrival order).
     weights: Option<[u32; TENANTS]>,
-    /// Each tenant's finish tag under fair shares.
-    finish: [u128; TENANTS],
+    /// The priority levels (`None`: one level).
+    levels: Option<LevelsCfg>,
+    /// Each tenant's finish tag under fair shares, by level.
+    finish: [[u128; TENANTS]; LEVELS],
     capacity: [u64; ACCOUNTS],
     in_use: [u64; ACCOUNTS],
     line: Vec<Waiting>,
@@ -251,60 +300,106 @@ impl Model {
         self.capacity[account].saturating_sub(self.in_use[account])
     }
 
-    /// Parks a newcomer. In arrival order, at the end. Under fair shares, a busy period starts
-    /// afresh in an empty line; a job starts where its tenant's last finished, or at the smallest
-    /// tag waiting if that is later, and finishes its units (times a million) over its tenant's
-    /// weight later; it stands behind every waiter of a tag no later than its own, and behind the
-    /// first waiter whatever the tags.
+    /// Parks a newcomer. In arrival order, at the end. With levels, behind every waiter of its
+    /// level or a higher one (a smaller number) and before every waiter of a lower one, the
+    /// first waiter included. Under fair shares, each level's busy period starts afresh when
+    /// none of it waits; a job starts where its tenant's last finished in its level, or at the
+    /// smallest tag of its level waiting if that is later, and finishes its units (times a
+    /// million) over its tenant's weight later; within its level it stands behind every waiter
+    /// of a tag no later than its own, and behind the first waiter whatever the tags.
     fn park(&mut self, mut w: Waiting, tenant: usize, units: u64) {
-        let Some(weights) = self.weights else {
-            self.line.push(w);
+        if let Some(weights) = self.weights {
+            let level = w.level;
+            let virtual_time = match self
+                .line
+                .iter()
+                .filter(|o| o.level == level)
+                .map(|o| o.tag)
+                .min()
+            {
+                None => {
+                    self.finish[level] = [0; TENANTS];
+                    0
+                }
+                Some(least) => least,
+            };
+            w.tag = self.finish[level][tenant].max(virtual_time);
+            self.finish[level][tenant] =
+                w.tag + u128::from(units) * 1_000_000 / u128::from(weights[tenant]);
+        }
+        if self.line.first().is_some_and(|first| w.level < first.level) {
+            self.line.insert(0, w);
             return;
-        };
-        let virtual_time = match self.line.as_slice() {
-            [] => {
-                self.finish = [0; TENANTS];
-                0
-            }
-            [only] => only.tag,
-            [first, second, ..] => first.tag.min(second.tag),
-        };
-        w.tag = self.finish[tenant].max(virtual_time);
-        self.finish[tenant] = w.tag + u128::from(units) * 1_000_000 / u128::from(weights[tenant]);
+        }
         let mut at = self.line.len();
-        while at > 1 && self.line[at - 1].tag > w.tag {
+        while at > 1 && (self.line[at - 1].level, self.line[at - 1].tag) > (w.level, w.tag) {
             at -= 1;
         }
         self.line.insert(at, w);
+    }
+
+    /// What a job of `level` leaves aside on pool `a` for the other levels' reserves: always on
+    /// the time pool, on the others while a waiter of the reserving level is in the line;
+    /// nothing for an exempt level. With `always_only`, only what is always left aside.
+    fn aside(&self, level: usize, a: usize, always_only: bool) -> u64 {
+        let Some(cfg) = self.levels else { return 0 };
+        if level == 0 && cfg.exempt {
+            return 0;
+        }
+        (0..LEVELS)
+            .filter(|&m| m != level)
+            .filter(|&m| a == TIME_POOL || (!always_only && self.line.iter().any(|w| w.level == m)))
+            .map(|m| cfg.reserve[m][a])
+            .sum()
     }
 
     fn never(&self, amounts: &[(usize, u64)]) -> bool {
         amounts.iter().any(|&(a, units)| units > self.capacity[a])
     }
 
-    fn fits(&self, amounts: &[(usize, u64)], ahead: &[u64; ACCOUNTS]) -> bool {
+    /// Never, with the reserves always left aside: refused at arrival.
+    fn never_beside_reserves(&self, amounts: &[(usize, u64)], level: usize) -> bool {
         amounts
             .iter()
-            .all(|&(a, units)| units + ahead[a] <= self.free(a))
+            .any(|&(a, units)| units + self.aside(level, a, true) > self.capacity[a])
     }
 
-    /// The walk from the front: the grants in order, and how jobs ended.
+    fn fits(&self, amounts: &[(usize, u64)], level: usize, ahead: &[u64; ACCOUNTS]) -> bool {
+        amounts
+            .iter()
+            .all(|&(a, units)| units + ahead[a] + self.aside(level, a, false) <= self.free(a))
+    }
+
+    /// Walks from the front until a walk decides nothing (a level's last waiter leaving lends
+    /// its reserves to the waiters asked before): the grants in order, and how jobs ended.
     fn walk(&mut self, granted: &mut Vec<u64>, ended: &mut BTreeMap<u64, End>) {
+        while self.walk_once(granted, ended) {}
+    }
+
+    /// One walk from the front; true when it decided anyone. The first waiter that does not fit
+    /// is the head: every waiter behind it is asked with the head's amounts set aside, and
+    /// nobody behind it takes from a pool it is short on.
+    fn walk_once(&mut self, granted: &mut Vec<u64>, ended: &mut BTreeMap<u64, End>) -> bool {
         let mut ahead: Option<[u64; ACCOUNTS]> = None;
+        let mut claimed = [false; ACCOUNTS];
+        let mut decided = false;
         let mut i = 0;
         while i < self.line.len() {
             let w = self.line[i].clone();
             if w.deadline.is_some_and(|d| d <= self.now) {
                 self.line.remove(i);
                 ended.insert(w.job, End::TimedOut);
+                decided = true;
                 continue;
             }
             if self.never(&w.amounts) {
                 self.line.remove(i);
                 ended.insert(w.job, End::Never);
+                decided = true;
                 continue;
             }
-            if self.fits(&w.amounts, &ahead.unwrap_or([0; ACCOUNTS])) {
+            let reaches_claimed = w.amounts.iter().any(|&(a, _)| claimed[a]);
+            if !reaches_claimed && self.fits(&w.amounts, w.level, &ahead.unwrap_or([0; ACCOUNTS])) {
                 self.line.remove(i);
                 for &(a, units) in &w.amounts {
                     self.in_use[a] += units;
@@ -312,17 +407,20 @@ impl Model {
                 self.held.push((w.job, w.amounts));
                 granted.push(w.job);
                 ended.insert(w.job, End::Granted);
+                decided = true;
                 continue;
             }
             if ahead.is_none() {
                 let mut reserved = [0; ACCOUNTS];
                 for &(a, units) in &w.amounts {
                     reserved[a] = units;
+                    claimed[a] = units + self.aside(w.level, a, false) > self.free(a);
                 }
                 ahead = Some(reserved);
             }
             i += 1;
         }
+        decided
     }
 
     fn release(&mut self, job: u64) {
@@ -429,7 +527,13 @@ impl Real {
     }
 }
 
-fn check(ops: &[Op], capacities: [u64; ACCOUNTS], batch: usize, weights: Option<[u32; TENANTS]>) {
+fn check(
+    ops: &[Op],
+    capacities: [u64; ACCOUNTS],
+    batch: usize,
+    weights: Option<[u32; TENANTS]>,
+    levels: Option<LevelsCfg>,
+) {
     let rung = Arc::new(AtomicBool::new(false));
     let kick: WakeFn = {
         let rung = rung.clone();
@@ -443,13 +547,16 @@ fn check(ops: &[Op], capacities: [u64; ACCOUNTS], batch: usize, weights: Option<
             mute,
             Arc::new(Published::default()),
             batch,
-            weights.map(|weights| {
-                (0..TENANTS).fold(FairShares::new(), |shares, t| {
-                    shares
-                        .weight(format!("t{t}"), weights[t])
-                        .expect("a valid weight")
-                })
-            }),
+            LineOrder {
+                fair: weights.map(|weights| {
+                    (0..TENANTS).fold(FairShares::new(), |shares, t| {
+                        shares
+                            .weight(format!("t{t}"), weights[t])
+                            .expect("a valid weight")
+                    })
+                }),
+                levels: levels.map(|cfg| cfg.levels()),
+            },
         ),
         clock: Arc::default(),
         pools: (0..ACCOUNTS)
@@ -464,7 +571,8 @@ fn check(ops: &[Op], capacities: [u64; ACCOUNTS], batch: usize, weights: Option<
     };
     let mut model = Model {
         weights,
-        finish: [0; TENANTS],
+        levels,
+        finish: [[0; TENANTS]; LEVELS],
         capacity: capacities,
         in_use: [0; ACCOUNTS],
         line: Vec::new(),
@@ -481,8 +589,14 @@ fn check(ops: &[Op], capacities: [u64; ACCOUNTS], batch: usize, weights: Option<
                 amounts,
                 timeout_ms,
                 tenant,
+                level,
             } => {
-                let ctx = JobContext::new(format!("job-{step}")).with_tenant(format!("t{tenant}"));
+                let mut ctx =
+                    JobContext::new(format!("job-{step}")).with_tenant(format!("t{tenant}"));
+                let level = if levels.is_some() { *level } else { 0 };
+                if levels.is_some() {
+                    ctx = ctx.with_level(format!("l{level}"));
+                }
                 let job = ctx.id();
                 let mut demand = Demand::new();
                 for &(a, units) in amounts {
@@ -520,13 +634,14 @@ fn check(ops: &[Op], capacities: [u64; ACCOUNTS], batch: usize, weights: Option<
                 }
                 if model.stopped {
                     model_ended.insert(job, End::Shutdown);
-                } else if model.never(amounts) {
+                } else if model.never(amounts) || model.never_beside_reserves(amounts, level) {
                     model_ended.insert(job, End::Never);
                 } else {
                     let waiting = Waiting {
                         job,
                         amounts: amounts.clone(),
                         deadline: timeout_ms.map(|t| model.now + t),
+                        level,
                         tag: 0,
                     };
                     let units = amounts.iter().map(|&(_, units)| units).sum();
@@ -681,8 +796,15 @@ proptest! {
         capacities in proptest::array::uniform3(1..=6u64),
         batch in 1..=8usize,
         weights in proptest::option::of(proptest::array::uniform3(1..=4u32)),
+        levels in proptest::option::of((
+            any::<bool>(),
+            proptest::array::uniform3(proptest::array::uniform3(
+                prop_oneof![3 => Just(0u64), 1 => 1..=2u64],
+            )),
+        )),
     ) {
-        check(&ops, capacities, batch, weights);
+        let levels = levels.map(|(exempt, reserve)| LevelsCfg { exempt, reserve });
+        check(&ops, capacities, batch, weights, levels);
     }
 }
 
@@ -694,13 +816,19 @@ fn a_pass_batch_of_the_shells_size_walks_the_same_line() {
                 amounts: vec![(i % ACCOUNTS, 1 + (i as u64 % 3))],
                 timeout_ms: None,
                 tenant: i % TENANTS,
+                level: i % LEVELS,
             },
             2 => Op::Release(i),
             _ => Op::Advance(1),
         })
         .collect();
-    check(&ops, [3, 3, 3], PASS_BATCH, None);
-    check(&ops, [3, 3, 3], PASS_BATCH, Some([3, 1, 2]));
+    check(&ops, [3, 3, 3], PASS_BATCH, None, None);
+    check(&ops, [3, 3, 3], PASS_BATCH, Some([3, 1, 2]), None);
+    let levels = LevelsCfg {
+        exempt: true,
+        reserve: [[0, 0, 1], [1, 0, 0], [0, 1, 0]],
+    };
+    check(&ops, [3, 3, 3], PASS_BATCH, Some([3, 1, 2]), Some(levels));
 }
 
 /// Under fair shares a newcomer may be placed before a paused pass's cursor (behind the head, a
@@ -711,7 +839,17 @@ fn a_newcomer_placed_before_a_paused_passs_cursor_is_walked_again() {
     let kick: WakeFn = Arc::new(|| {});
     let mute = mute::wake_key(&kick);
     let published = Arc::new(Published::default());
-    let mut machine = Machine::new(None, kick, mute, published, 1, Some(FairShares::new()));
+    let mut machine = Machine::new(
+        None,
+        kick,
+        mute,
+        published,
+        1,
+        LineOrder {
+            fair: Some(FairShares::new()),
+            levels: None,
+        },
+    );
     let pool: Arc<dyn Account> = Arc::new(Pool::new("pool".to_owned(), 1));
     let clock = Hand::default();
     let now = Reading::new(&clock);
@@ -772,27 +910,22 @@ fn a_fair_job_starts_at_its_tenants_last_finish_or_the_virtual_time() {
     let light = JobContext::new("job").with_tenant("light");
     let pool: Arc<dyn Account> = Arc::new(Pool::new("pool".to_owned(), 8));
     let eight = Demand::new().with(pool, Amount::units(8));
-    assert_eq!(tags.start(&eight, &heavy, None, 0, &|_| false), 0);
+    let mut start = |ctx: &JobContext, rank: u8, level: Option<u128>, parked: usize| {
+        tags.start(&eight, ctx, rank, level.map(Tag::from), parked, &|_| false)
+            .get()
+    };
+    assert_eq!(start(&heavy, 0, None, 0), 0);
+    assert_eq!(start(&heavy, 0, Some(0), 1), 2_000_000);
+    assert_eq!(start(&light, 0, Some(0), 2), 0);
+    assert_eq!(start(&light, 0, Some(0), 3), 8_000_000);
+    assert_eq!(start(&light, 0, Some(9_000_000), 4), 16_000_000);
+    assert_eq!(start(&heavy, 0, Some(9_000_000), 5), 9_000_000);
+    // Each level keeps its own tags: heavy's first job at level 1 starts at that level's time.
+    assert_eq!(start(&heavy, 1, Some(0), 0), 0);
+    assert_eq!(start(&heavy, 0, None, 0), 0, "a busy period starts afresh");
     assert_eq!(
-        tags.start(&eight, &heavy, Some(0), 1, &|_| false),
-        2_000_000
-    );
-    assert_eq!(tags.start(&eight, &light, Some(0), 2, &|_| false), 0);
-    assert_eq!(
-        tags.start(&eight, &light, Some(0), 3, &|_| false),
-        8_000_000
-    );
-    assert_eq!(
-        tags.start(&eight, &light, Some(9_000_000), 4, &|_| false),
-        16_000_000
-    );
-    assert_eq!(
-        tags.start(&eight, &heavy, Some(9_000_000), 5, &|_| false),
-        9_000_000
-    );
-    assert_eq!(
-        tags.start(&eight, &heavy, None, 0, &|_| false),
-        0,
-        "a busy period starts afresh"
+        start(&heavy, 1, Some(0), 1),
+        2_000_000,
+        "level 1 kept its own"
     );
 }

@@ -15,7 +15,9 @@
 //! go of the lock between its batches racing an arrival, (p) two such passes racing, (q) such a
 //! pass racing the withdrawal of the waiter it visits next, (r) `stop` deciding a parked future
 //! (its decision kept in the line's slot until collected) racing that future's drop on another
-//! thread, and a release granting it.
+//! thread, and a release granting it, (s) a higher priority level's newcomer placed before a
+//! lower level's head racing a release, (t) the last parked waiter of a level that reserves a
+//! permit withdrawing while a lower level's asker is held by that reserve.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -24,13 +26,14 @@ use loom::thread;
 
 use crate::{
     Account, AccountStatus, AdmitError, Amount, Answer, Ask, Category, Demand, Instant, JobContext,
-    Monitor, Refusal, Replenishment, WakeFn, WakeSlot,
+    Level, Levels, Monitor, Refusal, Replenishment, WakeFn, WakeSlot,
 };
 
 /// A counting gate whose counter sits under a loom-visible lock: a real account's lock is what
 /// orders a give after the pass that found it short (the doorbell's skip relies on that edge, see
 /// `evaluator.rs`), so the model must see it too.
 struct Gate {
+    name: &'static str,
     free: crate::sync::Mutex<u64>,
     /// More than this is refused for good.
     capacity: u64,
@@ -59,7 +62,11 @@ impl Gate {
         Gate::with_capacity(free, u64::MAX)
     }
     fn with_capacity(free: u64, capacity: u64) -> Arc<Gate> {
+        Gate::named("gate", free, capacity)
+    }
+    fn named(name: &'static str, free: u64, capacity: u64) -> Arc<Gate> {
         Arc::new(Gate {
+            name,
             free: crate::sync::Mutex::new(free),
             capacity,
             wake: WakeSlot::new(),
@@ -72,7 +79,7 @@ impl Gate {
 
 impl Account for Gate {
     fn name(&self) -> &str {
-        "gate"
+        self.name
     }
     fn category(&self) -> Category {
         Category::custom("gate")
@@ -805,5 +812,97 @@ fn loom_a_batched_pass_racing_the_withdrawal_of_its_next_waiter_moves_on_to_the_
             loom::future::block_on(head),
             Err(AdmitError::Shutdown)
         ));
+    });
+}
+
+/// A started monitor with the levels `health`, `interactive` (reserving `reserve` permits of
+/// `gate`) and `batch`.
+fn leveled(reserve: u64) -> Monitor {
+    let levels = Levels::new()
+        .level(Level::new("health"))
+        .and_then(|levels| {
+            levels.level(Level::new("interactive").reserve("gate", Amount::units(reserve)))
+        })
+        .and_then(|levels| levels.level(Level::new("batch")))
+        .unwrap();
+    let monitor = Monitor::builder().levels(levels).build();
+    monitor.start().unwrap();
+    monitor
+}
+
+/// (s) A batch job holds the one permit and another waits for it at the head; an interactive
+/// job arrives (polled once on this thread: placed before that head when it must wait, so it is
+/// the head then) while the holder gives the permit back on another thread. Both are granted in
+/// whichever order the race allows, each giving the permit back: a newcomer placed before the
+/// head whose wake-up was lost stays parked, a deadlock to loom.
+#[test]
+fn loom_a_higher_levels_newcomer_before_the_head_racing_a_release_is_granted() {
+    loom::model(|| {
+        let monitor = leveled(0);
+        let gate = Gate::new(1);
+        let batch = JobContext::new("batch").with_level("batch");
+        let held = monitor.admit_blocking(one(&gate), &batch, None).unwrap();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let mut waiting = Box::pin(monitor.admit(one(&gate), &batch, None));
+        assert!(waiting.as_mut().poll(&mut cx).is_pending());
+        let giver = thread::spawn(move || drop(held));
+        let job = JobContext::new("interactive").with_level("interactive");
+        let mut interactive = Box::pin(monitor.admit(one(&gate), &job, None));
+        let first = match interactive.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(outcome) => Some(outcome.expect("granted on arrival")),
+            std::task::Poll::Pending => None,
+        };
+        giver.join().unwrap();
+        // Whichever was granted first gives the permit back, and the other is granted then.
+        let batch_waiter = thread::spawn(move || {
+            drop(loom::future::block_on(waiting).expect("the batch waiter is granted"));
+        });
+        match first {
+            Some(grant) => drop(grant),
+            None => drop(loom::future::block_on(interactive).expect("the interactive job")),
+        }
+        batch_waiter.join().unwrap();
+        assert_eq!(gate.free(), 1);
+        assert_eq!(monitor.queue_size(), 0);
+        monitor.stop();
+    });
+}
+
+/// (t) The interactive level reserves one of the gate's two permits; its one waiter is parked on
+/// another account (empty) behind a health job's (the head, on a third), so a batch asker
+/// wanting both permits is held by the reserve. The interactive waiter's future is dropped on
+/// one thread while the batch job asks on another: once the level has nobody parked it lends its
+/// permit, and the asker is granted (a leave that did not ring, the leaver not being the head,
+/// would leave it parked: a deadlock to loom).
+#[test]
+fn loom_a_reserving_levels_last_waiter_leaving_racing_a_held_asker_lends_again() {
+    loom::model(|| {
+        let monitor = leveled(1);
+        let gate = Gate::new(2);
+        let other = Gate::named("other", 0, u64::MAX);
+        let third = Gate::named("third", 0, u64::MAX);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let health = JobContext::new("health").with_level("health");
+        let mut head = Box::pin(monitor.admit(one(&third), &health, None));
+        assert!(head.as_mut().poll(&mut cx).is_pending());
+        let job = JobContext::new("interactive").with_level("interactive");
+        let mut interactive = Box::pin(monitor.admit(one(&other), &job, None));
+        assert!(interactive.as_mut().poll(&mut cx).is_pending());
+        let leaver = thread::spawn(move || drop(interactive));
+        let (m, g) = (monitor.clone(), gate.clone());
+        let asker = thread::spawn(move || {
+            let job = JobContext::new("batch").with_level("batch");
+            m.admit_blocking(Demand::new().with(g, Amount::units(2)), &job, None)
+                .map(drop)
+        });
+        leaver.join().unwrap();
+        asker
+            .join()
+            .unwrap()
+            .expect("the batch job borrows the reserve");
+        drop(head);
+        assert_eq!(gate.free(), 2);
+        assert_eq!(monitor.queue_size(), 0);
+        monitor.stop();
     });
 }

@@ -23,17 +23,17 @@ use std::time::Duration;
 
 use tracing::Span;
 
-use crate::account::Replenishment;
+use crate::account::{AccountRef, Replenishment};
+use crate::amount::Amount;
 use crate::clock::{Instant, Reading, Timer, WakeFn};
 use crate::context::{JobContext, LeaveOnCancel, Listener, WaiterKey};
 use crate::demand::{Demand, Entry};
 use crate::error::{AdmitError, StartError, TryAdmitError};
 use crate::event::{Event, EventKind, EventSink};
-use crate::fair::FairShares;
 use crate::gate::Gate;
 use crate::machine::{
-    self, Arrival, Arrived, Done, Effects, Events, Leaving, Machine, Next, Notify, Passed, Place,
-    Remains, Scope, Whole,
+    self, Arrival, Arrived, Done, Effects, Events, Leaving, LineOrder, MAX_RANKS, Machine, Next,
+    Notify, Passed, Place, Ranks, Remains, Scope, Whole,
 };
 use crate::mute::{self, wake_key};
 use crate::sync::{
@@ -65,6 +65,8 @@ pub(crate) struct Shared {
     /// started by hand.
     manual: bool,
     sink: Sink,
+    /// What the lock-free fast path must know of the priority levels.
+    unlocked: Unlocking,
     /// This monitor itself, for a grant's hand-off pass (which may grant, and a grant holds
     /// its monitor): upgraded only when someone waits.
     me: Weak<Shared>,
@@ -98,7 +100,7 @@ impl Shared {
         manual: bool,
         pass_batch: usize,
         time_holds: bool,
-        fair: Option<FairShares>,
+        order: LineOrder,
     ) -> Arc<Shared> {
         let bell = Arc::new(Doorbell::new());
         let published = Arc::new(Published::default());
@@ -117,8 +119,11 @@ impl Shared {
             mute,
             published.clone(),
             pass_batch,
-            fair,
+            order.clone(),
         );
+        let unlocked = Unlocking {
+            ranks: order.levels.map(Ranks::new),
+        };
         let lock = MonitorLock::new(Locked {
             machine,
             evaluator: None,
@@ -137,6 +142,7 @@ impl Shared {
             mute,
             manual,
             sink: Sink::new(sink),
+            unlocked,
             me: me.clone(),
         });
         shared.clock.subscribe(&shared.kick);
@@ -271,6 +277,9 @@ impl Shared {
         now: &Reading<'_>,
         events: &mut Events,
     ) -> Unlocked {
+        let Some(rank) = self.unlocked.rank(ctx) else {
+            return Unlocked::Skipped;
+        };
         if self.gate.is_some()
             || !self.open.load(Ordering::SeqCst)
             || !self.published.is_empty()
@@ -279,7 +288,12 @@ impl Shared {
         {
             return Unlocked::Skipped;
         }
-        match machine::take_whole(self.mute, demand.entries(), ctx, now) {
+        let aside = |account: &AccountRef| self.unlocked.aside(rank, account);
+        let aside = self
+            .unlocked
+            .reserving()
+            .then_some(&aside as &dyn Fn(&AccountRef) -> Amount);
+        match machine::take_whole(self.mute, demand.entries(), ctx, aside, now) {
             Whole::Taken => {
                 // Stopped or closed while taking (the locked path refuses), or someone parked
                 // since the check above: that waiter is the head now, and what was just taken
@@ -668,6 +682,38 @@ impl Shared {
     #[cfg(any(test, feature = "test-util"))]
     pub(crate) fn take_lock_holds(&self) -> Option<crate::sync::LockHolds> {
         self.state.take_hold_times()
+    }
+}
+
+/// What the lock-free fast path must know of the priority levels: a job's rank, and the
+/// reserves an ask on an empty line leaves aside (those kept always).
+struct Unlocking {
+    /// The levels (`None`: none).
+    ranks: Option<Ranks>,
+}
+
+impl Unlocking {
+    /// The rank of `ctx`'s level (0 without levels); `None` for a level there is not, left to
+    /// the lock, which refuses it.
+    #[inline]
+    fn rank(&self, ctx: &JobContext) -> Option<u8> {
+        match &self.ranks {
+            None => Some(0),
+            Some(ranks) => ranks.rank(ctx).ok(),
+        }
+    }
+
+    /// What a job of `rank` leaves aside on `account` when nobody waits.
+    fn aside(&self, rank: u8, account: &AccountRef) -> Amount {
+        self.ranks.as_ref().map_or(Amount::ZERO, |ranks| {
+            ranks.aside(rank, account, &[0; MAX_RANKS], true)
+        })
+    }
+
+    /// Whether any level reserves anything.
+    #[inline]
+    fn reserving(&self) -> bool {
+        self.ranks.as_ref().is_some_and(Ranks::reserving)
     }
 }
 
@@ -1259,7 +1305,7 @@ impl fmt::Debug for Admit {
 // ---- the admission's span ----------------------------------------------------------------------
 
 /// One `tracing` span per admission (`admit`, `admit_blocking`): target `admission`, name `admit`,
-/// level DEBUG, with the job (`job_id`, `job_name`, `tenant`), the accounts asked of (`accounts`,
+/// level DEBUG, with the job (`job_id`, `job_name`, `tenant`, `level`), the accounts asked of (`accounts`,
 /// their names in demand order), and, once it ends, how long it waited (`waited_ms`: on the
 /// monitor's clock for a grant, a timeout or a cancellation, as the grant or the error says; on
 /// the system clock otherwise) and its `outcome` (`granted`, `abandoned` for a future dropped
@@ -1283,6 +1329,7 @@ impl AdmissionSpan {
             job_id = job.id,
             job_name = &*job.name,
             tenant = job.tenant.as_deref(),
+            level = job.level.as_deref(),
             accounts = tracing::field::Empty,
             waited_ms = tracing::field::Empty,
             outcome = tracing::field::Empty,

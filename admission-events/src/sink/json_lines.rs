@@ -40,7 +40,7 @@ pub enum FlushPolicy {
 /// use admission_events::JsonLinesSink;
 ///
 /// let sink = JsonLinesSink::new(Vec::new());
-/// let job = JobSnapshot { id: 3, name: "j".into(), workflow: None, tenant: None };
+/// let job = JobSnapshot { id: 3, name: "j".into(), workflow: None, tenant: None, level: None };
 /// let kind = EventKind::Released { rolled_back: false };
 /// sink.emit(&Event { kind, at: Instant::from_nanos(5), job, entries: Vec::new() })?;
 /// let text = String::from_utf8(sink.into_inner()).unwrap();

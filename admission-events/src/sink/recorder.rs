@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 ///
 /// let recorder = Arc::new(Recorder::new());
 /// let sink: Arc<dyn EventSink> = recorder.clone();
-/// let job = JobSnapshot { id: 7, name: "summarize".into(), workflow: None, tenant: None };
+/// let job = JobSnapshot { id: 7, name: "summarize".into(), workflow: None, tenant: None, level: None };
 /// let event = Event {
 ///     kind: EventKind::GrantedImmediate,
 ///     at: Instant::from_nanos(1_000),
@@ -66,7 +66,7 @@ impl Recorder {
     ///
     /// let recorder = Recorder::with_capacity(2);
     /// for id in 1..=3 {
-    ///     let job = JobSnapshot { id, name: "j".into(), workflow: None, tenant: None };
+    ///     let job = JobSnapshot { id, name: "j".into(), workflow: None, tenant: None, level: None };
     ///     let kind = EventKind::GrantedImmediate;
     ///     recorder.emit(&Event { kind, at: Instant::ZERO, job, entries: Vec::new() })?;
     /// }

@@ -17,7 +17,7 @@ const TARGET: &str = "admission";
 /// |---|---|---|
 /// | `kind` | all | [`EventKind::as_str`] |
 /// | `job_id`, `job_name` | all | the job's snapshot |
-/// | `workflow`, `tenant` | all, when set | the job's snapshot |
+/// | `workflow`, `tenant`, `level` | all, when set | the job's snapshot |
 /// | `accounts` | all | the account names, comma separated, in demand order |
 /// | `amount` | all | [`amount_of`] |
 /// | `at_ns` | all | the monitor clock's reading, in nanoseconds |
@@ -61,6 +61,7 @@ macro_rules! emit_at {
             job_name = &*$event.job.name,
             workflow = $event.job.workflow.as_deref(),
             tenant = $event.job.tenant.as_deref(),
+            level = $event.job.level.as_deref(),
             accounts = $accounts,
             amount = amount_of($event),
             at_ns = $event.at.as_nanos(),

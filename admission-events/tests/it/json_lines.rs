@@ -76,6 +76,7 @@ fn a_rejection_is_one_line_with_exactly_its_fields() {
             name: "summarize".into(),
             workflow: Some("nightly".into()),
             tenant: None,
+            level: None,
         },
         entries: vec![
             EventEntry {

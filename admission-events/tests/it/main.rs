@@ -20,6 +20,7 @@ pub fn job(id: u64, name: &str) -> JobSnapshot {
         name: name.into(),
         workflow: None,
         tenant: None,
+        level: None,
     }
 }
 

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use admission_core::event::{EventKind, EventSink, RejectReason};
-use admission_core::{Amount, Demand, Instant, JobContext, Monitor};
+use admission_core::{Amount, Demand, Instant, JobContext, Level, Levels, Monitor};
 use admission_events::MetricsSink;
 use admission_events::metrics::{
-    ADMITTED, GRANTED_UNITS, HELD, OTEL_ACTIVE_LEASES, OTEL_LEASE_DURATION, OTEL_QUEUED,
+    ADMITTED, GRANTED_UNITS, HELD, LEVEL, OTEL_ACTIVE_LEASES, OTEL_LEASE_DURATION, OTEL_QUEUED,
     OTEL_REQUESTS, OTEL_TIME_IN_QUEUE, REJECTED, RELEASED, RESULT, SIMULATED_WAIT, TENANT, WAIT,
     WAITERS,
 };
@@ -585,6 +585,68 @@ fn a_sink_told_its_tenants_labels_them_and_counts_their_units() {
                     &[("reason", "timed_out"), (TENANT, "other")],
                     Value::Counter(1)
                 ),
+            ]
+        );
+    });
+}
+
+/// A sink told the monitor's levels labels the admission series with the job's level: a job
+/// naming none with the default level's name, one naming a level the monitor lacks with
+/// `other`; every level's counters are written at zero first, beside each tenant's.
+#[test]
+fn a_sink_told_the_levels_labels_each_job_with_its_level() {
+    recorded(|snapshotter| {
+        let levels = Levels::new()
+            .level(Level::new("interactive"))
+            .and_then(|l| l.level(Level::new("batch")))
+            .unwrap();
+        let sink = MetricsSink::with_tenants(["acme"], 1.0).with_levels(&levels);
+        let zeroes = all_series(snapshotter)
+            .into_iter()
+            .filter(|(name, labels, ..)| {
+                name == ADMITTED
+                    && labels.iter().any(|(k, v)| k == "path" && v == "immediate")
+                    && labels.iter().any(|(k, _)| k == LEVEL)
+            })
+            .count();
+        assert_eq!(zeroes, 2 * 3, "two tenant labels times three level labels");
+        let of = |level: Option<&str>, tokens: u64| {
+            let mut e = event(EventKind::GrantedImmediate, 7);
+            e.job.tenant = Some("acme".into());
+            e.job.level = level.map(Into::into);
+            e.entries = vec![entry("model", Amount::pair(tokens, 1))];
+            e
+        };
+        sink.emit(&of(Some("interactive"), 300)).unwrap();
+        sink.emit(&of(None, 20)).unwrap();
+        sink.emit(&of(Some("batch"), 1)).unwrap();
+        sink.emit(&of(Some("nightly"), 4)).unwrap();
+        let units = |level: &str| {
+            (
+                GRANTED_UNITS.to_owned(),
+                vec![
+                    ("account".to_owned(), "model".to_owned()),
+                    (LEVEL.to_owned(), level.to_owned()),
+                    (TENANT.to_owned(), "acme".to_owned()),
+                ],
+                Some(Unit::Count),
+            )
+        };
+        let granted: Vec<(String, Vec<(String, String)>, Option<Unit>, Value)> =
+            series(snapshotter)
+                .into_iter()
+                .filter(|(name, ..)| name == GRANTED_UNITS)
+                .collect();
+        let expect = |level: &str, n: u64| {
+            let (name, labels, unit) = units(level);
+            (name, labels, unit, Value::Counter(n))
+        };
+        assert_eq!(
+            granted,
+            [
+                expect("batch", 21),
+                expect("interactive", 300),
+                expect("other", 4)
             ]
         );
     });

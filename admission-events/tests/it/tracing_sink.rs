@@ -98,6 +98,7 @@ fn every_event_names_the_job_its_accounts_and_its_amount() {
             name: "summarize chapter 3".into(),
             workflow: Some("nightly".into()),
             tenant: Some("acme".into()),
+            level: None,
         },
         entries: vec![
             EventEntry {

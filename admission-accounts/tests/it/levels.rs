@@ -1,0 +1,205 @@
+//! Priority levels through a real monitor on a fake clock: a higher level stands before a lower
+//! level's head, the other levels leave a level's reserve aside (always on a token bucket, on a
+//! gate only while the level has a waiter parked), an exempt level ignores reserves, and a job
+//! naming a level the monitor does not have, or one that can never fit beside the reserves, is
+//! refused at once.
+
+use std::sync::Arc;
+
+use admission_accounts::token_bucket::TokenBucketConfig;
+use admission_accounts::{CountingGate, TokenBucket};
+use admission_core::{
+    AdmitError, Amount, Demand, Grant, JobContext, Level, Levels, Monitor, TryAdmitError,
+};
+use admission_testkit::FakeClock;
+use admission_testkit::monitor::poll_once;
+
+/// A monitor with manual passes and the levels `health` (exempt), `interactive` (reserving
+/// `tokens` of `model` and `permits` of `http`) and `batch`.
+fn monitor(clock: &FakeClock, tokens: u64, permits: u64) -> Monitor {
+    let levels = Levels::new()
+        .level(Level::new("health").exempt())
+        .and_then(|l| {
+            l.level(
+                Level::new("interactive")
+                    .reserve("model", Amount::pair(tokens, 0))
+                    .reserve("http", Amount::units(permits)),
+            )
+        })
+        .and_then(|l| l.level(Level::new("batch")))
+        .expect("valid levels");
+    Monitor::builder()
+        .manual_passes()
+        .clock(clock.shared())
+        .levels(levels)
+        .build()
+}
+
+/// 6,000 tokens a minute (100 a second), the bucket full.
+fn model(clock: &FakeClock) -> Arc<TokenBucket> {
+    let config = TokenBucketConfig::new(6_000, 6_000);
+    Arc::new(TokenBucket::new("model", config, clock.shared()).expect("a valid config"))
+}
+
+fn job(level: &str) -> JobContext {
+    JobContext::new(format!("{level} job")).with_level(level)
+}
+
+fn tokens(model: &Arc<TokenBucket>, n: u64) -> Demand {
+    Demand::new().with(model.clone(), Amount::pair(n, 1))
+}
+
+fn permits(http: &Arc<CountingGate>, n: u64) -> Demand {
+    Demand::new().with(http.clone(), Amount::units(n))
+}
+
+/// `try_admit`, its grant owned (so that the demand and the job may be temporaries).
+fn try_hold(monitor: &Monitor, demand: &Demand, ctx: &JobContext) -> Result<Grant, TryAdmitError> {
+    monitor
+        .try_admit(demand, ctx)
+        .map(|grant| grant.into_owned())
+}
+
+#[test]
+fn a_newcomer_of_a_higher_level_stands_before_a_lower_levels_head() {
+    let clock = FakeClock::new();
+    let monitor = monitor(&clock, 0, 0);
+    let http = Arc::new(CountingGate::http(1, clock.shared()).expect("a valid gate"));
+    let holder = try_hold(&monitor, &permits(&http, 1), &job("batch")).expect("a free permit");
+    let mut first_batch = monitor.admit(permits(&http, 1), &job("batch"), None);
+    let mut second_batch = monitor.admit(permits(&http, 1), &job("batch"), None);
+    let mut interactive = monitor.admit(permits(&http, 1), &job("interactive"), None);
+    assert!(poll_once(&mut first_batch).is_none());
+    assert!(poll_once(&mut second_batch).is_none());
+    assert!(poll_once(&mut interactive).is_none());
+    assert_eq!(monitor.queue_size(), 3);
+    drop(holder);
+    let granted = poll_once(&mut interactive)
+        .expect("the interactive job goes first")
+        .expect("granted");
+    assert!(poll_once(&mut first_batch).is_none());
+    drop(granted);
+    let granted = poll_once(&mut first_batch)
+        .expect("then the batch head")
+        .expect("granted");
+    assert!(poll_once(&mut second_batch).is_none());
+    drop(granted);
+    assert!(poll_once(&mut second_batch).expect("and the last").is_ok());
+}
+
+#[test]
+fn the_other_levels_always_leave_a_reserve_on_a_token_bucket() {
+    let clock = FakeClock::new();
+    let monitor = monitor(&clock, 1_000, 0);
+    let model = model(&clock);
+    // 5,500 tokens would leave 500 of the interactive level's 1,000: not now, even with nobody
+    // waiting (the lock-free path leaves the reserve too).
+    match try_hold(&monitor, &tokens(&model, 5_500), &job("batch")) {
+        Err(TryAdmitError::WouldWait { short, .. }) => assert_eq!(short.as_deref(), Some("model")),
+        other => panic!("expected to wait, got {other:?}"),
+    }
+    let batch = try_hold(&monitor, &tokens(&model, 5_000), &job("batch"))
+        .expect("5,000 leaves the reserve whole");
+    // A job of no level is of the default level (the last: batch).
+    match try_hold(&monitor, &tokens(&model, 1), &JobContext::new("no level")) {
+        Err(TryAdmitError::WouldWait { .. }) => {}
+        other => panic!("expected to wait, got {other:?}"),
+    }
+    let interactive = try_hold(&monitor, &tokens(&model, 1_000), &job("interactive"))
+        .expect("the reserve is the interactive level's to take");
+    drop((batch, interactive));
+    // A parked batch job waits for its tokens plus the reserve: 500 + 1,000 at 100 a second.
+    let mut parked = monitor.admit(tokens(&model, 500), &job("batch"), None);
+    assert!(poll_once(&mut parked).is_none());
+    clock.advance(std::time::Duration::from_millis(14_990));
+    monitor.pass_now();
+    assert!(
+        poll_once(&mut parked).is_none(),
+        "1,499 tokens are not enough"
+    );
+    clock.advance(std::time::Duration::from_millis(10));
+    monitor.pass_now();
+    assert!(poll_once(&mut parked).expect("1,500 tokens").is_ok());
+}
+
+#[test]
+fn a_gate_reserve_is_lent_while_its_level_has_nobody_parked() {
+    let clock = FakeClock::new();
+    let monitor = monitor(&clock, 0, 1);
+    let model = model(&clock);
+    let http = Arc::new(CountingGate::http(3, clock.shared()).expect("a valid gate"));
+    // Nobody of the interactive level waits: the batch level borrows its permit.
+    let borrowed: Vec<_> = (0..3)
+        .map(|_| try_hold(&monitor, &permits(&http, 1), &job("batch")).expect("lent"))
+        .collect();
+    drop(borrowed);
+    let drained =
+        try_hold(&monitor, &tokens(&model, 6_000), &job("interactive")).expect("the full bucket");
+    let held = try_hold(&monitor, &permits(&http, 1), &job("batch")).expect("a free permit");
+    // An interactive job short on tokens (not on permits) waits at the head ...
+    let both = permits(&http, 1).with(model.clone(), Amount::pair(100, 1));
+    let mut interactive = monitor.admit(both, &job("interactive"), None);
+    assert!(poll_once(&mut interactive).is_none());
+    // ... and while it waits, a batch job leaves its reserved permit aside: with 2 free and the
+    // head's 1 set aside, the last free one is the interactive level's.
+    let mut batch = monitor.admit(permits(&http, 1), &job("batch"), None);
+    assert!(
+        poll_once(&mut batch).is_none(),
+        "the reserved permit is not lent"
+    );
+    assert_eq!(http.available(), 2);
+    // The interactive job withdraws: its level lends the permit again, and the line is asked.
+    drop(interactive);
+    monitor.pass_now();
+    assert!(poll_once(&mut batch).expect("lent again").is_ok());
+    drop((drained, held));
+}
+
+#[test]
+fn an_exempt_level_takes_what_the_others_reserve() {
+    let clock = FakeClock::new();
+    let monitor = monitor(&clock, 1_000, 0);
+    let model = model(&clock);
+    let batch = try_hold(&monitor, &tokens(&model, 5_000), &job("batch"))
+        .expect("5,000 leaves the reserve whole");
+    let health = try_hold(&monitor, &tokens(&model, 1_000), &job("health"))
+        .expect("exempt: the reserve is no obstacle");
+    drop((batch, health));
+}
+
+#[test]
+fn a_job_naming_a_level_the_monitor_lacks_or_never_fitting_beside_reserves_is_refused() {
+    let clock = FakeClock::new();
+    let monitor = monitor(&clock, 1_000, 0);
+    let model = model(&clock);
+    let mut unknown = monitor.admit(tokens(&model, 1), &job("nightly"), None);
+    match poll_once(&mut unknown) {
+        Some(Err(error @ AdmitError::UnknownLevel { .. })) => assert_eq!(
+            error.to_string(),
+            format!(
+                "job {} asks for the priority level `nightly`, which this monitor does not have (it has: health, interactive, batch)",
+                match &error {
+                    AdmitError::UnknownLevel { job, .. } => *job,
+                    _ => unreachable!(),
+                }
+            )
+        ),
+        other => panic!("expected an unknown level, got {other:?}"),
+    }
+    // 5,500 tokens fit the bucket, but never beside the interactive level's 1,000.
+    let mut never = monitor.admit(tokens(&model, 5_500), &job("batch"), None);
+    match poll_once(&mut never) {
+        Some(Err(AdmitError::Refused { account, refusal })) => {
+            assert_eq!(account, "model");
+            assert!(
+                refusal.message().starts_with(
+                    "5500+1 can never fit beside the 1000 reserved for other priority levels; asked for both, the account says: `model` allows 6000 tokens"
+                ),
+                "{}",
+                refusal.message()
+            );
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(monitor.queue_size(), 0, "nothing parked");
+}
