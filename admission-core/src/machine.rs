@@ -67,7 +67,7 @@ pub(crate) use line::{Done, Emptied, MAX_RANKS, Notify, Place, Waits};
 
 use ask::{Aside, Attempt, Head, Learn, Short, ask_demand, earlier};
 use fair::Tags;
-use line::{Hold, Holding, Line, Waiter};
+use line::{Hold, Holding, Line, Tag, Waiter};
 
 /// The shortest sleep after a pass whose computed wake-up was already due.
 const MIN_RECHECK: Duration = Duration::from_millis(1);
@@ -727,7 +727,7 @@ impl Machine {
                 match self.ask_at_the_tail(&mut waiter, now, fx) {
                     AtTheTail::Granted => {
                         self.publish(self.line.len());
-                        self.tag(&mut waiter, ctx);
+                        self.tag(&waiter, ctx);
                         fx.event(EventKind::GrantedImmediate, ctx, now, || {
                             entry_events(waiter.demand.entries())
                         });
@@ -748,9 +748,9 @@ impl Machine {
                 }
             }
         };
-        self.tag(&mut waiter, ctx);
+        let tag = self.tag(&waiter, ctx);
         let deadline = waiter.deadline();
-        let place = self.line.push(waiter);
+        let place = self.line.push(waiter, tag);
         // A newcomer of a higher level placed before the head is the head now: the old head's
         // claims are lifted, and the waiters behind may go, so a pass asks them.
         let ring = ring || (self.line.len() > 1 && self.line.is_head(place));
@@ -768,22 +768,23 @@ impl Machine {
         }
     }
 
-    /// Under fair shares, gives newcomer `w` its start tag and charges its tenant (a newcomer
-    /// granted at once is charged too).
-    fn tag(&mut self, w: &mut Waiter, ctx: &JobContext) {
-        if let Some(tags) = &mut self.tags {
-            let line = &self.line;
-            let rank = w.rank;
-            let parked = line.parked_at(rank) as usize;
-            w.tag = tags.start(
-                &w.demand,
-                ctx,
-                rank,
-                line.least_tag(rank),
-                parked,
-                &|tenant| line.has_parked(rank, tenant),
-            );
-        }
+    /// Under fair shares, the start tag of newcomer `w`, its tenant charged (a newcomer granted
+    /// at once is charged too); zero in arrival order.
+    fn tag(&mut self, w: &Waiter, ctx: &JobContext) -> Tag {
+        let Some(tags) = &mut self.tags else {
+            return Tag::ZERO;
+        };
+        let line = &self.line;
+        let rank = w.rank;
+        let parked = line.parked_at(rank) as usize;
+        tags.start(
+            &w.demand,
+            ctx,
+            rank,
+            line.least_tag(rank),
+            parked,
+            &|tenant| line.has_parked(rank, tenant),
+        )
     }
 
     /// Asks newcomer `w` what a pass would ask at the line's tail: every account, with the

@@ -81,14 +81,12 @@ pub(crate) struct Waiter {
     pub(crate) held: Holds,
     /// Whom to wake when it is decided.
     pub(crate) notify: Notify,
-    /// Its start tag under fair shares (`machine/fair.rs`): within a rank, the line keeps the
-    /// waiters behind its head in the order of these. 0 for every waiter in arrival order.
-    pub(crate) tag: Tag,
 }
 
-/// A start tag under fair shares: 128 bits kept as two words, so that a waiter's record stays
-/// aligned to 8 bytes (a `u128` would align every slot of every line to 16). Ordered as the
-/// number it holds.
+/// A start tag under fair shares (`machine/fair.rs`): within a rank, the line keeps the waiters
+/// behind its head in the order of these. Kept beside the slab, by slot, only by a line in fair
+/// shares or levels, so that a plain line's slots do not carry it; 128 bits as two words (a
+/// `u128` would align the table to 16). Ordered as the number it holds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) struct Tag {
     high: u64,
@@ -136,7 +134,6 @@ impl Waiter {
             rank: 0,
             held: Holds::new(),
             notify,
-            tag: Tag::ZERO,
         }
     }
 
@@ -320,7 +317,10 @@ impl Slots {
 
 /// The slab of a line that emptied after it had grown long: to be freed once the monitor lock is
 /// let go (giving a hundred megabytes back to the system takes milliseconds).
-pub(crate) struct Emptied(#[allow(dead_code, reason = "held only to be dropped")] Vec<Box<[Slot]>>);
+pub(crate) struct Emptied(
+    #[allow(dead_code, reason = "held only to be dropped")] Vec<Box<[Slot]>>,
+    #[allow(dead_code, reason = "held only to be dropped")] Vec<Tag>,
+);
 
 /// The line: parked waiters in arrival order (by rank, then tag, under priority levels or fair
 /// shares), and the decisions not collected yet.
@@ -352,6 +352,14 @@ struct Fair {
     tenants: HashMap<(u8, Option<Arc<str>>), u32>,
     /// How many waiters of each rank are parked.
     ranks: [u32; MAX_RANKS],
+    /// Each parked waiter's tag, by slot.
+    tags: Vec<Tag>,
+}
+
+impl Fair {
+    fn tag(&self, slot: u32) -> Tag {
+        self.tags.get(slot as usize).copied().unwrap_or(Tag::ZERO)
+    }
 }
 
 /// The most priority levels a line tells apart.
@@ -373,10 +381,10 @@ impl Line {
     /// # Panics
     ///
     /// With 2^32 - 1 slots in use at once (each is a job holding a thread or a future).
-    pub(crate) fn push(&mut self, waiter: Waiter) -> Place {
+    pub(crate) fn push(&mut self, waiter: Waiter, tag: Tag) -> Place {
         let seq = self.next_seq;
         self.next_seq += 1;
-        let (rank, tag) = (waiter.rank, waiter.tag);
+        let rank = waiter.rank;
         let after = match (&self.fair, self.head) {
             (None, _) | (_, None) => self.tail,
             (Some(_), Some(head)) if rank < self.slots.node(head).waiter.rank => None,
@@ -405,6 +413,11 @@ impl Line {
         }
         let slot = self.slots.insert(Slot::Waiting { seq, node });
         if let Some(fair) = &mut self.fair {
+            let at = slot as usize;
+            if fair.tags.len() <= at {
+                fair.tags.resize(at + 1, Tag::ZERO);
+            }
+            fair.tags[at] = tag;
             match after {
                 Some(_) => {
                     fair.behind_head.insert((rank, tag, seq), slot);
@@ -412,8 +425,8 @@ impl Line {
                 // Before the head: the head stands behind it now, in the index.
                 None => {
                     if let Some(Slot::Waiting { seq, node }) = self.slots.slot(next) {
-                        let old = &node.waiter;
-                        fair.behind_head.insert((old.rank, old.tag, *seq), next);
+                        let old = (node.waiter.rank, fair.tag(next), *seq);
+                        fair.behind_head.insert(old, next);
                     }
                 }
             }
@@ -436,17 +449,16 @@ impl Line {
     /// The smallest tag among the waiters of `rank` (`None`: none is parked): the head's, if of
     /// that rank, or that of the first of that rank behind it, the line keeping them in order.
     pub(crate) fn least_tag(&self, rank: u8) -> Option<Tag> {
-        let head = self.slots.node(self.head?);
-        let behind = match &self.fair {
-            Some(fair) => fair
-                .behind_head
-                .range((rank, Tag::ZERO, 0)..)
-                .next()
-                .filter(|((r, _, _), _)| *r == rank)
-                .map(|((_, tag, _), _)| *tag),
-            None => (head.next != END).then(|| self.slots.node(head.next).waiter.tag),
-        };
-        let own = (head.waiter.rank == rank).then_some(head.waiter.tag);
+        let fair = self.fair.as_ref()?;
+        let slot = self.head?;
+        let head = self.slots.node(slot);
+        let behind = fair
+            .behind_head
+            .range((rank, Tag::ZERO, 0)..)
+            .next()
+            .filter(|((r, _, _), _)| *r == rank)
+            .map(|((_, tag, _), _)| *tag);
+        let own = (head.waiter.rank == rank).then(|| fair.tag(slot));
         match (own, behind) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -487,6 +499,7 @@ impl Line {
         let Some(waiter) = self.get(place) else {
             return false;
         };
+        let tag = |slot: u32| self.fair.as_ref().map_or(Tag::ZERO, |fair| fair.tag(slot));
         match self.cursor {
             None => false,
             Some(END) => self.slots.node(place.slot).next != END,
@@ -496,7 +509,7 @@ impl Line {
             // Behind the head, the waiters are in order of rank and tag.
             Some(cursor) => {
                 let at = &self.slots.node(cursor).waiter;
-                (at.rank, at.tag) > (waiter.rank, waiter.tag)
+                (at.rank, tag(cursor)) > (waiter.rank, tag(place.slot))
             }
         }
     }
@@ -576,12 +589,12 @@ impl Line {
             if node.prev == END {
                 // The head leaves: the waiter behind it is the head now, out of the index.
                 if let Some(Slot::Waiting { seq, node: next }) = self.slots.slot(node.next) {
-                    fair.behind_head
-                        .remove(&(next.waiter.rank, next.waiter.tag, *seq));
+                    let key = (next.waiter.rank, fair.tag(node.next), *seq);
+                    fair.behind_head.remove(&key);
                 }
             } else {
                 fair.behind_head
-                    .remove(&(node.waiter.rank, node.waiter.tag, seq));
+                    .remove(&(node.waiter.rank, fair.tag(slot), seq));
             }
         }
         match node.prev {
@@ -630,8 +643,12 @@ impl Line {
     fn shrink_if_empty(&mut self) {
         if self.slots.used == 0 && self.slots.capacity() > KEEP_EMPTY_SLOTS {
             let chunks = std::mem::take(&mut self.slots.chunks);
+            let tags = self
+                .fair
+                .as_mut()
+                .map_or_else(Vec::new, |fair| std::mem::take(&mut fair.tags));
             self.slots.free = None;
-            self.emptied = Some(Emptied(chunks));
+            self.emptied = Some(Emptied(chunks, tags));
             self.cursor = self.cursor.map(|_| END);
         }
     }
@@ -920,7 +937,7 @@ mod tests {
 
     /// Parks a waiter named `name` at the tail.
     fn park(line: &mut Line, name: &str) -> Place {
-        line.push(waiter(name))
+        line.push(waiter(name), Tag::ZERO)
     }
 
     fn waiter(name: &str) -> Waiter {
