@@ -55,13 +55,15 @@ fn main() {
         .number("uncontended_levels_ns", leveled)
         .number("uncontended_levels_reserving_ns", reserving);
 
-    // The pass over 10,000 parked (one gate each, 100 tenants; 3 levels in the last mode), and
+    // The pass over 10,000 parked (one gate each, 100 tenants; 3 levels in the last two modes,
+    // the jobs taking them in turn, or a third of the jobs each, one level after the other), and
     // what parking costs: in tenant round-robin, and a new tenant's job behind one tenant's
     // backlog of 10,000.
     for (mode, fair, leveled) in [
-        ("arrival", false, false),
-        ("fair", true, false),
-        ("levels", true, true),
+        ("arrival", false, None),
+        ("fair", true, None),
+        ("levels", true, Some(Assign::InTurn)),
+        ("levels_in_blocks", true, Some(Assign::InBlocks)),
     ] {
         let line = long_line(fair, leveled);
         println!(
@@ -194,6 +196,15 @@ fn three_levels() -> Levels {
         .expect("valid levels")
 }
 
+/// How the jobs of a long line take the three levels.
+#[derive(Clone, Copy)]
+enum Assign {
+    /// In turn: job `i` at level `i % 3` (the line's order is then not the order of its slots).
+    InTurn,
+    /// In blocks: the first third at the first level, and so on (the line's order is its slots').
+    InBlocks,
+}
+
 /// What a long line costs: a pass over it, and parking in it.
 struct LongLine {
     pass_us: f64,
@@ -204,15 +215,15 @@ struct LongLine {
 /// A monitor with manual passes and one permit, held: 10,000 waiters of 100 tenants parked in
 /// round-robin (timed), a pass over them (median of 21), then a line of 10,000 of one tenant and
 /// 1,000 jobs of 1,000 new tenants parked behind it (timed). With `leveled`, three levels, the
-/// jobs taking them in turn.
-fn long_line(fair: bool, leveled: bool) -> LongLine {
+/// jobs taking them as it says.
+fn long_line(fair: bool, leveled: Option<Assign>) -> LongLine {
     const PARKED: usize = 10_000;
     let monitor = || {
         let mut builder = Monitor::builder().manual_passes();
         if fair {
             builder = builder.fair_shares(FairShares::new());
         }
-        if leveled {
+        if leveled.is_some() {
             builder = builder.levels(three_levels());
         }
         builder.build()
@@ -220,8 +231,12 @@ fn long_line(fair: bool, leveled: bool) -> LongLine {
     let next_level = std::cell::Cell::new(0);
     let park = |monitor: &Monitor, gate: &Arc<CountingGate>, tenant: String| {
         let mut job = JobContext::new("job").with_tenant(tenant);
-        if leveled {
-            let level = next_level.replace((next_level.get() + 1) % 3);
+        if let Some(assign) = leveled {
+            let n = next_level.replace(next_level.get() + 1);
+            let level = match assign {
+                Assign::InTurn => n % 3,
+                Assign::InBlocks => (n * 3 / PARKED).min(2),
+            };
             job = job.with_level(["high", "mid", "low"][level]);
         }
         let mut admit = monitor.admit(Demand::new().with(gate.clone(), Amount::ONE), &job, None);
