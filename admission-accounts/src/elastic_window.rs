@@ -745,6 +745,7 @@ impl Account for ElasticWindow {
             return Answer::Never(refusal);
         }
         let reserved = ask.reserved_ahead().primary();
+        let head_uses_it = !ask.head_reserved().is_zero();
         let (mut st, now) = self.lock_at(ask.now(&*self.clock));
         let probe = match st.circuit.pass(now, ask.is_head()) {
             Pass::Open => false,
@@ -754,7 +755,7 @@ impl Account for ElasticWindow {
             // The probe is the head's. A head that needs this window will take it, so a waiter
             // behind it is refused as though it were out already; a head that does not use the
             // window leaves it to whoever asks as the head, which this waiter may become.
-            Pass::HeadsProbe if reserved > 0 => return Answer::Never(self.probe_refusal(&st)),
+            Pass::HeadsProbe if head_uses_it => return Answer::Never(self.probe_refusal(&st)),
             Pass::HeadsProbe => return Answer::NotNow(None),
         };
         let max = self.config.max_requests;

@@ -207,13 +207,18 @@ impl Level {
 /// [`default_level`](Levels::default_level) says otherwise), and one naming a level the monitor
 /// does not have is refused at once ([`AdmitError::UnknownLevel`](crate::AdmitError::UnknownLevel)).
 ///
-/// - **Order.** The line keeps its waiters by level: a newcomer stands behind every waiter of
-///   its level or a higher one, and before every waiter of a lower level, the head included (a
-///   lower level's head keeps its reservation once it is first again). Strict priority is this
-///   order alone.
+/// - **Order.** The line keeps its waiters by level: a newcomer stands before every waiter of a
+///   lower level, the head included (a lower level's head keeps its reservation once it is first
+///   again, and stays first of its level meanwhile), and among the waiters of its own level by
+///   its fair-share tag, or in arrival order. A pass asks the waiters in that order, the first
+///   that cannot go being the head: a waiter behind the head may still be granted before a
+///   waiter ahead of it, of any level, when it fits beside the head's reservation (backfill).
+///   Strict priority is this order: no level shares an account with another by weight.
 /// - **Reserves.** A level may reserve an amount of an account ([`Level::reserve`]); the other
 ///   levels' jobs leave it aside, so the level's jobs find it even while a lower level floods
-///   the account, and lend it when they do not need it.
+///   the account, and lend it when they do not need it. Reserves name accounts as the accounts
+///   name themselves: a name no account has reserves nothing, and accounts sharing a name share
+///   the reserve.
 /// - **Within a level**, tenants share by their weights when the monitor has
 ///   [`FairShares`], else in arrival order.
 /// - **Exempt** levels ([`Level::exempt`]) ignore the others' reserves.

@@ -50,7 +50,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use crate::account::{Account, AccountRef, Answer, Ask, Category, account_key};
+use crate::account::{Account, AccountRef, Category, account_key};
 use crate::amount::Amount;
 use crate::clock::{Instant, Reading, WakeFn};
 use crate::context::JobContext;
@@ -460,40 +460,18 @@ impl Machine {
         self.ranks.as_ref().map_or(Ok(0), |ranks| ranks.rank(ctx))
     }
 
-    /// A demand of `rank` that can never fit once the other levels' reserves kept on accounts
-    /// refilled by time are left aside: refused, naming the account and the reserve.
+    /// The refusal of a demand of `rank` that can never fit beside the reserves the other levels
+    /// always keep ([`Ranks::never_beside_reserves`]).
     fn never_beside_reserves(
         &self,
         demand: &Demand,
+        ctx: &JobContext,
         rank: u8,
         now: &Reading<'_>,
     ) -> Option<AdmitError> {
-        let ranks = self.ranks.as_ref().filter(|r| r.reserving())?;
-        let parked = [0; MAX_RANKS];
-        demand.entries().iter().find_map(|entry| {
-            let account = entry.account();
-            let aside = ranks.aside(rank, account, &parked, true);
-            if aside.is_zero() {
-                return None;
-            }
-            let asked = entry.amount().saturating_add(aside);
-            match account.ask(asked, Ask::HEAD.look().with(now)) {
-                Answer::Never(refusal) => {
-                    let message = format!(
-                        "{} can never fit beside the {} reserved for other priority levels; \
-                         asked for both, the account says: {}",
-                        entry.amount(),
-                        aside,
-                        refusal.message()
-                    );
-                    Some(AdmitError::Refused {
-                        account: account.name().to_owned(),
-                        refusal: refusal.with_message(message),
-                    })
-                }
-                _ => None,
-            }
-        })
+        self.ranks
+            .as_ref()?
+            .never_beside_reserves(demand, ctx, rank, now)
     }
 
     /// How many waiters are parked in the line.
@@ -579,7 +557,7 @@ impl Machine {
             Ok(rank) => rank,
             Err(error) => return refused(fx, demand, error),
         };
-        if let Some(error) = self.never_beside_reserves(&demand, rank, now) {
+        if let Some(error) = self.never_beside_reserves(&demand, ctx, rank, now) {
             return refused(fx, demand, error);
         }
         // True when the waiter about to park is behind the gate: the gate held it on the fast
@@ -753,8 +731,15 @@ impl Machine {
         let place = self.line.push(waiter, tag);
         // A newcomer of a higher level placed before the head is the head now: the old head's
         // claims are lifted, and the waiters behind may go, so a pass asks them.
-        let ring = ring || (self.line.len() > 1 && self.line.is_head(place));
-        if self.walk.is_some() && self.line.walked_past(place) {
+        let new_head = self.line.len() > 1 && self.line.is_head(place);
+        let ring = ring || new_head;
+        if new_head && let Some(walk) = &mut self.walk {
+            // A paused pass knows the old head: what it set aside, what it is short on. It
+            // resumes from the new head instead, learning its claims before it asks anyone
+            // behind it again.
+            walk.head = None;
+            self.line.hold_cursor(Some(place));
+        } else if self.walk.is_some() && self.line.walked_past(place) {
             // Placed by its tag before a paused pass's cursor: that pass walks the line again
             // once done, so it asks the newcomer too.
             self.pass_again = true;
@@ -892,7 +877,7 @@ impl Machine {
             Ok(rank) => rank,
             Err(error) => return refused(fx, error),
         };
-        if let Some(error) = self.never_beside_reserves(demand, rank, now) {
+        if let Some(error) = self.never_beside_reserves(demand, ctx, rank, now) {
             return refused(fx, error);
         }
         if !self.line.is_empty() {

@@ -199,8 +199,9 @@ impl MetricsSink {
 
     /// The same sink with the job's priority level as a label on its admission series (`level`:
     /// the level's name, the default level's for a job naming none, `other` for a level the
-    /// monitor does not have), for a monitor built with `levels`. Its counters are written at zero
-    /// for each level (and each tenant) again.
+    /// monitor does not have, so a level named `other` counts with them), for a monitor built
+    /// with `levels`. Its counters are written at zero for each level (and each tenant); the
+    /// series the constructor wrote at zero without a level stay at zero.
     ///
     /// ```
     /// use admission_core::{Level, Levels};

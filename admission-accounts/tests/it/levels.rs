@@ -92,12 +92,23 @@ fn the_other_levels_always_leave_a_reserve_on_a_token_bucket() {
     let clock = FakeClock::new();
     let monitor = monitor(&clock, 1_000, 0);
     let model = model(&clock);
-    // 5,500 tokens would leave 500 of the interactive level's 1,000: not now, even with nobody
-    // waiting (the lock-free path leaves the reserve too).
+    // 5,500 tokens can never fit beside the interactive level's 1,000: refused, not told to
+    // wait, even on the lock-free path (nobody waits).
     match try_hold(&monitor, &tokens(&model, 5_500), &job("batch")) {
+        Err(TryAdmitError::Admit(AdmitError::Refused { account, .. })) => {
+            assert_eq!(account, "model")
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let first = try_hold(&monitor, &tokens(&model, 1_000), &job("batch")).expect("room");
+    // 4,500 of the 5,000 left would leave 500 of the reserve: not now, even with nobody waiting
+    // (the lock-free path leaves the reserve too).
+    match try_hold(&monitor, &tokens(&model, 4_500), &job("batch")) {
         Err(TryAdmitError::WouldWait { short, .. }) => assert_eq!(short.as_deref(), Some("model")),
         other => panic!("expected to wait, got {other:?}"),
     }
+    drop(first);
+    clock.advance(std::time::Duration::from_secs(10));
     let batch = try_hold(&monitor, &tokens(&model, 5_000), &job("batch"))
         .expect("5,000 leaves the reserve whole");
     // A job of no level is of the default level (the last: batch).
@@ -202,4 +213,48 @@ fn a_job_naming_a_level_the_monitor_lacks_or_never_fitting_beside_reserves_is_re
         other => panic!("expected a refusal, got {other:?}"),
     }
     assert_eq!(monitor.queue_size(), 0, "nothing parked");
+}
+
+/// A level's reserve on an elastic window is not the head's amount: after the cooldown, a job
+/// behind a head that does not use the window waits for the probe's turn (the head may leave,
+/// and it may become the head) instead of being refused as though the probe were out.
+#[test]
+fn a_reserve_on_an_elastic_window_does_not_make_the_head_claim_its_probe() {
+    use admission_accounts::ElasticWindow;
+    use admission_accounts::elastic_window::{CircuitState, ElasticWindowConfig};
+    use std::time::Duration;
+
+    let clock = FakeClock::new();
+    let levels = Levels::new()
+        .level(Level::new("interactive").reserve("search", Amount::ONE))
+        .and_then(|l| l.level(Level::new("batch")))
+        .expect("valid levels");
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .clock(clock.shared())
+        .levels(levels)
+        .build();
+    let config = ElasticWindowConfig::new(60, Duration::from_secs(60)).with_max_throttle(0.0);
+    let search =
+        Arc::new(ElasticWindow::new("search", config, clock.shared()).expect("a valid config"));
+    for _ in 0..3 {
+        search.record_failure("HTTP 503");
+    }
+    assert_eq!(search.circuit_state(), CircuitState::Blocked);
+    clock.advance(Duration::from_secs(30));
+    // The head waits on a gate with nothing free, and does not use the window.
+    let http = Arc::new(CountingGate::http(1, clock.shared()).expect("a valid gate"));
+    let holder = try_hold(&monitor, &permits(&http, 1), &job("batch")).expect("free");
+    let mut head = monitor.admit(permits(&http, 1), &job("batch"), None);
+    assert!(poll_once(&mut head).is_none());
+    // A window requires a connection: another gate's, which the head does not use either.
+    let other_http = Arc::new(CountingGate::http(1, clock.shared()).expect("a valid gate"));
+    let one_search = permits(&other_http, 1).with(search.clone(), Amount::ONE);
+    let mut behind = monitor.admit(one_search, &job("batch"), None);
+    assert!(
+        poll_once(&mut behind).is_none(),
+        "behind a head that does not use the window, the probe is not refused"
+    );
+    assert_eq!(monitor.queue_size(), 2);
+    drop(holder);
 }

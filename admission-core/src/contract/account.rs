@@ -217,13 +217,16 @@ impl Refusal {
 /// Who asks an account, whether to take, and when.
 ///
 /// The monitor asks each account of a demand once per attempt. The head of the line (or a job
-/// meeting an empty line) asks with [`Ask::HEAD`]: nothing is set aside, and a privilege
-/// reserved to the head, such as the elastic window's one probe, is its to use. A waiter behind
-/// the head asks with [`Ask::behind`] and the head's amount on this account, which it must
-/// leave (EASY backfilling's reservation; [`Amount::ZERO`] when the head does not use this
-/// account, which does not make the asker the head). Once one account of a demand says "not
-/// now", the monitor asks the rest with [`look`](Ask::look), so that it learns every account the
-/// job is short on without taking from them.
+/// meeting an empty line) asks with [`Ask::HEAD`]: a privilege reserved to the head, such as the
+/// elastic window's one probe, is its to use. A waiter behind the head asks with
+/// [`Ask::behind`] and the head's amount on this account, which it must leave (EASY
+/// backfilling's reservation; [`Amount::ZERO`] when the head does not use this account, which
+/// does not make the asker the head): [`head_reserved`](Ask::head_reserved). On a monitor with
+/// priority levels ([`Levels`](crate::Levels)), an asker also leaves the other levels' reserves
+/// on the account, the head too. [`reserved_ahead`](Ask::reserved_ahead) is everything to leave:
+/// what an account compares with its room. Once one account of a demand says "not now", the
+/// monitor asks the rest with [`look`](Ask::look), so that it learns every account the job is
+/// short on without taking from them.
 ///
 /// **When.** An ask happens at one instant, the same for every account of the demand: the
 /// monitor's [`Reading`], read at most once however many accounts need it. An account that
@@ -251,7 +254,10 @@ impl Refusal {
 /// ```
 #[derive(Copy, Clone)]
 pub struct Ask<'a> {
+    /// Everything to leave aside: the head's amount and the other levels' reserves.
     reserved_ahead: Amount,
+    /// The head's amount alone.
+    head_reserved: Amount,
     head: bool,
     take: bool,
     at: At<'a>,
@@ -272,6 +278,7 @@ impl Ask<'static> {
     /// The head of the line asks, and takes if it fits.
     pub const HEAD: Ask<'static> = Ask {
         reserved_ahead: Amount::ZERO,
+        head_reserved: Amount::ZERO,
         head: true,
         take: true,
         at: At::Own,
@@ -282,6 +289,7 @@ impl Ask<'static> {
     pub const fn behind(reserved_ahead: Amount) -> Ask<'static> {
         Ask {
             reserved_ahead,
+            head_reserved: reserved_ahead,
             head: false,
             take: true,
             at: At::Own,
@@ -290,10 +298,10 @@ impl Ask<'static> {
 }
 
 impl<'a> Ask<'a> {
-    /// The same question, leaving `amount` aside instead.
-    pub(crate) const fn leaving(self, amount: Amount) -> Ask<'a> {
+    /// The same question, leaving `reserves` (other priority levels') aside as well.
+    pub(crate) const fn also_leaving(self, reserves: Amount) -> Ask<'a> {
         Ask {
-            reserved_ahead: amount,
+            reserved_ahead: self.reserved_ahead.saturating_add(reserves),
             ..self
         }
     }
@@ -319,15 +327,25 @@ impl<'a> Ask<'a> {
     pub fn with<'b>(self, reading: &'b Reading<'b>) -> Ask<'b> {
         Ask {
             reserved_ahead: self.reserved_ahead,
+            head_reserved: self.head_reserved,
             head: self.head,
             take: self.take,
             at: At::Reading(reading),
         }
     }
 
-    /// The head's amount on this account, which the asker must leave.
+    /// What the asker must leave on this account: the head's amount, plus, on a monitor with
+    /// priority levels, the other levels' reserves. An account fits `mine` only with this much
+    /// room beside it.
     pub const fn reserved_ahead(&self) -> Amount {
         self.reserved_ahead
+    }
+
+    /// The head's amount on this account alone ([`Amount::ZERO`] for the head itself, and when
+    /// the head does not use the account): what says whether the head needs this account, as
+    /// the elastic window's probe asks.
+    pub const fn head_reserved(&self) -> Amount {
+        self.head_reserved
     }
 
     /// True when the asker is the head of the line (or meets an empty one).
@@ -370,6 +388,7 @@ impl fmt::Debug for Ask<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("Ask");
         d.field("reserved_ahead", &self.reserved_ahead)
+            .field("head_reserved", &self.head_reserved)
             .field("head", &self.head)
             .field("take", &self.take);
         match self.at {
@@ -386,6 +405,7 @@ impl fmt::Debug for Ask<'_> {
 impl PartialEq for Ask<'_> {
     fn eq(&self, other: &Self) -> bool {
         self.reserved_ahead == other.reserved_ahead
+            && self.head_reserved == other.head_reserved
             && self.head == other.head
             && self.take == other.take
     }

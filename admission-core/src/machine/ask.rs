@@ -154,7 +154,7 @@ impl Head {
         for (i, entry) in demand.entries().iter().enumerate() {
             let account = entry.account();
             let ask = match aside {
-                Some(aside) => Ask::HEAD.leaving(aside(account)),
+                Some(aside) => Ask::HEAD.also_leaving(aside(account)),
                 None => Ask::HEAD,
             };
             // A refusal or a panic is the pass's to report; here it only means "not granted".
@@ -288,7 +288,7 @@ pub(crate) fn ask_demand(
             }
         };
         if let Some(aside) = aside {
-            ask = ask.leaving(ask.reserved_ahead().saturating_add(aside(account)));
+            ask = ask.also_leaving(aside(account));
         }
         if claims.any || !short.is_empty() {
             ask = ask.look();
@@ -357,7 +357,7 @@ pub(crate) fn take_whole(
     for (i, entry) in entries.iter().enumerate() {
         let account = entry.account();
         let ask = match aside {
-            Some(aside) => Ask::HEAD.leaving(aside(account)),
+            Some(aside) => Ask::HEAD.also_leaving(aside(account)),
             None => Ask::HEAD,
         };
         let refused = match asked(account, entry.amount(), ask.with(now)) {
@@ -458,7 +458,7 @@ pub(crate) fn give_back(mute: usize, taken: &[Entry]) {
 /// Asks `account`, catching a panic: the account is at fault, not the job, and the monitor goes
 /// on.
 #[inline(always)]
-fn asked(
+pub(crate) fn asked(
     account: &AccountRef,
     mine: Amount,
     ask: Ask<'_>,
@@ -469,7 +469,7 @@ fn asked(
 /// The error for an account that panicked while asked about job `ctx`.
 #[cold]
 #[inline(never)]
-fn aborted(
+pub(crate) fn aborted(
     account: &AccountRef,
     ctx: &JobContext,
     panic: &(dyn std::any::Any + Send),

@@ -14,13 +14,15 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::account::{AccountRef, Replenishment};
+use crate::account::{AccountRef, Answer, Ask, Replenishment};
 use crate::amount::Amount;
+use crate::clock::Reading;
 use crate::context::JobContext;
 use crate::demand::Demand;
 use crate::error::AdmitError;
 use crate::fair::{FairShares, Levels};
 
+use super::ask::{aborted, asked};
 use super::line::{MAX_RANKS, Tag};
 
 /// Cost units per unit of a demand's amounts: a weight divides it exactly when it is one of its
@@ -150,6 +152,49 @@ impl Ranks {
                 .levels
                 .get(usize::from(rank))
                 .is_some_and(|level| level.iter_reserves().any(|(_, amount)| !amount.is_zero()))
+    }
+
+    /// The refusal of a demand of `rank` that can never fit once the reserves the other levels
+    /// always keep (on accounts refilled by time) are left aside: each such account asked, as
+    /// the head would be, for the demand's amount and the reserves together, taking nothing. The
+    /// refusal names the account and both amounts; an account that panics is the job's
+    /// `Aborted`, as on every other ask.
+    pub(crate) fn never_beside_reserves(
+        &self,
+        demand: &Demand,
+        ctx: &JobContext,
+        rank: u8,
+        now: &Reading<'_>,
+    ) -> Option<AdmitError> {
+        if !self.reserving {
+            return None;
+        }
+        let parked = [0; MAX_RANKS];
+        demand.entries().iter().find_map(|entry| {
+            let account = entry.account();
+            let aside = self.aside(rank, account, &parked, true);
+            if aside.is_zero() {
+                return None;
+            }
+            let both = entry.amount().saturating_add(aside);
+            match asked(account, both, Ask::HEAD.look().with(now)) {
+                Ok(Answer::Never(refusal)) => {
+                    let message = format!(
+                        "{} can never fit beside the {} reserved for other priority levels; \
+                         asked for both, the account says: {}",
+                        entry.amount(),
+                        aside,
+                        refusal.message()
+                    );
+                    Some(AdmitError::Refused {
+                        account: account.name().to_owned(),
+                        refusal: refusal.with_message(message),
+                    })
+                }
+                Ok(_) => None,
+                Err(panic) => Some(aborted(account, ctx, &*panic)),
+            }
+        })
     }
 
     /// What a job of `rank` leaves aside on `account` for the other levels: each one's reserve

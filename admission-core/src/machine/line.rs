@@ -110,8 +110,10 @@ impl From<u128> for Tag {
     }
 }
 
-/// Where a waiter stands among the others behind the head: its rank, its tag, its arrival.
-type Key = (u8, Tag, u64);
+/// Where a waiter stands among the others behind the head: its rank; false for a head a newcomer
+/// of a higher level displaced (it stays first of its rank, whatever its tag, to be the head
+/// again); its tag; its arrival.
+type Key = (u8, bool, Tag, u64);
 
 impl Waiter {
     /// A waiter about to park at `asked_at`, with `timeout` (held by the gate or not).
@@ -342,12 +344,14 @@ pub(crate) struct Line {
 }
 
 /// What a line by rank and tag keeps beside its links.
-#[derive(Default)]
 struct Fair {
     /// The waiters behind the head by rank, tag and arrival number, to place a newcomer in
     /// O(log n). The head is not in it: it keeps its place whatever its tag (only a newcomer of
-    /// a higher level goes before it).
+    /// a higher level goes before it, and the head it displaced stays first of its rank).
     behind_head: BTreeMap<Key, u32>,
+    /// By rank, the slot of the head a newcomer of a higher level displaced, while it waits
+    /// behind (`END`: none).
+    displaced: [u32; MAX_RANKS],
     /// How many waiters of each tenant are parked, by rank.
     tenants: HashMap<(u8, Option<Arc<str>>), u32>,
     /// How many waiters of each rank are parked.
@@ -356,9 +360,36 @@ struct Fair {
     tags: Vec<Tag>,
 }
 
+impl Default for Fair {
+    fn default() -> Fair {
+        Fair {
+            behind_head: BTreeMap::new(),
+            displaced: [END; MAX_RANKS],
+            tenants: HashMap::new(),
+            ranks: [0; MAX_RANKS],
+            tags: Vec::new(),
+        }
+    }
+}
+
 impl Fair {
     fn tag(&self, slot: u32) -> Tag {
         self.tags.get(slot as usize).copied().unwrap_or(Tag::ZERO)
+    }
+
+    /// The index key of the waiter of `rank` and arrival `seq` in `slot`.
+    fn key(&self, slot: u32, rank: u8, seq: u64) -> Key {
+        let displaced = self.displaced[usize::from(rank)] == slot;
+        (rank, !displaced, self.tag(slot), seq)
+    }
+
+    /// Takes the waiter of `rank` and arrival `seq` in `slot` out of the index.
+    fn unindex(&mut self, slot: u32, rank: u8, seq: u64) {
+        let key = self.key(slot, rank, seq);
+        self.behind_head.remove(&key);
+        if !key.1 {
+            self.displaced[usize::from(rank)] = END;
+        }
     }
 }
 
@@ -390,7 +421,7 @@ impl Line {
             (Some(_), Some(head)) if rank < self.slots.node(head).waiter.rank => None,
             (Some(fair), Some(head)) => Some(
                 fair.behind_head
-                    .range(..=(rank, tag, u64::MAX))
+                    .range(..=(rank, true, tag, u64::MAX))
                     .next_back()
                     .map_or(head, |(_, &slot)| slot),
             ),
@@ -420,13 +451,14 @@ impl Line {
             fair.tags[at] = tag;
             match after {
                 Some(_) => {
-                    fair.behind_head.insert((rank, tag, seq), slot);
+                    fair.behind_head.insert((rank, true, tag, seq), slot);
                 }
                 // Before the head: the head stands behind it now, in the index.
                 None => {
                     if let Some(Slot::Waiting { seq, node }) = self.slots.slot(next) {
-                        let old = (node.waiter.rank, fair.tag(next), *seq);
-                        fair.behind_head.insert(old, next);
+                        let rank = node.waiter.rank;
+                        fair.displaced[usize::from(rank)] = next;
+                        fair.behind_head.insert(fair.key(next, rank, *seq), next);
                     }
                 }
             }
@@ -452,17 +484,22 @@ impl Line {
         let fair = self.fair.as_ref()?;
         let slot = self.head?;
         let head = self.slots.node(slot);
-        let behind = fair
+        // The first of the rank behind the head, and the one after it if that first is a
+        // displaced head (first whatever its tag): the others are in order of their tags.
+        let mut of_rank = fair
             .behind_head
-            .range((rank, Tag::ZERO, 0)..)
-            .next()
-            .filter(|((r, _, _), _)| *r == rank)
-            .map(|((_, tag, _), _)| *tag);
+            .range((rank, false, Tag::ZERO, 0)..)
+            .take_while(|((r, ..), _)| *r == rank)
+            .map(|((_, in_order, tag, _), _)| (*in_order, *tag));
+        let first = of_rank.next();
+        let second = first
+            .filter(|(in_order, _)| !in_order)
+            .and_then(|_| of_rank.next());
         let own = (head.waiter.rank == rank).then(|| fair.tag(slot));
-        match (own, behind) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [own, first.map(|f| f.1), second.map(|s| s.1)]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Keeps the waiters in order of their ranks and tags from now on, and counts each rank's
@@ -499,18 +536,25 @@ impl Line {
         let Some(waiter) = self.get(place) else {
             return false;
         };
-        let tag = |slot: u32| self.fair.as_ref().map_or(Tag::ZERO, |fair| fair.tag(slot));
+        let key = |slot: u32, waiter: &Waiter| {
+            let seq = match self.slots.slot(slot) {
+                Some(Slot::Waiting { seq, .. }) => *seq,
+                _ => 0,
+            };
+            self.fair
+                .as_ref()
+                .map_or((waiter.rank, true, Tag::ZERO, seq), |fair| {
+                    fair.key(slot, waiter.rank, seq)
+                })
+        };
         match self.cursor {
             None => false,
             Some(END) => self.slots.node(place.slot).next != END,
             // A newcomer of a higher level placed before the head stands before every cursor.
             Some(_) if self.head == Some(place.slot) => true,
             Some(cursor) if Some(cursor) == self.head => false,
-            // Behind the head, the waiters are in order of rank and tag.
-            Some(cursor) => {
-                let at = &self.slots.node(cursor).waiter;
-                (at.rank, tag(cursor)) > (waiter.rank, tag(place.slot))
-            }
+            // Behind the head, the waiters are in the order of their keys.
+            Some(cursor) => key(cursor, &self.slots.node(cursor).waiter) > key(place.slot, waiter),
         }
     }
 
@@ -589,12 +633,11 @@ impl Line {
             if node.prev == END {
                 // The head leaves: the waiter behind it is the head now, out of the index.
                 if let Some(Slot::Waiting { seq, node: next }) = self.slots.slot(node.next) {
-                    let key = (next.waiter.rank, fair.tag(node.next), *seq);
-                    fair.behind_head.remove(&key);
+                    let (rank, seq) = (next.waiter.rank, *seq);
+                    fair.unindex(node.next, rank, seq);
                 }
             } else {
-                fair.behind_head
-                    .remove(&(node.waiter.rank, fair.tag(slot), seq));
+                fair.unindex(slot, node.waiter.rank, seq);
             }
         }
         match node.prev {

@@ -277,6 +277,8 @@ struct Waiting {
     deadline: Option<u64>,
     level: usize,
     tag: u128,
+    /// A first waiter a newcomer of a higher level went before: it stays first of its level.
+    displaced: bool,
 }
 
 /// The reference: plain vectors and walks from the front.
@@ -306,7 +308,8 @@ impl Model {
     /// none of it waits; a job starts where its tenant's last finished in its level, or at the
     /// smallest tag of its level waiting if that is later, and finishes its units (times a
     /// million) over its tenant's weight later; within its level it stands behind every waiter
-    /// of a tag no later than its own, and behind the first waiter whatever the tags.
+    /// of a tag no later than its own, behind the first waiter whatever the tags, and behind a
+    /// first waiter that a newcomer of a higher level displaced, whatever the tags.
     fn park(&mut self, mut w: Waiting, tenant: usize, units: u64) {
         if let Some(weights) = self.weights {
             let level = w.level;
@@ -327,12 +330,20 @@ impl Model {
             self.finish[level][tenant] =
                 w.tag + u128::from(units) * 1_000_000 / u128::from(weights[tenant]);
         }
-        if self.line.first().is_some_and(|first| w.level < first.level) {
+        if let Some(first) = self.line.first_mut()
+            && w.level < first.level
+        {
+            first.displaced = true;
             self.line.insert(0, w);
             return;
         }
         let mut at = self.line.len();
-        while at > 1 && (self.line[at - 1].level, self.line[at - 1].tag) > (w.level, w.tag) {
+        while at > 1 {
+            let before = &self.line[at - 1];
+            let first_of_level = before.displaced && before.level == w.level;
+            if first_of_level || (before.level, before.tag) <= (w.level, w.tag) {
+                break;
+            }
             at -= 1;
         }
         self.line.insert(at, w);
@@ -643,6 +654,7 @@ fn check(
                         deadline: timeout_ms.map(|t| model.now + t),
                         level,
                         tag: 0,
+                        displaced: false,
                     };
                     let units = amounts.iter().map(|&(_, units)| units).sum();
                     model.park(waiting, *tenant, units);
@@ -928,4 +940,84 @@ fn a_fair_job_starts_at_its_tenants_last_finish_or_the_virtual_time() {
         2_000_000,
         "level 1 kept its own"
     );
+}
+
+/// A newcomer of a higher level that arrives while a pass is paused and parks before the head is
+/// the head that pass resumes with: the waiters it asks next leave the new head's amounts aside,
+/// not the old head's. The old head wants only pool-1; the newcomer wants both pools; the
+/// waiters behind want all of pool-0, which must stay with the newcomer's reservation.
+#[test]
+fn a_pass_paused_when_a_higher_level_takes_the_head_resumes_from_the_new_head() {
+    let kick: WakeFn = Arc::new(|| {});
+    let mute = mute::wake_key(&kick);
+    let levels = Levels::new()
+        .level(Level::new("l0"))
+        .and_then(|levels| levels.level(Level::new("l1")))
+        .expect("valid levels");
+    let order = LineOrder {
+        fair: None,
+        levels: Some(levels),
+    };
+    let published = Arc::new(Published::default());
+    let mut machine = Machine::new(None, kick, mute, published, 1, order);
+    let pool0 = Arc::new(Pool::new("pool-0".to_owned(), 2));
+    let pool1 = Arc::new(Pool::new("pool-1".to_owned(), 10));
+    let clock = Hand::default();
+    let now = Reading::new(&clock);
+    let arrive = |machine: &mut Machine, amounts: &[(&Arc<Pool>, u64)], level: &str| {
+        let ctx = JobContext::new("job").with_level(level);
+        let demand = amounts.iter().fold(Demand::new(), |demand, (pool, n)| {
+            demand.with((*pool).clone(), Amount::units(*n))
+        });
+        let mut fx = Effects::new(false);
+        machine.arrive(
+            Arrival {
+                demand,
+                ctx: &ctx,
+                timeout: None,
+                asked: false,
+                notify: Notify::Nobody,
+            },
+            &now,
+            &mut fx,
+        )
+    };
+    let Arrived::Granted(held) = arrive(&mut machine, &[(&pool0, 2), (&pool1, 10)], "l1") else {
+        panic!("everything free")
+    };
+    assert!(matches!(
+        arrive(&mut machine, &[(&pool1, 5)], "l1"),
+        Arrived::Parked { .. }
+    ));
+    for _ in 0..2 {
+        assert!(matches!(
+            arrive(&mut machine, &[(&pool0, 2)], "l1"),
+            Arrived::Parked { .. }
+        ));
+    }
+    // Pool-0 comes back; its pass pauses after the head (one waiter a batch).
+    let pool0_back = Demand::new().with(pool0.clone(), Amount::units(2));
+    pool0.give(Amount::units(2));
+    let mut fx = Effects::new(false);
+    assert!(matches!(
+        machine.pass(
+            Scope::Released(pool0_back.entries()),
+            &now,
+            &mut fx,
+            &|| true
+        ),
+        Passed::Paused
+    ));
+    // The newcomer wants both pools: short on pool-1, it reserves pool-0 as the head.
+    assert!(matches!(
+        arrive(&mut machine, &[(&pool0, 2), (&pool1, 1)], "l0"),
+        Arrived::Parked { .. }
+    ));
+    let mut passed = machine.resume(&now, &mut fx, &|| false);
+    while let Passed::Done { again: true, .. } = passed {
+        passed = machine.pass(Scope::Full, &now, &mut fx, &|| false);
+    }
+    assert_eq!(pool0.in_use(), 0, "pool-0 is the new head's to have");
+    assert_eq!(machine.len(), 4);
+    drop(held);
 }

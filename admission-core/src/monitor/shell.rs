@@ -407,7 +407,9 @@ impl Shared {
         let taken = match self.take_unlocked(demand, ctx, &now, &mut events) {
             Unlocked::Taken => Ok(()),
             Unlocked::Refused(error) => Err(error.into()),
-            Unlocked::Held(short) => match machine::refusal_of(demand.entries(), ctx, &now) {
+            Unlocked::Held(short) => match machine::refusal_of(demand.entries(), ctx, &now)
+                .or_else(|| self.unlocked.never_beside_reserves(demand, ctx, &now))
+            {
                 // The fast path stopped at the first "not now"; a later account's "never" wins.
                 Some(error) => {
                     events.rejected(ctx, demand, &error, &now);
@@ -708,6 +710,19 @@ impl Unlocking {
         self.ranks.as_ref().map_or(Amount::ZERO, |ranks| {
             ranks.aside(rank, account, &[0; MAX_RANKS], true)
         })
+    }
+
+    /// The refusal of a demand that can never fit beside the reserves other levels always keep
+    /// (`None` without levels, or for a level there is not: the lock refuses that).
+    fn never_beside_reserves(
+        &self,
+        demand: &Demand,
+        ctx: &JobContext,
+        now: &Reading<'_>,
+    ) -> Option<AdmitError> {
+        let ranks = self.ranks.as_ref()?;
+        let rank = ranks.rank(ctx).ok()?;
+        ranks.never_beside_reserves(demand, ctx, rank, now)
     }
 
     /// Whether any level reserves anything.

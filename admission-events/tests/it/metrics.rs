@@ -632,11 +632,10 @@ fn a_sink_told_the_levels_labels_each_job_with_its_level() {
                 Some(Unit::Count),
             )
         };
-        let granted: Vec<(String, Vec<(String, String)>, Option<Unit>, Value)> =
-            series(snapshotter)
-                .into_iter()
-                .filter(|(name, ..)| name == GRANTED_UNITS)
-                .collect();
+        let granted: Vec<Series> = series(snapshotter)
+            .into_iter()
+            .filter(|(name, ..)| name == GRANTED_UNITS)
+            .collect();
         let expect = |level: &str, n: u64| {
             let (name, labels, unit) = units(level);
             (name, labels, unit, Value::Counter(n))
