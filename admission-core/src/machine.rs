@@ -312,6 +312,9 @@ pub(crate) enum Next {
     Ring,
     /// The pass a give of the head's demand gets, on the leaving thread.
     Pass(Demand),
+    /// A full pass on the leaving thread: the last waiter of a level that reserves left, so
+    /// the others may borrow its reserves on any account.
+    FullPass,
 }
 
 /// What [`Machine::leave`] did: what comes next, and what the waiter left behind.
@@ -1308,7 +1311,8 @@ impl Machine {
         }
         let next = match (&self.gate, pass) {
             // The last waiter of a level that reserves: the others may borrow again.
-            _ if self.ranks_lend(rank) => Next::Ring,
+            (None, _) if self.ranks_lend(rank) => Next::FullPass,
+            (Some(_), _) if self.ranks_lend(rank) => Next::Ring,
             (Some(_), _) if was_head || was_on_gate => Next::Ring,
             (None, Some(demand)) => Next::Pass(demand),
             _ => Next::Nothing,

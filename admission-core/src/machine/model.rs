@@ -534,6 +534,7 @@ impl Real {
             Next::Nothing => {}
             Next::Ring => self.pass(Scope::Full),
             Next::Pass(demand) => self.pass(Scope::Released(demand.entries())),
+            Next::FullPass => self.pass(Scope::Full),
         }
     }
 }

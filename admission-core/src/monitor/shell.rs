@@ -568,6 +568,11 @@ impl Shared {
                     me.evaluate_here(Scope::Released(demand.entries()), &now);
                 }
             }
+            Next::FullPass => {
+                if let Some(me) = self.me.upgrade() {
+                    me.evaluate_here(Scope::Full, &now);
+                }
+            }
         }
         left.remains
     }
