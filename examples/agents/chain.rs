@@ -228,7 +228,7 @@ async fn acquire<'w>(
     add_duration(&world.metrics.http_idle_ns, now.saturating_sub(http_at));
     world
         .metrics
-        .record_wait(job.model, now.saturating_sub(asked_at));
+        .record_grant(job, tokens, now.saturating_sub(asked_at), now);
     Ok(Held {
         permits,
         holding,

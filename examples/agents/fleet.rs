@@ -73,9 +73,19 @@ impl Stepped {
 
 /// The part of an attempt between the grant and the call, the same for both APIs: record the
 /// wait, enter the gauges. Returns the holding and when the grant came.
-fn begin_call<'w>(world: &'w World, job: &JobPlan, grant: &Grant) -> (Holding<'w>, Duration) {
-    world.metrics.record_wait(job.model, grant.wall_wait());
+fn begin_call<'w>(
+    world: &'w World,
+    job: &JobPlan,
+    step: &StepPlan,
+    grant: &Grant,
+) -> (Holding<'w>, Duration) {
     let granted_at = world.now();
+    world.metrics.record_grant(
+        job,
+        step.input_tokens + step.max_output_tokens,
+        grant.wall_wait(),
+        granted_at,
+    );
     let holding = world
         .metrics
         .hold(grant.entries().iter().map(|e| e.account().name()));
@@ -193,7 +203,7 @@ async fn attempt_call(
         Ok(db) => db,
         Err(outcome) => return Attempt::Fail(outcome),
     };
-    let (holding, granted_at) = begin_call(world, job, &grant);
+    let (holding, granted_at) = begin_call(world, job, step, &grant);
     // The server holds the answer for the call's latency: the grant is held meanwhile.
     let response: HttpAnswer = match world.call(job, index, attempt, step).await {
         Ok(response) => response,
@@ -388,7 +398,7 @@ fn attempt_blocking(
         },
         None => None,
     };
-    let (holding, granted_at) = begin_call(world, job, &grant);
+    let (holding, granted_at) = begin_call(world, job, step, &grant);
     let response = world
         .call_blocking(job, index, attempt, step)
         .map_err(call_failed)?;

@@ -9,6 +9,8 @@
 //! cargo run --release --example agents -- --fleet 4 --chaos kill-master  # ... on a Redis Cluster
 //! cargo run --release --example agents -- --fleet 4 --chaos failover   # ... a planned failover
 //! cargo run --release --example agents -- --metrics 127.0.0.1:9000     # Prometheus at /metrics
+//! cargo run --release --example agents -- --tenants acme:1:300,globex:1:100 \
+//!     --interactive-percent 10 --fairness both            # fair shares and levels, on and off
 //! ```
 //!
 //! Hundreds of LLM agents run in one process. Each step of an agent asks for everything the step
@@ -61,12 +63,25 @@
 //!
 //! `--metrics ADDR` serves the monitor's events as Prometheus series at `http://ADDR/metrics`
 //! while the run lasts (`metrics.rs`: `admission_events::MetricsSink` behind the run's fanout).
+//!
+//! `--tenants NAME:WEIGHT:AGENTS,...` gives the agents tenants of different sizes (in place of
+//! `--jobs`), and `--interactive-percent P` runs P agents in a hundred at an `interactive`
+//! priority level above `batch`. Under `--fairness on` (the default once either is given) the
+//! monitor shares its line between the tenants by weight (`FairShares`) and keeps the levels
+//! (`Levels`, the interactive level reserving a few steps' tokens of each model); `--fairness
+//! off` is the same plan and contexts in arrival order, and `--fairness both` runs the seed each
+//! way and prints them side by side. The summary gives each tenant's share of each model's
+//! tokens against its weight's share while backlogged, and each level's waits; the timeline a
+//! panel of the tenants' shares per simulated minute; `--check`, under fairness on, fails a
+//! tenant's share of model-a's tokens off its weight's by more than 0.05, or an interactive p99
+//! wait above a simulated minute (`fairness.rs`). Without these flags nothing changes.
 
 mod cells;
 mod chain;
 mod chaos;
 mod clock;
 mod events;
+mod fairness;
 mod fleet;
 mod metrics;
 mod multi;
@@ -98,6 +113,7 @@ use clap::{Parser, ValueEnum, value_parser};
 
 use crate::cells::{Cells, Promise};
 use crate::chaos::Fault;
+use crate::fairness::{FairnessArg, Mode, TenantList};
 use crate::multi::MemberReport;
 use crate::redis_server::{ClusterNodes, Endpoint, FleetRedis};
 use crate::report::RunSummary;
@@ -107,7 +123,7 @@ use crate::workload::WorkloadConfig;
 use crate::world::Settings;
 
 /// The fleet's model catalog.
-const CATALOG: &str = include_str!("models.toml");
+pub const CATALOG: &str = include_str!("models.toml");
 /// How long an interrupted fleet member waits for its cancelled jobs' releases and withdrawals
 /// to reach Redis before it reports.
 const SETTLE_WITHIN: Duration = Duration::from_secs(2);
@@ -129,6 +145,7 @@ enum StrategyArg {
 #[derive(Clone, Debug, Parser)]
 #[command(name = "agents", version)]
 #[command(group(clap::ArgGroup::new("server").args(["redis", "redis_cluster"])))]
+#[command(group(clap::ArgGroup::new("fair_input").args(["tenants", "interactive_percent"]).multiple(true)))]
 struct Args {
     /// Agents to run.
     #[arg(long, default_value_t = 400, value_parser = value_parser!(u32).range(1..=100_000))]
@@ -260,6 +277,32 @@ struct Args {
           value_parser = value_parser!(u64).range(0..=3600))]
     metrics_linger: u64,
 
+    /// Tenants sharing the agents, each NAME:WEIGHT:AGENTS (comma-separated, e.g.
+    /// acme:1:300,globex:1:100): the tenant runs AGENTS agents (together in place of --jobs:
+    /// the first AGENTS of the plan are the first tenant's) and, under --fairness on, is served
+    /// by WEIGHT in fair shares of the monitor's line. The summary gives each tenant's share of
+    /// each model's tokens against its weight's share while backlogged.
+    #[arg(long, value_name = "NAME:WEIGHT:AGENTS[,...]", conflicts_with_all = ["jobs", "fleet"])]
+    tenants: Option<TenantList>,
+
+    /// Agents in a hundred (spread evenly through the plan) whose every step runs at the
+    /// `interactive` priority level, above `batch` (the rest): under --fairness on an
+    /// interactive step stands before every batch waiter, and the level reserves a few steps'
+    /// worth of what they ask (three of the largest steps' tokens of each model's bucket, two
+    /// calls of each window, a model slot, two HTTP connections and a database connection),
+    /// which batch steps leave aside.
+    #[arg(long, value_name = "P", conflicts_with = "fleet",
+          value_parser = value_parser!(u8).range(0..=100))]
+    interactive_percent: Option<u8>,
+
+    /// With --tenants or --interactive-percent: on, the monitor keeps fair shares between the
+    /// tenants and the priority levels; off, the same plan and contexts in arrival order; both,
+    /// the seed run each way, printed side by side (not with --strategy hold-and-wait).
+    /// --check judges the run with fairness on.
+    #[arg(long, value_enum, value_name = "ON|OFF|BOTH", default_value_t = FairnessArg::On,
+          requires = "fair_input")]
+    fairness: FairnessArg,
+
     /// Internal: run as member I of a --fleet run (the parent passes it; the member stops when
     /// its stdin says so or closes).
     #[arg(long, hide = true, value_name = "I", requires_all = ["fleet", "server", "cell"],
@@ -328,11 +371,24 @@ fn main() -> ExitCode {
 fn run_all(args: &Args) -> anyhow::Result<bool> {
     let catalog =
         ModelCatalog::from_toml(CATALOG).context("reading examples/agents/models.toml")?;
+    let tenants = args.tenants.clone().map(|t| t.0).unwrap_or_default();
+    let fair = fairness::Config::new(
+        tenants.clone(),
+        args.interactive_percent.unwrap_or(0),
+        &fairness::reserves(&catalog),
+    )?;
+    let jobs = if tenants.is_empty() {
+        args.jobs as usize
+    } else {
+        tenants.iter().map(|t| t.agents as usize).sum()
+    };
     let plan: Vec<_> = workload::plan(&WorkloadConfig {
-        jobs: args.jobs as usize,
+        jobs,
         steps: args.steps,
         blocking_percent: args.blocking_percent,
         seed: args.seed,
+        tenant_agents: tenants.iter().map(|t| t.agents).collect(),
+        interactive_percent: args.interactive_percent.unwrap_or(0),
     })
     .into_iter()
     .map(Arc::new)
@@ -351,10 +407,7 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
         }
         (_, member) => member,
     };
-    let strategies: &[Strategy] = match args.strategy {
-        StrategyArg::Monitor => &[Strategy::Monitor],
-        StrategyArg::HoldAndWait | StrategyArg::Both => &[Strategy::Monitor, Strategy::HoldAndWait],
-    };
+    let runs = runs(args, fair.is_some())?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -388,7 +441,7 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
         // Bound before any agent starts, so a bad ADDR ends the run before it begins.
         let serving = args
             .metrics
-            .map(|addr| metrics::serve(addr, args.time_scale))
+            .map(|addr| metrics::serve(addr, args.time_scale, fair.as_ref()))
             .transpose()?;
         if let Some(serving) = &serving {
             say(&format!(
@@ -415,13 +468,14 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
             cells: cells.clone(),
             provider_url: args.provider_url.clone(),
             metrics: serving.as_ref().map(|serving| serving.sink.clone()),
+            fair: fair.as_ref(),
         };
         let mut summaries = Vec::new();
-        for &strategy in strategies {
+        for &(strategy, mode) in &runs {
             if interrupt.is_triggered() {
                 break;
             }
-            let summary = run::run(strategy, &input).await?;
+            let summary = run::run(strategy, mode, &input).await?;
             say(&summary.render());
             summaries.push(summary);
         }
@@ -480,7 +534,7 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
         return Ok(true);
     }
     let problems: Vec<String> = summaries.iter().flat_map(RunSummary::problems).collect();
-    if summaries.len() != strategies.len() {
+    if summaries.len() != runs.len() {
         say("check: FAILED: the run was interrupted before every strategy ran");
         return Ok(false);
     }
@@ -488,6 +542,16 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
         say(
             "check: passed (nothing over capacity, every job finished, nothing held afterwards, every result stored)",
         );
+        if runs.contains(&(Strategy::Monitor, Some(Mode::On))) {
+            say(&format!(
+                "check: with fairness on, every tenant's share of {}'s tokens over {} or more contested minutes was within ±{:.2} of its weight's share, and the {} level's p99 wait within {:.0} s",
+                fairness::SCARCE_MODEL,
+                fairness::MIN_CONTESTED_MINUTES,
+                fairness::SHARE_TOLERANCE,
+                fairness::INTERACTIVE,
+                fairness::INTERACTIVE_P99_BOUND_S
+            ));
+        }
         Ok(true)
     } else {
         for problem in &problems {
@@ -495,6 +559,44 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
         }
         Ok(false)
     }
+}
+
+/// The runs asked for, in order: each strategy's, and with tenants or levels (`fair`) the
+/// monitor's with fairness on, off or both (the chain's has no fairness to switch).
+///
+/// # Errors
+///
+/// `--fairness both` with a second strategy: one comparison at a time.
+fn runs(args: &Args, fair: bool) -> anyhow::Result<Vec<(Strategy, Option<Mode>)>> {
+    let chain = matches!(args.strategy, StrategyArg::HoldAndWait | StrategyArg::Both);
+    if !fair {
+        let mut runs = vec![(Strategy::Monitor, None)];
+        if chain {
+            runs.push((Strategy::HoldAndWait, None));
+        }
+        return Ok(runs);
+    }
+    Ok(match (args.fairness, chain) {
+        (FairnessArg::Both, true) => anyhow::bail!(
+            "--fairness both compares two monitor runs: run it without --strategy hold-and-wait"
+        ),
+        (FairnessArg::Both, false) => vec![
+            (Strategy::Monitor, Some(Mode::On)),
+            (Strategy::Monitor, Some(Mode::Off)),
+        ],
+        (arg, chain) => {
+            let mode = if arg == FairnessArg::On {
+                Mode::On
+            } else {
+                Mode::Off
+            };
+            let mut runs = vec![(Strategy::Monitor, Some(mode))];
+            if chain {
+                runs.push((Strategy::HoldAndWait, None));
+            }
+            runs
+        }
+    })
 }
 
 /// Prints a line to stdout; a closed stdout (`| head`) loses the text instead of panicking.
@@ -524,7 +626,9 @@ mod tests {
     use clap::Parser as _;
     use clap::error::ErrorKind;
 
-    use super::Args;
+    use super::{Args, runs};
+    use crate::fairness::Mode;
+    use crate::run::Strategy;
 
     #[test]
     fn metrics_takes_a_socket_address() {
@@ -542,5 +646,79 @@ mod tests {
         let error = Args::try_parse_from(["agents", "--fleet", "2", "--metrics", "127.0.0.1:9000"])
             .unwrap_err();
         assert_eq!(error.kind(), ErrorKind::ArgumentConflict);
+    }
+
+    /// The fairness flags: off by default (no tenants, no levels), --fairness only beside
+    /// --tenants or --interactive-percent, --tenants in place of --jobs, none with --fleet.
+    #[test]
+    fn the_fairness_flags_are_off_unless_asked_for() {
+        let plain = Args::try_parse_from(["agents"]).unwrap();
+        assert_eq!(
+            (plain.tenants.clone(), plain.interactive_percent),
+            (None, None)
+        );
+        assert_eq!(
+            runs(&plain, false).unwrap(),
+            vec![(Strategy::Monitor, None)]
+        );
+
+        let both = Args::try_parse_from([
+            "agents",
+            "--tenants",
+            "acme:3:300,globex:1:100",
+            "--interactive-percent",
+            "10",
+            "--fairness",
+            "both",
+        ])
+        .unwrap();
+        assert_eq!(both.tenants.as_ref().map(|t| t.0.len()), Some(2));
+        assert_eq!(
+            runs(&both, true).unwrap(),
+            vec![
+                (Strategy::Monitor, Some(Mode::On)),
+                (Strategy::Monitor, Some(Mode::Off))
+            ]
+        );
+        let on = Args::try_parse_from(["agents", "--interactive-percent", "5"]).unwrap();
+        assert_eq!(
+            runs(&on, true).unwrap(),
+            vec![(Strategy::Monitor, Some(Mode::On))]
+        );
+        let chain = Args::try_parse_from([
+            "agents",
+            "--tenants",
+            "acme:1:10",
+            "--fairness",
+            "both",
+            "--strategy",
+            "hold-and-wait",
+        ])
+        .unwrap();
+        assert!(runs(&chain, true).is_err());
+
+        for (bad, kind) in [
+            (
+                vec!["--fairness", "off"],
+                ErrorKind::MissingRequiredArgument,
+            ),
+            (
+                vec!["--tenants", "acme:1:10", "--jobs", "5"],
+                ErrorKind::ArgumentConflict,
+            ),
+            (
+                vec!["--tenants", "acme:1:10", "--fleet", "2"],
+                ErrorKind::ArgumentConflict,
+            ),
+            (
+                vec!["--interactive-percent", "101"],
+                ErrorKind::ValueValidation,
+            ),
+            (vec!["--tenants", "acme:0:10"], ErrorKind::ValueValidation),
+        ] {
+            let error = Args::try_parse_from(std::iter::once("agents").chain(bad.iter().copied()))
+                .unwrap_err();
+            assert_eq!(error.kind(), kind, "{bad:?}: {error}");
+        }
     }
 }

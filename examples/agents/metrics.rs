@@ -173,12 +173,17 @@ impl Drop for Serving {
 
 /// Binds `addr`, installs the recorder as the process's, and serves `/metrics` on the current
 /// tokio runtime until the returned [`Serving`] is dropped; the monitor's clock runs
-/// `time_scale` times faster than real time.
+/// `time_scale` times faster than real time. With `fair`'s tenants the series carry a `tenant`
+/// label (and the units granted to each are counted), with its levels a `level` label.
 ///
 /// # Errors
 ///
 /// When `addr` cannot be bound, or a recorder was already installed.
-pub fn serve(addr: SocketAddr, time_scale: u32) -> anyhow::Result<Serving> {
+pub fn serve(
+    addr: SocketAddr,
+    time_scale: u32,
+    fair: Option<&crate::fairness::Config>,
+) -> anyhow::Result<Serving> {
     let recorder = recorder()?;
     let handle = recorder.handle();
     let (endpoint, scrapes) = bind(addr, handle.clone())?;
@@ -191,7 +196,15 @@ pub fn serve(addr: SocketAddr, time_scale: u32) -> anyhow::Result<Serving> {
         }
     });
     // Created after the recorder is installed, so its series are described and zeroed there.
-    let sink = Arc::new(MetricsSink::simulated(f64::from(time_scale.max(1))));
+    let rate = f64::from(time_scale.max(1));
+    let mut sink = match fair.filter(|f| !f.tenants.is_empty()) {
+        Some(fair) => MetricsSink::with_tenants(fair.tenants.iter().map(|t| t.name.as_str()), rate),
+        None => MetricsSink::simulated(rate),
+    };
+    if let Some(levels) = fair.and_then(|f| f.levels.as_ref()) {
+        sink = sink.with_levels(levels);
+    }
+    let sink = Arc::new(sink);
     Ok(Serving {
         sink,
         addr,

@@ -12,6 +12,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::events::Counts;
+use crate::fairness::{self, FairnessReport};
 use crate::progress::clock_text;
 use crate::provider_sim::UpstreamStats;
 use crate::stats::Outcomes;
@@ -170,6 +171,9 @@ pub struct RunSummary {
     pub failures: Vec<String>,
     /// Files written.
     pub files: Vec<String>,
+    /// The tenants' shares and the levels' waits, with `--tenants` or `--interactive-percent`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fairness: Option<FairnessReport>,
 }
 
 /// The rows of the wait table from the histograms (microseconds).
@@ -264,7 +268,7 @@ pub struct ModelTallyReading {
 }
 
 /// Simulated seconds as `12.3s` or `4m10s`.
-fn span(seconds: f64) -> String {
+pub fn span(seconds: f64) -> String {
     if seconds < 60.0 {
         format!("{seconds:.1}s")
     } else {
@@ -273,6 +277,17 @@ fn span(seconds: f64) -> String {
 }
 
 impl RunSummary {
+    /// The run's name: its strategy, and whether the monitor kept fair shares when there are
+    /// tenants or levels (`monitor, fairness on`).
+    pub fn label(&self) -> String {
+        match &self.fairness {
+            Some(f) if self.strategy == "monitor" => {
+                format!("{}, fairness {}", self.strategy, f.fairness)
+            }
+            _ => self.strategy.to_owned(),
+        }
+    }
+
     /// The wait row of `scope`.
     pub fn wait(&self, scope: &str) -> Option<&WaitRow> {
         self.waits.iter().find(|w| w.scope == scope)
@@ -295,7 +310,7 @@ impl RunSummary {
         let _ = writeln!(
             out,
             "== {}: {} agents ({}), seed {}, time scale {}x (1 simulated minute = {:.2} s real) ==",
-            self.strategy,
+            self.label(),
             self.jobs,
             if self.strategy == "monitor" {
                 format!(
@@ -441,6 +456,11 @@ impl RunSummary {
                 let _ = writeln!(out, "  rejected: {}", rejected.join(", "));
             }
         }
+        if let Some(f) = &self.fairness {
+            let _ = writeln!(out);
+            out.push_str(&f.render());
+            let _ = writeln!(out);
+        }
         if let Some(r) = &self.results {
             let _ = writeln!(
                 out,
@@ -481,7 +501,8 @@ impl RunSummary {
     /// The problems, with or without the timed-out and failed jobs.
     fn problems_judging(&self, failed_jobs: bool) -> Vec<String> {
         let mut problems = Vec::new();
-        let name = self.strategy;
+        let label = self.label();
+        let name = label.as_str();
         if let Some(reason) = &self.interrupted {
             problems.push(format!("{name}: interrupted ({reason})"));
         }
@@ -569,11 +590,19 @@ impl RunSummary {
             }
         }
         problems.extend(self.leaks.iter().map(|l| format!("{name}: {l}")));
+        if let Some(f) = &self.fairness {
+            problems.extend(
+                fairness::judge(f, &fairness::GOALS)
+                    .into_iter()
+                    .map(|p| format!("{name}: {p}")),
+            );
+        }
         problems
     }
 }
 
-/// The two runs side by side: the rows where the strategies differ.
+/// The two runs side by side (the two strategies, or the monitor with fairness on and off): the
+/// rows where they differ.
 pub fn side_by_side(monitor: &RunSummary, chain: &RunSummary) -> String {
     let mut rows: Vec<(String, String, String)> = Vec::new();
     let mut row = |what: &str, f: &dyn Fn(&RunSummary) -> String| {
@@ -643,6 +672,47 @@ pub fn side_by_side(monitor: &RunSummary, chain: &RunSummary) -> String {
     row("tokens stranded by timeouts", &|s| {
         s.tokens_stranded.to_string()
     });
+    if let Some(f) = &monitor.fairness {
+        for t in &f.tenants {
+            let tenant = t.tenant.clone();
+            row(&format!("{tenant}: wait p50 / p99"), &|s| {
+                s.fairness
+                    .as_ref()
+                    .and_then(|f| f.tenants.iter().find(|r| r.tenant == tenant))
+                    .map_or("-".into(), |r| {
+                        format!("{} / {}", span(r.waits.p50_s), span(r.waits.p99_s))
+                    })
+            });
+        }
+        for t in &f.tenants {
+            let tenant = t.tenant.clone();
+            row(
+                &format!("{tenant}: {} share / owed", fairness::SCARCE_MODEL),
+                &|s| {
+                    s.fairness
+                        .as_ref()
+                        .and_then(|f| f.share(fairness::SCARCE_MODEL, &tenant))
+                        .map_or("-".into(), |r| match (r.share, r.owed) {
+                            (Some(share), Some(owed)) => {
+                                format!("{share:.3} / {owed:.3} ({} m)", r.contested_minutes)
+                            }
+                            _ => "-".into(),
+                        })
+                },
+            );
+        }
+        for level in &f.levels {
+            let name = level.scope.clone();
+            row(&format!("{name} level: wait p50 / p99"), &|s| {
+                s.fairness
+                    .as_ref()
+                    .and_then(|f| f.level(&name))
+                    .map_or("-".into(), |w| {
+                        format!("{} / {}", span(w.p50_s), span(w.p99_s))
+                    })
+            });
+        }
+    }
 
     let mut out = String::new();
     let _ = writeln!(
@@ -650,7 +720,13 @@ pub fn side_by_side(monitor: &RunSummary, chain: &RunSummary) -> String {
         "== side by side: the same {} agents, seed {} ==",
         monitor.jobs, monitor.seed
     );
-    let _ = writeln!(out, "{:<36} {:>22} {:>22}", "", "monitor", "hold-and-wait");
+    let _ = writeln!(
+        out,
+        "{:<36} {:>22} {:>22}",
+        "",
+        monitor.label(),
+        chain.label()
+    );
     for (what, a, b) in rows {
         let _ = writeln!(out, "{what:<36} {a:>22} {b:>22}");
     }

@@ -17,6 +17,7 @@ use tokio::task::JoinSet;
 use crate::cells::Cells;
 use crate::chain::Chain;
 use crate::events::Sinks;
+use crate::fairness::{self, Mode};
 use crate::progress::Progress;
 use crate::report::{self, ModelTallyReading, ResultsReading, RunSummary};
 use crate::stop::Stop;
@@ -70,6 +71,8 @@ pub struct Input<'a> {
     pub provider_url: Option<String>,
     /// With `--metrics`: the sink recording the monitor's events for the Prometheus endpoint.
     pub metrics: Option<Arc<admission_events::MetricsSink>>,
+    /// With `--tenants` or `--interactive-percent`: the tenants and levels.
+    pub fair: Option<&'a fairness::Config>,
 }
 
 /// What the strategy set up, for sampling and for the end of the run.
@@ -83,12 +86,23 @@ enum Setup {
     Chain(Arc<Chain>),
 }
 
-/// Runs the fleet once under `strategy`.
+/// Runs the fleet once under `strategy`; with tenants or levels, `mode` says whether the monitor
+/// keeps fair shares and levels (`None` for the chain, which has no line). The files of a
+/// monitor run with fairness off are named `...-fairness-off`, so that a `--fairness both`
+/// keeps both runs'.
 ///
 /// # Errors
 ///
 /// When the world cannot be built, the monitor cannot start, or a file cannot be written.
-pub async fn run(strategy: Strategy, input: &Input<'_>) -> anyhow::Result<RunSummary> {
+pub async fn run(
+    strategy: Strategy,
+    mode: Option<Mode>,
+    input: &Input<'_>,
+) -> anyhow::Result<RunSummary> {
+    let suffix = match (strategy, mode) {
+        (Strategy::Monitor, Some(Mode::Off)) => "-fairness-off",
+        _ => "",
+    };
     let stop = Arc::new(Stop::new());
     let forward = {
         let (interrupt, stop) = (input.interrupt.clone(), stop.clone());
@@ -99,7 +113,7 @@ pub async fn run(strategy: Strategy, input: &Input<'_>) -> anyhow::Result<RunSum
     };
     // The monitor run stores its results in a fresh SQLite database; the chain keeps a plain
     // semaphore for its database permits.
-    let results_path = input.out_dir.join("results.sqlite");
+    let results_path = input.out_dir.join(format!("results{suffix}.sqlite"));
     let world = Arc::new(
         World::new(
             input.catalog,
@@ -117,18 +131,27 @@ pub async fn run(strategy: Strategy, input: &Input<'_>) -> anyhow::Result<RunSum
 
     let setup = match strategy {
         Strategy::Monitor => {
-            let events_path = input.out_dir.join("events.jsonl");
+            let events_path = input.out_dir.join(format!("events{suffix}.jsonl"));
             let metrics = input.metrics.clone().map(|sink| sink as Arc<dyn EventSink>);
             let sinks = Sinks::create(&events_path, metrics)?;
             let clock: Arc<dyn Timer> = world.clock.clone();
-            let monitor = Monitor::builder()
-                .clock(clock)
-                .sink(sinks.fanout.clone())
-                .build();
+            let mut builder = Monitor::builder().clock(clock).sink(sinks.fanout.clone());
+            if let (Some(fair), Some(Mode::On)) = (input.fair, mode) {
+                if let Some(shares) = &fair.shares {
+                    builder = builder.fair_shares(shares.clone());
+                }
+                if let Some(levels) = &fair.levels {
+                    builder = builder.levels(levels.clone());
+                }
+            }
+            let monitor = builder.build();
             monitor.start().context("starting the monitor")?;
             let mut contexts = Vec::with_capacity(input.plan.len());
             for job in input.plan {
-                let ctx = JobContext::new(job.name.clone()).with_workflow("agents");
+                let mut ctx = JobContext::new(job.name.clone()).with_workflow("agents");
+                if let Some(fair) = input.fair {
+                    ctx = fair.context(ctx, job);
+                }
                 contexts.push(ctx.clone());
                 let (world, monitor, job) = (world.clone(), monitor.clone(), job.clone());
                 if job.blocking {
@@ -211,7 +234,7 @@ pub async fn run(strategy: Strategy, input: &Input<'_>) -> anyhow::Result<RunSum
     let real_seconds = started.elapsed().as_secs_f64();
     let simulated_seconds = world.now().as_secs_f64();
     world.stop.trigger("the run is over");
-    let timeline = sampler.await.context("the sampler task failed")?;
+    let mut timeline = sampler.await.context("the sampler task failed")?;
     forward.abort();
 
     let mut leaks = Vec::new();
@@ -236,15 +259,33 @@ pub async fn run(strategy: Strategy, input: &Input<'_>) -> anyhow::Result<RunSum
         files.push(events_path.display().to_string());
         events = Some(sinks.tally.counts());
     }
+    let fair = input.fair.map(|config| {
+        fairness::report(
+            config,
+            mode,
+            &world.metrics.records(),
+            &world.registry.models(),
+            simulated_seconds,
+        )
+    });
+    if let Some(report) = fair.as_ref().filter(|r| !r.tenants.is_empty()) {
+        timeline.shares = Some(report.panel());
+    }
     let svg = input
         .out_dir
-        .join(format!("timeline-{}.svg", strategy.name()));
+        .join(format!("timeline-{}{suffix}.svg", strategy.name()));
     timeline.draw_svg(
         &svg,
         &format!(
-            "{} agents, {} strategy: occupancy, line, throttle",
+            "{} agents, {} strategy{}: occupancy, line, throttle{}",
             input.plan.len(),
-            strategy.name()
+            strategy.name(),
+            mode.map_or_else(String::new, |m| format!(", fairness {}", m.name())),
+            if timeline.shares.is_some() {
+                ", tenants' shares"
+            } else {
+                ""
+            }
         ),
     )?;
     files.push(svg.display().to_string());
@@ -289,6 +330,7 @@ pub async fn run(strategy: Strategy, input: &Input<'_>) -> anyhow::Result<RunSum
         interrupted,
     );
     summary.results = results;
+    summary.fairness = fair;
     Ok(summary)
 }
 
@@ -577,5 +619,6 @@ fn summarize(
         },
         failures: metrics.failures(),
         files,
+        fairness: None,
     }
 }

@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 
+use crate::workload::JobPlan;
+
 /// How a job ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum JobOutcome {
@@ -29,6 +31,24 @@ pub enum JobOutcome {
     OverBudget(String),
     /// Anything else (a refusal that retrying cannot fix, a bug); the message says what.
     Failed(String),
+}
+
+/// One grant of a step (an admission, or the chain's acquisition), for the tenants' and levels'
+/// report (`fairness.rs`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepRecord {
+    /// The agent's tenant, by its place in `--tenants`.
+    pub tenant: Option<usize>,
+    /// Whether the agent runs at the interactive level.
+    pub interactive: bool,
+    /// The model called.
+    pub model: &'static str,
+    /// When the grant came, simulated seconds since the run began.
+    pub granted_s: f64,
+    /// How long the step waited for it, simulated seconds.
+    pub wait_s: f64,
+    /// Tokens of the model's bucket granted (prompt + declared most output).
+    pub tokens: u64,
 }
 
 /// Exact holders of one limit that has a capacity (its name is the account's).
@@ -148,6 +168,8 @@ pub struct Metrics {
     pub models: BTreeMap<String, ModelTally>,
     /// Admission waits in simulated microseconds, per model.
     waits: Mutex<BTreeMap<String, Histogram<u64>>>,
+    /// Every grant, in the order recorded.
+    records: Mutex<Vec<StepRecord>>,
     /// The first few failure messages.
     failures: Mutex<Vec<String>>,
     /// Exact occupancy of the limits with a capacity.
@@ -216,6 +238,7 @@ impl Metrics {
                 .map(|m| (m.to_owned(), ModelTally::default()))
                 .collect(),
             waits: Mutex::new(BTreeMap::new()),
+            records: Mutex::new(Vec::new()),
             failures: Mutex::new(Vec::new()),
             gauges,
         }
@@ -253,6 +276,29 @@ impl Metrics {
                 .or_insert_with(histogram)
                 .saturating_record(micros);
         }
+    }
+
+    /// Records one grant of a step of `job` at simulated time `at`, after `wait`, with `tokens` of
+    /// its model's bucket: its wait ([`record_wait`](Metrics::record_wait)) and its
+    /// [`StepRecord`].
+    pub fn record_grant(&self, job: &JobPlan, tokens: u64, wait: Duration, at: Duration) {
+        self.record_wait(job.model, wait);
+        let record = StepRecord {
+            tenant: job.tenant,
+            interactive: job.interactive,
+            model: job.model,
+            granted_s: at.as_secs_f64(),
+            wait_s: wait.as_secs_f64(),
+            tokens,
+        };
+        if let Ok(mut records) = self.records.lock() {
+            records.push(record);
+        }
+    }
+
+    /// Every grant recorded so far.
+    pub fn records(&self) -> Vec<StepRecord> {
+        self.records.lock().map(|r| r.clone()).unwrap_or_default()
     }
 
     /// The wait histograms per model, and all of them merged under `"all"`.

@@ -78,6 +78,30 @@ pub struct Timeline {
     pub models: Vec<String>,
     /// The samples, oldest first.
     pub samples: Vec<Sample>,
+    /// With tenants: each tenant's share per simulated minute, drawn as a fifth panel.
+    pub shares: Option<SharePanel>,
+}
+
+/// Each tenant's share of a model's tokens per simulated minute.
+#[derive(Clone, Debug)]
+pub struct SharePanel {
+    /// What the shares are of.
+    pub title: String,
+    /// Per tenant: its label, its share per minute (`(minute's middle, share)`, 0 to 1), and
+    /// its weight's share in the minutes it was owed one.
+    pub tenants: Vec<TenantShares>,
+}
+
+/// One tenant's line of the share panel.
+#[derive(Clone, Debug)]
+pub struct TenantShares {
+    /// Its name and weight.
+    pub label: String,
+    /// `(simulated minutes, share)`.
+    pub share: Vec<(f64, f64)>,
+    /// `(simulated minutes, weight's share)` in the minutes it was owed one; runs of minutes
+    /// are drawn as lines, single minutes as dots.
+    pub owed: Vec<(f64, f64)>,
 }
 
 impl Probes {
@@ -106,6 +130,7 @@ impl Probes {
                 .collect(),
             models: self.throttles.iter().map(|(m, _)| m.clone()).collect(),
             samples: Vec::new(),
+            shares: None,
         }
     }
 }
@@ -163,7 +188,9 @@ impl Timeline {
     /// Draws the timeline as an SVG at `path`, simulated minutes across, four panels: the
     /// occupancy (percent of capacity) of the limits held until a call ends, then of those given
     /// back by time (tokens spent and not yet refilled, calls in a window), the line's length with
-    /// the HTTP connections held by steps still waiting, and each bucket's throttle.
+    /// the HTTP connections held by steps still waiting, and each bucket's throttle; with
+    /// [`shares`](Timeline::shares), a fifth: each tenant's share per simulated minute (solid,
+    /// one colour per tenant) and its weight's share where it was owed one (dashed).
     ///
     /// # Errors
     ///
@@ -239,10 +266,12 @@ impl Timeline {
             })
             .collect();
 
-        let root = SVGBackend::new(path, (1200, 1260)).into_drawing_area();
+        let count = 4 + usize::from(self.shares.is_some());
+        let height = 315 * u32::try_from(count).unwrap_or(4);
+        let root = SVGBackend::new(path, (1200, height)).into_drawing_area();
         root.fill(&WHITE)?;
         let root = root.titled(title, ("sans-serif", 22))?;
-        let panels = root.split_evenly((4, 1));
+        let panels = root.split_evenly((count, 1));
         panel(
             &panels[0],
             "% in use: held until the call ends",
@@ -275,6 +304,9 @@ impl Timeline {
             &throttles,
             SeriesLabelPosition::UpperRight,
         )?;
+        if let Some(shares) = &self.shares {
+            share_panel(&panels[4], shares, t_max)?;
+        }
         root.present()?;
         Ok(())
     }
@@ -313,6 +345,81 @@ fn top_of(series: &[Series], floor: f64) -> f64 {
         .flat_map(|s| s.points.iter().map(|p| p.1))
         .fold(floor, f64::max)
         * 1.1
+}
+
+/// The share panel: each tenant's share per minute, solid, and its owed share, dashed, in its
+/// colour; percent up.
+fn share_panel(
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    shares: &SharePanel,
+    t_max: f64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut chart = ChartBuilder::on(area)
+        .margin(12)
+        .x_label_area_size(32)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0.0..t_max, 0.0..105.0)?;
+    chart
+        .configure_mesh()
+        .x_desc("simulated minutes")
+        .y_desc(shares.title.as_str())
+        .draw()?;
+    let within = |points: &[(f64, f64)]| -> Vec<(f64, f64)> {
+        points
+            .iter()
+            .filter(|(t, _)| *t <= t_max)
+            .map(|&(t, share)| (t, 100.0 * share))
+            .collect()
+    };
+    for (i, tenant) in shares.tenants.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        chart
+            .draw_series(LineSeries::new(
+                within(&tenant.share),
+                color.stroke_width(2),
+            ))?
+            .label(tenant.label.as_str())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
+        // Owed shares in runs of consecutive minutes, so a gap is not bridged.
+        let owed = within(&tenant.owed);
+        let mut runs: Vec<Vec<(f64, f64)>> = Vec::new();
+        for point in owed {
+            match runs.last_mut() {
+                Some(run)
+                    if run
+                        .last()
+                        .is_some_and(|last| point.0 - last.0 <= 1.0 + 1e-9) =>
+                {
+                    run.push(point);
+                }
+                _ => runs.push(vec![point]),
+            }
+        }
+        for (r, run) in runs.into_iter().enumerate() {
+            let style = color.stroke_width(1);
+            let drawn = if run.len() == 1 {
+                chart.draw_series(run.into_iter().map(|p| Circle::new(p, 3, style)))?
+            } else {
+                chart.draw_series(DashedLineSeries::new(run, 6, 4, style))?
+            };
+            if r == 0 {
+                drawn
+                    .label(format!("{} owed (backlogged minutes)", tenant.label))
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 6, y)], color.stroke_width(1))
+                    });
+            }
+        }
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.7))
+        .border_style(BLACK)
+        .draw()?;
+    Ok(())
 }
 
 /// One chart: simulated minutes across, `y_desc` up, the legend at `legend`.

@@ -25,6 +25,9 @@ const DB_SHARE: f64 = 0.3;
 const SEARCH_SHARE: f64 = 0.2;
 /// Agents do not all start at the same instant: each starts within this simulated span.
 const START_SPREAD: Duration = Duration::from_secs(60);
+/// Interactive agents (`--interactive-percent`) start within this longer span, their draw
+/// stretched: they arrive while the batch agents flood the line, not as a burst of their own.
+const INTERACTIVE_START_SPREAD: Duration = Duration::from_secs(480);
 
 /// What the command line decides about the workload.
 #[derive(Clone, Debug)]
@@ -37,6 +40,12 @@ pub struct WorkloadConfig {
     pub blocking_percent: u8,
     /// The seed of every draw.
     pub seed: u64,
+    /// Agents of each tenant, in order: the first `tenant_agents[0]` agents are the first
+    /// tenant's, and so on (empty: no tenants). Drawn from nothing: the plan is the same as
+    /// without tenants.
+    pub tenant_agents: Vec<u32>,
+    /// Agents in a hundred at the interactive level, spread evenly through the plan.
+    pub interactive_percent: u8,
 }
 
 /// One agent.
@@ -54,6 +63,10 @@ pub struct JobPlan {
     pub start_after: Duration,
     /// The steps, in order.
     pub steps: Vec<StepPlan>,
+    /// The agent's tenant, by its place in `--tenants` (`None`: no tenants).
+    pub tenant: Option<usize>,
+    /// True when every step of the agent runs at the interactive level.
+    pub interactive: bool,
 }
 
 /// One step: one LLM call, maybe with a database write and a search query beside it.
@@ -78,6 +91,14 @@ pub fn plan(config: &WorkloadConfig) -> Vec<JobPlan> {
     let mut rng = SplitMix64::new(config.seed);
     let total_weight: u64 = MODEL_MIX.iter().map(|(_, w)| w).sum();
     let percent = config.blocking_percent.min(100) as usize;
+    let interactive_percent = config.interactive_percent.min(100) as usize;
+    let tenant_of = |index: usize| {
+        let mut end = 0;
+        config.tenant_agents.iter().position(|&agents| {
+            end += agents as usize;
+            index < end
+        })
+    };
     (0..config.jobs)
         .map(|index| {
             let mut pick = rng.between(0, total_weight - 1);
@@ -94,17 +115,32 @@ pub fn plan(config: &WorkloadConfig) -> Vec<JobPlan> {
                 None => u32::try_from(rng.between(2, 5)).unwrap_or(2),
             };
             let start_ms = rng.between(0, START_SPREAD.as_millis() as u64);
+            // Exactly as evenly, five places after the blocking agents' spread.
+            let interactive = spread(index + 5, interactive_percent);
+            let start_ms = if interactive {
+                start_ms * INTERACTIVE_START_SPREAD.as_millis() as u64
+                    / START_SPREAD.as_millis() as u64
+            } else {
+                start_ms
+            };
             JobPlan {
                 index,
                 name: format!("agent-{index:03}"),
                 model,
                 // Exactly `percent` in a hundred, spread evenly through the plan.
-                blocking: index * percent / 100 != (index + 1) * percent / 100,
+                blocking: spread(index, percent),
                 start_after: Duration::from_millis(start_ms),
                 steps: (0..steps).map(|_| step(&mut rng)).collect(),
+                tenant: tenant_of(index),
+                interactive,
             }
         })
         .collect()
+}
+
+/// Whether place `index` is one of `percent` in a hundred spread evenly.
+fn spread(index: usize, percent: usize) -> bool {
+    index * percent / 100 != (index + 1) * percent / 100
 }
 
 fn step(rng: &mut SplitMix64) -> StepPlan {
@@ -142,6 +178,8 @@ mod tests {
             steps: None,
             blocking_percent: 10,
             seed: 42,
+            tenant_agents: Vec::new(),
+            interactive_percent: 0,
         };
         let (a, b) = (plan(&config), plan(&config));
         assert_eq!(a.len(), 40);
@@ -149,5 +187,47 @@ mod tests {
         for (x, y) in a.iter().zip(&b) {
             assert_eq!((x.model, x.steps.len()), (y.model, y.steps.len()));
         }
+        assert!(a.iter().all(|j| j.tenant.is_none() && !j.interactive));
+    }
+
+    /// Tenants and the interactive share are laid over the same draws: the plan is the one
+    /// without them, the first agents the first tenant's, and the interactive ones as evenly
+    /// spread as the blocking ones but not the same.
+    #[test]
+    fn tenants_and_interactive_agents_leave_the_draws_alone() {
+        let plain = WorkloadConfig {
+            jobs: 400,
+            steps: None,
+            blocking_percent: 10,
+            seed: 42,
+            tenant_agents: Vec::new(),
+            interactive_percent: 0,
+        };
+        let tenants = WorkloadConfig {
+            tenant_agents: vec![300, 100],
+            interactive_percent: 10,
+            ..plain.clone()
+        };
+        let (a, b) = (plan(&plain), plan(&tenants));
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(
+                (x.model, x.steps.len(), x.blocking),
+                (y.model, y.steps.len(), y.blocking)
+            );
+            // An interactive agent's start is its draw stretched eightfold.
+            let factor = if y.interactive { 8 } else { 1 };
+            assert_eq!(x.start_after * factor, y.start_after);
+        }
+        assert_eq!(b.iter().filter(|j| j.tenant == Some(0)).count(), 300);
+        assert_eq!(b[299].tenant, Some(0));
+        assert_eq!(b[300].tenant, Some(1));
+        assert_eq!(b.iter().filter(|j| j.interactive).count(), 40);
+        assert_eq!(
+            b.iter()
+                .filter(|j| j.interactive && j.tenant == Some(1))
+                .count(),
+            10
+        );
+        assert!(!b.iter().any(|j| j.interactive && j.blocking));
     }
 }
