@@ -669,6 +669,37 @@ pub fn judge(report: &FairnessReport, goals: &Goals) -> Vec<String> {
     problems
 }
 
+/// What [`judge`] looked at in a run that passed, in a line: the shares it judged (or that none
+/// had enough contested minutes) and the interactive level's p99 against its bound.
+pub fn judged(report: &FairnessReport, goals: &Goals) -> String {
+    let judged: Vec<String> = report
+        .shares
+        .iter()
+        .filter(|r| r.model == SCARCE_MODEL && r.contested_minutes >= goals.min_contested_minutes)
+        .filter_map(|r| Some(format!("{} {:.3} of {:.3}", r.tenant, r.share?, r.owed?)))
+        .collect();
+    let shares = if judged.is_empty() {
+        format!(
+            "no tenant was backlogged on {SCARCE_MODEL} beside another for {} minutes: shares not judged",
+            goals.min_contested_minutes
+        )
+    } else {
+        format!(
+            "shares of {SCARCE_MODEL}'s {} tokens within ±{:.2} of the weights' ({})",
+            report.judged_level,
+            goals.share_tolerance,
+            judged.join(", ")
+        )
+    };
+    match report.levels.iter().find(|l| l.scope == INTERACTIVE) {
+        Some(level) if level.count > 0 => format!(
+            "{shares}; {INTERACTIVE} p99 wait {:.1} s within {:.0} s",
+            level.p99_s, goals.interactive_p99_s
+        ),
+        _ => shares,
+    }
+}
+
 impl FairnessReport {
     /// The timeline's share panel: each tenant's share of [`SCARCE_MODEL`]'s tokens per minute.
     pub fn panel(&self) -> SharePanel {
@@ -920,6 +951,14 @@ mod tests {
     fn the_check_fails_a_share_off_its_weight_and_a_slow_interactive_level() {
         // 0.74 against 0.75, and a p99 of 59.9 s: within ±0.05 and under 60 s.
         assert!(judge(&report_with(0.74, 0.75, 5, 59.9), &GOALS).is_empty());
+        assert_eq!(
+            judged(&report_with(0.74, 0.75, 5, 59.9), &GOALS),
+            "shares of model-a's batch tokens within ±0.05 of the weights' (acme 0.740 of 0.750, globex 0.260 of 0.250); interactive p99 wait 59.9 s within 60 s"
+        );
+        assert_eq!(
+            judged(&report_with(0.74, 0.75, 2, 1.0), &GOALS),
+            "no tenant was backlogged on model-a beside another for 3 minutes: shares not judged; interactive p99 wait 1.0 s within 60 s"
+        );
         // 0.80 against 0.75 is 0.05 off: still within.
         assert!(judge(&report_with(0.80, 0.75, 5, 1.0), &GOALS).is_empty());
         // 0.69 against 0.75: acme misses by 0.06, and so does globex (0.31 against 0.25).

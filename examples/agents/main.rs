@@ -542,15 +542,18 @@ fn run_all(args: &Args) -> anyhow::Result<bool> {
         say(
             "check: passed (nothing over capacity, every job finished, nothing held afterwards, every result stored)",
         );
-        if runs.contains(&(Strategy::Monitor, Some(Mode::On))) {
-            say(&format!(
-                "check: with fairness on, every tenant's share of {}'s tokens over {} or more contested minutes was within ±{:.2} of its weight's share, and the {} level's p99 wait within {:.0} s",
-                fairness::SCARCE_MODEL,
-                fairness::MIN_CONTESTED_MINUTES,
-                fairness::SHARE_TOLERANCE,
-                fairness::INTERACTIVE,
-                fairness::INTERACTIVE_P99_BOUND_S
-            ));
+        for summary in &summaries {
+            if let Some(report) = summary
+                .fairness
+                .as_ref()
+                .filter(|f| f.fairness == Mode::On.name())
+            {
+                say(&format!(
+                    "check: {}: {}",
+                    summary.label(),
+                    fairness::judged(report, &fairness::GOALS)
+                ));
+            }
         }
         Ok(true)
     } else {
