@@ -25,7 +25,9 @@ use crate::amount::Amount;
 /// start again from zero each time the line empties.
 ///
 /// A job's cost is what it asks of its accounts, summed over its entries' primary amounts (a
-/// model's tokens, a gate's units).
+/// model's tokens, a gate's units); with accounts named scarce ([`scarce`](FairShares::scarce)),
+/// what it asks of those alone, so that the tenants share those by their weights whatever else
+/// their jobs ask.
 ///
 /// # Examples
 ///
@@ -45,6 +47,8 @@ use crate::amount::Amount;
 pub struct FairShares {
     weights: HashMap<Arc<str>, u32>,
     default_weight: u32,
+    /// The accounts whose amounts a job's cost counts, by name (empty: every account).
+    scarce: Vec<Arc<str>>,
 }
 
 /// A weight that cannot be used: zero, or above [`FairShares::MAX_WEIGHT`].
@@ -68,7 +72,35 @@ impl FairShares {
         FairShares {
             weights: HashMap::new(),
             default_weight: 1,
+            scarce: Vec::new(),
         }
+    }
+
+    /// Counts the amounts asked of the account named `account` (as it names itself) in a job's
+    /// cost; once an account is named, the amounts asked of accounts not named count nothing
+    /// (a job asking none of them costs the least, one unit). Name the account the tenants
+    /// contend for (a model's tokens): a job's cost then weighs only what it takes of it, and
+    /// a tenant's jobs on other accounts do not count against its share of this one. Naming
+    /// several sums their amounts, whatever their units.
+    ///
+    /// ```
+    /// use admission_core::FairShares;
+    ///
+    /// let shares = FairShares::new().scarce("gpt-4o").scarce("claude");
+    /// assert!(shares.counts("gpt-4o") && !shares.counts("http"));
+    /// assert!(FairShares::new().counts("http"), "with none named, every account counts");
+    /// ```
+    pub fn scarce(mut self, account: impl Into<Arc<str>>) -> FairShares {
+        let account = account.into();
+        if !self.scarce.contains(&account) {
+            self.scarce.push(account);
+        }
+        self
+    }
+
+    /// Whether the amounts asked of the account named `account` count in a job's cost.
+    pub fn counts(&self, account: &str) -> bool {
+        self.scarce.is_empty() || self.scarce.iter().any(|a| &**a == account)
     }
 
     /// Gives `tenant` the weight `weight`.
@@ -130,6 +162,7 @@ impl fmt::Debug for FairShares {
         f.debug_struct("FairShares")
             .field("weights", &weights)
             .field("default_weight", &self.default_weight)
+            .field("scarce", &self.scarce)
             .finish()
     }
 }

@@ -784,7 +784,10 @@ impl Machine {
         now: &Reading<'_>,
         fx: &mut Effects,
     ) -> AtTheTail {
-        let parked = self.line.parked_by_rank();
+        // The line as a pass will find it once the newcomer parks: its level has a waiter
+        // parked, so the others (the head too) leave that level's reserves aside.
+        let mut parked = self.line.parked_by_rank();
+        parked[usize::from(w.rank)] += 1;
         let ranks = self.ranks.as_ref().filter(|r| r.reserving());
         let aside_of = |rank: u8| {
             move |account: &AccountRef| {

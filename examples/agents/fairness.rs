@@ -200,7 +200,9 @@ impl Config {
         let shares = if tenants.is_empty() {
             None
         } else {
-            let mut shares = FairShares::new();
+            // The tenants contend for the scarce model: a step's cost is its tokens of it, so a
+            // tenant's steps on the other models do not count against its share of this one.
+            let mut shares = FairShares::new().scarce(SCARCE_MODEL);
             for t in &tenants {
                 shares = shares
                     .weight(t.name.as_str(), t.weight)

@@ -67,11 +67,12 @@ impl Tags {
             self.finish.resize_with(rank + 1, HashMap::new);
         }
         let weight = u128::from(self.shares.weight_of(ctx.snapshot().tenant.as_deref()));
+        let cost = cost_of(demand, &self.shares);
         let finish = &mut self.finish[rank];
         let Some(virtual_time) = level.map(Tag::get) else {
             // A busy period of the level begins: nobody's history matters any more.
             finish.clear();
-            return charge(finish, demand, ctx, weight, 0);
+            return charge(finish, cost, ctx, weight, 0);
         };
         let most = 2 * parked + 64;
         if finish.len() > most {
@@ -88,20 +89,19 @@ impl Tags {
             kept.extend(others);
             finish.extend(kept);
         }
-        charge(finish, demand, ctx, weight, virtual_time)
+        charge(finish, cost, ctx, weight, virtual_time)
     }
 }
 
-/// Charges `ctx`'s tenant the cost of `demand` in the finish tags of its level, and returns the
-/// job's start tag.
+/// Charges `ctx`'s tenant `cost` in the finish tags of its level, and returns the job's start
+/// tag.
 fn charge(
     finish: &mut HashMap<Option<Arc<str>>, u128>,
-    demand: &Demand,
+    cost: u64,
     ctx: &JobContext,
     weight: u128,
     virtual_time: u128,
 ) -> Tag {
-    let cost = cost_of(demand);
     let finish = finish.entry(ctx.snapshot().tenant.clone()).or_insert(0);
     let start = (*finish).max(virtual_time);
     *finish = start.saturating_add(u128::from(cost) * SCALE / weight);
@@ -238,11 +238,13 @@ impl Ranks {
     }
 }
 
-/// What a demand costs: its entries' primary amounts summed, at least 1.
-pub(crate) fn cost_of(demand: &Demand) -> u64 {
+/// What a demand costs: the primary amounts of its entries on the accounts `shares` counts,
+/// summed, at least 1.
+pub(crate) fn cost_of(demand: &Demand, shares: &FairShares) -> u64 {
     demand
         .entries()
         .iter()
+        .filter(|e| shares.counts(e.account().name()))
         .fold(0u64, |sum, e| sum.saturating_add(e.amount().primary()))
         .max(1)
 }

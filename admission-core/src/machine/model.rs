@@ -539,13 +539,19 @@ impl Real {
     }
 }
 
+/// Fair shares of a sequence: the tenants' weights, and the one pool whose units a job's cost
+/// counts (`None`: every pool).
+type Fair = ([u32; TENANTS], Option<usize>);
+
 fn check(
     ops: &[Op],
     capacities: [u64; ACCOUNTS],
     batch: usize,
-    weights: Option<[u32; TENANTS]>,
+    fair: Option<Fair>,
     levels: Option<LevelsCfg>,
 ) {
+    let weights = fair.map(|(weights, _)| weights);
+    let scarce = fair.and_then(|(_, scarce)| scarce);
     let rung = Arc::new(AtomicBool::new(false));
     let kick: WakeFn = {
         let rung = rung.clone();
@@ -561,11 +567,15 @@ fn check(
             batch,
             LineOrder {
                 fair: weights.map(|weights| {
-                    (0..TENANTS).fold(FairShares::new(), |shares, t| {
+                    let shares = (0..TENANTS).fold(FairShares::new(), |shares, t| {
                         shares
                             .weight(format!("t{t}"), weights[t])
                             .expect("a valid weight")
-                    })
+                    });
+                    match scarce {
+                        Some(a) => shares.scarce(format!("pool-{a}")),
+                        None => shares,
+                    }
                 }),
                 levels: levels.map(|cfg| cfg.levels()),
             },
@@ -657,7 +667,12 @@ fn check(
                         tag: 0,
                         displaced: false,
                     };
-                    let units = amounts.iter().map(|&(_, units)| units).sum();
+                    let units = amounts
+                        .iter()
+                        .filter(|&&(a, _)| scarce.is_none_or(|s| s == a))
+                        .map(|&(_, units)| units)
+                        .sum::<u64>()
+                        .max(1);
                     model.park(waiting, *tenant, units);
                 }
             }
@@ -808,7 +823,10 @@ proptest! {
         ops in proptest::collection::vec(op(), 1_000),
         capacities in proptest::array::uniform3(1..=6u64),
         batch in 1..=8usize,
-        weights in proptest::option::of(proptest::array::uniform3(1..=4u32)),
+        fair in proptest::option::of((
+            proptest::array::uniform3(1..=4u32),
+            proptest::option::of(0..ACCOUNTS),
+        )),
         levels in proptest::option::of((
             any::<bool>(),
             proptest::array::uniform3(proptest::array::uniform3(
@@ -817,7 +835,7 @@ proptest! {
         )),
     ) {
         let levels = levels.map(|(exempt, reserve)| LevelsCfg { exempt, reserve });
-        check(&ops, capacities, batch, weights, levels);
+        check(&ops, capacities, batch, fair, levels);
     }
 }
 
@@ -836,12 +854,25 @@ fn a_pass_batch_of_the_shells_size_walks_the_same_line() {
         })
         .collect();
     check(&ops, [3, 3, 3], PASS_BATCH, None, None);
-    check(&ops, [3, 3, 3], PASS_BATCH, Some([3, 1, 2]), None);
+    check(&ops, [3, 3, 3], PASS_BATCH, Some(([3, 1, 2], None)), None);
+    check(
+        &ops,
+        [3, 3, 3],
+        PASS_BATCH,
+        Some(([3, 1, 2], Some(0))),
+        None,
+    );
     let levels = LevelsCfg {
         exempt: true,
         reserve: [[0, 0, 1], [1, 0, 0], [0, 1, 0]],
     };
-    check(&ops, [3, 3, 3], PASS_BATCH, Some([3, 1, 2]), Some(levels));
+    check(
+        &ops,
+        [3, 3, 3],
+        PASS_BATCH,
+        Some(([3, 1, 2], None)),
+        Some(levels),
+    );
 }
 
 /// Under fair shares a newcomer may be placed before a paused pass's cursor (behind the head, a
