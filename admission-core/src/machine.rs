@@ -806,7 +806,13 @@ impl Machine {
         // counts as empty), nobody's amounts to respect.
         let head = match self.line.head().filter(|head| head.rank <= w.rank) {
             Some(first) => match Head::now_of(&first.demand, head_aside, now) {
-                Some(head) => Some(head),
+                Some(mut head) => {
+                    if let Some(ranks) = ranks {
+                        let entries = first.demand.entries();
+                        head.claim_only(|i| ranks.claims(first.rank, &entries[i], now));
+                    }
+                    Some(head)
+                }
                 // A demand that can never fit is refused now, not after the head's pass.
                 None => match refusal_of(w.demand.entries(), &w.ctx, now) {
                     Some(error) => return AtTheTail::Refused(error),
@@ -1116,6 +1122,10 @@ impl Machine {
                 note_held(self.gate.as_deref(), fx, w, short, now);
                 if is_head {
                     let mut head = Head::of(&w.demand, short);
+                    if let Some(ranks) = ranks {
+                        let entries = w.demand.entries();
+                        head.claim_only(|i| ranks.claims(rank, &entries[i], now));
+                    }
                     head.gate_hold = gate_held.then_some(at);
                     walk.head = Some(head);
                 }

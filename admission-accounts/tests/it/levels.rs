@@ -258,3 +258,41 @@ fn a_reserve_on_an_elastic_window_does_not_make_the_head_claim_its_probe() {
     assert_eq!(monitor.queue_size(), 2);
     drop(holder);
 }
+
+/// A lower level reserving a gate, its waiter parked behind a higher level's head that wants the
+/// gate too and is short on it only for that reserve: the head does not claim the gate, so the
+/// waiter takes from its reserve (leaving the head's permit aside), its level stops waiting, and
+/// the head is granted after it. Were the gate claimed, each would wait for the other.
+#[test]
+fn a_head_short_only_for_a_lower_levels_lendable_reserve_does_not_block_that_level() {
+    let clock = FakeClock::new();
+    let levels = Levels::new()
+        .level(Level::new("interactive"))
+        .and_then(|l| l.level(Level::new("batch").reserve("pool", Amount::units(2))))
+        .expect("valid levels");
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .clock(clock.shared())
+        .levels(levels)
+        .build();
+    let pool = Arc::new(CountingGate::new("pool", 2, clock.shared()).expect("a valid gate"));
+    let other = Arc::new(CountingGate::new("other", 1, clock.shared()).expect("a valid gate"));
+    let holder = try_hold(&monitor, &permits(&other, 1), &job("batch")).expect("free");
+    let both = permits(&pool, 1).with(other.clone(), Amount::ONE);
+    let mut batch = monitor.admit(both, &job("batch"), None);
+    assert!(poll_once(&mut batch).is_none(), "short on the other gate");
+    let mut interactive = monitor.admit(permits(&pool, 1), &job("interactive"), None);
+    assert!(
+        poll_once(&mut interactive).is_none(),
+        "the batch level's reserve is the whole pool while it waits"
+    );
+    drop(holder);
+    let batch_grant = poll_once(&mut batch)
+        .expect("the batch job takes from its reserve")
+        .expect("granted");
+    let interactive_grant = poll_once(&mut interactive)
+        .expect("then nobody of the batch level waits: the head goes")
+        .expect("granted");
+    assert_eq!(pool.available(), 0);
+    drop((batch_grant, interactive_grant));
+}

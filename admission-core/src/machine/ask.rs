@@ -166,6 +166,19 @@ impl Head {
         (!short.is_empty()).then(|| Head::of(demand, &short))
     }
 
+    /// Keeps among the entries the head is short on only those `claims` says it claims: the
+    /// others' accounts a waiter behind may take from (leaving the head's amount aside).
+    pub(crate) fn claim_only(&mut self, claims: impl Fn(usize) -> bool) {
+        let mut kept = Short::new();
+        for short in self.short.iter() {
+            match short {
+                Some(i) if !claims(i) => {}
+                short => kept.push(short),
+            }
+        }
+        self.short = kept;
+    }
+
     /// How many entries' keys a head keeps at hand.
     const KEYED: usize = 4;
 

@@ -18,7 +18,7 @@ use crate::account::{AccountRef, Answer, Ask, Replenishment};
 use crate::amount::Amount;
 use crate::clock::Reading;
 use crate::context::JobContext;
-use crate::demand::Demand;
+use crate::demand::{Demand, Entry};
 use crate::error::AdmitError;
 use crate::fair::{FairShares, Levels};
 
@@ -195,6 +195,19 @@ impl Ranks {
                 Err(panic) => Some(aborted(account, ctx, &*panic)),
             }
         })
+    }
+
+    /// Whether a head of `rank`, short on `entry`'s account, claims it: it does unless it would
+    /// fit there leaving aside only the reserves kept always, that is unless only the reserve a
+    /// waiting level may borrow stands in its way. Such an account is left to the waiters behind
+    /// (they leave the head's amount aside): else a waiter of the reserving level, which only
+    /// the head keeps from its reserve, and the head, which waits for that level to stop
+    /// waiting, would wait for each other. Asked with a look, as the head.
+    pub(crate) fn claims(&self, rank: u8, entry: &Entry, now: &Reading<'_>) -> bool {
+        let account = entry.account();
+        let kept = self.aside(rank, account, &[0; MAX_RANKS], true);
+        let ask = Ask::HEAD.also_leaving(kept).look().with(now);
+        !matches!(asked(account, entry.amount(), ask), Ok(Answer::Taken))
     }
 
     /// What a job of `rank` leaves aside on `account` for the other levels: each one's reserve

@@ -425,7 +425,10 @@ impl Model {
                 let mut reserved = [0; ACCOUNTS];
                 for &(a, units) in &w.amounts {
                     reserved[a] = units;
-                    claimed[a] = units + self.aside(w.level, a, false) > self.free(a);
+                    // Claimed when short even leaving aside only the reserves kept always: an
+                    // account short only for a level's lendable reserve is left to the others.
+                    claimed[a] = units + self.aside(w.level, a, false) > self.free(a)
+                        && units + self.aside(w.level, a, true) > self.free(a);
                 }
                 ahead = Some(reserved);
             }
