@@ -136,6 +136,27 @@ impl FairShares {
             .and_then(|t| self.weights.get(t).copied())
             .unwrap_or(self.default_weight)
     }
+
+    /// Every tenant given a weight, with it, in the order of their names.
+    ///
+    /// ```
+    /// use admission_core::FairShares;
+    ///
+    /// let shares = FairShares::new().weight("globex", 3)?.weight("acme", 1)?;
+    /// assert_eq!(shares.iter().collect::<Vec<_>>(), [("acme", 1), ("globex", 3)]);
+    /// # Ok::<(), admission_core::WeightError>(())
+    /// ```
+    pub fn iter(&self) -> impl Iterator<Item = (&str, u32)> {
+        let mut weights: Vec<(&str, u32)> = self.weights.iter().map(|(t, w)| (&**t, *w)).collect();
+        weights.sort_unstable();
+        weights.into_iter()
+    }
+
+    /// The accounts named [`scarce`](FairShares::scarce), in the order they were named (none:
+    /// every account counts).
+    pub fn iter_scarce(&self) -> impl Iterator<Item = &str> {
+        self.scarce.iter().map(|a| &**a)
+    }
 }
 
 fn check(tenant: &str, weight: u32) -> Result<(), WeightError> {
@@ -157,10 +178,8 @@ impl Default for FairShares {
 
 impl fmt::Debug for FairShares {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut weights: Vec<(&str, u32)> = self.weights.iter().map(|(t, w)| (&**t, *w)).collect();
-        weights.sort_unstable();
         f.debug_struct("FairShares")
-            .field("weights", &weights)
+            .field("weights", &self.iter().collect::<Vec<_>>())
             .field("default_weight", &self.default_weight)
             .field("scarce", &self.scarce)
             .finish()

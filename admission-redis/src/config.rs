@@ -4,6 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use admission_core::{FairShares, Levels};
 use sha2::{Digest, Sha256};
 
 use crate::error::ConfigError;
@@ -377,6 +378,20 @@ pub struct RedisAdmissionConfig {
     /// What the server promises of an acknowledged write (nothing, by default): see
     /// [`Durability`].
     pub durability: Durability,
+    /// Tenants' weights in the cell's line (none, by default: the line serves in arrival
+    /// order). With them, waiting tenants share the cell by start-time fair queuing in what
+    /// their leases hold (the footprint: bytes, or a model's tokens), each its weight's share,
+    /// while a waiter keeps the head's place. Tenant ids reach Redis only as digests. The
+    /// accounts [`FairShares::scarce`] names are the monitor's: a cell's cost is always the
+    /// footprint, so naming any is refused. See the fair-shares guide, "Across the fleet".
+    pub fair_shares: Option<FairShares>,
+    /// Priority levels of the cell's line (none, by default): a waiter of a higher level goes
+    /// before every waiter of a lower one, as [`LeaseRequest::level`] names it (a request
+    /// naming none is the default level). A cell keeps no reserves: a level that reserves
+    /// anything is refused.
+    ///
+    /// [`LeaseRequest::level`]: crate::LeaseRequest::level
+    pub levels: Option<Levels>,
 }
 
 impl RedisAdmissionConfig {
@@ -418,6 +433,8 @@ impl RedisAdmissionConfig {
             cell_idle_expiry: Duration::from_secs(24 * 60 * 60),
             recover_created_cells: true,
             durability: Durability::default(),
+            fair_shares: None,
+            levels: None,
         }
     }
 
@@ -459,6 +476,36 @@ impl RedisAdmissionConfig {
     /// [`ConfigError`] naming the field and saying why.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let c = &self.ceilings;
+        if let Some(account) = self
+            .fair_shares
+            .as_ref()
+            .and_then(|f| f.iter_scarce().next())
+        {
+            return Err(ConfigError::new(
+                "fair_shares",
+                format!(
+                    "names the scarce account {account:?}: a cell's cost is the lease's footprint, \
+                     so a cell's fair shares name none"
+                ),
+            ));
+        }
+        if let Some(levels) = &self.levels {
+            if levels.is_empty() {
+                return Err(ConfigError::new("levels", "declares no level"));
+            }
+            for level in levels.iter() {
+                if let Some((account, amount)) = level.iter_reserves().next() {
+                    return Err(ConfigError::new(
+                        "levels",
+                        format!(
+                            "level `{}` reserves {amount} of {account:?}: a cell's line keeps \
+                             no reserves",
+                            level.name()
+                        ),
+                    ));
+                }
+            }
+        }
         check_id("key_prefix", &self.key_prefix)?;
         check_id("cell", &self.cell)?;
         if self.host.is_empty() {
@@ -719,7 +766,7 @@ impl RedisAdmissionConfig {
             d => format!("|durability:{}:{}", d.fsync_always, d.replicas),
         };
         let text = format!(
-            "v2|{}|{}|{}|{}|{}|{}|{}|{}|{}{rates}{durability}",
+            "v2|{}|{}|{}|{}|{}|{}|{}|{}|{}{rates}{durability}{}",
             c.service_bytes,
             c.service_transfers,
             c.tenant_bytes,
@@ -728,9 +775,48 @@ impl RedisAdmissionConfig {
             q.0,
             q.1,
             self.events_max_len,
-            self.lease_ttl.as_millis()
+            self.lease_ttl.as_millis(),
+            self.line_fingerprint(),
         );
         hex(&Sha256::digest(text.as_bytes()))[..16].to_string()
+    }
+}
+
+impl RedisAdmissionConfig {
+    /// The fair line's part of the fingerprint: empty without one, so that a cell created
+    /// before fair lines keeps its fingerprint.
+    fn line_fingerprint(&self) -> String {
+        if self.fair_shares.is_none() && self.levels.is_none() {
+            return String::new();
+        }
+        let mut text = String::from("|line");
+        if let Some(shares) = &self.fair_shares {
+            text.push_str(&format!(":{}", shares.weight_of(None)));
+            for (tenant, weight) in shares.iter() {
+                text.push_str(&format!(":{}={weight}", crate::request::hashed_id(tenant)));
+            }
+        }
+        if let Some(levels) = &self.levels {
+            let names: Vec<&str> = levels.iter().map(|l| l.name()).collect();
+            text.push_str(&format!("|levels:{}", names.join(",")));
+            if let Some(rank) = levels.rank_of(None) {
+                text.push_str(&format!(":{rank}"));
+            }
+        }
+        text
+    }
+
+    /// The level a request naming `level` waits at in the cell's line (0 the highest), or the
+    /// levels' names when there is no such level (`none` in a cell without levels, where a
+    /// request naming none waits at 0).
+    pub(crate) fn rank_of(&self, level: Option<&str>) -> Result<usize, String> {
+        let Some(levels) = &self.levels else {
+            return level.map_or(Ok(0), |_| Err("none".to_owned()));
+        };
+        levels.rank_of(level).ok_or_else(|| {
+            let names: Vec<&str> = levels.iter().map(|l| l.name()).collect();
+            names.join(", ")
+        })
     }
 }
 

@@ -259,6 +259,15 @@ pub enum NeverReason {
     /// The operation label is not 1 to 32 of `[a-z0-9_]`.
     #[error("operation {0:?} is not 1 to 32 of [a-z0-9_]")]
     BadOperation(String),
+    /// The request names a priority level the cell's config does not declare (or the cell
+    /// has no levels).
+    #[error("no priority level is named {level:?} in this cell (declared: {known})")]
+    UnknownLevel {
+        /// The level named.
+        level: String,
+        /// The levels declared, comma-separated (`none` without levels).
+        known: String,
+    },
 }
 
 /// Why a renewal or a release did not happen.

@@ -13,11 +13,14 @@
 --              token, tok)
 --       3 exp (sorted set: lease id -> expiry, server milliseconds)
 --       4 events (stream)   5 quota (hash: "r:<tenant>" / "b:<tenant>" -> "window|used")
---       6 line (sorted set: waiting lease id -> ticket)   7 live (sorted set: waiting id ->
---              liveness expiry, server ms)
+--       6 line (sorted set: waiting lease id -> ticket; in a fair line, see below, every score
+--              is 0 and the member is the waiter's place: level, start tag, ticket, id)
+--       7 live (sorted set: waiting id -> liveness expiry, server ms)
+--       8 fair (sorted set: "<level>:<tenant>" -> the tenant's finish tag at that level)
 -- Waiters are recorded in occ as q:<id> = "ticket|tenant|backend|footprint|operation|requests|nonce|
--- instance|latest" (instance '-' for none; latest, the server ms after which the waiter's caller
--- no longer waits, 0 for no bound); a lease record carries the nonce of the acquisition that
+-- instance|latest|place" (instance '-' for none; latest, the server ms after which the waiter's
+-- caller no longer waits, 0 for no bound; place, its member of the line in a fair line only); a
+-- lease record carries the nonce of the acquisition that
 -- took it last. `requests` is
 -- what the lease spends of the requests per minute (1 for a call; more for a slice). The nonce is
 -- the caller's, chosen before its first call: only the same call may ask again as that waiter,
@@ -90,7 +93,7 @@ local function call(KEYS, ARGV)
   local function read_cfg()
     return redis.call('HMGET', cfg, 'fingerprint', 'sb', 'st', 'tb', 'tt', 'bt', 'maxlen',
       'version', 'skew_ms', 'o:' .. asking, 'ttl', 'nq', 'idle', 'touched', 'ne', 'rid', 'rec',
-      'rt', 'rr', 'thr', 'rh', 'rm', 'rbt', 'rbq', 'dur')
+      'rt', 'rr', 'thr', 'rh', 'rm', 'rbt', 'rbq', 'dur', 'fw', 'w:' .. asking)
   end
   local c = read_cfg()
   local t = redis.call('TIME')
@@ -136,12 +139,19 @@ local function call(KEYS, ARGV)
   --   15 16 the rates' burst, tokens and requests ('0': a whole minute's worth, see below)
   --   17 what the server promises of an acknowledged write: 'f' every write is synced to the
   --      append-only file before the answer, 'r' every call waits for the replicas ('' none)
+  --   18 the fair line ('' none; else the default weight of a tenant, '0' for arrival order
+  --      within each level: see "The fair line" below), then pairs of a tenant (a digest) and
+  --      its weight
   local created = false
   if op == 'init' and not c[1] then
     redis.call('HSET', cfg, 'fingerprint', fingerprint, 'sb', ARGV[3], 'st', ARGV[4],
       'tb', ARGV[5], 'tt', ARGV[6], 'bt', ARGV[7], 'maxlen', ARGV[8],
       'version', int(math.max(1, math.floor(now_ms))), 'ttl', ARGV[9], 'idle', ARGV[10],
       'nq', redis.call('ZCARD', line), 'rid', me, 'rec', 0, 'dur', ARGV[17] or '')
+    if (ARGV[18] or '') ~= '' then
+      redis.call('HSET', cfg, 'fw', ARGV[18])
+      for i = 19, #ARGV - 1, 2 do redis.call('HSET', cfg, 'w:' .. ARGV[i], ARGV[i + 1]) end
+    end
     if tonumber(ARGV[12] or '0') > 0 then
       redis.call('HSET', cfg, 'rt', ARGV[12], 'rr', ARGV[13], 'thr', 0, 'rm', ARGV[14] or 60000,
         'rbt', ARGV[15] or 0, 'rbq', ARGV[16] or 0)
@@ -170,6 +180,50 @@ local function call(KEYS, ARGV)
   end
   -- How many wait in the line: with none (the usual case) the line is never read.
   local queued = tonumber(c[12] or '0')
+
+  -- The fair line (a cell configured with fair shares or levels: `fw` in cfg). A waiter's place
+  -- in the line is the member `LLSSSSSSSSSSSSSSSS.SSSSSSSSTTTTTTTTTTTTTTTT<id>`, every score 0,
+  -- so the line is in the order of its level (two digits, 0 the highest), then its start tag
+  -- (fixed point), then its ticket (arrival): a higher level's waiter goes before every lower
+  -- level's (strict priority), and within a level tenants share by start-time fair queuing.
+  -- A tenant's start tag at a level is the later of the level's virtual time and the tenant's
+  -- finish tag there; its finish tag becomes the start tag plus the lease's cost, its footprint
+  -- in units of 2^-20 of the service bytes divided by the tenant's weight (`w:<tenant>` in cfg,
+  -- else `FW`). FW 0: no weights, every start tag 0 (arrival order within a level). The virtual
+  -- time of a level (`v:<level>` in occ) is the latest start tag granted from the line at that
+  -- level, and never less than the start tag of that level's first waiter, so no newcomer of a
+  -- level goes before the first waiter of its own level (its place, the head's reservation,
+  -- is kept). A tenant that was idle starts at the virtual time: no credit is banked. Costs are
+  -- charged only while someone waits (a grant with nobody waiting costs nothing), and the tags
+  -- are forgotten when the line empties; each call drops the lowest finish tag if it is no later
+  -- than its level's virtual time (it counts for nothing then), so `fair` holds about the
+  -- tenants that are ahead of their share.
+  local FW = tonumber(c[26] or '-1')
+  local FAIR = FW >= 0
+  local fair = KEYS[8]
+  local PLACE = 43
+  local function place_of(rank, start, ticket, id)
+    return string.format('%02d%025.8f%016.0f', rank, start, ticket) .. id
+  end
+  local function id_of(member)
+    if FAIR then return string.sub(member, PLACE + 1) end
+    return member
+  end
+  local function vtime(rank)
+    return tonumber(redis.call('HGET', occ, 'v:' .. rank) or '0')
+  end
+  -- A waiter at `member` granted: its level's virtual time moves on to its start tag.
+  local function advance(member)
+    if FW <= 0 or not member then return end
+    local rank, start = tonumber(string.sub(member, 1, 2)), tonumber(string.sub(member, 3, 27))
+    if start > vtime(rank) then redis.call('HSET', occ, 'v:' .. rank, start) end
+  end
+  local function forget()
+    redis.call('DEL', fair)
+    local fields = {}
+    for i = 0, 15 do fields[#fields + 1] = 'v:' .. i end
+    redis.call('HDEL', occ, unpack(fields))
+  end
   local DIMS = { 'service_bytes', 'service_transfers', 'tenant_bytes', 'tenant_transfers', 'backend_transfers',
     'tokens_per_minute', 'requests_per_minute' }
 
@@ -324,12 +378,13 @@ local function call(KEYS, ARGV)
     return o
   end
 
-  -- Takes waiter `id` (record `q`) out of the line.
-  local function unqueue(id)
-    redis.call('ZREM', line, id)
+  -- Takes waiter `id` (its record parsed, `w`) out of the line.
+  local function unqueue(id, w)
+    redis.call('ZREM', line, (FAIR and w and w[10]) or id)
     redis.call('ZREM', live, id)
     if redis.call('HDEL', occ, 'q:' .. id) == 1 then
       queued = redis.call('HINCRBY', cfg, 'nq', -1)
+      if FAIR and queued <= 0 then forget() end
     end
   end
 
@@ -421,19 +476,20 @@ local function call(KEYS, ARGV)
     local waiting = redis.call('ZRANGE', line, 0, limit - 1)
     local head
     local granted = 0
-    for _, id in ipairs(waiting) do
+    for _, member in ipairs(waiting) do
+      local id = id_of(member)
       local q = redis.call('HGET', occ, 'q:' .. id)
       local live_until = tonumber(redis.call('ZSCORE', live, id) or '0')
       local alive = live_until >= now_ms
       local w = q and parse(q) -- ticket, tenant, backend, footprint, operation, requests, nonce, instance, latest
       local late = w and tonumber(w[9] or '0') > 0 and now_ms > tonumber(w[9])
       if not q then
-        redis.call('ZREM', line, id)
+        redis.call('ZREM', line, member)
         redis.call('ZREM', live, id)
       elseif not alive or late then
         -- Its liveness ran out and the bounded reap has not come to it yet, or its caller has
         -- stopped waiting: never grant the dead or the late.
-        unqueue(id)
+        unqueue(id, w)
         append('timed_out', id, '0', w[2], w[3], w[4], w[5], late and 'late' or 'abandoned',
           (read(w[2], w[3])))
       else
@@ -443,7 +499,8 @@ local function call(KEYS, ARGV)
         local r, blocked = set_aside(head, w[2], w[3])
         local need = { f, 1, f, 1, 1, f, tonumber(w[6]) }
         if not short_on(o, need, tb_max, tt_max, r, blocked) then
-          unqueue(id)
+          advance(FAIR and member)
+          unqueue(id, w)
           -- The grant lives no longer than its waiter's liveness: a waiter that died in the
           -- line holds nothing past it (its process would never renew the lease), and a live
           -- one, which renews its liveness every renew_every, renews the lease in time.
@@ -491,9 +548,9 @@ local function call(KEYS, ARGV)
     if queued > 0 then dead = redis.call('ZRANGEBYSCORE', live, '-inf', now_ms, 'LIMIT', 0, limit) end
     for _, id in ipairs(dead) do
       local q = redis.call('HGET', occ, 'q:' .. id)
-      unqueue(id)
+      local w = q and parse(q)
+      unqueue(id, w)
       if q then
-        local w = parse(q)
         append('timed_out', id, '0', w[2], w[3], w[4], w[5], 'abandoned', (read(w[2], w[3])))
       end
     end
@@ -630,6 +687,7 @@ local function call(KEYS, ARGV)
     --       14 the latest server ms at which the acquisition may take effect: its caller stops
     --          waiting then ('0': no bound). A call that reaches the server later (held up in a
     --          stalled server or network) changes nothing; a ticket is never granted later.
+    --       15 the acquisition's level in a fair line (0 the highest; ignored in another)
     local latest = tonumber(ARGV[14] or '0') or 0
     if latest > 0 and now_ms > latest then return {'LATE', int(now_ms), int(latest)} end
     local id, tenant, backend, operation = ARGV[3], ARGV[4], ARGV[5], ARGV[7]
@@ -652,7 +710,7 @@ local function call(KEYS, ARGV)
     if RATED and requests > CR then
       return touch(IDLE, {'NEVER', 'requests_per_minute', ARGV[13], int(math.floor(CR))})
     end
-    local o, v = read(tenant, backend, 'r:' .. id, 'q:' .. id, 'tok', 'seq')
+    local o, v = read(tenant, backend, 'r:' .. id, 'q:' .. id, 'tok', 'seq', 'tick')
     if v[6] then
       -- Held: this acquisition's own lease (granted from the line, or by a call whose reply was
       -- lost), claimed as it is; or a duplicate.
@@ -668,25 +726,56 @@ local function call(KEYS, ARGV)
       -- line have what it frees, and ask afresh.
       settle(id, v[6], 'expired')
       handoff(tonumber(ARGV[9]))
-      o, v = read(tenant, backend, 'r:' .. id, 'q:' .. id, 'tok', 'seq')
+      o, v = read(tenant, backend, 'r:' .. id, 'q:' .. id, 'tok', 'seq', 'tick')
     end
-    local waiting
+    local waiting, mine
     if v[7] then
       local w = parse(v[7])
       -- Another acquisition waits under this id: a duplicate, not this one asking again.
       if w[7] ~= nonce then return touch(IDLE, {'NEVER', 'lease_id', id, '0'}) end
-      waiting = w[1]
+      waiting, mine = w[1], w
+    end
+    -- In a fair line, the asker's place: a waiter's own, or the one a newcomer would take (its
+    -- level, its start tag, the next ticket).
+    local rank, start, place = 0, 0, id
+    if FAIR then
+      rank = math.max(0, math.min(99, math.floor(tonumber(ARGV[15] or '0') or 0)))
+      if mine then
+        place = mine[10] or id
+      else
+        if FW > 0 and queued > 0 then
+          local v0 = vtime(rank)
+          local lead = redis.call('ZRANGEBYLEX', line, '[' .. string.format('%02d', rank),
+            '(' .. string.format('%02d', rank + 1), 'LIMIT', 0, 1)[1]
+          if lead then v0 = math.max(v0, tonumber(string.sub(lead, 3, 27))) end
+          start = math.max(v0, tonumber(redis.call('ZSCORE', fair, rank .. ':' .. tenant) or '0'))
+          -- The lowest finish tag counts for nothing once its level's virtual time reached it.
+          local low = redis.call('ZRANGE', fair, 0, 0, 'WITHSCORES')
+          if low[1] and tonumber(low[2]) <= vtime(tonumber(string.match(low[1], '^(%d+):'))) then
+            redis.call('ZREM', fair, low[1])
+          end
+        end
+        place = place_of(rank, start, tonumber(v[10] or '0') + 1, id)
+      end
+    end
+    -- The asker's tenant pays for the lease at its level (fair line, weights, someone waiting).
+    local function charge()
+      if FW <= 0 then return end
+      local weight = tonumber(c[27] or '') or FW
+      redis.call('ZADD', fair, start + footprint * 1048576 / S_B / weight, rank .. ':' .. tenant)
+      born(fair)
     end
     if waiting then
       -- A waiter asking again: still waiting (the hand-off grants it when it fits); its liveness
       -- is renewed.
       redis.call('ZADD', live, now_ms + ttl, id)
     end
-    -- Who is first? A newcomer goes before the line only beside the head's reserved demand.
+    -- Who is first? A newcomer goes before the line only beside the head's reserved demand (in
+    -- a fair line, a newcomer of a higher level than the head's goes first).
     local head
     local first = queued > 0 and redis.call('ZRANGE', line, 0, 0)[1]
-    if first and first ~= id then
-      local h = parse(redis.call('HGET', occ, 'q:' .. first) or '0|||0|')
+    if first and first ~= place and not (FAIR and place < first) then
+      local h = parse(redis.call('HGET', occ, 'q:' .. id_of(first)) or '0|||0|')
       local htb, htt = limits(redis.call('HGET', cfg, 'o:' .. (h[2] or '')))
       head = head_of(h, (read(h[2] or '', h[3] or '')), htb, htt)
     end
@@ -710,13 +799,14 @@ local function call(KEYS, ARGV)
     end
     if dim and not waiting and ARGV[10] == '1' then
       waiting = int(redis.call('HINCRBY', occ, 'tick', 1))
+      charge()
       queued = redis.call('HINCRBY', cfg, 'nq', 1)
-      redis.call('ZADD', line, waiting, id)
+      if FAIR then redis.call('ZADD', line, 0, place) else redis.call('ZADD', line, waiting, id) end
       redis.call('ZADD', live, now_ms + ttl, id)
       redis.call('HSET', occ, 'q:' .. id,
         waiting .. '|' .. tenant .. '|' .. backend .. '|' .. ARGV[6] .. '|' .. operation .. '|'
         .. int(requests) .. '|' .. nonce .. '|' .. (instance ~= '' and instance or '-') .. '|'
-        .. int(latest))
+        .. int(latest) .. (FAIR and ('|' .. place) or ''))
       -- The line's first waiter creates the line and its liveness set.
       if queued == 1 then
         born(line)
@@ -726,7 +816,12 @@ local function call(KEYS, ARGV)
       return full(waiting)
     end
     if dim then return full(waiting or '') end
-    if waiting then unqueue(id) end
+    if waiting then
+      advance(FAIR and place)
+      unqueue(id, mine)
+    elseif queued > 0 then
+      charge()
+    end
     local token, expiry = grant(id, tenant, backend, ARGV[6], int(requests), operation, ttl, o, nonce,
       'admitted', v[8] or '0', v[9])
     -- A head served by the rates at its instant asks itself: those behind it may fit now, and
@@ -747,7 +842,7 @@ local function call(KEYS, ARGV)
     if v[1] then
       local w = parse(v[1])
       if w[7] == nonce then
-        unqueue(id)
+        unqueue(id, w)
         append('timed_out', id, '0', w[2], w[3], w[4], w[5], 'timed_out', (read(w[2], w[3])))
         handoff(tonumber(ARGV[5]))
         return touch(IDLE, {'WITHDRAWN'})

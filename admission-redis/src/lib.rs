@@ -9,7 +9,8 @@
 //! that never goes backwards, renews itself in the background, is released on every exit, and
 //! tells its holder when it is lost. A request that does not fit waits in the cell's one line,
 //! shared by every process: the head's demand is set aside, and a release anywhere hands the
-//! capacity to the waiters in ticket order inside the same script call (see
+//! capacity to the waiters in the line's order (arrival, or fair shares and levels: below)
+//! inside the same script call (see
 //! [`RedisAdmission::acquire`]). Admission fails closed: while Redis is unreachable nothing new is
 //! admitted. A call that fails on the connection (a restart, a pause, a reset) is retried until
 //! its caller's own deadline, so an outage shorter than a job's wait costs it only the wait.
@@ -21,6 +22,44 @@
 //! (`docs/guides/running-a-fleet.md`, "Recovery"). Every acquisition carries the latest server
 //! time at which it may take effect, so a call held up in a stalled server takes nothing.
 //!
+//! # Fair shares and priority levels
+//!
+//! By default the line serves in arrival order. With [`RedisAdmissionConfig::fair_shares`] the
+//! tenants waiting on a cell share it by their weights, whichever instance they wait on: the
+//! script places each waiter by start-time fair queuing, its cost the lease's footprint (bytes,
+//! or a model's tokens) over its tenant's weight. With [`RedisAdmissionConfig::levels`] a
+//! waiter of a higher level ([`LeaseRequest::with_level`]) goes before every waiter of a lower
+//! one. Both live in the cell's config and fingerprint (tenants as digests), so every instance
+//! of a cell agrees on them; the hand-off, the head's reservation and a never-fitting request's
+//! refusal are unchanged, and a tenant that was idle banks no credit. A cell keeps no level
+//! reserves and counts no accounts by name (the monitor's [`admission_core::Level::reserve`]
+//! and [`admission_core::FairShares::scarce`] are refused by [`RedisAdmissionConfig::validate`]).
+//! See `docs/guides/fair-shares-and-priorities.md`, "Across the fleet".
+//!
+//! ```
+//! use admission_core::{FairShares, Level, Levels};
+//! use admission_redis::{Ceilings, LeaseRequest, RedisAdmissionConfig};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let ceilings = Ceilings {
+//!     service_bytes: 1 << 30,
+//!     service_transfers: 64,
+//!     tenant_bytes: 256 << 20,
+//!     tenant_transfers: 16,
+//!     backend_transfers: 32,
+//! };
+//! let mut config = RedisAdmissionConfig::new("127.0.0.1", 6379, "uploads-eu-1", ceilings);
+//! config.fair_shares = Some(FairShares::new().weight("acme", 3)?);
+//! config.levels = Some(Levels::new().level(Level::new("interactive"))?.level(Level::new("batch"))?);
+//! config.validate()?;
+//! // An interactive upload of acme's; a request naming no level waits at `batch`, the last.
+//! let request = LeaseRequest::new("upload-7", "acme", "disk-a", 8 << 20, "upload")
+//!     .with_level("interactive");
+//! # drop(request);
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Keys
 //!
 //! Every key of a cell is `<prefix>:{<cell>}:<name>`, so the cell id is the Redis Cluster hash
@@ -29,7 +68,9 @@
 //! end of its recovery), `occ` (occupancy counters, lease and waiter
 //! records, the last fencing token, the ticket and event counters), `exp` (lease expiries, a
 //! sorted set on server time), `events` (the stream), `quota` (per-tenant traffic windows),
-//! `line` (waiters by ticket), `live` (waiters' liveness expiries). The program is a Redis
+//! `line` (waiters by ticket; in a fair line, by level, start tag and ticket), `live` (waiters'
+//! liveness expiries), `fair` (in a fair line, the finish tags of tenants ahead of their
+//! share). The program is a Redis
 //! function library (`FUNCTION LOAD`, called with `FCALL`; loaded again by the client where it
 //! is missing) named after a digest of its text. An acquisition reads and writes each hash once:
 //! seven Redis calls inside one function call. Every key expires after the config's `cell_idle_expiry` without a

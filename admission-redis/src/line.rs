@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::error::AcquireError;
+use crate::error::{AcquireError, NeverReason};
 use crate::lease::{Lease, Return, give_back};
 use crate::request::{LeaseRequest, hashed_id};
 use crate::script::{
@@ -227,8 +227,18 @@ async fn attempt(
     request
         .check(cell.config.ceilings.service_bytes)
         .map_err(|reason| AcquireError::Never { reason })?;
+    let rank = cell
+        .config
+        .rank_of(request.level.as_deref())
+        .map_err(|known| AcquireError::Never {
+            reason: NeverReason::UnknownLevel {
+                level: request.level.clone().unwrap_or_default(),
+                known,
+            },
+        })?;
     let (tenant, backend) = (hashed_id(&request.tenant), hashed_id(&request.backend));
     let op = Op::Acquire {
+        rank,
         id: &request.id,
         tenant: &tenant,
         backend: &backend,

@@ -23,6 +23,10 @@ pub struct LeaseRequest {
     /// is granted: 1 for one call (the default), more for a slice of the rate that several calls
     /// will spend ([`RateSlices`](crate::RateSlices)). Ignored by a cell without rates.
     pub requests: u64,
+    /// The priority level the request waits at, by name, in a cell configured with
+    /// [`levels`](crate::RedisAdmissionConfig::levels) (`None`: the default level). A name the
+    /// cell does not know is refused before any call ([`NeverReason::UnknownLevel`]).
+    pub level: Option<String>,
 }
 
 impl LeaseRequest {
@@ -41,6 +45,7 @@ impl LeaseRequest {
             footprint,
             operation: operation.into(),
             requests: 1,
+            level: None,
         }
     }
 
@@ -48,6 +53,13 @@ impl LeaseRequest {
     #[must_use]
     pub fn with_requests(mut self, requests: u64) -> LeaseRequest {
         self.requests = requests;
+        self
+    }
+
+    /// The same request at the priority level named `level`.
+    #[must_use]
+    pub fn with_level(mut self, level: impl Into<String>) -> LeaseRequest {
+        self.level = Some(level.into());
         self
     }
 

@@ -229,6 +229,8 @@ pub(crate) enum Op<'a> {
         /// When the acquisition's caller stops waiting: the call is refused on the server if it
         /// reaches it later (see [`Cell::server_ms_at`]).
         until: Instant,
+        /// Its level in a fair line (0 the highest).
+        rank: usize,
     },
     /// An acquisition gives up: out of the line, or its grant handed over.
     Withdraw { id: &'a str, nonce: &'a str },
@@ -312,7 +314,7 @@ impl Op<'_> {
         match self {
             Op::Init => {
                 let c = config.ceilings;
-                vec![
+                let mut args = vec![
                     c.service_bytes.to_string(),
                     c.service_transfers.to_string(),
                     c.tenant_bytes.to_string(),
@@ -347,7 +349,18 @@ impl Op<'_> {
                         .map_or(0, |b| b.requests)
                         .to_string(),
                     config.durability.flags().to_string(),
-                ]
+                ];
+                // The fair line: the default weight ('0': arrival order within each level),
+                // then each named tenant's digest and weight.
+                if config.fair_shares.is_some() || config.levels.is_some() {
+                    let shares = config.fair_shares.as_ref();
+                    args.push(shares.map_or(0, |s| s.weight_of(None)).to_string());
+                    for (tenant, weight) in shares.into_iter().flat_map(|s| s.iter()) {
+                        args.push(crate::request::hashed_id(tenant));
+                        args.push(weight.to_string());
+                    }
+                }
+                args
             }
             Op::Acquire {
                 id,
@@ -360,6 +373,7 @@ impl Op<'_> {
                 nonce,
                 instance,
                 until: _,
+                rank,
             } => vec![
                 id.to_string(),
                 tenant.to_string(),
@@ -373,6 +387,7 @@ impl Op<'_> {
                 instance.to_string(),
                 requests.to_string(),
                 latest.to_string(),
+                rank.to_string(),
             ],
             Op::Withdraw { id, nonce } => vec![id.to_string(), nonce.to_string(), reap],
             Op::Renew { leases, until: _ } => {
@@ -880,8 +895,8 @@ pub(crate) struct Called<T> {
 pub(crate) struct Cell {
     pub(crate) config: RedisAdmissionConfig,
     pub(crate) fingerprint: String,
-    /// The seven keys, in the script's KEYS order.
-    keys: [String; 7],
+    /// The eight keys, in the script's KEYS order.
+    keys: [String; 8],
     /// Cloned for each call (a handle; the clones share one connection).
     conn: parking_lot::RwLock<Conn>,
     /// When a cluster connection was last replaced (see `replace_stalled`).
@@ -899,8 +914,10 @@ const LONGEST_PAUSE: Duration = Duration::from_millis(250);
 impl Cell {
     pub(crate) fn new(config: RedisAdmissionConfig, conn: Conn, clients: Clients) -> Cell {
         let tag = format!("{}:{{{}}}", config.key_prefix, config.cell);
-        let keys =
-            ["cfg", "occ", "exp", "events", "quota", "line", "live"].map(|k| format!("{tag}:{k}"));
+        let keys = [
+            "cfg", "occ", "exp", "events", "quota", "line", "live", "fair",
+        ]
+        .map(|k| format!("{tag}:{k}"));
         Cell {
             fingerprint: config.fingerprint(),
             config,
@@ -946,7 +963,7 @@ impl Cell {
     }
 
     /// Every key of the cell, in the script's KEYS order.
-    pub(crate) fn keys(&self) -> &[String; 7] {
+    pub(crate) fn keys(&self) -> &[String; 8] {
         &self.keys
     }
 

@@ -4,7 +4,7 @@
 //! - `redis_acquire/lease_acquire`: `try_acquire` of a lease that fits (one function call; the
 //!   release after each is not timed), against `redis_acquire/fcall_same_size`: one `FCALL` of
 //!   a function library padded to the same byte length as the lease library, with the same
-//!   seven keys and ten arguments, reading `TIME` and returning ten strings, on a connection
+//!   eight keys and ten arguments, reading `TIME` and returning ten strings, on a connection
 //!   built the same way. Acquire is one round trip; the ratio is what the lease function's work
 //!   adds to it. After criterion's rows, `redis_acquire/interleaved` times the two in turn, and
 //!   `redis_acquire/rated_interleaved` a lease on a cell with rates against one without.
@@ -66,11 +66,13 @@ fn same_size_library() -> String {
     code
 }
 
-/// One call of the peer function: the lease function's seven keys and ten arguments.
+/// One call of the peer function: the lease function's eight keys and ten arguments.
 async fn peer_call(manager: &redis::aio::ConnectionManager) {
     let mut call = redis::cmd("FCALL");
-    call.arg(PEER).arg(7);
-    for k in ["cfg", "occ", "exp", "events", "quota", "line", "live"] {
+    call.arg(PEER).arg(8);
+    for k in [
+        "cfg", "occ", "exp", "events", "quota", "line", "live", "fair",
+    ] {
         call.arg(format!("peer:{{bench}}:{k}"));
     }
     call.arg("acquire")

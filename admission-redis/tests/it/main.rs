@@ -3,6 +3,7 @@
 
 mod cluster;
 mod config;
+mod fair_line;
 mod faults;
 mod fleet;
 mod leases;

@@ -179,8 +179,10 @@ async fn every_key_of_a_cell_shares_its_hash_tag_and_nothing_else_is_written() {
         requests_per_minute: 10,
         bytes_per_hour: 1000,
     });
+    cfg.fair_shares = Some(admission_core::FairShares::new());
     let fleet = connect(cfg).await;
-    // Touch every key: a lease, a waiter in the line, a quota window, a policy.
+    // Touch every key: a lease, a waiter in the line (and its tenant's finish tag in the fair
+    // line), a quota window, a policy.
     let held = lease(&fleet, "held", "t", "d", 1).await;
     let waiter = spawn_acquire(&fleet, "waiter", "t", "d", 1, Duration::from_secs(10));
     wait_for_event(&fleet, &host, port, "queued", "waiter").await;
@@ -188,7 +190,7 @@ async fn every_key_of_a_cell_shares_its_hash_tag_and_nothing_else_is_written() {
     fleet.set_tenant_override("t", 50, 1).await.expect("policy");
 
     let keys = fleet.keys();
-    assert_eq!(keys.len(), 7);
+    assert_eq!(keys.len(), 8);
     let tag = format!("{{{cell}}}");
     for key in &keys {
         // The hash tag is the part between the first `{` and the next `}`.

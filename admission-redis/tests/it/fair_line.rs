@@ -1,0 +1,286 @@
+//! The cell's fair line: tenants waiting on one cell, from any instance, are served by their
+//! weights in what their leases hold (start-time fair queuing inside the one script call), a
+//! higher level's waiter goes before a lower level's head, and a cell without fair shares keeps
+//! arrival order.
+
+use std::time::Duration;
+
+use admission_core::{FairShares, Level, Levels};
+use admission_redis::{
+    AcquireError, Dimension, LeaseRequest, NeverReason, Outcome, RedisAdmission,
+    RedisAdmissionConfig, read_events,
+};
+use redis::AsyncCommands;
+
+use crate::support::{
+    blocking_connection, ceilings, cell, config, connect, full, lease, server, spawn_acquire,
+    wait_for_event_on,
+};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A cell that holds one lease at a time, its service bytes 2^20 (so a byte costs one unit of
+/// virtual time at weight 1).
+fn one_at_a_time(host: &str, port: u16, cell: &str) -> RedisAdmissionConfig {
+    config(host, port, cell, ceilings(1 << 20, 1, 1 << 20, 1, 1))
+}
+
+/// Queues `request` on `fleet` (a task that releases its lease as soon as it has it) and waits
+/// for its `queued` event, so the line's order of arrival is the order of these calls.
+async fn queue(
+    fleet: &RedisAdmission,
+    events: &mut redis::aio::MultiplexedConnection,
+    request: LeaseRequest,
+) -> tokio::task::JoinHandle<()> {
+    let id = request.id.clone();
+    let task = {
+        let fleet = fleet.clone();
+        tokio::spawn(async move {
+            let lease = fleet.acquire(&request, WAIT).await.expect("granted");
+            lease.release(Outcome::Completed).await.expect("released");
+        })
+    };
+    wait_for_event_on(events, fleet, "queued", &id).await;
+    task
+}
+
+/// The leases of the cell's `admitted` events, in order.
+async fn admitted(fleet: &RedisAdmission) -> Vec<String> {
+    read_events(fleet)
+        .await
+        .expect("events")
+        .into_iter()
+        .filter(|e| e.kind == "admitted")
+        .map(|e| e.lease)
+        .collect()
+}
+
+/// Holds the cell's one lease, queues `line` (id, tenant, level) in that order, half of them
+/// from a second instance, then lets them through one at a time: the order they were granted.
+async fn served(
+    host: &str,
+    port: u16,
+    cfg: RedisAdmissionConfig,
+    line: &[(&str, &str, Option<&str>)],
+) -> Vec<String> {
+    let a = connect(cfg.clone()).await;
+    let b = connect(cfg).await;
+    let mut events = blocking_connection(host, port).await;
+    let held = lease(&a, "held", "x", "d", 1).await;
+    let mut tasks = Vec::new();
+    for (i, (id, tenant, level)) in line.iter().enumerate() {
+        let mut request = LeaseRequest::new(*id, *tenant, "d", 1, "upload");
+        if let Some(level) = level {
+            request = request.with_level(*level);
+        }
+        let fleet = if i % 2 == 0 { &a } else { &b };
+        tasks.push(queue(fleet, &mut events, request).await);
+    }
+    held.release(Outcome::Completed).await.expect("released");
+    for task in tasks {
+        task.await.expect("the waiter's task");
+    }
+    let mut order = admitted(&a).await;
+    assert_eq!(order.remove(0), "held");
+    order
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_of_equal_weight_take_turns_where_arrival_order_serves_the_first_tenants_backlog() {
+    let (host, port) = server("fair_line_turns");
+    let line = [
+        ("a1", "acme", None),
+        ("a2", "acme", None),
+        ("a3", "acme", None),
+        ("a4", "acme", None),
+        ("b1", "globex", None),
+        ("b2", "globex", None),
+    ];
+    // Arrival order: acme's four, then globex's two.
+    let plain = one_at_a_time(&host, port, &cell("fair_line_plain"));
+    assert_eq!(
+        served(&host, port, plain, &line).await,
+        ["a1", "a2", "a3", "a4", "b1", "b2"]
+    );
+    // Fair shares, weights 1:1: globex's first waiter starts at the virtual time (0, as acme's
+    // first), its second a byte later, as acme's second: the tenants alternate (ties go by
+    // arrival).
+    let mut fair = one_at_a_time(&host, port, &cell("fair_line_fair"));
+    fair.fair_shares = Some(FairShares::new());
+    let fleet = connect(fair.clone()).await;
+    assert_eq!(
+        served(&host, port, fair, &line).await,
+        ["a1", "b1", "a2", "b2", "a3", "a4"]
+    );
+    // The line emptied: its tags are forgotten, nothing of them is left in Redis.
+    let mut conn = blocking_connection(&host, port).await;
+    let fair_key = fleet.keys()[7].clone();
+    assert!(fair_key.ends_with(":fair"), "{fair_key}");
+    let exists: bool = conn.exists(&fair_key).await.expect("EXISTS");
+    assert!(!exists, "finish tags left after the line emptied");
+    let fields: Vec<String> = conn.hkeys(&fleet.keys()[1]).await.expect("HKEYS");
+    assert!(
+        !fields.iter().any(|f| f.starts_with("v:")),
+        "virtual times left after the line emptied: {fields:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_of_weight_three_is_served_three_leases_to_one() {
+    let (host, port) = server("fair_line_weights");
+    let mut cfg = one_at_a_time(&host, port, &cell("fair_line_weights"));
+    cfg.fair_shares = Some(FairShares::new().weight("acme", 3).expect("weight"));
+    let line = [
+        ("a1", "acme", None),
+        ("a2", "acme", None),
+        ("a3", "acme", None),
+        ("a4", "acme", None),
+        ("a5", "acme", None),
+        ("a6", "acme", None),
+        ("b1", "globex", None),
+        ("b2", "globex", None),
+    ];
+    // acme's start tags 0, 1/3, 2/3, 1, 4/3, 5/3; globex's 0 and 1: three of acme's for each
+    // of globex's, ties by arrival.
+    assert_eq!(
+        served(&host, port, cfg, &line).await,
+        ["a1", "b1", "a2", "a3", "a4", "b2", "a5", "a6"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_higher_levels_waiter_goes_before_a_lower_levels_head() {
+    let (host, port) = server("fair_line_levels");
+    let mut cfg = one_at_a_time(&host, port, &cell("fair_line_levels"));
+    cfg.levels = Some(
+        Levels::new()
+            .level(Level::new("interactive"))
+            .and_then(|l| l.level(Level::new("batch")))
+            .expect("levels"),
+    );
+    let line = [
+        ("batch1", "acme", None),
+        ("batch2", "acme", Some("batch")),
+        ("live1", "globex", Some("interactive")),
+        ("batch3", "globex", None),
+        ("live2", "acme", Some("interactive")),
+    ];
+    // Without weights, arrival order within each level; the interactive waiters before batch1,
+    // the head when they came.
+    assert_eq!(
+        served(&host, port, cfg, &line).await,
+        ["live1", "live2", "batch1", "batch2", "batch3"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_level_the_cell_does_not_declare_is_refused_before_any_call() {
+    let (host, port) = server("fair_line_unknown");
+    let mut cfg = one_at_a_time(&host, port, &cell("fair_line_unknown"));
+    let plain = connect(cfg.clone()).await;
+    let request = LeaseRequest::new("r", "acme", "d", 1, "upload").with_level("urgent");
+    let err = plain.try_acquire(&request).await.expect_err("no levels");
+    assert!(
+        matches!(&err, AcquireError::Never { reason: NeverReason::UnknownLevel { level, known } }
+            if level == "urgent" && known == "none"),
+        "{err:?}"
+    );
+    cfg.cell = cell("fair_line_unknown_levels");
+    cfg.levels = Some(
+        Levels::new()
+            .level(Level::new("interactive"))
+            .and_then(|l| l.level(Level::new("batch")))
+            .expect("levels"),
+    );
+    let leveled = connect(cfg).await;
+    let err = leveled.try_acquire(&request).await.expect_err("unknown");
+    assert_eq!(
+        err.to_string(),
+        AcquireError::Never {
+            reason: NeverReason::UnknownLevel {
+                level: "urgent".into(),
+                known: "interactive, batch".into()
+            }
+        }
+        .to_string()
+    );
+    assert!(
+        err.to_string().contains(
+            "no priority level is named \"urgent\" in this cell (declared: interactive, batch)"
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_cells_fair_shares_name_no_scarce_account_and_its_levels_reserve_nothing() {
+    let mut cfg = RedisAdmissionConfig::new("localhost", 6379, "c", ceilings(10, 1, 10, 1, 1));
+    cfg.fair_shares = Some(FairShares::new().scarce("gpt-4o"));
+    let err = cfg.validate().expect_err("a scarce account");
+    assert_eq!(err.field(), "fair_shares");
+    assert!(err.to_string().contains("\"gpt-4o\""), "{err}");
+    cfg.fair_shares = Some(FairShares::new());
+    cfg.levels = Some(
+        Levels::new()
+            .level(Level::new("interactive").reserve("gpt-4o", admission_core::Amount::units(5)))
+            .expect("levels"),
+    );
+    let err = cfg.validate().expect_err("a reserve");
+    assert_eq!(err.field(), "levels");
+    assert!(
+        err.to_string().contains("level `interactive` reserves"),
+        "{err}"
+    );
+    cfg.levels = Some(Levels::new());
+    assert_eq!(cfg.validate().expect_err("no level").field(), "levels");
+    cfg.levels = None;
+    assert!(cfg.validate().is_ok());
+    // Fair shares enter the fingerprint (every instance of a cell must agree on them); weights
+    // do too; none at all leaves it as it was.
+    let plain = {
+        let mut c = cfg.clone();
+        c.fair_shares = None;
+        c.fingerprint()
+    };
+    let equal = cfg.fingerprint();
+    cfg.fair_shares = Some(FairShares::new().weight("acme", 3).expect("weight"));
+    let weighted = cfg.fingerprint();
+    assert!(plain != equal && equal != weighted && plain != weighted);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_behind_on_its_share_still_waits_behind_another_tenants_head() {
+    let (host, port) = server("fair_line_head");
+    let mut cfg = config(
+        &host,
+        port,
+        &cell("fair_line_head"),
+        ceilings(10, 10, 10, 10, 10),
+    );
+    cfg.fair_shares = Some(FairShares::new());
+    let fleet = connect(cfg).await;
+    let mut events = blocking_connection(&host, port).await;
+    let held = lease(&fleet, "held", "x", "d", 6).await;
+    let first = spawn_acquire(&fleet, "a1", "acme", "d", 5, WAIT);
+    wait_for_event_on(&mut events, &fleet, "queued", "a1").await;
+    // acme's second waiter starts where its first finished: behind the virtual time.
+    let big = spawn_acquire(&fleet, "big", "acme", "d", 10, WAIT);
+    wait_for_event_on(&mut events, &fleet, "queued", "big").await;
+    held.release(Outcome::Completed).await.expect("released");
+    let a1 = first
+        .await
+        .expect("task")
+        .expect("a1 fits once held is gone");
+    // `big` is the head now (5 + 10 > 10). globex has had nothing, yet its newcomer starts no
+    // earlier than the head's own start tag: it stands behind the head, and may not take from
+    // the head's reservation (5 held + 10 set aside + 1 > 10).
+    assert_eq!(
+        full(&fleet, "g1", "globex", "d", 1).await,
+        (Dimension::ServiceBytes, 15, 1, 10)
+    );
+    a1.release(Outcome::Completed).await.expect("released");
+    let big = big.await.expect("task").expect("the head is granted");
+    assert_eq!(big.occupancy().service_bytes, 10);
+    big.release(Outcome::Completed).await.expect("released");
+    assert_eq!(admitted(&fleet).await, ["held", "a1", "big"]);
+}
