@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::num::NonZeroU64;
 use std::sync::Arc;
 
 use crate::amount::Amount;
@@ -49,6 +50,9 @@ pub struct FairShares {
     default_weight: u32,
     /// The accounts whose amounts a job's cost counts, by name (empty: every account).
     scarce: Vec<Arc<str>>,
+    /// The capacities named ([`FairShares::capacity`]): with any, a job's cost is its dominant
+    /// share of them.
+    capacities: Vec<(Arc<str>, NonZeroU64)>,
 }
 
 /// A weight that cannot be used: zero, or above [`FairShares::MAX_WEIGHT`].
@@ -73,6 +77,7 @@ impl FairShares {
             weights: HashMap::new(),
             default_weight: 1,
             scarce: Vec::new(),
+            capacities: Vec::new(),
         }
     }
 
@@ -98,8 +103,49 @@ impl FairShares {
         self
     }
 
+    /// Names the account `account` scarce with its capacity: the amount that makes one whole
+    /// share of it (a model's tokens per minute, a gate's permits). Once any capacity is named a
+    /// job's cost is its *dominant share*: the largest fraction of a capacity it asks of any
+    /// account that has one (as in dominant resource fair queuing), so tenants share each
+    /// account in its own units, and a tenant asking mostly one account is charged for that one,
+    /// not for the sum of amounts in unrelated units. Accounts without a capacity count nothing
+    /// then, those named only [`scarce`](FairShares::scarce) included. The last capacity named
+    /// for an account is the one kept.
+    ///
+    /// ```
+    /// use std::num::NonZeroU64;
+    /// use admission_core::FairShares;
+    ///
+    /// let per = |n| NonZeroU64::new(n).unwrap();
+    /// let shares = FairShares::new().capacity("gpt-4o", per(60_000)).capacity("http", per(8));
+    /// assert!(shares.counts("gpt-4o") && shares.counts("http") && !shares.counts("db"));
+    /// assert_eq!(shares.capacity_of("http"), Some(per(8)));
+    /// ```
+    pub fn capacity(mut self, account: impl Into<Arc<str>>, capacity: NonZeroU64) -> FairShares {
+        let account = account.into();
+        self.capacities.retain(|(a, _)| *a != account);
+        self.capacities.push((account.clone(), capacity));
+        self.scarce(account)
+    }
+
+    /// The capacity named for the account `account`, if any.
+    pub fn capacity_of(&self, account: &str) -> Option<NonZeroU64> {
+        self.capacities
+            .iter()
+            .find(|(a, _)| &**a == account)
+            .map(|(_, c)| *c)
+    }
+
+    /// Whether any capacity is named: a job's cost is then its dominant share.
+    pub(crate) fn dominant(&self) -> bool {
+        !self.capacities.is_empty()
+    }
+
     /// Whether the amounts asked of the account named `account` count in a job's cost.
     pub fn counts(&self, account: &str) -> bool {
+        if self.dominant() {
+            return self.capacity_of(account).is_some();
+        }
         self.scarce.is_empty() || self.scarce.iter().any(|a| &**a == account)
     }
 
@@ -182,6 +228,7 @@ impl fmt::Debug for FairShares {
             .field("weights", &self.iter().collect::<Vec<_>>())
             .field("default_weight", &self.default_weight)
             .field("scarce", &self.scarce)
+            .field("capacities", &self.capacities)
             .finish()
     }
 }

@@ -3,6 +3,7 @@
 
 mod counting_gate;
 mod elastic_window;
+mod fair_shares;
 mod fixed_window;
 mod levels;
 mod memory_gate;

@@ -251,12 +251,27 @@ impl Ranks {
     }
 }
 
-/// What a demand costs: the primary amounts of its entries on the accounts `shares` counts,
-/// summed, at least 1.
+/// Cost units of a whole capacity, in a dominant share ([`FairShares::capacity`]).
+const WHOLE: u128 = 1 << 20;
+
+/// What a demand costs, at least 1: the primary amounts of its entries on the accounts `shares`
+/// counts, summed; or, with capacities named, its dominant share: the largest of its amounts
+/// over their account's capacity, in `WHOLE`s (rounded up, so any amount costs something).
 pub(crate) fn cost_of(demand: &Demand, shares: &FairShares) -> u64 {
-    demand
-        .entries()
-        .iter()
+    let entries = demand.entries().iter();
+    if shares.dominant() {
+        return entries
+            .filter_map(|e| {
+                let capacity = shares.capacity_of(e.account().name())?;
+                let share =
+                    (u128::from(e.amount().primary()) * WHOLE).div_ceil(u128::from(capacity.get()));
+                Some(u64::try_from(share).unwrap_or(u64::MAX))
+            })
+            .max()
+            .unwrap_or(0)
+            .max(1);
+    }
+    entries
         .filter(|e| shares.counts(e.account().name()))
         .fold(0u64, |sum, e| sum.saturating_add(e.amount().primary()))
         .max(1)
@@ -265,6 +280,59 @@ pub(crate) fn cost_of(demand: &Demand, shares: &FairShares) -> u64 {
 #[cfg(all(test, not(admission_loom)))]
 mod tests {
     use super::*;
+
+    /// An account that is only a name (a cost reads nothing else).
+    struct Named(&'static str);
+
+    impl crate::Account for Named {
+        fn name(&self) -> &str {
+            self.0
+        }
+        fn category(&self) -> crate::Category {
+            crate::Category::custom("named")
+        }
+        fn replenishment(&self) -> Replenishment {
+            Replenishment::Release
+        }
+        fn ask(&self, _: Amount, _: Ask) -> Answer {
+            Answer::Taken
+        }
+        fn give(&self, _: Amount) {}
+        fn status(&self) -> Box<dyn crate::AccountStatus> {
+            unreachable!("a cost reads no status")
+        }
+        fn on_capacity_change(&self, _: Option<crate::WakeFn>) {}
+    }
+
+    /// A demand's cost: summed over the counted accounts, or with capacities its dominant
+    /// share, in 2^20ths of a whole capacity, rounded up.
+    #[test]
+    fn a_demands_cost_is_the_sum_or_with_capacities_its_dominant_share() {
+        let tokens: AccountRef = Arc::new(Named("tokens"));
+        let http: AccountRef = Arc::new(Named("http"));
+        let db: AccountRef = Arc::new(Named("db"));
+        let demand = Demand::new()
+            .with(tokens.clone(), Amount::units(300))
+            .with(http.clone(), Amount::units(2))
+            .with(db.clone(), Amount::units(1));
+        assert_eq!(cost_of(&demand, &FairShares::new()), 303);
+        assert_eq!(cost_of(&demand, &FairShares::new().scarce("tokens")), 300);
+        let per = |n| std::num::NonZeroU64::new(n).expect("not 0");
+        // 300 of 1,000 tokens is 0.3 of a share, 2 of 8 permits 0.25: the tokens dominate.
+        let shares = FairShares::new()
+            .capacity("tokens", per(1_000))
+            .capacity("http", per(8));
+        assert_eq!(cost_of(&demand, &shares), (3u64 << 20).div_ceil(10));
+        // 2 of 4 permits, 0.5, dominates; `db`, named scarce without a capacity, counts nothing.
+        let shares = shares.capacity("http", per(4)).scarce("db");
+        assert_eq!(cost_of(&demand, &shares), 1 << 19);
+        // A demand on none of them costs the least.
+        let other = Demand::new().with(db, Amount::units(50));
+        assert_eq!(cost_of(&other, &shares), 1);
+        // An amount far beyond the capacity saturates, never wraps.
+        let huge = Demand::new().with(tokens, Amount::units(u64::MAX));
+        assert_eq!(cost_of(&huge, &shares), u64::MAX);
+    }
 
     /// Tenants never seen again do not pile up: with 10 parked, the tags of 10,000 tenants each
     /// charged once while the virtual time stands still stay within twice the parked plus 65 (the

@@ -542,9 +542,60 @@ impl Real {
     }
 }
 
-/// Fair shares of a sequence: the tenants' weights, and the one pool whose units a job's cost
-/// counts (`None`: every pool).
-type Fair = ([u32; TENANTS], Option<usize>);
+/// Fair shares of a sequence: the tenants' weights, and what a job's cost counts.
+type Fair = ([u32; TENANTS], Counted);
+
+/// What a job's cost counts under fair shares.
+#[derive(Clone, Copy, Debug)]
+enum Counted {
+    /// The units asked of every pool, summed.
+    All,
+    /// The units asked of this pool.
+    Pool(usize),
+    /// Its dominant share: every pool named with its capacity at the start, the cost the
+    /// largest fraction of one asked, in 2^20ths rounded up.
+    Dominant,
+}
+
+impl Counted {
+    fn strategy() -> impl Strategy<Value = Counted> {
+        prop_oneof![
+            2 => Just(Counted::All),
+            1 => (0..ACCOUNTS).prop_map(Counted::Pool),
+            1 => Just(Counted::Dominant),
+        ]
+    }
+
+    /// The machine's fair shares of these `weights`.
+    fn shares(self, weights: [u32; TENANTS], capacities: [u64; ACCOUNTS]) -> FairShares {
+        let shares = (0..TENANTS).fold(FairShares::new(), |shares, t| {
+            shares
+                .weight(format!("t{t}"), weights[t])
+                .expect("a valid weight")
+        });
+        match self {
+            Counted::All => shares,
+            Counted::Pool(a) => shares.scarce(format!("pool-{a}")),
+            Counted::Dominant => (0..ACCOUNTS).fold(shares, |shares, a| {
+                let capacity = std::num::NonZeroU64::new(capacities[a]).expect("at least 1");
+                shares.capacity(format!("pool-{a}"), capacity)
+            }),
+        }
+    }
+
+    /// The cost of a job asking `amounts` (pool, units), as the reference model reckons it.
+    fn cost(self, amounts: &[(usize, u64)], capacities: [u64; ACCOUNTS]) -> u64 {
+        let units = amounts.iter().filter_map(|&(a, units)| match self {
+            Counted::All => Some(units),
+            Counted::Pool(pool) => (pool == a).then_some(units),
+            Counted::Dominant => Some((units << 20).div_ceil(capacities[a])),
+        });
+        match self {
+            Counted::Dominant => units.max().unwrap_or(0).max(1),
+            _ => units.sum::<u64>().max(1),
+        }
+    }
+}
 
 fn check(
     ops: &[Op],
@@ -554,7 +605,7 @@ fn check(
     levels: Option<LevelsCfg>,
 ) {
     let weights = fair.map(|(weights, _)| weights);
-    let scarce = fair.and_then(|(_, scarce)| scarce);
+    let counted = fair.map_or(Counted::All, |(_, counted)| counted);
     let rung = Arc::new(AtomicBool::new(false));
     let kick: WakeFn = {
         let rung = rung.clone();
@@ -569,17 +620,7 @@ fn check(
             Arc::new(Published::default()),
             batch,
             LineOrder {
-                fair: weights.map(|weights| {
-                    let shares = (0..TENANTS).fold(FairShares::new(), |shares, t| {
-                        shares
-                            .weight(format!("t{t}"), weights[t])
-                            .expect("a valid weight")
-                    });
-                    match scarce {
-                        Some(a) => shares.scarce(format!("pool-{a}")),
-                        None => shares,
-                    }
-                }),
+                fair: weights.map(|weights| counted.shares(weights, capacities)),
                 levels: levels.map(|cfg| cfg.levels()),
             },
         ),
@@ -670,12 +711,7 @@ fn check(
                         tag: 0,
                         displaced: false,
                     };
-                    let units = amounts
-                        .iter()
-                        .filter(|&&(a, _)| scarce.is_none_or(|s| s == a))
-                        .map(|&(_, units)| units)
-                        .sum::<u64>()
-                        .max(1);
+                    let units = counted.cost(amounts, capacities);
                     model.park(waiting, *tenant, units);
                 }
             }
@@ -828,7 +864,7 @@ proptest! {
         batch in 1..=8usize,
         fair in proptest::option::of((
             proptest::array::uniform3(1..=4u32),
-            proptest::option::of(0..ACCOUNTS),
+            Counted::strategy(),
         )),
         levels in proptest::option::of((
             any::<bool>(),
@@ -857,12 +893,25 @@ fn a_pass_batch_of_the_shells_size_walks_the_same_line() {
         })
         .collect();
     check(&ops, [3, 3, 3], PASS_BATCH, None, None);
-    check(&ops, [3, 3, 3], PASS_BATCH, Some(([3, 1, 2], None)), None);
     check(
         &ops,
         [3, 3, 3],
         PASS_BATCH,
-        Some(([3, 1, 2], Some(0))),
+        Some(([3, 1, 2], Counted::All)),
+        None,
+    );
+    check(
+        &ops,
+        [3, 3, 3],
+        PASS_BATCH,
+        Some(([3, 1, 2], Counted::Pool(0))),
+        None,
+    );
+    check(
+        &ops,
+        [3, 2, 5],
+        PASS_BATCH,
+        Some(([3, 1, 2], Counted::Dominant)),
         None,
     );
     let levels = LevelsCfg {
@@ -873,7 +922,7 @@ fn a_pass_batch_of_the_shells_size_walks_the_same_line() {
         &ops,
         [3, 3, 3],
         PASS_BATCH,
-        Some(([3, 1, 2], None)),
+        Some(([3, 1, 2], Counted::All)),
         Some(levels),
     );
 }
