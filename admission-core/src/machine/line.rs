@@ -226,12 +226,17 @@ enum Slot {
 /// The slab: fixed-size chunks, so a line longer than any before grows by one chunk and never
 /// copies the slots it has (a vector that doubles would copy them all under the monitor lock: at
 /// a million waiters, over 100 MB). Free slots form a list, last freed first, so a busy line
-/// keeps reusing the same warm slots.
+/// keeps reusing the same warm slots. Each chunk serves one priority level (rank), with a free
+/// list of its own: a level's waiters sit together, so a pass, which walks the line a level at
+/// a time, walks the slab in order whatever order the levels arrived in (a line without levels
+/// has one rank, 0).
 #[derive(Default)]
 struct Slots {
     chunks: Vec<Box<[Slot]>>,
-    /// The first free slot.
-    free: Option<u32>,
+    /// The rank each chunk serves.
+    ranks: Vec<u8>,
+    /// The first free slot of each rank.
+    free: [Option<u32>; MAX_RANKS],
     /// Slots in use (waiting or decided).
     used: usize,
 }
@@ -271,28 +276,30 @@ impl Slots {
         }
     }
 
-    /// Stores `value` in a free slot (a new chunk when none is free) and returns the slot.
+    /// Stores `value` in a free slot of `rank` (a new chunk when none is free) and returns the
+    /// slot.
     ///
     /// # Panics
     ///
     /// With 2^32 - 1 slots in use at once (each is a job holding a thread or a future).
-    fn insert(&mut self, value: Slot) -> u32 {
-        let slot = match self.free {
+    fn insert(&mut self, value: Slot, rank: u8) -> u32 {
+        let rank = usize::from(rank);
+        let slot = match self.free[rank] {
             Some(slot) => slot,
-            None => self.grow(),
+            None => self.grow(rank),
         };
         let entry = self.slot_mut(slot).expect("a free slot is in a chunk");
         let Slot::Vacant { next_free } = *entry else {
             unreachable!("the free list holds free slots")
         };
         *entry = value;
-        self.free = (next_free != END).then_some(next_free);
+        self.free[rank] = (next_free != END).then_some(next_free);
         self.used += 1;
         slot
     }
 
-    /// Adds a chunk whose slots are all free and returns its first.
-    fn grow(&mut self) -> u32 {
+    /// Adds a chunk of `rank` whose slots are all free and returns its first.
+    fn grow(&mut self, rank: usize) -> u32 {
         let base = u32::try_from(self.capacity())
             .ok()
             .filter(|base| base.checked_add(CHUNK as u32).is_some_and(|end| end < END))
@@ -303,15 +310,18 @@ impl Slots {
             })
             .collect();
         self.chunks.push(chunk);
+        // At most `MAX_RANKS` (16) ranks.
+        self.ranks.push(rank as u8);
         base
     }
 
-    /// Frees `slot`, which is in use, and returns what it held.
+    /// Frees `slot`, which is in use, to its chunk's rank, and returns what it held.
     fn free(&mut self, slot: u32) -> Slot {
-        let next_free = self.free.unwrap_or(END);
+        let rank = usize::from(self.ranks[slot as usize / CHUNK]);
+        let next_free = self.free[rank].unwrap_or(END);
         let entry = self.slot_mut(slot).expect("a slot of a chunk");
         let held = std::mem::replace(entry, Slot::Vacant { next_free });
-        self.free = Some(slot);
+        self.free[rank] = Some(slot);
         self.used -= 1;
         held
     }
@@ -442,7 +452,7 @@ impl Line {
                 .or_insert(0) += 1;
             fair.ranks[usize::from(rank)] += 1;
         }
-        let slot = self.slots.insert(Slot::Waiting { seq, node });
+        let slot = self.slots.insert(Slot::Waiting { seq, node }, rank);
         if let Some(fair) = &mut self.fair {
             let at = slot as usize;
             if fair.tags.len() <= at {
@@ -690,7 +700,8 @@ impl Line {
                 .fair
                 .as_mut()
                 .map_or_else(Vec::new, |fair| std::mem::take(&mut fair.tags));
-            self.slots.free = None;
+            self.slots.free = Default::default();
+            self.slots.ranks.clear();
             self.emptied = Some(Emptied(chunks, tags));
             self.cursor = self.cursor.map(|_| END);
         }
@@ -1043,6 +1054,36 @@ mod tests {
             "the decision waits in its slot until collected"
         );
         assert!(line.collect(places[0]).is_none(), "collected once");
+    }
+
+    /// Each level parks in chunks of its own, and a slot freed by a level goes back to it: the
+    /// levels arriving in turn still sit together, so a pass walks each level's in slab order.
+    #[test]
+    fn each_level_parks_in_chunks_of_its_own_and_reuses_its_own_freed_slots() {
+        let mut line = Line::default();
+        line.order_by_tag();
+        let park_at = |line: &mut Line, name: &str, rank: u8| {
+            let mut waiter = waiter(name);
+            waiter.rank = rank;
+            line.push(waiter, Tag::ZERO)
+        };
+        let places: Vec<Place> = (0..6u8)
+            .map(|i| park_at(&mut line, &format!("w{i}"), i % 3))
+            .collect();
+        let chunk = |place: Place| place.slot as usize / CHUNK;
+        assert_eq!(
+            places.iter().map(|&p| chunk(p)).collect::<Vec<_>>(),
+            [0, 1, 2, 0, 1, 2]
+        );
+        assert_eq!(places[3].slot, places[0].slot + 1, "rank 0's next slot");
+        assert_eq!(names(&line), ["w0", "w3", "w1", "w4", "w2", "w5"]);
+        // Rank 1's freed slot is not rank 0's to take; rank 1's next waiter takes it.
+        assert!(line.remove(places[1]).is_some());
+        let zero = park_at(&mut line, "x0", 0);
+        assert_eq!((chunk(zero), zero.slot), (0, places[3].slot + 1));
+        let one = park_at(&mut line, "x1", 1);
+        assert_eq!(one.slot, places[1].slot);
+        assert_eq!(names(&line), ["w0", "w3", "x0", "w4", "x1", "w2", "w5"]);
     }
 
     #[test]
