@@ -739,7 +739,7 @@ local function call(KEYS, ARGV)
     -- level, its start tag, the next ticket).
     local rank, start, place = 0, 0, id
     if FAIR then
-      rank = math.max(0, math.min(99, math.floor(tonumber(ARGV[15] or '0') or 0)))
+      rank = math.max(0, math.min(15, math.floor(tonumber(ARGV[15] or '0') or 0)))
       if mine then
         place = mine[10] or id
       else

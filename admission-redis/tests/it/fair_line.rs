@@ -284,3 +284,30 @@ async fn a_tenant_behind_on_its_share_still_waits_behind_another_tenants_head() 
     big.release(Outcome::Completed).await.expect("released");
     assert_eq!(admitted(&fleet).await, ["held", "a1", "big"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_gives_up_leaves_no_place_in_a_fair_line() {
+    let (host, port) = server("fair_line_withdraw");
+    let mut cfg = one_at_a_time(&host, port, &cell("fair_line_withdraw"));
+    cfg.fair_shares = Some(FairShares::new());
+    let fleet = connect(cfg).await;
+    let mut events = blocking_connection(&host, port).await;
+    let held = lease(&fleet, "held", "x", "d", 1).await;
+    // acme's waiter gives up after 300 ms; globex's waits on.
+    let gives_up = spawn_acquire(&fleet, "a1", "acme", "d", 1, Duration::from_millis(300));
+    wait_for_event_on(&mut events, &fleet, "queued", "a1").await;
+    let stays = spawn_acquire(&fleet, "g1", "globex", "d", 1, WAIT);
+    wait_for_event_on(&mut events, &fleet, "queued", "g1").await;
+    let err = gives_up.await.expect("task").expect_err("timed out");
+    assert!(matches!(err, AcquireError::TimedOut { .. }), "{err:?}");
+    let mut conn = blocking_connection(&host, port).await;
+    let line: Vec<String> = conn.zrange(&fleet.keys()[5], 0, -1).await.expect("ZRANGE");
+    assert_eq!(line.len(), 1, "only g1's place is left: {line:?}");
+    assert!(line[0].ends_with("g1"), "{line:?}");
+    held.release(Outcome::Completed).await.expect("released");
+    let g1 = stays.await.expect("task").expect("granted");
+    g1.release(Outcome::Completed).await.expect("released");
+    assert_eq!(admitted(&fleet).await, ["held", "g1"]);
+    let left: u64 = conn.zcard(&fleet.keys()[5]).await.expect("ZCARD");
+    assert_eq!(left, 0);
+}
