@@ -27,9 +27,11 @@ mod load;
 
 use std::collections::BTreeSet;
 use std::fmt;
+use std::num::NonZeroU64;
 use std::time::Duration;
 
 use admission_accounts::elastic_window::ElasticWindowConfig;
+use admission_core::FairShares;
 use serde::{Deserialize, Serialize};
 
 use crate::spend::Money;
@@ -321,6 +323,39 @@ impl ModelCatalog {
         let catalog = load::from_toml(text)?;
         catalog.validate()?;
         Ok(catalog)
+    }
+
+    /// `shares` with every model's tokens named scarce at its capacity, its tokens per minute
+    /// ([`FairShares::capacity`]; the provider layer names a model's token bucket by its id):
+    /// tenants then share each model in its own tokens, and a call's cost is its dominant share,
+    /// the largest fraction of a model's minute it asks. Add other accounts' capacities to the
+    /// result the same way (a database pool's connections, say); an account without one counts
+    /// nothing in a job's cost.
+    ///
+    /// ```
+    /// use std::num::NonZeroU64;
+    /// use admission_core::{FairShares, Monitor};
+    /// use admission_llm::model_spec::ModelCatalog;
+    ///
+    /// let catalog = ModelCatalog::from_json(r#"{"models": [
+    ///     {"id": "gpt-4o", "wire_model": "gpt-4o", "tokens_per_minute": 400000},
+    ///     {"id": "mini", "wire_model": "gpt-4o-mini", "tokens_per_minute": 2000000}
+    /// ]}"#)?;
+    /// let shares = catalog.fair_shares(FairShares::new().weight("acme", 3)?);
+    /// assert_eq!(shares.capacity_of("gpt-4o"), NonZeroU64::new(400_000));
+    /// assert_eq!(shares.capacity_of("mini"), NonZeroU64::new(2_000_000));
+    /// let monitor = Monitor::builder().fair_shares(shares).build();
+    /// # drop(monitor);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn fair_shares(&self, shares: FairShares) -> FairShares {
+        self.models.iter().fold(shares, |shares, spec| {
+            match NonZeroU64::new(spec.tokens_per_minute) {
+                Some(capacity) => shares.capacity(spec.id.as_str(), capacity),
+                // Refused by `validate`: a catalog read from a file never has one.
+                None => shares,
+            }
+        })
     }
 
     /// Validates every spec, then checks that no id repeats.

@@ -115,13 +115,33 @@ pub(crate) struct Ranks {
     levels: Levels,
     /// Whether any level reserves anything (else nothing is ever left aside).
     reserving: bool,
+    /// Each account some level reserves, by name, with every level's reserve on it (by rank):
+    /// one lookup of an account's name per entry, however many levels there are.
+    reserves: Vec<(Arc<str>, [Amount; MAX_RANKS])>,
 }
 
 impl Ranks {
     pub(crate) fn new(levels: Levels) -> Ranks {
+        let mut reserves: Vec<(Arc<str>, [Amount; MAX_RANKS])> = Vec::new();
+        for (rank, level) in levels.iter().enumerate().take(MAX_RANKS) {
+            for (account, amount) in level.iter_reserves() {
+                if amount.is_zero() {
+                    continue;
+                }
+                let at = match reserves.iter().position(|(a, _)| &**a == account) {
+                    Some(at) => at,
+                    None => {
+                        reserves.push((account.into(), [Amount::ZERO; MAX_RANKS]));
+                        reserves.len() - 1
+                    }
+                };
+                reserves[at].1[rank] = amount;
+            }
+        }
         Ranks {
             reserving: levels.reserves_any(),
             levels,
+            reserves,
         }
     }
 
@@ -230,21 +250,17 @@ impl Ranks {
             return Amount::ZERO;
         }
         let name = account.name();
+        let Some((_, reserved)) = self.reserves.iter().find(|(a, _)| &**a == name) else {
+            return Amount::ZERO;
+        };
+        let kept = account.replenishment() == Replenishment::Time;
         let mut aside = Amount::ZERO;
-        let mut always = None;
-        for (other, level) in self.levels.iter().enumerate() {
-            if other == usize::from(rank) {
+        for (other, reserved) in reserved.iter().enumerate() {
+            if other == usize::from(rank) || reserved.is_zero() {
                 continue;
             }
-            let reserved = level.reserved(name);
-            if reserved.is_zero() {
-                continue;
-            }
-            let kept =
-                *always.get_or_insert_with(|| account.replenishment() == Replenishment::Time);
-            // At most 16 levels: the rank fits.
             if kept || (!always_only && parked[other] > 0) {
-                aside = aside.saturating_add(reserved);
+                aside = aside.saturating_add(*reserved);
             }
         }
         aside
