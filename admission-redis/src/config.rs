@@ -379,7 +379,7 @@ pub struct RedisAdmissionConfig {
     /// [`Durability`].
     pub durability: Durability,
     /// Tenants' weights in the cell's line (none, by default: the line serves in arrival
-    /// order). With them, waiting tenants share the cell by start-time fair queuing in what
+    /// order, or by level with [`levels`](RedisAdmissionConfig::levels)). With them, waiting tenants share the cell by start-time fair queuing in what
     /// their leases hold (the footprint: bytes, or a model's tokens), each its weight's share,
     /// while a waiter keeps the head's place. Tenant ids reach Redis only as digests. The
     /// accounts [`FairShares::scarce`] names are the monitor's: a cell's cost is always the
@@ -387,8 +387,12 @@ pub struct RedisAdmissionConfig {
     pub fair_shares: Option<FairShares>,
     /// Priority levels of the cell's line (none, by default): a waiter of a higher level goes
     /// before every waiter of a lower one, as [`LeaseRequest::level`] names it (a request
-    /// naming none is the default level). A cell keeps no reserves: a level that reserves
-    /// anything is refused.
+    /// naming none is the default level). A level may reserve part of the cell's
+    /// `service_bytes`, `service_transfers`, `tokens_per_minute` or `requests_per_minute` (the
+    /// account names [`Level::reserve`](admission_core::Level::reserve) takes here, each below
+    /// its ceiling): every other level's waiter leaves it aside, always on the rates, on bytes
+    /// and transfers only while the level has a waiter in the line. An exempt level leaves
+    /// nothing aside.
     ///
     /// [`LeaseRequest::level`]: crate::LeaseRequest::level
     pub levels: Option<Levels>,
@@ -494,15 +498,44 @@ impl RedisAdmissionConfig {
                 return Err(ConfigError::new("levels", "declares no level"));
             }
             for level in levels.iter() {
-                if let Some((account, amount)) = level.iter_reserves().next() {
-                    return Err(ConfigError::new(
-                        "levels",
-                        format!(
-                            "level `{}` reserves {amount} of {account:?}: a cell's line keeps \
-                             no reserves",
-                            level.name()
-                        ),
-                    ));
+                for (account, amount) in level.iter_reserves() {
+                    let ceiling = match account {
+                        "service_bytes" => Some(c.service_bytes),
+                        "service_transfers" => Some(c.service_transfers),
+                        "tokens_per_minute" => self.rates.map(|r| r.tokens_per_minute),
+                        "requests_per_minute" => self.rates.map(|r| r.requests_per_minute),
+                        _ => {
+                            return Err(ConfigError::new(
+                                "levels",
+                                format!(
+                                    "level `{}` reserves {account:?}: a cell's levels reserve \
+                                     service_bytes, service_transfers, tokens_per_minute or \
+                                     requests_per_minute",
+                                    level.name()
+                                ),
+                            ));
+                        }
+                    };
+                    let Some(ceiling) = ceiling else {
+                        return Err(ConfigError::new(
+                            "levels",
+                            format!(
+                                "level `{}` reserves {account}, and the cell has no rates",
+                                level.name()
+                            ),
+                        ));
+                    };
+                    if amount.primary() >= ceiling {
+                        return Err(ConfigError::new(
+                            "levels",
+                            format!(
+                                "level `{}` reserves {} of {account}, its ceiling {ceiling}: \
+                                 nothing would be left for the other levels",
+                                level.name(),
+                                amount.primary()
+                            ),
+                        ));
+                    }
                 }
             }
         }
@@ -802,8 +835,41 @@ impl RedisAdmissionConfig {
             if let Some(rank) = levels.rank_of(None) {
                 text.push_str(&format!(":{rank}"));
             }
+            let reserves = self.level_reserves();
+            if !reserves.is_empty() {
+                text.push_str(&format!("|reserves:{reserves}"));
+            }
         }
         text
+    }
+
+    /// The levels' reserves and exemptions as the script reads them (`lease.lua`, init's ARGV
+    /// 19): `rank:dimension:amount` and `rank:e`, joined by commas (dimensions as the script
+    /// numbers them: 1 service bytes, 2 service transfers, 6 tokens, 7 requests per minute).
+    pub(crate) fn level_reserves(&self) -> String {
+        let Some(levels) = &self.levels else {
+            return String::new();
+        };
+        let mut parts = Vec::new();
+        for (rank, level) in levels.iter().enumerate() {
+            if level.is_exempt() {
+                parts.push(format!("{rank}:e"));
+            }
+            for (account, amount) in level.iter_reserves() {
+                let dimension = match account {
+                    "service_bytes" => 1,
+                    "service_transfers" => 2,
+                    "tokens_per_minute" => 6,
+                    "requests_per_minute" => 7,
+                    // Refused by `validate`.
+                    _ => continue,
+                };
+                if !amount.is_zero() {
+                    parts.push(format!("{rank}:{dimension}:{}", amount.primary()));
+                }
+            }
+        }
+        parts.join(",")
     }
 
     /// The level a request naming `level` waits at in the cell's line (0 the highest), or the

@@ -93,7 +93,7 @@ local function call(KEYS, ARGV)
   local function read_cfg()
     return redis.call('HMGET', cfg, 'fingerprint', 'sb', 'st', 'tb', 'tt', 'bt', 'maxlen',
       'version', 'skew_ms', 'o:' .. asking, 'ttl', 'nq', 'idle', 'touched', 'ne', 'rid', 'rec',
-      'rt', 'rr', 'thr', 'rh', 'rm', 'rbt', 'rbq', 'dur', 'fw', 'w:' .. asking)
+      'rt', 'rr', 'thr', 'rh', 'rm', 'rbt', 'rbq', 'dur', 'fw', 'w:' .. asking, 'lv')
   end
   local c = read_cfg()
   local t = redis.call('TIME')
@@ -140,8 +140,9 @@ local function call(KEYS, ARGV)
   --   17 what the server promises of an acknowledged write: 'f' every write is synced to the
   --      append-only file before the answer, 'r' every call waits for the replicas ('' none)
   --   18 the fair line ('' none; else the default weight of a tenant, '0' for arrival order
-  --      within each level: see "The fair line" below), then pairs of a tenant (a digest) and
-  --      its weight
+  --      within each level: see "The fair line" below) 19 its levels' reserves and exemptions
+  --      ('' none; else `rank:dimension:amount` and `rank:e` joined by commas), then pairs of a
+  --      tenant (a digest) and its weight
   local created = false
   if op == 'init' and not c[1] then
     redis.call('HSET', cfg, 'fingerprint', fingerprint, 'sb', ARGV[3], 'st', ARGV[4],
@@ -149,8 +150,8 @@ local function call(KEYS, ARGV)
       'version', int(math.max(1, math.floor(now_ms))), 'ttl', ARGV[9], 'idle', ARGV[10],
       'nq', redis.call('ZCARD', line), 'rid', me, 'rec', 0, 'dur', ARGV[17] or '')
     if (ARGV[18] or '') ~= '' then
-      redis.call('HSET', cfg, 'fw', ARGV[18])
-      for i = 19, #ARGV - 1, 2 do redis.call('HSET', cfg, 'w:' .. ARGV[i], ARGV[i + 1]) end
+      redis.call('HSET', cfg, 'fw', ARGV[18], 'lv', ARGV[19] or '')
+      for i = 20, #ARGV - 1, 2 do redis.call('HSET', cfg, 'w:' .. ARGV[i], ARGV[i + 1]) end
     end
     if tonumber(ARGV[12] or '0') > 0 then
       redis.call('HSET', cfg, 'rt', ARGV[12], 'rr', ARGV[13], 'thr', 0, 'rm', ARGV[14] or 60000,
@@ -218,6 +219,49 @@ local function call(KEYS, ARGV)
     local rank, start = tonumber(string.sub(member, 1, 2)), tonumber(string.sub(member, 3, 27))
     if start > vtime(rank) then redis.call('HSET', occ, 'v:' .. rank, start) end
   end
+  -- The levels' reserves (`lv` in cfg): `RES[rank][dimension]`, on service bytes (1), service
+  -- transfers (2), tokens (6) and requests (7) per minute, and the exempt ranks. Every other
+  -- level's waiter leaves a level's reserve aside: always on the rates, which refill with time
+  -- (it costs them burst, never rate); on bytes and transfers, which come back when released,
+  -- only while that level has a waiter in the line (they borrow it otherwise). An exempt level
+  -- leaves nothing aside.
+  local RES, EXEMPT, LENDS = {}, {}, {}
+  for rank, dim, amount in string.gmatch(c[28] or '', '(%d+):(%d+):(%d+)') do
+    rank, dim = tonumber(rank), tonumber(dim)
+    RES[rank] = RES[rank] or {}
+    RES[rank][dim] = tonumber(amount)
+    if dim <= 2 then LENDS[rank] = true end
+  end
+  for rank in string.gmatch(c[28] or '', '(%d+):e') do EXEMPT[tonumber(rank)] = true end
+  -- Waiters in the line by rank, for the levels that lend (counted when first needed).
+  local parked = {}
+  local function waiting_at(rank)
+    if parked[rank] == nil then
+      parked[rank] = redis.call('ZLEXCOUNT', line, '[' .. string.format('%02d', rank),
+        '(' .. string.format('%02d', rank + 1))
+    end
+    return parked[rank]
+  end
+  -- What a waiter of `rank` leaves aside for the other levels, by dimension (`kept_only`: only
+  -- what it always leaves, on the rates).
+  local function aside(rank, kept_only)
+    local a = { 0, 0, 0, 0, 0, 0, 0 }
+    if not FAIR or EXEMPT[rank] then return a end
+    for other, res in pairs(RES) do
+      if other ~= rank then
+        for dim, amount in pairs(res) do
+          if dim >= 6 or (not kept_only and waiting_at(other) > 0) then a[dim] = a[dim] + amount end
+        end
+      end
+    end
+    return a
+  end
+  local function plus(r, a)
+    local sum = {}
+    for i = 1, 7 do sum[i] = r[i] + a[i] end
+    return sum
+  end
+
   local function forget()
     redis.call('DEL', fair)
     local fields = {}
@@ -385,6 +429,8 @@ local function call(KEYS, ARGV)
     if redis.call('HDEL', occ, 'q:' .. id) == 1 then
       queued = redis.call('HINCRBY', cfg, 'nq', -1)
       if FAIR and queued <= 0 then forget() end
+      local rank = FAIR and w and w[10] and tonumber(string.sub(w[10], 1, 2))
+      if rank and parked[rank] then parked[rank] = parked[rank] - 1 end
     end
   end
 
@@ -400,10 +446,15 @@ local function call(KEYS, ARGV)
 
   -- The head of the line as the waiters behind it see it: its demand, and the dimensions it is
   -- short on, from its record `w`, its counters `o` and its byte and transfer ceilings.
-  local function head_of(w, o, tb_max, tt_max)
+  -- In a fair line with reserves, it is short on a dimension only beside what its level always
+  -- leaves aside (`kept`): a dimension it lacks only for a reserve a waiting level may lend is
+  -- left to the waiters behind (they leave its demand aside), else that level's waiters and the
+  -- head would wait for each other.
+  local function head_of(w, o, tb_max, tt_max, kept)
     local f, q = tonumber(w[4]) or 0, tonumber(w[6]) or 1
     local need, max, short = { f, 1, f, 1, 1, f, q }, { S_B, S_T, tb_max, tt_max, B_T, CT, CR }, {}
-    for i = 1, NDIM do short[i] = o[i] + need[i] > max[i] end
+    kept = kept or { 0, 0, 0, 0, 0, 0, 0 }
+    for i = 1, NDIM do short[i] = o[i] + kept[i] + need[i] > max[i] end
     return { tenant = w[2], backend = w[3], need = need, short = short }
   end
 
@@ -471,11 +522,15 @@ local function call(KEYS, ARGV)
   -- that fits, the first that does not becoming the head whose amounts are set aside (EASY
   -- backfilling, as the monitor does): a follower goes only if it fits beside the head's demand on
   -- every dimension they share, and never takes from a dimension the head is short on.
+  -- In a fair line with reserves each waiter also leaves the other levels' reserves aside, and
+  -- when the last waiter of a level that lends leaves during a walk, the line is walked again
+  -- (those it held may borrow now).
   local function handoff(limit)
     if queued <= 0 or recovering then return 0 end
+    local granted, again, walks, head = 0, true, 0, nil
+    while again and walks < 16 and queued > 0 do
+    again, walks, head = false, walks + 1, nil
     local waiting = redis.call('ZRANGE', line, 0, limit - 1)
-    local head
-    local granted = 0
     for _, member in ipairs(waiting) do
       local id = id_of(member)
       local q = redis.call('HGET', occ, 'q:' .. id)
@@ -496,11 +551,14 @@ local function call(KEYS, ARGV)
         local f = tonumber(w[4])
         local tb_max, tt_max = limits(redis.call('HGET', cfg, 'o:' .. w[2]))
         local o = read(w[2], w[3])
+        local rank = FAIR and tonumber(string.sub(member, 1, 2)) or 0
         local r, blocked = set_aside(head, w[2], w[3])
+        r = plus(r, aside(rank))
         local need = { f, 1, f, 1, 1, f, tonumber(w[6]) }
         if not short_on(o, need, tb_max, tt_max, r, blocked) then
           advance(FAIR and member)
           unqueue(id, w)
+          if LENDS[rank] and parked[rank] == 0 then again = true end
           -- The grant lives no longer than its waiter's liveness: a waiter that died in the
           -- line holds nothing past it (its process would never renew the lease), and a live
           -- one, which renews its liveness every renew_every, renews the lease in time.
@@ -509,7 +567,7 @@ local function call(KEYS, ARGV)
           if w[8] and w[8] ~= '-' then notify(w[8], id, w[7], token, expiry, o) end
           granted = granted + 1
         elseif not head then
-          head = head_of(w, o, tb_max, tt_max)
+          head = head_of(w, o, tb_max, tt_max, aside(rank, true))
           head.id, head.nonce, head.to, head.o = id, w[7], w[8] ~= '-' and w[8] or nil, o
           -- Every waiter needs service bytes and a service transfer: when the head is short on
           -- either, or nothing is left of them beside its reservation, nobody behind can go.
@@ -518,6 +576,7 @@ local function call(KEYS, ARGV)
             or head.short[6] or head.short[7] then break end
         end
       end
+    end
     end
     if head and RATED then
       local at = rate_ready(head.o, head.need, { 0, 0, 0, 0, 0, 0, 0 })
@@ -758,6 +817,16 @@ local function call(KEYS, ARGV)
         place = place_of(rank, start, tonumber(v[10] or '0') + 1, id)
       end
     end
+    -- Never beside what the other levels always keep on the rates.
+    if FAIR and RATED then
+      local kept = aside(rank, true)
+      if footprint + kept[6] > CT then
+        return touch(IDLE, {'NEVER', 'tokens_per_minute', ARGV[6], int(math.floor(CT - kept[6]))})
+      end
+      if requests + kept[7] > CR then
+        return touch(IDLE, {'NEVER', 'requests_per_minute', ARGV[13], int(math.floor(CR - kept[7]))})
+      end
+    end
     -- The asker's tenant pays for the lease at its level (fair line, weights, someone waiting).
     local function charge()
       if FW <= 0 then return end
@@ -777,9 +846,11 @@ local function call(KEYS, ARGV)
     if first and first ~= place and not (FAIR and place < first) then
       local h = parse(redis.call('HGET', occ, 'q:' .. id_of(first)) or '0|||0|')
       local htb, htt = limits(redis.call('HGET', cfg, 'o:' .. (h[2] or '')))
-      head = head_of(h, (read(h[2] or '', h[3] or '')), htb, htt)
+      local hrank = FAIR and tonumber(string.sub(first, 1, 2)) or 0
+      head = head_of(h, (read(h[2] or '', h[3] or '')), htb, htt, aside(hrank, true))
     end
     local r, blocked = set_aside(head, tenant, backend)
+    r = plus(r, aside(rank))
     local need = { footprint, 1, footprint, 1, 1, footprint, requests }
     local dim = short_on(o, need, tb_max, tt_max, r, blocked)
     -- The first in line (or a newcomer with nobody waiting) learns when the rates serve it; those

@@ -31,9 +31,11 @@
 //! waiter of a higher level ([`LeaseRequest::with_level`]) goes before every waiter of a lower
 //! one. Both live in the cell's config and fingerprint (tenants as digests), so every instance
 //! of a cell agrees on them; the hand-off, the head's reservation and a never-fitting request's
-//! refusal are unchanged, and a tenant that was idle banks no credit. A cell keeps no level
-//! reserves and counts no accounts by name (the monitor's [`admission_core::Level::reserve`]
-//! and [`admission_core::FairShares::scarce`] are refused by [`RedisAdmissionConfig::validate`]).
+//! refusal are unchanged, and a tenant that was idle banks no credit. A level may reserve part
+//! of the service bytes or transfers (left aside by the others while it has a waiter) or of the
+//! rates (always left aside); an exempt level leaves nothing aside. A cell counts no accounts by
+//! name: its cost is the footprint ([`admission_core::FairShares::scarce`] is refused by
+//! [`RedisAdmissionConfig::validate`]).
 //! See `docs/guides/fair-shares-and-priorities.md`, "Across the fleet".
 //!
 //! ```

@@ -355,6 +355,7 @@ impl Op<'_> {
                 if config.fair_shares.is_some() || config.levels.is_some() {
                     let shares = config.fair_shares.as_ref();
                     args.push(shares.map_or(0, |s| s.weight_of(None)).to_string());
+                    args.push(config.level_reserves());
                     for (tenant, weight) in shares.into_iter().flat_map(|s| s.iter()) {
                         args.push(crate::request::hashed_id(tenant));
                         args.push(weight.to_string());

@@ -1,6 +1,7 @@
 //! The cell's fair line: tenants waiting on one cell, from any instance, are served by their
 //! weights in what their leases hold (start-time fair queuing inside the one script call), a
-//! higher level's waiter goes before a lower level's head, and a cell without fair shares keeps
+//! higher level's waiter goes before a lower level's head, the levels' reserves are left aside
+//! (always on the rates, on transfers while the level waits), and a cell without fair shares keeps
 //! arrival order.
 
 use std::time::Duration;
@@ -213,7 +214,7 @@ async fn a_level_the_cell_does_not_declare_is_refused_before_any_call() {
 }
 
 #[test]
-fn a_cells_fair_shares_name_no_scarce_account_and_its_levels_reserve_nothing() {
+fn a_cells_fair_shares_name_no_scarce_account_and_its_levels_reserve_only_its_ceilings() {
     let mut cfg = RedisAdmissionConfig::new("localhost", 6379, "c", ceilings(10, 1, 10, 1, 1));
     cfg.fair_shares = Some(FairShares::new().scarce("gpt-4o"));
     let err = cfg.validate().expect_err("a scarce account");
@@ -230,6 +231,30 @@ fn a_cells_fair_shares_name_no_scarce_account_and_its_levels_reserve_nothing() {
     assert!(
         err.to_string().contains("level `interactive` reserves"),
         "{err}"
+    );
+    let one = |account: &str, amount: u64| {
+        Some(
+            Levels::new()
+                .level(
+                    Level::new("interactive")
+                        .reserve(account, admission_core::Amount::units(amount)),
+                )
+                .expect("levels"),
+        )
+    };
+    cfg.levels = one("service_bytes", 5);
+    assert!(cfg.validate().is_ok(), "5 of 10 bytes");
+    cfg.levels = one("service_transfers", 1);
+    let err = cfg.validate().expect_err("the whole ceiling");
+    assert_eq!(
+        err.reason(),
+        "level `interactive` reserves 1 of service_transfers, its ceiling 1: nothing would be left for the other levels"
+    );
+    cfg.levels = one("tokens_per_minute", 5);
+    let err = cfg.validate().expect_err("no rates");
+    assert_eq!(
+        err.reason(),
+        "level `interactive` reserves tokens_per_minute, and the cell has no rates"
     );
     cfg.levels = Some(Levels::new());
     assert_eq!(cfg.validate().expect_err("no level").field(), "levels");
@@ -310,4 +335,197 @@ async fn a_waiter_that_gives_up_leaves_no_place_in_a_fair_line() {
     assert_eq!(admitted(&fleet).await, ["held", "g1"]);
     let left: u64 = conn.zcard(&fleet.keys()[5]).await.expect("ZCARD");
     assert_eq!(left, 0);
+}
+
+/// Levels `interactive` (reserving `amount` of `dimension`) and `batch`, the default.
+fn reserving(dimension: &str, amount: u64) -> Levels {
+    Levels::new()
+        .level(Level::new("interactive").reserve(dimension, admission_core::Amount::units(amount)))
+        .and_then(|l| l.level(Level::new("batch")))
+        .expect("levels")
+}
+
+/// `lease:outcome` of every admission in the cell's stream, in order.
+async fn admissions(fleet: &RedisAdmission) -> Vec<String> {
+    read_events(fleet)
+        .await
+        .expect("events")
+        .into_iter()
+        .filter(|e| e.kind == "admitted")
+        .map(|e| format!("{}:{}", e.lease, e.outcome))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_levels_reserve_of_transfers_is_left_aside_while_it_waits_and_lent_when_it_does_not() {
+    let (host, port) = server("fair_line_lend");
+    let mut cfg = config(
+        &host,
+        port,
+        &cell("fair_line_lend"),
+        ceilings(100, 3, 100, 1, 3),
+    );
+    cfg.levels = Some(reserving("service_transfers", 1));
+    let fleet = connect(cfg).await;
+    let mut events = blocking_connection(&host, port).await;
+    let held = lease(&fleet, "held", "acme", "d", 1).await;
+    // acme's interactive call waits for acme's one transfer: it is the head.
+    let live = LeaseRequest::new("live", "acme", "d", 1, "upload").with_level("interactive");
+    let waiting = {
+        let fleet = fleet.clone();
+        tokio::spawn(async move { fleet.acquire(&live, Duration::from_millis(500)).await })
+    };
+    wait_for_event_on(&mut events, &fleet, "queued", "live").await;
+    // A batch call leaves the head's transfer and the interactive reserve aside: 1 held + 1 +
+    // 1 + 1 > 3.
+    assert_eq!(
+        full(&fleet, "g1", "globex", "d", 1).await,
+        (Dimension::ServiceTransfers, 3, 1, 3)
+    );
+    let err = waiting
+        .await
+        .expect("task")
+        .expect_err("acme's transfer stays held");
+    assert!(matches!(err, AcquireError::TimedOut { .. }), "{err:?}");
+    // Nobody of the interactive level waits: batch borrows its reserve, up to the ceiling.
+    let g1 = lease(&fleet, "g1", "globex", "d", 1).await;
+    let i1 = lease(&fleet, "i1", "initech", "d", 1).await;
+    assert_eq!(i1.occupancy().service_transfers, 3);
+    for lease in [held, g1, i1] {
+        lease.release(Outcome::Completed).await.expect("released");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_a_lending_levels_last_waiter_is_granted_the_hand_off_walks_the_line_again() {
+    let (host, port) = server("fair_line_again");
+    let mut cfg = config(
+        &host,
+        port,
+        &cell("fair_line_again"),
+        ceilings(100, 3, 100, 1, 3),
+    );
+    // Here batch, the lower level, reserves two transfers.
+    cfg.levels = Some(
+        Levels::new()
+            .level(Level::new("interactive"))
+            .and_then(|l| {
+                l.level(
+                    Level::new("batch")
+                        .reserve("service_transfers", admission_core::Amount::units(2)),
+                )
+            })
+            .expect("levels"),
+    );
+    let fleet = connect(cfg).await;
+    let mut events = blocking_connection(&host, port).await;
+    let _kept = lease(&fleet, "kept", "initech", "d", 1).await;
+    let held = lease(&fleet, "held", "acme", "d", 1).await;
+    // A batch call of acme waits for acme's transfer; an interactive call of globex, ahead of it
+    // in the line, waits beside batch's reserve (2 held + 2 + 1 > 3).
+    let batch = spawn_acquire(&fleet, "b1", "acme", "d", 1, WAIT);
+    wait_for_event_on(&mut events, &fleet, "queued", "b1").await;
+    let live = LeaseRequest::new("i1", "globex", "d", 1, "upload").with_level("interactive");
+    let interactive = {
+        let fleet = fleet.clone();
+        tokio::spawn(async move { fleet.acquire(&live, WAIT).await })
+    };
+    wait_for_event_on(&mut events, &fleet, "queued", "i1").await;
+    // The release grants b1 (behind i1, the head, beside its transfer), batch's last waiter: the
+    // same hand-off walks again and grants i1, batch's reserve lent now.
+    held.release(Outcome::Completed).await.expect("released");
+    let b1 = batch.await.expect("task").expect("granted");
+    let i1 = interactive.await.expect("task").expect("granted");
+    assert_eq!(
+        admissions(&fleet).await,
+        ["kept:admitted", "held:admitted", "b1:handoff", "i1:handoff"]
+    );
+    for lease in [b1, i1] {
+        lease.release(Outcome::Completed).await.expect("released");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_levels_reserve_of_tokens_is_always_left_aside_except_by_an_exempt_level() {
+    let (host, port) = server("fair_line_kept");
+    let mut cfg = config(
+        &host,
+        port,
+        &cell("fair_line_kept"),
+        ceilings(1 << 20, 10, 1 << 20, 10, 10),
+    );
+    cfg.rates = Some(admission_redis::Rates {
+        tokens_per_minute: 1_000,
+        requests_per_minute: 1_000,
+        minute: Duration::from_secs(60),
+        burst: None,
+    });
+    cfg.levels = Some(
+        Levels::new()
+            .level(Level::new("health").exempt())
+            .and_then(|l| {
+                l.level(
+                    Level::new("interactive")
+                        .reserve("tokens_per_minute", admission_core::Amount::units(400)),
+                )
+            })
+            .and_then(|l| l.level(Level::new("batch")))
+            .expect("levels"),
+    );
+    let fleet = connect(cfg).await;
+    let at = |id: &str, tokens: u64, level: &str| {
+        LeaseRequest::new(id, "acme", "d", tokens, "call").with_level(level)
+    };
+    // 700 tokens never fit beside the 400 kept for interactive work.
+    let err = fleet
+        .try_acquire(&at("big", 700, "batch"))
+        .await
+        .expect_err("never");
+    assert!(
+        matches!(
+            &err,
+            AcquireError::Never {
+                reason: NeverReason::OverCeiling {
+                    dimension: Dimension::TokensPerMinute,
+                    asked: 700,
+                    ceiling: 600
+                }
+            }
+        ),
+        "{err:?}"
+    );
+    let batch = fleet
+        .try_acquire(&at("b1", 600, "batch"))
+        .await
+        .expect("600 + 400 fit");
+    // Nobody interactive waits, yet the reserve is kept: the rates refill with time.
+    match fleet.try_acquire(&at("b2", 100, "batch")).await {
+        Err(AcquireError::Full {
+            dimension: Dimension::TokensPerMinute,
+            held: 1_000,
+            asked: 100,
+            ceiling: 1_000,
+            ..
+        }) => {}
+        other => panic!("expected no room beside the reserve, got {other:?}"),
+    }
+    // The exempt level leaves nothing aside; the interactive level takes its own reserve.
+    let health = fleet
+        .try_acquire(&at("h1", 100, "health"))
+        .await
+        .expect("exempt");
+    let live = fleet
+        .try_acquire(&at("i1", 300, "interactive"))
+        .await
+        .expect("its reserve");
+    assert!(
+        fleet
+            .try_acquire(&at("i2", 1, "interactive"))
+            .await
+            .is_err(),
+        "all spent"
+    );
+    for lease in [batch, health, live] {
+        lease.release(Outcome::Completed).await.expect("released");
+    }
 }
