@@ -36,6 +36,11 @@ pub struct FleetEvent {
     pub policy_version: u64,
     /// Occupancy after the transition.
     pub occupancy: Occupancy,
+    /// In a cell with fair shares or levels, the level of the lease or waiter (`queued`,
+    /// `admitted`, `timed_out`), by rank in the config's
+    /// [`levels`](crate::RedisAdmissionConfig::levels), 0 the highest (0 for every record of
+    /// a cell with fair shares and no levels); `None` in another cell and for other records.
+    pub level: Option<u32>,
 }
 
 impl FleetEvent {
@@ -72,6 +77,7 @@ impl FleetEvent {
                 tenant_transfers: at(3),
                 backend_transfers: at(4),
             },
+            level: fields.get("level").and_then(|_| text("level").parse().ok()),
         }
     }
 }

@@ -210,6 +210,10 @@ local function call(KEYS, ARGV)
     if FAIR then return string.sub(member, PLACE + 1) end
     return member
   end
+  -- The level of a waiter's record `w` in a fair line (nil in another, or for no record).
+  local function level_of(w)
+    return FAIR and w and w[10] and tonumber(string.sub(w[10], 1, 2)) or nil
+  end
   local function vtime(rank)
     return tonumber(redis.call('HGET', occ, 'v:' .. rank) or '0')
   end
@@ -353,13 +357,19 @@ local function call(KEYS, ARGV)
 
   -- `seq` numbers the records: a reader that sees a gap knows trimming dropped some. A caller
   -- that already wrote the counter (in the same HSET as the occupancy) passes it.
-  local function append(kind, lease, token, tenant, backend, footprint, operation, outcome, o, seq)
+  -- A waiter's or an asker's level (`level`, in a fair line) is the record's `level` field.
+  local function append(kind, lease, token, tenant, backend, footprint, operation, outcome, o, seq,
+    level)
     seq = seq or redis.call('HINCRBY', occ, 'seq', 1)
-    local id = redis.call('XADD', events, 'MAXLEN', '~', maxlen, '*',
-      'v', 'admission-event-v1', 'seq', seq, 'kind', kind, 'time_ms', now_ms,
+    local fields = { 'v', 'admission-event-v1', 'seq', seq, 'kind', kind, 'time_ms', now_ms,
       'lease', lease, 'token', token, 'tenant', tenant, 'backend', backend,
       'footprint', footprint, 'operation', operation, 'outcome', outcome, 'policy', version,
-      'occupancy', string.format('%.0f %.0f %.0f %.0f %.0f', o[1], o[2], o[3], o[4], o[5]))
+      'occupancy', string.format('%.0f %.0f %.0f %.0f %.0f', o[1], o[2], o[3], o[4], o[5]) }
+    if level then
+      fields[#fields + 1] = 'level'
+      fields[#fields + 1] = level
+    end
+    local id = redis.call('XADD', events, 'MAXLEN', '~', maxlen, '*', unpack(fields))
     -- The cell's first record creates the stream; `seq` lives in occ, which a call creates only
     -- on its way to its first record (a grant, a waiter, a policy change), so occ is born here too.
     if tonumber(seq) == 1 then
@@ -492,7 +502,7 @@ local function call(KEYS, ARGV)
 
   -- Grants lease `id` to the acquisition `nonce` with counters `o` (read before the grant).
   local function grant(id, tenant, backend, footprint, requests, operation, ttl, o, nonce, outcome,
-    last, seq)
+    last, seq, level)
     local f = tonumber(footprint)
     if not last then
       local v = redis.call('HMGET', occ, 'tok', 'seq')
@@ -514,7 +524,7 @@ local function call(KEYS, ARGV)
       NE = expiry
       redis.call('HSET', cfg, 'ne', NE)
     end
-    append('admitted', id, token, tenant, backend, footprint, operation, outcome, o, seq)
+    append('admitted', id, token, tenant, backend, footprint, operation, outcome, o, seq, level)
     return token, expiry
   end
 
@@ -546,7 +556,7 @@ local function call(KEYS, ARGV)
         -- stopped waiting: never grant the dead or the late.
         unqueue(id, w)
         append('timed_out', id, '0', w[2], w[3], w[4], w[5], late and 'late' or 'abandoned',
-          (read(w[2], w[3])))
+          (read(w[2], w[3])), nil, level_of(w))
       else
         local f = tonumber(w[4])
         local tb_max, tt_max = limits(redis.call('HGET', cfg, 'o:' .. w[2]))
@@ -563,7 +573,7 @@ local function call(KEYS, ARGV)
           -- line holds nothing past it (its process would never renew the lease), and a live
           -- one, which renews its liveness every renew_every, renews the lease in time.
           local token, expiry = grant(id, w[2], w[3], w[4], w[6], w[5],
-            math.min(TTL, live_until - now_ms), o, w[7], 'handoff')
+            math.min(TTL, live_until - now_ms), o, w[7], 'handoff', nil, nil, level_of(w))
           if w[8] and w[8] ~= '-' then notify(w[8], id, w[7], token, expiry, o) end
           granted = granted + 1
         elseif not head then
@@ -610,7 +620,8 @@ local function call(KEYS, ARGV)
       local w = q and parse(q)
       unqueue(id, w)
       if q then
-        append('timed_out', id, '0', w[2], w[3], w[4], w[5], 'abandoned', (read(w[2], w[3])))
+        append('timed_out', id, '0', w[2], w[3], w[4], w[5], 'abandoned', (read(w[2], w[3])), nil,
+          level_of(w))
       end
     end
     if #due + #dead > 0 then handoff(limit) end
@@ -883,7 +894,8 @@ local function call(KEYS, ARGV)
         born(line)
         born(live)
       end
-      append('queued', id, '0', tenant, backend, ARGV[6], operation, 'queued', o)
+      append('queued', id, '0', tenant, backend, ARGV[6], operation, 'queued', o, nil,
+        FAIR and rank or nil)
       return full(waiting)
     end
     if dim then return full(waiting or '') end
@@ -894,7 +906,7 @@ local function call(KEYS, ARGV)
       charge()
     end
     local token, expiry = grant(id, tenant, backend, ARGV[6], int(requests), operation, ttl, o, nonce,
-      'admitted', v[8] or '0', v[9])
+      'admitted', v[8] or '0', v[9], FAIR and rank or nil)
     -- A head served by the rates at its instant asks itself: those behind it may fit now, and
     -- the next head must learn its own instant.
     if waiting and RATED then handoff(tonumber(ARGV[9])) end
@@ -914,7 +926,8 @@ local function call(KEYS, ARGV)
       local w = parse(v[1])
       if w[7] == nonce then
         unqueue(id, w)
-        append('timed_out', id, '0', w[2], w[3], w[4], w[5], 'timed_out', (read(w[2], w[3])))
+        append('timed_out', id, '0', w[2], w[3], w[4], w[5], 'timed_out', (read(w[2], w[3])), nil,
+          level_of(w))
         handoff(tonumber(ARGV[5]))
         return touch(IDLE, {'WITHDRAWN'})
       end

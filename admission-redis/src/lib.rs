@@ -90,8 +90,9 @@
 //! admission: `admitted` at the asker's own call, `handoff` when another's transition granted a
 //! waiter; `abandoned` for a waiter whose liveness ran out, `late` for one whose caller's deadline
 //! passed), `policy`, and `occupancy`, the five counters after the transition separated by
-//! spaces (service bytes, service transfers, tenant bytes, tenant transfers, backend transfers).
-//! [`read_events`] parses them.
+//! spaces (service bytes, service transfers, tenant bytes, tenant transfers, backend transfers);
+//! in a cell with fair shares or levels, a waiter's and a lease's records (`queued`, `admitted`,
+//! `timed_out`) also carry `level`, its rank (0 the highest). [`read_events`] parses them.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -168,9 +168,33 @@ async fn a_higher_levels_waiter_goes_before_a_lower_levels_head() {
     ];
     // Without weights, arrival order within each level; the interactive waiters before batch1,
     // the head when they came.
+    let fleet = connect(cfg.clone()).await;
     assert_eq!(
         served(&host, port, cfg, &line).await,
         ["live1", "live2", "batch1", "batch2", "batch3"]
+    );
+    // Each waiter's records carry its level's rank: 0 interactive, 1 batch (the default).
+    let levels: Vec<(String, String, Option<u32>)> = read_events(&fleet)
+        .await
+        .expect("events")
+        .into_iter()
+        .filter(|e| e.lease == "live1" || e.lease == "batch1" || e.lease == "held")
+        .map(|e| (e.lease, e.kind, e.level))
+        .collect();
+    let level =
+        |lease: &str, kind: &str, level: Option<u32>| (lease.to_owned(), kind.to_owned(), level);
+    assert_eq!(
+        levels,
+        [
+            level("held", "admitted", Some(1)),
+            level("batch1", "queued", Some(1)),
+            level("live1", "queued", Some(0)),
+            level("held", "completed", None),
+            level("live1", "admitted", Some(0)),
+            level("live1", "completed", None),
+            level("batch1", "admitted", Some(1)),
+            level("batch1", "completed", None),
+        ]
     );
 }
 
