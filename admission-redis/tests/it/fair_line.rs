@@ -14,8 +14,8 @@ use admission_redis::{
 use redis::AsyncCommands;
 
 use crate::support::{
-    blocking_connection, ceilings, cell, config, connect, full, lease, server, spawn_acquire,
-    wait_for_event_on,
+    admissions, blocking_connection, ceilings, cell, config, connect, full, lease, server,
+    spawn_acquire, wait_for_event_on,
 };
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -367,17 +367,6 @@ fn reserving(dimension: &str, amount: u64) -> Levels {
         .level(Level::new("interactive").reserve(dimension, admission_core::Amount::units(amount)))
         .and_then(|l| l.level(Level::new("batch")))
         .expect("levels")
-}
-
-/// `lease:outcome` of every admission in the cell's stream, in order.
-async fn admissions(fleet: &RedisAdmission) -> Vec<String> {
-    read_events(fleet)
-        .await
-        .expect("events")
-        .into_iter()
-        .filter(|e| e.kind == "admitted")
-        .map(|e| format!("{}:{}", e.lease, e.outcome))
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

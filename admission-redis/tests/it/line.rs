@@ -7,22 +7,12 @@ use std::time::Duration;
 use admission_redis::{Dimension, LeaseRequest, Outcome, RedisAdmission, read_events};
 
 use crate::support::{
-    PrivateRedis, blocking_connection, ceilings, cell, child_process, config, connect, full, lease,
-    redis_server_binary, script_calls, server, spawn_acquire, wait_for_event, wait_for_event_on,
+    PrivateRedis, admissions, blocking_connection, ceilings, cell, child_process, config, connect,
+    full, lease, redis_server_binary, script_calls, server, spawn_acquire, wait_for_event,
+    wait_for_event_on,
 };
 
 const WAIT: Duration = Duration::from_secs(5);
-
-/// `lease:outcome` of every admission in the cell's stream, in order.
-async fn admissions(fleet: &RedisAdmission) -> Vec<String> {
-    read_events(fleet)
-        .await
-        .expect("events")
-        .into_iter()
-        .filter(|e| e.kind == "admitted")
-        .map(|e| format!("{}:{}", e.lease, e.outcome))
-        .collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_big_head_is_granted_before_a_stream_of_small_followers_across_instances() {

@@ -404,3 +404,14 @@ pub(crate) async fn wait_until_gone(conn: &mut MultiplexedConnection, keys: &[St
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// `lease:outcome` of every admission in the cell's stream, in order.
+pub(crate) async fn admissions(fleet: &RedisAdmission) -> Vec<String> {
+    read_events(fleet)
+        .await
+        .expect("events")
+        .into_iter()
+        .filter(|e| e.kind == "admitted")
+        .map(|e| format!("{}:{}", e.lease, e.outcome))
+        .collect()
+}
