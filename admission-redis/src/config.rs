@@ -502,8 +502,9 @@ impl RedisAdmissionConfig {
                     let ceiling = match account {
                         "service_bytes" => Some(c.service_bytes),
                         "service_transfers" => Some(c.service_transfers),
-                        "tokens_per_minute" => self.rates.map(|r| r.tokens_per_minute),
-                        "requests_per_minute" => self.rates.map(|r| r.requests_per_minute),
+                        // The most the rates hold at once (their burst, where one is set).
+                        "tokens_per_minute" => self.rates.map(|r| r.capacity().0 as u64),
+                        "requests_per_minute" => self.rates.map(|r| r.capacity().1 as u64),
                         _ => {
                             return Err(ConfigError::new(
                                 "levels",
@@ -535,6 +536,24 @@ impl RedisAdmissionConfig {
                                 amount.primary()
                             ),
                         ));
+                    }
+                    // What every other level (not exempt) leaves aside must leave it something.
+                    for other in levels.iter().filter(|l| !l.is_exempt()) {
+                        let kept: u64 = levels
+                            .iter()
+                            .filter(|l| l.name() != other.name())
+                            .map(|l| l.reserved(account).primary())
+                            .sum();
+                        if kept >= ceiling {
+                            return Err(ConfigError::new(
+                                "levels",
+                                format!(
+                                    "the other levels reserve {kept} of {account} beside level \
+                                     `{}`, its ceiling {ceiling}: nothing would be left for it",
+                                    other.name()
+                                ),
+                            ));
+                        }
                     }
                 }
             }
@@ -830,7 +849,11 @@ impl RedisAdmissionConfig {
             }
         }
         if let Some(levels) = &self.levels {
-            let names: Vec<&str> = levels.iter().map(|l| l.name()).collect();
+            // Each name with its length, so that no two lists of names read alike.
+            let names: Vec<String> = levels
+                .iter()
+                .map(|l| format!("{}:{}", l.name().len(), l.name()))
+                .collect();
             text.push_str(&format!("|levels:{}", names.join(",")));
             if let Some(rank) = levels.rank_of(None) {
                 text.push_str(&format!(":{rank}"));

@@ -16,7 +16,8 @@
 --       6 line (sorted set: waiting lease id -> ticket; in a fair line, see below, every score
 --              is 0 and the member is the waiter's place: level, start tag, ticket, id)
 --       7 live (sorted set: waiting id -> liveness expiry, server ms)
---       8 fair (sorted set: "<level>:<tenant>" -> the tenant's finish tag at that level)
+--       8 fair (sorted set: "<level>:<epoch>:<tenant>" -> the tenant's finish tag at that level
+--              in the level's current busy period)
 -- Waiters are recorded in occ as q:<id> = "ticket|tenant|backend|footprint|operation|requests|nonce|
 -- instance|latest|place" (instance '-' for none; latest, the server ms after which the waiter's
 -- caller no longer waits, 0 for no bound; place, its member of the line in a fair line only); a
@@ -195,9 +196,11 @@ local function call(KEYS, ARGV)
   -- level, and never less than the start tag of that level's first waiter, so no newcomer of a
   -- level goes before the first waiter of its own level (its place, the head's reservation,
   -- is kept). A tenant that was idle starts at the virtual time: no credit is banked. Costs are
-  -- charged only while someone waits (a grant with nobody waiting costs nothing), and the tags
-  -- are forgotten when the line empties; each call drops the lowest finish tag if it is no later
-  -- than its level's virtual time (it counts for nothing then), so `fair` holds about the
+  -- charged only while the asker's level has a waiter (a grant beside an idle level costs
+  -- nothing), each busy period of a level is an epoch of its own (the first waiter of an idle
+  -- level starts it at virtual time 0, and tags of earlier epochs count for nothing), and
+  -- everything is forgotten when the line empties; each call drops the lowest finish tag if its
+  -- epoch is over or it is no later than its level's virtual time, so `fair` holds about the
   -- tenants that are ahead of their share.
   local FW = tonumber(c[26] or '-1')
   local FAIR = FW >= 0
@@ -237,8 +240,10 @@ local function call(KEYS, ARGV)
     if dim <= 2 then LENDS[rank] = true end
   end
   for rank in string.gmatch(c[28] or '', '(%d+):e') do EXEMPT[tonumber(rank)] = true end
-  -- Waiters in the line by rank, for the levels that lend (counted when first needed).
-  local parked = {}
+  -- Waiters in the line by rank, for the levels that lend (counted when first needed), and
+  -- whether a lending level's last waiter left during this call (`relent`: the line is asked
+  -- again, since waiters it held may borrow now).
+  local parked, relent = {}, false
   local function waiting_at(rank)
     if parked[rank] == nil then
       parked[rank] = redis.call('ZLEXCOUNT', line, '[' .. string.format('%02d', rank),
@@ -269,7 +274,10 @@ local function call(KEYS, ARGV)
   local function forget()
     redis.call('DEL', fair)
     local fields = {}
-    for i = 0, 15 do fields[#fields + 1] = 'v:' .. i end
+    for i = 0, 15 do
+      fields[#fields + 1] = 'v:' .. i
+      fields[#fields + 1] = 'e:' .. i
+    end
     redis.call('HDEL', occ, unpack(fields))
   end
   local DIMS = { 'service_bytes', 'service_transfers', 'tenant_bytes', 'tenant_transfers', 'backend_transfers',
@@ -440,7 +448,10 @@ local function call(KEYS, ARGV)
       queued = redis.call('HINCRBY', cfg, 'nq', -1)
       if FAIR and queued <= 0 then forget() end
       local rank = FAIR and w and w[10] and tonumber(string.sub(w[10], 1, 2))
-      if rank and parked[rank] then parked[rank] = parked[rank] - 1 end
+      if rank and parked[rank] then
+        parked[rank] = parked[rank] - 1
+        if parked[rank] == 0 and LENDS[rank] then relent = true end
+      end
     end
   end
 
@@ -456,16 +467,32 @@ local function call(KEYS, ARGV)
 
   -- The head of the line as the waiters behind it see it: its demand, and the dimensions it is
   -- short on, from its record `w`, its counters `o` and its byte and transfer ceilings.
-  -- In a fair line with reserves, it is short on a dimension only beside what its level always
-  -- leaves aside (`kept`): a dimension it lacks only for a reserve a waiting level may lend is
-  -- left to the waiters behind (they leave its demand aside), else that level's waiters and the
+  -- In a fair line with reserves (the head of level `rank`), it is short on a dimension only
+  -- beside what its level always leaves aside (`kept`, on the rates): a dimension it lacks only
+  -- for a reserve a waiting level may lend (`lent`) is left to the waiters behind, and a waiter
+  -- of a level whose reserve holds the head back leaves aside only the part of the head's demand
+  -- beyond that reserve (`lend_to`): the reserve is that level's, and else its waiters and the
   -- head would wait for each other.
-  local function head_of(w, o, tb_max, tt_max, kept)
+  local function head_of(w, o, tb_max, tt_max, rank)
     local f, q = tonumber(w[4]) or 0, tonumber(w[6]) or 1
     local need, max, short = { f, 1, f, 1, 1, f, q }, { S_B, S_T, tb_max, tt_max, B_T, CT, CR }, {}
-    kept = kept or { 0, 0, 0, 0, 0, 0, 0 }
-    for i = 1, NDIM do short[i] = o[i] + kept[i] + need[i] > max[i] end
-    return { tenant = w[2], backend = w[3], need = need, short = short }
+    local kept, all, lent = aside(rank or 0, true), aside(rank or 0), {}
+    for i = 1, NDIM do
+      short[i] = o[i] + kept[i] + need[i] > max[i]
+      lent[i] = not short[i] and o[i] + all[i] + need[i] > max[i]
+    end
+    return { tenant = w[2], backend = w[3], need = need, short = short, lent = lent, kept = kept }
+  end
+
+  -- What a waiter of `rank` leaves aside for `head` (`r`, from `set_aside`), less, on a
+  -- dimension the head lacks only for lendable reserves, what its own level reserves there.
+  local function lend_to(r, head, rank)
+    if not head or not RES[rank] then return r end
+    for i = 1, 2 do
+      local mine = RES[rank][i] or 0
+      if head.lent[i] and mine > 0 then r[i] = math.max(0, r[i] - mine) end
+    end
+    return r
   end
 
   -- The head's reservation (EASY backfilling): what anyone behind `head` of `tenant` on `backend`
@@ -538,8 +565,8 @@ local function call(KEYS, ARGV)
   local function handoff(limit)
     if queued <= 0 or recovering then return 0 end
     local granted, again, walks, head = 0, true, 0, nil
-    while again and walks < 16 and queued > 0 do
-    again, walks, head = false, walks + 1, nil
+    while again and walks <= 16 and queued > 0 do
+    again, walks, head, relent = false, walks + 1, nil, false
     local waiting = redis.call('ZRANGE', line, 0, limit - 1)
     for _, member in ipairs(waiting) do
       local id = id_of(member)
@@ -563,12 +590,11 @@ local function call(KEYS, ARGV)
         local o = read(w[2], w[3])
         local rank = FAIR and tonumber(string.sub(member, 1, 2)) or 0
         local r, blocked = set_aside(head, w[2], w[3])
-        r = plus(r, aside(rank))
+        r = plus(lend_to(r, head, rank), aside(rank))
         local need = { f, 1, f, 1, 1, f, tonumber(w[6]) }
         if not short_on(o, need, tb_max, tt_max, r, blocked) then
           advance(FAIR and member)
           unqueue(id, w)
-          if LENDS[rank] and parked[rank] == 0 then again = true end
           -- The grant lives no longer than its waiter's liveness: a waiter that died in the
           -- line holds nothing past it (its process would never renew the lease), and a live
           -- one, which renews its liveness every renew_every, renews the lease in time.
@@ -577,7 +603,7 @@ local function call(KEYS, ARGV)
           if w[8] and w[8] ~= '-' then notify(w[8], id, w[7], token, expiry, o) end
           granted = granted + 1
         elseif not head then
-          head = head_of(w, o, tb_max, tt_max, aside(rank, true))
+          head = head_of(w, o, tb_max, tt_max, rank)
           head.id, head.nonce, head.to, head.o = id, w[7], w[8] ~= '-' and w[8] or nil, o
           -- Every waiter needs service bytes and a service transfer: when the head is short on
           -- either, or nothing is left of them beside its reservation, nobody behind can go.
@@ -587,9 +613,11 @@ local function call(KEYS, ARGV)
         end
       end
     end
+    -- A lending level's last waiter left (granted, late or dead): walk again.
+    again = relent
     end
     if head and RATED then
-      local at = rate_ready(head.o, head.need, { 0, 0, 0, 0, 0, 0, 0 })
+      local at = rate_ready(head.o, head.need, head.kept)
       if at > 0 then tell_ready(head.to, head.id, head.nonce, at) end
     end
     return granted
@@ -807,22 +835,35 @@ local function call(KEYS, ARGV)
     end
     -- In a fair line, the asker's place: a waiter's own, or the one a newcomer would take (its
     -- level, its start tag, the next ticket).
-    local rank, start, place = 0, 0, id
+    -- A level's busy period (it has a waiter) is its epoch (`e:<level>` in occ): a tenant's
+    -- finish tag counts only in the epoch it was charged in (`fair` members are
+    -- `<level>:<epoch>:<tenant>`), so nothing carries over from a level's earlier busy period.
+    local rank, start, place, busy, epoch = 0, 0, id, false, 0
     if FAIR then
       rank = math.max(0, math.min(15, math.floor(tonumber(ARGV[15] or '0') or 0)))
       if mine then
         place = mine[10] or id
       else
-        if FW > 0 and queued > 0 then
-          local v0 = vtime(rank)
-          local lead = redis.call('ZRANGEBYLEX', line, '[' .. string.format('%02d', rank),
-            '(' .. string.format('%02d', rank + 1), 'LIMIT', 0, 1)[1]
-          if lead then v0 = math.max(v0, tonumber(string.sub(lead, 3, 27))) end
-          start = math.max(v0, tonumber(redis.call('ZSCORE', fair, rank .. ':' .. tenant) or '0'))
-          -- The lowest finish tag counts for nothing once its level's virtual time reached it.
-          local low = redis.call('ZRANGE', fair, 0, 0, 'WITHSCORES')
-          if low[1] and tonumber(low[2]) <= vtime(tonumber(string.match(low[1], '^(%d+):'))) then
-            redis.call('ZREM', fair, low[1])
+        if FW > 0 then
+          epoch = tonumber(redis.call('HGET', occ, 'e:' .. rank) or '0')
+          local lead = queued > 0 and redis.call('ZRANGEBYLEX', line,
+            '[' .. string.format('%02d', rank), '(' .. string.format('%02d', rank + 1), 'LIMIT', 0, 1)[1]
+          if lead then
+            busy = true
+            local v0 = math.max(vtime(rank), tonumber(string.sub(lead, 3, 27)))
+            start = math.max(v0, tonumber(redis.call('ZSCORE', fair,
+              rank .. ':' .. epoch .. ':' .. tenant) or '0'))
+          end
+          -- The lowest finish tag counts for nothing once its level's virtual time reached it,
+          -- nor once its level's epoch is over.
+          local low = queued > 0 and redis.call('ZRANGE', fair, 0, 0, 'WITHSCORES')
+          if low and low[1] then
+            local r0, e0 = string.match(low[1], '^(%d+):(%d+):')
+            r0 = tonumber(r0 or '0')
+            if tonumber(e0 or '-1') ~= tonumber(redis.call('HGET', occ, 'e:' .. r0) or '0')
+              or tonumber(low[2]) <= vtime(r0) then
+              redis.call('ZREM', fair, low[1])
+            end
           end
         end
         place = place_of(rank, start, tonumber(v[10] or '0') + 1, id)
@@ -832,17 +873,24 @@ local function call(KEYS, ARGV)
     if FAIR and RATED then
       local kept = aside(rank, true)
       if footprint + kept[6] > CT then
-        return touch(IDLE, {'NEVER', 'tokens_per_minute', ARGV[6], int(math.floor(CT - kept[6]))})
+        return touch(IDLE, {'NEVER', 'tokens_per_minute', ARGV[6], int(math.max(0, math.floor(CT - kept[6])))})
       end
       if requests + kept[7] > CR then
-        return touch(IDLE, {'NEVER', 'requests_per_minute', ARGV[13], int(math.floor(CR - kept[7]))})
+        return touch(IDLE, {'NEVER', 'requests_per_minute', ARGV[13], int(math.max(0, math.floor(CR - kept[7])))})
       end
     end
-    -- The asker's tenant pays for the lease at its level (fair line, weights, someone waiting).
-    local function charge()
-      if FW <= 0 then return end
+    -- The asker's tenant pays for the lease at its level (fair line, weights): when it joins the
+    -- line (the first of an idle level begins the level's next epoch, at virtual time 0), or
+    -- when it is granted at once while its level is busy.
+    local function charge(joining)
+      if FW <= 0 or not (joining or busy) then return end
+      if not busy then
+        epoch = redis.call('HINCRBY', occ, 'e:' .. rank, 1)
+        redis.call('HDEL', occ, 'v:' .. rank)
+      end
       local weight = tonumber(c[27] or '') or FW
-      redis.call('ZADD', fair, start + footprint * 1048576 / S_B / weight, rank .. ':' .. tenant)
+      redis.call('ZADD', fair, start + footprint * 1048576 / S_B / weight,
+        rank .. ':' .. epoch .. ':' .. tenant)
       born(fair)
     end
     if waiting then
@@ -858,10 +906,10 @@ local function call(KEYS, ARGV)
       local h = parse(redis.call('HGET', occ, 'q:' .. id_of(first)) or '0|||0|')
       local htb, htt = limits(redis.call('HGET', cfg, 'o:' .. (h[2] or '')))
       local hrank = FAIR and tonumber(string.sub(first, 1, 2)) or 0
-      head = head_of(h, (read(h[2] or '', h[3] or '')), htb, htt, aside(hrank, true))
+      head = head_of(h, (read(h[2] or '', h[3] or '')), htb, htt, hrank)
     end
     local r, blocked = set_aside(head, tenant, backend)
-    r = plus(r, aside(rank))
+    r = plus(lend_to(r, head, rank), aside(rank))
     local need = { footprint, 1, footprint, 1, 1, footprint, requests }
     local dim = short_on(o, need, tb_max, tt_max, r, blocked)
     -- The first in line (or a newcomer with nobody waiting) learns when the rates serve it; those
@@ -881,7 +929,7 @@ local function call(KEYS, ARGV)
     end
     if dim and not waiting and ARGV[10] == '1' then
       waiting = int(redis.call('HINCRBY', occ, 'tick', 1))
-      charge()
+      charge(true)
       queued = redis.call('HINCRBY', cfg, 'nq', 1)
       if FAIR then redis.call('ZADD', line, 0, place) else redis.call('ZADD', line, waiting, id) end
       redis.call('ZADD', live, now_ms + ttl, id)
@@ -901,15 +949,18 @@ local function call(KEYS, ARGV)
     if dim then return full(waiting or '') end
     if waiting then
       advance(FAIR and place)
+      -- Counted before it leaves, so that a lending level's last waiter leaving is seen.
+      if LENDS[rank] then waiting_at(rank) end
       unqueue(id, mine)
-    elseif queued > 0 then
-      charge()
+    else
+      charge(false)
     end
     local token, expiry = grant(id, tenant, backend, ARGV[6], int(requests), operation, ttl, o, nonce,
       'admitted', v[8] or '0', v[9], FAIR and rank or nil)
     -- A head served by the rates at its instant asks itself: those behind it may fit now, and
     -- the next head must learn its own instant.
-    if waiting and RATED then handoff(tonumber(ARGV[9])) end
+    -- So too a lending level's last waiter, served at its own call: those it held may borrow.
+    if waiting and (RATED or relent) then handoff(tonumber(ARGV[9])) end
     return touch(IDLE, {'OK', token, version, o[1], o[2], o[3], o[4], o[5],
       expiry, now_ms})
   end

@@ -270,7 +270,9 @@ const PRIVATE_SERVER_PREFIX: &str = "private redis-server: ";
 /// What starts a member's report line (`examples/agents/multi.rs`, `REPORT_PREFIX`).
 const REPORT_PREFIX: &str = "fleet-member-report: ";
 /// The keys of a cell, after its tag (`admission-redis/src/script.rs`).
-const CELL_KEYS: [&str; 7] = ["cfg", "occ", "exp", "events", "quota", "line", "live"];
+const CELL_KEYS: [&str; 8] = [
+    "cfg", "occ", "exp", "events", "quota", "line", "live", "fair",
+];
 
 /// What one run printed and how it ended.
 #[derive(Debug, Default, PartialEq, Eq)]

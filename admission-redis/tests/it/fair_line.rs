@@ -542,3 +542,212 @@ async fn a_levels_reserve_of_tokens_is_always_left_aside_except_by_an_exempt_lev
         lease.release(Outcome::Completed).await.expect("released");
     }
 }
+
+/// Levels `interactive`, then `batch` reserving `bytes` of the service bytes.
+fn batch_reserving_bytes(bytes: u64) -> Levels {
+    Levels::new()
+        .level(Level::new("interactive"))
+        .and_then(|l| {
+            l.level(
+                Level::new("batch").reserve("service_bytes", admission_core::Amount::units(bytes)),
+            )
+        })
+        .expect("levels")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_held_back_by_a_lower_levels_reserve_and_that_levels_waiter_never_wait_for_each_other()
+ {
+    let (host, port) = server("fair_line_no_deadlock");
+    let mut cfg = config(
+        &host,
+        port,
+        &cell("fair_line_no_deadlock"),
+        ceilings(100, 10, 100, 10, 10),
+    );
+    cfg.levels = Some(batch_reserving_bytes(30));
+    let fleet = connect(cfg).await;
+    let mut events = blocking_connection(&host, port).await;
+    let held = lease(&fleet, "held", "x", "d", 50).await;
+    let live = LeaseRequest::new("h", "acme", "d", 80, "upload").with_level("interactive");
+    let head = {
+        let fleet = fleet.clone();
+        tokio::spawn(async move { fleet.acquire(&live, WAIT).await })
+    };
+    wait_for_event_on(&mut events, &fleet, "queued", "h").await;
+    let batch = spawn_acquire(&fleet, "l", "globex", "d", 30, WAIT);
+    wait_for_event_on(&mut events, &fleet, "queued", "l").await;
+    // The cell empties. h (80) waits while batch has a waiter (80 + its 30 > 100); l asks only
+    // for batch's own reserve, and leaves aside only the part of h's demand beyond it (50):
+    // granted by the same hand-off. Once it gives its bytes back, h.
+    held.release(Outcome::Completed).await.expect("released");
+    let l = batch
+        .await
+        .expect("task")
+        .expect("l, from batch's own reserve");
+    l.release(Outcome::Completed).await.expect("released");
+    let h = head.await.expect("task").expect("then the head");
+    h.release(Outcome::Completed).await.expect("released");
+    assert_eq!(
+        admissions(&fleet).await,
+        ["held:admitted", "l:handoff", "h:handoff"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_a_lending_levels_last_waiter_is_dropped_late_the_hand_off_walks_again() {
+    let (host, port) = server("fair_line_late");
+    let mut cfg = config(
+        &host,
+        port,
+        &cell("fair_line_late"),
+        ceilings(100, 10, 100, 10, 10),
+    );
+    cfg.levels = Some(batch_reserving_bytes(30));
+    let fleet = connect(cfg).await;
+    let mut events = blocking_connection(&host, port).await;
+    let held = lease(&fleet, "held", "x", "d", 50).await;
+    let live = LeaseRequest::new("h", "acme", "d", 80, "upload").with_level("interactive");
+    let head = {
+        let fleet = fleet.clone();
+        tokio::spawn(async move { fleet.acquire(&live, WAIT).await })
+    };
+    wait_for_event_on(&mut events, &fleet, "queued", "h").await;
+    // batch's one waiter asks 60 (beyond its reserve) and waits 2 s; the cell's clock moves
+    // 2.5 s on (less than a lease TTL, so everything else stays alive): on the cell's clock its
+    // caller has stopped waiting, and the next hand-off drops it as late.
+    let batch = spawn_acquire(&fleet, "l", "globex", "d", 60, Duration::from_secs(2));
+    wait_for_event_on(&mut events, &fleet, "queued", "l").await;
+    fleet
+        .advance_server_clock(Duration::from_millis(2_500))
+        .await
+        .expect("skewed");
+    // The release's hand-off holds h (batch still waits), drops l, and walks again: h is granted
+    // by that same hand-off, not at its own next call.
+    held.release(Outcome::Completed).await.expect("released");
+    let h = head.await.expect("task").expect("the head");
+    h.release(Outcome::Completed).await.expect("released");
+    // l's caller, which has not stopped waiting on its own clock, may ask again afresh.
+    if let Ok(l) = batch.await.expect("task") {
+        l.release(Outcome::Completed).await.expect("released");
+    }
+    assert_eq!(
+        admissions(&fleet).await[..2],
+        ["held:admitted", "h:handoff"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_charged_while_its_level_was_idle_is_not_placed_behind_later_arrivals() {
+    let (host, port) = server("fair_line_epoch");
+    // Two transfers in all, one per tenant; fair shares, levels interactive and batch.
+    let mut cfg = config(
+        &host,
+        port,
+        &cell("fair_line_epoch"),
+        ceilings(1 << 20, 2, 1 << 20, 1, 2),
+    );
+    cfg.fair_shares = Some(FairShares::new());
+    cfg.levels = Some(
+        Levels::new()
+            .level(Level::new("interactive"))
+            .and_then(|l| l.level(Level::new("batch")))
+            .expect("levels"),
+    );
+    let fleet = connect(cfg).await;
+    let mut events = blocking_connection(&host, port).await;
+    // A batch waiter keeps the line busy while tenant tt takes ten interactive leases, each
+    // granted at once with nobody interactive waiting: they cost tt nothing.
+    let zed = lease(&fleet, "z1", "tz", "d", 10).await;
+    let waiter = spawn_acquire(&fleet, "zb", "tz", "d", 10, WAIT);
+    wait_for_event_on(&mut events, &fleet, "queued", "zb").await;
+    for i in 0..10 {
+        let request =
+            LeaseRequest::new(format!("t{i}"), "tt", "d", 10, "upload").with_level("interactive");
+        let lease = fleet
+            .try_acquire(&request)
+            .await
+            .expect("one transfer left");
+        lease.release(Outcome::Completed).await.expect("released");
+    }
+    // The interactive level gets busy: tu's first waiter, then tt's, then tu's next two.
+    let filler = LeaseRequest::new("w", "tw", "d", 1, "upload").with_level("interactive");
+    let filler = fleet.try_acquire(&filler).await.expect("the last transfer");
+    let mut tasks = Vec::new();
+    for (id, tenant) in [("u1", "tu"), ("tq", "tt"), ("u2", "tu"), ("u3", "tu")] {
+        let request = LeaseRequest::new(id, tenant, "d", 10, "upload").with_level("interactive");
+        let asker = fleet.clone();
+        tasks.push(tokio::spawn(async move {
+            let lease = asker.acquire(&request, WAIT).await.expect("granted");
+            lease.release(Outcome::Completed).await.expect("released");
+        }));
+        wait_for_event_on(&mut events, &fleet, "queued", id).await;
+    }
+    // tt starts at the level's virtual time beside tu's first, not behind tu's later ones.
+    let mut conn = blocking_connection(&host, port).await;
+    let line: Vec<String> = conn.zrange(&fleet.keys()[5], 0, -1).await.expect("ZRANGE");
+    let order: Vec<&str> = line.iter().map(|m| &m[43..]).collect();
+    assert_eq!(order, ["u1", "tq", "u2", "u3", "zb"]);
+    filler.release(Outcome::Completed).await.expect("released");
+    for task in tasks {
+        task.await.expect("task");
+    }
+    zed.release(Outcome::Completed).await.expect("released");
+    waiter
+        .await
+        .expect("task")
+        .expect("zb")
+        .release(Outcome::Completed)
+        .await
+        .expect("released");
+}
+
+#[test]
+fn reserves_on_the_rates_are_checked_against_what_the_rates_hold_and_together() {
+    let mut cfg = RedisAdmissionConfig::new(
+        "localhost",
+        6379,
+        "c",
+        ceilings(1 << 20, 10, 1 << 20, 10, 10),
+    );
+    cfg.rates = Some(
+        admission_redis::Rates::per_minute(1_000, 1_000).within_every_minute(
+            admission_redis::Burst {
+                tokens: 400,
+                requests: 10,
+            },
+        ),
+    );
+    let reserve = |amount: u64| {
+        Level::new("interactive")
+            .reserve("tokens_per_minute", admission_core::Amount::units(amount))
+    };
+    cfg.levels = Some(
+        Levels::new()
+            .level(reserve(450))
+            .and_then(|l| l.level(Level::new("batch")))
+            .expect("levels"),
+    );
+    assert_eq!(
+        cfg.validate().expect_err("over the burst").reason(),
+        "level `interactive` reserves 450 of tokens_per_minute, its ceiling 400: nothing would be left for the other levels"
+    );
+    cfg.rates = Some(admission_redis::Rates::per_minute(1_000, 1_000));
+    let two = Levels::new()
+        .level(reserve(600))
+        .and_then(|l| {
+            l.level(
+                Level::new("batch")
+                    .reserve("tokens_per_minute", admission_core::Amount::units(600)),
+            )
+        })
+        .and_then(|l| l.level(Level::new("bulk")))
+        .expect("levels");
+    cfg.levels = Some(two);
+    assert_eq!(
+        cfg.validate()
+            .expect_err("1,200 of 1,000 kept from bulk")
+            .reason(),
+        "the other levels reserve 1200 of tokens_per_minute beside level `bulk`, its ceiling 1000: nothing would be left for it"
+    );
+}

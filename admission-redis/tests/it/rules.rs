@@ -382,10 +382,12 @@ async fn the_production_script_has_no_operation_that_moves_time() {
         .expect("loads");
     assert_eq!(loaded, name);
     let cell = cell("production_script");
-    let keys: Vec<String> = ["cfg", "occ", "exp", "events", "quota", "line", "live"]
-        .iter()
-        .map(|k| format!("it:{{{cell}}}:{k}"))
-        .collect();
+    let keys: Vec<String> = [
+        "cfg", "occ", "exp", "events", "quota", "line", "live", "fair",
+    ]
+    .iter()
+    .map(|k| format!("it:{{{cell}}}:{k}"))
+    .collect();
     let skew = |keys: Vec<String>, fingerprint: String| {
         let mut call = redis::cmd("FCALL");
         call.arg(&name).arg(keys.len()).arg(keys);
