@@ -809,7 +809,10 @@ impl Machine {
                 Some(mut head) => {
                     if let Some(ranks) = ranks {
                         let entries = first.demand.entries();
-                        head.claim_only(|i| ranks.claims(first.rank, &entries[i], now));
+                        head.claim_only(
+                            |i| ranks.claims(first.rank, &entries[i], now),
+                            |i| ranks.lendable(first.rank, entries[i].account(), &parked),
+                        );
                     }
                     Some(head)
                 }
@@ -1124,7 +1127,10 @@ impl Machine {
                     let mut head = Head::of(&w.demand, short);
                     if let Some(ranks) = ranks {
                         let entries = w.demand.entries();
-                        head.claim_only(|i| ranks.claims(rank, &entries[i], now));
+                        head.claim_only(
+                            |i| ranks.claims(rank, &entries[i], now),
+                            |i| ranks.lendable(rank, entries[i].account(), &parked),
+                        );
                     }
                     head.gate_hold = gate_held.then_some(at);
                     walk.head = Some(head);

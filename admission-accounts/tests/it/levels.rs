@@ -296,3 +296,38 @@ fn a_head_short_only_for_a_lower_levels_lendable_reserve_does_not_block_that_lev
     assert_eq!(pool.available(), 0);
     drop((batch_grant, interactive_grant));
 }
+
+/// A lower level reserving 30 of a pool of 100, a higher level's head of 80 (held back by that
+/// reserve while the lower level waits) and the lower level's waiter of 30 (its own reserve):
+/// the waiter leaves aside only the part of the head's demand beyond its level's reserve (50),
+/// so it goes; then its level waits no more and the head goes once it gives back. Leaving the
+/// head's whole demand, each would wait for the other with the pool empty.
+#[test]
+fn a_lower_levels_waiter_within_its_reserve_goes_before_a_head_that_reserve_holds_back() {
+    let clock = FakeClock::new();
+    let levels = Levels::new()
+        .level(Level::new("interactive"))
+        .and_then(|l| l.level(Level::new("batch").reserve("pool", Amount::units(30))))
+        .expect("valid levels");
+    let monitor = Monitor::builder()
+        .clock(clock.shared())
+        .levels(levels)
+        .build();
+    let pool = Arc::new(CountingGate::new("pool", 100, clock.shared()).expect("a valid gate"));
+    let holder = try_hold(&monitor, &permits(&pool, 50), &job("batch")).expect("free");
+    let mut head = monitor.admit(permits(&pool, 80), &job("interactive"), None);
+    assert!(poll_once(&mut head).is_none(), "50 held");
+    let mut batch = monitor.admit(permits(&pool, 30), &job("batch"), None);
+    assert!(poll_once(&mut batch).is_none(), "behind the head");
+    drop(holder);
+    let batch_grant = poll_once(&mut batch)
+        .expect("the batch job takes its level's reserve")
+        .expect("granted");
+    assert!(poll_once(&mut head).is_none(), "30 held: 30 + 80 > 100");
+    drop(batch_grant);
+    let head_grant = poll_once(&mut head)
+        .expect("then the head")
+        .expect("granted");
+    assert_eq!(pool.available(), 20);
+    drop(head_grant);
+}

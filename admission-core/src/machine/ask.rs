@@ -123,6 +123,12 @@ pub(crate) struct Head {
     short: Short,
     /// `Some(until)` while the gate holds the head.
     pub(crate) gate_hold: Option<Option<Instant>>,
+    /// The entries the head lacks only for the reserves of waiting levels that lend them (not
+    /// claimed), with those reserves: a waiter behind leaves aside the head's amount less them
+    /// (a waiter of such a level leaves its own level's reserve aside for nobody, and the others
+    /// leave it for that level anyway), so a level's waiters are never kept from its own
+    /// reserve by a head that reserve holds back. Empty but for levels that lend.
+    lent: Vec<(usize, Amount)>,
 }
 
 impl Head {
@@ -141,6 +147,7 @@ impl Head {
             // The gate, when in it, is alone in it (never asked about by entry).
             short: short.clone(),
             gate_hold: None,
+            lent: Vec::new(),
         }
     }
 
@@ -167,12 +174,22 @@ impl Head {
     }
 
     /// Keeps among the entries the head is short on only those `claims` says it claims: the
-    /// others' accounts a waiter behind may take from (leaving the head's amount aside).
-    pub(crate) fn claim_only(&mut self, claims: impl Fn(usize) -> bool) {
+    /// others' accounts a waiter behind may take from, leaving aside the head's amount less
+    /// `lendable(i)`, the reserves of waiting levels that hold the head back there.
+    pub(crate) fn claim_only(
+        &mut self,
+        claims: impl Fn(usize) -> bool,
+        lendable: impl Fn(usize) -> Amount,
+    ) {
         let mut kept = Short::new();
         for short in self.short.iter() {
             match short {
-                Some(i) if !claims(i) => {}
+                Some(i) if !claims(i) => {
+                    let lent = lendable(i);
+                    if !lent.is_zero() {
+                        self.lent.push((i, lent));
+                    }
+                }
                 short => kept.push(short),
             }
         }
@@ -199,7 +216,13 @@ impl Head {
     /// What the head asks of the account of key `key` (nothing when it names no such account).
     fn reserved(&self, key: usize) -> Amount {
         match (self.entry_of(key), &self.entries) {
-            (Some(i), Some(entries)) => entries[i].amount(),
+            (Some(i), Some(entries)) => {
+                let amount = entries[i].amount();
+                match self.lent.iter().find(|&&(at, _)| at == i) {
+                    Some(&(_, lent)) => amount.saturating_sub(lent),
+                    None => amount,
+                }
+            }
             _ => Amount::ZERO,
         }
     }

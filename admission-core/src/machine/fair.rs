@@ -230,6 +230,18 @@ impl Ranks {
         !matches!(asked(account, entry.amount(), ask), Ok(Answer::Taken))
     }
 
+    /// What a job of `rank` leaves aside on `account` only for waiting levels that lend it (the
+    /// reserves given back when released, of levels with a waiter `parked`).
+    pub(crate) fn lendable(
+        &self,
+        rank: u8,
+        account: &AccountRef,
+        parked: &[u32; MAX_RANKS],
+    ) -> Amount {
+        self.aside(rank, account, parked, false)
+            .saturating_sub(self.aside(rank, account, &[0; MAX_RANKS], true))
+    }
+
     /// What a job of `rank` leaves aside on `account` for the other levels: each one's reserve
     /// on it, always on an account refilled by time, and on one refilled by releases while a
     /// waiter of that level is parked (`parked`, by rank). Nothing for an exempt level. With

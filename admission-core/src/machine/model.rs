@@ -426,9 +426,14 @@ impl Model {
                 for &(a, units) in &w.amounts {
                     reserved[a] = units;
                     // Claimed when short even leaving aside only the reserves kept always: an
-                    // account short only for a level's lendable reserve is left to the others.
-                    claimed[a] = units + self.aside(w.level, a, false) > self.free(a)
-                        && units + self.aside(w.level, a, true) > self.free(a);
+                    // account short only for a level's lendable reserve is left to the others,
+                    // who leave aside the head's amount less those reserves (the waiters of a
+                    // lending level are then not kept from its own reserve by the head).
+                    let (all, kept) = (self.aside(w.level, a, false), self.aside(w.level, a, true));
+                    claimed[a] = units + all > self.free(a) && units + kept > self.free(a);
+                    if units + all > self.free(a) && !claimed[a] {
+                        reserved[a] = units.saturating_sub(all - kept);
+                    }
                 }
                 ahead = Some(reserved);
             }
