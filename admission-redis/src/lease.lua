@@ -192,10 +192,9 @@ local function call(KEYS, ARGV)
   -- finish tag there; its finish tag becomes the start tag plus the lease's cost, its footprint
   -- in units of 2^-20 of the service bytes divided by the tenant's weight (`w:<tenant>` in cfg,
   -- else `FW`). FW 0: no weights, every start tag 0 (arrival order within a level). The virtual
-  -- time of a level (`v:<level>` in occ) is the latest start tag granted from the line at that
-  -- level, and never less than the start tag of that level's first waiter, so no newcomer of a
-  -- level goes before the first waiter of its own level (its place, the head's reservation,
-  -- is kept). A tenant that was idle starts at the virtual time: no credit is banked. Costs are
+  -- time of a level is the start tag of its first waiter, the smallest of its level's, so no
+  -- newcomer of a level goes before the first waiter of its own level (its place, the head's
+  -- reservation, is kept), and a grant out of turn (a backfill) does not move it. A tenant that was idle starts at the virtual time: no credit is banked. Costs are
   -- charged only while the asker's level has a waiter (a grant beside an idle level costs
   -- nothing), each busy period of a level is an epoch of its own (the first waiter of an idle
   -- level starts it at virtual time 0, and tags of earlier epochs count for nothing), and
@@ -217,14 +216,12 @@ local function call(KEYS, ARGV)
   local function level_of(w)
     return FAIR and w and w[10] and tonumber(string.sub(w[10], 1, 2)) or nil
   end
+  -- The virtual time of level `rank`: the start tag of its first waiter, the smallest of its
+  -- level's (nil when nobody of the level waits).
   local function vtime(rank)
-    return tonumber(redis.call('HGET', occ, 'v:' .. rank) or '0')
-  end
-  -- A waiter at `member` granted: its level's virtual time moves on to its start tag.
-  local function advance(member)
-    if FW <= 0 or not member then return end
-    local rank, start = tonumber(string.sub(member, 1, 2)), tonumber(string.sub(member, 3, 27))
-    if start > vtime(rank) then redis.call('HSET', occ, 'v:' .. rank, start) end
+    local lead = redis.call('ZRANGEBYLEX', line, '[' .. string.format('%02d', rank),
+      '(' .. string.format('%02d', rank + 1), 'LIMIT', 0, 1)[1]
+    return lead and tonumber(string.sub(lead, 3, 27))
   end
   -- The levels' reserves (`lv` in cfg): `RES[rank][dimension]`, on service bytes (1), service
   -- transfers (2), tokens (6) and requests (7) per minute, and the exempt ranks. Every other
@@ -274,10 +271,7 @@ local function call(KEYS, ARGV)
   local function forget()
     redis.call('DEL', fair)
     local fields = {}
-    for i = 0, 15 do
-      fields[#fields + 1] = 'v:' .. i
-      fields[#fields + 1] = 'e:' .. i
-    end
+    for i = 0, 15 do fields[#fields + 1] = 'e:' .. i end
     redis.call('HDEL', occ, unpack(fields))
   end
   local DIMS = { 'service_bytes', 'service_transfers', 'tenant_bytes', 'tenant_transfers', 'backend_transfers',
@@ -593,7 +587,6 @@ local function call(KEYS, ARGV)
         r = plus(lend_to(r, head, rank), aside(rank))
         local need = { f, 1, f, 1, 1, f, tonumber(w[6]) }
         if not short_on(o, need, tb_max, tt_max, r, blocked) then
-          advance(FAIR and member)
           unqueue(id, w)
           -- The grant lives no longer than its waiter's liveness: a waiter that died in the
           -- line holds nothing past it (its process would never renew the lease), and a live
@@ -846,11 +839,9 @@ local function call(KEYS, ARGV)
       else
         if FW > 0 then
           epoch = tonumber(redis.call('HGET', occ, 'e:' .. rank) or '0')
-          local lead = queued > 0 and redis.call('ZRANGEBYLEX', line,
-            '[' .. string.format('%02d', rank), '(' .. string.format('%02d', rank + 1), 'LIMIT', 0, 1)[1]
-          if lead then
+          local v0 = queued > 0 and vtime(rank)
+          if v0 then
             busy = true
-            local v0 = math.max(vtime(rank), tonumber(string.sub(lead, 3, 27)))
             start = math.max(v0, tonumber(redis.call('ZSCORE', fair,
               rank .. ':' .. epoch .. ':' .. tenant) or '0'))
           end
@@ -860,8 +851,9 @@ local function call(KEYS, ARGV)
           if low and low[1] then
             local r0, e0 = string.match(low[1], '^(%d+):(%d+):')
             r0 = tonumber(r0 or '0')
+            local v = vtime(r0)
             if tonumber(e0 or '-1') ~= tonumber(redis.call('HGET', occ, 'e:' .. r0) or '0')
-              or tonumber(low[2]) <= vtime(r0) then
+              or not v or tonumber(low[2]) <= v then
               redis.call('ZREM', fair, low[1])
             end
           end
@@ -886,7 +878,6 @@ local function call(KEYS, ARGV)
       if FW <= 0 or not (joining or busy) then return end
       if not busy then
         epoch = redis.call('HINCRBY', occ, 'e:' .. rank, 1)
-        redis.call('HDEL', occ, 'v:' .. rank)
       end
       local weight = tonumber(c[27] or '') or FW
       redis.call('ZADD', fair, start + footprint * 1048576 / S_B / weight,
@@ -948,7 +939,6 @@ local function call(KEYS, ARGV)
     end
     if dim then return full(waiting or '') end
     if waiting then
-      advance(FAIR and place)
       -- Counted before it leaves, so that a lending level's last waiter leaving is seen.
       if LENDS[rank] then waiting_at(rank) end
       unqueue(id, mine)

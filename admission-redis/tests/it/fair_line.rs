@@ -751,3 +751,53 @@ fn reserves_on_the_rates_are_checked_against_what_the_rates_hold_and_together() 
         "the other levels reserve 1200 of tokens_per_minute beside level `bulk`, its ceiling 1000: nothing would be left for it"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_out_of_turn_does_not_move_the_virtual_time() {
+    let (host, port) = server("fair_line_backfill");
+    // Three transfers, one per tenant; the service bytes 2^20, so a byte costs one unit.
+    let mut cfg = config(
+        &host,
+        port,
+        &cell("fair_line_backfill"),
+        ceilings(1 << 20, 3, 1 << 20, 1, 3),
+    );
+    cfg.fair_shares = Some(FairShares::new());
+    let fleet = connect(cfg).await;
+    let mut events = blocking_connection(&host, port).await;
+    let x1 = lease(&fleet, "x1", "acme", "d", 100).await;
+    // acme's next call waits for acme's transfer: the head, at start tag 0.
+    let a1 = spawn_acquire(&fleet, "a1", "acme", "d", 100, WAIT);
+    wait_for_event_on(&mut events, &fleet, "queued", "a1").await;
+    // initech is granted beside the head (charged 100), and its next call waits at start 100.
+    let c0 = lease(&fleet, "c0", "initech", "d", 100).await;
+    let c1 = spawn_acquire(&fleet, "c1", "initech", "d", 100, WAIT);
+    wait_for_event_on(&mut events, &fleet, "queued", "c1").await;
+    // c0 leaves: the hand-off grants c1 out of turn, behind the head (start 100, the head's 0).
+    c0.release(Outcome::Completed).await.expect("released");
+    let c1 = c1.await.expect("task").expect("c1, beside the head");
+    // A new tenant starts at the level's virtual time, the head's start tag 0, not at 100.
+    let d1 = spawn_acquire(&fleet, "d1", "globex", "d", 100, WAIT);
+    wait_for_event_on(&mut events, &fleet, "queued", "d1").await;
+    let mut conn = blocking_connection(&host, port).await;
+    let line: Vec<String> = conn.zrange(&fleet.keys()[5], 0, -1).await.expect("ZRANGE");
+    let starts: Vec<(&str, &str)> = line.iter().map(|m| (&m[43..], &m[2..27])).collect();
+    assert_eq!(
+        starts,
+        [
+            ("a1", "0000000000000000.00000000"),
+            ("d1", "0000000000000000.00000000")
+        ]
+    );
+    for lease in [x1, c1] {
+        lease.release(Outcome::Completed).await.expect("released");
+    }
+    for task in [a1, d1] {
+        task.await
+            .expect("task")
+            .expect("granted")
+            .release(Outcome::Completed)
+            .await
+            .expect("released");
+    }
+}
