@@ -15,7 +15,7 @@ use redis::AsyncCommands;
 
 use crate::support::{
     admissions, blocking_connection, ceilings, cell, config, connect, full, lease, server,
-    spawn_acquire, wait_for_event_on,
+    spawn_acquire, spawn_request, wait_for_event_on,
 };
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -384,10 +384,7 @@ async fn a_levels_reserve_of_transfers_is_left_aside_while_it_waits_and_lent_whe
     let held = lease(&fleet, "held", "acme", "d", 1).await;
     // acme's interactive call waits for acme's one transfer: it is the head.
     let live = LeaseRequest::new("live", "acme", "d", 1, "upload").with_level("interactive");
-    let waiting = {
-        let fleet = fleet.clone();
-        tokio::spawn(async move { fleet.acquire(&live, Duration::from_millis(500)).await })
-    };
+    let waiting = spawn_request(&fleet, live, Duration::from_millis(500));
     wait_for_event_on(&mut events, &fleet, "queued", "live").await;
     // A batch call leaves the head's transfer and the interactive reserve aside: 1 held + 1 +
     // 1 + 1 > 3.
@@ -439,10 +436,7 @@ async fn when_a_lending_levels_last_waiter_is_granted_the_hand_off_walks_the_lin
     let batch = spawn_acquire(&fleet, "b1", "acme", "d", 1, WAIT);
     wait_for_event_on(&mut events, &fleet, "queued", "b1").await;
     let live = LeaseRequest::new("i1", "globex", "d", 1, "upload").with_level("interactive");
-    let interactive = {
-        let fleet = fleet.clone();
-        tokio::spawn(async move { fleet.acquire(&live, WAIT).await })
-    };
+    let interactive = spawn_request(&fleet, live, WAIT);
     wait_for_event_on(&mut events, &fleet, "queued", "i1").await;
     // The release grants b1 (behind i1, the head, beside its transfer), batch's last waiter: the
     // same hand-off walks again and grants i1, batch's reserve lent now.
@@ -555,26 +549,34 @@ fn batch_reserving_bytes(bytes: u64) -> Levels {
         .expect("levels")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_head_held_back_by_a_lower_levels_reserve_and_that_levels_waiter_never_wait_for_each_other()
- {
-    let (host, port) = server("fair_line_no_deadlock");
-    let mut cfg = config(
-        &host,
-        port,
-        &cell("fair_line_no_deadlock"),
-        ceilings(100, 10, 100, 10, 10),
-    );
+/// A cell of 100 bytes whose batch level reserves 30, 50 of them held by a batch lease, and
+/// acme's interactive call of 80 waiting: the head, held back by batch's reserve once batch
+/// waits too. The cell, a connection for its events, the held lease and the head's task.
+async fn batch_reserving_30_behind_a_head(
+    test: &str,
+) -> (
+    RedisAdmission,
+    redis::aio::MultiplexedConnection,
+    admission_redis::Lease,
+    tokio::task::JoinHandle<Result<admission_redis::Lease, AcquireError>>,
+) {
+    let (host, port) = server(test);
+    let mut cfg = config(&host, port, &cell(test), ceilings(100, 10, 100, 10, 10));
     cfg.levels = Some(batch_reserving_bytes(30));
     let fleet = connect(cfg).await;
     let mut events = blocking_connection(&host, port).await;
     let held = lease(&fleet, "held", "x", "d", 50).await;
     let live = LeaseRequest::new("h", "acme", "d", 80, "upload").with_level("interactive");
-    let head = {
-        let fleet = fleet.clone();
-        tokio::spawn(async move { fleet.acquire(&live, WAIT).await })
-    };
+    let head = spawn_request(&fleet, live, WAIT);
     wait_for_event_on(&mut events, &fleet, "queued", "h").await;
+    (fleet, events, held, head)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_held_back_by_a_lower_levels_reserve_and_that_levels_waiter_never_wait_for_each_other()
+ {
+    let (fleet, mut events, held, head) =
+        batch_reserving_30_behind_a_head("fair_line_no_deadlock").await;
     let batch = spawn_acquire(&fleet, "l", "globex", "d", 30, WAIT);
     wait_for_event_on(&mut events, &fleet, "queued", "l").await;
     // The cell empties. h (80) waits while batch has a waiter (80 + its 30 > 100); l asks only
@@ -596,23 +598,7 @@ async fn a_head_held_back_by_a_lower_levels_reserve_and_that_levels_waiter_never
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn when_a_lending_levels_last_waiter_is_dropped_late_the_hand_off_walks_again() {
-    let (host, port) = server("fair_line_late");
-    let mut cfg = config(
-        &host,
-        port,
-        &cell("fair_line_late"),
-        ceilings(100, 10, 100, 10, 10),
-    );
-    cfg.levels = Some(batch_reserving_bytes(30));
-    let fleet = connect(cfg).await;
-    let mut events = blocking_connection(&host, port).await;
-    let held = lease(&fleet, "held", "x", "d", 50).await;
-    let live = LeaseRequest::new("h", "acme", "d", 80, "upload").with_level("interactive");
-    let head = {
-        let fleet = fleet.clone();
-        tokio::spawn(async move { fleet.acquire(&live, WAIT).await })
-    };
-    wait_for_event_on(&mut events, &fleet, "queued", "h").await;
+    let (fleet, mut events, held, head) = batch_reserving_30_behind_a_head("fair_line_late").await;
     // batch's one waiter asks 60 (beyond its reserve) and waits 2 s; the cell's clock moves
     // 2.5 s on (less than a lease TTL, so everything else stays alive): on the cell's clock its
     // caller has stopped waiting, and the next hand-off drops it as late.

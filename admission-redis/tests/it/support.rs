@@ -340,6 +340,16 @@ pub(crate) fn spawn_acquire(
     tokio::spawn(async move { fleet.acquire(&request, wait).await })
 }
 
+/// `acquire` of `request` on a task, waiting at most `wait`.
+pub(crate) fn spawn_request(
+    fleet: &RedisAdmission,
+    request: admission_redis::LeaseRequest,
+    wait: Duration,
+) -> tokio::task::JoinHandle<Result<admission_redis::Lease, admission_redis::AcquireError>> {
+    let fleet = fleet.clone();
+    tokio::spawn(async move { fleet.acquire(&request, wait).await })
+}
+
 /// Runs the ignored test `test` of this binary as a second OS process with `var` set to
 /// `value`, and returns it once it printed a line starting with `marker` (and that line).
 pub(crate) fn child_process(test: &str, var: &str, value: &str, marker: &str) -> (Child, String) {
