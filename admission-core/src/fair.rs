@@ -88,6 +88,13 @@ impl FairShares {
     /// a tenant's jobs on other accounts do not count against its share of this one. Naming
     /// several sums their amounts, whatever their units.
     ///
+    /// The counted accounts also keep the line's order among the waiters short on them: a
+    /// waiter behind the head that one of them cannot serve keeps its turn there, and the
+    /// waiters after it (any tenant's, of any level) take from that account only beside its
+    /// amount, as beside the head's. So a tenant of many small jobs does not take, out of
+    /// turn, what an earlier waiter of another tenant waits for. A newcomer's first ask, on
+    /// arrival, is behind the head alone.
+    ///
     /// ```
     /// use admission_core::FairShares;
     ///

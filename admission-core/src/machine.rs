@@ -265,6 +265,11 @@ enum AtTheTail {
     Held {
         due: Option<Instant>,
     },
+    /// Not asked: the head lacks nothing but reserves that waiting levels lend, and whether it
+    /// borrows them depends on whether those levels' waiters can use them, which this newcomer
+    /// may change (taking from them, its turns, its level's reserve): park and ring for a pass,
+    /// which asks the newcomer too.
+    Ring,
     Refused(AdmitError),
     /// Not asked: the head could go now, so a pass is due; park and let that pass ask.
     Deferred,
@@ -378,6 +383,69 @@ pub(crate) struct Machine {
     tags: Option<Tags>,
     /// The priority levels (`None`: one level).
     ranks: Option<Ranks>,
+    /// The next walk's head borrows the reserves of waiting levels that hold it back: the walk
+    /// before found none of those levels' waiters able to use them (see [`Walk::in_use`]).
+    borrow: bool,
+}
+
+/// Under fair shares, what the waiters a pass asked so far, behind the head, leave for the
+/// waiters after them on each account a job's cost counts ([`FairShares::counts`]): the amounts
+/// of every one short there (less the reserves of waiting levels that lend the account, which
+/// hold it back as they hold back a head), summed by account. Every waiter asked later in the
+/// pass leaves them aside, as it leaves the head's amounts: among the waiters short on a scarce
+/// account the line's order holds, so a tenant of many small jobs does not take, out of its
+/// turn, what an earlier waiter of another tenant is short on (the share of a backlogged tenant
+/// would else go to whoever asks the smallest amounts). Accounts the head is short on are its
+/// own already (nobody behind takes from them). Kept only by passes: a newcomer is asked once
+/// behind the head alone, as in arrival order.
+///
+/// [`FairShares::counts`]: crate::FairShares::counts
+#[derive(Default)]
+struct Turns(SmallVec<[(usize, Amount); 2]>);
+
+impl Turns {
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// What the waiters asked so far leave aside on `account`.
+    #[inline]
+    fn of(&self, account: &AccountRef) -> Amount {
+        if self.0.is_empty() {
+            return Amount::ZERO;
+        }
+        let key = account_key(account);
+        self.0
+            .iter()
+            .find(|&&(k, _)| k == key)
+            .map_or(Amount::ZERO, |&(_, amount)| amount)
+    }
+
+    /// Adds the turns of a waiter held behind `head`, short on the entries `short` names of
+    /// `entries`: its amount on each account the cost counts that it is short on and the head
+    /// is not, less `lent(account)`.
+    fn keep(
+        &mut self,
+        tags: &Tags,
+        head: Option<&Head>,
+        entries: &[Entry],
+        short: &Short,
+        lent: &dyn Fn(&AccountRef) -> Amount,
+    ) {
+        for i in short.iter().flatten() {
+            let entry = &entries[i];
+            let account = entry.account();
+            let key = account_key(account);
+            if head.is_some_and(|h| h.is_short_on(key)) || !tags.counts(account) {
+                continue;
+            }
+            let amount = entry.amount().saturating_sub(lent(account));
+            match self.0.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, sum)) => *sum = sum.saturating_add(amount),
+                None => self.0.push((key, amount)),
+            }
+        }
+    }
 }
 
 /// One pass's walk down the line: what it has learnt so far.
@@ -393,6 +461,19 @@ struct Walk {
     head: Option<Head>,
     /// How many waiters the gate holds (counted only with a gate).
     on_gate: usize,
+    /// Under fair shares, the turns kept so far: see [`Turns`].
+    turns: Turns,
+    /// The head (and every waiter asked before it) leaves aside only the reserves kept always:
+    /// it borrows those that waiting levels would lend ([`Machine::borrow`]).
+    borrowing: bool,
+    /// A waiter behind the head, of another level that reserves an account the head lacks only
+    /// for such reserves, has room there: its level may use its reserve, so the head does not
+    /// borrow it.
+    in_use: bool,
+    /// The head's rank, once there is a head.
+    head_rank: u8,
+    /// Whether this walk decided anyone (a grant, a refusal, a timeout).
+    decided: bool,
 }
 
 impl Walk {
@@ -448,6 +529,7 @@ impl Machine {
             batch: batch.max(1),
             tags: None,
             ranks: levels.map(Ranks::new),
+            borrow: false,
         };
         if let Some(shares) = fair {
             machine.tags = Some(Tags::new(shares));
@@ -726,6 +808,7 @@ impl Machine {
                     // its own first ask) runs or rings for a pass, which will ask this waiter too.
                     AtTheTail::Deferred => false,
                     AtTheTail::Held { due } => before_planned(due, self.planned_wake),
+                    AtTheTail::Ring => true,
                 }
             }
         };
@@ -739,8 +822,10 @@ impl Machine {
         if new_head && let Some(walk) = &mut self.walk {
             // A paused pass knows the old head: what it set aside, what it is short on. It
             // resumes from the new head instead, learning its claims before it asks anyone
-            // behind it again.
+            // behind it again (and the turns of those it asked already, again).
             walk.head = None;
+            walk.turns = Turns::default();
+            walk.in_use = false;
             self.line.hold_cursor(Some(place));
         } else if self.walk.is_some() && self.line.walked_past(place) {
             // Placed by its tag before a paused pass's cursor: that pass walks the line again
@@ -813,6 +898,12 @@ impl Machine {
                             |i| ranks.claims(first.rank, &entries[i], now),
                             |i| ranks.lendable(first.rank, entries[i].account(), &parked),
                         );
+                    }
+                    if head.lent_only() {
+                        return match refusal_of(w.demand.entries(), &w.ctx, now) {
+                            Some(error) => AtTheTail::Refused(error),
+                            None => AtTheTail::Ring,
+                        };
                     }
                     Some(head)
                 }
@@ -976,6 +1067,11 @@ impl Machine {
             stopped_early: false,
             wake: Instant::MAX,
             head: None,
+            turns: Turns::default(),
+            borrowing: std::mem::take(&mut self.borrow),
+            in_use: false,
+            head_rank: 0,
+            decided: false,
             // Only a gate needs the count (and counting reads the whole line).
             on_gate: if self.gate.is_some() {
                 self.line.on_gate()
@@ -1048,6 +1144,19 @@ impl Machine {
                 break;
             }
         }
+        // A head short only for reserves of waiting levels whose waiters, all asked in this walk,
+        // cannot use them: it borrows them, in a walk again (else it and a waiter asking more
+        // than its level's reserve would wait for each other).
+        // A waiter that had room when asked may have none after the grants behind it, so a walk
+        // that decided anyone asks again before it concludes the reserve is in use.
+        if !walk.stopped_early
+            && !walk.borrowing
+            && walk.head.as_ref().is_some_and(Head::lent_only)
+            && (!walk.in_use || walk.decided)
+        {
+            self.borrow = !walk.in_use;
+            self.pass_again = true;
+        }
         let wake = self.end_pass(walk, fx);
         Passed::Done {
             wake,
@@ -1075,9 +1184,9 @@ impl Machine {
         if w.is_due(walk.now) {
             let error = timed_out(w, walk.now);
             walk.touch(&w.demand);
+            walk.decided = true;
             self.refuse(place, error, &mut walk.on_gate, now, fx);
-            self.lent_again(rank);
-            return (next, false);
+            return (next, self.lent_again(rank));
         }
         walk.wake = walk.wake.min(w.deadline_or_max());
         let is_head = walk.head.is_none();
@@ -1086,15 +1195,20 @@ impl Machine {
         // The short list's buffer is reused from waiter to waiter (borrowed, not moved: it is
         // as big as its inline room).
         let short = &mut self.short;
+        let turns = &walk.turns;
+        // Before the head is found, under a borrowing walk, only what is kept always.
+        let kept_only = is_head && walk.borrowing;
         let aside = |account: &AccountRef| {
-            ranks.map_or(Amount::ZERO, |r| r.aside(rank, account, &parked, false))
+            let levels = ranks.map_or(Amount::ZERO, |r| r.aside(rank, account, &parked, kept_only));
+            levels.saturating_add(turns.of(account))
         };
         let attempt = attempt(
             self.gate.as_ref(),
             self.mute,
             w,
             walk.head.as_ref(),
-            ranks.map(|_| &aside as &dyn Fn(&AccountRef) -> Amount),
+            (ranks.is_some() || !turns.is_empty())
+                .then_some(&aside as &dyn Fn(&AccountRef) -> Amount),
             view,
             now,
             short,
@@ -1102,15 +1216,15 @@ impl Machine {
         let stop = match attempt {
             Attempt::Granted => {
                 walk.touch(&w.demand);
+                walk.decided = true;
                 self.grant(place, &mut walk.on_gate, now, fx);
-                self.lent_again(rank);
-                false
+                self.lent_again(rank)
             }
             Attempt::Refused(error) => {
                 walk.touch(&w.demand);
+                walk.decided = true;
                 self.refuse(place, *error, &mut walk.on_gate, now, fx);
-                self.lent_again(rank);
-                false
+                self.lent_again(rank)
             }
             Attempt::Held { wake: at } => {
                 let gate_held = short.contains(None);
@@ -1129,11 +1243,33 @@ impl Machine {
                         let entries = w.demand.entries();
                         head.claim_only(
                             |i| ranks.claims(rank, &entries[i], now),
-                            |i| ranks.lendable(rank, entries[i].account(), &parked),
+                            |i| match walk.borrowing {
+                                true => Amount::ZERO,
+                                false => ranks.lendable(rank, entries[i].account(), &parked),
+                            },
                         );
                     }
                     head.gate_hold = gate_held.then_some(at);
                     walk.head = Some(head);
+                    walk.head_rank = rank;
+                } else if let (Some(ranks), Some(head)) = (ranks, walk.head.as_ref())
+                    && !walk.in_use
+                    && rank != walk.head_rank
+                    && head.lent_only()
+                {
+                    walk.in_use = w.demand.entries().iter().enumerate().any(|(i, entry)| {
+                        let account = entry.account();
+                        !short.contains(Some(i))
+                            && head.is_lent_on(account_key(account))
+                            && ranks.reserves(rank, account)
+                    });
+                }
+                if !is_head && let Some(tags) = self.tags.as_ref().filter(|_| short.answered()) {
+                    let lent = |account: &AccountRef| {
+                        ranks.map_or(Amount::ZERO, |r| r.lendable(rank, account, &parked))
+                    };
+                    walk.turns
+                        .keep(tags, walk.head.as_ref(), w.demand.entries(), short, &lent);
                 }
                 walk.wake = walk.wake.min(at.unwrap_or(Instant::MAX));
                 walk.may_stop()
@@ -1144,11 +1280,15 @@ impl Machine {
 
     /// After a waiter of `rank` left the line in a pass: when it was the last of a level that
     /// reserves, the others may borrow its reserves again, which a waiter already asked in this
-    /// pass did not know, so the line is walked again.
-    fn lent_again(&mut self, rank: u8) {
-        if self.ranks_lend(rank) {
+    /// pass did not know, so the line is walked again; and the head's amounts, less that
+    /// level's reserves while it waited, are no longer what the waiters behind must leave, so
+    /// this walk stops here (true) rather than ask anyone else against them.
+    fn lent_again(&mut self, rank: u8) -> bool {
+        let lent = self.ranks_lend(rank);
+        if lent {
             self.pass_again = true;
         }
+        lent
     }
 
     /// Whether the level of `rank` just lent its reserves: it reserves, has nobody parked now,
@@ -1306,7 +1446,15 @@ impl Machine {
         let was_on_gate = w.on_gate;
         let rank = w.rank;
         let others_remain = self.line.len() > 1;
-        let pass = (was_head && others_remain && self.gate.is_none()).then(|| w.demand.clone());
+        // Under fair shares a waiter behind the head may hold turns (see `Turns`): the waiters
+        // behind it leave its amounts aside until a pass finds it gone. A waiter of a level
+        // that reserves may have been what kept the head from borrowing that reserve (see
+        // `Walk::in_use`).
+        let held_turns = (self.tags.is_some()
+            || self.ranks.as_ref().is_some_and(|r| r.lends(rank)))
+            && others_remain;
+        let pass = ((was_head || held_turns) && others_remain && self.gate.is_none())
+            .then(|| w.demand.clone());
         let error = left_with(w, why, at);
         let remains = match why {
             Leaving::Abandoned => {
@@ -1332,7 +1480,7 @@ impl Machine {
             // The last waiter of a level that reserves: the others may borrow again.
             (None, _) if self.ranks_lend(rank) => Next::FullPass,
             (Some(_), _) if self.ranks_lend(rank) => Next::Ring,
-            (Some(_), _) if was_head || was_on_gate => Next::Ring,
+            (Some(_), _) if was_head || was_on_gate || held_turns => Next::Ring,
             (None, Some(demand)) => Next::Pass(demand),
             _ => Next::Nothing,
         };

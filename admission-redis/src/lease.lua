@@ -555,12 +555,22 @@ local function call(KEYS, ARGV)
   -- every dimension they share, and never takes from a dimension the head is short on.
   -- In a fair line with reserves each waiter also leaves the other levels' reserves aside, and
   -- when the last waiter of a level that lends leaves during a walk, the line is walked again
-  -- (those it held may borrow now).
+  -- (those it held may borrow now). In a fair line with weights, each waiter behind the head
+  -- short on the footprint's dimensions (service bytes, tokens) keeps its turn there: its
+  -- amount (less the reserves of waiting levels that lend it) is left aside by every waiter
+  -- after it (`turn`), as the head's is, so the line's order holds among those the footprint
+  -- waits on, as a monitor's does on the accounts its cost counts. A head short on nothing but
+  -- reserves a waiting level lends (`lent`) borrows them when that level's waiters walked after
+  -- it all lack room there too (none could use the reserve): the line is walked again, the
+  -- waiters before a head leaving aside only what is kept always (`borrow`). Else the head and
+  -- a waiter asking more than its level's reserve would wait for each other in an idle cell.
   local function handoff(limit)
     if queued <= 0 or recovering then return 0 end
-    local granted, again, walks, head = 0, true, 0, nil
+    local granted, again, walks, head, borrow = 0, true, 0, nil, false
     while again and walks <= 16 and queued > 0 do
-    again, walks, head, relent = false, walks + 1, nil, false
+    local borrowing, in_use, broke = borrow, false, false
+    again, walks, head, relent, borrow = false, walks + 1, nil, false, false
+    local turn = { 0, 0, 0, 0, 0, 0, 0 }
     local waiting = redis.call('ZRANGE', line, 0, limit - 1)
     for _, member in ipairs(waiting) do
       local id = id_of(member)
@@ -584,7 +594,7 @@ local function call(KEYS, ARGV)
         local o = read(w[2], w[3])
         local rank = FAIR and tonumber(string.sub(member, 1, 2)) or 0
         local r, blocked = set_aside(head, w[2], w[3])
-        r = plus(lend_to(r, head, rank), aside(rank))
+        r = plus(plus(lend_to(r, head, rank), aside(rank, borrowing and not head)), turn)
         local need = { f, 1, f, 1, 1, f, tonumber(w[6]) }
         if not short_on(o, need, tb_max, tt_max, r, blocked) then
           unqueue(id, w)
@@ -601,13 +611,39 @@ local function call(KEYS, ARGV)
           -- Every waiter needs service bytes and a service transfer: when the head is short on
           -- either, or nothing is left of them beside its reservation, nobody behind can go.
           -- So too when it waits for the rates, which every lease spends.
+          if borrowing then head.lent = {} end
           if head.short[1] or head.short[2] or o[1] + f + 1 > S_B or o[2] + 2 > S_T
-            or head.short[6] or head.short[7] then break end
+            or head.short[6] or head.short[7] then broke = true break end
+        else
+          local max = { S_B, S_T, tb_max, tt_max, B_T, CT, CR }
+          -- A waiter of a level that lends what holds the head back, with room there: its
+          -- level may use its reserve, so the head does not borrow it.
+          for i = 1, 2 do
+            if head.lent[i] and RES[rank] and (RES[rank][i] or 0) > 0
+              and o[i] + r[i] + need[i] <= max[i] then in_use = true end
+          end
+          if FW > 0 then
+            for _, i in ipairs({ 1, 6 }) do
+              if i <= NDIM and not blocked[i] and o[i] + r[i] + need[i] > max[i] then
+                local lendable = aside(rank)[i] - aside(rank, true)[i]
+                turn[i] = turn[i] + math.max(0, need[i] - lendable)
+              end
+            end
+          end
         end
       end
     end
     -- A lending level's last waiter left (granted, late or dead): walk again.
     again = relent
+    -- A head short only for reserves its lenders cannot use: walk again, the head borrowing.
+    if not again and not broke and not borrowing and head and not in_use then
+      local lent_only = false
+      for i = 1, NDIM do
+        if head.short[i] then lent_only = false break end
+        if head.lent[i] then lent_only = true end
+      end
+      if lent_only then again, borrow = true, true end
+    end
     end
     if head and RATED then
       local at = rate_ready(head.o, head.need, head.kept)
@@ -938,6 +974,21 @@ local function call(KEYS, ARGV)
       return full(waiting)
     end
     if dim then return full(waiting or '') end
+    if waiting and FW > 0 and first ~= place then
+      -- A waiter behind the head that fits beside it asks again in a weighted fair line: the
+      -- waiters before it may keep their turns on the footprint (see `handoff`), which only a
+      -- walk from the head knows, so the hand-off decides, this waiter granted by it or not.
+      handoff(tonumber(ARGV[9]))
+      local granted = redis.call('HGET', occ, 'r:' .. id)
+      if granted then
+        local f = parse(granted)
+        o = read(tenant, backend)
+        return touch(IDLE, {'OK', f[1], version, o[1], o[2], o[3], o[4], o[5],
+          tonumber(redis.call('ZSCORE', exp, id) or '0'), now_ms})
+      end
+      dim = RATED and 6 or 1
+      return full(waiting)
+    end
     if waiting then
       -- Counted before it leaves, so that a lending level's last waiter leaving is seen.
       if LENDS[rank] then waiting_at(rank) end

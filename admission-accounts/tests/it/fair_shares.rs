@@ -88,3 +88,69 @@ fn with_capacities_each_tenant_pays_its_dominant_share_not_a_sum_of_units() {
     let summed = FairShares::new().scarce("db").scarce("model");
     assert_eq!(served(summed, &line), ["a1", "g1", "a2", "a3", "a4", "g2"]);
 }
+
+/// What becomes of tenant acme's one-permit job on `model` (5 permits) parked behind globex's
+/// job asking all 5, itself behind acme's head that waits for `db` and asks 1 of `model`, once
+/// `model`'s 5 come back: (whether acme's job was granted then, `model`'s free permits then,
+/// whether it was granted once globex's job gave up). `shares` `None`: arrival order.
+fn small_job_behind_a_short_one(shares: Option<FairShares>) -> (bool, u64, bool) {
+    let builder = Monitor::builder();
+    let monitor = match shares {
+        Some(shares) => builder.fair_shares(shares),
+        None => builder,
+    }
+    .build();
+    let clock = monitor.clock().clone();
+    let db = Arc::new(CountingGate::new("db", 1, clock.clone()).expect("gate"));
+    let model = Arc::new(CountingGate::new("model", 5, clock).expect("gate"));
+    let acme = |name: &str| JobContext::new(name).with_tenant("acme");
+    let holds = |gate: &Arc<CountingGate>, permits: u64| {
+        let demand = Demand::new().with(gate.clone(), Amount::units(permits));
+        monitor
+            .try_admit(&demand, &acme("holder"))
+            .expect("the line is empty")
+            .into_owned()
+    };
+    let (_db_held, model_held) = (holds(&db, 1), holds(&model, 5));
+    let head = Demand::new()
+        .with(db.clone(), Amount::ONE)
+        .with(model.clone(), Amount::ONE);
+    let mut head = monitor.admit(head, &acme("head"), None);
+    let all = Demand::new().with(model.clone(), Amount::units(5));
+    let mut globex = Some(monitor.admit(all, &JobContext::new("g").with_tenant("globex"), None));
+    let one = Demand::new().with(model.clone(), Amount::ONE);
+    let mut small = monitor.admit(one, &acme("small"), None);
+    assert!(poll_once(&mut head).is_none(), "the head waits for db");
+    assert!(poll_once(globex.as_mut().expect("parked")).is_none());
+    assert!(poll_once(&mut small).is_none(), "model is all held");
+
+    drop(model_held);
+    let at_release = poll_once(&mut small).map(|granted| granted.expect("granted"));
+    let free = model.available();
+    assert!(
+        poll_once(globex.as_mut().expect("parked")).is_none(),
+        "globex's 5 never fit beside the head's 1"
+    );
+    drop(globex.take());
+    let granted = at_release.is_some() || poll_once(&mut small).is_some();
+    assert!(
+        poll_once(&mut head).is_none(),
+        "the head still waits for db"
+    );
+    (at_release.is_some(), free, granted)
+}
+
+#[test]
+fn a_waiter_short_on_a_scarce_account_keeps_its_turn_there() {
+    // In arrival order acme's small job backfills beside the head's 1 at once, taking 1 of the 5
+    // globex's earlier job waits for.
+    assert_eq!(small_job_behind_a_short_one(None), (true, 4, true));
+    // Under fair shares with model scarce, acme's job leaves globex's 5 aside as well as the
+    // head's 1: it waits, all 5 stay free, and it goes the moment globex's job gives up.
+    let scarce = FairShares::new().scarce("model");
+    assert_eq!(small_job_behind_a_short_one(Some(scarce)), (false, 5, true));
+    // A turn is kept only on accounts the cost counts: with db the scarce one, acme's job
+    // backfills as in arrival order.
+    let db_only = FairShares::new().scarce("db");
+    assert_eq!(small_job_behind_a_short_one(Some(db_only)), (true, 4, true));
+}

@@ -331,3 +331,38 @@ fn a_lower_levels_waiter_within_its_reserve_goes_before_a_head_that_reserve_hold
     assert_eq!(pool.available(), 20);
     drop(head_grant);
 }
+
+/// The same pool of 100 and reserve of 30, but the lower level's waiter asks 60, more than its
+/// reserve: it cannot go beside the head's 80 less that reserve (60 + 50 > 100), and nobody
+/// else is asked for the reserve. The head borrows it: it goes, and the waiter goes once it
+/// gives back. Else each would wait for the other with the pool empty, for good.
+#[test]
+fn a_head_borrows_a_lower_levels_reserve_that_levels_waiters_cannot_use() {
+    let clock = FakeClock::new();
+    let levels = Levels::new()
+        .level(Level::new("interactive"))
+        .and_then(|l| l.level(Level::new("batch").reserve("pool", Amount::units(30))))
+        .expect("valid levels");
+    let monitor = Monitor::builder()
+        .clock(clock.shared())
+        .levels(levels)
+        .build();
+    let pool = Arc::new(CountingGate::new("pool", 100, clock.shared()).expect("a valid gate"));
+    let holder = try_hold(&monitor, &permits(&pool, 50), &job("batch")).expect("free");
+    let mut head = monitor.admit(permits(&pool, 80), &job("interactive"), None);
+    assert!(poll_once(&mut head).is_none(), "50 held");
+    let mut batch = monitor.admit(permits(&pool, 60), &job("batch"), None);
+    assert!(poll_once(&mut batch).is_none(), "behind the head");
+    drop(holder);
+    let head_grant = poll_once(&mut head)
+        .expect("the head borrows the reserve the batch job cannot use")
+        .expect("granted");
+    assert!(poll_once(&mut batch).is_none(), "80 held: 80 + 60 > 100");
+    assert_eq!(pool.available(), 20);
+    drop(head_grant);
+    let batch_grant = poll_once(&mut batch)
+        .expect("then the batch job")
+        .expect("granted");
+    assert_eq!(pool.available(), 40);
+    drop(batch_grant);
+}

@@ -34,6 +34,9 @@ use super::line::Holding;
 pub(crate) struct Short {
     bits: Holding,
     later: Vec<usize>,
+    /// Whether an account answered "not now" ([`ask_demand`] sets it): the set holds more
+    /// than the accounts the head claims.
+    answered: bool,
 }
 
 impl Short {
@@ -45,6 +48,7 @@ impl Short {
     #[inline]
     pub(crate) fn clear(&mut self) {
         self.bits = Holding::default();
+        self.answered = false;
         if !self.later.is_empty() {
             self.later.clear();
         }
@@ -82,6 +86,13 @@ impl Short {
         } else {
             short.is_some_and(|i| self.later.contains(&i))
         }
+    }
+
+    /// True when an account itself answered "not now" to the ask that filled the set (not only
+    /// the head's claims held it).
+    #[inline]
+    pub(crate) fn answered(&self) -> bool {
+        self.answered
     }
 
     /// True when the set is the gate alone.
@@ -194,6 +205,18 @@ impl Head {
             }
         }
         self.short = kept;
+    }
+
+    /// True when the head is short on nothing but what the reserves of waiting levels that lend
+    /// hold back (and the gate does not hold it): borrowing them, it would go.
+    pub(crate) fn lent_only(&self) -> bool {
+        self.short.is_empty() && !self.lent.is_empty() && self.gate_hold.is_none()
+    }
+
+    /// True when the head lacks the account of key `key` only for lendable reserves.
+    pub(crate) fn is_lent_on(&self, key: usize) -> bool {
+        self.entry_of(key)
+            .is_some_and(|i| self.lent.iter().any(|&(at, _)| at == i))
     }
 
     /// How many entries' keys a head keeps at hand.
@@ -353,6 +376,7 @@ pub(crate) fn ask_demand(
             }
             Answer::NotNow(at) => {
                 short.push_entry(i);
+                short.answered = true;
                 wake = later(wake, at);
                 if learn == Learn::FirstShort {
                     break;

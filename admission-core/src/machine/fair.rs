@@ -50,6 +50,11 @@ impl Tags {
         }
     }
 
+    /// Whether the amounts asked of `account` count in a job's cost.
+    pub(crate) fn counts(&self, account: &AccountRef) -> bool {
+        self.shares.counts(account.name())
+    }
+
     /// The start tag of `demand` for `ctx`'s tenant at `rank`, with that level's virtual time
     /// `level` (`None`: nobody of the level is parked), `parked` waiters of the level, and
     /// whether a tenant has any parked at the rank; charges the tenant its cost.
@@ -228,6 +233,15 @@ impl Ranks {
         let kept = self.aside(rank, account, &[0; MAX_RANKS], true);
         let ask = Ask::HEAD.also_leaving(kept).look().with(now);
         !matches!(asked(account, entry.amount(), ask), Ok(Answer::Taken))
+    }
+
+    /// Whether the level of `rank` reserves some of `account`.
+    pub(crate) fn reserves(&self, rank: u8, account: &AccountRef) -> bool {
+        let name = account.name();
+        self.reserves
+            .iter()
+            .find(|(a, _)| &**a == name)
+            .is_some_and(|(_, reserved)| !reserved[usize::from(rank)].is_zero())
     }
 
     /// What a job of `rank` leaves aside on `account` only for waiting levels that lend it (the

@@ -295,6 +295,8 @@ struct Model {
     held: Vec<(u64, Vec<(usize, u64)>)>,
     now: u64,
     stopped: bool,
+    /// The next walk's head borrows the reserves of waiting levels that hold it back.
+    borrow: bool,
 }
 
 impl Model {
@@ -375,24 +377,63 @@ impl Model {
             .any(|&(a, units)| units + self.aside(level, a, true) > self.capacity[a])
     }
 
-    fn fits(&self, amounts: &[(usize, u64)], level: usize, ahead: &[u64; ACCOUNTS]) -> bool {
+    /// Whether `amounts` fit for a job of `level` leaving `ahead` for the waiters before it
+    /// (and the other levels' reserves; with `kept_only`, only those kept always).
+    fn fits(
+        &self,
+        amounts: &[(usize, u64)],
+        level: usize,
+        ahead: &[u64; ACCOUNTS],
+        kept_only: bool,
+    ) -> bool {
         amounts
             .iter()
-            .all(|&(a, units)| units + ahead[a] + self.aside(level, a, false) <= self.free(a))
+            .all(|&(a, units)| !self.short_on(a, units, level, ahead[a], kept_only))
+    }
+
+    /// Whether `units` of pool `a`, for a job of `level` leaving `ahead` for the waiters before
+    /// it, are more than the pool has.
+    fn short_on(&self, a: usize, units: u64, level: usize, ahead: u64, kept_only: bool) -> bool {
+        units + ahead + self.aside(level, a, kept_only) > self.free(a)
     }
 
     /// Walks from the front until a walk decides nothing (a level's last waiter leaving lends
     /// its reserves to the waiters asked before): the grants in order, and how jobs ended.
-    fn walk(&mut self, granted: &mut Vec<u64>, ended: &mut BTreeMap<u64, End>) {
-        while self.walk_once(granted, ended) {}
+    /// `newcomer` is the job that just arrived, if one did: it is asked without the turns.
+    fn walk(
+        &mut self,
+        mut newcomer: Option<u64>,
+        counted: Counted,
+        granted: &mut Vec<u64>,
+        ended: &mut BTreeMap<u64, End>,
+    ) {
+        while self.walk_once(&mut newcomer, counted, granted, ended) {}
     }
 
     /// One walk from the front; true when it decided anyone. The first waiter that does not fit
     /// is the head: every waiter behind it is asked with the head's amounts set aside, and
-    /// nobody behind it takes from a pool it is short on.
-    fn walk_once(&mut self, granted: &mut Vec<u64>, ended: &mut BTreeMap<u64, End>) -> bool {
+    /// nobody behind it takes from a pool it is short on. Under fair shares, every waiter
+    /// behind the head short on a pool the cost counts (and the head is not short on) adds its
+    /// units there, less the reserves of waiting levels that lend it, to what every waiter
+    /// after it leaves aside (the turns); a newcomer's first ask is behind the head alone. A head
+    /// short on nothing but waiting levels' lendable reserves, none of whose waiters behind it
+    /// has room on such a pool (none could use the reserve), borrows them: the walk starts
+    /// again, the head and those before it leaving aside only the reserves kept always.
+    fn walk_once(
+        &mut self,
+        newcomer: &mut Option<u64>,
+        counted: Counted,
+        granted: &mut Vec<u64>,
+        ended: &mut BTreeMap<u64, End>,
+    ) -> bool {
+        let borrowing = std::mem::take(&mut self.borrow);
         let mut ahead: Option<[u64; ACCOUNTS]> = None;
+        let mut turns = [0u64; ACCOUNTS];
         let mut claimed = [false; ACCOUNTS];
+        // The pools the head lacks only for lendable reserves; whether that is all it lacks;
+        // its level; whether a waiter of another level reserving such a pool has room there.
+        let mut lent = [false; ACCOUNTS];
+        let (mut lent_only, mut head_level, mut in_use) = (false, 0, false);
         let mut decided = false;
         let mut i = 0;
         while i < self.line.len() {
@@ -400,17 +441,35 @@ impl Model {
             if w.deadline.is_some_and(|d| d <= self.now) {
                 self.line.remove(i);
                 ended.insert(w.job, End::TimedOut);
+                if self.lent(w.level) {
+                    return true;
+                }
                 decided = true;
                 continue;
             }
             if self.never(&w.amounts) {
                 self.line.remove(i);
                 ended.insert(w.job, End::Never);
+                if self.lent(w.level) {
+                    return true;
+                }
                 decided = true;
                 continue;
             }
             let reaches_claimed = w.amounts.iter().any(|&(a, _)| claimed[a]);
-            if !reaches_claimed && self.fits(&w.amounts, w.level, &ahead.unwrap_or([0; ACCOUNTS])) {
+            let mut left = ahead.unwrap_or([0; ACCOUNTS]);
+            // A newcomer is asked at once behind the head alone, unless the head lacks nothing
+            // but lendable reserves (then a pass asks it, with the turns).
+            if *newcomer == Some(w.job) && lent_only {
+                *newcomer = None;
+            }
+            if *newcomer != Some(w.job) {
+                for a in 0..ACCOUNTS {
+                    left[a] += turns[a];
+                }
+            }
+            let kept_only = borrowing && ahead.is_none();
+            if !reaches_claimed && self.fits(&w.amounts, w.level, &left, kept_only) {
                 self.line.remove(i);
                 for &(a, units) in &w.amounts {
                     self.in_use[a] += units;
@@ -418,6 +477,9 @@ impl Model {
                 self.held.push((w.job, w.amounts));
                 granted.push(w.job);
                 ended.insert(w.job, End::Granted);
+                if self.lent(w.level) {
+                    return true;
+                }
                 decided = true;
                 continue;
             }
@@ -429,17 +491,63 @@ impl Model {
                     // account short only for a level's lendable reserve is left to the others,
                     // who leave aside the head's amount less those reserves (the waiters of a
                     // lending level are then not kept from its own reserve by the head).
-                    let (all, kept) = (self.aside(w.level, a, false), self.aside(w.level, a, true));
+                    let kept = self.aside(w.level, a, true);
+                    let all = if borrowing {
+                        kept
+                    } else {
+                        self.aside(w.level, a, false)
+                    };
                     claimed[a] = units + all > self.free(a) && units + kept > self.free(a);
                     if units + all > self.free(a) && !claimed[a] {
                         reserved[a] = units.saturating_sub(all - kept);
+                        lent[a] = true;
                     }
                 }
+                lent_only = w.amounts.iter().all(|&(a, _)| !claimed[a])
+                    && w.amounts.iter().any(|&(a, _)| lent[a]);
+                head_level = w.level;
                 ahead = Some(reserved);
+            } else {
+                if let Some(cfg) = self.levels
+                    && lent_only
+                    && w.level != head_level
+                {
+                    in_use |= w.amounts.iter().any(|&(a, units)| {
+                        lent[a]
+                            && cfg.reserve[w.level][a] > 0
+                            && !self.short_on(a, units, w.level, left[a], false)
+                    });
+                }
+                if self.weights.is_none() {
+                    i += 1;
+                    continue;
+                }
+                for &(a, units) in &w.amounts {
+                    if counted.counts(a)
+                        && !claimed[a]
+                        && self.short_on(a, units, w.level, left[a], false)
+                    {
+                        let lent = self.aside(w.level, a, false) - self.aside(w.level, a, true);
+                        turns[a] += units.saturating_sub(lent);
+                    }
+                }
             }
             i += 1;
         }
+        if !borrowing && lent_only && !in_use {
+            self.borrow = true;
+            return true;
+        }
         decided
+    }
+
+    /// Whether a waiter of `level` that just left was the last of a level that reserves, with
+    /// others waiting: what the head leaves for the others changed, so the walk starts again.
+    fn lent(&self, level: usize) -> bool {
+        self.levels
+            .is_some_and(|cfg| cfg.reserve[level].iter().any(|&r| r > 0))
+            && !self.line.is_empty()
+            && self.line.iter().all(|w| w.level != level)
     }
 
     fn release(&mut self, job: u64) {
@@ -588,6 +696,14 @@ impl Counted {
         }
     }
 
+    /// Whether the units asked of pool `a` count in a job's cost.
+    fn counts(self, a: usize) -> bool {
+        match self {
+            Counted::All | Counted::Dominant => true,
+            Counted::Pool(pool) => pool == a,
+        }
+    }
+
     /// The cost of a job asking `amounts` (pool, units), as the reference model reckons it.
     fn cost(self, amounts: &[(usize, u64)], capacities: [u64; ACCOUNTS]) -> u64 {
         let units = amounts.iter().filter_map(|&(a, units)| match self {
@@ -602,13 +718,18 @@ impl Counted {
     }
 }
 
+/// Drives the machine and the reference through `ops`, checking them against each other after
+/// every step; returns, for each step, the jobs granted in it, named by the step they arrived
+/// at.
 fn check(
     ops: &[Op],
     capacities: [u64; ACCOUNTS],
     batch: usize,
     fair: Option<Fair>,
     levels: Option<LevelsCfg>,
-) {
+) -> Vec<Vec<usize>> {
+    let mut arrived_at = BTreeMap::new();
+    let mut grants = Vec::with_capacity(ops.len());
     let weights = fair.map(|(weights, _)| weights);
     let counted = fair.map_or(Counted::All, |(_, counted)| counted);
     let rung = Arc::new(AtomicBool::new(false));
@@ -650,11 +771,18 @@ fn check(
         held: Vec::new(),
         now: 0,
         stopped: false,
+        borrow: false,
     };
     for (step, op) in ops.iter().enumerate() {
         let mut model_granted = Vec::new();
         let mut model_ended = BTreeMap::new();
         let mut real_ended = BTreeMap::new();
+        // The job that arrives in this step: its first ask is behind the head alone.
+        let mut newcomer = None;
+        let dbg_before = format!(
+            "line {:?} in_use {:?} cap {:?} now {} lv {:?} fair {:?}",
+            model.line, model.in_use, model.capacity, model.now, model.levels, model.weights
+        );
         match op {
             Op::Arrive {
                 amounts,
@@ -669,6 +797,8 @@ fn check(
                     ctx = ctx.with_level(format!("l{level}"));
                 }
                 let job = ctx.id();
+                newcomer = Some(job);
+                arrived_at.insert(job, step);
                 let mut demand = Demand::new();
                 for &(a, units) in amounts {
                     demand.add(real.pools[a].clone(), Amount::units(units));
@@ -799,14 +929,21 @@ fn check(
         }
         real.answer_the_bell();
         if !model.stopped {
-            model.walk(&mut model_granted, &mut model_ended);
+            model.walk(newcomer, counted, &mut model_granted, &mut model_ended);
         }
         real.settle(&mut real_ended);
+        if real.granted != model_granted {
+            eprintln!(
+                "DBG step {step} {op:?} real {:?} model {:?}\nbefore: {dbg_before}\nDBG after: line {:?} in_use {:?}",
+                real.granted, model_granted, model.line, model.in_use
+            );
+        }
+        let granted = std::mem::take(&mut real.granted);
         assert_eq!(
-            std::mem::take(&mut real.granted),
-            model_granted,
+            granted, model_granted,
             "step {step} ({op:?}): the grants, in order"
         );
+        grants.push(granted.iter().map(|job| arrived_at[job]).collect());
         assert_eq!(
             real_ended, model_ended,
             "step {step} ({op:?}): how jobs ended"
@@ -840,6 +977,7 @@ fn check(
     }
     assert_eq!(real.machine.len(), 0);
     assert!(real.pools.iter().all(|p| p.in_use() == 0), "leaked a unit");
+    grants
 }
 
 /// The number of sequences: 1,000 by default (1,000,000 operations); `ADMISSION_MODEL_CASES`
@@ -881,6 +1019,132 @@ proptest! {
         let levels = levels.map(|(exempt, reserve)| LevelsCfg { exempt, reserve });
         check(&ops, capacities, batch, fair, levels);
     }
+}
+
+/// A job of `tenant` at `level` asking `amounts` (pool, units), waiting without a timeout.
+fn arrive(amounts: &[(usize, u64)], tenant: usize, level: usize) -> Op {
+    Op::Arrive {
+        amounts: amounts.to_vec(),
+        timeout_ms: None,
+        tenant,
+        level,
+    }
+}
+
+/// Under fair shares a waiter behind the head short on a pool the cost counts keeps its turn
+/// there: a later waiter (of another tenant) that would fit beside the head alone waits, until
+/// the first is granted or leaves. Fails with a machine that keeps no turns (the later waiter
+/// granted at step 5), and with one whose cancellation runs no pass (it waits on at step 6).
+#[test]
+fn a_waiter_short_on_a_counted_pool_keeps_its_turn_there() {
+    let ops = [
+        // Pool 0 (1 unit) and pool 1 (5 units) taken by tenant 0.
+        arrive(&[(0, 1)], 0, 0),
+        arrive(&[(1, 5)], 0, 0),
+        // The head: short on pool 0, which it claims; it reserves 1 of pool 1.
+        arrive(&[(0, 1), (1, 1)], 0, 0),
+        // Tenant 1 asks all of pool 1; tenant 0's next, one unit, stands behind it (tags).
+        arrive(&[(1, 5)], 1, 0),
+        arrive(&[(1, 1)], 0, 0),
+        // Pool 1 comes back: 5 free, the head's 1 aside. Tenant 1's 5 do not fit; tenant 0's 1
+        // would beside the head alone, but leaves tenant 1's 5 aside too.
+        Op::Release(1),
+        // Tenant 1's job gives up (the waiting: the head, it, tenant 0's): its turn goes with
+        // it, and tenant 0's one unit is granted at once.
+        Op::Cancel(1),
+    ];
+    let grants = check(
+        &ops,
+        [1, 5, 6],
+        PASS_BATCH,
+        Some(([1, 1, 1], Counted::All)),
+        None,
+    );
+    let expected: [&[usize]; 7] = [&[0], &[1], &[], &[], &[], &[], &[4]];
+    assert_eq!(grants, expected);
+}
+
+/// When a waiter granted in a pass was the last of a level that reserves, the head's amounts
+/// the waiters behind leave (less that level's reserve while it waited) are stale: the walk
+/// stops and starts again. Levels 1 and 2 reserve 2 of pool 1 (5 units) each; the head (level
+/// 0) asks all 5. Fails with a machine that walks on (the level-2 waiter granted at step 6,
+/// taking 3 of the 4 left while the head waits for 5).
+#[test]
+fn a_lending_levels_last_waiter_granted_in_a_pass_ends_that_walk() {
+    let ops = [
+        arrive(&[(0, 1)], 0, 0),
+        arrive(&[(1, 5)], 0, 0),
+        // The head; a level-1 waiter short on pool 0 (and 1 of pool 1, within its reserve);
+        // a level-2 waiter asking 3 of pool 1.
+        arrive(&[(1, 5)], 0, 0),
+        arrive(&[(0, 1), (1, 1)], 0, 1),
+        arrive(&[(1, 3)], 0, 2),
+        // Pool 1 back: the head, held back only by the two levels' reserves, claims nothing
+        // and leaves 5 less both (1) to those behind. The level-1 waiter has room on pool 1
+        // (1 + 1 + level 2's 2), so the head does not borrow; the level-2 waiter has none
+        // (3 + 1 + level 1's 2 > 5).
+        Op::Release(1),
+        // Pool 0 back: the level-1 waiter is granted (1 of pool 1), its level lends again, and
+        // the walk starts over: the head claims pool 1 (5 > 4), so the level-2 waiter waits.
+        Op::Release(0),
+    ];
+    let levels = LevelsCfg {
+        exempt: false,
+        reserve: [[0, 0, 0], [0, 2, 0], [0, 2, 0]],
+    };
+    let grants = check(&ops, [1, 5, 6], PASS_BATCH, None, Some(levels));
+    let expected: [&[usize]; 7] = [&[0], &[1], &[], &[], &[], &[], &[3]];
+    assert_eq!(grants, expected);
+}
+
+/// The same head and level, with a second waiter of the level that has room on pool 1 (its
+/// one unit within the reserve) but waits for pool 0: its level may use the reserve, so the
+/// head does not borrow it, until that waiter gives up: its leaving runs a pass, and the head
+/// borrows. Fails with a machine whose leave runs no pass (nobody granted at step 6).
+#[test]
+fn a_waiter_that_could_use_its_levels_reserve_leaving_lets_the_head_borrow_it() {
+    let ops = [
+        arrive(&[(1, 3)], 0, 1),
+        arrive(&[(0, 1)], 0, 0),
+        arrive(&[(1, 5)], 0, 0),
+        arrive(&[(0, 1), (1, 1)], 0, 1),
+        arrive(&[(1, 3)], 0, 1),
+        Op::Release(0),
+        // The waiting: the head, the waiter with room, the one without.
+        Op::Cancel(1),
+        // The held: pool 0's holder, the head.
+        Op::Release(1),
+    ];
+    let levels = LevelsCfg {
+        exempt: false,
+        reserve: [[0, 0, 0], [0, 2, 0], [0, 0, 0]],
+    };
+    let grants = check(&ops, [1, 5, 6], PASS_BATCH, None, Some(levels));
+    let expected: [&[usize]; 8] = [&[0], &[1], &[], &[], &[], &[], &[2], &[4]];
+    assert_eq!(grants, expected);
+}
+
+/// A head short on nothing but a waiting level's lendable reserve, whose waiter asks more than
+/// that reserve and has no room beside the head's amount less it: the head borrows the reserve
+/// (the walk starts again, the head leaving aside only what is kept always). Fails with a
+/// machine that does not borrow (nobody granted at step 3: each waits for the other).
+#[test]
+fn a_head_borrows_a_reserve_its_levels_waiters_cannot_use() {
+    let ops = [
+        arrive(&[(1, 3)], 0, 1),
+        // The head (level 0) asks all 5 of pool 1; level 1 reserves 2; its waiter asks 3.
+        arrive(&[(1, 5)], 0, 0),
+        arrive(&[(1, 3)], 0, 1),
+        Op::Release(0),
+        Op::Release(0),
+    ];
+    let levels = LevelsCfg {
+        exempt: false,
+        reserve: [[0, 0, 0], [0, 2, 0], [0, 0, 0]],
+    };
+    let grants = check(&ops, [1, 5, 6], PASS_BATCH, None, Some(levels));
+    let expected: [&[usize]; 5] = [&[0], &[], &[], &[1], &[2]];
+    assert_eq!(grants, expected);
 }
 
 #[test]

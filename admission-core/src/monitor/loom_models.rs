@@ -17,7 +17,8 @@
 //! (its decision kept in the line's slot until collected) racing that future's drop on another
 //! thread, and a release granting it, (s) a higher priority level's newcomer placed before a
 //! lower level's head racing a release, (t) the last parked waiter of a level that reserves a
-//! permit withdrawing while a lower level's asker is held by that reserve.
+//! permit withdrawing while a lower level's asker is held by that reserve, (u) under fair shares,
+//! a waiter keeping its turn on a gate withdrawing while a release lets a waiter behind it fit.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -25,8 +26,8 @@ use std::sync::Arc;
 use loom::thread;
 
 use crate::{
-    Account, AccountStatus, AdmitError, Amount, Answer, Ask, Category, Demand, Instant, JobContext,
-    Level, Levels, Monitor, Refusal, Replenishment, WakeFn, WakeSlot,
+    Account, AccountStatus, AdmitError, Amount, Answer, Ask, Category, Demand, FairShares, Instant,
+    JobContext, Level, Levels, Monitor, Refusal, Replenishment, WakeFn, WakeSlot,
 };
 
 /// A counting gate whose counter sits under a loom-visible lock: a real account's lock is what
@@ -902,6 +903,44 @@ fn loom_a_reserving_levels_last_waiter_leaving_racing_a_held_asker_lends_again()
             .expect("the batch job borrows the reserve");
         drop(head);
         assert_eq!(gate.free(), 2);
+        assert_eq!(monitor.queue_size(), 0);
+        monitor.stop();
+    });
+}
+
+/// (u) Under fair shares, behind a head parked on another account: tenant `b` waits for both of
+/// the gate's permits (its turn there), tenant `a` for one (behind `b` by their tags). One
+/// thread gives back the permit held, another drops `b`'s future. Whichever comes first, `a` is
+/// granted: a release first finds `b` short and `a` leaving `b`'s two aside; `b`'s leave then
+/// runs a pass (a leave that did not, `b` not being the head, would leave `a` parked with its
+/// permit free: a deadlock to loom).
+#[test]
+fn loom_a_waiter_keeping_its_turn_leaving_racing_a_release_lets_the_next_in() {
+    loom::model(|| {
+        let monitor = Monitor::builder().fair_shares(FairShares::new()).build();
+        monitor.start().unwrap();
+        let gate = Gate::with_capacity(1, 2);
+        let third = Gate::named("third", 0, u64::MAX);
+        let a = |name: &str| JobContext::new(name).with_tenant("a");
+        let held = monitor
+            .admit_blocking(one(&gate), &a("held"), None)
+            .unwrap();
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let mut head = Box::pin(monitor.admit(one(&third), &a("head"), None));
+        assert!(head.as_mut().poll(&mut cx).is_pending());
+        let both = Demand::new().with(gate.clone(), Amount::units(2));
+        let b = JobContext::new("b").with_tenant("b");
+        let mut turn = Box::pin(monitor.admit(both, &b, None));
+        assert!(turn.as_mut().poll(&mut cx).is_pending());
+        let mut next = Box::pin(monitor.admit(one(&gate), &a("next"), None));
+        assert!(next.as_mut().poll(&mut cx).is_pending());
+        let leaver = thread::spawn(move || drop(turn));
+        let giver = thread::spawn(move || drop(held));
+        drop(loom::future::block_on(next).expect("the next waiter is granted"));
+        leaver.join().unwrap();
+        giver.join().unwrap();
+        drop(head);
+        assert_eq!(gate.free(), 1);
         assert_eq!(monitor.queue_size(), 0);
         monitor.stop();
     });

@@ -597,6 +597,30 @@ async fn a_head_held_back_by_a_lower_levels_reserve_and_that_levels_waiter_never
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_borrows_a_lower_levels_reserve_that_levels_waiter_cannot_use() {
+    let (fleet, mut events, held, head) =
+        batch_reserving_30_behind_a_head("fair_line_borrow").await;
+    // l asks 60, more than batch's reserve: beside h's 80 less that reserve (50) it never fits
+    // in 100, and nobody else of batch waits.
+    let batch = spawn_acquire(&fleet, "l", "globex", "d", 60, WAIT);
+    wait_for_event_on(&mut events, &fleet, "queued", "l").await;
+    // The cell empties: the hand-off finds l short of room too, so h borrows batch's reserve.
+    held.release(Outcome::Completed).await.expect("released");
+    let h = head
+        .await
+        .expect("task")
+        .expect("h, borrowing batch's reserve");
+    assert_eq!(h.occupancy().service_bytes, 80);
+    h.release(Outcome::Completed).await.expect("released");
+    let l = batch.await.expect("task").expect("then l");
+    l.release(Outcome::Completed).await.expect("released");
+    assert_eq!(
+        admissions(&fleet).await,
+        ["held:admitted", "h:handoff", "l:handoff"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn when_a_lending_levels_last_waiter_is_dropped_late_the_hand_off_walks_again() {
     let (fleet, mut events, held, head) = batch_reserving_30_behind_a_head("fair_line_late").await;
     // batch's one waiter asks 60 (beyond its reserve) and waits 2 s; the cell's clock moves
@@ -786,4 +810,68 @@ async fn a_grant_out_of_turn_does_not_move_the_virtual_time() {
             .await
             .expect("released");
     }
+}
+
+/// On a cell of 10 service bytes and one transfer per tenant, with `fair_shares` (or arrival
+/// order): acme holds its transfer (1 byte) and initech 5 bytes; acme's next call is the head
+/// (short on its tenant's transfer, setting 1 byte aside), globex's call of 5 bytes waits behind
+/// it (6 + 1 + 5 > 10), and a call of tenant `other` (1 byte) waits for its tenant's transfer,
+/// which `y` holds. The cell's admitted leases once `y` is released and `other`'s waiter has
+/// asked again (its liveness renewed), and once everyone has been served after initech's 5
+/// bytes and acme's transfer are released.
+async fn small_call_behind_a_short_one(
+    name: &str,
+    fair_shares: Option<FairShares>,
+) -> (Vec<String>, Vec<String>) {
+    let (host, port) = server(name);
+    let mut cfg = config(&host, port, &cell(name), ceilings(10, 10, 10, 1, 10));
+    cfg.fair_shares = fair_shares;
+    let fleet = connect(cfg).await;
+    let mut events = blocking_connection(&host, port).await;
+    let x1 = lease(&fleet, "x1", "acme", "d", 1).await;
+    let x2 = lease(&fleet, "x2", "initech", "d", 5).await;
+    let y = lease(&fleet, "y", "other", "d", 1).await;
+    let mut waiters = Vec::new();
+    for (id, tenant, bytes) in [("a1", "acme", 1), ("g1", "globex", 5), ("u1", "other", 1)] {
+        waiters.push(spawn_acquire(&fleet, id, tenant, "d", bytes, WAIT));
+        wait_for_event_on(&mut events, &fleet, "queued", id).await;
+    }
+    y.release(Outcome::Completed).await.expect("released");
+    // u1's waiter asks again (it renews its liveness every second): wait for a renewal.
+    let mut conn = blocking_connection(&host, port).await;
+    let live = &fleet.keys()[6];
+    let renewed_from: Option<f64> = conn.zscore(live, "u1").await.expect("ZSCORE");
+    if let Some(from) = renewed_from {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let now: Option<f64> = conn.zscore(live, "u1").await.expect("ZSCORE");
+            if now.is_none_or(|at| at > from) || tokio::time::Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let after_y = admitted(&fleet).await;
+    x2.release(Outcome::Completed).await.expect("released");
+    x1.release(Outcome::Completed).await.expect("released");
+    for waiter in waiters {
+        let lease = waiter.await.expect("task").expect("granted");
+        lease.release(Outcome::Completed).await.expect("released");
+    }
+    (after_y, admitted(&fleet).await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_short_on_the_footprint_keeps_its_turn_there() {
+    // In arrival order, `other`'s one byte is granted beside the head's as soon as its transfer
+    // is free, before globex's earlier 5.
+    let (after_y, all) = small_call_behind_a_short_one("fair_line_turns_off", None).await;
+    assert_eq!(after_y, ["x1", "x2", "y", "u1"]);
+    assert_eq!(all, ["x1", "x2", "y", "u1", "g1", "a1"]);
+    // With fair shares globex's 5 bytes keep their turn: `other`'s byte waits beside them and
+    // the head's, at the hand-off and when it asks again, and goes after them.
+    let fair = Some(FairShares::new());
+    let (after_y, all) = small_call_behind_a_short_one("fair_line_turns", fair).await;
+    assert_eq!(after_y, ["x1", "x2", "y"]);
+    assert_eq!(all, ["x1", "x2", "y", "g1", "u1", "a1"]);
 }
