@@ -244,8 +244,9 @@ pub(crate) struct Arrival<'a> {
 
 /// What an arrival under the lock made of a job.
 pub(crate) enum Arrived {
-    /// Granted whole, here: the demand is the grant's.
-    Granted(Demand),
+    /// Granted whole, here: the demand is the grant's; `ring` when a pass must run for those
+    /// still parked (see [`AtTheTail::Granted`]).
+    Granted { demand: Demand, ring: bool },
     /// Refused at once; the demand goes back to be dropped outside the lock.
     Refused { demand: Demand, error: AdmitError },
     /// Parked at `place`; `ring` when a pass must run for it (the evaluator's doorbell).
@@ -259,8 +260,12 @@ pub(crate) enum Arrived {
 
 /// What asking a newcomer at the line's tail made of it.
 enum AtTheTail {
-    /// Granted on arrival (its demand does not touch what the head needs).
-    Granted,
+    /// Granted on arrival (its demand does not touch what the head needs). `ring`: it took from
+    /// an account on which a waiting level's reserve may now hold the head back, so that the
+    /// head no longer claims it all from those behind: a pass asks them.
+    Granted {
+        ring: bool,
+    },
     /// Held; `due` is the earliest instant time alone could change that.
     Held {
         due: Option<Instant>,
@@ -383,9 +388,11 @@ pub(crate) struct Machine {
     tags: Option<Tags>,
     /// The priority levels (`None`: one level).
     ranks: Option<Ranks>,
-    /// The next walk's head borrows the reserves of waiting levels that hold it back: the walk
-    /// before found none of those levels' waiters able to use them (see [`Walk::in_use`]).
-    borrow: bool,
+    /// The head, by place, that the next walk lets borrow the reserves of waiting levels that
+    /// hold it back: the walk before found none of those levels' waiters able to use them (see
+    /// [`Walk::in_use`]). A head changed meanwhile (a newcomer before it, the head gone) does
+    /// not match, and is assessed afresh.
+    borrow: Option<Place>,
 }
 
 /// Under fair shares, what the waiters a pass asked so far, behind the head, leave for the
@@ -463,15 +470,16 @@ struct Walk {
     on_gate: usize,
     /// Under fair shares, the turns kept so far: see [`Turns`].
     turns: Turns,
-    /// The head (and every waiter asked before it) leaves aside only the reserves kept always:
-    /// it borrows those that waiting levels would lend ([`Machine::borrow`]).
-    borrowing: bool,
+    /// The head allowed to borrow in this walk ([`Machine::borrow`]): asked as the head, it
+    /// leaves aside only the reserves kept always.
+    borrowing: Option<Place>,
     /// A waiter behind the head, of another level that reserves an account the head lacks only
     /// for such reserves, has room there: its level may use its reserve, so the head does not
     /// borrow it.
     in_use: bool,
-    /// The head's rank, once there is a head.
+    /// The head's rank and place, once there is a head.
     head_rank: u8,
+    head_place: Option<Place>,
     /// Whether this walk decided anyone (a grant, a refusal, a timeout).
     decided: bool,
 }
@@ -529,7 +537,7 @@ impl Machine {
             batch: batch.max(1),
             tags: None,
             ranks: levels.map(Ranks::new),
-            borrow: false,
+            borrow: None,
         };
         if let Some(shares) = fair {
             machine.tags = Some(Tags::new(shares));
@@ -654,7 +662,10 @@ impl Machine {
                     fx.event(EventKind::GrantedImmediate, ctx, now, || {
                         entry_events(demand.entries())
                     });
-                    return Arrived::Granted(demand);
+                    return Arrived::Granted {
+                        demand,
+                        ring: false,
+                    };
                 }
                 Ok(false) => {}
                 Err(error) => return refused(fx, demand, error),
@@ -788,13 +799,16 @@ impl Machine {
                 // and runs a pass (the wake-up argument, `sync.rs`).
                 self.publish(self.line.len() + 1);
                 match self.ask_at_the_tail(&mut waiter, now, fx) {
-                    AtTheTail::Granted => {
+                    AtTheTail::Granted { ring } => {
                         self.publish(self.line.len());
                         self.tag(&waiter, ctx);
                         fx.event(EventKind::GrantedImmediate, ctx, now, || {
                             entry_events(waiter.demand.entries())
                         });
-                        return Arrived::Granted(waiter.demand);
+                        return Arrived::Granted {
+                            demand: waiter.demand,
+                            ring,
+                        };
                     }
                     AtTheTail::Refused(error) => {
                         self.publish(self.line.len());
@@ -826,6 +840,7 @@ impl Machine {
             walk.head = None;
             walk.turns = Turns::default();
             walk.in_use = false;
+            walk.borrowing = None;
             self.line.hold_cursor(Some(place));
         } else if self.walk.is_some() && self.line.walked_past(place) {
             // Placed by its tag before a paused pass's cursor: that pass walks the line again
@@ -927,7 +942,16 @@ impl Machine {
             &mut short,
         );
         let result = match attempt {
-            Attempt::Granted => AtTheTail::Granted,
+            Attempt::Granted => AtTheTail::Granted {
+                // The first waiter, behind this newcomer or (of a lower level) before it.
+                ring: ranks.zip(self.line.head()).is_some_and(|(r, first)| {
+                    let parked = self.line.parked_by_rank();
+                    w.demand
+                        .entries()
+                        .iter()
+                        .any(|e| !r.lendable(first.rank, e.account(), &parked).is_zero())
+                }),
+            },
             Attempt::Refused(error) => AtTheTail::Refused(*error),
             Attempt::Held { wake } => {
                 self.note_held(fx, w, &short, now);
@@ -1071,6 +1095,7 @@ impl Machine {
             borrowing: std::mem::take(&mut self.borrow),
             in_use: false,
             head_rank: 0,
+            head_place: None,
             decided: false,
             // Only a gate needs the count (and counting reads the whole line).
             on_gate: if self.gate.is_some() {
@@ -1150,11 +1175,10 @@ impl Machine {
         // A waiter that had room when asked may have none after the grants behind it, so a walk
         // that decided anyone asks again before it concludes the reserve is in use.
         if !walk.stopped_early
-            && !walk.borrowing
             && walk.head.as_ref().is_some_and(Head::lent_only)
             && (!walk.in_use || walk.decided)
         {
-            self.borrow = !walk.in_use;
+            self.borrow = walk.head_place.filter(|_| !walk.in_use);
             self.pass_again = true;
         }
         let wake = self.end_pass(walk, fx);
@@ -1196,10 +1220,10 @@ impl Machine {
         // as big as its inline room).
         let short = &mut self.short;
         let turns = &walk.turns;
-        // Before the head is found, under a borrowing walk, only what is kept always.
-        let kept_only = is_head && walk.borrowing;
+        // The head this walk lets borrow leaves aside only what is kept always.
+        let borrows = is_head && walk.borrowing == Some(place);
         let aside = |account: &AccountRef| {
-            let levels = ranks.map_or(Amount::ZERO, |r| r.aside(rank, account, &parked, kept_only));
+            let levels = ranks.map_or(Amount::ZERO, |r| r.aside(rank, account, &parked, borrows));
             levels.saturating_add(turns.of(account))
         };
         let attempt = attempt(
@@ -1243,7 +1267,7 @@ impl Machine {
                         let entries = w.demand.entries();
                         head.claim_only(
                             |i| ranks.claims(rank, &entries[i], now),
-                            |i| match walk.borrowing {
+                            |i| match borrows {
                                 true => Amount::ZERO,
                                 false => ranks.lendable(rank, entries[i].account(), &parked),
                             },
@@ -1252,9 +1276,11 @@ impl Machine {
                     head.gate_hold = gate_held.then_some(at);
                     walk.head = Some(head);
                     walk.head_rank = rank;
+                    walk.head_place = Some(place);
                 } else if let (Some(ranks), Some(head)) = (ranks, walk.head.as_ref())
                     && !walk.in_use
                     && rank != walk.head_rank
+                    && !gate_held
                     && head.lent_only()
                 {
                     walk.in_use = w.demand.entries().iter().enumerate().any(|(i, entry)| {
@@ -1409,7 +1435,10 @@ impl Machine {
     /// What follows depends on what the leaver can change. A waiter behind the head held
     /// nothing and set nothing aside, so the line answers as before without it: nothing is
     /// asked again (a wake-up computed from its deadline is at worst a pass with nothing to do),
-    /// and emptying a long line one withdrawal at a time costs no pass over it. The head leaving
+    /// and emptying a long line one withdrawal at a time costs no pass over it, with two
+    /// exceptions that get the pass the head leaving gets: under fair shares a waiter that was
+    /// short on an account the cost counts (it may have kept a turn there), and a waiter of a
+    /// level that reserves (it may have kept the head from borrowing that reserve). The head leaving
     /// frees what it set aside, as a give of its demand would: [`Next::Pass`] asks for the pass
     /// a give gets, which may stop once the new head is short on every account the leaver named.
     /// With a gate, whose answer may count the waiters it holds, the evaluator is rung for a
@@ -1450,8 +1479,16 @@ impl Machine {
         // behind it leave its amounts aside until a pass finds it gone. A waiter of a level
         // that reserves may have been what kept the head from borrowing that reserve (see
         // `Walk::in_use`).
-        let held_turns = (self.tags.is_some()
-            || self.ranks.as_ref().is_some_and(|r| r.lends(rank)))
+        let short_on_counted = self.tags.as_ref().is_some_and(|tags| {
+            !w.holding.is_exact()
+                || w.holding.entries().any(|i| {
+                    w.demand
+                        .entries()
+                        .get(i)
+                        .is_some_and(|e| tags.counts(e.account()))
+                })
+        });
+        let held_turns = (short_on_counted || self.ranks.as_ref().is_some_and(|r| r.lends(rank)))
             && others_remain;
         let pass = ((was_head || held_turns) && others_remain && self.gate.is_none())
             .then(|| w.demand.clone());

@@ -566,10 +566,11 @@ local function call(KEYS, ARGV)
   -- a waiter asking more than its level's reserve would wait for each other in an idle cell.
   local function handoff(limit)
     if queued <= 0 or recovering then return 0 end
-    local granted, again, walks, head, borrow = 0, true, 0, nil, false
+    local granted, again, walks, head, borrow = 0, true, 0, nil, nil
     while again and walks <= 16 and queued > 0 do
+    -- `borrow`: the id of the head the walk before let borrow; only it, asked as the head.
     local borrowing, in_use, broke = borrow, false, false
-    again, walks, head, relent, borrow = false, walks + 1, nil, false, false
+    again, walks, head, relent, borrow = false, walks + 1, nil, false, nil
     local turn = { 0, 0, 0, 0, 0, 0, 0 }
     local waiting = redis.call('ZRANGE', line, 0, limit - 1)
     for _, member in ipairs(waiting) do
@@ -594,7 +595,7 @@ local function call(KEYS, ARGV)
         local o = read(w[2], w[3])
         local rank = FAIR and tonumber(string.sub(member, 1, 2)) or 0
         local r, blocked = set_aside(head, w[2], w[3])
-        r = plus(plus(lend_to(r, head, rank), aside(rank, borrowing and not head)), turn)
+        r = plus(plus(lend_to(r, head, rank), aside(rank, borrowing == id and not head)), turn)
         local need = { f, 1, f, 1, 1, f, tonumber(w[6]) }
         if not short_on(o, need, tb_max, tt_max, r, blocked) then
           unqueue(id, w)
@@ -611,15 +612,19 @@ local function call(KEYS, ARGV)
           -- Every waiter needs service bytes and a service transfer: when the head is short on
           -- either, or nothing is left of them beside its reservation, nobody behind can go.
           -- So too when it waits for the rates, which every lease spends.
-          if borrowing then head.lent = {} end
-          if head.short[1] or head.short[2] or o[1] + f + 1 > S_B or o[2] + 2 > S_T
-            or head.short[6] or head.short[7] then broke = true break end
+          head.rank = rank
+          if borrowing == id then head.lent = {} end
+          -- (Not when it lacks bytes or transfers only for lendable reserves: a waiter of the
+          -- lending level may have room, and else the head borrows them.)
+          local lends = head.lent[1] or head.lent[2]
+          if head.short[1] or head.short[2] or head.short[6] or head.short[7]
+            or (not lends and (o[1] + f + 1 > S_B or o[2] + 2 > S_T)) then broke = true break end
         else
           local max = { S_B, S_T, tb_max, tt_max, B_T, CT, CR }
           -- A waiter of a level that lends what holds the head back, with room there: its
           -- level may use its reserve, so the head does not borrow it.
           for i = 1, 2 do
-            if head.lent[i] and RES[rank] and (RES[rank][i] or 0) > 0
+            if head.lent[i] and rank ~= head.rank and RES[rank] and (RES[rank][i] or 0) > 0
               and o[i] + r[i] + need[i] <= max[i] then in_use = true end
           end
           if FW > 0 then
@@ -636,13 +641,13 @@ local function call(KEYS, ARGV)
     -- A lending level's last waiter left (granted, late or dead): walk again.
     again = relent
     -- A head short only for reserves its lenders cannot use: walk again, the head borrowing.
-    if not again and not broke and not borrowing and head and not in_use then
+    if not again and not broke and head and not in_use then
       local lent_only = false
       for i = 1, NDIM do
         if head.short[i] then lent_only = false break end
         if head.lent[i] then lent_only = true end
       end
-      if lent_only then again, borrow = true, true end
+      if lent_only then again, borrow = true, head.id end
     end
     end
     if head and RATED then
@@ -974,10 +979,12 @@ local function call(KEYS, ARGV)
       return full(waiting)
     end
     if dim then return full(waiting or '') end
-    if waiting and FW > 0 and first ~= place then
+    local at = waiting and FW > 0 and first ~= place and redis.call('ZRANK', line, place)
+    if at and at < tonumber(ARGV[9]) then
       -- A waiter behind the head that fits beside it asks again in a weighted fair line: the
       -- waiters before it may keep their turns on the footprint (see `handoff`), which only a
       -- walk from the head knows, so the hand-off decides, this waiter granted by it or not.
+      -- (One further back than a hand-off walks is granted at once, as before.)
       handoff(tonumber(ARGV[9]))
       local granted = redis.call('HGET', occ, 'r:' .. id)
       if granted then

@@ -359,7 +359,7 @@ impl Shared {
             let mut st = self.lock();
             let arrived = st.machine.arrive(arrival, now, &mut fx);
             let begun = match arrived {
-                Arrived::Granted(demand) => (Begin::Granted(demand), false, None),
+                Arrived::Granted { demand, ring } => (Begin::Granted(demand), ring, None),
                 Arrived::Refused { demand, error } => (Begin::Refused(error), false, Some(demand)),
                 Arrived::Parked {
                     place,
