@@ -569,7 +569,7 @@ local function call(KEYS, ARGV)
     local granted, again, walks, head, borrow = 0, true, 0, nil, nil
     while again and walks <= 16 and queued > 0 do
     -- `borrow`: the id of the head the walk before let borrow; only it, asked as the head.
-    local borrowing, in_use, broke = borrow, false, false
+    local borrowing, in_use, broke, granted_before = borrow, false, false, granted
     again, walks, head, relent, borrow = false, walks + 1, nil, false, nil
     local turn = { 0, 0, 0, 0, 0, 0, 0 }
     local waiting = redis.call('ZRANGE', line, 0, limit - 1)
@@ -641,13 +641,18 @@ local function call(KEYS, ARGV)
     -- A lending level's last waiter left (granted, late or dead): walk again.
     again = relent
     -- A head short only for reserves its lenders cannot use: walk again, the head borrowing.
-    if not again and not broke and head and not in_use then
+    -- A lender that had room when asked may have none after the grants behind it: a walk that
+    -- granted anyone walks again before it concludes the reserve is in use.
+    if not again and not broke and head and (not in_use or granted > granted_before) then
       local lent_only = false
       for i = 1, NDIM do
         if head.short[i] then lent_only = false break end
         if head.lent[i] then lent_only = true end
       end
-      if lent_only then again, borrow = true, head.id end
+      if lent_only then
+        again = true
+        if not in_use then borrow = head.id end
+      end
     end
     end
     if head and RATED then

@@ -297,13 +297,11 @@ fn a_head_short_only_for_a_lower_levels_lendable_reserve_does_not_block_that_lev
     drop((batch_grant, interactive_grant));
 }
 
-/// A lower level reserving 30 of a pool of 100, a higher level's head of 80 (held back by that
-/// reserve while the lower level waits) and the lower level's waiter of 30 (its own reserve):
-/// the waiter leaves aside only the part of the head's demand beyond its level's reserve (50),
-/// so it goes; then its level waits no more and the head goes once it gives back. Leaving the
-/// head's whole demand, each would wait for the other with the pool empty.
-#[test]
-fn a_lower_levels_waiter_within_its_reserve_goes_before_a_head_that_reserve_holds_back() {
+/// A pool of 100 whose batch level reserves 30, 50 of it held by a batch job, an interactive
+/// head of 80 (held back by that reserve while batch waits) and a batch waiter of `batch` behind
+/// it: once the 50 come back, which of the two is granted first and what the pool has left
+/// then, and the same for the other once the first gives back (never both at once).
+fn head_of_80_and_a_batch_waiter_of(batch: u64) -> [(&'static str, u64); 2] {
     let clock = FakeClock::new();
     let levels = Levels::new()
         .level(Level::new("interactive"))
@@ -315,54 +313,55 @@ fn a_lower_levels_waiter_within_its_reserve_goes_before_a_head_that_reserve_hold
         .build();
     let pool = Arc::new(CountingGate::new("pool", 100, clock.shared()).expect("a valid gate"));
     let holder = try_hold(&monitor, &permits(&pool, 50), &job("batch")).expect("free");
-    let mut head = monitor.admit(permits(&pool, 80), &job("interactive"), None);
-    assert!(poll_once(&mut head).is_none(), "50 held");
-    let mut batch = monitor.admit(permits(&pool, 30), &job("batch"), None);
-    assert!(poll_once(&mut batch).is_none(), "behind the head");
+    let mut waiters = [
+        (
+            "interactive",
+            monitor.admit(permits(&pool, 80), &job("interactive"), None),
+        ),
+        (
+            "batch",
+            monitor.admit(permits(&pool, batch), &job("batch"), None),
+        ),
+    ];
+    for (name, admit) in &mut waiters {
+        assert!(poll_once(admit).is_none(), "{name} waits");
+    }
     drop(holder);
-    let batch_grant = poll_once(&mut batch)
-        .expect("the batch job takes its level's reserve")
-        .expect("granted");
-    assert!(poll_once(&mut head).is_none(), "30 held: 30 + 80 > 100");
-    drop(batch_grant);
-    let head_grant = poll_once(&mut head)
-        .expect("then the head")
-        .expect("granted");
-    assert_eq!(pool.available(), 20);
-    drop(head_grant);
+    let mut served = Vec::new();
+    for _ in 0..2 {
+        let mut granted: Vec<_> = waiters
+            .iter_mut()
+            .filter(|(name, _)| served.iter().all(|(s, _)| s != name))
+            .filter_map(|(name, admit)| Some((*name, poll_once(admit)?.expect("granted"))))
+            .collect();
+        assert_eq!(granted.len(), 1, "one at a time: 80 + {batch} > 100");
+        let (name, grant) = granted.remove(0);
+        served.push((name, pool.available()));
+        drop(grant);
+    }
+    [served[0], served[1]]
 }
 
-/// The same pool of 100 and reserve of 30, but the lower level's waiter asks 60, more than its
-/// reserve: it cannot go beside the head's 80 less that reserve (60 + 50 > 100), and nobody
-/// else is asked for the reserve. The head borrows it: it goes, and the waiter goes once it
-/// gives back. Else each would wait for the other with the pool empty, for good.
+/// The batch waiter asks 30, its own reserve: it leaves aside only the part of the head's
+/// demand beyond that reserve (50), so it goes; then its level waits no more and the head goes
+/// once it gives back. Leaving the head's whole demand, each would wait for the other with the
+/// pool empty.
+#[test]
+fn a_lower_levels_waiter_within_its_reserve_goes_before_a_head_that_reserve_holds_back() {
+    assert_eq!(
+        head_of_80_and_a_batch_waiter_of(30),
+        [("batch", 70), ("interactive", 20)]
+    );
+}
+
+/// The batch waiter asks 60, more than its reserve: it cannot go beside the head's 80 less
+/// that reserve (60 + 50 > 100), and nobody else is asked for the reserve. The head borrows
+/// it: it goes, and the waiter goes once it gives back. Else each would wait for the other
+/// with the pool empty, for good.
 #[test]
 fn a_head_borrows_a_lower_levels_reserve_that_levels_waiters_cannot_use() {
-    let clock = FakeClock::new();
-    let levels = Levels::new()
-        .level(Level::new("interactive"))
-        .and_then(|l| l.level(Level::new("batch").reserve("pool", Amount::units(30))))
-        .expect("valid levels");
-    let monitor = Monitor::builder()
-        .clock(clock.shared())
-        .levels(levels)
-        .build();
-    let pool = Arc::new(CountingGate::new("pool", 100, clock.shared()).expect("a valid gate"));
-    let holder = try_hold(&monitor, &permits(&pool, 50), &job("batch")).expect("free");
-    let mut head = monitor.admit(permits(&pool, 80), &job("interactive"), None);
-    assert!(poll_once(&mut head).is_none(), "50 held");
-    let mut batch = monitor.admit(permits(&pool, 60), &job("batch"), None);
-    assert!(poll_once(&mut batch).is_none(), "behind the head");
-    drop(holder);
-    let head_grant = poll_once(&mut head)
-        .expect("the head borrows the reserve the batch job cannot use")
-        .expect("granted");
-    assert!(poll_once(&mut batch).is_none(), "80 held: 80 + 60 > 100");
-    assert_eq!(pool.available(), 20);
-    drop(head_grant);
-    let batch_grant = poll_once(&mut batch)
-        .expect("then the batch job")
-        .expect("granted");
-    assert_eq!(pool.available(), 40);
-    drop(batch_grant);
+    assert_eq!(
+        head_of_80_and_a_batch_waiter_of(60),
+        [("interactive", 20), ("batch", 40)]
+    );
 }
