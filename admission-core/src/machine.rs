@@ -50,7 +50,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use crate::account::{Account, AccountRef, Category, account_key};
+use crate::account::{Account, AccountRef, Answer, Ask, Category, account_key};
 use crate::amount::Amount;
 use crate::clock::{Instant, Reading, WakeFn};
 use crate::context::JobContext;
@@ -65,7 +65,7 @@ pub(crate) use ask::{Whole, give_back, panic_message, refusal_of, take_whole};
 pub(crate) use fair::Ranks;
 pub(crate) use line::{Done, Emptied, MAX_RANKS, Notify, Place, Waits};
 
-use ask::{Aside, Attempt, Head, Learn, Short, ask_demand, earlier};
+use ask::{Aside, Attempt, Head, Learn, Short, ask_demand, asked, earlier};
 use fair::Tags;
 use line::{Hold, Holding, Line, Tag, Waiter};
 
@@ -266,9 +266,13 @@ enum AtTheTail {
     Granted {
         ring: bool,
     },
-    /// Held; `due` is the earliest instant time alone could change that.
+    /// Held; `due` is the earliest instant time alone could change that. `lenders`: its level
+    /// reserves, so from now on the others leave that reserve aside, which may change what the
+    /// head claims of those behind it (less a lendable reserve that holds it back) and whether
+    /// it borrows: a pass asks the line.
     Held {
         due: Option<Instant>,
+        lenders: bool,
     },
     /// Not asked: the head lacks nothing but reserves that waiting levels lend, and whether it
     /// borrows them depends on whether those levels' waiters can use them, which this newcomer
@@ -821,7 +825,9 @@ impl Machine {
                     // The head could go now: whatever made it so (a give, a relaxed limit, time,
                     // its own first ask) runs or rings for a pass, which will ask this waiter too.
                     AtTheTail::Deferred => false,
-                    AtTheTail::Held { due } => before_planned(due, self.planned_wake),
+                    AtTheTail::Held { due, lenders } => {
+                        lenders || before_planned(due, self.planned_wake)
+                    }
                     AtTheTail::Ring => true,
                 }
             }
@@ -943,20 +949,17 @@ impl Machine {
         );
         let result = match attempt {
             Attempt::Granted => AtTheTail::Granted {
-                // The first waiter, behind this newcomer or (of a lower level) before it.
-                ring: ranks.zip(self.line.head()).is_some_and(|(r, first)| {
-                    let parked = self.line.parked_by_rank();
-                    w.demand
-                        .entries()
-                        .iter()
-                        .any(|e| !r.lendable(first.rank, e.account(), &parked).is_zero())
-                }),
+                // With levels that reserve, what the first waiter claims, and whether the
+                // lenders behind it can use their reserves, may change with this grant: a pass
+                // asks the line again (`Head::lent_only`, `Walk::in_use`).
+                ring: ranks.is_some() && !self.line.is_empty(),
             },
             Attempt::Refused(error) => AtTheTail::Refused(*error),
             Attempt::Held { wake } => {
                 self.note_held(fx, w, &short, now);
                 AtTheTail::Held {
                     due: earlier(wake, w.deadline()),
+                    lenders: ranks.is_some_and(|r| r.lends(w.rank)),
                 }
             }
         };
@@ -1241,7 +1244,20 @@ impl Machine {
             Attempt::Granted => {
                 walk.touch(&w.demand);
                 walk.decided = true;
+                // Granted behind the head from an account a waiting level lends: the head may
+                // lack it now only for that reserve, and claim less from those behind than this
+                // walk's head says, so the line is walked again (as for a grant at the tail).
+                let relaxes = walk.head.is_some()
+                    && ranks.is_some_and(|r| {
+                        w.demand
+                            .entries()
+                            .iter()
+                            .any(|e| !r.lendable(walk.head_rank, e.account(), &parked).is_zero())
+                    });
                 self.grant(place, &mut walk.on_gate, now, fx);
+                if relaxes {
+                    self.pass_again = true;
+                }
                 self.lent_again(rank)
             }
             Attempt::Refused(error) => {
@@ -1283,11 +1299,22 @@ impl Machine {
                     && !gate_held
                     && head.lent_only()
                 {
-                    walk.in_use = w.demand.entries().iter().enumerate().any(|(i, entry)| {
+                    // Room on an account the head lacks only for its level's reserve, and short
+                    // elsewhere only on what the head's amounts do not hold back (else the head
+                    // would wait for its level and it for the head).
+                    let entries = w.demand.entries();
+                    walk.in_use = entries.iter().enumerate().any(|(i, entry)| {
                         let account = entry.account();
                         !short.contains(Some(i))
                             && head.is_lent_on(account_key(account))
                             && ranks.reserves(rank, account)
+                    }) && short.iter().flatten().all(|j| {
+                        let (account, amount) = (entries[j].account(), entries[j].amount());
+                        let ask = Ask::behind(Amount::ZERO).also_leaving(aside(account));
+                        !matches!(
+                            asked(account, amount, ask.look().with(now)),
+                            Ok(Answer::Taken)
+                        )
                     });
                 }
                 if !is_head && let Some(tags) = self.tags.as_ref().filter(|_| short.answered()) {

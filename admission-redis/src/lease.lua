@@ -475,13 +475,14 @@ local function call(KEYS, ARGV)
       short[i] = o[i] + kept[i] + need[i] > max[i]
       lent[i] = not short[i] and o[i] + all[i] + need[i] > max[i]
     end
-    return { tenant = w[2], backend = w[3], need = need, short = short, lent = lent, kept = kept }
+    return { tenant = w[2], backend = w[3], need = need, short = short, lent = lent, kept = kept,
+      all = all, rank = rank or 0 }
   end
 
   -- What a waiter of `rank` leaves aside for `head` (`r`, from `set_aside`), less, on a
   -- dimension the head lacks only for lendable reserves, what its own level reserves there.
   local function lend_to(r, head, rank)
-    if not head or not RES[rank] then return r end
+    if not head or not RES[rank] or rank == head.rank then return r end
     for i = 1, 2 do
       local mine = RES[rank][i] or 0
       if head.lent[i] and mine > 0 then r[i] = math.max(0, r[i] - mine) end
@@ -569,7 +570,7 @@ local function call(KEYS, ARGV)
     local granted, again, walks, head, borrow = 0, true, 0, nil, nil
     while again and walks <= 16 and queued > 0 do
     -- `borrow`: the id of the head the walk before let borrow; only it, asked as the head.
-    local borrowing, in_use, broke, granted_before = borrow, false, false, granted
+    local borrowing, in_use, broke, granted_before, rewalk = borrow, false, false, granted, false
     again, walks, head, relent, borrow = false, walks + 1, nil, false, nil
     local turn = { 0, 0, 0, 0, 0, 0, 0 }
     local waiting = redis.call('ZRANGE', line, 0, limit - 1)
@@ -595,7 +596,8 @@ local function call(KEYS, ARGV)
         local o = read(w[2], w[3])
         local rank = FAIR and tonumber(string.sub(member, 1, 2)) or 0
         local r, blocked = set_aside(head, w[2], w[3])
-        r = plus(plus(lend_to(r, head, rank), aside(rank, borrowing == id and not head)), turn)
+        local held_for_head = lend_to(r, head, rank)
+        r = plus(plus(held_for_head, aside(rank, borrowing == id and not head)), turn)
         local need = { f, 1, f, 1, 1, f, tonumber(w[6]) }
         if not short_on(o, need, tb_max, tt_max, r, blocked) then
           unqueue(id, w)
@@ -606,13 +608,21 @@ local function call(KEYS, ARGV)
             math.min(TTL, live_until - now_ms), o, w[7], 'handoff', nil, nil, level_of(w))
           if w[8] and w[8] ~= '-' then notify(w[8], id, w[7], token, expiry, o) end
           granted = granted + 1
+          -- Behind a head that reserved all its bytes or transfers: if it now lacks them only
+          -- for lendable reserves, it claims less from those behind than this walk's head says.
+          if head then
+            local max = { S_B, S_T }
+            for i = 1, 2 do
+              if not head.short[i] and not head.lent[i]
+                and o[i] + head.all[i] + head.need[i] > max[i] then rewalk = true end
+            end
+          end
         elseif not head then
           head = head_of(w, o, tb_max, tt_max, rank)
           head.id, head.nonce, head.to, head.o = id, w[7], w[8] ~= '-' and w[8] or nil, o
           -- Every waiter needs service bytes and a service transfer: when the head is short on
           -- either, or nothing is left of them beside its reservation, nobody behind can go.
           -- So too when it waits for the rates, which every lease spends.
-          head.rank = rank
           if borrowing == id then head.lent = {} end
           -- (Not when it lacks bytes or transfers only for lendable reserves: a waiter of the
           -- lending level may have room, and else the head borrows them.)
@@ -623,10 +633,20 @@ local function call(KEYS, ARGV)
           local max = { S_B, S_T, tb_max, tt_max, B_T, CT, CR }
           -- A waiter of a level that lends what holds the head back, with room there: its
           -- level may use its reserve, so the head does not borrow it.
+          -- (Not one held back elsewhere by the head's own amounts: else each would wait for the
+          -- other.)
+          local room = false
           for i = 1, 2 do
             if head.lent[i] and rank ~= head.rank and RES[rank] and (RES[rank][i] or 0) > 0
-              and o[i] + r[i] + need[i] <= max[i] then in_use = true end
+              and o[i] + r[i] + need[i] <= max[i] then room = true end
           end
+          if room then
+            for j = 1, NDIM do
+              if (blocked[j] or o[j] + r[j] + need[j] > max[j])
+                and o[j] + r[j] - held_for_head[j] + need[j] <= max[j] then room = false end
+            end
+          end
+          if room then in_use = true end
           if FW > 0 then
             for _, i in ipairs({ 1, 6 }) do
               if i <= NDIM and not blocked[i] and o[i] + r[i] + need[i] > max[i] then
@@ -639,7 +659,7 @@ local function call(KEYS, ARGV)
       end
     end
     -- A lending level's last waiter left (granted, late or dead): walk again.
-    again = relent
+    again = relent or rewalk
     -- A head short only for reserves its lenders cannot use: walk again, the head borrowing.
     -- A lender that had room when asked may have none after the grants behind it: a walk that
     -- granted anyone walks again before it concludes the reserve is in use.

@@ -621,6 +621,37 @@ async fn a_head_borrows_a_lower_levels_reserve_that_levels_waiter_cannot_use() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lender_held_back_by_the_heads_own_reservation_does_not_keep_its_reserve_from_it() {
+    let test = "fair_line_lender_held";
+    let (host, port) = server(test);
+    // One transfer per backend: h (80 bytes) and l (30, batch's own reserve) share backend d.
+    let mut cfg = config(&host, port, &cell(test), ceilings(100, 10, 100, 10, 1));
+    cfg.levels = Some(batch_reserving_bytes(30));
+    let fleet = connect(cfg).await;
+    let mut events = blocking_connection(&host, port).await;
+    let held = lease(&fleet, "held", "x", "e", 50).await;
+    let live = LeaseRequest::new("h", "acme", "d", 80, "upload").with_level("interactive");
+    let head = spawn_request(&fleet, live, WAIT);
+    wait_for_event_on(&mut events, &fleet, "queued", "h").await;
+    let batch = spawn_acquire(&fleet, "l", "globex", "d", 30, WAIT);
+    wait_for_event_on(&mut events, &fleet, "queued", "l").await;
+    // The cell's bytes come back: h lacks them only for batch's reserve, and l, with room on
+    // the bytes, lacks backend d's one transfer only for h's reservation of it: h borrows.
+    held.release(Outcome::Completed).await.expect("released");
+    let h = head
+        .await
+        .expect("task")
+        .expect("h, borrowing batch's reserve");
+    h.release(Outcome::Completed).await.expect("released");
+    let l = batch.await.expect("task").expect("then l");
+    l.release(Outcome::Completed).await.expect("released");
+    assert_eq!(
+        admissions(&fleet).await,
+        ["held:admitted", "h:handoff", "l:handoff"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn when_a_lending_levels_last_waiter_is_dropped_late_the_hand_off_walks_again() {
     let (fleet, mut events, held, head) = batch_reserving_30_behind_a_head("fair_line_late").await;
     // batch's one waiter asks 60 (beyond its reserve) and waits 2 s; the cell's clock moves
