@@ -737,6 +737,11 @@ impl Account for ElasticWindow {
         Replenishment::Time
     }
 
+    /// The requests the window admits at most (`max_requests`).
+    fn capacity(&self) -> Option<Amount> {
+        Some(Amount::units(self.config.max_requests))
+    }
+
     /// One lock: the breaker's word for this asker, then the window's room for `mine` beside the
     /// head's reservation. A taking ask that fits stamps `mine` at now; the head's claims the
     /// circuit's probe when the cooldown is over.

@@ -537,6 +537,15 @@ impl Account for TokenBucket {
         Replenishment::Time
     }
 
+    /// A minute's budgets: the tokens (the primary dimension) and requests the bucket holds full.
+    fn capacity(&self) -> Option<Amount> {
+        let config = self.config();
+        let mut dims = [0; Amount::DIMENSIONS];
+        dims[TOKENS] = config.tokens_per_minute;
+        dims[REQUESTS] = config.requests_per_minute;
+        Some(Amount::from_dimensions(dims))
+    }
+
     /// One lock: `mine` is refused if it exceeds the budgets; otherwise the levels are brought
     /// up to now, then `mine` is taken if both levels hold it beside the head's reservation, or
     /// answered "not now" with the instant the refill makes room.

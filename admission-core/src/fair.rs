@@ -263,7 +263,12 @@ impl Level {
     /// Reserves `amount` of the account named `account` for this level: jobs of every other
     /// level leave it aside. On an account whose capacity comes back with time (a token bucket,
     /// a rate window) they always do, which costs them burst, never rate: what this level does
-    /// not take flows to them as the account refills. On an account whose capacity comes back
+    /// not take flows to them as the account refills. There, while a job of a higher level waits
+    /// at the head of the line for the refill, this level's jobs still take from their reserve,
+    /// up to the whole of it, and earn it back by `amount / (capacity - amount)` of every grant
+    /// to the other levels there: so this level gets `amount / capacity` of the account while
+    /// both keep it busy (the capacity is [`Account::capacity`](crate::Account::capacity); an
+    /// account that does not name it leaves the head's claim first). On an account whose capacity comes back
     /// when released (a gate, a pool) they leave it only while a job of this level is parked,
     /// and borrow it otherwise, returning it as their grants are released. A second reserve on
     /// the same account replaces the first.

@@ -65,8 +65,8 @@ pub(crate) use ask::{Whole, give_back, panic_message, refusal_of, take_whole};
 pub(crate) use fair::Ranks;
 pub(crate) use line::{Done, Emptied, MAX_RANKS, Notify, Place, Waits};
 
-use ask::{Aside, Attempt, Head, Learn, Short, ask_demand, asked, earlier};
-use fair::Tags;
+use ask::{Aside, Attempt, Claims, Dip, Head, Learn, Short, ask_demand, asked, earlier};
+use fair::{Dips, Tags};
 use line::{Hold, Holding, Line, Tag, Waiter};
 
 /// The shortest sleep after a pass whose computed wake-up was already due.
@@ -397,6 +397,9 @@ pub(crate) struct Machine {
     /// [`Walk::in_use`]). A head changed meanwhile (a newcomer before it, the head gone) does
     /// not match, and is assessed afresh.
     borrow: Option<Place>,
+    /// What each level took out of its reserve on accounts refilled by time while a head of
+    /// another level claimed them ([`Dips`]).
+    dips: Dips,
 }
 
 /// Under fair shares, what the waiters a pass asked so far, behind the head, leave for the
@@ -542,6 +545,7 @@ impl Machine {
             tags: None,
             ranks: levels.map(Ranks::new),
             borrow: None,
+            dips: Dips::default(),
         };
         if let Some(shares) = fair {
             machine.tags = Some(Tags::new(shares));
@@ -660,6 +664,10 @@ impl Machine {
         // True when the waiter about to park is behind the gate: the gate held it on the fast
         // path, or the head of the line is held on the gate (the sharp rule, applied here).
         let mut gate_held = false;
+        if self.line.is_empty() {
+            // A busy period of the line begins: every level's reserve is whole.
+            self.dips.forget();
+        }
         if self.line.is_empty() && !asked {
             match self.fast_path(&demand, ctx, rank, now, &mut gate_held, fx) {
                 Ok(true) => {
@@ -937,16 +945,29 @@ impl Machine {
             None => None,
         };
         let mut short = std::mem::take(&mut self.short);
+        let first_rank = self.line.head().map_or(w.rank, |h| h.rank);
+        let dips = &self.dips;
+        let may_dip =
+            |i: usize| ranks.is_some_and(|r| r.may_dip(dips, w.rank, &w.demand.entries()[i]));
+        let dip: Dip<'_> = (ranks.is_some() && first_rank != w.rank).then_some(&may_dip);
         let attempt = ask_demand(
             self.mute,
             w.demand.entries(),
             &w.ctx,
             head.as_ref(),
             own_aside,
+            dip,
             Learn::EveryShort,
             now,
             &mut short,
         );
+        if let (Attempt::Granted, Some(ranks)) = (&attempt, ranks) {
+            // What was taken out of the level's reserve, as asked (nothing moved since).
+            let dipped = Claims::dipped(w.demand.entries(), head.as_ref(), dip);
+            ranks.book(&mut self.dips, w.rank, w.demand.entries(), |i| {
+                i < 64 && dipped & (1 << i) != 0
+            });
+        }
         let result = match attempt {
             Attempt::Granted => AtTheTail::Granted {
                 // With levels that reserve, what the first waiter claims, and whether the
@@ -1083,7 +1104,14 @@ impl Machine {
             return done;
         }
         let touched = match scope {
-            Scope::Released(entries) if self.gate.is_none() => {
+            // A waiter may take from its level's reserve on an account the head is short on
+            // (a dip): such an account does not let the pass stop early.
+            Scope::Released(entries)
+                if self.gate.is_none()
+                    && !entries
+                        .iter()
+                        .any(|e| self.ranks.as_ref().is_some_and(|r| r.dippable(e.account()))) =>
+            {
                 Some(entries.iter().map(|e| account_key(e.account())).collect())
             }
             _ => None,
@@ -1229,6 +1257,11 @@ impl Machine {
             let levels = ranks.map_or(Amount::ZERO, |r| r.aside(rank, account, &parked, borrows));
             levels.saturating_add(turns.of(account))
         };
+        let dips = &self.dips;
+        let may_dip =
+            |i: usize| ranks.is_some_and(|r| r.may_dip(dips, rank, &w.demand.entries()[i]));
+        let dip: Dip<'_> = (ranks.is_some() && !is_head && rank != walk.head_rank)
+            .then_some(&may_dip as &dyn Fn(usize) -> bool);
         let attempt = attempt(
             self.gate.as_ref(),
             self.mute,
@@ -1236,6 +1269,7 @@ impl Machine {
             walk.head.as_ref(),
             (ranks.is_some() || !turns.is_empty())
                 .then_some(&aside as &dyn Fn(&AccountRef) -> Amount),
+            dip,
             view,
             now,
             short,
@@ -1244,6 +1278,13 @@ impl Machine {
             Attempt::Granted => {
                 walk.touch(&w.demand);
                 walk.decided = true;
+                if let Some(ranks) = ranks {
+                    // What was taken out of the level's reserve, as asked (nothing moved since).
+                    let dipped = Claims::dipped(w.demand.entries(), walk.head.as_ref(), dip);
+                    ranks.book(&mut self.dips, rank, w.demand.entries(), |i| {
+                        i < 64 && dipped & (1 << i) != 0
+                    });
+                }
                 // Granted behind the head from an account a waiting level lends: the head may
                 // lack it now only for that reserve, and claim less from those behind than this
                 // walk's head says, so the line is walked again (as for a grant at the tail).
@@ -1659,6 +1700,7 @@ fn attempt(
     w: &Waiter,
     head: Option<&Head>,
     aside: Aside<'_>,
+    dip: Dip<'_>,
     view: Option<GateView>,
     now: &Reading<'_>,
     short: &mut Short,
@@ -1694,6 +1736,7 @@ fn attempt(
         &w.ctx,
         head,
         aside,
+        dip,
         Learn::EveryShort,
         now,
         short,

@@ -36,6 +36,7 @@
 //! | [`never_overdrawn_under_concurrent_asks_and_gives`] | asks and gives in parallel never hold more than the capacity |
 //! | [`give_credits_back`] | a give makes room at once, without the clock moving |
 //! | [`replenishment_is_declared`] | the declared replenishment, and only that one, brings capacity back |
+//! | [`a_named_capacity_is_what_a_fresh_account_holds`] | `capacity()`, when named, is exactly the most a fresh account grants at once |
 //! | [`status_has_a_one_line_summary`] | the status names the account, fits one line and serializes to an object |
 //! | [`wake_slot_is_called_when_capacity_grows_and_cleared_by_none`] | a give calls the installed wake once; `None` silences it |
 //! | [`a_later_wake_replaces_an_earlier_one`] | only the last installed wake is called |
@@ -320,6 +321,10 @@ pub const RULES: &[(&str, Rule)] = &[
     ),
     ("give_credits_back", give_credits_back),
     ("replenishment_is_declared", replenishment_is_declared),
+    (
+        "a_named_capacity_is_what_a_fresh_account_holds",
+        a_named_capacity_is_what_a_fresh_account_holds,
+    ),
     (
         "status_has_a_one_line_summary",
         status_has_a_one_line_summary,
@@ -1011,6 +1016,49 @@ pub fn replenishment_is_declared(make: &dyn Fn() -> Subject) {
         &after,
         &format!("drained, then a year later by the clock ({expected:?})"),
     );
+}
+
+/// An account that names its capacity ([`Account::capacity`]) names exactly what it holds when
+/// full, on the primary dimension: a fresh account grants that much to the head at once (a
+/// look), and refuses one unit more for good; and it holds the subject's `capacity` copies of
+/// `fits_alone`. An account that names none (the default) passes.
+///
+/// # Panics
+///
+/// When the named capacity is more or less than that.
+pub fn a_named_capacity_is_what_a_fresh_account_holds(make: &dyn Fn() -> Subject) {
+    let run = Run::new("a_named_capacity_is_what_a_fresh_account_holds", make);
+    let Some(named) = run.subject.account.capacity() else {
+        return;
+    };
+    let full = named.primary();
+    let holds = u128::from(run.unit().primary()) * u128::from(run.subject.capacity);
+    assert!(
+        u128::from(full) >= holds,
+        "{}: expected the capacity it names ({full}) to be at least the {holds} that {} \
+         copies of {} make, which it holds fresh",
+        run.at(),
+        run.subject.capacity,
+        run.unit().primary()
+    );
+    run.expect(
+        Amount::units(full),
+        Ask::HEAD.look(),
+        &Said::Taken,
+        &format!("fresh, asked for the capacity it names ({full})"),
+    );
+    if let Some(more) = full.checked_add(1) {
+        let seen = run
+            .subject
+            .account
+            .ask(Amount::units(more), Ask::HEAD.look());
+        assert!(
+            matches!(seen, Answer::Never(_)),
+            "{}: expected {more}, one past the capacity it names, to be refused for good \
+             (\"never\") by a fresh account; saw {seen:?}",
+            run.at()
+        );
+    }
 }
 
 /// The status names the account (same name and category), its summary is one non-empty line

@@ -113,6 +113,9 @@ impl Account for Permits {
     fn replenishment(&self) -> Replenishment {
         Replenishment::Release
     }
+    fn capacity(&self) -> Option<Amount> {
+        Some(Amount::units(self.capacity))
+    }
     /// One lock, one answer: too large is refused, a shortfall waits for a give (no instant),
     /// and a fitting taking ask is debited under the same lock that checked it.
     fn ask(&self, mine: Amount, ask: Ask) -> Answer {
@@ -265,6 +268,9 @@ impl Account for Meter {
     }
     fn replenishment(&self) -> Replenishment {
         Replenishment::Time
+    }
+    fn capacity(&self) -> Option<Amount> {
+        Some(Amount::units(self.capacity))
     }
     /// One lock, one answer: too large is refused; otherwise the level is brought up to the
     /// ask's instant, and either a fitting taking ask is debited or the answer names when the

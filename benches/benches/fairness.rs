@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use admission_accounts::counting_gate::CountingGate;
 use admission_benches::Results;
 use admission_benches::fairness::{
-    backlogged, big_head, interactive_waits, jain, quantile, tokens_per_minute,
+    backlogged, big_head, interactive_waits, jain, lower_level_share, quantile, tokens_per_minute,
 };
 use admission_core::{Amount, Demand, FairShares, JobContext, Level, Levels, Monitor};
 use admission_testkit::monitor::poll_once;
@@ -38,6 +38,7 @@ fn main() {
     }
     println!("== levels");
     results = levels(results);
+    results = lower_share(results);
 
     // The uncontended admit: a plain job and monitor, a job with a tenant, and a job with a
     // tenant on a monitor in fair shares.
@@ -200,6 +201,31 @@ fn levels(mut results: Results) -> Results {
                 &format!("{name}_interactive_p99_flooded_s"),
                 flooded.as_secs_f64(),
             );
+    }
+    results
+}
+
+/// A lower level's share of a model beside a higher level's backlog: the interactive level keeps
+/// 5 jobs of 2,000 tokens waiting, the batch level below it 5 of 500 and reserves a fifth of the
+/// model's 60,000 a minute (12,000 tokens), then nothing; the batch level's share of the tokens
+/// served in minutes 1 to 20 (the first, the full bucket's burst, left out).
+fn lower_share(mut results: Results) -> Results {
+    for (name, reserve) in [
+        ("batch_reserving_a_fifth", 12_000),
+        ("batch_reserving_none", 0),
+    ] {
+        let served = lower_level_share(reserve, (2_000, 500), 5, MINUTES);
+        let minutes = tokens_per_minute(&served, 2, 1, u64::from(MINUTES));
+        let shares: Vec<f64> = minutes.iter().map(|m| m[1] / (m[0] + m[1])).collect();
+        let mean = shares.iter().sum::<f64>() / shares.len() as f64;
+        let least = shares.iter().copied().fold(f64::INFINITY, f64::min);
+        println!(
+            "{name}: the batch level's share of the model beside an interactive backlog {mean:.3} \
+             (least minute {least:.3})"
+        );
+        results = results
+            .number(&format!("{name}_share"), mean)
+            .number(&format!("{name}_least_minute"), least);
     }
     results
 }

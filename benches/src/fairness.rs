@@ -316,6 +316,45 @@ pub fn interactive_waits(
     waits
 }
 
+/// The priority levels of [`lower_level_share`]: `interactive` above `batch`, which reserves
+/// `reserve` tokens of the model.
+pub fn batch_reserving(reserve: u64) -> Levels {
+    Levels::new()
+        .level(Level::new("interactive"))
+        .and_then(|levels| {
+            levels.level(Level::new("batch").reserve("model", Amount::pair(reserve, 0)))
+        })
+        .expect("valid levels")
+}
+
+/// An interactive tenant (0) keeps `backlog` jobs of `tokens.0` waiting, and a batch tenant (1),
+/// of the level below ([`batch_reserving`]), `backlog` jobs of `tokens.1`, for `minutes`
+/// minutes. Returns what was served.
+pub fn lower_level_share(
+    reserve: u64,
+    tokens: (u64, u64),
+    backlog: usize,
+    minutes: u32,
+) -> Vec<Served> {
+    let levels = (batch_reserving(reserve), &["interactive", "batch"][..]);
+    let mut sim = Sim::with_levels(2, None, Some(levels));
+    let end = Instant::ZERO.saturating_add(MINUTE * minutes);
+    loop {
+        for (tenant, tokens) in [(0, tokens.0), (1, tokens.1)] {
+            while sim.waiting(tenant) < backlog {
+                sim.submit(tenant, tenant, tokens);
+            }
+        }
+        let (_, wake) = sim.step();
+        if (0..2).all(|t| sim.waiting(t) >= backlog)
+            && !sim.advance(wake, Duration::from_millis(1), end)
+        {
+            break;
+        }
+    }
+    sim.served().to_vec()
+}
+
 /// A big demand of `big` tokens arrives on an empty model (its budget just spent by tenant 0),
 /// with `backfillers` small jobs of `small` tokens of other tenants (1 to 10) behind it. Returns
 /// how long the big one waited and how many small ones were granted before it.

@@ -41,6 +41,11 @@ impl Account for FixedWindow {
         Replenishment::Time
     }
 
+    /// The window's limit.
+    fn capacity(&self) -> Option<Amount> {
+        Some(Amount::units(self.config.limit))
+    }
+
     /// One compare-and-swap (one read for a look): `mine` permits are taken when they fit the
     /// current window beside the head's reservation. "Not now" names the start of the next
     /// window, when a fresh window holds `mine` with the reservation, and `None` when no window

@@ -365,3 +365,72 @@ fn a_head_borrows_a_lower_levels_reserve_that_levels_waiters_cannot_use() {
         [("interactive", 20), ("batch", 40)]
     );
 }
+
+/// A lower level reserving part of a token bucket takes from that reserve while a higher
+/// level's head waits for the refill, as far as the reserve, and earns it back as the higher
+/// level is granted there: `reserve / (capacity - reserve)` of each grant (here 1,200 of 6,000,
+/// so a quarter). Before, the batch level got nothing of its reserve for as long as the
+/// interactive level kept a head waiting on the bucket.
+#[test]
+fn a_lower_level_takes_its_token_reserve_while_a_higher_head_waits_for_the_refill() {
+    use std::time::Duration;
+    let clock = FakeClock::new();
+    let levels = Levels::new()
+        .level(Level::new("interactive"))
+        .and_then(|l| l.level(Level::new("batch").reserve("model", Amount::pair(1_200, 0))))
+        .expect("valid levels");
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .clock(clock.shared())
+        .levels(levels)
+        .build();
+    let model = model(&clock);
+    // The interactive level takes all but the batch level's 1,200.
+    let first = try_hold(&monitor, &tokens(&model, 4_800), &job("interactive")).expect("room");
+    let mut i1 = monitor.admit(tokens(&model, 2_000), &job("interactive"), None);
+    let mut i2 = monitor.admit(tokens(&model, 2_000), &job("interactive"), None);
+    assert!(poll_once(&mut i1).is_none() && poll_once(&mut i2).is_none());
+    // 1,000 of the reserve, at once, though the head waits for the bucket.
+    let mut b1 = monitor.admit(tokens(&model, 1_000), &job("batch"), None);
+    let b1 = poll_once(&mut b1)
+        .expect("taken from the batch level's reserve")
+        .expect("granted");
+    assert_eq!(model.level(), 200);
+    // 500 more would be past the reserve: held, even once the bucket holds 500.
+    let mut b2 = monitor.admit(tokens(&model, 500), &job("batch"), None);
+    assert!(poll_once(&mut b2).is_none());
+    clock.advance(Duration::from_secs(3));
+    monitor.pass_now();
+    assert_eq!(model.level(), 500);
+    assert!(
+        poll_once(&mut b2).is_none(),
+        "1,000 + 500 is past the 1,200 reserved"
+    );
+    assert!(poll_once(&mut i1).is_none());
+    // The head waits for its 2,000 and the 1,200 it leaves aside, from the 200 left: 30 s, 10 s
+    // more than without the batch level's 1,000 (its bound: the reserve over the rate).
+    clock.advance(Duration::from_millis(26_990));
+    monitor.pass_now();
+    assert!(poll_once(&mut i1).is_none(), "3,199 tokens are not enough");
+    clock.advance(Duration::from_millis(10));
+    monitor.pass_now();
+    let i1 = poll_once(&mut i1).expect("3,200 tokens").expect("granted");
+    // The head's 2,000 earned the batch level back 500 of its reserve: its 500 goes beside the
+    // next interactive head (1,000 - 500 + 500 is within 1,200).
+    let b2 = poll_once(&mut b2)
+        .expect("500 of the reserve earned back")
+        .expect("granted");
+    assert_eq!(model.level(), 700);
+    assert!(poll_once(&mut i2).is_none());
+    // 300 more is past the reserve again (1,000 + 300): held, and the second head is served at
+    // 55 s, from 700 at 100 a second.
+    let mut b3 = monitor.admit(tokens(&model, 300), &job("batch"), None);
+    assert!(poll_once(&mut b3).is_none());
+    clock.advance(Duration::from_millis(24_990));
+    monitor.pass_now();
+    assert!(poll_once(&mut i2).is_none());
+    clock.advance(Duration::from_millis(10));
+    monitor.pass_now();
+    assert!(poll_once(&mut i2).expect("3,200 tokens again").is_ok());
+    drop((first, i1, b1, b2));
+}

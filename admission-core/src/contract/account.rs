@@ -504,6 +504,16 @@ pub trait Account: Send + Sync + 'static {
     /// How capacity comes back. Deliberately without a default: every account must say.
     fn replenishment(&self) -> Replenishment;
 
+    /// What the account holds when full, as configured now (a bucket's tokens and requests, a
+    /// window's limit, a pool's size), if it knows; `None` (the default) if it does not. On a
+    /// [`Replenishment::Time`] account it is what lets a priority level with a reserve there
+    /// take its share while a higher level waits for the refill
+    /// ([`Level::reserve`](crate::Level::reserve)); the monitor reads its
+    /// [`primary`](Amount::primary) dimension.
+    fn capacity(&self) -> Option<Amount> {
+        None
+    }
+
     /// The one question: does `mine` fit now, as `ask` says who asks, and if so (and
     /// [`ask.takes()`](Ask::takes)) take it, in one step under the account's own lock. "Now" is
     /// the instant the ask carries: an account that needs the time reads

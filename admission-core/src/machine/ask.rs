@@ -261,6 +261,11 @@ impl Head {
 /// level reserves anything).
 pub(crate) type Aside<'a> = Option<&'a dyn Fn(&AccountRef) -> Amount>;
 
+/// Which of a waiter's entries (by index, below 64) on an account the head claims it may take out
+/// of its own level's reserve, leaving aside only the other levels' reserves (`None`: none;
+/// see [`Dips`](super::fair::Dips)).
+pub(crate) type Dip<'a> = Option<&'a dyn Fn(usize) -> bool>;
+
 /// One attempt's result.
 pub(crate) enum Attempt {
     /// The whole demand was taken.
@@ -310,7 +315,8 @@ pub(crate) fn earlier(a: Option<Instant>, b: Option<Instant>) -> Option<Instant>
 /// [`Learn::EveryShort`], "never" wins over "not now": every account is asked even after one
 /// said "not now" (the rest with a [`look`](Ask::look)), so a demand that one account can never
 /// grant is refused whatever the others answer. An account the head is short on is only looked at, and whatever it answers
-/// but "never" counts as short: nobody behind the head takes from it (see `pass.rs`).
+/// but "never" counts as short: nobody behind the head takes from it (see `pass.rs`), but for
+/// the entries `dip` names, which are asked leaving the head's amount out.
 #[inline(always)]
 #[expect(
     clippy::too_many_arguments,
@@ -322,12 +328,13 @@ pub(crate) fn ask_demand(
     ctx: &JobContext,
     head: Option<&Head>,
     aside: Aside<'_>,
+    dip: Dip<'_>,
     learn: Learn,
     now: &Reading<'_>,
     short: &mut Short,
 ) -> Attempt {
     short.clear();
-    let claims = Claims::of(entries, head);
+    let claims = Claims::of(entries, head, dip);
     // The head's own deadline on an account it claims (or the event it waits for) covers this
     // waiter's wake-up.
     let mut wake = if claims.any {
@@ -343,7 +350,11 @@ pub(crate) fn ask_demand(
             Some(head) => {
                 let key = account_key(account);
                 let claimed = claims.any && claims.has(i, head, key);
-                (Ask::behind(head.reserved(key)).with(now), claimed)
+                let ahead = match i < 64 && claims.dips & (1 << i) != 0 {
+                    true => Amount::ZERO,
+                    false => head.reserved(key),
+                };
+                (Ask::behind(ahead).with(now), claimed)
             }
         };
         if let Some(aside) = aside {
@@ -467,23 +478,31 @@ pub(crate) fn refusal_of(
 /// The entries of a demand on accounts the head of the line is short on: those are not asked at
 /// all, and with one of them in the demand nothing will be taken, so every other account is only
 /// looked at. The first 64 entries are a bit mask; any further ones are looked up as asked.
-struct Claims {
+pub(crate) struct Claims {
     any: bool,
     mask: u64,
+    /// The entries on accounts the head is short on that the waiter may take out of its own
+    /// level's reserve ([`Dip`]): not claimed, and asked without the head's amount.
+    dips: u64,
 }
 
 impl Claims {
     #[inline]
-    fn of(entries: &[Entry], head: Option<&Head>) -> Claims {
+    fn of(entries: &[Entry], head: Option<&Head>, dip: Dip<'_>) -> Claims {
         let mut claims = Claims {
             any: false,
             mask: 0,
+            dips: 0,
         };
         let Some(head) = head.filter(|h| !h.short.is_empty()) else {
             return claims;
         };
         for (i, entry) in entries.iter().enumerate() {
             if head.is_short_on(account_key(entry.account())) {
+                if i < 64 && dip.is_some_and(|dip| dip(i)) {
+                    claims.dips |= 1 << i;
+                    continue;
+                }
                 claims.any = true;
                 if i < 64 {
                     claims.mask |= 1 << i;
@@ -500,6 +519,12 @@ impl Claims {
         } else {
             head.is_short_on(key)
         }
+    }
+
+    /// The entries of `entries` (below 64) that `dip` lets take out of their level's reserve
+    /// behind `head`, as a mask: what [`ask_demand`] asked that way.
+    pub(crate) fn dipped(entries: &[Entry], head: Option<&Head>, dip: Dip<'_>) -> u64 {
+        Claims::of(entries, head, dip).dips
     }
 }
 

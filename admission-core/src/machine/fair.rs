@@ -235,6 +235,95 @@ impl Ranks {
         !matches!(asked(account, entry.amount(), ask), Ok(Answer::Taken))
     }
 
+    /// Whether a waiter of `rank` behind a head of another level that claims the account of
+    /// `entry` may take its amount there out of its own level's reserve (a *dip*): the account
+    /// is refilled by time and names its capacity, the level reserves some of it, and what the
+    /// level has dipped there, less what it earned back since, leaves room for this amount.
+    /// Such a waiter asks the account leaving aside the other levels' reserves, not the head's
+    /// amount; see [`Dips`].
+    pub(crate) fn may_dip(&self, dips: &Dips, rank: u8, entry: &Entry) -> bool {
+        let account = entry.account();
+        if !self.reserving || account.replenishment() != Replenishment::Time {
+            return false;
+        }
+        let name = account.name();
+        let Some(at) = self.reserves.iter().position(|(a, _)| &**a == name) else {
+            return false;
+        };
+        let reserve = self.reserves[at].1[usize::from(rank)].primary();
+        if reserve == 0 || account.capacity().is_none() {
+            return false;
+        }
+        let spent = dips
+            .spent
+            .get(at)
+            .map_or(0, |spent| spent[usize::from(rank)]);
+        spent + u128::from(entry.amount().primary()) * Dips::ONE <= u128::from(reserve) * Dips::ONE
+    }
+
+    /// Whether some level may take from its reserve on `account` while a head of another level
+    /// is short on it (see [`Ranks::may_dip`]).
+    pub(crate) fn dippable(&self, account: &AccountRef) -> bool {
+        self.reserving
+            && account.replenishment() == Replenishment::Time
+            && self.reserves.iter().any(|(a, _)| &**a == account.name())
+            && account.capacity().is_some()
+    }
+
+    /// Books a grant of `entries` to a job of `rank`: on each account refilled by time that a
+    /// level reserves, an entry `dipped` says was taken out of the level's reserve adds to what
+    /// that level has spent there, and every other entry earns the other levels that reserve
+    /// the account back their share of it: `amount * reserve / (capacity - reserve)` (the whole
+    /// reserve when the capacity is no more than it). So while several levels want the account,
+    /// a level gets `reserve / capacity` of what it grants, and a level that waits for nothing
+    /// there has its reserve whole again once the others were granted the rest.
+    pub(crate) fn book(
+        &self,
+        dips: &mut Dips,
+        rank: u8,
+        entries: &[Entry],
+        dipped: impl Fn(usize) -> bool,
+    ) {
+        if !self.reserving {
+            return;
+        }
+        for (i, entry) in entries.iter().enumerate() {
+            let account = entry.account();
+            if account.replenishment() != Replenishment::Time {
+                continue;
+            }
+            let name = account.name();
+            let Some(at) = self.reserves.iter().position(|(a, _)| &**a == name) else {
+                continue;
+            };
+            let Some(capacity) = account.capacity().map(|c| c.primary()) else {
+                continue;
+            };
+            let amount = u128::from(entry.amount().primary());
+            if dips.spent.len() <= at {
+                dips.spent.resize(self.reserves.len(), [0; MAX_RANKS]);
+            }
+            let spent = &mut dips.spent[at];
+            if dipped(i) {
+                spent[usize::from(rank)] += amount * Dips::ONE;
+                dips.any = true;
+                continue;
+            }
+            for (other, reserve) in self.reserves[at].1.iter().enumerate() {
+                let reserve = reserve.primary();
+                if other == usize::from(rank) || reserve == 0 || spent[other] == 0 {
+                    continue;
+                }
+                spent[other] = match capacity.checked_sub(reserve).filter(|&rest| rest > 0) {
+                    Some(rest) => spent[other].saturating_sub(
+                        amount * u128::from(reserve) * Dips::ONE / u128::from(rest),
+                    ),
+                    None => 0,
+                };
+            }
+        }
+    }
+
     /// Whether the level of `rank` reserves some of `account`.
     pub(crate) fn reserves(&self, rank: u8, account: &AccountRef) -> bool {
         let name = account.name();
@@ -290,6 +379,31 @@ impl Ranks {
             }
         }
         aside
+    }
+}
+
+/// What each level has taken out of its own reserve on an account refilled by time while a
+/// head of another level claimed that account (its *dips*), less what it earned back as the
+/// others were granted there ([`Ranks::book`]): a level dips only as far as its reserve, so a
+/// head that waits for the refill is delayed by at most each other level's reserve. In units
+/// of 2^-16 of an amount, by account (as [`Ranks`] lists them) and rank. Forgotten when the
+/// line empties.
+#[derive(Default)]
+pub(crate) struct Dips {
+    spent: Vec<[u128; MAX_RANKS]>,
+    /// Whether anything was ever dipped since the last [`Dips::forget`].
+    any: bool,
+}
+
+impl Dips {
+    /// One unit of an amount.
+    const ONE: u128 = 1 << 16;
+
+    /// Forgets every dip: a busy period of the line ended.
+    pub(crate) fn forget(&mut self) {
+        if std::mem::take(&mut self.any) {
+            self.spent.clear();
+        }
     }
 }
 

@@ -117,6 +117,9 @@ impl Pool {
     }
 }
 
+/// A dip's unit: what a level takes out of its reserve is counted in 2^-16 of a unit.
+const DIP: u128 = 1 << 16;
+
 /// What `status` shows: nothing the model reads.
 #[derive(Debug, serde::Serialize)]
 struct PoolStatus(String);
@@ -146,6 +149,9 @@ impl Account for Pool {
         } else {
             Replenishment::Release
         }
+    }
+    fn capacity(&self) -> Option<Amount> {
+        Some(Amount::units(self.capacity.load(Ordering::SeqCst)))
     }
     fn ask(&self, mine: Amount, ask: Ask) -> Answer {
         let capacity = self.capacity.load(Ordering::SeqCst);
@@ -298,6 +304,10 @@ struct Model {
     /// The head (its job) the next walk lets borrow the reserves of waiting levels that hold it
     /// back.
     borrow: Option<u64>,
+    /// What each level took out of its reserve on the time pool while a head of another level
+    /// claimed it, less what it earned back as the others were granted there (in `DIP`s),
+    /// by level and pool.
+    spent: [[u128; ACCOUNTS]; LEVELS],
 }
 
 impl Model {
@@ -457,7 +467,24 @@ impl Model {
                 decided = true;
                 continue;
             }
-            let reaches_claimed = w.amounts.iter().any(|&(a, _)| claimed[a]);
+            // Behind a head of another level, a waiter whose level reserves the time pool, which
+            // the head claims, takes from it out of that reserve while what its level took so far
+            // (less what it earned back) leaves room: leaving aside the other levels' reserves,
+            // not the head's amount.
+            let dips: [bool; ACCOUNTS] = std::array::from_fn(|a| {
+                let Some(cfg) = self.levels else { return false };
+                ahead.is_some()
+                    && w.level != head_level
+                    && a == TIME_POOL
+                    && claimed[a]
+                    && w.amounts.iter().any(|&(b, units)| {
+                        b == a
+                            && cfg.reserve[w.level][a] > 0
+                            && self.spent[w.level][a] + u128::from(units) * DIP
+                                <= u128::from(cfg.reserve[w.level][a]) * DIP
+                    })
+            });
+            let reaches_claimed = w.amounts.iter().any(|&(a, _)| claimed[a] && !dips[a]);
             let mut left = ahead.unwrap_or([0; ACCOUNTS]);
             // A newcomer is asked at once behind the head alone, unless the head lacks nothing
             // but lendable reserves (then a pass asks it, with the turns).
@@ -469,12 +496,18 @@ impl Model {
                     left[a] += turns[a];
                 }
             }
+            for a in 0..ACCOUNTS {
+                if dips[a] {
+                    left[a] = 0;
+                }
+            }
             let kept_only = ahead.is_none() && borrowing == Some(w.job);
             if !reaches_claimed && self.fits(&w.amounts, w.level, &left, kept_only) {
                 self.line.remove(i);
                 for &(a, units) in &w.amounts {
                     self.in_use[a] += units;
                 }
+                self.book(w.level, &w.amounts, &dips);
                 self.held.push((w.job, w.amounts));
                 granted.push(w.job);
                 ended.insert(w.job, End::Granted);
@@ -545,6 +578,36 @@ impl Model {
             return true;
         }
         decided
+    }
+
+    /// Books a grant to a job of `level` on the time pool: a dip adds to what its level took
+    /// out of its reserve; any other grant there earns every other level reserving the pool
+    /// back `units * reserve / (capacity - reserve)` (everything when the capacity is no more
+    /// than the reserve).
+    fn book(&mut self, level: usize, amounts: &[(usize, u64)], dips: &[bool; ACCOUNTS]) {
+        let Some(cfg) = self.levels else { return };
+        for &(a, units) in amounts {
+            if a != TIME_POOL {
+                continue;
+            }
+            if dips[a] {
+                self.spent[level][a] += u128::from(units) * DIP;
+                continue;
+            }
+            for m in (0..LEVELS).filter(|&m| m != level) {
+                let reserve = cfg.reserve[m][a];
+                if reserve == 0 {
+                    continue;
+                }
+                let rest = self.capacity[a].saturating_sub(reserve);
+                self.spent[m][a] = match rest {
+                    0 => 0,
+                    rest => self.spent[m][a].saturating_sub(
+                        u128::from(units) * u128::from(reserve) * DIP / u128::from(rest),
+                    ),
+                };
+            }
+        }
     }
 
     /// Whether a waiter of `level` that just left was the last of a level that reserves, with
@@ -778,6 +841,7 @@ fn check(
         now: 0,
         stopped: false,
         borrow: None,
+        spent: [[0; ACCOUNTS]; LEVELS],
     };
     for (step, op) in ops.iter().enumerate() {
         let mut model_granted = Vec::new();
@@ -837,6 +901,9 @@ fn check(
                             real.pass(Scope::Full);
                         }
                     }
+                }
+                if model.line.is_empty() {
+                    model.spent = [[0; ACCOUNTS]; LEVELS];
                 }
                 if model.stopped {
                     model_ended.insert(job, End::Shutdown);
@@ -1243,6 +1310,33 @@ fn a_head_borrows_a_reserve_its_levels_waiters_cannot_use() {
     };
     let grants = check(&ops, [1, 5, 6], PASS_BATCH, None, Some(levels));
     let expected: [&[usize]; 5] = [&[0], &[], &[], &[1], &[2]];
+    assert_eq!(grants, expected);
+}
+
+/// A level reserving part of the time pool takes from that reserve while a head of a higher
+/// level waits for the pool (a dip), as far as its reserve, and earns it back as the higher
+/// level is granted there. The pool holds 10; level 1 reserves 3. The head (level 0) asks 5
+/// with 4 free; level 1's 2 is granted beside it (step 2), its next 2 is held though 2 are free
+/// (2 + 2 is past its 3); once the head is granted 5, level 1 has earned back 5 * 3 / 7 of its
+/// reserve, and its waiter goes beside the next head (step 5). Fails with a machine that does
+/// not dip (nothing at step 2, only the head at step 5), that lets a level dip past its reserve
+/// (step 3 granted), or that never earns it back (step 5 grants only the head).
+#[test]
+fn a_lower_level_takes_its_reserve_of_a_time_pool_while_a_higher_head_waits() {
+    let ops = [
+        arrive(&[(TIME_POOL, 6)], 0, 0),
+        arrive(&[(TIME_POOL, 5)], 0, 0),
+        arrive(&[(TIME_POOL, 2)], 0, 1),
+        arrive(&[(TIME_POOL, 2)], 0, 1),
+        arrive(&[(TIME_POOL, 1)], 0, 0),
+        Op::Release(0),
+    ];
+    let levels = LevelsCfg {
+        exempt: false,
+        reserve: [[0, 0, 0], [0, 0, 3], [0, 0, 0]],
+    };
+    let grants = check(&ops, [1, 1, 10], PASS_BATCH, None, Some(levels));
+    let expected: [&[usize]; 6] = [&[0], &[], &[2], &[], &[], &[1, 3]];
     assert_eq!(grants, expected);
 }
 

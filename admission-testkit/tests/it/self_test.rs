@@ -59,6 +59,10 @@ enum Flaw {
     NotNowBlocks,
     /// `give` credits nothing.
     GiveLosesCredit,
+    /// `capacity` names one unit more than the account holds.
+    CapacityOverstated,
+    /// `capacity` names one unit less than the account holds.
+    CapacityUnderstated,
     /// The instant an ask carries is dropped: the account reads its own clock instead.
     IgnoresTheGivenInstant,
     /// Declares the other replenishment.
@@ -180,6 +184,14 @@ impl Account for Flawed {
     }
     fn category(&self) -> Category {
         self.inner.category()
+    }
+    fn capacity(&self) -> Option<Amount> {
+        let inner = self.inner.capacity()?.primary();
+        Some(Amount::units(match self.flaw {
+            Flaw::CapacityOverstated => inner + 1,
+            Flaw::CapacityUnderstated => inner - 1,
+            _ => inner,
+        }))
     }
     fn replenishment(&self) -> Replenishment {
         match (self.flaw, self.inner.replenishment()) {
@@ -505,6 +517,16 @@ const CAUGHT: &[(Flaw, On, &str)] = &[
         Flaw::WrongReplenishment,
         On::Meter,
         "replenishment_is_declared",
+    ),
+    (
+        Flaw::CapacityOverstated,
+        On::Permits,
+        "a_named_capacity_is_what_a_fresh_account_holds",
+    ),
+    (
+        Flaw::CapacityUnderstated,
+        On::Meter,
+        "a_named_capacity_is_what_a_fresh_account_holds",
     ),
     (
         Flaw::TwoLineSummary,
