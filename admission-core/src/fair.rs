@@ -268,7 +268,9 @@ impl Level {
     /// up to the whole of it, and earn it back by `amount / (capacity - amount)` of every grant
     /// to the other levels there: so this level gets `amount / capacity` of the account while
     /// both keep it busy (the capacity is [`Account::capacity`](crate::Account::capacity); an
-    /// account that does not name it leaves the head's claim first). On an account whose capacity comes back
+    /// account that does not name it leaves the head's claim first). That counts dimension by
+    /// dimension, and a job asking of a dimension the reserve leaves at zero (a bucket's
+    /// requests, say) does not take from the reserve: reserve every dimension the jobs ask. On an account whose capacity comes back
     /// when released (a gate, a pool) they leave it only while a job of this level is parked,
     /// and borrow it otherwise, returning it as their grants are released. A second reserve on
     /// the same account replaces the first.

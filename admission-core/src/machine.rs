@@ -1281,9 +1281,14 @@ impl Machine {
                 if let Some(ranks) = ranks {
                     // What was taken out of the level's reserve, as asked (nothing moved since).
                     let dipped = Claims::dipped(w.demand.entries(), walk.head.as_ref(), dip);
-                    ranks.book(&mut self.dips, rank, w.demand.entries(), |i| {
+                    let earned = ranks.book(&mut self.dips, rank, w.demand.entries(), |i| {
                         i < 64 && dipped & (1 << i) != 0
                     });
+                    if earned {
+                        // A waiter behind may dip now, on an account the head is short on:
+                        // this walk does not stop early.
+                        walk.touched = None;
+                    }
                 }
                 // Granted behind the head from an account a waiting level lends: the head may
                 // lack it now only for that reserve, and claim less from those behind than this

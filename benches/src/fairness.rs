@@ -317,12 +317,14 @@ pub fn interactive_waits(
 }
 
 /// The priority levels of [`lower_level_share`]: `interactive` above `batch`, which reserves
-/// `reserve` tokens of the model.
+/// `reserve` tokens of the model, and the same share of its requests (a level dips only into
+/// the dimensions it reserves).
 pub fn batch_reserving(reserve: u64) -> Levels {
     Levels::new()
         .level(Level::new("interactive"))
         .and_then(|levels| {
-            levels.level(Level::new("batch").reserve("model", Amount::pair(reserve, 0)))
+            let requests = reserve * REQUESTS_PER_MINUTE / TOKENS_PER_MINUTE;
+            levels.level(Level::new("batch").reserve("model", Amount::pair(reserve, requests)))
         })
         .expect("valid levels")
 }

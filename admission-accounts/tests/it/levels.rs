@@ -370,14 +370,15 @@ fn a_head_borrows_a_lower_levels_reserve_that_levels_waiters_cannot_use() {
 /// level's head waits for the refill, as far as the reserve, and earns it back as the higher
 /// level is granted there: `reserve / (capacity - reserve)` of each grant (here 1,200 of 6,000,
 /// so a quarter). Before, the batch level got nothing of its reserve for as long as the
-/// interactive level kept a head waiting on the bucket.
+/// interactive level kept a head waiting on the bucket. The level reserves requests too: a dip
+/// takes only from the dimensions the level reserves.
 #[test]
 fn a_lower_level_takes_its_token_reserve_while_a_higher_head_waits_for_the_refill() {
     use std::time::Duration;
     let clock = FakeClock::new();
     let levels = Levels::new()
         .level(Level::new("interactive"))
-        .and_then(|l| l.level(Level::new("batch").reserve("model", Amount::pair(1_200, 0))))
+        .and_then(|l| l.level(Level::new("batch").reserve("model", Amount::pair(1_200, 20))))
         .expect("valid levels");
     let monitor = Monitor::builder()
         .manual_passes()
@@ -433,4 +434,99 @@ fn a_lower_level_takes_its_token_reserve_while_a_higher_head_waits_for_the_refil
     monitor.pass_now();
     assert!(poll_once(&mut i2).expect("3,200 tokens again").is_ok());
     drop((first, i1, b1, b2));
+}
+
+/// A dip takes only from the dimensions a level reserves: a batch level reserving tokens but no
+/// requests does not take the requests a higher head waits for (else its jobs of no tokens
+/// would take every request the bucket refills, and the head would wait for good).
+#[test]
+fn a_lower_level_does_not_dip_into_a_dimension_it_does_not_reserve() {
+    use std::time::Duration;
+    let clock = FakeClock::new();
+    let levels = Levels::new()
+        .level(Level::new("interactive"))
+        .and_then(|l| l.level(Level::new("batch").reserve("model", Amount::pair(1_200, 0))))
+        .expect("valid levels");
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .clock(clock.shared())
+        .levels(levels)
+        .build();
+    // One request a second.
+    let config = TokenBucketConfig::new(6_000, 60);
+    let model = Arc::new(TokenBucket::new("model", config, clock.shared()).expect("valid"));
+    let ask = |tokens: u64, requests: u64| {
+        Demand::new().with(model.clone(), Amount::pair(tokens, requests))
+    };
+    let first = try_hold(&monitor, &ask(100, 60), &job("interactive")).expect("every request");
+    let mut head = monitor.admit(ask(100, 2), &job("interactive"), None);
+    assert!(poll_once(&mut head).is_none());
+    let mut batch = monitor.admit(ask(0, 1), &job("batch"), None);
+    assert!(poll_once(&mut batch).is_none());
+    clock.advance(Duration::from_secs(1));
+    monitor.pass_now();
+    assert!(
+        poll_once(&mut batch).is_none(),
+        "the one request refilled is the head's: the batch level reserves no requests"
+    );
+    assert!(poll_once(&mut head).is_none());
+    clock.advance(Duration::from_secs(1));
+    monitor.pass_now();
+    let head = poll_once(&mut head)
+        .expect("two requests at 2 s")
+        .expect("granted");
+    assert!(poll_once(&mut batch).is_none());
+    clock.advance(Duration::from_secs(1));
+    monitor.pass_now();
+    assert!(poll_once(&mut batch).expect("then the batch job").is_ok());
+    drop((first, head));
+}
+
+/// A pass run by a release may stop once the head is short on every account it touched; a
+/// grant in it that earns a lower level back part of its reserve does not let it stop there,
+/// since that level's waiter may take from it now beside the next head. Here the http permit's
+/// release grants the interactive head (its 2,000 tokens earning the batch level 500), and the
+/// batch level's 500 goes in the same pass, though the next head is short on both accounts.
+#[test]
+fn a_release_pass_that_earns_a_lower_level_its_reserve_back_asks_that_levels_waiters() {
+    use std::time::Duration;
+    let clock = FakeClock::new();
+    let levels = Levels::new()
+        .level(Level::new("interactive"))
+        .and_then(|l| l.level(Level::new("batch").reserve("model", Amount::pair(1_200, 20))))
+        .expect("valid levels");
+    let monitor = Monitor::builder()
+        .manual_passes()
+        .clock(clock.shared())
+        .levels(levels)
+        .build();
+    let model = model(&clock);
+    let http = Arc::new(CountingGate::http(1, clock.shared()).expect("a valid gate"));
+    let call = || {
+        Demand::new()
+            .with(http.clone(), Amount::ONE)
+            .with(model.clone(), Amount::pair(2_000, 1))
+    };
+    let holder = try_hold(&monitor, &permits(&http, 1), &job("interactive")).expect("a permit");
+    let first = try_hold(&monitor, &tokens(&model, 4_800), &job("interactive")).expect("room");
+    let mut h1 = monitor.admit(call(), &job("interactive"), None);
+    let mut h2 = monitor.admit(call(), &job("interactive"), None);
+    assert!(poll_once(&mut h1).is_none() && poll_once(&mut h2).is_none());
+    let mut b1 = monitor.admit(tokens(&model, 1_000), &job("batch"), None);
+    let b1 = poll_once(&mut b1)
+        .expect("from the reserve")
+        .expect("granted");
+    let mut b2 = monitor.admit(tokens(&model, 500), &job("batch"), None);
+    assert!(poll_once(&mut b2).is_none(), "past the reserve");
+    // The bucket refills to 3,200 with no pass; the permit's release runs one.
+    clock.advance(Duration::from_secs(30));
+    drop(holder);
+    let h1 = poll_once(&mut h1).expect("the head").expect("granted");
+    assert!(
+        poll_once(&mut b2).is_some_and(|granted| granted.is_ok()),
+        "the batch job goes in the release's pass, beside the next head"
+    );
+    assert!(poll_once(&mut h2).is_none());
+    assert_eq!(model.level(), 700);
+    drop((first, h1, b1));
 }

@@ -508,8 +508,8 @@ pub trait Account: Send + Sync + 'static {
     /// window's limit, a pool's size), if it knows; `None` (the default) if it does not. On a
     /// [`Replenishment::Time`] account it is what lets a priority level with a reserve there
     /// take its share while a higher level waits for the refill
-    /// ([`Level::reserve`](crate::Level::reserve)); the monitor reads its
-    /// [`primary`](Amount::primary) dimension.
+    /// ([`Level::reserve`](crate::Level::reserve)), dimension by dimension. The contract suite
+    /// holds it to exactly what a fresh account grants at once.
     fn capacity(&self) -> Option<Amount> {
         None
     }

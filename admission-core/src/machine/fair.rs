@@ -237,10 +237,10 @@ impl Ranks {
 
     /// Whether a waiter of `rank` behind a head of another level that claims the account of
     /// `entry` may take its amount there out of its own level's reserve (a *dip*): the account
-    /// is refilled by time and names its capacity, the level reserves some of it, and what the
-    /// level has dipped there, less what it earned back since, leaves room for this amount.
-    /// Such a waiter asks the account leaving aside the other levels' reserves, not the head's
-    /// amount; see [`Dips`].
+    /// is refilled by time and names its capacity, and on every dimension the amount asks of
+    /// (a bucket's tokens, its requests) the level reserves some, and what it dipped there, less
+    /// what it earned back since, leaves room for this amount. Such a waiter asks the account
+    /// leaving aside the other levels' reserves, not the head's amount; see [`Dips`].
     pub(crate) fn may_dip(&self, dips: &Dips, rank: u8, entry: &Entry) -> bool {
         let account = entry.account();
         if !self.reserving || account.replenishment() != Replenishment::Time {
@@ -250,15 +250,16 @@ impl Ranks {
         let Some(at) = self.reserves.iter().position(|(a, _)| &**a == name) else {
             return false;
         };
-        let reserve = self.reserves[at].1[usize::from(rank)].primary();
-        if reserve == 0 || account.capacity().is_none() {
+        let reserve = self.reserves[at].1[usize::from(rank)];
+        if reserve.is_zero() || account.capacity().is_none() {
             return false;
         }
-        let spent = dips
-            .spent
-            .get(at)
-            .map_or(0, |spent| spent[usize::from(rank)]);
-        spent + u128::from(entry.amount().primary()) * Dips::ONE <= u128::from(reserve) * Dips::ONE
+        let spent = dips.spent.get(at).map(|spent| &spent[usize::from(rank)]);
+        (0..Amount::DIMENSIONS).all(|d| {
+            let asked = u128::from(entry.amount().get(d)) * Dips::ONE;
+            let spent = spent.map_or(0, |spent| spent[d]);
+            asked == 0 || spent.saturating_add(asked) <= u128::from(reserve.get(d)) * Dips::ONE
+        })
     }
 
     /// Whether some level may take from its reserve on `account` while a head of another level
@@ -273,20 +274,23 @@ impl Ranks {
     /// Books a grant of `entries` to a job of `rank`: on each account refilled by time that a
     /// level reserves, an entry `dipped` says was taken out of the level's reserve adds to what
     /// that level has spent there, and every other entry earns the other levels that reserve
-    /// the account back their share of it: `amount * reserve / (capacity - reserve)` (the whole
-    /// reserve when the capacity is no more than it). So while several levels want the account,
-    /// a level gets `reserve / capacity` of what it grants, and a level that waits for nothing
-    /// there has its reserve whole again once the others were granted the rest.
+    /// the account back their share of it, dimension by dimension: `amount * reserve /
+    /// (capacity - reserve)` (the whole reserve when the capacity is no more than it, or the
+    /// product past 128 bits). So while several levels want the account, a level gets `reserve
+    /// / capacity` of what it grants, and a level that waits for nothing there has its reserve
+    /// whole again once the others were granted the rest. True when a level earned anything
+    /// back (a waiter may dip now that could not before).
     pub(crate) fn book(
         &self,
         dips: &mut Dips,
         rank: u8,
         entries: &[Entry],
         dipped: impl Fn(usize) -> bool,
-    ) {
+    ) -> bool {
         if !self.reserving {
-            return;
+            return false;
         }
+        let mut earned = false;
         for (i, entry) in entries.iter().enumerate() {
             let account = entry.account();
             if account.replenishment() != Replenishment::Time {
@@ -296,32 +300,46 @@ impl Ranks {
             let Some(at) = self.reserves.iter().position(|(a, _)| &**a == name) else {
                 continue;
             };
-            let Some(capacity) = account.capacity().map(|c| c.primary()) else {
+            let Some(capacity) = account.capacity() else {
                 continue;
             };
-            let amount = u128::from(entry.amount().primary());
             if dips.spent.len() <= at {
-                dips.spent.resize(self.reserves.len(), [0; MAX_RANKS]);
+                dips.spent
+                    .resize(self.reserves.len(), [[0; Amount::DIMENSIONS]; MAX_RANKS]);
             }
             let spent = &mut dips.spent[at];
             if dipped(i) {
-                spent[usize::from(rank)] += amount * Dips::ONE;
+                for (d, spent) in spent[usize::from(rank)].iter_mut().enumerate() {
+                    *spent = spent.saturating_add(u128::from(entry.amount().get(d)) * Dips::ONE);
+                }
                 dips.any = true;
                 continue;
             }
             for (other, reserve) in self.reserves[at].1.iter().enumerate() {
-                let reserve = reserve.primary();
-                if other == usize::from(rank) || reserve == 0 || spent[other] == 0 {
+                if other == usize::from(rank) || reserve.is_zero() {
                     continue;
                 }
-                spent[other] = match capacity.checked_sub(reserve).filter(|&rest| rest > 0) {
-                    Some(rest) => spent[other].saturating_sub(
-                        amount * u128::from(reserve) * Dips::ONE / u128::from(rest),
-                    ),
-                    None => 0,
-                };
+                for (d, spent) in spent[other].iter_mut().enumerate() {
+                    let (amount, reserve) = (entry.amount().get(d), reserve.get(d));
+                    if *spent == 0 || amount == 0 || reserve == 0 {
+                        continue;
+                    }
+                    let back = capacity
+                        .get(d)
+                        .checked_sub(reserve)
+                        .filter(|&rest| rest > 0)
+                        .and_then(|rest| {
+                            let product = u128::from(amount)
+                                .checked_mul(u128::from(reserve))?
+                                .checked_mul(Dips::ONE)?;
+                            Some(product / u128::from(rest))
+                        });
+                    *spent = back.map_or(0, |back| spent.saturating_sub(back));
+                    earned = true;
+                }
             }
         }
+        earned
     }
 
     /// Whether the level of `rank` reserves some of `account`.
@@ -385,12 +403,12 @@ impl Ranks {
 /// What each level has taken out of its own reserve on an account refilled by time while a
 /// head of another level claimed that account (its *dips*), less what it earned back as the
 /// others were granted there ([`Ranks::book`]): a level dips only as far as its reserve, so a
-/// head that waits for the refill is delayed by at most each other level's reserve. In units
-/// of 2^-16 of an amount, by account (as [`Ranks`] lists them) and rank. Forgotten when the
-/// line empties.
+/// head that waits for the refill is delayed by at most each other level's reserve (and its
+/// share of what higher levels are granted meanwhile). In units of 2^-16 of an amount, by
+/// account (as [`Ranks`] lists them), rank and dimension. Forgotten when the line empties.
 #[derive(Default)]
 pub(crate) struct Dips {
-    spent: Vec<[u128; MAX_RANKS]>,
+    spent: Vec<[[u128; Amount::DIMENSIONS]; MAX_RANKS]>,
     /// Whether anything was ever dipped since the last [`Dips::forget`].
     any: bool,
 }
