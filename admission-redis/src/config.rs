@@ -394,6 +394,17 @@ pub struct RedisAdmissionConfig {
     /// and transfers only while the level has a waiter in the line. An exempt level leaves
     /// nothing aside.
     ///
+    /// On a rate, a level also gets its reserve while a higher level's head waits for that
+    /// rate: its waiters behind that head may take from the rate without leaving the head's
+    /// amount aside (a *dip*; still leaving the other levels' reserves aside), as long as what
+    /// the level has dipped there stays within its reserve. Every other grant of the rate
+    /// earns the reserving levels back part of what they dipped (`amount * reserve /
+    /// (capacity - reserve)` each, the capacity being what the rate holds at once), and all of
+    /// it is forgotten when the line empties. So the head waits at most for its own amount,
+    /// the reserves it leaves aside, and each other level's reserve once (and that level's
+    /// share of what a higher level is granted there meanwhile). The counts live in
+    /// the cell (its `occ` hash), shared by every instance.
+    ///
     /// [`LeaseRequest::level`]: crate::LeaseRequest::level
     pub levels: Option<Levels>,
 }

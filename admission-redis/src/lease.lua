@@ -10,7 +10,8 @@
 -- KEYS: 1 cfg (hash: ceilings, fingerprint, policy version, tenant overrides `o:<tenant>`)
 --       2 occ (hash: counters sb, st, tb:<tenant>, tt:<tenant>, bt:<backend>; lease records
 --              r:<id> = "token|tenant|backend|footprint|operation|requests|nonce"; the last
---              token, tok)
+--              token, tok; in a fair line whose levels reserve a rate, each such level's spent
+--              counter there while the line is busy, sp:<level>:<dimension>, see "Dips")
 --       3 exp (sorted set: lease id -> expiry, server milliseconds)
 --       4 events (stream)   5 quota (hash: "r:<tenant>" / "b:<tenant>" -> "window|used")
 --       6 line (sorted set: waiting lease id -> ticket; in a fair line, see below, every score
@@ -237,6 +238,15 @@ local function call(KEYS, ARGV)
     if dim <= 2 then LENDS[rank] = true end
   end
   for rank in string.gmatch(c[28] or '', '(%d+):e') do EXEMPT[tonumber(rank)] = true end
+  -- The ranks that reserve each rate (`DIPPERS[6]` tokens, `DIPPERS[7]` requests), whose spent
+  -- counters the dips keep (see "Dips" below), and those counters as this call read them
+  -- (`spent`, by field; nil until first needed).
+  local DIPPERS, spent = { [6] = {}, [7] = {} }, nil
+  for rank = 0, 15 do
+    for d = 6, 7 do
+      if RES[rank] and (RES[rank][d] or 0) > 0 then DIPPERS[d][#DIPPERS[d] + 1] = rank end
+    end
+  end
   -- Waiters in the line by rank, for the levels that lend (counted when first needed), and
   -- whether a lending level's last waiter left during this call (`relent`: the line is asked
   -- again, since waiters it held may borrow now).
@@ -272,7 +282,13 @@ local function call(KEYS, ARGV)
     redis.call('DEL', fair)
     local fields = {}
     for i = 0, 15 do fields[#fields + 1] = 'e:' .. i end
+    -- The levels' spent counters on the rates too (a cell with no level reserving a rate has
+    -- none): a busy period of the line is over.
+    for d = 6, 7 do
+      for _, rank in ipairs(DIPPERS[d]) do fields[#fields + 1] = 'sp:' .. rank .. ':' .. d end
+    end
     redis.call('HDEL', occ, unpack(fields))
+    spent = {}
   end
   local DIMS = { 'service_bytes', 'service_transfers', 'tenant_bytes', 'tenant_transfers', 'backend_transfers',
     'tokens_per_minute', 'requests_per_minute' }
@@ -307,6 +323,109 @@ local function call(KEYS, ARGV)
     end
   end
   capacities()
+
+  -- Dips. A level that reserves R of a rate (dimension 6 or 7, capacity C: CT or CR, whole
+  -- units, the ceiling `validate` checks reserves against) has a spent counter there, `sp:<rank>:
+  -- <dimension>` in occ, in units of 2^-16 (ONE a whole token or request; absent: 0). A waiter of
+  -- that level behind a head of another level short on the rate (the head claims it) may take
+  -- its amount x there not leaving the head's amount aside, only the other levels' reserves kept
+  -- always, while spent + x * ONE <= R * ONE: a *dip*, which adds x * ONE to spent. Every other
+  -- grant of g of the rate, to a level m, takes floor(g * R * ONE / (C - R)) off the spent
+  -- counter of every other level reserving R of it (not below 0; all of it when C <= R): while
+  -- the levels keep demand, a level gets R / C of the rate's grants, and its reserve is whole
+  -- again once the others were granted C - R. The counters are forgotten with the fair tags,
+  -- when the line empties. While a head waits on a rate nobody but dippers takes from it and the
+  -- counters only grow, so the head waits at most for its amount, the reserves it leaves aside
+  -- and each other level's reserve once. (A cell with such a level pays for them only while its
+  -- line is busy: one more read of occ a call, and a write a grant that moves them.)
+  local ONE = 65536
+  local DIPS = RATED and (#DIPPERS[6] > 0 or #DIPPERS[7] > 0)
+  -- The spent counters, read once a call when first needed (none while nobody waits: they are
+  -- forgotten when the line empties, and only a waiter dips).
+  local function spent_counters()
+    if spent then return spent end
+    spent = {}
+    if queued <= 0 then return spent end
+    local fields = {}
+    for d = 6, 7 do
+      for _, rank in ipairs(DIPPERS[d]) do fields[#fields + 1] = 'sp:' .. rank .. ':' .. d end
+    end
+    local v = redis.call('HMGET', occ, unpack(fields))
+    for i, field in ipairs(fields) do spent[field] = tonumber(v[i] or '0') end
+    return spent
+  end
+  -- Whether a waiter of `rank` asking `x` of rate `d` behind `head` may dip there.
+  local function may_dip(head, rank, d, x)
+    local reserve = RES[rank] and RES[rank][d] or 0
+    if not DIPS or not head or not head.short[d] or head.rank == rank or reserve <= 0 then
+      return false
+    end
+    return (spent_counters()['sp:' .. rank .. ':' .. d] or 0) + x * ONE <= reserve * ONE
+  end
+  -- Whether a level behind a head of `rank` short on rate `d` may dip there at all (else nobody
+  -- behind that head can take from the rate, and the hand-off stops at it).
+  local function dippable(rank, d)
+    if not DIPS then return false end
+    for _, other in ipairs(DIPPERS[d]) do
+      if other > rank and (spent_counters()['sp:' .. other .. ':' .. d] or 0) < RES[other][d] * ONE then
+        return true
+      end
+    end
+    return false
+  end
+  -- The dips of a waiter of `rank` asking `need` behind `head`, its reservation `r` and the
+  -- dimensions `blocked` (from `set_aside`) changed to match: on a rate it dips, it neither
+  -- leaves the head's amount aside nor is kept from the rate. Nil when it dips nowhere.
+  local function dip(head, rank, need, r, blocked)
+    if not DIPS or not head then return nil end
+    local dips
+    for d = 6, 7 do
+      if may_dip(head, rank, d, need[d]) then
+        r[d], blocked[d] = 0, false
+        dips = dips or {}
+        dips[d] = true
+      end
+    end
+    return dips
+  end
+  -- Books a grant of `need` to a waiter or asker of `rank` on the spent counters: what it took
+  -- in a dip (`dips`) adds to its level's; what it took otherwise earns every other reserving
+  -- level its share back. Exact while g * R stays below 2^53.
+  local function book(rank, need, dips)
+    if not DIPS then return end
+    local s = spent_counters()
+    local set, drop = {}, {}
+    for d = 6, 7 do
+      local field = 'sp:' .. rank .. ':' .. d
+      if dips and dips[d] then
+        s[field] = (s[field] or 0) + need[d] * ONE
+        set[#set + 1] = field
+        set[#set + 1] = int(s[field])
+      else
+        local capacity = math.floor(d == 6 and CT or CR)
+        for _, other in ipairs(DIPPERS[d]) do
+          local f = 'sp:' .. other .. ':' .. d
+          if other ~= rank and (s[f] or 0) > 0 then
+            local rest, n = capacity - RES[other][d], need[d] * RES[other][d]
+            local earned = s[f]
+            if rest > 0 then
+              local rem = math.fmod(n, rest)
+              earned = (n - rem) / rest * ONE + math.floor(rem * ONE / rest)
+            end
+            s[f] = math.max(0, s[f] - earned)
+            if s[f] > 0 then
+              set[#set + 1] = f
+              set[#set + 1] = int(s[f])
+            else
+              drop[#drop + 1] = f
+            end
+          end
+        end
+      end
+    end
+    if #set > 0 then redis.call('HSET', occ, unpack(set)) end
+    if #drop > 0 then redis.call('HDEL', occ, unpack(drop)) end
+  end
 
   -- The asking tenant's ceilings: its override, or the defaults.
   local function limits(override)
@@ -553,7 +672,9 @@ local function call(KEYS, ARGV)
   -- The hand-off: walks the line from its head (at most `limit` waiters) and grants every waiter
   -- that fits, the first that does not becoming the head whose amounts are set aside (EASY
   -- backfilling, as the monitor does): a follower goes only if it fits beside the head's demand on
-  -- every dimension they share, and never takes from a dimension the head is short on.
+  -- every dimension they share, and never takes from a dimension the head is short on (but for
+  -- a dip, see "Dips": a head short on a rate stops the walk only when no lower level may dip
+  -- there).
   -- In a fair line with reserves each waiter also leaves the other levels' reserves aside, and
   -- when the last waiter of a level that lends leaves during a walk, the line is walked again
   -- (those it held may borrow now). In a fair line with weights, each waiter behind the head
@@ -567,10 +688,11 @@ local function call(KEYS, ARGV)
   -- a waiter asking more than its level's reserve would wait for each other in an idle cell.
   local function handoff(limit)
     if queued <= 0 or recovering then return 0 end
-    local granted, again, walks, head, borrow = 0, true, 0, nil, nil
+    local granted, again, walks, head, borrow, dipped = 0, true, 0, nil, nil, false
     while again and walks <= 16 and queued > 0 do
     -- `borrow`: the id of the head the walk before let borrow; only it, asked as the head.
     local borrowing, in_use, broke, granted_before, rewalk = borrow, false, false, granted, false
+    dipped = false
     again, walks, head, relent, borrow = false, walks + 1, nil, false, nil
     local turn = { 0, 0, 0, 0, 0, 0, 0 }
     local waiting = redis.call('ZRANGE', line, 0, limit - 1)
@@ -595,10 +717,11 @@ local function call(KEYS, ARGV)
         local tb_max, tt_max = limits(redis.call('HGET', cfg, 'o:' .. w[2]))
         local o = read(w[2], w[3])
         local rank = FAIR and tonumber(string.sub(member, 1, 2)) or 0
+        local need = { f, 1, f, 1, 1, f, tonumber(w[6]) }
         local r, blocked = set_aside(head, w[2], w[3])
+        local dips = dip(head, rank, need, r, blocked)
         local held_for_head = lend_to(r, head, rank)
         r = plus(plus(held_for_head, aside(rank, borrowing == id and not head)), turn)
-        local need = { f, 1, f, 1, 1, f, tonumber(w[6]) }
         if not short_on(o, need, tb_max, tt_max, r, blocked) then
           unqueue(id, w)
           -- The grant lives no longer than its waiter's liveness: a waiter that died in the
@@ -606,6 +729,8 @@ local function call(KEYS, ARGV)
           -- one, which renews its liveness every renew_every, renews the lease in time.
           local token, expiry = grant(id, w[2], w[3], w[4], w[6], w[5],
             math.min(TTL, live_until - now_ms), o, w[7], 'handoff', nil, nil, level_of(w))
+          book(rank, need, dips)
+          if dips then dipped = true end
           if w[8] and w[8] ~= '-' then notify(w[8], id, w[7], token, expiry, o) end
           granted = granted + 1
           -- Behind a head that reserved all its bytes or transfers: if it now lacks them only
@@ -627,7 +752,10 @@ local function call(KEYS, ARGV)
           -- (Not when it lacks bytes or transfers only for lendable reserves: a waiter of the
           -- lending level may have room, and else the head borrows them.)
           local lends = head.lent[1] or head.lent[2]
-          if head.short[1] or head.short[2] or head.short[6] or head.short[7]
+          -- (On a rate, not while a lower level may dip there: see "Dips".)
+          if head.short[1] or head.short[2]
+            or (head.short[6] and not dippable(rank, 6))
+            or (head.short[7] and not dippable(rank, 7))
             or (not lends and (o[1] + f + 1 > S_B or o[2] + 2 > S_T)) then broke = true break end
         else
           local max = { S_B, S_T, tb_max, tt_max, B_T, CT, CR }
@@ -676,6 +804,8 @@ local function call(KEYS, ARGV)
     end
     end
     if head and RATED then
+      -- Dips behind the head took from the rates after it was read: read them again.
+      if dipped then head.o = read(head.tenant, head.backend) end
       local at = rate_ready(head.o, head.need, head.kept)
       if at > 0 then tell_ready(head.to, head.id, head.nonce, at) end
     end
@@ -965,13 +1095,19 @@ local function call(KEYS, ARGV)
       local hrank = FAIR and tonumber(string.sub(first, 1, 2)) or 0
       head = head_of(h, (read(h[2] or '', h[3] or '')), htb, htt, hrank)
     end
-    local r, blocked = set_aside(head, tenant, backend)
-    r = plus(lend_to(r, head, rank), aside(rank))
     local need = { footprint, 1, footprint, 1, 1, footprint, requests }
+    local r, blocked = set_aside(head, tenant, backend)
+    local dips = dip(head, rank, need, r, blocked)
+    r = plus(lend_to(r, head, rank), aside(rank))
     local dim = short_on(o, need, tb_max, tt_max, r, blocked)
     -- The first in line (or a newcomer with nobody waiting) learns when the rates serve it; those
     -- behind wait for the hand-off.
     local ready = (not head) and rate_ready(o, need, r) or -1
+    -- So does one that dips, short only on the rates it may take from (its own call grants it
+    -- then, nobody else's would), though it is not told again by the hand-off.
+    if head and dips and (dim == 6 or dim == 7) and not blocked[6] and not blocked[7] then
+      ready = rate_ready(o, need, r)
+    end
     -- Recovering: nothing new until it ends, when a waiter asks again (the refusal's earliest
     -- expiry is the end).
     if recovering then dim = 0 end
@@ -979,7 +1115,7 @@ local function call(KEYS, ARGV)
     local function full(ticket)
       if dim == 0 then return touch(IDLE, {'FULL', 'recovering', 0, 0, REC, now_ms, ticket, -1}) end
       -- A head in the line told its instant here needs no notice of it.
-      if ticket ~= '' and ready > 0 then tell_ready(nil, id, nonce, ready) end
+      if ticket ~= '' and ready > 0 and not head then tell_ready(nil, id, nonce, ready) end
       local max = { S_B, S_T, tb_max, tt_max, B_T, CT, CR }
       return touch(IDLE, {'FULL', DIMS[dim], int(math.ceil(o[dim] + r[dim])), int(max[dim]),
         earliest_expiry(), now_ms, ticket, ready})
@@ -1030,6 +1166,7 @@ local function call(KEYS, ARGV)
     end
     local token, expiry = grant(id, tenant, backend, ARGV[6], int(requests), operation, ttl, o, nonce,
       'admitted', v[8] or '0', v[9], FAIR and rank or nil)
+    book(rank, need, dips)
     -- A head served by the rates at its instant asks itself: those behind it may fit now, and
     -- the next head must learn its own instant.
     -- So too a lending level's last waiter, served at its own call: those it held may borrow.

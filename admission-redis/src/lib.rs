@@ -33,8 +33,11 @@
 //! of a cell agrees on them; the hand-off, the head's reservation and a never-fitting request's
 //! refusal are unchanged, and a tenant that was idle banks no credit. A level may reserve part
 //! of the service bytes or transfers (left aside by the others while it has a waiter) or of the
-//! rates (always left aside); an exempt level leaves nothing aside. A cell counts no accounts by
-//! name: its cost is the footprint ([`admission_core::FairShares::scarce`] is refused by
+//! rates (always left aside); an exempt level leaves nothing aside. A level gets its reserve of
+//! a rate even while a higher level's head waits for that rate: its waiters may *dip* into it
+//! beside that head, up to the reserve, and the others' grants there earn it back (see
+//! [`RedisAdmissionConfig::levels`]). A cell counts no accounts by name: its cost is the
+//! footprint ([`admission_core::FairShares::scarce`] is refused by
 //! [`RedisAdmissionConfig::validate`]).
 //! See `docs/guides/fair-shares-and-priorities.md`, "Across the fleet".
 //!
@@ -68,7 +71,8 @@
 //! tag and a whole transition stays in one slot: `cfg` (ceilings, config fingerprint, policy
 //! version, tenant overrides, the number waiting, the server process that wrote it last and the
 //! end of its recovery), `occ` (occupancy counters, lease and waiter
-//! records, the last fencing token, the ticket and event counters), `exp` (lease expiries, a
+//! records, the last fencing token, the ticket and event counters; while a fair line is busy,
+//! what each level reserving a rate has dipped there), `exp` (lease expiries, a
 //! sorted set on server time), `events` (the stream), `quota` (per-tenant traffic windows),
 //! `line` (waiters by ticket; in a fair line, by level, start tag and ticket), `live` (waiters'
 //! liveness expiries), `fair` (in a fair line, the finish tags of tenants ahead of their

@@ -501,7 +501,8 @@ pub(crate) struct Full {
     pub(crate) earliest_expiry_ms: Option<u64>,
     pub(crate) now_ms: u64,
     /// When the cell's rates will have room for this request, server milliseconds: given to the
-    /// first in line (or a newcomer with nobody waiting) when the rates are short, else `None`.
+    /// first in line (or a newcomer with nobody waiting), or to a waiter of a lower level that
+    /// dips into its reserve beside the head, when the rates are short, else `None`.
     pub(crate) ready_ms: Option<u64>,
 }
 

@@ -1,8 +1,9 @@
 //! The cell's fair line: tenants waiting on one cell, from any instance, are served by their
 //! weights in what their leases hold (start-time fair queuing inside the one script call), a
 //! higher level's waiter goes before a lower level's head, the levels' reserves are left aside
-//! (always on the rates, on transfers while the level waits), and a cell without fair shares keeps
-//! arrival order.
+//! (always on the rates, on transfers while the level waits), a level dips into its reserve of a
+//! rate while a higher level's head waits for it (within its reserve, earned back by the others'
+//! grants), and a cell without fair shares keeps arrival order.
 
 use std::time::Duration;
 
@@ -905,4 +906,235 @@ async fn a_waiter_short_on_the_footprint_keeps_its_turn_there() {
     let (after_y, all) = small_call_behind_a_short_one("fair_line_turns", fair).await;
     assert_eq!(after_y, ["x1", "x2", "y"]);
     assert_eq!(all, ["x1", "x2", "y", "g1", "u1", "a1"]);
+}
+
+/// How long the waiters of the dip tests wait: longer than the cell's clock moves on in them.
+const LONG: Duration = Duration::from_secs(240);
+
+/// A cell of 1,000 tokens a minute (no burst, so the tokens hold 1,000 at once), level `high`
+/// and level `low` reserving 200 tokens. Leases and waiters live 300 s and renew every minute,
+/// so the cell's clock may move a minute or two on with everyone alive, and no waiter asks
+/// again of its own meanwhile (only the calls below grant).
+fn low_reserving_200_tokens(host: &str, port: u16, test: &str) -> RedisAdmissionConfig {
+    let mut cfg = config(
+        host,
+        port,
+        &cell(test),
+        ceilings(1 << 20, 16, 1 << 20, 16, 16),
+    );
+    cfg.rates = Some(admission_redis::Rates::per_minute(1_000, 1_000));
+    cfg.lease_ttl = Duration::from_secs(300);
+    cfg.renew_every = Duration::from_secs(60);
+    cfg.levels = Some(
+        Levels::new()
+            .level(Level::new("high"))
+            .and_then(|l| {
+                l.level(
+                    Level::new("low")
+                        .reserve("tokens_per_minute", admission_core::Amount::units(200)),
+                )
+            })
+            .expect("levels"),
+    );
+    cfg
+}
+
+/// A call of acme's asking `tokens` at `level`.
+fn tokens(id: &str, tokens: u64, level: &str) -> LeaseRequest {
+    LeaseRequest::new(id, "acme", "d", tokens, "call").with_level(level)
+}
+
+/// What level `low` (rank 1) has spent of its reserve of tokens, in units of 2^-16 of a token,
+/// as the cell keeps it (`None`: nothing, or forgotten).
+async fn low_spent(
+    conn: &mut redis::aio::MultiplexedConnection,
+    fleet: &RedisAdmission,
+) -> Option<u64> {
+    conn.hget(&fleet.keys()[1], "sp:1:6").await.expect("HGET")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lower_levels_waiter_dips_into_its_reserve_of_tokens_while_a_higher_levels_head_waits() {
+    let (host, port) = server("fair_line_dip");
+    let cfg = low_reserving_200_tokens(&host, port, "fair_line_dip");
+    let (a, b) = (connect(cfg.clone()).await, connect(cfg).await);
+    let mut events = blocking_connection(&host, port).await;
+    let mut conn = blocking_connection(&host, port).await;
+    // high's 700 leave low's 200 aside: 300 left.
+    let drain = a
+        .try_acquire(&tokens("drain", 700, "high"))
+        .await
+        .expect("700 + 200 fit");
+    // high's next 700 are short (700 + 200 + 700 > 1,000): the head, it claims the tokens.
+    let h1 = spawn_request(&a, tokens("h1", 700, "high"), LONG);
+    wait_for_event_on(&mut events, &a, "queued", "h1").await;
+    // low's 150, then 50, from the other instance, are taken out of its reserve at once, not
+    // leaving the head's 700 aside: 200 of 200 spent.
+    let l1 = b
+        .try_acquire(&tokens("l1", 150, "low"))
+        .await
+        .expect("a dip");
+    assert_eq!(low_spent(&mut conn, &a).await, Some(150 * 65_536));
+    let l1b = b
+        .try_acquire(&tokens("l1b", 50, "low"))
+        .await
+        .expect("a dip, to the reserve's end");
+    assert_eq!(low_spent(&mut conn, &a).await, Some(200 * 65_536));
+    // low's next 100 would fit the 100 left, but not its reserve (200 + 100 > 200): it waits
+    // behind the head as any waiter does, and so does high's next 700 (before it: its level).
+    let l2 = spawn_request(&b, tokens("l2", 100, "low"), LONG);
+    wait_for_event_on(&mut events, &a, "queued", "l2").await;
+    let h2 = spawn_request(&a, tokens("h2", 700, "high"), LONG);
+    wait_for_event_on(&mut events, &a, "queued", "h2").await;
+    assert_eq!(
+        admissions(&a).await,
+        ["drain:admitted", "l1:admitted", "l1b:admitted"]
+    );
+    assert_eq!(low_spent(&mut conn, &a).await, Some(200 * 65_536));
+    // A minute on the cell's clock, the tokens whole again. drain's release hands off: h1 is
+    // granted 700, not a dip, which earns low back floor(700 * 200 * 65,536 / 800), 175
+    // tokens' worth (25 left spent); h2 is the head now, short (700 + 200 + 700 > 1,000), and
+    // l2 dips beside it: 25 + 100 = 125 spent.
+    a.advance_server_clock(Duration::from_secs(60))
+        .await
+        .expect("skew");
+    drain.release(Outcome::Completed).await.expect("released");
+    assert_eq!(
+        admissions(&a).await,
+        [
+            "drain:admitted",
+            "l1:admitted",
+            "l1b:admitted",
+            "h1:handoff",
+            "l2:handoff"
+        ]
+    );
+    assert_eq!(low_spent(&mut conn, &a).await, Some(125 * 65_536));
+    let h1 = h1.await.expect("task").expect("h1");
+    let l2 = l2.await.expect("task").expect("l2, a dip");
+    // Another minute: h1's release hands the tokens to h2, the line empties, and what low spent
+    // is forgotten with it.
+    a.advance_server_clock(Duration::from_secs(60))
+        .await
+        .expect("skew");
+    h1.release(Outcome::Completed).await.expect("released");
+    let h2 = h2.await.expect("task").expect("h2");
+    assert_eq!(low_spent(&mut conn, &a).await, None);
+    for lease in [l1, l1b, l2, h2] {
+        lease.release(Outcome::Completed).await.expect("released");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_short_on_tokens_waits_for_no_more_than_a_lower_levels_reserve_of_dips() {
+    let (host, port) = server("fair_line_dip_bound");
+    let cfg = low_reserving_200_tokens(&host, port, "fair_line_dip_bound");
+    let (a, b) = (connect(cfg.clone()).await, connect(cfg).await);
+    let mut events = blocking_connection(&host, port).await;
+    let mut conn = blocking_connection(&host, port).await;
+    // The tokens spent: high's 800 and low's own 200 (no head: nobody dips, nothing spent).
+    let drain = a
+        .try_acquire(&tokens("drain", 800, "high"))
+        .await
+        .expect("800 + 200 fit");
+    let fill = b
+        .try_acquire(&tokens("fill", 200, "low"))
+        .await
+        .expect("its reserve");
+    assert_eq!(low_spent(&mut conn, &a).await, None);
+    // high's head h (700, then h2 behind it), and a backlog of five low calls of 50, from both
+    // instances: no room for any of them.
+    let h = spawn_request(&a, tokens("h", 700, "high"), LONG);
+    wait_for_event_on(&mut events, &a, "queued", "h").await;
+    let h2 = spawn_request(&b, tokens("h2", 700, "high"), LONG);
+    wait_for_event_on(&mut events, &a, "queued", "h2").await;
+    // A low call that may dip but finds no room is told when the rate has room for it beside
+    // the reserves (none are kept from low): 50 tokens at 1,000 a minute, 3 s from the rate's
+    // last grant.
+    match b.try_acquire(&tokens("probe", 50, "low")).await {
+        Err(AcquireError::Full {
+            dimension: Dimension::TokensPerMinute,
+            retry_in: Some(retry_in),
+            ..
+        }) => assert!(
+            retry_in <= Duration::from_secs(3) && retry_in >= Duration::from_millis(2_500),
+            "{retry_in:?}"
+        ),
+        other => panic!("expected no room yet, and when, got {other:?}"),
+    }
+    let mut lows = Vec::new();
+    for i in 1..=5 {
+        let fleet = if i % 2 == 0 { &b } else { &a };
+        let id = format!("l{i}");
+        lows.push(spawn_request(fleet, tokens(&id, 50, "low"), LONG));
+        wait_for_event_on(&mut events, &a, "queued", &id).await;
+    }
+    // 12 s on the cell's clock refill 200 tokens. fill's release hands off: the head is short
+    // (800 + 200 + 700 > 1,000) and h2 behind it may not take tokens; l1 to l4 dip (200 of
+    // low's 200), l5 would pass the reserve.
+    a.advance_server_clock(Duration::from_secs(12))
+        .await
+        .expect("skew");
+    fill.release(Outcome::Completed).await.expect("released");
+    let dipped = [
+        "drain:admitted",
+        "fill:admitted",
+        "l1:handoff",
+        "l2:handoff",
+        "l3:handoff",
+        "l4:handoff",
+    ];
+    assert_eq!(admissions(&a).await, dipped);
+    assert_eq!(low_spent(&mut conn, &a).await, Some(200 * 65_536));
+    let mut lows = lows.into_iter();
+    let mut dips = Vec::new();
+    for _ in 1..=4 {
+        let task = lows.next().expect("a low call");
+        dips.push(task.await.expect("task").expect("a dip"));
+    }
+    // 30 s more: 500 tokens left, room for l5's 50, but not in its reserve, and the head is
+    // still short (500 + 200 + 700 > 1,000): a hand-off grants nobody.
+    a.advance_server_clock(Duration::from_secs(30))
+        .await
+        .expect("skew");
+    let mut dips = dips.into_iter();
+    dips.next()
+        .expect("l1")
+        .release(Outcome::Completed)
+        .await
+        .expect("released");
+    assert_eq!(admissions(&a).await, dipped);
+    // 24 s more: 900 refilled since the dips, the head's 700 and the 200 it leaves aside. The
+    // next hand-off grants it first (the dips delayed it by low's reserve, once), which earns
+    // low back 175 (25 left spent); h2 is the head now and l5 dips beside it (75 spent).
+    a.advance_server_clock(Duration::from_secs(24))
+        .await
+        .expect("skew");
+    dips.next()
+        .expect("l2")
+        .release(Outcome::Completed)
+        .await
+        .expect("released");
+    let mut all = dipped.to_vec();
+    all.extend(["h:handoff", "l5:handoff"]);
+    assert_eq!(admissions(&a).await, all);
+    assert_eq!(low_spent(&mut conn, &a).await, Some(75 * 65_536));
+    let h = h.await.expect("task").expect("h");
+    let l5 = lows
+        .next()
+        .expect("l5")
+        .await
+        .expect("task")
+        .expect("l5, a dip");
+    // A minute more: h's release hands the tokens to h2, the line empties, low's spent count is
+    // forgotten.
+    a.advance_server_clock(Duration::from_secs(60))
+        .await
+        .expect("skew");
+    h.release(Outcome::Completed).await.expect("released");
+    let h2 = h2.await.expect("task").expect("h2");
+    assert_eq!(low_spent(&mut conn, &a).await, None);
+    for lease in dips.chain([drain, l5, h2]) {
+        lease.release(Outcome::Completed).await.expect("released");
+    }
 }
