@@ -35,6 +35,20 @@ fn monitor(clock: &FakeClock, tokens: u64, permits: u64) -> Monitor {
         .build()
 }
 
+/// A monitor with manual passes and the levels `interactive` and `batch`, the batch level
+/// reserving `amount` of the account named `account`.
+fn batch_reserving(clock: &FakeClock, account: &str, amount: Amount) -> Monitor {
+    let levels = Levels::new()
+        .level(Level::new("interactive"))
+        .and_then(|l| l.level(Level::new("batch").reserve(account, amount)))
+        .expect("valid levels");
+    Monitor::builder()
+        .manual_passes()
+        .clock(clock.shared())
+        .levels(levels)
+        .build()
+}
+
 /// 6,000 tokens a minute (100 a second), the bucket full.
 fn model(clock: &FakeClock) -> Arc<TokenBucket> {
     let config = TokenBucketConfig::new(6_000, 6_000);
@@ -266,15 +280,7 @@ fn a_reserve_on_an_elastic_window_does_not_make_the_head_claim_its_probe() {
 #[test]
 fn a_head_short_only_for_a_lower_levels_lendable_reserve_does_not_block_that_level() {
     let clock = FakeClock::new();
-    let levels = Levels::new()
-        .level(Level::new("interactive"))
-        .and_then(|l| l.level(Level::new("batch").reserve("pool", Amount::units(2))))
-        .expect("valid levels");
-    let monitor = Monitor::builder()
-        .manual_passes()
-        .clock(clock.shared())
-        .levels(levels)
-        .build();
+    let monitor = batch_reserving(&clock, "pool", Amount::units(2));
     let pool = Arc::new(CountingGate::new("pool", 2, clock.shared()).expect("a valid gate"));
     let other = Arc::new(CountingGate::new("other", 1, clock.shared()).expect("a valid gate"));
     let holder = try_hold(&monitor, &permits(&other, 1), &job("batch")).expect("free");
@@ -376,15 +382,7 @@ fn a_head_borrows_a_lower_levels_reserve_that_levels_waiters_cannot_use() {
 fn a_lower_level_takes_its_token_reserve_while_a_higher_head_waits_for_the_refill() {
     use std::time::Duration;
     let clock = FakeClock::new();
-    let levels = Levels::new()
-        .level(Level::new("interactive"))
-        .and_then(|l| l.level(Level::new("batch").reserve("model", Amount::pair(1_200, 20))))
-        .expect("valid levels");
-    let monitor = Monitor::builder()
-        .manual_passes()
-        .clock(clock.shared())
-        .levels(levels)
-        .build();
+    let monitor = batch_reserving(&clock, "model", Amount::pair(1_200, 20));
     let model = model(&clock);
     // The interactive level takes all but the batch level's 1,200.
     let first = try_hold(&monitor, &tokens(&model, 4_800), &job("interactive")).expect("room");
@@ -443,15 +441,7 @@ fn a_lower_level_takes_its_token_reserve_while_a_higher_head_waits_for_the_refil
 fn a_lower_level_does_not_dip_into_a_dimension_it_does_not_reserve() {
     use std::time::Duration;
     let clock = FakeClock::new();
-    let levels = Levels::new()
-        .level(Level::new("interactive"))
-        .and_then(|l| l.level(Level::new("batch").reserve("model", Amount::pair(1_200, 0))))
-        .expect("valid levels");
-    let monitor = Monitor::builder()
-        .manual_passes()
-        .clock(clock.shared())
-        .levels(levels)
-        .build();
+    let monitor = batch_reserving(&clock, "model", Amount::pair(1_200, 0));
     // One request a second.
     let config = TokenBucketConfig::new(6_000, 60);
     let model = Arc::new(TokenBucket::new("model", config, clock.shared()).expect("valid"));
@@ -491,15 +481,7 @@ fn a_lower_level_does_not_dip_into_a_dimension_it_does_not_reserve() {
 fn a_release_pass_that_earns_a_lower_level_its_reserve_back_asks_that_levels_waiters() {
     use std::time::Duration;
     let clock = FakeClock::new();
-    let levels = Levels::new()
-        .level(Level::new("interactive"))
-        .and_then(|l| l.level(Level::new("batch").reserve("model", Amount::pair(1_200, 20))))
-        .expect("valid levels");
-    let monitor = Monitor::builder()
-        .manual_passes()
-        .clock(clock.shared())
-        .levels(levels)
-        .build();
+    let monitor = batch_reserving(&clock, "model", Amount::pair(1_200, 20));
     let model = model(&clock);
     let http = Arc::new(CountingGate::http(1, clock.shared()).expect("a valid gate"));
     let call = || {
