@@ -397,8 +397,9 @@ pub struct RedisAdmissionConfig {
     /// On a rate, a level also gets its reserve while a higher level's head waits for that
     /// rate: its waiters behind that head may take from the rate without leaving the head's
     /// amount aside (a *dip*; still leaving the other levels' reserves aside), as long as what
-    /// the level has dipped there stays within its reserve. Every other grant of the rate
-    /// earns the reserving levels back part of what they dipped (`amount * reserve /
+    /// the level has dipped there stays within its reserve. Every grant of the rate to another
+    /// level that is not itself a dip earns the reserving levels back part of what they dipped
+    /// (`amount * reserve /
     /// (capacity - reserve)` each, the capacity being what the rate holds at once), and all of
     /// it is forgotten when the line empties. So the head waits at most for its own amount,
     /// the reserves it leaves aside, and each other level's reserve once (and that level's

@@ -334,10 +334,12 @@ local function call(KEYS, ARGV)
   -- counter of every other level reserving R of it (not below 0; all of it when C <= R): while
   -- the levels keep demand, a level gets R / C of the rate's grants, and its reserve is whole
   -- again once the others were granted C - R. The counters are forgotten with the fair tags,
-  -- when the line empties. While a head waits on a rate nobody but dippers takes from it and the
-  -- counters only grow, so the head waits at most for its amount, the reserves it leaves aside
-  -- and each other level's reserve once. (A cell with such a level pays for them only while its
-  -- line is busy: one more read of occ a call, and a write a grant that moves them.)
+  -- when the line empties. While a head waits on a rate only dippers and a higher level's
+  -- newcomers take from it, so the head waits at most for its amount, the reserves it leaves
+  -- aside, each other level's reserve once and those levels' share of the higher levels' grants.
+  -- (A cell with such a level pays for them only while its line is busy: one more read of occ a
+  -- call, a write a grant that moves them, and, behind a head short on the rate while a waiter
+  -- of such a level is in the line, a hand-off that walks on past the head, up to its limit.)
   local ONE = 65536
   local DIPS = RATED and (#DIPPERS[6] > 0 or #DIPPERS[7] > 0)
   -- The spent counters, read once a call when first needed (none while nobody waits: they are
@@ -362,12 +364,14 @@ local function call(KEYS, ARGV)
     end
     return (spent_counters()['sp:' .. rank .. ':' .. d] or 0) + x * ONE <= reserve * ONE
   end
-  -- Whether a level behind a head of `rank` short on rate `d` may dip there at all (else nobody
-  -- behind that head can take from the rate, and the hand-off stops at it).
+  -- Whether a level behind a head of `rank` short on rate `d` may dip there at all: it has a
+  -- waiter in the line and some of its reserve left (else nobody behind that head can take from
+  -- the rate, and the hand-off stops at it).
   local function dippable(rank, d)
     if not DIPS then return false end
     for _, other in ipairs(DIPPERS[d]) do
-      if other > rank and (spent_counters()['sp:' .. other .. ':' .. d] or 0) < RES[other][d] * ONE then
+      if other > rank and (spent_counters()['sp:' .. other .. ':' .. d] or 0) < RES[other][d] * ONE
+        and waiting_at(other) > 0 then
         return true
       end
     end
@@ -390,9 +394,11 @@ local function call(KEYS, ARGV)
   end
   -- Books a grant of `need` to a waiter or asker of `rank` on the spent counters: what it took
   -- in a dip (`dips`) adds to its level's; what it took otherwise earns every other reserving
-  -- level its share back. Exact while g * R stays below 2^53.
+  -- level its share back. Exact while g * R stays below 2^53. True when a level earned anything
+  -- back (a waiter of it may dip now).
   local function book(rank, need, dips)
-    if not DIPS then return end
+    if not DIPS then return false end
+    local earned_any = false
     local s = spent_counters()
     local set, drop = {}, {}
     for d = 6, 7 do
@@ -413,6 +419,7 @@ local function call(KEYS, ARGV)
               earned = (n - rem) / rest * ONE + math.floor(rem * ONE / rest)
             end
             s[f] = math.max(0, s[f] - earned)
+            if earned > 0 then earned_any = true end
             if s[f] > 0 then
               set[#set + 1] = f
               set[#set + 1] = int(s[f])
@@ -425,6 +432,7 @@ local function call(KEYS, ARGV)
     end
     if #set > 0 then redis.call('HSET', occ, unpack(set)) end
     if #drop > 0 then redis.call('HDEL', occ, unpack(drop)) end
+    return earned_any
   end
 
   -- The asking tenant's ceilings: its override, or the defaults.
@@ -1166,11 +1174,14 @@ local function call(KEYS, ARGV)
     end
     local token, expiry = grant(id, tenant, backend, ARGV[6], int(requests), operation, ttl, o, nonce,
       'admitted', v[8] or '0', v[9], FAIR and rank or nil)
-    book(rank, need, dips)
+    local earned = book(rank, need, dips)
     -- A head served by the rates at its instant asks itself: those behind it may fit now, and
     -- the next head must learn its own instant.
     -- So too a lending level's last waiter, served at its own call: those it held may borrow.
-    if waiting and (RATED or relent) then handoff(tonumber(ARGV[9])) end
+    -- And a grant that earned a level back part of its reserve: its waiters may dip now.
+    if (waiting and (RATED or relent)) or (earned and queued > 0) then
+      handoff(tonumber(ARGV[9]))
+    end
     return touch(IDLE, {'OK', token, version, o[1], o[2], o[3], o[4], o[5],
       expiry, now_ms})
   end

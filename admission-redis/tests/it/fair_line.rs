@@ -561,12 +561,32 @@ async fn batch_reserving_30_behind_a_head(
     admission_redis::Lease,
     tokio::task::JoinHandle<Result<admission_redis::Lease, AcquireError>>,
 ) {
+    batch_reserving_30_behind_a_head_on(test, 10, "d").await
+}
+
+/// [`batch_reserving_30_behind_a_head`] with `per_backend` transfers a backend, the 50 held on
+/// backend `held_on`.
+async fn batch_reserving_30_behind_a_head_on(
+    test: &str,
+    per_backend: u64,
+    held_on: &str,
+) -> (
+    RedisAdmission,
+    redis::aio::MultiplexedConnection,
+    admission_redis::Lease,
+    tokio::task::JoinHandle<Result<admission_redis::Lease, AcquireError>>,
+) {
     let (host, port) = server(test);
-    let mut cfg = config(&host, port, &cell(test), ceilings(100, 10, 100, 10, 10));
+    let mut cfg = config(
+        &host,
+        port,
+        &cell(test),
+        ceilings(100, 10, 100, 10, per_backend),
+    );
     cfg.levels = Some(batch_reserving_bytes(30));
     let fleet = connect(cfg).await;
     let mut events = blocking_connection(&host, port).await;
-    let held = lease(&fleet, "held", "x", "d", 50).await;
+    let held = lease(&fleet, "held", "x", held_on, 50).await;
     let live = LeaseRequest::new("h", "acme", "d", 80, "upload").with_level("interactive");
     let head = spawn_request(&fleet, live, WAIT);
     wait_for_event_on(&mut events, &fleet, "queued", "h").await;
@@ -623,17 +643,9 @@ async fn a_head_borrows_a_lower_levels_reserve_that_levels_waiter_cannot_use() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lender_held_back_by_the_heads_own_reservation_does_not_keep_its_reserve_from_it() {
-    let test = "fair_line_lender_held";
-    let (host, port) = server(test);
     // One transfer per backend: h (80 bytes) and l (30, batch's own reserve) share backend d.
-    let mut cfg = config(&host, port, &cell(test), ceilings(100, 10, 100, 10, 1));
-    cfg.levels = Some(batch_reserving_bytes(30));
-    let fleet = connect(cfg).await;
-    let mut events = blocking_connection(&host, port).await;
-    let held = lease(&fleet, "held", "x", "e", 50).await;
-    let live = LeaseRequest::new("h", "acme", "d", 80, "upload").with_level("interactive");
-    let head = spawn_request(&fleet, live, WAIT);
-    wait_for_event_on(&mut events, &fleet, "queued", "h").await;
+    let (fleet, mut events, held, head) =
+        batch_reserving_30_behind_a_head_on("fair_line_lender_held", 1, "e").await;
     let batch = spawn_acquire(&fleet, "l", "globex", "d", 30, WAIT);
     wait_for_event_on(&mut events, &fleet, "queued", "l").await;
     // The cell's bytes come back: h lacks them only for batch's reserve, and l, with room on
@@ -1026,6 +1038,74 @@ async fn a_lower_levels_waiter_dips_into_its_reserve_of_tokens_while_a_higher_le
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_at_once_that_earns_a_level_back_its_reserve_lets_that_levels_waiter_dip() {
+    let (host, port) = server("fair_line_dip_earned");
+    let mut cfg = low_reserving_200_tokens(&host, port, "fair_line_dip_earned");
+    // A level `top` above high and low.
+    cfg.levels = Some(
+        Levels::new()
+            .level(Level::new("top"))
+            .and_then(|l| l.level(Level::new("high")))
+            .and_then(|l| {
+                l.level(
+                    Level::new("low")
+                        .reserve("tokens_per_minute", admission_core::Amount::units(200)),
+                )
+            })
+            .expect("levels"),
+    );
+    let (a, b) = (connect(cfg.clone()).await, connect(cfg).await);
+    let mut events = blocking_connection(&host, port).await;
+    let mut conn = blocking_connection(&host, port).await;
+    let low_spent = |conn: &mut redis::aio::MultiplexedConnection| {
+        let key = a.keys()[1].clone();
+        let mut conn = conn.clone();
+        async move {
+            let spent: Option<u64> = conn.hget(&key, "sp:2:6").await.expect("HGET");
+            spent
+        }
+    };
+    let drain = a
+        .try_acquire(&tokens("drain", 700, "high"))
+        .await
+        .expect("700 + 200 fit");
+    let h1 = spawn_request(&a, tokens("h1", 700, "high"), LONG);
+    wait_for_event_on(&mut events, &a, "queued", "h1").await;
+    let l1 = b
+        .try_acquire(&tokens("l1", 200, "low"))
+        .await
+        .expect("a dip of the whole reserve");
+    assert_eq!(low_spent(&mut conn).await, Some(200 * 65_536));
+    let l2 = spawn_request(&b, tokens("l2", 100, "low"), LONG);
+    wait_for_event_on(&mut events, &a, "queued", "l2").await;
+    // A minute on: the tokens are whole. top's 700, before the line, is granted at once; it is
+    // not a dip, and earns low back floor(700 * 200 * 65,536 / 800), 175 tokens' worth: that
+    // call hands off, and l2 dips beside the head h1 (25 + 100 spent), not at some later call.
+    a.advance_server_clock(Duration::from_secs(60))
+        .await
+        .expect("skew");
+    let t = a
+        .try_acquire(&tokens("t", 700, "top"))
+        .await
+        .expect("700 + 200 fit");
+    assert_eq!(
+        admissions(&a).await,
+        ["drain:admitted", "l1:admitted", "t:admitted", "l2:handoff"]
+    );
+    assert_eq!(low_spent(&mut conn).await, Some(125 * 65_536));
+    let l2 = l2.await.expect("task").expect("l2, a dip");
+    a.advance_server_clock(Duration::from_secs(60))
+        .await
+        .expect("skew");
+    drain.release(Outcome::Completed).await.expect("released");
+    let h1 = h1.await.expect("task").expect("h1");
+    for lease in [l1, l2, t, h1] {
+        lease.release(Outcome::Completed).await.expect("released");
+    }
+    assert_eq!(low_spent(&mut conn).await, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_head_short_on_tokens_waits_for_no_more_than_a_lower_levels_reserve_of_dips() {
     let (host, port) = server("fair_line_dip_bound");
     let cfg = low_reserving_200_tokens(&host, port, "fair_line_dip_bound");
@@ -1057,7 +1137,8 @@ async fn a_head_short_on_tokens_waits_for_no_more_than_a_lower_levels_reserve_of
             retry_in: Some(retry_in),
             ..
         }) => assert!(
-            retry_in <= Duration::from_secs(3) && retry_in >= Duration::from_millis(2_500),
+            // (Less the real time since fill's grant, as the rate refills: at most a second.)
+            retry_in <= Duration::from_secs(3) && retry_in >= Duration::from_secs(2),
             "{retry_in:?}"
         ),
         other => panic!("expected no room yet, and when, got {other:?}"),
