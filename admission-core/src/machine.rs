@@ -664,7 +664,7 @@ impl Machine {
         // True when the waiter about to park is behind the gate: the gate held it on the fast
         // path, or the head of the line is held on the gate (the sharp rule, applied here).
         let mut gate_held = false;
-        if self.line.is_empty() {
+        if self.line.is_empty() && self.ranks.is_some() {
             // A busy period of the line begins: every level's reserve is whole.
             self.dips.forget();
         }

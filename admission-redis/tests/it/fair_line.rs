@@ -962,7 +962,35 @@ async fn low_spent(
     conn: &mut redis::aio::MultiplexedConnection,
     fleet: &RedisAdmission,
 ) -> Option<u64> {
-    conn.hget(&fleet.keys()[1], "sp:1:6").await.expect("HGET")
+    spent_of(conn, fleet, 1).await
+}
+
+/// What the level of rank `rank` has spent of its reserve of tokens, as [`low_spent`].
+async fn spent_of(
+    conn: &mut redis::aio::MultiplexedConnection,
+    fleet: &RedisAdmission,
+    rank: u8,
+) -> Option<u64> {
+    let field = format!("sp:{rank}:6");
+    conn.hget(&fleet.keys()[1], field).await.expect("HGET")
+}
+
+/// high's 700 granted at once from `fleet` (leaving low's 200 aside: 300 left), and high's next
+/// 700 queued behind it, short (700 + 200 + 700 > 1,000): the head, claiming the tokens.
+async fn drain_700_and_a_high_head(
+    fleet: &RedisAdmission,
+    events: &mut redis::aio::MultiplexedConnection,
+) -> (
+    admission_redis::Lease,
+    tokio::task::JoinHandle<Result<admission_redis::Lease, AcquireError>>,
+) {
+    let drain = fleet
+        .try_acquire(&tokens("drain", 700, "high"))
+        .await
+        .expect("700 + 200 fit");
+    let h1 = spawn_request(fleet, tokens("h1", 700, "high"), LONG);
+    wait_for_event_on(events, fleet, "queued", "h1").await;
+    (drain, h1)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -972,14 +1000,7 @@ async fn a_lower_levels_waiter_dips_into_its_reserve_of_tokens_while_a_higher_le
     let (a, b) = (connect(cfg.clone()).await, connect(cfg).await);
     let mut events = blocking_connection(&host, port).await;
     let mut conn = blocking_connection(&host, port).await;
-    // high's 700 leave low's 200 aside: 300 left.
-    let drain = a
-        .try_acquire(&tokens("drain", 700, "high"))
-        .await
-        .expect("700 + 200 fit");
-    // high's next 700 are short (700 + 200 + 700 > 1,000): the head, it claims the tokens.
-    let h1 = spawn_request(&a, tokens("h1", 700, "high"), LONG);
-    wait_for_event_on(&mut events, &a, "queued", "h1").await;
+    let (drain, h1) = drain_700_and_a_high_head(&a, &mut events).await;
     // low's 150, then 50, from the other instance, are taken out of its reserve at once, not
     // leaving the head's 700 aside: 200 of 200 spent.
     let l1 = b
@@ -1057,25 +1078,13 @@ async fn a_grant_at_once_that_earns_a_level_back_its_reserve_lets_that_levels_wa
     let (a, b) = (connect(cfg.clone()).await, connect(cfg).await);
     let mut events = blocking_connection(&host, port).await;
     let mut conn = blocking_connection(&host, port).await;
-    let low_spent = |conn: &mut redis::aio::MultiplexedConnection| {
-        let key = a.keys()[1].clone();
-        let mut conn = conn.clone();
-        async move {
-            let spent: Option<u64> = conn.hget(&key, "sp:2:6").await.expect("HGET");
-            spent
-        }
-    };
-    let drain = a
-        .try_acquire(&tokens("drain", 700, "high"))
-        .await
-        .expect("700 + 200 fit");
-    let h1 = spawn_request(&a, tokens("h1", 700, "high"), LONG);
-    wait_for_event_on(&mut events, &a, "queued", "h1").await;
+    // low is rank 2 here.
+    let (drain, h1) = drain_700_and_a_high_head(&a, &mut events).await;
     let l1 = b
         .try_acquire(&tokens("l1", 200, "low"))
         .await
         .expect("a dip of the whole reserve");
-    assert_eq!(low_spent(&mut conn).await, Some(200 * 65_536));
+    assert_eq!(spent_of(&mut conn, &a, 2).await, Some(200 * 65_536));
     let l2 = spawn_request(&b, tokens("l2", 100, "low"), LONG);
     wait_for_event_on(&mut events, &a, "queued", "l2").await;
     // A minute on: the tokens are whole. top's 700, before the line, is granted at once; it is
@@ -1092,7 +1101,7 @@ async fn a_grant_at_once_that_earns_a_level_back_its_reserve_lets_that_levels_wa
         admissions(&a).await,
         ["drain:admitted", "l1:admitted", "t:admitted", "l2:handoff"]
     );
-    assert_eq!(low_spent(&mut conn).await, Some(125 * 65_536));
+    assert_eq!(spent_of(&mut conn, &a, 2).await, Some(125 * 65_536));
     let l2 = l2.await.expect("task").expect("l2, a dip");
     a.advance_server_clock(Duration::from_secs(60))
         .await
@@ -1102,7 +1111,7 @@ async fn a_grant_at_once_that_earns_a_level_back_its_reserve_lets_that_levels_wa
     for lease in [l1, l2, t, h1] {
         lease.release(Outcome::Completed).await.expect("released");
     }
-    assert_eq!(low_spent(&mut conn).await, None);
+    assert_eq!(spent_of(&mut conn, &a, 2).await, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
