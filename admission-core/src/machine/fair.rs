@@ -242,16 +242,11 @@ impl Ranks {
     /// what it earned back since, leaves room for this amount. Such a waiter asks the account
     /// leaving aside the other levels' reserves, not the head's amount; see [`Dips`].
     pub(crate) fn may_dip(&self, dips: &Dips, rank: u8, entry: &Entry) -> bool {
-        let account = entry.account();
-        if !self.reserving || account.replenishment() != Replenishment::Time {
-            return false;
-        }
-        let name = account.name();
-        let Some(at) = self.reserves.iter().position(|(a, _)| &**a == name) else {
+        let Some((at, _)) = self.dip_table(entry.account()) else {
             return false;
         };
         let reserve = self.reserves[at].1[usize::from(rank)];
-        if reserve.is_zero() || account.capacity().is_none() {
+        if reserve.is_zero() {
             return false;
         }
         let spent = dips.spent.get(at).map(|spent| &spent[usize::from(rank)]);
@@ -265,10 +260,18 @@ impl Ranks {
     /// Whether some level may take from its reserve on `account` while a head of another level
     /// is short on it (see [`Ranks::may_dip`]).
     pub(crate) fn dippable(&self, account: &AccountRef) -> bool {
-        self.reserving
-            && account.replenishment() == Replenishment::Time
-            && self.reserves.iter().any(|(a, _)| &**a == account.name())
-            && account.capacity().is_some()
+        self.dip_table(account).is_some()
+    }
+
+    /// For an account some level may dip into (refilled by time, reserved by a level, naming
+    /// its capacity): its place in the reserves table, and its capacity.
+    fn dip_table(&self, account: &AccountRef) -> Option<(usize, Amount)> {
+        if !self.reserving || account.replenishment() != Replenishment::Time {
+            return None;
+        }
+        let name = account.name();
+        let at = self.reserves.iter().position(|(a, _)| &**a == name)?;
+        Some((at, account.capacity()?))
     }
 
     /// Books a grant of `entries` to a job of `rank`: on each account refilled by time that a
@@ -292,15 +295,7 @@ impl Ranks {
         }
         let mut earned = false;
         for (i, entry) in entries.iter().enumerate() {
-            let account = entry.account();
-            if account.replenishment() != Replenishment::Time {
-                continue;
-            }
-            let name = account.name();
-            let Some(at) = self.reserves.iter().position(|(a, _)| &**a == name) else {
-                continue;
-            };
-            let Some(capacity) = account.capacity() else {
+            let Some((at, capacity)) = self.dip_table(entry.account()) else {
                 continue;
             };
             if dips.spent.len() <= at {
